@@ -1,0 +1,162 @@
+//! The normalized model config (the Python loader maps Hugging Face / GGUF layouts onto it) and
+//! the engine's options.
+
+use crate::error::{EngineError, Result};
+use serde::Deserialize;
+
+const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelConfig {
+    pub architecture: String,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    pub head_dim: usize,
+    pub vocab_size: usize,
+    pub rms_norm_eps: f32,
+    pub rope_theta: f64,
+    pub rope_scaling: Option<RopeScaling>,
+    pub attention_bias: bool,
+    pub qk_norm: bool,
+    pub tie_word_embeddings: bool,
+    pub max_position_embeddings: usize,
+}
+
+/// Rope frequency scaling schemes the runner implements.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
+pub enum RopeScaling {
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+}
+
+impl ModelConfig {
+    pub fn from_json(json: &str) -> Result<Self> {
+        let cfg: ModelConfig = serde_json::from_str(json)
+            .map_err(|e| EngineError::ModelLoad(format!("model config is not usable: {e}")))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn validate(&self) -> Result<()> {
+        if !SUPPORTED.contains(&self.architecture.as_str()) {
+            return Err(EngineError::UnsupportedModel(format!(
+                "architecture {:?} is not supported; rsgl runs {}",
+                self.architecture,
+                SUPPORTED.join(", ")
+            )));
+        }
+        let positive = [
+            ("hidden_size", self.hidden_size),
+            ("intermediate_size", self.intermediate_size),
+            ("num_hidden_layers", self.num_hidden_layers),
+            ("num_attention_heads", self.num_attention_heads),
+            ("num_key_value_heads", self.num_key_value_heads),
+            ("head_dim", self.head_dim),
+            ("vocab_size", self.vocab_size),
+            ("max_position_embeddings", self.max_position_embeddings),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(EngineError::ModelLoad(format!("model config: {name} must be positive")));
+        }
+        if self.num_attention_heads % self.num_key_value_heads != 0 {
+            return Err(EngineError::ModelLoad(format!(
+                "model config: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
+                self.num_attention_heads, self.num_key_value_heads
+            )));
+        }
+        if self.head_dim % 2 != 0 {
+            return Err(EngineError::ModelLoad("model config: head_dim must be even for rope".into()));
+        }
+        Ok(())
+    }
+
+    pub fn q_size(&self) -> usize {
+        self.num_attention_heads * self.head_dim
+    }
+
+    pub fn kv_size(&self) -> usize {
+        self.num_key_value_heads * self.head_dim
+    }
+
+    /// Bytes of K and V one token occupies in the cache, over all layers (f32).
+    pub fn kv_bytes_per_token(&self) -> usize {
+        2 * self.num_hidden_layers * self.kv_size() * std::mem::size_of::<f32>()
+    }
+}
+
+/// Engine options, named after SGLang's server arguments where one exists.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct EngineOptions {
+    /// Longest prompt + output a request may have; defaults to the model's limit.
+    pub context_length: Option<usize>,
+    /// Tokens per KV page.
+    pub page_size: usize,
+    /// KV pool size in tokens; when absent, derived from `kv_cache_memory_gb`.
+    pub max_total_tokens: Option<usize>,
+    /// Memory budget of the KV pool in GiB (used when `max_total_tokens` is absent).
+    pub kv_cache_memory_gb: f64,
+    /// Most requests decoding at once.
+    pub max_running_requests: usize,
+    /// Most prompt tokens prefilled in one step (longer prompts are prefilled in chunks).
+    pub chunked_prefill_size: usize,
+    /// Compute threads; 0 means one per available core.
+    pub threads: usize,
+    /// Seed of the per-request seeds of requests that give none.
+    pub random_seed: u64,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            context_length: None,
+            page_size: 16,
+            max_total_tokens: None,
+            kv_cache_memory_gb: 1.0,
+            max_running_requests: 64,
+            chunked_prefill_size: 2048,
+            threads: 0,
+            random_seed: 0,
+        }
+    }
+}
+
+impl EngineOptions {
+    pub fn from_json(json: &str) -> Result<Self> {
+        let opts: EngineOptions = serde_json::from_str(json)
+            .map_err(|e| EngineError::InvalidRequest(format!("engine options: {e}")))?;
+        let must_be_positive = [
+            ("page_size", opts.page_size),
+            ("max_running_requests", opts.max_running_requests),
+            ("chunked_prefill_size", opts.chunked_prefill_size),
+        ];
+        if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
+            return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));
+        }
+        if !(opts.kv_cache_memory_gb > 0.0) {
+            return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
+        }
+        Ok(opts)
+    }
+
+    pub fn context_length(&self, cfg: &ModelConfig) -> usize {
+        self.context_length.unwrap_or(cfg.max_position_embeddings)
+    }
+
+    /// Number of KV pages the pool gets.
+    pub fn kv_pages(&self, cfg: &ModelConfig) -> usize {
+        let tokens = self.max_total_tokens.unwrap_or_else(|| {
+            (self.kv_cache_memory_gb * (1u64 << 30) as f64 / cfg.kv_bytes_per_token() as f64) as usize
+        });
+        tokens.div_ceil(self.page_size)
+    }
+}

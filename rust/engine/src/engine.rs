@@ -1,0 +1,304 @@
+//! The engine thread and its handle. The thread owns the model, the KV cache and every request;
+//! callers talk to it through channels, so no lock is held while the model runs.
+
+use crate::batcher::Batcher;
+use crate::config::{EngineOptions, ModelConfig};
+use crate::error::{invalid, EngineError, Result};
+use crate::kv::{BlockPool, KvCache};
+use crate::model::LlamaModel;
+use crate::request::{validate, GenerateRequest, Output, Sequence};
+use crate::text::TokenTable;
+use crate::weights::WeightStore;
+use serde::Serialize;
+use std::collections::HashSet;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+pub type Tokenizer = TokenTable;
+
+enum Command {
+    Submit(Box<GenerateRequest>, Sender<Result<Output>>),
+    Abort(String),
+    Shutdown,
+}
+
+/// Counters the engine publishes after every step.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    pub kernels: &'static str,
+    pub threads: usize,
+    pub running_requests: usize,
+    pub waiting_requests: usize,
+    pub kv_pages_total: usize,
+    pub kv_pages_free: usize,
+    pub page_size: usize,
+    pub max_total_tokens: usize,
+    pub context_length: usize,
+    pub steps: u64,
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub last_step_tokens: usize,
+    pub last_step_seconds: f64,
+}
+
+pub struct Engine {
+    inbox: Sender<Command>,
+    thread: Option<JoinHandle<()>>,
+    stats: Arc<Mutex<EngineStats>>,
+    vocab_size: usize,
+    context_length: usize,
+    has_tokenizer: bool,
+    max_total_tokens: usize,
+}
+
+/// The outputs of one request, in order; ends after the output carrying `finished`.
+pub struct RequestStream {
+    pub rid: String,
+    rx: Receiver<Result<Output>>,
+    done: bool,
+}
+
+impl RequestStream {
+    /// The next output; `Ok(None)` when `timeout` passed first. After the final output (or an
+    /// error) every call returns `Err(Closed)`.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Output>> {
+        if self.done {
+            return Err(EngineError::Closed);
+        }
+        match self.rx.recv_timeout(timeout) {
+            Ok(Ok(out)) => {
+                self.done = out.finished.is_some();
+                Ok(Some(out))
+            }
+            Ok(Err(e)) => {
+                self.done = true;
+                Err(e)
+            }
+            Err(RecvTimeoutError::Timeout) => Ok(None),
+            Err(RecvTimeoutError::Disconnected) => {
+                self.done = true;
+                Err(EngineError::Closed)
+            }
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+impl Engine {
+    /// Builds the model from `weights` (moved, so they live in memory once) and starts the thread.
+    pub fn start(cfg: ModelConfig, weights: WeightStore, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>, opts: EngineOptions) -> Result<Engine> {
+        let context_length = opts.context_length(&cfg);
+        if context_length == 0 {
+            return Err(invalid("context_length must be at least 1"));
+        }
+        let threads = if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("rsgl-compute-{i}"))
+            .build()
+            .map_err(|e| invalid(format!("cannot start {threads} compute threads: {e}")))?;
+        let vocab_size = cfg.vocab_size;
+        let model = LlamaModel::new(cfg, weights, context_length)?;
+        let num_pages = opts.kv_pages(model.config());
+        let kv = KvCache::new(model.config(), num_pages, opts.page_size);
+        let stats = Arc::new(Mutex::new(EngineStats {
+            kernels: rsgl_kernels::kernels().isa,
+            threads,
+            kv_pages_total: num_pages,
+            kv_pages_free: num_pages,
+            page_size: opts.page_size,
+            max_total_tokens: num_pages * opts.page_size,
+            context_length,
+            ..Default::default()
+        }));
+        let (inbox, commands) = channel();
+        let has_tokenizer = tokenizer.is_some();
+        let worker = Worker {
+            model,
+            kv,
+            batcher: Batcher::new(BlockPool::new(num_pages, opts.page_size), &opts),
+            tokenizer,
+            eos_token_ids,
+            context_length,
+            stats: stats.clone(),
+            active: HashSet::new(),
+            next_seed: opts.random_seed,
+        };
+        let thread = std::thread::Builder::new()
+            .name("rsgl-engine".into())
+            .spawn(move || pool.install(|| worker.run(commands)))
+            .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine { inbox, thread: Some(thread), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size })
+    }
+
+    /// Queues a request; errors in the request itself are returned here, at once.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+        validate(&req, self.vocab_size, self.context_length, self.has_tokenizer)?;
+        let need = req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len());
+        if need > self.max_total_tokens {
+            return Err(invalid(format!(
+                "the request needs {need} KV tokens (prompt + max_new_tokens) but the pool holds {}; lower max_new_tokens or raise max_total_tokens / kv_cache_memory_gb",
+                self.max_total_tokens
+            )));
+        }
+        let (tx, rx) = channel();
+        let rid = req.rid.clone();
+        self.inbox.send(Command::Submit(Box::new(req), tx)).map_err(|_| EngineError::Closed)?;
+        Ok(RequestStream { rid, rx, done: false })
+    }
+
+    /// Ends a request wherever it is; its stream gets a final output with an abort reason.
+    pub fn abort(&self, rid: &str) {
+        let _ = self.inbox.send(Command::Abort(rid.to_string()));
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().expect("stats lock").clone()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the thread; requests still in flight end with an `Aborted` finish.
+    pub fn shutdown(&mut self) {
+        let _ = self.inbox.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+struct Worker {
+    model: LlamaModel,
+    kv: KvCache,
+    batcher: Batcher,
+    tokenizer: Option<Tokenizer>,
+    eos_token_ids: Vec<u32>,
+    context_length: usize,
+    stats: Arc<Mutex<EngineStats>>,
+    active: HashSet<String>,
+    next_seed: u64,
+}
+
+impl Worker {
+    fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            // Block while idle (no spinning); otherwise take whatever has arrived and step.
+            let first = if self.batcher.is_idle() { commands.recv().ok() } else { commands.try_recv().ok() };
+            let mut shutdown = first.is_none() && self.batcher.is_idle();
+            for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
+                match cmd {
+                    Command::Submit(req, out) => self.accept(*req, out),
+                    Command::Abort(rid) => self.abort(&rid, "aborted by request"),
+                    Command::Shutdown => shutdown = true,
+                }
+            }
+            if shutdown {
+                let rids: Vec<String> = self.active.iter().cloned().collect();
+                rids.iter().for_each(|rid| self.abort(rid, "the engine shut down"));
+                self.publish(0, 0.0);
+                return;
+            }
+            if self.batcher.is_idle() {
+                self.publish(0, 0.0);
+            } else {
+                self.step();
+            }
+        }
+    }
+
+    fn accept(&mut self, req: GenerateRequest, out: Sender<Result<Output>>) {
+        if !self.active.insert(req.rid.clone()) {
+            let _ = out.send(Err(invalid(format!("request id {:?} is already running; ids must be unique", req.rid))));
+            return;
+        }
+        self.next_seed = self.next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.next_seed);
+        self.batcher.waiting.push_back(seq);
+    }
+
+    fn abort(&mut self, rid: &str, why: &str) {
+        let mut seq = if let Some(i) = self.batcher.waiting.iter().position(|s| s.rid == rid) {
+            self.batcher.waiting.remove(i).expect("index exists")
+        } else if let Some(i) = self.batcher.running.iter().position(|s| s.rid == rid) {
+            self.batcher.retire(i)
+        } else {
+            return;
+        };
+        self.active.remove(rid);
+        let out = seq.abort_output(why);
+        let _ = seq.out.send(Ok(out));
+    }
+
+    fn step(&mut self) {
+        let started = Instant::now();
+        let plan = self.batcher.plan();
+        if plan.is_empty() {
+            return;
+        }
+        let logits = {
+            let chunks = self.batcher.chunks(&plan);
+            self.model.forward(&chunks, &mut self.kv)
+        };
+        let vocab = self.model.config().vocab_size;
+        let mut rows = logits.chunks_exact(vocab);
+        let mut finished = Vec::new();
+        let (mut step_tokens, mut prompt_tokens, mut generated) = (0, 0, 0);
+        for p in &plan {
+            let seq = &mut self.batcher.running[p.index];
+            step_tokens += p.end - p.start;
+            prompt_tokens += p.end.min(seq.prompt_len).saturating_sub(p.start);
+            seq.computed = p.end;
+            if p.end != seq.tokens.len() {
+                continue;
+            }
+            let mut row = rows.next().expect("one logits row per completed chunk").to_vec();
+            let out = if seq.max_new_tokens == 0 {
+                seq.finish_without_tokens(&row)
+            } else {
+                seq.advance(&mut row, self.tokenizer.as_ref())
+            };
+            let done = out.finished.is_some();
+            generated += out.token_ids.len();
+            // A caller that went away (dropped its stream) ends its request.
+            if seq.out.send(Ok(out)).is_err() || done {
+                finished.push(p.index);
+            }
+        }
+        // Highest index first: retiring swaps the last request into the freed slot.
+        finished.sort_unstable_by(|a, b| b.cmp(a));
+        for i in finished {
+            let seq = self.batcher.retire(i);
+            self.active.remove(&seq.rid);
+        }
+        let mut s = self.stats.lock().expect("stats lock");
+        s.prompt_tokens += prompt_tokens as u64;
+        s.generated_tokens += generated as u64;
+        drop(s);
+        self.publish(step_tokens, started.elapsed().as_secs_f64());
+    }
+
+    fn publish(&self, step_tokens: usize, seconds: f64) {
+        let mut s = self.stats.lock().expect("stats lock");
+        s.running_requests = self.batcher.running.len();
+        s.waiting_requests = self.batcher.waiting.len();
+        s.kv_pages_free = self.batcher.pool.free_pages();
+        if step_tokens > 0 {
+            s.steps += 1;
+            s.last_step_tokens = step_tokens;
+            s.last_step_seconds = seconds;
+        }
+    }
+}

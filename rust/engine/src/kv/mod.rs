@@ -1,0 +1,7 @@
+//! The paged KV cache: a pool of fixed-size pages ([`BlockPool`]) and their storage ([`KvCache`]).
+
+mod block_pool;
+mod cache;
+
+pub use block_pool::BlockPool;
+pub use cache::KvCache;

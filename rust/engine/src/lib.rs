@@ -1,0 +1,23 @@
+//! rsgl-engine: everything between the Python front and the kernels.
+//!
+//! The engine runs on its own thread ([`engine`]): requests arrive on a channel, a FCFS batcher
+//! ([`batcher`]) packs prefills and decodes into one ragged batch per step, the model
+//! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
+//! the detokenizer ([`text`]) turns them into text with stop strings applied.
+
+pub mod batcher;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod kv;
+pub mod model;
+pub mod request;
+pub mod sample;
+pub mod text;
+pub mod weights;
+
+pub use config::{EngineOptions, ModelConfig};
+pub use engine::{Engine, RequestStream, Tokenizer};
+pub use error::{EngineError, Result};
+pub use request::{GenerateRequest, Output};
+pub use weights::WeightStore;

@@ -1,0 +1,9 @@
+//! The Llama-family model runner (Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3).
+
+mod linear;
+mod llama;
+mod rope;
+
+pub use linear::{matmul_bt, Linear};
+pub use llama::{LlamaModel, SeqChunk};
+pub use rope::Rope;

@@ -1,0 +1,218 @@
+//! A generation request, its life inside the engine, and the outputs it streams back.
+
+use crate::error::{invalid, EngineError, Result};
+use crate::sample::{log_softmax, sample, top_n, History, Rng, SamplingParams, TokenLogprob};
+use crate::text::{Detokenizer, StopText, TokenTable};
+use serde::{Deserialize, Serialize};
+use std::sync::mpsc::Sender;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenerateRequest {
+    pub rid: String,
+    pub input_ids: Vec<u32>,
+    #[serde(default)]
+    pub sampling_params: SamplingParams,
+    #[serde(default)]
+    pub return_logprob: bool,
+    #[serde(default)]
+    pub top_logprobs_num: usize,
+    /// Return the full logits after the last prompt token (for parity checks and scoring).
+    #[serde(default)]
+    pub return_prompt_logits: bool,
+}
+
+impl GenerateRequest {
+    pub fn from_json(json: &str) -> Result<Self> {
+        serde_json::from_str(json).map_err(|e| invalid(format!("bad request: {e}")))
+    }
+}
+
+/// One step's worth of a request's output; the last one carries `finished`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Output {
+    pub token_ids: Vec<u32>,
+    pub text: String,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logits: Option<Vec<f32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finished: Option<Finished>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Finished {
+    pub finish_reason: FinishReason,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// Why a request ended, in SGLang's `meta_info.finish_reason` shape.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(tag = "type", rename_all = "lowercase")]
+pub enum FinishReason {
+    Stop { matched: StopMatch },
+    Length { length: usize },
+    Abort { message: String },
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq)]
+#[serde(untagged)]
+pub enum StopMatch {
+    Token(u32),
+    Text(String),
+}
+
+/// A request the engine has accepted.
+pub(crate) struct Sequence {
+    pub rid: String,
+    pub params: SamplingParams,
+    pub return_logprob: bool,
+    pub top_logprobs_num: usize,
+    pub return_prompt_logits: bool,
+    pub out: Sender<Result<Output>>,
+    /// Prompt then generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Tokens whose K/V are in the cache.
+    pub computed: usize,
+    pub pages: Vec<u32>,
+    /// Output budget after clamping to the context.
+    pub max_new_tokens: usize,
+    /// Tokens that end the request (EOS unless ignored, plus stop_token_ids).
+    stop_ids: Vec<u32>,
+    history: History,
+    rng: Rng,
+    detok: Detokenizer,
+    text: StopText,
+}
+
+impl Sequence {
+    pub fn new(req: GenerateRequest, out: Sender<Result<Output>>, eos: &[u32], context_length: usize, seed: u64) -> Self {
+        let p = req.sampling_params;
+        let prompt_len = req.input_ids.len();
+        let mut stop_ids = p.stop_token_ids.clone();
+        if !p.ignore_eos {
+            stop_ids.extend_from_slice(eos);
+        }
+        Sequence {
+            rid: req.rid,
+            max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
+            history: History::new(&req.input_ids),
+            rng: Rng::new(p.seed.unwrap_or(seed)),
+            text: StopText::new(p.stop.clone(), p.no_stop_trim),
+            detok: Detokenizer::default(),
+            stop_ids,
+            params: p,
+            return_logprob: req.return_logprob,
+            top_logprobs_num: req.top_logprobs_num,
+            return_prompt_logits: req.return_prompt_logits,
+            out,
+            tokens: req.input_ids,
+            prompt_len,
+            computed: 0,
+            pages: Vec::new(),
+        }
+    }
+
+    pub fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    /// Positions the request may fill in the cache: its prompt and its whole output budget.
+    pub fn max_len(&self) -> usize {
+        self.prompt_len + self.max_new_tokens
+    }
+
+    fn finished(&self, reason: FinishReason) -> Finished {
+        Finished { finish_reason: reason, prompt_tokens: self.prompt_len, completion_tokens: self.output_len(), cached_tokens: 0 }
+    }
+
+    /// Output for a request that ends without sampling (max_new_tokens = 0).
+    pub fn finish_without_tokens(&mut self, logits: &[f32]) -> Output {
+        Output {
+            token_ids: Vec::new(),
+            text: String::new(),
+            logprobs: Vec::new(),
+            prompt_logits: self.return_prompt_logits.then(|| logits.to_vec()),
+            finished: Some(self.finished(FinishReason::Length { length: 0 })),
+        }
+    }
+
+    pub fn abort_output(&mut self, message: &str) -> Output {
+        Output {
+            token_ids: Vec::new(),
+            text: self.text.take_ready(true),
+            logprobs: Vec::new(),
+            prompt_logits: None,
+            finished: Some(self.finished(FinishReason::Abort { message: message.to_string() })),
+        }
+    }
+
+    /// Samples the next token from `logits`, appends it, and says what to send back.
+    pub fn advance(&mut self, logits: &mut [f32], table: Option<&TokenTable>) -> Output {
+        let first = self.output_len() == 0;
+        let prompt_logits = (first && self.return_prompt_logits).then(|| logits.to_vec());
+        let raw_logprobs = self.return_logprob.then(|| log_softmax(logits));
+        let banned: &[u32] = if self.output_len() < self.params.min_new_tokens { &self.stop_ids } else { &[] };
+        let token = sample(logits, &self.params, &self.history, banned, &mut self.rng);
+        self.history.push_output(token);
+        self.tokens.push(token);
+
+        let mut reason = None;
+        if self.stop_ids.contains(&token) {
+            reason = Some(FinishReason::Stop { matched: StopMatch::Token(token) });
+        }
+        if let Some(table) = table {
+            let piece = self.detok.push(table.bytes(token, self.params.skip_special_tokens));
+            if let Some(hit) = self.text.push(&piece) {
+                reason = reason.or(Some(FinishReason::Stop { matched: StopMatch::Text(hit) }));
+            }
+        }
+        if reason.is_none() && self.output_len() >= self.max_new_tokens {
+            reason = Some(FinishReason::Length { length: self.output_len() });
+        }
+        if reason.is_some() && !matches!(reason, Some(FinishReason::Stop { matched: StopMatch::Text(_) })) {
+            let rest = self.detok.flush();
+            self.text.push(&rest);
+        }
+        let logprobs = raw_logprobs
+            .map(|lp| vec![TokenLogprob { token_id: token, logprob: lp[token as usize], top: top_n(&lp, self.top_logprobs_num) }])
+            .unwrap_or_default();
+        Output {
+            token_ids: vec![token],
+            text: self.text.take_ready(reason.is_some()),
+            logprobs,
+            prompt_logits,
+            finished: reason.map(|r| self.finished(r)),
+        }
+    }
+}
+
+/// Checks a request against the model and the engine before it is queued.
+pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length: usize, has_tokenizer: bool) -> Result<()> {
+    let n = req.input_ids.len();
+    if n == 0 {
+        return Err(invalid("the prompt is empty; give at least one token"));
+    }
+    if let Some(bad) = req.input_ids.iter().find(|&&t| t as usize >= vocab_size) {
+        return Err(invalid(format!("input_ids: token {bad} is outside the vocabulary (size {vocab_size})")));
+    }
+    if n >= context_length {
+        return Err(invalid(format!(
+            "the prompt has {n} tokens but the context length is {context_length}; shorten the prompt or raise context_length"
+        )));
+    }
+    if !has_tokenizer && !req.sampling_params.stop.is_empty() {
+        return Err(invalid("stop strings need a tokenizer; this engine was started without one (use stop_token_ids)"));
+    }
+    if req.top_logprobs_num > vocab_size {
+        return Err(invalid(format!("top_logprobs_num must be at most the vocabulary size ({vocab_size})")));
+    }
+    req.sampling_params.validate(vocab_size).map_err(|e| match e {
+        EngineError::InvalidRequest(m) => invalid(format!("sampling_params: {m}")),
+        other => other,
+    })
+}

@@ -1,0 +1,80 @@
+//! Sampling parameters, named and defaulted as in SGLang's `sampling_params`.
+
+use crate::error::{invalid, Result};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct SamplingParams {
+    pub max_new_tokens: usize,
+    pub min_new_tokens: usize,
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// -1 (or any value < 1 when written as -1) keeps every token.
+    pub top_k: i64,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub frequency_penalty: f32,
+    pub presence_penalty: f32,
+    pub stop: Vec<String>,
+    pub stop_token_ids: Vec<u32>,
+    pub ignore_eos: bool,
+    pub skip_special_tokens: bool,
+    /// Keep the matched stop string at the end of the text.
+    pub no_stop_trim: bool,
+    /// Makes sampling reproducible; requests without one get a fresh seed.
+    pub seed: Option<u64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            max_new_tokens: 128,
+            min_new_tokens: 0,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: -1,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            stop: Vec::new(),
+            stop_token_ids: Vec::new(),
+            ignore_eos: false,
+            skip_special_tokens: true,
+            no_stop_trim: false,
+            seed: None,
+        }
+    }
+}
+
+fn check(ok: bool, msg: &str) -> Result<()> {
+    if ok {
+        Ok(())
+    } else {
+        Err(invalid(msg))
+    }
+}
+
+impl SamplingParams {
+    pub fn validate(&self, vocab_size: usize) -> Result<()> {
+        check(self.temperature.is_finite() && self.temperature >= 0.0, "temperature must be a finite number >= 0 (0 means greedy)")?;
+        check(self.top_p > 0.0 && self.top_p <= 1.0, "top_p must be in (0, 1]")?;
+        check(self.top_k == -1 || self.top_k >= 1, "top_k must be -1 (disabled) or at least 1")?;
+        check((0.0..=1.0).contains(&self.min_p), "min_p must be in [0, 1]")?;
+        check(self.repetition_penalty > 0.0 && self.repetition_penalty <= 2.0, "repetition_penalty must be in (0, 2]")?;
+        check((-2.0..=2.0).contains(&self.frequency_penalty), "frequency_penalty must be in [-2, 2]")?;
+        check((-2.0..=2.0).contains(&self.presence_penalty), "presence_penalty must be in [-2, 2]")?;
+        check(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens must not exceed max_new_tokens")?;
+        check(self.stop.iter().all(|s| !s.is_empty()), "stop strings must not be empty")?;
+        if let Some(bad) = self.stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(invalid(format!("stop_token_ids: {bad} is outside the vocabulary (size {vocab_size})")));
+        }
+        Ok(())
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature == 0.0 || self.top_k == 1
+    }
+}

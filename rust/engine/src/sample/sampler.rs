@@ -1,0 +1,97 @@
+use super::{Rng, SamplingParams};
+use std::collections::{HashMap, HashSet};
+
+/// What a request has seen so far, for the penalties.
+#[derive(Debug, Default, Clone)]
+pub struct History {
+    prompt: HashSet<u32>,
+    output_counts: HashMap<u32, u32>,
+}
+
+impl History {
+    pub fn new(prompt: &[u32]) -> Self {
+        History { prompt: prompt.iter().copied().collect(), output_counts: HashMap::new() }
+    }
+
+    pub fn push_output(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_default() += 1;
+    }
+}
+
+pub(super) fn apply_penalties(logits: &mut [f32], p: &SamplingParams, hist: &History) {
+    if p.repetition_penalty != 1.0 {
+        let seen = hist.prompt.iter().chain(hist.output_counts.keys());
+        for &t in seen.collect::<HashSet<_>>() {
+            let l = &mut logits[t as usize];
+            *l = if *l > 0.0 { *l / p.repetition_penalty } else { *l * p.repetition_penalty };
+        }
+    }
+    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        for (&t, &count) in &hist.output_counts {
+            logits[t as usize] -= p.frequency_penalty * count as f32 + p.presence_penalty;
+        }
+    }
+}
+
+fn argmax(logits: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, v) in logits.iter().enumerate() {
+        if *v > logits[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+/// Picks the next token. `banned` tokens (EOS and stop ids before `min_new_tokens`) are never
+/// chosen. `logits` is modified (penalties, temperature).
+pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[u32], rng: &mut Rng) -> u32 {
+    apply_penalties(logits, p, hist);
+    for &t in banned {
+        logits[t as usize] = f32::NEG_INFINITY;
+    }
+    if p.is_greedy() {
+        return argmax(logits);
+    }
+    let inv_t = 1.0 / p.temperature;
+    let mut cand: Vec<(f32, u32)> = logits.iter().enumerate().map(|(i, l)| (l * inv_t, i as u32)).collect();
+    let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
+    if p.top_k > 0 && (p.top_k as usize) < cand.len() {
+        cand.select_nth_unstable_by(p.top_k as usize - 1, desc);
+        cand.truncate(p.top_k as usize);
+    }
+    if p.top_p < 1.0 {
+        cand.sort_unstable_by(desc);
+    }
+    let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
+    let mut probs: Vec<f64> = cand.iter().map(|c| ((c.0 - max) as f64).exp()).collect();
+    let total: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|q| *q /= total);
+    if p.top_p < 1.0 {
+        // Keep the smallest head of the sorted list whose mass reaches top_p.
+        let mut cum = 0.0;
+        let keep = probs.iter().take_while(|q| {
+            let before = cum;
+            cum += **q;
+            before < p.top_p as f64
+        });
+        let keep = keep.count().max(1);
+        probs.truncate(keep);
+        cand.truncate(keep);
+    }
+    if p.min_p > 0.0 {
+        // The most likely token has relative probability 1, so at least one survives.
+        let floor = p.min_p as f64 * probs.iter().copied().fold(0.0, f64::max);
+        probs.iter_mut().for_each(|q| if *q < floor { *q = 0.0 });
+    }
+    let mut u = rng.next_f64() * probs.iter().sum::<f64>();
+    for (q, c) in probs.iter().zip(&cand) {
+        if u < *q {
+            return c.1;
+        }
+        u -= q;
+    }
+    // Rounding left a sliver of mass: take the last token that had any.
+    cand[probs.iter().rposition(|q| *q > 0.0).unwrap_or(0)].1
+}
+

@@ -1,0 +1,99 @@
+use super::*;
+use super::sampler::apply_penalties;
+
+fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+    let mut p = SamplingParams::default();
+    f(&mut p);
+    p
+}
+
+fn draw_counts(logits: &[f32], p: &SamplingParams, draws: usize) -> Vec<usize> {
+    let mut rng = Rng::new(7);
+    let mut counts = vec![0; logits.len()];
+    for _ in 0..draws {
+        counts[sample(&mut logits.to_vec(), p, &History::default(), &[], &mut rng) as usize] += 1;
+    }
+    counts
+}
+
+#[test]
+fn greedy_takes_the_first_maximum() {
+    let p = params(|p| p.temperature = 0.0);
+    assert_eq!(sample(&mut [1.0, 3.0, 3.0, 2.0], &p, &History::default(), &[], &mut Rng::new(0)), 1);
+}
+
+#[test]
+fn banned_tokens_are_never_chosen() {
+    let p = params(|p| p.temperature = 0.0);
+    assert_eq!(sample(&mut [1.0, 3.0, 2.0], &p, &History::default(), &[1], &mut Rng::new(0)), 2);
+}
+
+#[test]
+fn top_k_and_top_p_and_min_p_cut_the_tail() {
+    let logits = [2.0, 1.9, 0.0, -1.0, -5.0];
+    let counts = draw_counts(&logits, &params(|p| p.top_k = 2), 2000);
+    assert!(counts[2..].iter().all(|&c| c == 0) && counts[0] > 0 && counts[1] > 0);
+    // softmax ≈ [0.48, 0.44, 0.065, ...]: top_p 0.9 keeps the first two only.
+    let counts = draw_counts(&logits, &params(|p| p.top_p = 0.9), 2000);
+    assert!(counts[2..].iter().all(|&c| c == 0), "{counts:?}");
+    let counts = draw_counts(&logits, &params(|p| p.min_p = 0.5), 2000);
+    assert!(counts[2..].iter().all(|&c| c == 0), "{counts:?}");
+    let counts = draw_counts(&logits, &params(|_| ()), 4000);
+    assert!(counts[2] > 0 && counts[3] > 0, "plain sampling reaches the tail: {counts:?}");
+}
+
+#[test]
+fn sampling_follows_the_distribution() {
+    let logits = [0.0, (3.0f32).ln()];
+    let counts = draw_counts(&logits, &params(|_| ()), 8000);
+    let share = counts[1] as f64 / 8000.0;
+    assert!((share - 0.75).abs() < 0.03, "{share}");
+}
+
+#[test]
+fn same_seed_same_tokens() {
+    let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.7).sin()).collect();
+    let run = |seed| {
+        let mut rng = Rng::new(seed);
+        (0..20).map(|_| sample(&mut logits.clone(), &SamplingParams::default(), &History::default(), &[], &mut rng)).collect::<Vec<_>>()
+    };
+    assert_eq!(run(3), run(3));
+    assert_ne!(run(3), run(4));
+}
+
+#[test]
+fn penalties_push_seen_tokens_down() {
+    let mut hist = History::new(&[0]);
+    hist.push_output(1);
+    hist.push_output(1);
+    let mut logits = vec![2.0, 2.0, 1.0];
+    apply_penalties(&mut logits, &params(|p| p.repetition_penalty = 2.0), &hist);
+    assert_eq!(logits, vec![1.0, 1.0, 1.0]);
+    let mut logits = vec![2.0, 2.0, 1.0];
+    apply_penalties(&mut logits, &params(|p| { p.frequency_penalty = 0.5; p.presence_penalty = 0.25 }), &hist);
+    assert_eq!(logits, vec![2.0, 0.75, 1.0]);
+}
+
+#[test]
+fn validation_names_the_bad_field() {
+    let bad = [
+        params(|p| p.temperature = -1.0),
+        params(|p| p.top_p = 0.0),
+        params(|p| p.top_k = 0),
+        params(|p| p.min_p = 2.0),
+        params(|p| { p.max_new_tokens = 2; p.min_new_tokens = 3 }),
+        params(|p| p.stop_token_ids = vec![99]),
+    ];
+    for p in bad {
+        assert!(p.validate(10).is_err(), "{p:?}");
+    }
+    assert!(SamplingParams::default().validate(10).is_ok());
+}
+
+#[test]
+fn top_logprobs_are_sorted_and_normalized() {
+    let lp = log_softmax(&[1.0, 3.0, 2.0]);
+    assert!((lp.iter().map(|v| v.exp()).sum::<f32>() - 1.0).abs() < 1e-6);
+    let top = top_n(&lp, 2);
+    assert_eq!(top.iter().map(|t| t.token_id).collect::<Vec<_>>(), vec![1, 2]);
+}
