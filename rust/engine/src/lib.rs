@@ -21,3 +21,8 @@ pub use engine::{Engine, RequestStream, Tokenizer};
 pub use error::{EngineError, Result};
 pub use request::{GenerateRequest, Output};
 pub use weights::WeightStore;
+
+/// Name of the kernel path chosen for this CPU ("avx2", "neon", "portable").
+pub fn kernels_isa() -> &'static str {
+    rsgl_kernels::kernels().isa
+}

@@ -1,0 +1,164 @@
+//! `rsgl._core`: thin bindings over rsgl-engine. Each method converts its arguments, releases
+//! the GIL while the engine works, and maps engine errors onto `rsgl.errors` exceptions.
+
+use pyo3::buffer::PyBuffer;
+use pyo3::exceptions::PyRuntimeError;
+use pyo3::prelude::*;
+use rsgl_engine::{EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
+use std::sync::Mutex;
+use std::time::Duration;
+
+fn to_py_err(e: EngineError) -> PyErr {
+    let class = match e {
+        EngineError::ModelLoad(_) => "ModelLoadError",
+        EngineError::UnsupportedModel(_) => "UnsupportedModelError",
+        EngineError::InvalidRequest(_) => "InvalidRequestError",
+        EngineError::Closed => "EngineClosedError",
+    };
+    let msg = e.to_string();
+    Python::attach(|py| {
+        py.import("rsgl.errors")
+            .and_then(|m| m.getattr(class))
+            .and_then(|cls| cls.call1((msg.clone(),)))
+            .map(PyErr::from_value)
+            .unwrap_or_else(|_| PyRuntimeError::new_err(msg))
+    })
+}
+
+/// Tensors handed over one at a time; the engine takes them all when it starts.
+#[pyclass(module = "rsgl._core")]
+struct WeightStore {
+    inner: Mutex<Option<rsgl_engine::WeightStore>>,
+}
+
+#[pymethods]
+impl WeightStore {
+    #[new]
+    fn new() -> Self {
+        WeightStore { inner: Mutex::new(Some(rsgl_engine::WeightStore::new())) }
+    }
+
+    /// Copies a C-contiguous float32 buffer (e.g. a numpy array) into the store.
+    fn add(&self, py: Python<'_>, name: &str, shape: Vec<usize>, data: &Bound<'_, PyAny>) -> PyResult<()> {
+        let buf = PyBuffer::<f32>::get(data)?;
+        let values = buf.to_vec(py)?;
+        let mut guard = self.inner.lock().expect("store lock");
+        let store = guard.as_mut().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
+        store.insert(name, shape, values).map_err(to_py_err)
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.lock().expect("store lock").as_ref().map_or(0, |s| s.len())
+    }
+}
+
+#[pyclass(module = "rsgl._core")]
+struct Engine {
+    inner: Mutex<Option<rsgl_engine::Engine>>,
+}
+
+impl Engine {
+    fn with<T>(&self, f: impl FnOnce(&rsgl_engine::Engine) -> Result<T, EngineError>) -> PyResult<T> {
+        let guard = self.inner.lock().expect("engine lock");
+        f(guard.as_ref().ok_or(EngineError::Closed).map_err(to_py_err)?).map_err(to_py_err)
+    }
+}
+
+#[pymethods]
+impl Engine {
+    #[new]
+    #[pyo3(signature = (config_json, weights, options_json, eos_token_ids, token_bytes=None, special_token_ids=Vec::new()))]
+    fn new(
+        py: Python<'_>,
+        config_json: &str,
+        weights: &WeightStore,
+        options_json: &str,
+        eos_token_ids: Vec<u32>,
+        token_bytes: Option<Vec<Vec<u8>>>,
+        special_token_ids: Vec<u32>,
+    ) -> PyResult<Self> {
+        let cfg = ModelConfig::from_json(config_json).map_err(to_py_err)?;
+        let opts = EngineOptions::from_json(options_json).map_err(to_py_err)?;
+        let store = weights
+            .inner
+            .lock()
+            .expect("store lock")
+            .take()
+            .ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
+        let tokenizer = token_bytes.map(|b| Tokenizer::new(b, special_token_ids));
+        let engine = py.detach(|| rsgl_engine::Engine::start(cfg, store, tokenizer, eos_token_ids, opts)).map_err(to_py_err)?;
+        Ok(Engine { inner: Mutex::new(Some(engine)) })
+    }
+
+    /// Queues a request given as JSON (`rid`, `input_ids`, `sampling_params`, ...).
+    fn submit(&self, request_json: &str) -> PyResult<RequestStream> {
+        let req = GenerateRequest::from_json(request_json).map_err(to_py_err)?;
+        let stream = self.with(|e| e.submit(req))?;
+        Ok(RequestStream { inner: Mutex::new(stream) })
+    }
+
+    fn abort(&self, rid: &str) -> PyResult<()> {
+        self.with(|e| {
+            e.abort(rid);
+            Ok(())
+        })
+    }
+
+    /// Engine counters as JSON.
+    fn stats_json(&self) -> PyResult<String> {
+        self.with(|e| Ok(serde_json::to_string(&e.stats()).expect("stats serialize")))
+    }
+
+    fn is_running(&self) -> bool {
+        self.inner.lock().expect("engine lock").as_ref().is_some_and(|e| e.is_running())
+    }
+
+    /// Stops the engine thread; requests in flight end with an abort.
+    fn shutdown(&self, py: Python<'_>) {
+        let engine = self.inner.lock().expect("engine lock").take();
+        if let Some(mut e) = engine {
+            py.detach(move || e.shutdown());
+        }
+    }
+}
+
+/// The outputs of one request.
+#[pyclass(module = "rsgl._core")]
+struct RequestStream {
+    inner: Mutex<rsgl_engine::RequestStream>,
+}
+
+#[pymethods]
+impl RequestStream {
+    /// The next output as JSON, or None when `timeout` seconds passed first.
+    fn next_json(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<String>> {
+        let wait = Duration::from_secs_f64(timeout.max(0.0));
+        let out = py.detach(|| self.inner.lock().expect("stream lock").next(wait)).map_err(to_py_err)?;
+        Ok(out.map(|o| serde_json::to_string(&o).expect("output serialize")))
+    }
+
+    #[getter]
+    fn rid(&self) -> String {
+        self.inner.lock().expect("stream lock").rid.clone()
+    }
+
+    #[getter]
+    fn done(&self) -> bool {
+        self.inner.lock().expect("stream lock").is_done()
+    }
+}
+
+#[pyfunction]
+fn kernel_isa() -> &'static str {
+    rsgl_engine::kernels_isa()
+}
+
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<WeightStore>()?;
+    m.add_class::<Engine>()?;
+    m.add_class::<RequestStream>()?;
+    m.add_function(wrap_pyfunction!(kernel_isa, m)?)?;
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    Ok(())
+}

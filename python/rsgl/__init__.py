@@ -1,0 +1,21 @@
+"""rsgl: an SGLang-class LLM serving engine for CPUs, with a Rust core.
+
+    import rsgl
+    with rsgl.Engine() as llm:
+        print(llm.chat([{"role": "user", "content": "Name three primary colors."}])["text"])
+"""
+
+from rsgl._core import __version__, kernel_isa
+from rsgl.engine import Engine
+from rsgl.errors import EngineClosedError, InvalidRequestError, ModelLoadError, RsglError, UnsupportedModelError
+
+__all__ = [
+    "Engine",
+    "EngineClosedError",
+    "InvalidRequestError",
+    "ModelLoadError",
+    "RsglError",
+    "UnsupportedModelError",
+    "__version__",
+    "kernel_isa",
+]

@@ -1,0 +1,294 @@
+"""`rsgl.Engine`: the offline engine, shaped like `sglang.Engine`.
+
+    with rsgl.Engine() as llm:                       # the default model
+        out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 8})
+        print(out["text"], out["meta_info"]["finish_reason"])
+
+The model runs in Rust on its own thread; every call that waits releases the GIL, so several
+Python threads (or an asyncio loop) can submit at once and their requests are batched together.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import orjson
+
+from rsgl import _core
+from rsgl.chat_template import render_chat
+from rsgl.errors import InvalidRequestError
+from rsgl.loader import load_model
+
+# Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
+_POLL_SECONDS = 0.2
+# Defaults a model's generation_config.json may set, as SGLang applies them.
+_MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+class Engine:
+    """Loads a model and serves generation requests in-process.
+
+    Options are named after SGLang's server arguments:
+    `dtype`, `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
+    `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset),
+    `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per core),
+    `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
+    `disable_radix_cache` (there is no radix cache yet, so this changes nothing),
+    `quantization` (None only, for now), `progress` (loading progress bar).
+    """
+
+    def __init__(
+        self,
+        model_path: str | None = None,
+        *,
+        dtype: str = "auto",
+        context_length: int | None = None,
+        page_size: int = 16,
+        max_total_tokens: int | None = None,
+        kv_cache_memory_gb: float = 1.0,
+        max_running_requests: int = 64,
+        chunked_prefill_size: int = 2048,
+        threads: int | None = None,
+        random_seed: int = 0,
+        skip_tokenizer_init: bool = False,
+        served_model_name: str | None = None,
+        disable_radix_cache: bool = False,
+        quantization: str | None = None,
+        progress: bool = True,
+    ) -> None:
+        if quantization is not None:
+            raise InvalidRequestError(
+                f"quantization={quantization!r} is not available yet; leave it unset to run in float32"
+            )
+        self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+        self.tokenizer = self.model.tokenizer
+        self.served_model_name = served_model_name or self.model.model_name
+        self.disable_radix_cache = disable_radix_cache
+        options = {
+            "context_length": context_length,
+            "page_size": page_size,
+            "max_total_tokens": max_total_tokens,
+            "kv_cache_memory_gb": kv_cache_memory_gb,
+            "max_running_requests": max_running_requests,
+            "chunked_prefill_size": chunked_prefill_size,
+            "threads": threads or 0,
+            "random_seed": random_seed,
+        }
+        store = _core.WeightStore()
+        for name, array in self.model.tensors():
+            store.add(name, list(array.shape), array)
+        self._core = _core.Engine(
+            json.dumps(self.model.config),
+            store,
+            json.dumps(options),
+            self.model.eos_token_ids,
+            token_bytes=None if self.tokenizer is None else self.model.token_bytes,
+            special_token_ids=self.model.special_token_ids,
+        )
+        self._sampling_defaults = {
+            k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None
+        }
+
+    # ---- generation -------------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_prompt_logits: bool = False,
+    ) -> dict | list[dict] | Iterator[dict]:
+        """Generates for one prompt (a dict back) or a list of prompts (a list back, run as one
+        batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
+        `output_ids` grow, the last one with `finish_reason` set, as SGLang does."""
+        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits)
+        if stream:
+            if len(requests) != 1:
+                raise InvalidRequestError("stream=True takes one prompt with n=1")
+            return self._stream(requests[0])
+        handles = [self._submit(r) for r in requests]
+        results = [self._collect(r, h) for r, h in zip(requests, handles)]
+        return results[0] if single else results
+
+    async def async_generate(self, *args: Any, **kwargs: Any) -> dict | list[dict] | AsyncIterator[dict]:
+        """`generate` for asyncio code: awaits without blocking the event loop; with
+        `stream=True`, returns an async iterator of chunks."""
+        if kwargs.get("stream"):
+            return self._astream(self.generate(*args, **kwargs))
+        return await asyncio.to_thread(self.generate, *args, **kwargs)
+
+    def chat(self, messages: list[dict], sampling_params: dict | None = None, **kwargs: Any) -> dict | Iterator[dict]:
+        """Generates a reply to `messages` rendered with the model's chat template."""
+        return self.generate(prompt=self.apply_chat_template(messages), sampling_params=sampling_params, **kwargs)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+        self._need_tokenizer("chat")
+        return render_chat(
+            self.model.chat_template,
+            messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.model.bos_token,
+            eos_token=self.model.eos_token,
+            **extra,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        self._need_tokenizer("text prompts")
+        ids = self.tokenizer.encode(text).ids
+        bos = self.model.bos_token_id
+        if self.model.add_bos_token and bos is not None and ids[:1] != [bos]:
+            ids = [bos, *ids]
+        return ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        self._need_tokenizer("decoding")
+        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def abort_request(self, rid: str) -> None:
+        self._core.abort(rid)
+
+    # ---- information and life cycle ------------------------------------------------------------
+
+    def get_server_info(self) -> dict:
+        stats = orjson.loads(self._core.stats_json())
+        return {"model_path": self.model.source, "served_model_name": self.served_model_name, **stats}
+
+    def shutdown(self) -> None:
+        self._core.shutdown()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _need_tokenizer(self, what: str) -> None:
+        if self.tokenizer is None:
+            raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
+
+    def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits):
+        if (prompt is None) == (input_ids is None):
+            raise InvalidRequestError("give exactly one of prompt or input_ids")
+        if prompt is not None:
+            single = isinstance(prompt, str)
+            prompts = [prompt] if single else list(prompt)
+            if not all(isinstance(p, str) for p in prompts):
+                raise InvalidRequestError("prompt must be a string or a list of strings")
+            id_lists = [self.encode(p) for p in prompts]
+        else:
+            single = not input_ids or isinstance(input_ids[0], int)
+            id_lists = [list(input_ids)] if single else [list(ids) for ids in input_ids]
+            if not all(isinstance(t, int) and not isinstance(t, bool) for ids in id_lists for t in ids):
+                raise InvalidRequestError("input_ids must be a list of ints or a list of lists of ints")
+        params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(id_lists)
+        if len(params) != len(id_lists):
+            raise InvalidRequestError("sampling_params must be one dict or one per prompt")
+        rids = rid if isinstance(rid, list) else [rid] * len(id_lists)
+        requests = []
+        for ids, p, r in zip(id_lists, params, rids):
+            p = self._normalize_params(p)
+            n = p.pop("n", 1)
+            if not isinstance(n, int) or n < 1:
+                raise InvalidRequestError("sampling_params: n must be a positive integer")
+            base = r or uuid.uuid4().hex
+            for i in range(n):
+                sample = dict(p)
+                if n > 1 and sample.get("seed") is not None:
+                    sample["seed"] += i  # distinct but reproducible samples
+                requests.append({
+                    "rid": base if n == 1 else f"{base}-{i}",
+                    "input_ids": ids,
+                    "sampling_params": sample,
+                    "return_logprob": bool(return_logprob),
+                    "top_logprobs_num": int(top_logprobs_num or 0),
+                    "return_prompt_logits": bool(return_prompt_logits),
+                })
+        return requests, single and len(requests) == 1
+
+    def _normalize_params(self, params: dict | None) -> dict:
+        if params is not None and not isinstance(params, dict):
+            raise InvalidRequestError("sampling_params must be a dict")
+        p = {**self._sampling_defaults, **(params or {})}
+        stop = p.get("stop")
+        if isinstance(stop, str):
+            p["stop"] = [stop]
+        elif stop is None:
+            p.pop("stop", None)
+        for key in [k for k, v in p.items() if v is None]:
+            del p[key]  # None means "default", as in SGLang
+        return p
+
+    def _submit(self, request: dict) -> _core.RequestStream:
+        return self._core.submit(orjson.dumps(request).decode())
+
+    def _outputs(self, handle: _core.RequestStream) -> Iterator[dict]:
+        while True:
+            raw = handle.next_json(_POLL_SECONDS)
+            if raw is None:
+                continue
+            out = orjson.loads(raw)
+            yield out
+            if "finished" in out:
+                return
+
+    def _collect(self, request: dict, handle: _core.RequestStream) -> dict:
+        result = None
+        for result in self._stream_from(request, handle):
+            pass
+        return result
+
+    def _stream(self, request: dict) -> Iterator[dict]:
+        return self._stream_from(request, self._submit(request))
+
+    def _stream_from(self, request: dict, handle: _core.RequestStream) -> Iterator[dict]:
+        started = time.perf_counter()
+        text, ids, logprobs, tops = [], [], [], []
+        prompt_logits = None
+        try:
+            for out in self._outputs(handle):
+                text.append(out["text"])
+                ids.extend(out["token_ids"])
+                for lp in out.get("logprobs", ()):
+                    logprobs.append((lp["logprob"], lp["token_id"], None))
+                    tops.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
+                prompt_logits = out.get("prompt_logits", prompt_logits)
+                yield self._result(request, "".join(text), ids, logprobs, tops, prompt_logits, out.get("finished"), started)
+        finally:
+            if not handle.done:  # the caller stopped iterating early
+                self._core.abort(request["rid"])
+
+    def _result(self, request, text, ids, logprobs, tops, prompt_logits, finished, started) -> dict:
+        meta = {
+            "id": request["rid"],
+            "prompt_tokens": len(request["input_ids"]),
+            "completion_tokens": len(ids),
+            "cached_tokens": 0,
+            "finish_reason": None,
+            "e2e_latency": time.perf_counter() - started,
+        }
+        if finished:
+            meta.update(finished)
+        if request["return_logprob"]:
+            meta["output_token_logprobs"] = list(logprobs)
+            meta["output_top_logprobs"] = list(tops)
+        if prompt_logits is not None:
+            meta["prompt_logits"] = prompt_logits
+        return {"text": text, "output_ids": list(ids), "meta_info": meta}
+
+    @staticmethod
+    async def _astream(chunks: Iterator[dict]) -> AsyncIterator[dict]:
+        done = object()
+        while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
+            yield chunk

@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny random Hugging Face models saved by transformers (built offline from a
+config), and the rule that tests leave one core to whatever else runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    vocab_size=256,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    # Larger than the usual 0.02 so logits are far apart and greedy choices are not coin flips.
+    initializer_range=0.15,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+
+
+def build_tiny(arch: str, path, **overrides):
+    """Saves a random `arch` model ("llama", "qwen2", "qwen3") to `path`; returns the model."""
+    import transformers
+
+    classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"rope_theta": 10000.0}),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+    }
+    config_cls, model_cls, extra = classes[arch]
+    torch.manual_seed(sum(map(ord, arch)))
+    config = config_cls(**{**TINY, **extra, **overrides})
+    model = model_cls(config).eval().float()
+    model.save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """{arch: (path, transformers model)} for the three dense families."""
+    out = {}
+    for arch in ("llama", "qwen2", "qwen3"):
+        path = tmp_path_factory.mktemp(f"tiny-{arch}")
+        out[arch] = (str(path), build_tiny(arch, path))
+    return out

@@ -1,0 +1,194 @@
+"""The Engine API on the default model and on tiny models: batching, sampling options, streaming,
+threads, and the typed errors for bad input (after which the engine keeps serving)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+import rsgl
+
+GREEDY = {"temperature": 0, "max_new_tokens": 24}
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with rsgl.Engine(threads=2, progress=False) as engine:
+        yield engine
+
+
+def test_capital_of_france(llm):
+    out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 4})
+    assert out["text"].startswith(" Paris")
+    meta = out["meta_info"]
+    assert meta["prompt_tokens"] == len(llm.encode("The capital of France is"))
+    assert meta["completion_tokens"] == len(out["output_ids"]) == 4
+    assert meta["finish_reason"] == {"type": "length", "length": 4}
+
+
+def test_chat_names_the_primary_colors(llm):
+    out = llm.chat([{"role": "user", "content": "Name three primary colors."}], {"temperature": 0, "max_new_tokens": 40})
+    text = out["text"].lower()
+    assert all(c in text for c in ("red", "blue", "yellow")), out["text"]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": 2}
+    assert out["output_ids"][-1] == 2
+
+
+def test_eight_prompts_batched_equal_alone(llm):
+    prompts = [f"Write one sentence about the number {i}." for i in range(8)]
+    alone = [llm.generate(p, GREEDY)["output_ids"] for p in prompts]
+    together = [o["output_ids"] for o in llm.generate(prompts, GREEDY)]
+    assert together == alone
+
+
+def test_threads_submitting_at_once_get_their_own_answers(llm):
+    prompts = ["One, two, three,", "Monday, Tuesday,", "A, B, C,"]
+    want = {p: llm.generate(p, GREEDY)["text"] for p in prompts}
+    got = {}
+    threads = [threading.Thread(target=lambda p=p: got.__setitem__(p, llm.generate(p, GREEDY)["text"])) for p in prompts]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert got == want
+
+
+def test_stream_chunks_grow_to_the_full_answer(llm):
+    full = llm.generate("Once upon a time", GREEDY)
+    chunks = list(llm.generate("Once upon a time", GREEDY, stream=True))
+    assert len(chunks) == 24
+    assert all(a["text"] == b["text"][: len(a["text"])] for a, b in zip(chunks, chunks[1:]))
+    assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
+    assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_async_generate(llm):
+    async def main():
+        one = await llm.async_generate("Hello", GREEDY)
+        stream = await llm.async_generate("Hello", GREEDY, stream=True)
+        last = None
+        async for chunk in stream:
+            last = chunk
+        return one, last
+
+    one, last = asyncio.run(main())
+    assert one["text"] == last["text"]
+
+
+def test_stop_strings_are_trimmed(llm):
+    free = llm.generate("Count: 1, 2, 3,", {"temperature": 0, "max_new_tokens": 12})["text"]
+    assert " 5" in free, free
+    out = llm.generate("Count: 1, 2, 3,", {"temperature": 0, "max_new_tokens": 12, "stop": " 5"})
+    assert out["text"] == free[: free.index(" 5")]
+    assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": " 5"}
+    kept = llm.generate("Count: 1, 2, 3,", {"temperature": 0, "max_new_tokens": 12, "stop": [" 5"], "no_stop_trim": True})
+    assert kept["text"] == free[: free.index(" 5") + 2]
+
+
+def test_stop_token_ids_min_and_ignore_eos(llm):
+    out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 10, "stop_token_ids": [llm.encode(" Paris")[0]]})
+    assert out["output_ids"] == llm.encode(" Paris")[:1] and out["text"] == " Paris"
+    chat = llm.apply_chat_template([{"role": "user", "content": "Say hi."}])
+    short = llm.generate(chat, {"temperature": 0, "max_new_tokens": 60})
+    assert short["meta_info"]["finish_reason"]["type"] == "stop"
+    n = short["meta_info"]["completion_tokens"]
+    longer = llm.generate(chat, {"temperature": 0, "max_new_tokens": 60, "min_new_tokens": n + 3})
+    assert longer["meta_info"]["completion_tokens"] >= n + 3
+    forced = llm.generate(chat, {"temperature": 0, "max_new_tokens": n + 5, "ignore_eos": True})
+    assert forced["meta_info"]["completion_tokens"] == n + 5
+
+
+def test_seeded_sampling_is_reproducible_and_sampling_options_run(llm):
+    params = {"temperature": 1.0, "top_p": 0.9, "top_k": 40, "min_p": 0.05, "max_new_tokens": 16, "seed": 1234}
+    a = llm.generate("My favourite food is", params)
+    b = llm.generate(["My favourite food is", "Other prompt"], [params, params])[0]
+    assert a["output_ids"] == b["output_ids"]
+    c = llm.generate("My favourite food is", {**params, "seed": 99})
+    assert c["output_ids"] != a["output_ids"]
+    pen = {"temperature": 0, "max_new_tokens": 16, "repetition_penalty": 1.3, "frequency_penalty": 0.5, "presence_penalty": 0.5}
+    assert llm.generate("la la la la", pen)["meta_info"]["completion_tokens"] == 16
+    many = llm.generate("Pick a fruit:", {**params, "n": 3})
+    assert len(many) == 3
+
+
+def test_logprobs(llm):
+    out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 3}, return_logprob=True, top_logprobs_num=5)
+    meta = out["meta_info"]
+    assert [t[1] for t in meta["output_token_logprobs"]] == out["output_ids"]
+    for (lp, tok, _), top in zip(meta["output_token_logprobs"], meta["output_top_logprobs"]):
+        assert len(top) == 5 and top[0][1] == tok and top[0][0] == pytest.approx(lp)
+        assert all(a[0] >= b[0] for a, b in zip(top, top[1:])) and lp <= 0
+
+
+def test_unicode_is_never_broken(llm):
+    out = llm.generate("Les mots français: été, à, où, ç,", {"temperature": 0, "max_new_tokens": 24})
+    assert "\ufffd" not in out["text"]
+    for chunk in llm.generate("日本語の文章:", {"temperature": 0, "max_new_tokens": 16}, stream=True):
+        assert "\ufffd" not in chunk["text"]
+
+
+@pytest.mark.parametrize(
+    "params, match",
+    [
+        ({"temperature": -1}, "temperature"),
+        ({"top_p": 0}, "top_p"),
+        ({"top_k": 0}, "top_k"),
+        ({"max_new_tokens": -3}, "max_new_tokens"),
+        ({"min_new_tokens": 5, "max_new_tokens": 2}, "min_new_tokens"),
+        ({"bogus": 1}, "bogus"),
+        ({"n": 0}, "n must be"),
+    ],
+)
+def test_nonsense_sampling_params_are_refused(llm, params, match):
+    with pytest.raises(rsgl.InvalidRequestError, match=match):
+        llm.generate("hi", params)
+    assert llm.generate("hi", {"temperature": 0, "max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_prompt_longer_than_the_context_is_refused(llm):
+    ids = [100] * 9000
+    with pytest.raises(rsgl.InvalidRequestError, match="context length"):
+        llm.generate(input_ids=ids, sampling_params={"max_new_tokens": 1})
+    with pytest.raises(rsgl.InvalidRequestError, match="vocabulary"):
+        llm.generate(input_ids=[10**6], sampling_params={"max_new_tokens": 1})
+    assert llm.generate("hi", {"temperature": 0, "max_new_tokens": 2})["meta_info"]["completion_tokens"] == 2
+
+
+def test_kv_pool_is_empty_after_a_drain(llm):
+    llm.generate([f"Item {i}:" for i in range(6)], {"temperature": 0.7, "max_new_tokens": 8})
+    info = llm.get_server_info()
+    assert info["kv_pages_free"] == info["kv_pages_total"]
+    assert info["running_requests"] == info["waiting_requests"] == 0
+
+
+def test_bad_models_raise_typed_errors(tmp_path, tiny_models):
+    with pytest.raises(rsgl.ModelLoadError, match="no such file"):
+        rsgl.Engine(str(tmp_path / "nope"), progress=False)
+    import json
+    import shutil
+
+    path, _ = tiny_models["llama"]
+    bad = tmp_path / "gpt2"
+    shutil.copytree(path, bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    cfg["model_type"] = "gpt2"
+    (bad / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(rsgl.UnsupportedModelError, match="GPT2"):
+        rsgl.Engine(str(bad), progress=False)
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(path, corrupt)
+    weights = corrupt / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    with pytest.raises(rsgl.ModelLoadError, match="model.safetensors"):
+        rsgl.Engine(str(corrupt), progress=False)
+    with pytest.raises(TypeError):
+        rsgl.Engine(path, not_an_option=1)
+
+
+def test_shutdown_makes_calls_fail_cleanly(tiny_models):
+    path, _ = tiny_models["qwen2"]
+    engine = rsgl.Engine(path, threads=1, progress=False)
+    engine.shutdown()
+    with pytest.raises(rsgl.EngineClosedError):
+        engine.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 1})

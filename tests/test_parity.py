@@ -1,0 +1,76 @@
+"""rsgl against transformers (fp32) on tiny random Llama, Qwen2 and Qwen3 models: last-position
+logits, greedy continuations, and the same when prompts of different lengths share a batch."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import rsgl
+
+ARCHS = ("llama", "qwen2", "qwen3")
+GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
+
+
+def prompt(length: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(3, 256, size=length).tolist()
+
+
+def hf_last_logits(model, ids: list[int]) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor([ids])).logits[0, -1].numpy()
+
+
+def hf_greedy(model, ids: list[int], n: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def pair(request, tiny_models):
+    path, hf = tiny_models[request.param]
+    with rsgl.Engine(path, threads=1, max_total_tokens=2048, progress=False) as engine:
+        yield engine, hf
+
+
+def test_no_tokenizer_means_token_ids_in_and_out(pair):
+    engine, _ = pair
+    assert engine.tokenizer is None
+    out = engine.generate(input_ids=prompt(5, 0), sampling_params={"temperature": 0, "max_new_tokens": 3})
+    assert out["text"] == "" and len(out["output_ids"]) == 3
+    with pytest.raises(rsgl.InvalidRequestError, match="tokenizer"):
+        engine.generate(prompt="hello")
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+def test_last_position_logits_match(pair, length):
+    engine, hf = pair
+    ids = prompt(length, length)
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+    got = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32)
+    want = hf_last_logits(hf, ids)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() < 1e-3
+
+
+@pytest.mark.parametrize("length", [1, 7, 64])
+def test_greedy_continuation_matches(pair, length):
+    engine, hf = pair
+    ids = prompt(length, 100 + length)
+    out = engine.generate(input_ids=ids, sampling_params=GREEDY)
+    assert out["output_ids"] == hf_greedy(hf, ids, 32)
+    assert out["meta_info"]["finish_reason"] == {"type": "length", "length": 32}
+
+
+def test_batch_of_different_lengths_matches(pair):
+    engine, hf = pair
+    prompts = [prompt(n, 200 + n) for n in (1, 5, 17, 64)]
+    outs = engine.generate(input_ids=prompts, sampling_params={**GREEDY, "max_new_tokens": 0}, return_prompt_logits=True)
+    for ids, out in zip(prompts, outs):
+        got = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32)
+        assert np.abs(got - hf_last_logits(hf, ids)).max() < 1e-3
+    outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
+    for ids, out in zip(prompts, outs):
+        assert out["output_ids"] == hf_greedy(hf, ids, 32)
