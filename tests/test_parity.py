@@ -23,9 +23,11 @@ def hf_last_logits(model, ids: list[int]) -> np.ndarray:
 
 
 def hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    """Plain argmax decoding (generate() would also mask EOS, which ignore_eos does not)."""
+    seq = list(ids)
+    for _ in range(n):
+        seq.append(int(hf_last_logits(model, seq).argmax()))
+    return seq[len(ids):]
 
 
 @pytest.fixture(scope="module", params=ARCHS)

@@ -24,7 +24,9 @@ pub struct GenerateRequest {
 
 impl GenerateRequest {
     pub fn from_json(json: &str) -> Result<Self> {
-        serde_json::from_str(json).map_err(|e| invalid(format!("bad request: {e}")))
+        // The path names the offending field, e.g. "sampling_params.max_new_tokens: invalid value".
+        let de = &mut serde_json::Deserializer::from_str(json);
+        serde_path_to_error::deserialize(de).map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))
     }
 }
 
