@@ -47,25 +47,7 @@ unsafe fn hsum(v: __m256) -> f32 {
 
 #[target_feature(enable = "avx2,fma")]
 unsafe fn gemm_bt_avx2(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    let (m, n) = crate::portable::gemm_dims(x, w, k, out);
-    let row = |i: usize| &x[i * k..(i + 1) * k];
-    let mut i = 0;
-    // Four activation rows share each weight load: weights are the bytes that cost.
-    while i + 4 <= m {
-        let xs = [row(i), row(i + 1), row(i + 2), row(i + 3)];
-        for j in 0..n {
-            let d = dot_rows::<4>(xs, &w[j * k..(j + 1) * k]);
-            for r in 0..4 {
-                out[(i + r) * n + j] = d[r];
-            }
-        }
-        i += 4;
-    }
-    for i in i..m {
-        for j in 0..n {
-            out[i * n + j] = dot_rows::<1>([row(i)], &w[j * k..(j + 1) * k])[0];
-        }
-    }
+    crate::portable::gemm_bt_rows4(x, w, k, out, |xs, w| dot_rows::<4>(xs, w), |x, w| dot_rows::<1>([x], w)[0]);
 }
 
 #[target_feature(enable = "avx2,fma")]

@@ -1,0 +1,251 @@
+//! `rsgl-bench generate`: offline greedy generation through the engine on a random-weight model
+//! of a given shape, at several batch sizes.
+//!
+//! Prefill tok/s is batch·prompt_len over the time until every request has its first token;
+//! decode tok/s is the tokens generated after that, over the batch, per second of the rest.
+
+use crate::args::Args;
+use crate::report::{host_info, print_table, write_json};
+use rsgl_engine::sample::Rng;
+use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, RequestStream, WeightStore};
+use serde_json::{json, Value};
+use std::time::{Duration, Instant};
+
+const PAGE_SIZE: usize = 16;
+/// How long one engine output may take before the run is declared stuck.
+const OUTPUT_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// The model shape of a preset, as the loader would hand it to the engine.
+fn preset_config(name: &str) -> Result<Value, String> {
+    let (hidden, ffn, layers, heads, kv_heads, head_dim, vocab, theta, context) = match name {
+        "smollm2-135m" => (576, 1536, 30, 9, 3, 64, 49152, 1e5, 8192),
+        // Small enough to build and run in a blink: checks the harness itself.
+        "tiny" => (64, 128, 2, 4, 2, 16, 256, 1e4, 2048),
+        other => return Err(format!("unknown preset {other:?}; use smollm2-135m or tiny")),
+    };
+    Ok(json!({
+        "architecture": "llama", "hidden_size": hidden, "intermediate_size": ffn,
+        "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
+        "head_dim": head_dim, "vocab_size": vocab, "rms_norm_eps": 1e-5, "rope_theta": theta,
+        "rope_scaling": null, "attention_bias": false, "qk_norm": false,
+        "tie_word_embeddings": true, "max_position_embeddings": context,
+    }))
+}
+
+/// Uniform in ±1/√fan_in, so activations stay in range through every layer.
+fn random_weights(cfg: &ModelConfig, rng: &mut Rng) -> Result<WeightStore, String> {
+    let mut store = WeightStore::new();
+    let mut add = |name: String, shape: Vec<usize>, random: bool| {
+        let len = shape.iter().product();
+        let scale = 1.0 / (*shape.last().expect("tensors have a shape") as f32).sqrt();
+        let data = if random { (0..len).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect() } else { vec![1.0; len] };
+        store.insert(&name, shape, data).map_err(|e| e.to_string())
+    };
+    let (h, ffn, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
+    add("model.embed_tokens.weight".into(), vec![vocab, h], true)?;
+    add("model.norm.weight".into(), vec![h], false)?;
+    if !cfg.tie_word_embeddings {
+        add("lm_head.weight".into(), vec![vocab, h], true)?;
+    }
+    for l in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{l}");
+        add(format!("{p}.input_layernorm.weight"), vec![h], false)?;
+        add(format!("{p}.post_attention_layernorm.weight"), vec![h], false)?;
+        add(format!("{p}.self_attn.q_proj.weight"), vec![cfg.q_size(), h], true)?;
+        add(format!("{p}.self_attn.k_proj.weight"), vec![cfg.kv_size(), h], true)?;
+        add(format!("{p}.self_attn.v_proj.weight"), vec![cfg.kv_size(), h], true)?;
+        add(format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_size()], true)?;
+        add(format!("{p}.mlp.gate_proj.weight"), vec![ffn, h], true)?;
+        add(format!("{p}.mlp.up_proj.weight"), vec![ffn, h], true)?;
+        add(format!("{p}.mlp.down_proj.weight"), vec![h, ffn], true)?;
+    }
+    Ok(store)
+}
+
+/// Tokens per request: prompt, then new tokens.
+#[derive(Clone, Copy)]
+struct Lengths {
+    prompt: usize,
+    generated: usize,
+}
+
+/// Options that fit `max_batch` requests in the KV pool at once, so none waits for pages.
+fn engine_options(len: Lengths, max_batch: usize, threads: usize) -> Result<EngineOptions, String> {
+    let per_request = (len.prompt + len.generated).next_multiple_of(PAGE_SIZE);
+    let opts = json!({
+        "threads": threads,
+        "page_size": PAGE_SIZE,
+        "context_length": len.prompt + len.generated,
+        "max_total_tokens": max_batch * per_request,
+        "max_running_requests": max_batch,
+    });
+    EngineOptions::from_json(&opts.to_string()).map_err(|e| e.to_string())
+}
+
+fn request(rid: &str, prompt: &[u32], max_new_tokens: usize) -> Result<GenerateRequest, String> {
+    let req = json!({
+        "rid": rid,
+        "input_ids": prompt,
+        "sampling_params": { "temperature": 0, "max_new_tokens": max_new_tokens, "ignore_eos": true },
+    });
+    GenerateRequest::from_json(&req.to_string()).map_err(|e| e.to_string())
+}
+
+/// When one request got its first token and when it finished.
+struct StreamTiming {
+    first_token: Instant,
+    finished: Instant,
+    tokens: usize,
+}
+
+fn drain(mut stream: RequestStream) -> Result<StreamTiming, String> {
+    let mut first_token = None;
+    let mut tokens = 0;
+    loop {
+        let out = stream
+            .next(OUTPUT_TIMEOUT)
+            .map_err(|e| format!("request {}: {e}", stream.rid))?
+            .ok_or_else(|| format!("request {}: no output within {OUTPUT_TIMEOUT:?}", stream.rid))?;
+        let now = Instant::now();
+        tokens += out.token_ids.len();
+        if tokens > 0 {
+            first_token.get_or_insert(now);
+        }
+        if out.finished.is_some() {
+            return Ok(StreamTiming { first_token: first_token.unwrap_or(now), finished: now, tokens });
+        }
+    }
+}
+
+struct CaseResult {
+    batch: usize,
+    prompt_len: usize,
+    ttft: f64,
+    decode_seconds: f64,
+    decoded_tokens: usize,
+}
+
+impl CaseResult {
+    fn prefill_tok_s(&self) -> f64 {
+        (self.batch * self.prompt_len) as f64 / self.ttft
+    }
+
+    fn decode_tok_s(&self) -> f64 {
+        self.decoded_tokens as f64 / self.decode_seconds
+    }
+
+    /// Mean time of one decode step (each step decodes the whole batch).
+    fn ms_per_step(&self) -> f64 {
+        self.decode_seconds * 1e3 / (self.decoded_tokens as f64 / self.batch as f64)
+    }
+
+    fn row(&self) -> Vec<String> {
+        vec![
+            self.batch.to_string(),
+            format!("{:.1}", self.ttft * 1e3),
+            format!("{:.1}", self.prefill_tok_s()),
+            format!("{:.1}", self.decode_tok_s()),
+            format!("{:.2}", self.ms_per_step()),
+        ]
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "batch": self.batch,
+            "ttft_s": self.ttft,
+            "prefill_tok_s": self.prefill_tok_s(),
+            "decode_s": self.decode_seconds,
+            "decoded_tokens": self.decoded_tokens,
+            "decode_tok_s": self.decode_tok_s(),
+            "ms_per_decode_step": self.ms_per_step(),
+        })
+    }
+}
+
+/// Submits `batch` requests at once and follows each on its own thread (they mostly sleep), so
+/// every token's arrival time is taken when it arrives.
+fn run_case(engine: &Engine, batch: usize, len: Lengths, vocab: usize, rng: &mut Rng) -> Result<CaseResult, String> {
+    let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_prompt(rng, len.prompt, vocab)).collect();
+    let requests = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| request(&format!("b{batch}-{i}"), p, len.generated))
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = Instant::now();
+    let streams = requests.into_iter().map(|r| engine.submit(r).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    let timings = std::thread::scope(|s| {
+        let followers: Vec<_> = streams.into_iter().map(|st| s.spawn(move || drain(st))).collect();
+        followers.into_iter().map(|f| f.join().expect("stream follower panicked")).collect::<Result<Vec<_>, _>>()
+    })?;
+    let all_first = timings.iter().map(|t| t.first_token).max().expect("batch >= 1");
+    let all_done = timings.iter().map(|t| t.finished).max().expect("batch >= 1");
+    Ok(CaseResult {
+        batch,
+        prompt_len: len.prompt,
+        ttft: (all_first - start).as_secs_f64(),
+        decode_seconds: (all_done - all_first).as_secs_f64(),
+        decoded_tokens: timings.iter().map(|t| t.tokens - 1).sum(),
+    })
+}
+
+fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
+    (0..len).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
+}
+
+fn start_engine(config: &Value, opts: EngineOptions, rng: &mut Rng) -> Result<(Engine, usize), String> {
+    let cfg = ModelConfig::from_json(&config.to_string()).map_err(|e| e.to_string())?;
+    let vocab = cfg.vocab_size;
+    let weights = random_weights(&cfg, rng)?;
+    let engine = Engine::start(cfg, weights, None, vec![], opts).map_err(|e| e.to_string())?;
+    Ok((engine, vocab))
+}
+
+pub fn run(mut args: Args) -> Result<(), String> {
+    let preset = args.string("preset").unwrap_or_else(|| "smollm2-135m".into());
+    let batches = args.usize_list_or("batch", &[1, 8])?;
+    let len = Lengths { prompt: args.usize_or("prompt-len", 128)?, generated: args.usize_or("gen-len", 32)? };
+    let threads = args.usize_or("threads", std::thread::available_parallelism().map_or(1, |n| n.get()))?;
+    let json_path = args.string("json");
+    args.finish()?;
+    if len.generated < 2 {
+        return Err("--gen-len must be at least 2: decode speed is measured after the first token".into());
+    }
+
+    let config = preset_config(&preset)?;
+    let mut rng = Rng::new(2024);
+    let load_started = Instant::now();
+    let max_batch = *batches.iter().max().expect("the list parser yields at least one");
+    let (engine, vocab) = start_engine(&config, engine_options(len, max_batch, threads)?, &mut rng)?;
+    let load_seconds = load_started.elapsed().as_secs_f64();
+    let stats = engine.stats();
+    println!(
+        "rsgl-bench generate: preset {preset}, kernels {}, {} thread(s), prompt {} + {} new tokens (built in {load_seconds:.1} s)",
+        stats.kernels, stats.threads, len.prompt, len.generated
+    );
+
+    // Warm-up: pages, caches and the thread pool see one request before anything is timed.
+    run_case(&engine, 1, Lengths { generated: 2, ..len }, vocab, &mut rng)?;
+    let results = batches
+        .iter()
+        .map(|&b| run_case(&engine, b, len, vocab, &mut rng))
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let rows: Vec<Vec<String>> = results.iter().map(CaseResult::row).collect();
+    print_table(&["batch", "TTFT ms", "prefill tok/s", "decode tok/s", "ms/step"], &rows);
+    if let Some(path) = json_path {
+        let report = json!({
+            "bench": "generate",
+            "host": host_info(),
+            "preset": preset,
+            "model": config,
+            "kernels": stats.kernels,
+            "threads": stats.threads,
+            "prompt_len": len.prompt,
+            "gen_len": len.generated,
+            "build_seconds": load_seconds,
+            "results": results.iter().map(CaseResult::json).collect::<Vec<_>>(),
+        });
+        write_json(&path, &report)?;
+    }
+    Ok(())
+}
