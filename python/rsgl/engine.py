@@ -11,7 +11,6 @@ Python threads (or an asyncio loop) can submit at once and their requests are ba
 from __future__ import annotations
 
 import asyncio
-import itertools
 import json
 import time
 import uuid
