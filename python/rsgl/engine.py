@@ -109,22 +109,34 @@ class Engine:
     ) -> dict | list[dict] | Iterator[dict]:
         """Generates for one prompt (a dict back) or a list of prompts (a list back, run as one
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
-        `output_ids` grow, the last one with `finish_reason` set, as SGLang does."""
+        `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
+        `return_prompt_logits` adds the logits after the last prompt token to `meta_info`."""
         requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits)
         if stream:
-            if len(requests) != 1:
-                raise InvalidRequestError("stream=True takes one prompt with n=1")
-            return self._stream(requests[0])
+            return self._stream(self._only(requests))
         handles = [self._submit(r) for r in requests]
-        results = [self._collect(r, h) for r, h in zip(requests, handles)]
+        results = [_last(self._stream(r, h)) for r, h in zip(requests, handles)]
         return results[0] if single else results
 
-    async def async_generate(self, *args: Any, **kwargs: Any) -> dict | list[dict] | AsyncIterator[dict]:
-        """`generate` for asyncio code: awaits without blocking the event loop; with
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: dict | list[dict] | None = None,
+        input_ids: list[int] | list[list[int]] | None = None,
+        return_logprob: bool = False,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        rid: str | list[str] | None = None,
+        return_prompt_logits: bool = False,
+    ) -> dict | list[dict] | AsyncIterator[dict]:
+        """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
-        if kwargs.get("stream"):
-            return self._astream(self.generate(*args, **kwargs))
-        return await asyncio.to_thread(self.generate, *args, **kwargs)
+        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits)
+        if stream:
+            return self._astream(self._only(requests))
+        handles = [self._submit(r) for r in requests]
+        results = await asyncio.gather(*(_alast(self._astream(r, h)) for r, h in zip(requests, handles)))
+        return results[0] if single else list(results)
 
     def chat(self, messages: list[dict], sampling_params: dict | None = None, **kwargs: Any) -> dict | Iterator[dict]:
         """Generates a reply to `messages` rendered with the model's chat template."""
@@ -232,62 +244,84 @@ class Engine:
     def _submit(self, request: dict) -> _core.RequestStream:
         return self._core.submit(orjson.dumps(request).decode())
 
-    def _outputs(self, handle: _core.RequestStream) -> Iterator[dict]:
-        while True:
-            raw = handle.next_json(_POLL_SECONDS)
-            if raw is None:
-                continue
-            out = orjson.loads(raw)
-            yield out
-            if "finished" in out:
-                return
+    @staticmethod
+    def _only(requests: list[dict]) -> dict:
+        if len(requests) != 1:
+            raise InvalidRequestError("stream=True takes one prompt with n=1")
+        return requests[0]
 
-    def _collect(self, request: dict, handle: _core.RequestStream) -> dict:
-        result = None
-        for result in self._stream_from(request, handle):
-            pass
-        return result
-
-    def _stream(self, request: dict) -> Iterator[dict]:
-        return self._stream_from(request, self._submit(request))
-
-    def _stream_from(self, request: dict, handle: _core.RequestStream) -> Iterator[dict]:
-        started = time.perf_counter()
-        text, ids, logprobs, tops = [], [], [], []
-        prompt_logits = None
+    def _stream(self, request: dict, handle: _core.RequestStream | None = None) -> Iterator[dict]:
+        handle = handle or self._submit(request)
+        result = _Result(request)
         try:
-            for out in self._outputs(handle):
-                text.append(out["text"])
-                ids.extend(out["token_ids"])
-                for lp in out.get("logprobs", ()):
-                    logprobs.append((lp["logprob"], lp["token_id"], None))
-                    tops.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
-                prompt_logits = out.get("prompt_logits", prompt_logits)
-                yield self._result(request, "".join(text), ids, logprobs, tops, prompt_logits, out.get("finished"), started)
+            while True:
+                raw = handle.next_json(_POLL_SECONDS)
+                if raw is not None:
+                    yield result.add(orjson.loads(raw))
+                    if handle.done:
+                        return
         finally:
-            if not handle.done:  # the caller stopped iterating early
+            if not handle.done:  # the caller stopped early: free the request's KV now
                 self._core.abort(request["rid"])
 
-    def _result(self, request, text, ids, logprobs, tops, prompt_logits, finished, started) -> dict:
+    async def _astream(self, request: dict, handle: _core.RequestStream | None = None) -> AsyncIterator[dict]:
+        handle = handle or self._submit(request)
+        result = _Result(request)
+        try:
+            while True:
+                raw = await asyncio.to_thread(handle.next_json, _POLL_SECONDS)
+                if raw is not None:
+                    yield result.add(orjson.loads(raw))
+                    if handle.done:
+                        return
+        finally:
+            if not handle.done:
+                self._core.abort(request["rid"])
+
+
+class _Result:
+    """Folds a request's outputs into SGLang's result shape, cumulatively."""
+
+    def __init__(self, request: dict) -> None:
+        self.request = request
+        self.started = time.perf_counter()
+        self.text = ""
+        self.ids: list[int] = []
+        self.logprobs: list[tuple] = []
+        self.top_logprobs: list[list[tuple]] = []
+        self.prompt_logits: list[float] | None = None
+
+    def add(self, out: dict) -> dict:
+        self.text += out["text"]
+        self.ids.extend(out["token_ids"])
+        for lp in out.get("logprobs", ()):
+            self.logprobs.append((lp["logprob"], lp["token_id"], None))
+            self.top_logprobs.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
+        self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
         meta = {
-            "id": request["rid"],
-            "prompt_tokens": len(request["input_ids"]),
-            "completion_tokens": len(ids),
+            "id": self.request["rid"],
+            "prompt_tokens": len(self.request["input_ids"]),
+            "completion_tokens": len(self.ids),
             "cached_tokens": 0,
             "finish_reason": None,
-            "e2e_latency": time.perf_counter() - started,
+            "e2e_latency": time.perf_counter() - self.started,
+            **out.get("finished", {}),
         }
-        if finished:
-            meta.update(finished)
-        if request["return_logprob"]:
-            meta["output_token_logprobs"] = list(logprobs)
-            meta["output_top_logprobs"] = list(tops)
-        if prompt_logits is not None:
-            meta["prompt_logits"] = prompt_logits
-        return {"text": text, "output_ids": list(ids), "meta_info": meta}
+        if self.request["return_logprob"]:
+            meta["output_token_logprobs"] = list(self.logprobs)
+            meta["output_top_logprobs"] = list(self.top_logprobs)
+        if self.prompt_logits is not None:
+            meta["prompt_logits"] = self.prompt_logits
+        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
-    @staticmethod
-    async def _astream(chunks: Iterator[dict]) -> AsyncIterator[dict]:
-        done = object()
-        while (chunk := await asyncio.to_thread(next, chunks, done)) is not done:
-            yield chunk
+
+def _last(chunks: Iterator[dict]) -> dict:
+    for chunk in chunks:
+        pass
+    return chunk
+
+
+async def _alast(chunks: AsyncIterator[dict]) -> dict:
+    async for chunk in chunks:
+        pass
+    return chunk

@@ -114,6 +114,12 @@ impl Op {
     }
 }
 
+/// `x` with four significant digits (times here span 5 ns to 10 ms).
+fn four_digits(x: f64) -> String {
+    let decimals = (3 - x.abs().log10().floor() as i32).max(0) as usize;
+    format!("{x:.decimals$}")
+}
+
 /// Thread `t`'s contiguous slice of `0..n`.
 fn share(n: usize, t: usize, threads: usize) -> Range<usize> {
     n * t / threads..n * (t + 1) / threads
@@ -180,7 +186,7 @@ impl Measurement {
             self.op.kernel().into(),
             self.op.shape(),
             self.isa.into(),
-            format!("{:.3}", self.seconds * 1e6),
+            four_digits(self.seconds * 1e6),
             format!("{:.2}", self.gb_per_s()),
             format!("{:.2}", self.gflop_per_s()),
         ]

@@ -238,6 +238,7 @@ impl Worker {
             return;
         };
         self.active.remove(rid);
+        self.publish(0, 0.0);
         let out = seq.abort_output(why);
         let _ = seq.out.send(Ok(out));
     }
@@ -270,24 +271,30 @@ impl Worker {
             } else {
                 seq.advance(&mut row, self.tokenizer.as_ref())
             };
-            let done = out.finished.is_some();
             generated += out.token_ids.len();
-            // A caller that went away (dropped its stream) ends its request.
-            if seq.out.send(Ok(out)).is_err() || done {
-                finished.push(p.index);
+            if out.finished.is_some() {
+                finished.push((p.index, Some(out)));
+            } else if seq.out.send(Ok(out)).is_err() {
+                // The caller went away (dropped its stream): end the request.
+                finished.push((p.index, None));
             }
-        }
-        // Highest index first: retiring swaps the last request into the freed slot.
-        finished.sort_unstable_by(|a, b| b.cmp(a));
-        for i in finished {
-            let seq = self.batcher.retire(i);
-            self.active.remove(&seq.rid);
         }
         let mut s = self.stats.lock().expect("stats lock");
         s.prompt_tokens += prompt_tokens as u64;
         s.generated_tokens += generated as u64;
         drop(s);
+        // Highest index first: retiring swaps the last request into the freed slot.
+        finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
+        let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.batcher.retire(i), out)).collect();
+        // Publish before the final outputs go out, so a caller that sees its request finish
+        // also sees its pages back in the pool.
         self.publish(step_tokens, started.elapsed().as_secs_f64());
+        for (seq, out) in finals {
+            self.active.remove(&seq.rid);
+            if let Some(out) = out {
+                let _ = seq.out.send(Ok(out));
+            }
+        }
     }
 
     fn publish(&self, step_tokens: usize, seconds: f64) {

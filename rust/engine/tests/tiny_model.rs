@@ -12,7 +12,7 @@ fn config(arch: &str) -> ModelConfig {
         r#"{{"architecture": "{arch}", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": {VOCAB},
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null,
-            "attention_bias": {bias}, "qk_norm": {qk}, "tie_word_embeddings": true, "max_position_embeddings": 128}}"#,
+            "attention_bias": {bias}, "qk_norm": {qk}, "tie_word_embeddings": true, "max_position_embeddings": 4096}}"#,
         bias = arch == "qwen2",
         qk = arch == "qwen3"
     ))
@@ -127,9 +127,10 @@ fn requests_wait_for_pages_and_all_finish() {
 
 #[test]
 fn abort_and_dropped_streams_free_their_pages() {
-    let e = engine("llama", r#"{"page_size": 4, "max_total_tokens": 256, "threads": 1}"#);
-    let mut long = e.submit(request("long", prompt(1, 5), 100)).unwrap();
-    let dropped = e.submit(request("gone", prompt(2, 5), 100)).unwrap();
+    // Thousands of tokens to go when the abort arrives, microseconds later.
+    let e = engine("llama", r#"{"page_size": 4, "max_total_tokens": 8192, "threads": 1}"#);
+    let mut long = e.submit(request("long", prompt(1, 5), 4000)).unwrap();
+    let dropped = e.submit(request("gone", prompt(2, 5), 4000)).unwrap();
     drop(dropped);
     long.next(Duration::from_secs(30)).unwrap();
     e.abort("long");
@@ -141,7 +142,7 @@ fn abort_and_dropped_streams_free_their_pages() {
 #[test]
 fn bad_requests_are_refused_and_the_engine_keeps_serving() {
     let e = engine("llama", r#"{"page_size": 4, "max_total_tokens": 64, "threads": 1}"#);
-    let too_long = e.submit(request("x", prompt(1, 200), 1));
+    let too_long = e.submit(request("x", prompt(1, 5000), 1));
     assert!(matches!(too_long, Err(EngineError::InvalidRequest(m)) if m.contains("context length")));
     let too_big = e.submit(request("y", prompt(1, 10), 100));
     assert!(matches!(too_big, Err(EngineError::InvalidRequest(m)) if m.contains("pool")));

@@ -1,0 +1,67 @@
+"""The Starlette application: routes, API-key check, OpenAI-shaped errors."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.datastructures import Headers
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from rsgl.engine import Engine
+from rsgl.server import native_api, openai_api
+from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
+
+# A non-streaming request holds a thread while it waits on the engine; asyncio's default pool
+# (CPU count + 4 threads) would cap how many requests the engine can batch together.
+ENGINE_WAIT_THREADS = 256
+# Load balancers and orchestrators probe health without credentials (as in SGLang).
+PATHS_WITHOUT_KEY = ("/health",)
+
+
+def build_app(engine: Engine, api_key: str | None = None) -> Starlette:
+    """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
+    requests need `Authorization: Bearer <api_key>`."""
+    app = Starlette(
+        routes=[*native_api.ROUTES, *openai_api.ROUTES],
+        middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
+        exception_handlers=EXCEPTION_HANDLERS,
+        lifespan=_lifespan,
+    )
+    app.state.engine = engine
+    app.state.created = int(time.time())
+    return app
+
+
+@asynccontextmanager
+async def _lifespan(app: Starlette) -> AsyncIterator[None]:
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(ENGINE_WAIT_THREADS, thread_name_prefix="rsgl-wait"))
+    yield
+    # Requests still running hold threads that the event loop waits for before it closes; shutting
+    # the engine down aborts them, so stopping the server does not wait for their generations to end.
+    app.state.engine.shutdown()
+
+
+class APIKeyMiddleware:
+    """Answers 401 to requests without the right bearer token."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in PATHS_WITHOUT_KEY and not self._authorized(Headers(scope=scope)):
+            error = APIError(401, "Missing or invalid API key: send the header Authorization: Bearer <key>.", code="invalid_api_key")
+            await error.response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _authorized(self, headers: Headers) -> bool:
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self._key)

@@ -1,0 +1,294 @@
+"""OpenAI-compatible endpoints: /v1/models, /v1/completions and /v1/chat/completions."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rsgl.engine import Engine
+from rsgl.server.errors import (
+    APIError,
+    bad_request,
+    is_text,
+    is_token_ids,
+    optional_bool,
+    optional_dict,
+    optional_float,
+    optional_int,
+    optional_stop,
+    read_json_object,
+)
+from rsgl.server.native_api import EngineStream, EventStreamResponse, engine_of, json_response
+
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+MAX_TOP_LOGPROBS = 20
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+# ---- endpoints ----------------------------------------------------------------------------------
+
+
+async def list_models(request: Request) -> Response:
+    model = {"id": engine_of(request).served_model_name, "object": "model", "created": request.app.state.created, "owned_by": "rsgl"}
+    return json_response({"object": "list", "data": [model]})
+
+
+async def create_completion(request: Request) -> Response:
+    body = await read_json_object(request)
+    reject_unsupported(body, ("echo", "suffix", "logit_bias"))
+    logprobs = optional_int(body, "logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
+    arguments = {
+        **prompt_arguments(body),
+        "sampling_params": sampling_params(body, optional_int(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, minimum=0)),
+        "return_logprob": logprobs is not None,
+        "top_logprobs_num": logprobs or 0,
+    }
+    return await respond(request, body, COMPLETION, arguments)
+
+
+async def create_chat_completion(request: Request) -> Response:
+    body = await read_json_object(request)
+    reject_unsupported(body, ("tools", "logit_bias"))
+    return_logprob = optional_bool(body, "logprobs")
+    top_logprobs = optional_int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
+    if top_logprobs and not return_logprob:
+        raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    # max_completion_tokens is OpenAI's newer name; None lets the engine pick its default.
+    max_tokens = optional_int(body, "max_completion_tokens", optional_int(body, "max_tokens", minimum=0), minimum=0)
+    arguments = {
+        "prompt": engine_of(request).apply_chat_template(chat_messages(body)),
+        "sampling_params": sampling_params(body, max_tokens),
+        "return_logprob": return_logprob,
+        "top_logprobs_num": top_logprobs,
+    }
+    return await respond(request, body, CHAT, arguments)
+
+
+ROUTES = [
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/completions", create_completion, methods=["POST"]),
+    Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+]
+
+
+# ---- request parsing ----------------------------------------------------------------------------
+
+
+def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
+    for name in names:
+        if body.get(name):  # absent, null, false or empty all mean "not used"
+            raise bad_request(f"{name} is not supported by this server yet", name)
+
+
+def check_model(body: dict, engine: Engine) -> None:
+    model = body.get("model")
+    if model is not None and model != engine.served_model_name:
+        message = f"The model {model!r} does not exist; this server serves {engine.served_model_name!r} (see GET /v1/models)."
+        raise APIError(400, message, param="model", code="model_not_found")
+
+
+def prompt_arguments(body: dict) -> dict:
+    prompt = body.get("prompt")
+    if is_text(prompt):
+        return {"prompt": prompt}
+    if is_token_ids(prompt):
+        return {"input_ids": prompt}
+    raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists", "prompt")
+
+
+def sampling_params(body: dict, max_tokens: int | None) -> dict:
+    """The engine's sampling_params from OpenAI's fields (plus SGLang's extras: top_k, min_p,
+    repetition_penalty, ignore_eos). Types are checked here, value ranges by the engine."""
+    return {
+        "max_new_tokens": max_tokens,
+        "temperature": optional_float(body, "temperature", 1.0),  # OpenAI's default, not the model's
+        "top_p": optional_float(body, "top_p"),
+        "top_k": optional_int(body, "top_k"),
+        "min_p": optional_float(body, "min_p"),
+        "frequency_penalty": optional_float(body, "frequency_penalty"),
+        "presence_penalty": optional_float(body, "presence_penalty"),
+        "repetition_penalty": optional_float(body, "repetition_penalty"),
+        "seed": optional_int(body, "seed", minimum=0),
+        "stop": optional_stop(body),
+        "ignore_eos": optional_bool(body, "ignore_eos"),
+        "n": optional_int(body, "n", 1, minimum=1),
+    }
+
+
+def chat_messages(body: dict) -> list[dict]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages must be a non-empty list", "messages")
+    return [chat_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+
+
+def chat_message(message: Any, param: str) -> dict:
+    if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
+        raise bad_request(f"{param} must be an object whose role is one of {', '.join(CHAT_ROLES)}", param)
+    role = "system" if message["role"] == "developer" else message["role"]  # "developer" is OpenAI's newer "system"
+    return {**message, "role": role, "content": message_text(message.get("content"), f"{param}.content")}
+
+
+def message_text(content: Any, param: str) -> str:
+    if content is None:
+        return ""  # an assistant turn that only called tools
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(is_text_part(part) for part in content):
+        return "\n".join(part["text"] for part in content)
+    raise bad_request(f"{param} must be a string or a list of text parts (this server reads text only)", param)
+
+
+def is_text_part(part: Any) -> bool:
+    return isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)
+
+
+# ---- response shapes ----------------------------------------------------------------------------
+
+
+def completion_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+    return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def chat_chunk_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+    return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs, "finish_reason": finish_reason}
+
+
+def token_text(engine: Engine, token_id: int) -> str:
+    return engine.decode([token_id], skip_special_tokens=False)
+
+
+def completion_logprobs(engine: Engine, meta: dict, start: int, text_offset: int) -> dict:
+    """Logprobs of the tokens from `start` on, in /v1/completions' shape; `text_offset` is where the
+    first of them begins in the generated text."""
+    tokens = [token_text(engine, token_id) for _, token_id, _ in meta["output_token_logprobs"][start:]]
+    offsets = []
+    for token in tokens:
+        offsets.append(text_offset)
+        text_offset += len(token)
+    return {
+        "tokens": tokens,
+        "token_logprobs": [logprob for logprob, _, _ in meta["output_token_logprobs"][start:]],
+        "top_logprobs": [{token_text(engine, t): lp for lp, t, _ in top} for top in meta["output_top_logprobs"][start:]],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(engine: Engine, meta: dict, start: int, text_offset: int) -> dict:
+    """Logprobs of the tokens from `start` on, in /v1/chat/completions' shape (`text_offset` is unused)."""
+    chosen = meta["output_token_logprobs"][start:]
+    tops = meta["output_top_logprobs"][start:]
+    return {
+        "content": [
+            {**chat_token(engine, logprob, token_id), "top_logprobs": [chat_token(engine, lp, t) for lp, t, _ in top]}
+            for (logprob, token_id, _), top in zip(chosen, tops)
+        ]
+    }
+
+
+def chat_token(engine: Engine, logprob: float, token_id: int) -> dict:
+    token = token_text(engine, token_id)
+    return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+@dataclass(frozen=True)
+class ResponseShape:
+    """How one OpenAI endpoint lays out its answers; choice builders take (index, text, logprobs, finish_reason)."""
+
+    id_prefix: str
+    object: str
+    chunk_object: str
+    choice: Callable[..., dict]
+    chunk_choice: Callable[..., dict]
+    logprobs: Callable[[Engine, dict, int, int], dict]
+    opening_chunk_choice: dict | None = None  # sent before any text when streaming
+
+
+COMPLETION = ResponseShape("cmpl-", "text_completion", "text_completion", completion_choice, completion_choice, completion_logprobs)
+CHAT = ResponseShape(
+    "chatcmpl-",
+    "chat.completion",
+    "chat.completion.chunk",
+    chat_choice,
+    chat_chunk_choice,
+    chat_logprobs,
+    opening_chunk_choice={"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+)
+
+
+def finish_reason_of(meta: dict) -> str | None:
+    finish = meta["finish_reason"]
+    if finish is None:
+        return None
+    if finish["type"] == "abort":  # OpenAI has no such finish reason: it is an error
+        raise APIError(503, f"The request was aborted: {finish.get('message', 'no reason given')}", type="service_unavailable")
+    return "length" if finish["type"] == "length" else "stop"
+
+
+def usage_of(outputs: list[dict], n: int) -> dict:
+    prompt_tokens = sum(out["meta_info"]["prompt_tokens"] for out in outputs[::n])  # each prompt once, not once per sample
+    completion_tokens = sum(out["meta_info"]["completion_tokens"] for out in outputs)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
+
+
+# ---- answering ----------------------------------------------------------------------------------
+
+
+async def respond(request: Request, body: dict, shape: ResponseShape, arguments: dict) -> Response:
+    """Runs `arguments` (Engine.generate's) and answers in `shape`, streamed or whole."""
+    engine = engine_of(request)
+    check_model(body, engine)
+    header = {
+        "id": shape.id_prefix + uuid.uuid4().hex,
+        "object": shape.object,
+        "created": int(time.time()),
+        "model": engine.served_model_name,
+    }
+    return_logprob = arguments["return_logprob"]
+    if optional_bool(body, "stream"):
+        include_usage = optional_bool(optional_dict(body, "stream_options"), "include_usage")
+        stream = await EngineStream.start(engine, **arguments)
+        return EventStreamResponse(stream_chunks(engine, stream, shape, header, return_logprob, include_usage), stream)
+    outputs = await engine.async_generate(**arguments)
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    choices = [whole_choice(engine, shape, i, out, return_logprob) for i, out in enumerate(outputs)]
+    return json_response({**header, "choices": choices, "usage": usage_of(outputs, arguments["sampling_params"]["n"])})
+
+
+def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: dict, return_logprob: bool) -> dict:
+    meta = output["meta_info"]
+    logprobs = shape.logprobs(engine, meta, 0, 0) if return_logprob else None
+    return shape.choice(index, output["text"], logprobs, finish_reason_of(meta))
+
+
+async def stream_chunks(
+    engine: Engine, stream: EngineStream, shape: ResponseShape, header: dict, return_logprob: bool, include_usage: bool
+) -> AsyncIterator[dict]:
+    """OpenAI's chunks for one streaming choice. The engine's chunks carry the whole text so far;
+    each OpenAI chunk carries what is new (text and the logprobs of the tokens behind it)."""
+    header = {**header, "object": shape.chunk_object}
+    if shape.opening_chunk_choice:
+        yield {**header, "choices": [shape.opening_chunk_choice]}
+    sent_text, sent_tokens, last = "", 0, None
+    async for last in stream:
+        meta = last["meta_info"]
+        finish_reason = finish_reason_of(meta)
+        new_text = last["text"][len(sent_text):]
+        if not new_text and finish_reason is None:
+            continue  # text held back (a partial character or a possible stop string): its tokens go with the next chunk
+        logprobs = shape.logprobs(engine, meta, sent_tokens, len(sent_text)) if return_logprob else None
+        yield {**header, "choices": [shape.chunk_choice(0, new_text, logprobs, finish_reason)]}
+        sent_text, sent_tokens = last["text"], len(last["output_ids"])
+    if include_usage and last is not None:
+        yield {**header, "choices": [], "usage": usage_of([last], 1)}
