@@ -57,3 +57,32 @@ fn parse_usize(name: &str, value: &str) -> Result<usize, String> {
         _ => Err(format!("--{name} wants a positive integer, got {value:?}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Args;
+
+    fn args(line: &str) -> Result<Args, String> {
+        Args::parse(&line.split_whitespace().map(String::from).collect::<Vec<_>>())
+    }
+
+    #[test]
+    fn reads_both_spellings_and_lists() {
+        let mut a = args("--threads 4 --batch=1,8 --json out.json").unwrap();
+        assert_eq!(a.usize_or("threads", 1), Ok(4));
+        assert_eq!(a.usize_list_or("batch", &[2]), Ok(vec![1, 8]));
+        assert_eq!(a.usize_or("gen-len", 32), Ok(32));
+        assert_eq!(a.string("json").as_deref(), Some("out.json"));
+        assert!(a.finish().is_ok());
+    }
+
+    #[test]
+    fn rejects_typos_repeats_and_bad_numbers() {
+        assert!(args("--treads 2").unwrap().finish().unwrap_err().contains("--treads"));
+        assert!(args("--threads 1 --threads 2").is_err());
+        assert!(args("--threads").is_err());
+        assert!(args("threads").is_err());
+        assert!(args("--threads 0").unwrap().usize_or("threads", 1).is_err());
+        assert!(args("--batch 1,x").unwrap().usize_list_or("batch", &[1]).is_err());
+    }
+}

@@ -2,7 +2,8 @@
 //! of a given shape, at several batch sizes.
 //!
 //! Prefill tok/s is batch·prompt_len over the time until every request has its first token;
-//! decode tok/s is the tokens generated after that, over the batch, per second of the rest.
+//! decode tok/s is the tokens generated after that, over the batch, per second of the rest
+//! (the same method as benches/bench_generate.py, so the two can be compared).
 
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
@@ -91,30 +92,37 @@ fn request(rid: &str, prompt: &[u32], max_new_tokens: usize) -> Result<GenerateR
     GenerateRequest::from_json(&req.to_string()).map_err(|e| e.to_string())
 }
 
-/// When one request got its first token and when it finished.
-struct StreamTiming {
-    first_token: Instant,
-    finished: Instant,
-    tokens: usize,
-}
-
-fn drain(mut stream: RequestStream) -> Result<StreamTiming, String> {
-    let mut first_token = None;
+/// Waits for a request to finish; returns how many tokens it generated.
+fn drain(mut stream: RequestStream) -> Result<usize, String> {
     let mut tokens = 0;
     loop {
         let out = stream
             .next(OUTPUT_TIMEOUT)
             .map_err(|e| format!("request {}: {e}", stream.rid))?
             .ok_or_else(|| format!("request {}: no output within {OUTPUT_TIMEOUT:?}", stream.rid))?;
-        let now = Instant::now();
         tokens += out.token_ids.len();
-        if tokens > 0 {
-            first_token.get_or_insert(now);
-        }
         if out.finished.is_some() {
-            return Ok(StreamTiming { first_token: first_token.unwrap_or(now), finished: now, tokens });
+            return Ok(tokens);
         }
     }
+}
+
+/// Seconds from submitting one request per prompt, all at once, until the last one finishes.
+fn time_batch(engine: &Engine, prompts: &[Vec<u32>], new_tokens: usize) -> Result<f64, String> {
+    let requests = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| request(&format!("b{}-n{new_tokens}-{i}", prompts.len()), p, new_tokens))
+        .collect::<Result<Vec<_>, _>>()?;
+    let start = Instant::now();
+    let streams = requests.into_iter().map(|r| engine.submit(r).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
+    for stream in streams {
+        let tokens = drain(stream)?;
+        if tokens != new_tokens {
+            return Err(format!("a request generated {tokens} tokens instead of {new_tokens}"));
+        }
+    }
+    Ok(start.elapsed().as_secs_f64())
 }
 
 struct CaseResult {
@@ -162,29 +170,19 @@ impl CaseResult {
     }
 }
 
-/// Submits `batch` requests at once and follows each on its own thread (they mostly sleep), so
-/// every token's arrival time is taken when it arrives.
+/// Times the batch twice on the same prompts: up to the first token, then to the last. The
+/// difference is the decode time, taken from whole runs because a thread woken per token can be
+/// late (the compute threads hold every core), which would blur steps shorter than a millisecond.
 fn run_case(engine: &Engine, batch: usize, len: Lengths, vocab: usize, rng: &mut Rng) -> Result<CaseResult, String> {
     let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_prompt(rng, len.prompt, vocab)).collect();
-    let requests = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| request(&format!("b{batch}-{i}"), p, len.generated))
-        .collect::<Result<Vec<_>, _>>()?;
-    let start = Instant::now();
-    let streams = requests.into_iter().map(|r| engine.submit(r).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
-    let timings = std::thread::scope(|s| {
-        let followers: Vec<_> = streams.into_iter().map(|st| s.spawn(move || drain(st))).collect();
-        followers.into_iter().map(|f| f.join().expect("stream follower panicked")).collect::<Result<Vec<_>, _>>()
-    })?;
-    let all_first = timings.iter().map(|t| t.first_token).max().expect("batch >= 1");
-    let all_done = timings.iter().map(|t| t.finished).max().expect("batch >= 1");
+    let ttft = time_batch(engine, &prompts, 1)?;
+    let total = time_batch(engine, &prompts, len.generated)?;
     Ok(CaseResult {
         batch,
         prompt_len: len.prompt,
-        ttft: (all_first - start).as_secs_f64(),
-        decode_seconds: (all_done - all_first).as_secs_f64(),
-        decoded_tokens: timings.iter().map(|t| t.tokens - 1).sum(),
+        ttft,
+        decode_seconds: total - ttft,
+        decoded_tokens: batch * (len.generated - 1),
     })
 }
 

@@ -1,0 +1,100 @@
+#!/usr/bin/env bash
+# The aarch64 lane: cross-builds rsgl-kernels and rsgl-engine for aarch64-unknown-linux-gnu and runs
+# their tests under qemu-user, once per emulated CPU, so every dispatch branch runs on an x86_64 box.
+#
+# rustup here has no aarch64 standard library, so the build runs in a Debian trixie chroot whose
+# packaged Rust (rustc-web/cargo-web) ships one (libstd-rust-web-dev:arm64). The chroot is
+# debootstrapped on first use (a few minutes, about 2 GB) and reused afterwards. Needs root.
+#
+# Usage: scripts/aarch64-test.sh [extra cargo test args, e.g. -- --nocapture]
+# Env:   RSGL_ARM_CHROOT  chroot directory (default /var/tmp/rsgl-aarch64-chroot)
+#        RSGL_ARM_MIRROR  Debian mirror    (default http://deb.debian.org/debian)
+set -euo pipefail
+
+CHROOT=${RSGL_ARM_CHROOT:-/var/tmp/rsgl-aarch64-chroot}
+MIRROR=${RSGL_ARM_MIRROR:-http://deb.debian.org/debian}
+SUITE=trixie
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# SVE at its narrowest and a wide vector, then a CPU without SVE (NEON + dotprod only).
+CPUS=("max,sve-default-vector-length=16" "max,sve-default-vector-length=64" "neoverse-n1")
+PACKAGES=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
+          qemu-user ca-certificates)
+# Marks a chroot whose packages all installed (a debootstrap cut short leaves no mark).
+READY_MARK=.rsgl-aarch64-ready
+# The host's CA bundle, copied in so cargo trusts what the host trusts (e.g. a TLS-inspecting proxy).
+HOST_CA=${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}
+CHROOT_CA=/etc/ssl/certs/rsgl-host-ca.crt
+# Host variables worth carrying into the chroot when set.
+PASSED_VARS=(RUSTFLAGS RUST_BACKTRACE CARGO_TERM_COLOR CARGO_NET_OFFLINE
+             http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY)
+
+die() { echo "aarch64-test: $*" >&2; exit 1; }
+
+# Builds the chroot in a side directory and renames it into place only once complete.
+create_chroot() {
+  local partial="$CHROOT.partial"
+  echo "aarch64-test: creating the Debian $SUITE chroot in $CHROOT (first run only)"
+  command -v debootstrap >/dev/null || { apt-get update -q; apt-get install -y -q debootstrap; }
+  rm -rf --one-file-system "$partial"
+  debootstrap --variant=minbase "$SUITE" "$partial" "$MIRROR"
+  printf 'deb %s %s main\ndeb %s %s-updates main\ndeb http://deb.debian.org/debian-security %s-security main\n' \
+    "$MIRROR" "$SUITE" "$MIRROR" "$SUITE" "$SUITE" > "$partial/etc/apt/sources.list"
+  cp -L /etc/resolv.conf "$partial/etc/resolv.conf"
+  chroot "$partial" dpkg --add-architecture arm64
+  chroot "$partial" apt-get update -q
+  chroot "$partial" env DEBIAN_FRONTEND=noninteractive \
+    apt-get install -y -q --no-install-recommends "${PACKAGES[@]}"
+  chroot "$partial" apt-get clean
+  touch "$partial/$READY_MARK"
+  mv "$partial" "$CHROOT"
+}
+
+# Runs `cargo test` in the chroot with qemu emulating cpu $1 and RSGL_KERNELS=$2; further args go
+# to cargo.
+run_tests_on() {
+  local cpu=$1 kernels=$2; shift 2
+  local passed=()
+  for v in "${PASSED_VARS[@]}"; do
+    if [ -n "${!v+x}" ]; then passed+=("$v=${!v}"); fi
+  done
+  # -L / makes qemu use the chroot's libc6:arm64 for both ld.so and libc; mixing in the cross
+  # toolchain's copy (/usr/aarch64-linux-gnu) hangs every thread spawn.
+  chroot "$CHROOT" env -i PATH=/usr/bin:/bin HOME=/root CARGO_HOME=/cargo-home CARGO_TARGET_DIR=/target \
+    CARGO_HTTP_CAINFO="$CHROOT_CA" "${passed[@]}" RSGL_KERNELS="$kernels" \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
+    CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /" \
+    bash -c 'cd /src && cargo test --target aarch64-unknown-linux-gnu -p rsgl-kernels -p rsgl-engine "$@"' \
+    cargo-test "$@"
+}
+
+# Inside the private mount namespace: mount, run every CPU, report. Mounts vanish on exit.
+run_all() {
+  mount -t proc proc "$CHROOT/proc"
+  mount --rbind /dev "$CHROOT/dev"
+  mount --bind "$REPO" "$CHROOT/src"
+  local failed=()
+  for cpu in "${CPUS[@]}"; do
+    echo "===== aarch64 tests, qemu -cpu $cpu ====="
+    run_tests_on "$cpu" auto "$@" || failed+=("$cpu")
+  done
+  echo "===== aarch64 tests, qemu -cpu max, RSGL_KERNELS=portable ====="
+  run_tests_on max portable "$@" || failed+=("max (portable kernels)")
+  if [ ${#failed[@]} -gt 0 ]; then
+    die "tests failed on: ${failed[*]}"
+  fi
+  echo "aarch64-test: all ${#CPUS[@]} CPUs and the portable run passed"
+}
+
+if [ "${RSGL_ARM_IN_NAMESPACE:-}" = 1 ]; then
+  run_all "$@"
+  exit 0
+fi
+
+[ "$(id -u)" = 0 ] || die "needs root (debootstrap, chroot, mount)"
+[ -e "$CHROOT/$READY_MARK" ] || create_chroot
+# crates.io is fetched from inside the chroot.
+cp -L /etc/resolv.conf "$CHROOT/etc/resolv.conf"
+cp -L "$HOST_CA" "$CHROOT$CHROOT_CA" 2>/dev/null || cp "$CHROOT/etc/ssl/certs/ca-certificates.crt" "$CHROOT$CHROOT_CA"
+# The build output stays in the chroot: it links against the chroot's glibc.
+mkdir -p "$CHROOT/src" "$CHROOT/cargo-home" "$CHROOT/target"
+RSGL_ARM_IN_NAMESPACE=1 exec unshare --mount --propagation private -- bash "${BASH_SOURCE[0]}" "$@"
