@@ -160,8 +160,11 @@ def test_prompt_longer_than_the_context_is_refused(llm):
 def test_kv_pool_is_empty_after_a_drain(llm):
     llm.generate([f"Item {i}:" for i in range(6)], {"temperature": 0.7, "max_new_tokens": 8})
     info = llm.get_server_info()
-    assert info["kv_pages_free"] == info["kv_pages_total"]
     assert info["running_requests"] == info["waiting_requests"] == 0
+    assert info["kv_pages_free"] + info["cached_pages"] == info["kv_pages_total"]
+    assert llm.flush_cache()
+    info = llm.get_server_info()
+    assert info["kv_pages_free"] == info["kv_pages_total"]
 
 
 def test_bad_models_raise_typed_errors(tmp_path, tiny_models):
@@ -195,3 +198,35 @@ def test_shutdown_makes_calls_fail_cleanly(tiny_models):
     engine.shutdown()
     with pytest.raises(rsgl.EngineClosedError):
         engine.generate(input_ids=[5, 6], sampling_params={"max_new_tokens": 1})
+
+
+def test_prefix_cache_hits_and_flush(llm):
+    assert llm.flush_cache()
+    prompt = "You are a careful assistant. " * 20 + "Question: what is two plus two?"
+    first = llm.generate(prompt, GREEDY)
+    second = llm.generate(prompt, GREEDY)
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert second["meta_info"]["cached_tokens"] >= first["meta_info"]["prompt_tokens"] - 16
+    assert second["output_ids"] == first["output_ids"]
+    info = llm.get_server_info()
+    assert info["cache_hit_tokens"] > 0 and 0 < info["cache_hit_rate"] <= 1
+    assert info["cached_pages"] > 0
+    assert info["kv_pages_free"] + info["cached_pages"] == info["kv_pages_total"]
+    assert llm.flush_cache()
+    info = llm.get_server_info()
+    assert info["cached_pages"] == 0 and info["kv_pages_free"] == info["kv_pages_total"]
+    assert llm.generate(prompt, GREEDY)["meta_info"]["cached_tokens"] == 0
+
+
+def test_disabled_radix_cache_never_hits(tiny_models):
+    path, _ = tiny_models["llama"]
+    ids = list(range(3, 60))
+    params = {"temperature": 0, "max_new_tokens": 8}
+    outs = {}
+    for disabled in (False, True):
+        with rsgl.Engine(path, threads=1, disable_radix_cache=disabled, progress=False) as engine:
+            runs = [engine.generate(input_ids=ids, sampling_params=params) for _ in range(2)]
+            assert (runs[1]["meta_info"]["cached_tokens"] > 0) is not disabled
+            assert engine.get_server_info()["radix_cache"] is not disabled
+            outs[disabled] = [r["output_ids"] for r in runs]
+    assert outs[False] == outs[True]

@@ -38,8 +38,8 @@ class Engine:
     `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per core),
     `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
-    `disable_radix_cache` (there is no radix cache yet, so this changes nothing),
-    `quantization` (None only, for now), `progress` (loading progress bar).
+    `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
+    sharing), `quantization` (None only, for now), `progress` (loading progress bar).
     """
 
     def __init__(
@@ -57,6 +57,7 @@ class Engine:
         random_seed: int = 0,
         skip_tokenizer_init: bool = False,
         served_model_name: str | None = None,
+        schedule_policy: str = "fcfs",
         disable_radix_cache: bool = False,
         quantization: str | None = None,
         progress: bool = True,
@@ -68,7 +69,6 @@ class Engine:
         self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
-        self.disable_radix_cache = disable_radix_cache
         options = {
             "context_length": context_length,
             "page_size": page_size,
@@ -78,6 +78,8 @@ class Engine:
             "chunked_prefill_size": chunked_prefill_size,
             "threads": threads or 0,
             "random_seed": random_seed,
+            "schedule_policy": schedule_policy,
+            "disable_radix_cache": disable_radix_cache,
         }
         store = _core.WeightStore()
         for name, array in self.model.tensors():
@@ -167,6 +169,10 @@ class Engine:
 
     def abort_request(self, rid: str) -> None:
         self._core.abort(rid)
+
+    def flush_cache(self) -> bool:
+        """Empties the prefix cache. Returns False, doing nothing, while requests are in flight."""
+        return self._core.flush_cache()
 
     # ---- information and life cycle ------------------------------------------------------------
 

@@ -24,6 +24,7 @@ ENGINE_OPTIONS = {
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
     "--dtype": {"help": "weight/compute type (float32 for now)"},
     "--quantization": {"help": "quantization method (none available yet)"},
+    "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
 }
 # On SIGTERM or Ctrl-C, requests in flight get this long to finish before they are cancelled (and aborted).

@@ -123,6 +123,13 @@ async def get_server_info(request: Request) -> Response:
     return json_response(engine_of(request).get_server_info())
 
 
+async def flush_cache(request: Request) -> Response:
+    """Empties the prefix cache; refused while requests are in flight (as SGLang does)."""
+    if not await asyncio.to_thread(engine_of(request).flush_cache):
+        raise bad_request("The cache was not flushed: requests are running or waiting; retry when the server is idle.")
+    return Response("Cache flushed.\n", media_type="text/plain")
+
+
 async def generate(request: Request) -> Response:
     """SGLang's /generate: the response is what `Engine.generate` returns; streaming sends its
     chunks (cumulative text) as server-sent events."""
@@ -169,4 +176,5 @@ ROUTES = [
     Route("/get_model_info", get_model_info, methods=["GET"]),
     Route("/get_server_info", get_server_info, methods=["GET"]),
     Route("/generate", generate, methods=["POST"]),
+    Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
 ]

@@ -2,6 +2,7 @@
 //! the engine's options.
 
 use crate::error::{EngineError, Result};
+use crate::policy::SchedulePolicy;
 use serde::Deserialize;
 
 const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
@@ -113,6 +114,10 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Seed of the per-request seeds of requests that give none.
     pub random_seed: u64,
+    /// Order of admission: fcfs, lpm or dfs-weight.
+    pub schedule_policy: SchedulePolicy,
+    /// Turns prefix sharing off (every request computes its whole prompt).
+    pub disable_radix_cache: bool,
 }
 
 impl Default for EngineOptions {
@@ -126,6 +131,8 @@ impl Default for EngineOptions {
             chunked_prefill_size: 2048,
             threads: 0,
             random_seed: 0,
+            schedule_policy: SchedulePolicy::Fcfs,
+            disable_radix_cache: false,
         }
     }
 }

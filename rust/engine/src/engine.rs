@@ -1,12 +1,12 @@
 //! The engine thread and its handle. The thread owns the model, the KV cache and every request;
 //! callers talk to it through channels, so no lock is held while the model runs.
 
-use crate::batcher::Batcher;
 use crate::config::{EngineOptions, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::kv::{BlockPool, KvCache};
 use crate::model::LlamaModel;
 use crate::request::{validate, GenerateRequest, Output, Sequence};
+use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
 use serde::Serialize;
@@ -21,6 +21,8 @@ pub type Tokenizer = TokenTable;
 enum Command {
     Submit(Box<GenerateRequest>, Sender<Result<Output>>),
     Abort(String),
+    /// Empty the prefix cache; answers whether it could (only when no request is in flight).
+    FlushCache(Sender<bool>),
     Shutdown,
 }
 
@@ -36,10 +38,23 @@ pub struct EngineStats {
     pub page_size: usize,
     pub max_total_tokens: usize,
     pub context_length: usize,
-    pub steps: u64,
+    pub radix_cache: bool,
+    pub cached_pages: usize,
+    /// Prompt tokens of admitted requests, and how many of them came from the cache.
     pub prompt_tokens: u64,
+    pub cache_hit_tokens: u64,
+    pub cache_hit_rate: f64,
+    /// Prompt tokens actually run through the model (misses, and recomputation after retraction).
+    pub computed_prompt_tokens: u64,
     pub generated_tokens: u64,
+    pub retracted_requests: u64,
+    pub steps: u64,
     pub last_step_tokens: usize,
+    /// Seconds spent, over all steps, choosing the batch, in the forward pass, and sampling
+    /// (with detokenizing and handing outputs over).
+    pub schedule_seconds: f64,
+    pub forward_seconds: f64,
+    pub sample_seconds: f64,
     pub last_step_seconds: f64,
 }
 
@@ -111,6 +126,7 @@ impl Engine {
             threads,
             kv_pages_total: num_pages,
             kv_pages_free: num_pages,
+            radix_cache: !opts.disable_radix_cache,
             page_size: opts.page_size,
             max_total_tokens: num_pages * opts.page_size,
             context_length,
@@ -121,7 +137,7 @@ impl Engine {
         let worker = Worker {
             model,
             kv,
-            batcher: Batcher::new(BlockPool::new(num_pages, opts.page_size), &opts),
+            scheduler: Scheduler::new(BlockPool::new(num_pages, opts.page_size), &opts),
             tokenizer,
             eos_token_ids,
             context_length,
@@ -150,6 +166,13 @@ impl Engine {
         let rid = req.rid.clone();
         self.inbox.send(Command::Submit(Box::new(req), tx)).map_err(|_| EngineError::Closed)?;
         Ok(RequestStream { rid, rx, done: false })
+    }
+
+    /// Empties the prefix cache. Returns false (and does nothing) while requests are in flight.
+    pub fn flush_cache(&self) -> Result<bool> {
+        let (tx, rx) = channel();
+        self.inbox.send(Command::FlushCache(tx)).map_err(|_| EngineError::Closed)?;
+        rx.recv().map_err(|_| EngineError::Closed)
     }
 
     /// Ends a request wherever it is; its stream gets a final output with an abort reason.
@@ -183,7 +206,7 @@ impl Drop for Engine {
 struct Worker {
     model: LlamaModel,
     kv: KvCache,
-    batcher: Batcher,
+    scheduler: Scheduler,
     tokenizer: Option<Tokenizer>,
     eos_token_ids: Vec<u32>,
     context_length: usize,
@@ -196,23 +219,28 @@ impl Worker {
     fn run(mut self, commands: Receiver<Command>) {
         loop {
             // Block while idle (no spinning); otherwise take whatever has arrived and step.
-            let first = if self.batcher.is_idle() { commands.recv().ok() } else { commands.try_recv().ok() };
-            let mut shutdown = first.is_none() && self.batcher.is_idle();
+            let first = if self.scheduler.is_idle() { commands.recv().ok() } else { commands.try_recv().ok() };
+            let mut shutdown = first.is_none() && self.scheduler.is_idle();
             for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
                 match cmd {
                     Command::Submit(req, out) => self.accept(*req, out),
                     Command::Abort(rid) => self.abort(&rid, "aborted by request"),
+                    Command::FlushCache(reply) => {
+                        let flushed = self.scheduler.flush_cache();
+                        self.publish(None);
+                        let _ = reply.send(flushed);
+                    }
                     Command::Shutdown => shutdown = true,
                 }
             }
             if shutdown {
                 let rids: Vec<String> = self.active.iter().cloned().collect();
                 rids.iter().for_each(|rid| self.abort(rid, "the engine shut down"));
-                self.publish(0, 0.0);
+                self.publish(None);
                 return;
             }
-            if self.batcher.is_idle() {
-                self.publish(0, 0.0);
+            if self.scheduler.is_idle() {
+                self.publish(None);
             } else {
                 self.step();
             }
@@ -226,43 +254,48 @@ impl Worker {
         }
         self.next_seed = self.next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.next_seed);
-        self.batcher.waiting.push_back(seq);
+        self.scheduler.waiting.push_back(seq);
     }
 
     fn abort(&mut self, rid: &str, why: &str) {
-        let mut seq = if let Some(i) = self.batcher.waiting.iter().position(|s| s.rid == rid) {
-            self.batcher.waiting.remove(i).expect("index exists")
-        } else if let Some(i) = self.batcher.running.iter().position(|s| s.rid == rid) {
-            self.batcher.retire(i)
+        let mut seq = if let Some(i) = self.scheduler.waiting.iter().position(|s| s.rid == rid) {
+            self.scheduler.waiting.remove(i).expect("index exists")
+        } else if let Some(i) = self.scheduler.running.iter().position(|s| s.rid == rid) {
+            self.scheduler.retire(i)
         } else {
             return;
         };
         self.active.remove(rid);
-        self.publish(0, 0.0);
+        self.publish(None);
         let out = seq.abort_output(why);
         let _ = seq.out.send(Ok(out));
     }
 
     fn step(&mut self) {
         let started = Instant::now();
-        let plan = self.batcher.plan();
+        let plan = self.scheduler.plan();
         if plan.is_empty() {
             return;
         }
+        let scheduled = Instant::now();
         let logits = {
-            let chunks = self.batcher.chunks(&plan);
+            let chunks = self.scheduler.chunks(&plan);
             self.model.forward(&chunks, &mut self.kv)
         };
+        let forwarded = Instant::now();
         let vocab = self.model.config().vocab_size;
         let mut rows = logits.chunks_exact(vocab);
         let mut finished = Vec::new();
-        let (mut step_tokens, mut prompt_tokens, mut generated) = (0, 0, 0);
+        let mut step = StepCounts::default();
         for p in &plan {
-            let seq = &mut self.batcher.running[p.index];
-            step_tokens += p.end - p.start;
-            prompt_tokens += p.end.min(seq.prompt_len).saturating_sub(p.start);
+            let seq = &mut self.scheduler.running[p.index];
+            step.tokens += p.end - p.start;
+            if !seq.is_decoding() {
+                step.prompt_tokens += p.end - p.start;
+            }
             seq.computed = p.end;
             if p.end != seq.tokens.len() {
+                self.scheduler.cache_progress(p.index);
                 continue;
             }
             let mut row = rows.next().expect("one logits row per completed chunk").to_vec();
@@ -271,7 +304,7 @@ impl Worker {
             } else {
                 seq.advance(&mut row, self.tokenizer.as_ref())
             };
-            generated += out.token_ids.len();
+            step.generated += out.token_ids.len();
             if out.finished.is_some() {
                 finished.push((p.index, Some(out)));
             } else if seq.out.send(Ok(out)).is_err() {
@@ -279,16 +312,15 @@ impl Worker {
                 finished.push((p.index, None));
             }
         }
-        let mut s = self.stats.lock().expect("stats lock");
-        s.prompt_tokens += prompt_tokens as u64;
-        s.generated_tokens += generated as u64;
-        drop(s);
         // Highest index first: retiring swaps the last request into the freed slot.
         finished.sort_unstable_by(|a, b| b.0.cmp(&a.0));
-        let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.batcher.retire(i), out)).collect();
+        let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.scheduler.retire(i), out)).collect();
+        step.schedule = scheduled - started;
+        step.forward = forwarded - scheduled;
+        step.sample = forwarded.elapsed();
         // Publish before the final outputs go out, so a caller that sees its request finish
         // also sees its pages back in the pool.
-        self.publish(step_tokens, started.elapsed().as_secs_f64());
+        self.publish(Some(&step));
         for (seq, out) in finals {
             self.active.remove(&seq.rid);
             if let Some(out) = out {
@@ -297,15 +329,37 @@ impl Worker {
         }
     }
 
-    fn publish(&self, step_tokens: usize, seconds: f64) {
+    fn publish(&self, step: Option<&StepCounts>) {
         let mut s = self.stats.lock().expect("stats lock");
-        s.running_requests = self.batcher.running.len();
-        s.waiting_requests = self.batcher.waiting.len();
-        s.kv_pages_free = self.batcher.pool.free_pages();
-        if step_tokens > 0 {
+        let sched = &self.scheduler;
+        s.running_requests = sched.running.len();
+        s.waiting_requests = sched.waiting.len();
+        s.kv_pages_free = sched.pool.free_pages();
+        s.cached_pages = sched.cached_pages();
+        s.prompt_tokens = sched.admitted_prompt_tokens;
+        s.cache_hit_tokens = sched.cache_hit_tokens;
+        s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
+        s.retracted_requests = sched.retractions;
+        if let Some(step) = step {
             s.steps += 1;
-            s.last_step_tokens = step_tokens;
-            s.last_step_seconds = seconds;
+            s.last_step_tokens = step.tokens;
+            s.computed_prompt_tokens += step.prompt_tokens as u64;
+            s.generated_tokens += step.generated as u64;
+            s.schedule_seconds += step.schedule.as_secs_f64();
+            s.forward_seconds += step.forward.as_secs_f64();
+            s.sample_seconds += step.sample.as_secs_f64();
+            s.last_step_seconds = (step.schedule + step.forward + step.sample).as_secs_f64();
         }
     }
+}
+
+/// What one step did, for the statistics.
+#[derive(Default)]
+struct StepCounts {
+    tokens: usize,
+    prompt_tokens: usize,
+    generated: usize,
+    schedule: Duration,
+    forward: Duration,
+    sample: Duration,
 }

@@ -1,18 +1,20 @@
 //! rsgl-engine: everything between the Python front and the kernels.
 //!
-//! The engine runs on its own thread ([`engine`]): requests arrive on a channel, a FCFS batcher
-//! ([`batcher`]) packs prefills and decodes into one ragged batch per step, the model
+//! The engine runs on its own thread ([`engine`]): requests arrive on a channel, the scheduler
+//! ([`scheduler`]) shares cached prefixes from the radix tree ([`kv`]) and packs prefill chunks
+//! and decodes into one ragged batch per step, the model
 //! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
 //! the detokenizer ([`text`]) turns them into text with stop strings applied.
 
-pub mod batcher;
 pub mod config;
 pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;
+pub mod policy;
 pub mod request;
 pub mod sample;
+mod scheduler;
 pub mod text;
 pub mod weights;
 

@@ -1,6 +1,7 @@
 //! A generation request, its life inside the engine, and the outputs it streams back.
 
 use crate::error::{invalid, EngineError, Result};
+use crate::kv::NodeId;
 use crate::sample::{log_softmax, sample, top_n, History, Rng, SamplingParams, TokenLogprob};
 use crate::text::{Detokenizer, StopText, TokenTable};
 use serde::{Deserialize, Serialize};
@@ -20,6 +21,9 @@ pub struct GenerateRequest {
     /// Return the full logits after the last prompt token (for parity checks and scoring).
     #[serde(default)]
     pub return_prompt_logits: bool,
+    /// Requests with different salts never share cached KV (per-tenant isolation).
+    #[serde(default)]
+    pub cache_salt: Option<String>,
 }
 
 impl GenerateRequest {
@@ -80,7 +84,17 @@ pub(crate) struct Sequence {
     pub prompt_len: usize,
     /// Tokens whose K/V are in the cache.
     pub computed: usize,
+    /// Block table: token `i` lives in page `pages[i / page_size]`.
     pub pages: Vec<u32>,
+    /// Leading pages owned by the radix cache (shared), not by this request.
+    pub shared_pages: usize,
+    /// The radix node this request holds locked (the end of its shared prefix).
+    pub cache_node: Option<NodeId>,
+    /// Radix namespace (from the cache salt).
+    pub namespace: u64,
+    /// Prompt tokens found in the cache at first admission.
+    pub cached_tokens: usize,
+    admitted: bool,
     /// Output budget after clamping to the context.
     pub max_new_tokens: usize,
     /// Tokens that end the request (EOS unless ignored, plus stop_token_ids).
@@ -116,20 +130,56 @@ impl Sequence {
             prompt_len,
             computed: 0,
             pages: Vec::new(),
+            shared_pages: 0,
+            cache_node: None,
+            namespace: req.cache_salt.as_deref().map_or(0, namespace_of),
+            cached_tokens: 0,
+            admitted: false,
         }
+    }
+
+    /// Tokens whose KV may come from the cache: all but the last, which must be computed for
+    /// its logits.
+    pub fn prefill_key(&self) -> &[u32] {
+        &self.tokens[..self.tokens.len() - 1]
+    }
+
+    /// Decoding: only the last sampled token lacks KV.
+    pub fn is_decoding(&self) -> bool {
+        self.computed + 1 == self.tokens.len() && self.computed >= self.prompt_len
+    }
+
+    /// Takes a place in the running batch with `shared` cached pages (locked at `node`) covering
+    /// `matched` tokens and `own` fresh pages for the rest. Returns whether this is the first
+    /// admission (a retracted request comes back with its output so far).
+    pub fn admit(&mut self, shared: Vec<u32>, own: Vec<u32>, node: Option<NodeId>, matched: usize) -> bool {
+        self.shared_pages = shared.len();
+        self.pages = shared;
+        self.pages.extend(own);
+        self.cache_node = node;
+        self.computed = matched;
+        let first = !self.admitted;
+        if first {
+            self.cached_tokens = matched;
+            self.admitted = true;
+        }
+        first
+    }
+
+    /// Forgets where the KV lives (after its pages were handed back).
+    pub fn reset_kv(&mut self) {
+        self.pages.clear();
+        self.shared_pages = 0;
+        self.cache_node = None;
+        self.computed = 0;
     }
 
     pub fn output_len(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Positions the request may fill in the cache: its prompt and its whole output budget.
-    pub fn max_len(&self) -> usize {
-        self.prompt_len + self.max_new_tokens
-    }
-
     fn finished(&self, reason: FinishReason) -> Finished {
-        Finished { finish_reason: reason, prompt_tokens: self.prompt_len, completion_tokens: self.output_len(), cached_tokens: 0 }
+        Finished { finish_reason: reason, prompt_tokens: self.prompt_len, completion_tokens: self.output_len(), cached_tokens: self.cached_tokens }
     }
 
     /// Output for a request that ends without sampling (max_new_tokens = 0).
@@ -217,4 +267,10 @@ pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length:
         EngineError::InvalidRequest(m) => invalid(format!("sampling_params: {m}")),
         other => other,
     })
+}
+
+/// A stable 64-bit namespace for a cache salt (FNV-1a; 0 is left to requests without a salt).
+fn namespace_of(salt: &str) -> u64 {
+    let hash = salt.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
+    hash.max(1)
 }

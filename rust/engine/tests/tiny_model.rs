@@ -1,96 +1,11 @@
 //! The engine end to end on a tiny random Llama-family model, no Python: batching does not
 //! change greedy outputs, pages all come back, aborts and bad requests are handled.
 
-use rsgl_engine::sample::Rng;
-use rsgl_engine::{Engine, EngineError, EngineOptions, GenerateRequest, ModelConfig, Output, WeightStore};
+mod common;
+
+use common::*;
+use rsgl_engine::{Engine, EngineError, EngineOptions};
 use std::time::Duration;
-
-const VOCAB: usize = 97;
-
-fn config(arch: &str) -> ModelConfig {
-    ModelConfig::from_json(&format!(
-        r#"{{"architecture": "{arch}", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": {VOCAB},
-            "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null,
-            "attention_bias": {bias}, "qk_norm": {qk}, "tie_word_embeddings": true, "max_position_embeddings": 4096}}"#,
-        bias = arch == "qwen2",
-        qk = arch == "qwen3"
-    ))
-    .unwrap()
-}
-
-fn weights(cfg: &ModelConfig) -> WeightStore {
-    let mut rng = Rng::new(42);
-    let mut w = WeightStore::new();
-    let mut add = |name: String, shape: Vec<usize>, scale: f32| {
-        let n = shape.iter().product();
-        let data = (0..n).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect();
-        w.insert(&name, shape, data).unwrap();
-    };
-    let (h, i) = (cfg.hidden_size, cfg.intermediate_size);
-    add("model.embed_tokens.weight".into(), vec![VOCAB, h], 1.0);
-    add("model.norm.weight".into(), vec![h], 1.0);
-    for l in 0..cfg.num_hidden_layers {
-        let p = format!("model.layers.{l}");
-        add(format!("{p}.input_layernorm.weight"), vec![h], 1.0);
-        add(format!("{p}.post_attention_layernorm.weight"), vec![h], 1.0);
-        for (name, out) in [("q_proj", cfg.q_size()), ("k_proj", cfg.kv_size()), ("v_proj", cfg.kv_size())] {
-            add(format!("{p}.self_attn.{name}.weight"), vec![out, h], 0.3);
-            if cfg.attention_bias {
-                add(format!("{p}.self_attn.{name}.bias"), vec![out], 0.3);
-            }
-        }
-        if cfg.qk_norm {
-            add(format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim], 1.0);
-            add(format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim], 1.0);
-        }
-        add(format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_size()], 0.3);
-        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], 0.3);
-        add(format!("{p}.mlp.up_proj.weight"), vec![i, h], 0.3);
-        add(format!("{p}.mlp.down_proj.weight"), vec![h, i], 0.3);
-    }
-    w
-}
-
-fn engine(arch: &str, opts: &str) -> Engine {
-    let cfg = config(arch);
-    let w = weights(&cfg);
-    Engine::start(cfg, w, None, vec![], EngineOptions::from_json(opts).unwrap()).unwrap()
-}
-
-fn request(rid: &str, prompt: Vec<u32>, max_new: usize) -> GenerateRequest {
-    GenerateRequest::from_json(&format!(
-        r#"{{"rid": "{rid}", "input_ids": {prompt:?}, "sampling_params": {{"temperature": 0, "max_new_tokens": {max_new}}}}}"#
-    ))
-    .unwrap()
-}
-
-fn collect(mut stream: rsgl_engine::RequestStream) -> (Vec<u32>, Output) {
-    let mut tokens = Vec::new();
-    loop {
-        let out = stream.next(Duration::from_secs(30)).unwrap().expect("engine answered in time");
-        tokens.extend(&out.token_ids);
-        if out.finished.is_some() {
-            return (tokens, out);
-        }
-    }
-}
-
-fn prompt(seed: u64, len: usize) -> Vec<u32> {
-    let mut rng = Rng::new(seed);
-    (0..len).map(|_| (rng.next_u64() % VOCAB as u64) as u32).collect()
-}
-
-fn wait_for_empty_pool(e: &Engine) {
-    for _ in 0..200 {
-        let s = e.stats();
-        if s.kv_pages_free == s.kv_pages_total && s.running_requests == 0 {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("KV pages did not all come back: {:?}", e.stats());
-}
 
 #[test]
 fn batched_greedy_equals_one_at_a_time() {
@@ -107,7 +22,7 @@ fn batched_greedy_equals_one_at_a_time() {
         let together: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).0).collect();
         assert_eq!(alone, together, "{arch}");
         assert!(alone.iter().all(|t| t.len() == 12));
-        wait_for_empty_pool(&e);
+        assert_drained(&e);
     }
 }
 
@@ -122,7 +37,7 @@ fn requests_wait_for_pages_and_all_finish() {
         let fin = out.finished.unwrap();
         assert_eq!((fin.prompt_tokens, fin.completion_tokens), (10, 20));
     }
-    wait_for_empty_pool(&e);
+    assert_drained(&e);
 }
 
 #[test]
@@ -136,7 +51,7 @@ fn abort_and_dropped_streams_free_their_pages() {
     e.abort("long");
     let (_, last) = collect(long);
     assert!(matches!(last.finished.unwrap().finish_reason, rsgl_engine::request::FinishReason::Abort { .. }));
-    wait_for_empty_pool(&e);
+    assert_drained(&e);
 }
 
 #[test]

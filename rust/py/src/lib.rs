@@ -104,6 +104,13 @@ impl Engine {
         })
     }
 
+    /// Empties the prefix cache; false while requests are in flight.
+    fn flush_cache(&self, py: Python<'_>) -> PyResult<bool> {
+        let guard = self.inner.lock().expect("engine lock");
+        let engine = guard.as_ref().ok_or(EngineError::Closed).map_err(to_py_err)?;
+        py.detach(|| engine.flush_cache()).map_err(to_py_err)
+    }
+
     /// Engine counters as JSON.
     fn stats_json(&self) -> PyResult<String> {
         self.with(|e| Ok(serde_json::to_string(&e.stats()).expect("stats serialize")))

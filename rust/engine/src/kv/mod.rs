@@ -2,6 +2,8 @@
 
 mod block_pool;
 mod cache;
+mod radix;
 
 pub use block_pool::BlockPool;
 pub use cache::KvCache;
+pub use radix::{NodeId, PrefixMatch, RadixCache};
