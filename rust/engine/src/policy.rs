@@ -56,3 +56,34 @@ pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cac
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::GenerateRequest;
+
+    fn seq(tokens: &[u32]) -> Sequence {
+        let req = GenerateRequest::from_json(&format!(r#"{{"rid": "x", "input_ids": {tokens:?}}}"#)).unwrap();
+        Sequence::new(req, std::sync::mpsc::channel().0, &[], 100, 0)
+    }
+
+    fn order(policy: SchedulePolicy) -> Vec<usize> {
+        let mut cache = RadixCache::new(2);
+        cache.insert(0, &[1, 2, 3, 4, 5, 6], &[0, 1, 2]);
+        cache.insert(0, &[1, 2, 9, 9], &[0, 3]);
+        let waiting = [seq(&[7, 7, 7]), seq(&[1, 2, 9, 9, 0]), seq(&[1, 2, 3, 4, 5, 6, 0]), seq(&[1, 2, 3, 4, 8])];
+        admission_order(policy, &waiting.iter().collect::<Vec<_>>(), Some(&mut cache))
+    }
+
+    #[test]
+    fn lpm_takes_longest_cached_prefix_first() {
+        assert_eq!(order(SchedulePolicy::Lpm), vec![2, 1, 3, 0]);
+        assert_eq!(order(SchedulePolicy::Fcfs), vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn dfs_weight_walks_heavier_subtrees_first() {
+        // [1,2] holds three requests: [3,4] (two: d at it, c below it) goes before [9,9] (one).
+        assert_eq!(order(SchedulePolicy::DfsWeight), vec![0, 3, 2, 1]);
+    }
+}

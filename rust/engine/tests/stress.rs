@@ -39,8 +39,27 @@ fn cases(count: usize) -> Vec<Case> {
 #[test]
 fn five_hundred_requests_through_a_small_pool() {
     let cases = cases(500);
+    let alone = engine("llama", r#"{"page_size": 4, "max_total_tokens": 160, "disable_radix_cache": true, "threads": 2}"#);
+    let mut reference = HashMap::new();
+    for policy in ["fcfs", "lpm", "dfs-weight"] {
+        let outputs = run_all(&cases, policy);
+        for c in cases.iter().filter(|c| outputs.contains_key(&c.rid)) {
+            let want = reference
+                .entry(c.rid.clone())
+                .or_insert_with(|| collect(alone.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).0);
+            assert_eq!(want, &outputs[&c.rid], "{policy}: {} differs from its run alone", c.rid);
+        }
+    }
+    assert_drained(&alone);
+}
+
+/// Runs every case at once under `policy`; returns the outputs of those that finished.
+fn run_all(cases: &[Case], policy: &str) -> HashMap<String, Vec<u32>> {
     // 40 pages of 4 tokens: a handful of requests at a time, so decodes must retract others.
-    let e = engine("llama", r#"{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2}"#);
+    let e = engine(
+        "llama",
+        &format!(r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}"}}"#),
+    );
     let streams: Vec<_> = cases.iter().map(|c| e.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).collect();
     for c in cases.iter().filter(|c| c.abort) {
         e.abort(&c.rid);
@@ -50,7 +69,7 @@ fn five_hundred_requests_through_a_small_pool() {
         let (tokens, last) = collect(s);
         let fin = last.finished.expect("every stream ends with a finish");
         match fin.finish_reason {
-            FinishReason::Abort { .. } => assert!(c.abort, "{} was aborted without being asked", c.rid),
+            FinishReason::Abort { .. } => assert!(c.abort, "{policy}: {} was aborted without being asked", c.rid),
             FinishReason::Length { length } => {
                 assert_eq!((length, tokens.len()), (c.max_new, c.max_new), "{}", c.rid);
                 outputs.insert(c.rid.clone(), tokens);
@@ -63,11 +82,5 @@ fn five_hundred_requests_through_a_small_pool() {
     assert!(stats.cache_hit_tokens > 0, "shared prefixes were meant to hit: {stats:?}");
     assert!(outputs.len() >= 400, "most requests finish: {}", outputs.len());
     assert_drained(&e);
-
-    let alone = engine("llama", r#"{"page_size": 4, "max_total_tokens": 160, "disable_radix_cache": true, "threads": 2}"#);
-    for c in cases.iter().filter(|c| outputs.contains_key(&c.rid)) {
-        let (tokens, _) = collect(alone.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap());
-        assert_eq!(&tokens, &outputs[&c.rid], "{} differs from its run alone", c.rid);
-    }
-    assert_drained(&alone);
+    outputs
 }
