@@ -290,12 +290,16 @@ impl Worker {
         for p in &plan {
             let seq = &mut self.scheduler.running[p.index];
             step.tokens += p.end - p.start;
-            if !seq.is_decoding() {
-                step.prompt_tokens += p.end - p.start;
-            }
+            let prefilling = !seq.is_decoding();
             seq.computed = p.end;
-            if p.end != seq.tokens.len() {
+            if prefilling {
+                step.prompt_tokens += p.end - p.start;
+                // Share the prompt's pages at once (not only when the request ends): requests
+                // waiting on the same prefix are admitted next step and find it here.
                 self.scheduler.cache_progress(p.index);
+            }
+            let seq = &mut self.scheduler.running[p.index];
+            if p.end != seq.tokens.len() {
                 continue;
             }
             let mut row = rows.next().expect("one logits row per completed chunk").to_vec();

@@ -75,3 +75,17 @@ fn missing_tensor_is_a_load_error() {
     let err = Engine::start(cfg, w, None, vec![], EngineOptions::default()).err().unwrap();
     assert!(matches!(err, EngineError::ModelLoad(m) if m.contains("model.norm.weight")));
 }
+
+#[test]
+fn identical_prompts_arriving_together_are_prefilled_once() {
+    let e = engine("llama", r#"{"page_size": 4, "max_total_tokens": 1024, "threads": 1}"#);
+    let shared = prompt(9, 41);
+    let streams: Vec<_> = (0..3).map(|i| e.submit(request(&format!("n{i}"), shared.clone(), 5)).unwrap()).collect();
+    let results: Vec<_> = streams.into_iter().map(collect).collect();
+    assert!(results.windows(2).all(|w| w[0].0 == w[1].0), "greedy samples of one prompt agree");
+    let cached: Vec<usize> = results.iter().map(|(_, out)| out.finished.as_ref().unwrap().cached_tokens).collect();
+    // The first computes all 41 tokens; the others reuse its 10 whole pages and compute one more.
+    assert_eq!(cached, vec![0, 40, 40]);
+    assert_eq!(e.stats().computed_prompt_tokens, 41 + 1 + 1);
+    assert_drained(&e);
+}
