@@ -87,8 +87,8 @@ impl Scheduler {
             .collect()
     }
 
-    /// Takes `n` free pages, evicting cached prefixes if the pool is short.
-    fn take_pages(&mut self, n: usize) -> Option<Vec<u32>> {
+    /// Evicts cached prefixes until `n` pages are free (or nothing evictable is left).
+    fn make_room(&mut self, n: usize) -> bool {
         let short = n.saturating_sub(self.pool.free_pages());
         if short > 0 {
             if let Some(cache) = self.cache.as_mut() {
@@ -96,6 +96,12 @@ impl Scheduler {
                 self.pool.release(&mut freed);
             }
         }
+        self.pool.free_pages() >= n
+    }
+
+    /// Takes `n` free pages, evicting cached prefixes if the pool is short.
+    fn take_pages(&mut self, n: usize) -> Option<Vec<u32>> {
+        self.make_room(n);
         self.pool.alloc(n)
     }
 
@@ -155,7 +161,11 @@ impl Scheduler {
                 cache.lock(node); // before evicting for our own pages
             }
             let need = self.pool.pages_for(seq.tokens.len()) - shared.len();
-            let Some(own) = self.take_pages(need) else {
+            // Leave a page per running request for its next decode page, so admitting does
+            // not force a retraction right away (an empty batch always admits: progress).
+            let headroom = self.running.len();
+            let own = if self.make_room(need + headroom) { self.pool.alloc(need) } else { None };
+            let Some(own) = own else {
                 if let (Some(cache), Some(node)) = (self.cache.as_mut(), node) {
                     cache.unlock(node);
                 }
