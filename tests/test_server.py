@@ -253,6 +253,14 @@ def test_client_disconnect_aborts_the_stream(http: httpx.Client):
         time.sleep(0.05)
 
 
+def test_repeated_prompt_hits_the_prefix_cache_until_flushed(http: httpx.Client):
+    body = {"text": "A long shared system prompt. " * 12 + "Question?", "sampling_params": {"temperature": 0, "max_new_tokens": 2}}
+    native_generate(http, **body)
+    assert native_generate(http, **body)["meta_info"]["cached_tokens"] > 0
+    assert http.post("/flush_cache").status_code == 200
+    assert native_generate(http, **body)["meta_info"]["cached_tokens"] == 0
+
+
 # ---- errors ---------------------------------------------------------------------------------------
 
 
