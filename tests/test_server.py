@@ -3,72 +3,36 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import subprocess
-import sys
+import contextlib
+import itertools
+import signal
 import time
+import uuid
+from collections.abc import Iterator
 
 import httpx
 import openai
-import orjson
 import pytest
+from rsgl.server import build_app
+from server_helpers import API_KEY, AUTH, assert_openai_error, metric_values, running_server, sse_lines_payloads
 
-API_KEY = "test-key"
 PROMPT = "The capital of France is"
-STARTUP_TIMEOUT_SECONDS = 120
+# Runs for many seconds unless stopped.
+LONG_STREAM = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}, "stream": True}
 
 
 # ---- the server ---------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(tmp_path_factory: pytest.TempPathFactory):
-    log_path = tmp_path_factory.mktemp("server") / "server.log"
-    port = free_port()
-    with open(log_path, "wb") as log:  # a file, not a pipe: nobody reads the output while tests run
-        process = subprocess.Popen(
-            [sys.executable, "-m", "rsgl.server", "--port", str(port), "--api-key", API_KEY], stdout=log, stderr=subprocess.STDOUT
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until_healthy(url, process, log_path)
+    with running_server(tmp_path_factory.mktemp("server")) as (url, _):
         yield url
-    finally:
-        stop(process)
-
-
-def wait_until_healthy(url: str, process: subprocess.Popen, log_path) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            pytest.fail(f"the server exited with code {process.returncode}:\n{log_path.read_text()[-4000:]}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass  # not listening yet
-        time.sleep(0.25)
-    pytest.fail(f"the server was not healthy after {STARTUP_TIMEOUT_SECONDS} s:\n{log_path.read_text()[-4000:]}")
-
-
-def stop(process: subprocess.Popen) -> None:
-    process.terminate()
-    try:
-        process.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
 
 
 @pytest.fixture(scope="module")
 def http(server_url: str):
-    with httpx.Client(base_url=server_url, headers={"Authorization": f"Bearer {API_KEY}"}, timeout=60) as client:
+    with httpx.Client(base_url=server_url, headers=AUTH, timeout=60) as client:
         yield client
 
 
@@ -95,16 +59,14 @@ def prompt_token_count(http: httpx.Client, text: str) -> int:
 
 def sse_payloads(response: httpx.Response) -> list:
     """The `data:` payloads of a server-sent event stream, the final "[DONE]" kept as is."""
-    lines = [line for line in response.iter_lines() if line]
-    assert all(line.startswith("data: ") for line in lines), lines
-    return [line[6:] if line == "data: [DONE]" else orjson.loads(line[6:]) for line in lines]
+    return sse_lines_payloads(list(response.iter_lines()))
 
 
-def assert_openai_error(response: httpx.Response, status: int) -> str:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"} and error["message"]
-    return error["message"]
+def started_stream(streams: contextlib.ExitStack, http: httpx.Client, path: str, body: dict) -> Iterator[str]:
+    """The lines of a streaming response that has begun (its first line is read and given back first).
+    The iterator holds the connection open: dropping it would close the stream."""
+    lines = streams.enter_context(http.stream("POST", path, json=body)).iter_lines()
+    return itertools.chain([next(lines)], lines)
 
 
 # ---- informational endpoints ---------------------------------------------------------------------
@@ -243,9 +205,8 @@ def test_generate_stream_sends_cumulative_text(http: httpx.Client):
 
 
 def test_client_disconnect_aborts_the_stream(http: httpx.Client):
-    # Long enough to run for many seconds unless the abort works; it should stop within a step or two.
-    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}, "stream": True}
-    with http.stream("POST", "/generate", json=body) as response:
+    # The abort should stop it within a step or two.
+    with http.stream("POST", "/generate", json=LONG_STREAM) as response:
         next(response.iter_lines())
     deadline = time.monotonic() + 5
     while http.get("/get_server_info").json()["running_requests"]:
@@ -298,3 +259,136 @@ def test_invalid_values_are_400_with_a_message(client: openai.OpenAI, model: str
 
 def test_server_still_answers_after_errors(client: openai.OpenAI, model: str):
     assert client.completions.create(model=model, prompt="Hi", max_tokens=1).choices[0].finish_reason in ("length", "stop")
+
+
+# ---- tokens, aborts, probes, the API description ---------------------------------------------------
+
+
+def test_health_generate_runs_the_model(http: httpx.Client):
+    assert http.get("/health_generate").status_code == 200
+
+
+def test_tokenize_and_detokenize_round_trip(http: httpx.Client):
+    tokenized = http.post("/tokenize", json={"prompt": PROMPT}).json()
+    assert tokenized["count"] == len(tokenized["tokens"]) == prompt_token_count(http, PROMPT)
+    assert tokenized["max_model_len"] == http.get("/get_server_info").json()["context_length"]
+    assert http.post("/detokenize", json={"tokens": tokenized["tokens"]}).json() == {"text": PROMPT}
+    batch = http.post("/tokenize", json={"text": [PROMPT, "Hello"]}).json()
+    assert batch["tokens"][0] == tokenized["tokens"] and batch["count"] == [len(ids) for ids in batch["tokens"]]
+    assert http.post("/detokenize", json={"tokens": batch["tokens"]}).json() == {"text": [PROMPT, "Hello"]}
+
+
+@pytest.mark.parametrize("tokens", [[], [-1], [10**9], ["a"], None])
+def test_detokenize_rejects_what_is_not_token_ids(http: httpx.Client, tokens):
+    assert "tokens" in assert_openai_error(http.post("/detokenize", json={"tokens": tokens}), 400)
+
+
+def test_abort_request_ends_the_stream_with_abort(http: httpx.Client):
+    rid = f"abort-me-{uuid.uuid4().hex}"
+    with contextlib.ExitStack() as streams:
+        lines = started_stream(streams, http, "/generate", {**LONG_STREAM, "rid": rid})
+        assert http.post("/abort_request", json={"rid": rid}).status_code == 200
+        *_, last, done = sse_lines_payloads(list(lines))
+    assert done == "[DONE]" and last["meta_info"]["finish_reason"]["type"] == "abort"
+    assert_openai_error(http.post("/abort_request", json={}), 400)
+
+
+def test_openapi_describes_every_route(http: httpx.Client):
+    document = http.get("/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    app = build_app(None)  # only its routes are read; the engine is never touched
+    served = {(route.path, method.lower()) for route in app.routes for method in route.methods - {"HEAD"}}
+    described = {(path, method) for path, operations in document["paths"].items() for method in operations}
+    assert described == served
+    operations = [operation for operations in document["paths"].values() for operation in operations.values()]
+    assert all(operation["summary"] and "200" in operation["responses"] for operation in operations)
+    assert document["paths"]["/v1/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]["required"] == ["prompt"]
+
+
+# ---- /metrics ---------------------------------------------------------------------------------------
+
+
+def read_metrics(http: httpx.Client) -> dict[str, float]:
+    response = http.get("/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    return metric_values(response.text)
+
+
+def test_metrics_count_requests_tokens_and_latencies(http: httpx.Client):
+    before = read_metrics(http)
+    whole = native_generate(http, text=PROMPT, sampling_params={"temperature": 0, "max_new_tokens": 3})
+    streamed = {"text": PROMPT, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}
+    with http.stream("POST", "/generate", json=streamed) as response:
+        *chunks, _ = sse_payloads(response)
+    after = read_metrics(http)
+
+    def grew(name: str) -> float:
+        return after[name] - before[name]
+
+    assert grew('rsgl:requests_total{status="finished"}') == 2
+    assert grew("rsgl:generation_tokens_total") == 3 + 4
+    assert grew("rsgl:prompt_tokens_total") == 2 * whole["meta_info"]["prompt_tokens"]
+    assert grew("rsgl:time_to_first_token_seconds_count") == 1  # only a stream shows when its first token came
+    assert grew("rsgl:inter_token_latency_seconds_count") == len(chunks) - 1
+    assert grew("rsgl:e2e_request_latency_seconds_count") == 2
+    assert after["rsgl:num_running_reqs"] == after["rsgl:kv_pages_used"] == after["rsgl:kv_usage"] == 0
+    assert after["rsgl:kv_pages_total"] > 0 and 0 <= after["rsgl:cache_hit_rate"] <= 1
+    buckets = [value for name, value in after.items() if name.startswith("rsgl:e2e_request_latency_seconds_bucket")]
+    assert buckets == sorted(buckets) and buckets[-1] == after["rsgl:e2e_request_latency_seconds_count"]
+
+
+def test_prompt_longer_than_the_context_is_a_400_counted_as_an_error(http: httpx.Client):
+    before = read_metrics(http)
+    context_length = http.get("/get_server_info").json()["context_length"]
+    response = http.post("/v1/completions", json={"prompt": [1] * (context_length + 1), "max_tokens": 1})
+    assert "context length" in assert_openai_error(response, 400)
+    assert read_metrics(http)['rsgl:requests_total{status="error"}'] == before['rsgl:requests_total{status="error"}'] + 1
+
+
+# ---- admission control and shutdown ---------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory):
+    """A client of a server admitting 2 generation requests at a time and bodies up to 4 KiB."""
+    options = ("--max-queued-requests", "2", "--max-request-bytes", "4096")
+    with running_server(tmp_path_factory.mktemp("small-server"), *options) as (url, _):
+        with httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
+            yield http
+
+
+def test_requests_beyond_the_limit_get_a_503_with_retry_after(small_server: httpx.Client):
+    request = {"prompt": PROMPT, "max_tokens": 1}
+    with contextlib.ExitStack() as streams:
+        _admitted = [started_stream(streams, small_server, "/generate", LONG_STREAM) for _ in range(2)]
+        overloaded = small_server.post("/v1/completions", json=request)
+        assert_openai_error(overloaded, 503)
+        assert overloaded.json()["error"]["type"] == "server_overloaded" and overloaded.headers["retry-after"] == "1"
+        assert small_server.get("/health").status_code == small_server.get("/metrics").status_code == 200  # probes are not queued
+    # The streams' slots come back once the server sees their clients gone.
+    deadline = time.monotonic() + 5
+    while (status := small_server.post("/v1/completions", json=request).status_code) == 503 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert status == 200
+
+
+def test_large_bodies_get_a_413(http: httpx.Client, small_server: httpx.Client):
+    ten_megabytes = b'{"prompt": "' + b"a" * 10_000_000 + b'"}'
+    assert "larger than" in assert_openai_error(http.post("/v1/completions", content=ten_megabytes), 413)
+    chunked = iter([b'{"text": "', b"a" * 5000, b'"}'])  # no Content-Length: measured as it arrives
+    assert_openai_error(small_server.post("/generate", content=chunked), 413)
+
+
+def test_sigterm_finishes_short_streams_aborts_long_ones_and_exits_0(tmp_path):
+    short_request = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
+    with running_server(tmp_path, "--graceful-shutdown-timeout", "3") as (url, process):
+        with httpx.Client(base_url=url, headers=AUTH, timeout=60) as http, contextlib.ExitStack() as streams:
+            short = started_stream(streams, http, "/v1/completions", short_request)
+            long = started_stream(streams, http, "/generate", LONG_STREAM)
+            process.send_signal(signal.SIGTERM)
+            short_payloads = sse_lines_payloads(list(short))
+            with pytest.raises(httpx.ConnectError):  # no longer accepting
+                httpx.get(f"{url}/health", timeout=5)
+            long_payloads = sse_lines_payloads(list(long))
+        assert process.wait(timeout=30) == 0
+    assert short_payloads[-1] == "[DONE]" and short_payloads[-2]["choices"][0]["finish_reason"] == "length"
+    assert long_payloads[-1] == "[DONE]" and long_payloads[-2]["meta_info"]["finish_reason"]["type"] == "abort"

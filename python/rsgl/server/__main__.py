@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import signal
+import socket
 import sys
 
 import uvicorn
 
 from rsgl.engine import Engine
 from rsgl.errors import RsglError
-from rsgl.server.app import build_app
+from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, build_app
 
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
 ENGINE_OPTIONS = {
@@ -27,8 +30,8 @@ ENGINE_OPTIONS = {
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
 }
-# On SIGTERM or Ctrl-C, requests in flight get this long to finish before they are cancelled (and aborted).
-GRACEFUL_SHUTDOWN_SECONDS = 5
+# uvicorn cancels what still runs this long after the engine aborted it: time for its last events.
+ABORT_MARGIN_SECONDS = 2
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -40,6 +43,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every request but /health")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    limits = parser.add_argument_group("limits")
+    limits.add_argument(
+        "--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS, help="generation requests in flight (more: 503)"
+    )
+    limits.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, help="request body size (larger: 413)")
+    limits.add_argument("--graceful-shutdown-timeout", type=float, default=5, help="seconds to finish requests on SIGTERM, then abort")
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
         engine_group.add_argument(flag, **options)
@@ -60,8 +69,28 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"rsgl.server: could not start the engine: {exc}")
     with engine:  # the app shuts the engine down too; this covers a server that fails to start (port taken...)
         logging.getLogger("rsgl.server").info("loaded %s; starting the server on http://%s:%d", engine.served_model_name, args.host, args.port)
-        app = build_app(engine, api_key=args.api_key)
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS)
+        app = build_app(engine, args.api_key, max_queued_requests=args.max_queued_requests, max_request_bytes=args.max_request_bytes)
+        uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)
+        # Once shut down, uvicorn raises the signal that stopped it again, for the handler it replaced:
+        # SIGTERM's default one would kill the process (exit code -15) after a clean shutdown.
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)
+        GracefulServer(config, engine, args.graceful_shutdown_timeout).run()
+
+
+class GracefulServer(uvicorn.Server):
+    """On SIGTERM or Ctrl-C uvicorn stops accepting and waits for the requests in flight. Those still
+    running after `graceful_timeout` are aborted by shutting the engine down, so their clients get a
+    proper end (a last event saying so, then [DONE]) rather than a connection cut by uvicorn."""
+
+    def __init__(self, config: uvicorn.Config, engine: Engine, graceful_timeout: float) -> None:
+        super().__init__(config)
+        self.engine = engine
+        self.graceful_timeout = graceful_timeout
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        asyncio.get_running_loop().call_later(self.graceful_timeout, self.engine.shutdown)
+        await super().shutdown(sockets)
 
 
 if __name__ == "__main__":

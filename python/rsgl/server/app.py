@@ -15,33 +15,49 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rsgl.engine import Engine
-from rsgl.server import native_api, openai_api
+from rsgl.server import native_api, openai_api, openapi
+from rsgl.server.admission import AdmissionMiddleware
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
+from rsgl.server.metrics import ServerMetrics
 
-# A non-streaming request holds a thread while it waits on the engine; asyncio's default pool
-# (CPU count + 4 threads) would cap how many requests the engine can batch together.
-ENGINE_WAIT_THREADS = 256
+DEFAULT_MAX_QUEUED_REQUESTS = 256
+DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
+# Threads beyond one per admitted request, for probes and tokenization that run while it is full.
+SPARE_WAIT_THREADS = 8
 # Load balancers and orchestrators probe health without credentials (as in SGLang).
 PATHS_WITHOUT_KEY = ("/health",)
 
 
-def build_app(engine: Engine, api_key: str | None = None) -> Starlette:
+def build_app(
+    engine: Engine,
+    api_key: str | None = None,
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
-    requests need `Authorization: Bearer <api_key>`."""
+    requests need `Authorization: Bearer <api_key>`. Beyond `max_queued_requests` generation
+    requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413."""
+    key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
+    admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
-        routes=[*native_api.ROUTES, *openai_api.ROUTES],
-        middleware=[Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else [],
+        routes=[*native_api.ROUTES, *openai_api.ROUTES, *openapi.ROUTES],
+        middleware=[*key_check, admission],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=_lifespan,
     )
     app.state.engine = engine
+    app.state.metrics = ServerMetrics()
+    app.state.wait_threads = max_queued_requests + SPARE_WAIT_THREADS
     app.state.created = int(time.time())
     return app
 
 
 @asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(ENGINE_WAIT_THREADS, thread_name_prefix="rsgl-wait"))
+    # A non-streaming request holds a thread while it waits on the engine; asyncio's default pool
+    # (CPU count + 4 threads) would cap how many requests the engine can batch together.
+    executor = ThreadPoolExecutor(app.state.wait_threads, thread_name_prefix="rsgl-wait")
+    asyncio.get_running_loop().set_default_executor(executor)
     yield
     # Requests still running hold threads that the event loop waits for before it closes; shutting
     # the engine down aborts them, so stopping the server does not wait for their generations to end.

@@ -1,4 +1,4 @@
-"""SGLang's native endpoints (/health, /generate, /get_model_info, /get_server_info), and the plumbing
+"""SGLang's native endpoints (/health, /generate, /tokenize, /metrics...), and the plumbing
 all endpoints share: JSON responses, server-sent events, and streaming engine calls that never block
 the event loop."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -19,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from rsgl.engine import Engine
 from rsgl.server.errors import (
+    APIError,
     as_api_error,
     bad_request,
     is_str_list,
@@ -28,8 +30,12 @@ from rsgl.server.errors import (
     optional_int,
     read_json_object,
 )
+from rsgl.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from rsgl.server.metrics import RequestTracker, ServerMetrics
 
 logger = logging.getLogger("rsgl.server")
+# A probe must not hang on a stuck engine (SGLang's /health_generate gives up after 20 s too).
+HEALTH_GENERATE_TIMEOUT_SECONDS = 20
 
 
 def json_response(content: Any) -> Response:
@@ -40,38 +46,60 @@ def engine_of(request: Request) -> Engine:
     return request.app.state.engine
 
 
+def metrics_of(request: Request) -> ServerMetrics:
+    return request.app.state.metrics
+
+
 class EngineStream:
     """The chunks of one streaming request, each pulled by the request's own worker thread so the
     event loop never waits on the engine. `close()` aborts the request if it has not finished."""
 
-    def __init__(self, chunks: Iterator[dict], worker: ThreadPoolExecutor) -> None:
+    def __init__(self, chunks: Iterator[dict], worker: ThreadPoolExecutor, tracker: RequestTracker) -> None:
         self._chunks = chunks
         self._worker = worker
+        self._tracker = tracker
 
     @classmethod
-    async def start(cls, engine: Engine, **generate_kwargs: Any) -> EngineStream:
+    async def start(cls, request: Request, **generate_kwargs: Any) -> EngineStream:
         """Submits the request; a bad one raises here, before the response has started."""
+        tracker = metrics_of(request).track()
         worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsgl-stream")
+        generate = partial(engine_of(request).generate, stream=True, **generate_kwargs)
         try:
-            chunks = await asyncio.get_running_loop().run_in_executor(worker, partial(engine.generate, stream=True, **generate_kwargs))
-        except BaseException:
+            chunks = await asyncio.get_running_loop().run_in_executor(worker, generate)
+        except BaseException as exc:
             worker.shutdown(wait=False)
+            tracker.end(exc)
             raise
-        return cls(chunks, worker)
+        return cls(chunks, worker, tracker)
 
     def __aiter__(self) -> EngineStream:
         return self
 
     async def __anext__(self) -> dict:
-        chunk = await asyncio.get_running_loop().run_in_executor(self._worker, next, self._chunks, None)
+        try:
+            chunk = await asyncio.get_running_loop().run_in_executor(self._worker, next, self._chunks, None)
+        except Exception as exc:
+            self._tracker.end(exc)
+            raise
         if chunk is None:
             raise StopAsyncIteration
+        self._tracker.streamed(chunk)
         return chunk
 
     def close(self) -> None:
+        self._tracker.end()
         # Queued on the same thread, behind any pending next(): a running generator cannot be closed.
         self._worker.submit(self._chunks.close)
         self._worker.shutdown(wait=False)
+
+
+async def generate_whole(request: Request, **generate_kwargs: Any) -> dict | list[dict]:
+    """`Engine.async_generate` (not streamed), counted and timed in the metrics."""
+    with metrics_of(request).track() as tracker:
+        outputs = await engine_of(request).async_generate(**generate_kwargs)
+        tracker.note_outputs(outputs if isinstance(outputs, list) else [outputs])
+    return outputs
 
 
 class EventStreamResponse(StreamingResponse):
@@ -130,16 +158,73 @@ async def flush_cache(request: Request) -> Response:
     return Response("Cache flushed.\n", media_type="text/plain")
 
 
+async def health_generate(request: Request) -> Response:
+    """200 when the engine generates a token, 503 otherwise: unlike /health, this exercises the model."""
+    probe = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "rid": f"health-generate-{uuid.uuid4().hex}"}
+    try:
+        await asyncio.wait_for(engine_of(request).async_generate(**probe), HEALTH_GENERATE_TIMEOUT_SECONDS)
+    except Exception as exc:
+        logger.warning("/health_generate failed: %r", exc)
+        raise APIError(503, "The engine did not generate a token; see the server log.", type="service_unavailable") from None
+    return Response(status_code=200)
+
+
+async def tokenize(request: Request) -> Response:
+    """SGLang's /tokenize: {"prompt" (or "text"): a string or a list of them} -> their token ids and counts."""
+    body = await read_json_object(request)
+    text = body.get("prompt", body.get("text"))
+    if not is_text(text):
+        raise bad_request("prompt (or text) must be a string or a list of strings", "prompt")
+    engine = engine_of(request)
+    single = isinstance(text, str)
+    tokens = await one_or_each(engine.encode, text, single)
+    count = len(tokens) if single else [len(row) for row in tokens]
+    return json_response({"tokens": tokens, "count": count, "max_model_len": engine.get_server_info()["context_length"]})
+
+
+async def detokenize(request: Request) -> Response:
+    """SGLang's /detokenize: {"tokens": token ids or a list of them} -> {"text": their text (or texts)}."""
+    body = await read_json_object(request)
+    engine = engine_of(request)
+    tokens = body.get("tokens")
+    vocab_size = engine.model.config["vocab_size"]
+    if not is_token_ids(tokens) or not all(0 <= t < vocab_size for row in token_rows(tokens) for t in row):
+        raise bad_request(f"tokens must be a non-empty list of token ids from 0 to {vocab_size - 1}, or a list of such lists", "tokens")
+    decode = partial(engine.decode, skip_special_tokens=optional_bool(body, "skip_special_tokens", True))
+    return json_response({"text": await one_or_each(decode, tokens, single=isinstance(tokens[0], int))})
+
+
+async def one_or_each(function: Callable[[Any], Any], value: Any, single: bool) -> Any:
+    """`function(value)`, or `function` of each item when `value` is a batch, run off the event loop
+    (long texts take a while to tokenize)."""
+    results = await asyncio.to_thread(lambda: [function(item) for item in ([value] if single else value)])
+    return results[0] if single else results
+
+
+async def abort_request(request: Request) -> Response:
+    """Aborts the request with this id (its stream ends with finish_reason abort); unknown ids are ignored."""
+    body = await read_json_object(request)
+    rid = body.get("rid")
+    if not isinstance(rid, str) or not rid:
+        raise bad_request("rid must be the id of a request, a non-empty string", "rid")
+    engine_of(request).abort_request(rid)
+    return Response(status_code=200)
+
+
+async def metrics(request: Request) -> Response:
+    text = metrics_of(request).exposition(engine_of(request).get_server_info())
+    return Response(text, media_type=METRICS_CONTENT_TYPE)
+
+
 async def generate(request: Request) -> Response:
     """SGLang's /generate: the response is what `Engine.generate` returns; streaming sends its
     chunks (cumulative text) as server-sent events."""
     body = await read_json_object(request)
-    engine = engine_of(request)
     arguments = generate_arguments(body)
     if optional_bool(body, "stream"):
-        stream = await EngineStream.start(engine, **arguments)
+        stream = await EngineStream.start(request, **arguments)
         return EventStreamResponse(stream, stream)
-    return json_response(await engine.async_generate(**arguments))
+    return json_response(await generate_whole(request, **arguments))
 
 
 def generate_arguments(body: dict) -> dict:
@@ -171,10 +256,20 @@ def _is_dict_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, dict) for v in value)
 
 
+def token_rows(token_ids: list) -> list[list[int]]:
+    """One prompt's token ids or a batch of them (as checked by is_token_ids), as a batch."""
+    return token_ids if isinstance(token_ids[0], list) else [token_ids]
+
+
 ROUTES = [
     Route("/health", health, methods=["GET"]),
+    Route("/health_generate", health_generate, methods=["GET"]),
     Route("/get_model_info", get_model_info, methods=["GET"]),
     Route("/get_server_info", get_server_info, methods=["GET"]),
     Route("/generate", generate, methods=["POST"]),
     Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+    Route("/abort_request", abort_request, methods=["POST"]),
+    Route("/metrics", metrics, methods=["GET"]),
 ]

@@ -25,7 +25,7 @@ from rsgl.server.errors import (
     optional_stop,
     read_json_object,
 )
-from rsgl.server.native_api import EngineStream, EventStreamResponse, engine_of, json_response
+from rsgl.server.native_api import EngineStream, EventStreamResponse, engine_of, generate_whole, json_response
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20
@@ -258,9 +258,9 @@ async def respond(request: Request, body: dict, shape: ResponseShape, arguments:
     return_logprob = arguments["return_logprob"]
     if optional_bool(body, "stream"):
         include_usage = optional_bool(optional_dict(body, "stream_options"), "include_usage")
-        stream = await EngineStream.start(engine, **arguments)
+        stream = await EngineStream.start(request, **arguments)
         return EventStreamResponse(stream_chunks(engine, stream, shape, header, return_logprob, include_usage), stream)
-    outputs = await engine.async_generate(**arguments)
+    outputs = await generate_whole(request, **arguments)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     choices = [whole_choice(engine, shape, i, out, return_logprob) for i, out in enumerate(outputs)]
     return json_response({**header, "choices": choices, "usage": usage_of(outputs, arguments["sampling_params"]["n"])})

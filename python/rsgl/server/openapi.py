@@ -1,0 +1,155 @@
+"""/openapi.json: an OpenAPI 3 description of every route, generated from the OPERATIONS table.
+Schemas are brief: they name the fields and their types; the endpoints check values."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from rsgl.server.native_api import json_response
+
+STRING, INTEGER, NUMBER, BOOLEAN = ({"type": kind} for kind in ("string", "integer", "number", "boolean"))
+
+
+def obj(*required: str, **properties: dict) -> dict:
+    return {"type": "object", "properties": properties, **({"required": list(required)} if required else {})}
+
+
+def array(items: dict) -> dict:
+    return {"type": "array", "items": items}
+
+
+def one_of(*schemas: dict) -> dict:
+    return {"oneOf": list(schemas)}
+
+
+def nullable(schema: dict) -> dict:
+    return {**schema, "nullable": True}
+
+
+def typed(kind: dict, names: str) -> dict:
+    """{name: kind} for each of the space-separated `names`."""
+    return dict.fromkeys(names.split(), kind)
+
+
+TOKEN_IDS = array(INTEGER)
+TOKEN_ID_ROWS = one_of(TOKEN_IDS, array(TOKEN_IDS))
+TEXTS = one_of(STRING, array(STRING))
+ERROR = obj("error", error=obj(message=STRING, type=STRING, param=nullable(STRING), code=nullable(STRING)))
+SAMPLING_NUMBERS = typed(NUMBER, "temperature top_p min_p repetition_penalty frequency_penalty presence_penalty")
+
+SAMPLING_PARAMS = obj(
+    **typed(INTEGER, "max_new_tokens min_new_tokens top_k seed n"), **typed(BOOLEAN, "ignore_eos skip_special_tokens"), **SAMPLING_NUMBERS,
+    stop=TEXTS, stop_token_ids=TOKEN_IDS,
+)  # fmt: skip
+GENERATE_REQUEST = obj(
+    text=TEXTS, input_ids=TOKEN_ID_ROWS, sampling_params=one_of(SAMPLING_PARAMS, array(SAMPLING_PARAMS)), rid=TEXTS,
+    **typed(BOOLEAN, "stream return_logprob"), top_logprobs_num=INTEGER,
+)  # fmt: skip
+META_INFO = obj(id=STRING, **typed(INTEGER, "prompt_tokens completion_tokens cached_tokens"), finish_reason=nullable(obj(type=STRING)))
+GENERATE_OUTPUT = obj(text=STRING, output_ids=TOKEN_IDS, meta_info=META_INFO)
+GENERATE_RESPONSE = one_of(GENERATE_OUTPUT, array(GENERATE_OUTPUT))
+
+OPENAI_FIELDS = {
+    "model": STRING, "stop": TEXTS, "stream_options": obj(include_usage=BOOLEAN), **SAMPLING_NUMBERS,
+    **typed(INTEGER, "max_tokens top_k n seed"), **typed(BOOLEAN, "ignore_eos stream"),
+}  # fmt: skip
+COMPLETION_REQUEST = obj("prompt", prompt=one_of(STRING, array(STRING), TOKEN_IDS, array(TOKEN_IDS)), logprobs=INTEGER, **OPENAI_FIELDS)
+TEXT_PART = obj("type", "text", type=STRING, text=STRING)
+CHAT_MESSAGE = obj("role", role=STRING, content=nullable(one_of(STRING, array(TEXT_PART))))
+CHAT_REQUEST = obj(
+    "messages", messages=array(CHAT_MESSAGE), max_completion_tokens=INTEGER, logprobs=BOOLEAN, top_logprobs=INTEGER, **OPENAI_FIELDS
+)
+OPENAI_CHOICE = obj(index=INTEGER, finish_reason=nullable(STRING))
+OPENAI_RESPONSE = obj(
+    id=STRING, object=STRING, created=INTEGER, model=STRING, choices=array(OPENAI_CHOICE),
+    usage=obj(**typed(INTEGER, "prompt_tokens completion_tokens total_tokens")),
+)  # fmt: skip
+
+MODEL_INFO = obj(model_path=STRING, served_model_name=STRING, is_generation=BOOLEAN)
+SERVER_INFO = obj(
+    **typed(INTEGER, "running_requests waiting_requests kv_pages_total kv_pages_free cached_pages prompt_tokens generated_tokens")
+)
+MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING)))
+TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
+TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=one_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
+DETOKENIZE_REQUEST = obj("tokens", tokens=TOKEN_ID_ROWS, skip_special_tokens=BOOLEAN)
+
+
+def as_json(schema: dict) -> dict:
+    return {"application/json": schema}
+
+
+TEXT = {"text/plain": STRING}
+SERVER_SENT_EVENTS = {"text/event-stream": STRING}  # with "stream": true, `data: <json>` events then `data: [DONE]`
+GENERATE_CONTENT = {**as_json(GENERATE_RESPONSE), **SERVER_SENT_EVENTS}
+OPENAI_CONTENT = {**as_json(OPENAI_RESPONSE), **SERVER_SENT_EVENTS}
+
+
+@dataclass(frozen=True)
+class Operation:
+    method: str
+    path: str
+    summary: str
+    request: dict | None = None  # JSON body schema
+    response: dict | None = None  # 200 content: media type -> schema; None for an empty body
+    needs_key: bool = True  # when the server runs with --api-key
+
+
+OPERATIONS = (
+    Operation("GET", "/health", "Liveness: 200 while the server runs.", needs_key=False),
+    Operation("GET", "/health_generate", "Readiness: 200 when the engine generates a token, 503 otherwise."),
+    Operation("GET", "/get_model_info", "The model served.", response=as_json(MODEL_INFO)),
+    Operation("GET", "/get_server_info", "Engine statistics: queues, KV pages, token counts, timings.", response=as_json(SERVER_INFO)),
+    Operation("POST", "/generate", "SGLang: generation, one prompt or a batch.", GENERATE_REQUEST, GENERATE_CONTENT),
+    Operation("GET", "/flush_cache", "Empties the prefix cache (400 while requests run).", response=TEXT),
+    Operation("POST", "/flush_cache", "Empties the prefix cache (400 while requests run).", response=TEXT),
+    Operation("POST", "/tokenize", "The token ids of a text or texts.", TOKENIZE_REQUEST, as_json(TOKENIZE_RESPONSE)),
+    Operation("POST", "/detokenize", "The text of token ids.", DETOKENIZE_REQUEST, as_json(obj(text=TEXTS))),
+    Operation("POST", "/abort_request", "Aborts the request with this rid.", obj("rid", rid=STRING)),
+    Operation("GET", "/metrics", "Prometheus metrics: requests, tokens, latencies, queues, KV usage.", response=TEXT),
+    Operation("GET", "/openapi.json", "This document.", response=as_json(obj(openapi=STRING, paths=obj()))),
+    Operation("GET", "/v1/models", "OpenAI: the models served.", response=as_json(MODEL_LIST)),
+    Operation("POST", "/v1/completions", "OpenAI: text completion.", COMPLETION_REQUEST, OPENAI_CONTENT),
+    Operation("POST", "/v1/chat/completions", "OpenAI: chat completion.", CHAT_REQUEST, OPENAI_CONTENT),
+)  # fmt: skip
+
+
+@functools.cache
+def openapi_document() -> dict:
+    paths: dict[str, dict] = {}
+    for operation in OPERATIONS:
+        paths.setdefault(operation.path, {})[operation.method.lower()] = operation_object(operation)
+    return {
+        "openapi": "3.0.3",
+        "info": {"title": "rsgl", "version": "0.1.0", "description": "OpenAI-compatible and SGLang-native APIs served by rsgl."},
+        "paths": paths,
+        "components": {"securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
+        "security": [{"apiKey": []}],  # only enforced when the server runs with --api-key
+    }
+
+
+def operation_object(operation: Operation) -> dict:
+    ok = {"description": "OK"}
+    if operation.response:
+        ok["content"] = {media_type: {"schema": schema} for media_type, schema in operation.response.items()}
+    result = {
+        "summary": operation.summary,
+        "responses": {"200": ok, "default": {"description": "Error", "content": {"application/json": {"schema": ERROR}}}},
+    }
+    if operation.request:
+        result["requestBody"] = {"required": True, "content": {"application/json": {"schema": operation.request}}}
+    if not operation.needs_key:
+        result["security"] = []
+    return result
+
+
+async def openapi_json(request: Request) -> Response:
+    return json_response(openapi_document())
+
+
+ROUTES = [Route("/openapi.json", openapi_json, methods=["GET"])]

@@ -1,0 +1,84 @@
+"""Helpers shared by the server tests: `python -m rsgl.server` in a subprocess on a free loopback port."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+API_KEY = "test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+STARTUP_TIMEOUT_SECONDS = 120
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_server(log_dir: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(url, process) of a server started with --api-key API_KEY and `options`; stopped on exit."""
+    log_path = log_dir / "server.log"
+    port = free_port()
+    with open(log_path, "wb") as log:  # a file, not a pipe: nobody reads the output while tests run
+        command = [sys.executable, "-m", "rsgl.server", "--port", str(port), "--api-key", API_KEY, *options]
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until_healthy(url, process, log_path)
+        yield url, process
+    finally:
+        stop(process)
+
+
+def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"the server exited with code {process.returncode}:\n{log_path.read_text()[-4000:]}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        time.sleep(0.25)
+    pytest.fail(f"the server was not healthy after {STARTUP_TIMEOUT_SECONDS} s:\n{log_path.read_text()[-4000:]}")
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def sse_lines_payloads(lines: list[str]) -> list:
+    """The `data:` payloads of server-sent event lines, the final "[DONE]" kept as is."""
+    lines = [line for line in lines if line]
+    assert all(line.startswith("data: ") for line in lines), lines
+    return [line[6:] if line == "data: [DONE]" else orjson.loads(line[6:]) for line in lines]
+
+
+def metric_values(metrics_text: str) -> dict[str, float]:
+    """{'name{labels}': value} for every sample of a Prometheus text exposition."""
+    samples = (line.rsplit(" ", 1) for line in metrics_text.splitlines() if line and not line.startswith("#"))
+    return {name: float(value) for name, value in samples}
+
+
+def assert_openai_error(response: httpx.Response, status: int) -> str:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"]
+    return error["message"]
