@@ -222,6 +222,16 @@ def test_repeated_prompt_hits_the_prefix_cache_until_flushed(http: httpx.Client)
     assert native_generate(http, **body)["meta_info"]["cached_tokens"] == 0
 
 
+def test_client_leaving_a_whole_request_aborts_it(http: httpx.Client):
+    body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}}
+    with pytest.raises(httpx.ReadTimeout):
+        http.post("/generate", json=body, timeout=1.0)
+    deadline = time.monotonic() + 5
+    while http.get("/get_server_info").json()["running_requests"]:
+        assert time.monotonic() < deadline, "the request kept running after its client left"
+        time.sleep(0.05)
+
+
 # ---- errors ---------------------------------------------------------------------------------------
 
 

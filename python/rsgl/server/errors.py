@@ -35,6 +35,13 @@ class APIError(Exception):
         return Response(orjson.dumps(self.body()), status_code=self.status_code, headers=headers, media_type="application/json")
 
 
+class ClientDisconnected(APIError):
+    """The client left before its (non-streamed) answer was ready; its request was aborted."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "The client closed the connection before the answer was ready.", code="client_closed_request")
+
+
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 
+from rsgl.server.errors import ClientDisconnected
+
 # Buckets as vLLM's, in seconds.
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
 ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
@@ -109,11 +111,12 @@ class RequestTracker:
             self.status = "aborted" if any(reason["type"] == "abort" for reason in reasons) else "finished"
 
     def end(self, exc: BaseException | None = None) -> None:
-        """Counts the request once; a failure (not a cancellation, which is an abort) makes it an error."""
+        """Counts the request once; a failure (not a cancellation or a client that left, which are
+        aborts) makes it an error."""
         if self._ended:
             return
         self._ended = True
-        if isinstance(exc, Exception):
+        if isinstance(exc, Exception) and not isinstance(exc, ClientDisconnected):
             self.status = "error"
         self._metrics.requests[self.status] += 1
         if self.status == "finished":

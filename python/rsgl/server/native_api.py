@@ -5,9 +5,10 @@ the event loop."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -21,6 +22,7 @@ from starlette.types import Receive, Scope, Send
 from rsgl.engine import Engine
 from rsgl.server.errors import (
     APIError,
+    ClientDisconnected,
     as_api_error,
     bad_request,
     is_str_list,
@@ -36,6 +38,8 @@ from rsgl.server.metrics import RequestTracker, ServerMetrics
 logger = logging.getLogger("rsgl.server")
 # A probe must not hang on a stuck engine (SGLang's /health_generate gives up after 20 s too).
 HEALTH_GENERATE_TIMEOUT_SECONDS = 20
+# How often a non-streamed request checks whether its client is still there.
+DISCONNECT_POLL_SECONDS = 0.25
 
 
 def json_response(content: Any) -> Response:
@@ -95,11 +99,25 @@ class EngineStream:
 
 
 async def generate_whole(request: Request, **generate_kwargs: Any) -> dict | list[dict]:
-    """`Engine.async_generate` (not streamed), counted and timed in the metrics."""
+    """`Engine.async_generate` (not streamed), counted and timed in the metrics. A client that
+    leaves before the answer is ready has its request aborted."""
     with metrics_of(request).track() as tracker:
-        outputs = await engine_of(request).async_generate(**generate_kwargs)
+        outputs = await _unless_client_leaves(request, engine_of(request).async_generate(**generate_kwargs))
         tracker.note_outputs(outputs if isinstance(outputs, list) else [outputs])
     return outputs
+
+
+async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()  # the Engine aborts a request whose waiting task is cancelled
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            raise ClientDisconnected()
 
 
 class EventStreamResponse(StreamingResponse):
