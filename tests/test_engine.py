@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import pytest
 
@@ -230,3 +231,17 @@ def test_disabled_radix_cache_never_hits(tiny_models):
             assert engine.get_server_info()["radix_cache"] is not disabled
             outs[disabled] = [r["output_ids"] for r in runs]
     assert outs[False] == outs[True]
+
+
+def test_abort_request_stops_every_sample_of_n(llm):
+    import concurrent.futures
+
+    params = {"max_new_tokens": 2000, "ignore_eos": True, "n": 3}
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        future = pool.submit(llm.generate, "Tell me a long story.", params, rid="story")
+        while llm.get_server_info()["running_requests"] < 3:
+            time.sleep(0.02)
+        llm.abort_request("story")
+        outs = future.result(timeout=10)
+    assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
+    assert [o["meta_info"]["id"] for o in outs] == ["story-0", "story-1", "story-2"]

@@ -30,8 +30,9 @@ class Engine:
     ) -> None: ...
     def submit(self, request_json: str) -> RequestStream:
         """Queues {"rid", "input_ids", "sampling_params", "return_logprob", "top_logprobs_num",
-        "return_prompt_logits"}; request errors are raised here."""
-    def abort(self, rid: str) -> None: ...
+        "return_prompt_logits", "cache_salt", "group"}; request errors are raised here."""
+    def abort(self, rid: str) -> None:
+        """Aborts the request `rid` and every request whose "group" is `rid`."""
     def flush_cache(self) -> bool:
         """Empties the prefix cache; False (nothing done) while requests are in flight."""
     def stats_json(self) -> str: ...

@@ -168,6 +168,7 @@ class Engine:
         return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def abort_request(self, rid: str) -> None:
+        """Aborts a request (for n > 1, every sample of it) wherever it is."""
         self._core.abort(rid)
 
     def flush_cache(self) -> bool:
@@ -226,6 +227,7 @@ class Engine:
                     sample["seed"] += i  # distinct but reproducible samples
                 requests.append({
                     "rid": base if n == 1 else f"{base}-{i}",
+                    "group": None if n == 1 else base,
                     "input_ids": ids,
                     "sampling_params": sample,
                     "return_logprob": bool(return_logprob),

@@ -175,7 +175,8 @@ impl Engine {
         rx.recv().map_err(|_| EngineError::Closed)
     }
 
-    /// Ends a request wherever it is; its stream gets a final output with an abort reason.
+    /// Ends a request wherever it is (and every sample of it, for n > 1); its stream gets a
+    /// final output with an abort reason.
     pub fn abort(&self, rid: &str) {
         let _ = self.inbox.send(Command::Abort(rid.to_string()));
     }
@@ -224,7 +225,7 @@ impl Worker {
             for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
                 match cmd {
                     Command::Submit(req, out) => self.accept(*req, out),
-                    Command::Abort(rid) => self.abort(&rid, "aborted by request"),
+                    Command::Abort(rid) => self.abort_group(&rid),
                     Command::FlushCache(reply) => {
                         let flushed = self.scheduler.flush_cache();
                         self.publish(None);
@@ -255,6 +256,16 @@ impl Worker {
         self.next_seed = self.next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.next_seed);
         self.scheduler.waiting.push_back(seq);
+    }
+
+    /// Aborts `rid` and the samples grouped under it.
+    fn abort_group(&mut self, rid: &str) {
+        let in_group = |s: &Sequence| s.rid == rid || s.group.as_deref() == Some(rid);
+        let sched = &self.scheduler;
+        let rids: Vec<String> = sched.waiting.iter().chain(&sched.running).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
+        for r in rids {
+            self.abort(&r, "aborted by request");
+        }
     }
 
     fn abort(&mut self, rid: &str, why: &str) {

@@ -24,6 +24,9 @@ pub struct GenerateRequest {
     /// Requests with different salts never share cached KV (per-tenant isolation).
     #[serde(default)]
     pub cache_salt: Option<String>,
+    /// The id of the request this one is a sample of (n > 1): aborting that id aborts them all.
+    #[serde(default)]
+    pub group: Option<String>,
 }
 
 impl GenerateRequest {
@@ -74,6 +77,7 @@ pub enum StopMatch {
 /// A request the engine has accepted.
 pub(crate) struct Sequence {
     pub rid: String,
+    pub group: Option<String>,
     pub params: SamplingParams,
     pub return_logprob: bool,
     pub top_logprobs_num: usize,
@@ -115,6 +119,7 @@ impl Sequence {
         }
         Sequence {
             rid: req.rid,
+            group: req.group,
             max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
             history: History::new(&req.input_ids),
             rng: Rng::new(p.seed.unwrap_or(seed)),

@@ -89,3 +89,20 @@ fn identical_prompts_arriving_together_are_prefilled_once() {
     assert_eq!(e.stats().computed_prompt_tokens, 41 + 1 + 1);
     assert_drained(&e);
 }
+
+#[test]
+fn aborting_a_group_id_aborts_every_sample() {
+    let e = engine("llama", r#"{"page_size": 4, "max_total_tokens": 8192, "threads": 1}"#);
+    let sample = |i: usize| {
+        let mut req = request(&format!("g-{i}"), prompt(3, 6), 4000);
+        req.group = Some("g".into());
+        e.submit(req).unwrap()
+    };
+    let streams: Vec<_> = (0..3).map(sample).collect();
+    e.abort("g");
+    for s in streams {
+        let (_, last) = collect(s);
+        assert!(matches!(last.finished.unwrap().finish_reason, rsgl_engine::request::FinishReason::Abort { .. }));
+    }
+    assert_drained(&e);
+}
