@@ -56,6 +56,7 @@ async def create_completion(request: Request) -> Response:
 async def create_chat_completion(request: Request) -> Response:
     body = await read_json_object(request)
     reject_unsupported(body, ("tools", "logit_bias"))
+    reject_structured_output(body)
     return_logprob = optional_bool(body, "logprobs")
     top_logprobs = optional_int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top_logprobs and not return_logprob:
@@ -85,6 +86,18 @@ def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
     for name in names:
         if body.get(name):  # absent, null, false or empty all mean "not used"
             raise bad_request(f"{name} is not supported by this server yet", name)
+
+
+def reject_structured_output(body: dict) -> None:
+    """Plain text is all this server produces yet: any other response_format is refused rather
+    than silently ignored."""
+    response_format = body.get("response_format")
+    if response_format is None:
+        return
+    if not isinstance(response_format, dict):
+        raise bad_request("response_format must be an object such as {\"type\": \"text\"}", "response_format")
+    if response_format.get("type", "text") != "text":
+        raise bad_request(f"response_format type {response_format.get('type')!r} is not supported by this server yet", "response_format")
 
 
 def check_model(body: dict, engine: Engine) -> None:
