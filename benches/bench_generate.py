@@ -15,12 +15,12 @@ Each time is the best of --repeats runs, after a warm-up. This is a benchmark, n
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+
+from bench_report import machine_fields, write_json
 
 NEW_TOKENS = 64
 PREFILL_TOKENS = 256
@@ -159,19 +159,14 @@ def main() -> None:
     report = {
         "bench": "generate",
         "model": str(gguf),
-        "threads": args.threads,
-        "rsgl_kernels": info.get("kernels"),
-        "machine": platform.machine(),
+        **machine_fields(args.threads, info.get("kernels")),
         "new_tokens": NEW_TOKENS,
         "prefill_tokens": PREFILL_TOKENS,
         "batch_sizes": list(BATCH_SIZES),
         "repeats": args.repeats,
         "results": results,
     }
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":

@@ -35,13 +35,12 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
-import platform
 import random
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
+
+from bench_report import machine_fields, write_json
 
 SEED = 0
 PREFIX_TOKENS = 1000
@@ -270,17 +269,12 @@ def main() -> None:
     report = {
         "bench": "prefix_cache",
         "model": info["model_path"],
-        "threads": args.threads,
-        "rsgl_kernels": info.get("kernels"),
-        "machine": platform.machine(),
+        **machine_fields(args.threads, info.get("kernels")),
         "scale": args.scale,
         "seed": SEED,
         "results": results,
     }
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out}")
+    write_json(args.json, report)
 
 
 if __name__ == "__main__":
