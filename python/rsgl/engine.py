@@ -11,6 +11,7 @@ Python threads (or an asyncio loop) can submit at once and their requests are ba
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -117,7 +118,7 @@ class Engine:
         if stream:
             return self._stream(self._only(requests))
         handles = [self._submit(r) for r in requests]
-        results = [_last(self._stream(r, h)) for r, h in zip(requests, handles)]
+        results = [self._collect(r, h) for r, h in zip(requests, handles)]
         return results[0] if single else results
 
     async def async_generate(
@@ -137,7 +138,7 @@ class Engine:
         if stream:
             return self._astream(self._only(requests))
         handles = [self._submit(r) for r in requests]
-        results = await asyncio.gather(*(_alast(self._astream(r, h)) for r, h in zip(requests, handles)))
+        results = await asyncio.gather(*(self._acollect(r, h) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
 
     def chat(self, messages: list[dict], sampling_params: dict | None = None, **kwargs: Any) -> dict | Iterator[dict]:
@@ -258,37 +259,63 @@ class Engine:
             raise InvalidRequestError("stream=True takes one prompt with n=1")
         return requests[0]
 
-    def _stream(self, request: dict, handle: _core.RequestStream | None = None) -> Iterator[dict]:
+    def _outputs(self, request: dict, handle: _core.RequestStream | None) -> Iterator[dict]:
+        """The engine's outputs for `request`; a caller that stops early aborts it (freeing its KV)."""
         handle = handle or self._submit(request)
-        result = _Result(request)
         try:
             while True:
                 raw = handle.next_json(_POLL_SECONDS)
                 if raw is not None:
-                    yield result.add(orjson.loads(raw))
-                    if handle.done:
-                        return
-        finally:
-            if not handle.done:  # the caller stopped early: free the request's KV now
-                self._core.abort(request["rid"])
-
-    async def _astream(self, request: dict, handle: _core.RequestStream | None = None) -> AsyncIterator[dict]:
-        handle = handle or self._submit(request)
-        result = _Result(request)
-        try:
-            while True:
-                raw = await asyncio.to_thread(handle.next_json, _POLL_SECONDS)
-                if raw is not None:
-                    yield result.add(orjson.loads(raw))
+                    yield orjson.loads(raw)
                     if handle.done:
                         return
         finally:
             if not handle.done:
                 self._core.abort(request["rid"])
 
+    async def _aoutputs(self, request: dict, handle: _core.RequestStream | None) -> AsyncIterator[dict]:
+        """`_outputs` for asyncio: a cancelled waiter aborts the request too."""
+        handle = handle or self._submit(request)
+        try:
+            while True:
+                raw = await asyncio.to_thread(handle.next_json, _POLL_SECONDS)
+                if raw is not None:
+                    yield orjson.loads(raw)
+                    if handle.done:
+                        return
+        finally:
+            if not handle.done:
+                self._core.abort(request["rid"])
+
+    def _stream(self, request: dict, handle: _core.RequestStream | None = None) -> Iterator[dict]:
+        result = _Result(request)
+        with contextlib.closing(self._outputs(request, handle)) as outputs:
+            for out in outputs:
+                result.add(out)
+                yield result.snapshot()
+
+    async def _astream(self, request: dict, handle: _core.RequestStream | None = None) -> AsyncIterator[dict]:
+        result = _Result(request)
+        async with contextlib.aclosing(self._aoutputs(request, handle)) as outputs:
+            async for out in outputs:
+                result.add(out)
+                yield result.snapshot()
+
+    def _collect(self, request: dict, handle: _core.RequestStream) -> dict:
+        result = _Result(request)
+        for out in self._outputs(request, handle):
+            result.add(out)
+        return result.snapshot()
+
+    async def _acollect(self, request: dict, handle: _core.RequestStream) -> dict:
+        result = _Result(request)
+        async for out in self._aoutputs(request, handle):
+            result.add(out)
+        return result.snapshot()
+
 
 class _Result:
-    """Folds a request's outputs into SGLang's result shape, cumulatively."""
+    """Folds a request's outputs into SGLang's result shape."""
 
     def __init__(self, request: dict) -> None:
         self.request = request
@@ -298,14 +325,19 @@ class _Result:
         self.logprobs: list[tuple] = []
         self.top_logprobs: list[list[tuple]] = []
         self.prompt_logits: list[float] | None = None
+        self.finished: dict = {}
 
-    def add(self, out: dict) -> dict:
+    def add(self, out: dict) -> None:
         self.text += out["text"]
         self.ids.extend(out["token_ids"])
         for lp in out.get("logprobs", ()):
             self.logprobs.append((lp["logprob"], lp["token_id"], None))
             self.top_logprobs.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
         self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
+        self.finished = out.get("finished", {})
+
+    def snapshot(self) -> dict:
+        """The result so far (copies, so a streamed chunk does not change under its reader)."""
         meta = {
             "id": self.request["rid"],
             "prompt_tokens": len(self.request["input_ids"]),
@@ -313,7 +345,7 @@ class _Result:
             "cached_tokens": 0,
             "finish_reason": None,
             "e2e_latency": time.perf_counter() - self.started,
-            **out.get("finished", {}),
+            **self.finished,
         }
         if self.request["return_logprob"]:
             meta["output_token_logprobs"] = list(self.logprobs)
@@ -321,15 +353,3 @@ class _Result:
         if self.prompt_logits is not None:
             meta["prompt_logits"] = self.prompt_logits
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
-
-
-def _last(chunks: Iterator[dict]) -> dict:
-    for chunk in chunks:
-        pass
-    return chunk
-
-
-async def _alast(chunks: AsyncIterator[dict]) -> dict:
-    async for chunk in chunks:
-        pass
-    return chunk

@@ -235,7 +235,6 @@ impl Scheduler {
             if let Some(node) = seq.cache_node.take() {
                 cache.unlock(node);
             }
-            seq.pages.clear();
         } else {
             self.pool.release(&mut seq.pages);
         }
