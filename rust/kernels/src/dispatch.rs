@@ -1,14 +1,25 @@
 //! Picks the best implementation of each kernel for this CPU, once.
 //!
-//! `RSGL_KERNELS=portable|avx2|neon` forces one path (to test every branch on one machine);
-//! asking for a path the CPU lacks falls back to portable with a warning.
+//! `RSGL_KERNELS=portable|avx2|avx512|neon` forces one path (to test every branch on one
+//! machine); asking for a path the CPU lacks falls back to portable with a warning.
 
+use crate::packed::PackedWeights;
+use std::ops::Range;
 use std::sync::OnceLock;
 
-/// `out[i * n + j] = x[i, :] · w[j, :]` for `i < m`, `j < n`, with `x` of shape `[m, k]` and
-/// `w` of shape `[n, k]`. Every output element is reduced in the same order whatever `m` is,
-/// so a sequence gets bit-identical results alone or in a batch.
-pub type GemmBtFn = fn(x: &[f32], w: &[f32], k: usize, out: &mut [f32]);
+/// A GEMM's activations: `m` rows of `k` f32, and the same rounded to bf16 pairs when the
+/// kernel table has `bf16_activations` and the weights are bf16 (see
+/// [`crate::packed::activations_to_bf16`]); empty otherwise.
+pub struct GemmArgs<'a> {
+    pub m: usize,
+    pub x: &'a [f32],
+    pub x_bf16: &'a [u16],
+}
+
+/// `out[i * ldo + j] = x[i, :] · w[j, :]` over the columns of `panels` (see
+/// [`crate::portable::gemm::gemm`] for the contract). Each output element is reduced in the same
+/// order whatever `m` is, so a sequence gets bit-identical results alone or in a batch.
+pub type GemmFn = unsafe fn(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
 /// `y += a * x`
 pub type AxpyFn = fn(a: f32, x: &[f32], y: &mut [f32]);
 /// `x · y`
@@ -17,9 +28,11 @@ pub type DotFn = fn(x: &[f32], y: &[f32]) -> f32;
 /// The kernels chosen for this CPU.
 #[derive(Clone, Copy)]
 pub struct Kernels {
-    /// Name of the chosen path ("portable", "avx2", "neon"), reported by the engine.
+    /// Name of the chosen path ("portable", "avx2", "avx512", "neon"), reported by the engine.
     pub isa: &'static str,
-    pub gemm_bt: GemmBtFn,
+    pub gemm: GemmFn,
+    /// Whether `gemm` multiplies bf16 weights by bf16-rounded activations (`GemmArgs::x_bf16`).
+    pub bf16_activations: bool,
     pub dot: DotFn,
     pub axpy: AxpyFn,
 }
@@ -28,34 +41,35 @@ impl Kernels {
     pub fn portable() -> Kernels {
         Kernels {
             isa: "portable",
-            gemm_bt: crate::portable::gemm_bt,
+            gemm: crate::portable::gemm::gemm,
+            bf16_activations: false,
             dot: crate::portable::dot,
             axpy: crate::portable::axpy,
         }
     }
 
-    /// The best path this CPU supports, or `None` when it only has the portable one.
-    pub fn best_simd() -> Option<Kernels> {
+    /// The SIMD paths this CPU supports, best first.
+    pub fn simd_paths() -> Vec<Kernels> {
         #[cfg(target_arch = "x86_64")]
         {
-            crate::x86_64::kernels()
+            crate::x86_64::paths()
         }
         #[cfg(target_arch = "aarch64")]
         {
-            crate::aarch64::kernels()
+            crate::aarch64::paths()
         }
         #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
-            None
+            Vec::new()
         }
     }
 
     /// Resolve a path by name: "auto", "portable" or a SIMD path name.
     pub fn by_name(name: &str) -> Option<Kernels> {
         match name {
-            "auto" | "" => Some(Self::best_simd().unwrap_or_else(Self::portable)),
+            "auto" | "" => Some(Self::simd_paths().into_iter().next().unwrap_or_else(Self::portable)),
             "portable" => Some(Self::portable()),
-            other => Self::best_simd().filter(|k| k.isa == other),
+            other => Self::simd_paths().into_iter().find(|k| k.isa == other),
         }
     }
 }

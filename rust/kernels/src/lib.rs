@@ -3,11 +3,16 @@
 //! `portable` holds the reference implementation of every kernel (also the fallback on any CPU);
 //! each architecture folder holds SIMD twins with the same signatures. [`Kernels`] is a table of
 //! function pointers picked once at start-up by run-time feature detection ([`dispatch`]).
+//! Weights are packed once at load ([`packed`]); [`pool`] is the persistent compute pool and
+//! [`linear`] splits a GEMM over it.
 //!
-//! Kernels are single-threaded: splitting work across threads is the caller's job, so one
-//! kernel call always computes an output element the same way whatever the batch or the split.
+//! Kernels are single-threaded: splitting work across threads is the caller's job, and a kernel
+//! computes an output element the same way whatever the batch or the split.
 
 pub mod dispatch;
+pub mod linear;
+pub mod packed;
+pub mod pool;
 pub mod portable;
 
 #[cfg(target_arch = "aarch64")]
@@ -15,4 +20,7 @@ pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
 
-pub use dispatch::{kernels, Kernels};
+pub use dispatch::{kernels, GemmArgs, Kernels};
+pub use linear::linear;
+pub use packed::{PackedWeights, WeightDtype};
+pub use pool::ThreadPool;

@@ -1,22 +1,22 @@
-//! aarch64 kernels: NEON (SVE, SDOT, I8MM and BF16 paths arrive with the kernels issue).
+//! aarch64 kernels: NEON.
 
 pub mod neon;
 
 use crate::Kernels;
 
-pub fn kernels() -> Option<Kernels> {
+pub fn paths() -> Vec<Kernels> {
     if std::arch::is_aarch64_feature_detected!("neon") {
-        Some(Kernels { isa: "neon", gemm_bt: neon::gemm_bt, dot: neon::dot, axpy: neon::axpy })
+        vec![Kernels { isa: "neon", gemm: crate::portable::gemm::gemm, bf16_activations: false, dot: neon::dot, axpy: neon::axpy }]
     } else {
-        None
+        Vec::new()
     }
 }
 
 #[cfg(test)]
 mod tests {
     #[test]
-    fn neon_matches_portable_on_odd_sizes() {
-        if let Some(k) = super::kernels() {
+    fn every_path_matches_portable_on_odd_sizes() {
+        for k in super::paths() {
             crate::portable::twin_tests::check_against_portable(&k);
         }
     }

@@ -1,41 +1,146 @@
-//! AVX2 + FMA kernels. Safe wrappers are only reachable through [`super::kernels`], which checks
-//! the CPU features first.
+//! AVX2 + FMA (+ F16C) kernels. Safe wrappers are only reachable through [`super::kernels`],
+//! which checks the CPU features first.
+//!
+//! GEMM tiles are up to 6 rows by one panel (12 ymm accumulators) for f32/f16 weights, 4 rows for
+//! bf16, whose pairs widen with a shift (even `k`) and a mask (odd `k`). Every output is a
+//! sequential sum over `k`, so results do not depend on `m`.
 
+use crate::dispatch::GemmArgs;
+use crate::packed::{PackedWeights, WeightDtype, PANEL};
+use crate::portable::gemm::for_each_tile;
 use std::arch::x86_64::*;
+use std::ops::Range;
 
-/// Dot products of `R` rows of `x` against one row `w`. The per-row arithmetic is the same for
-/// every `R`, so a row gets identical bits whether it is computed alone or with others.
+/// Where a tile reads and writes: activation/weight element offsets and the output corner.
+struct Tile {
+    x: usize,
+    k: usize,
+    w: usize,
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+}
+
 #[inline(always)]
-unsafe fn dot_rows<const R: usize>(xs: [&[f32]; R], w: &[f32]) -> [f32; R] {
+unsafe fn store<const R: usize>(acc: &[[__m256; 2]; R], t: &Tile) {
+    for (r, row) in acc.iter().enumerate() {
+        let dst = t.out.add(r * t.ldo);
+        if t.cols == PANEL {
+            _mm256_storeu_ps(dst, row[0]);
+            _mm256_storeu_ps(dst.add(8), row[1]);
+        } else {
+            let mut spill = [0f32; PANEL];
+            _mm256_storeu_ps(spill.as_mut_ptr(), row[0]);
+            _mm256_storeu_ps(spill.as_mut_ptr().add(8), row[1]);
+            std::ptr::copy_nonoverlapping(spill.as_ptr(), dst, t.cols);
+        }
+    }
+}
+
+/// f32 or f16 weights (`load` widens 8 weights at an element offset) times f32 activations.
+#[inline(always)]
+unsafe fn tile_wide<const R: usize>(x: *const f32, t: &Tile, load: impl Fn(usize) -> __m256) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    for kk in 0..t.k {
+        let w0 = load(t.w + kk * PANEL);
+        let w1 = load(t.w + kk * PANEL + 8);
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xv = _mm256_set1_ps(*x.add(t.x + r * t.k + kk));
+            a[0] = _mm256_fmadd_ps(xv, w0, a[0]);
+            a[1] = _mm256_fmadd_ps(xv, w1, a[1]);
+        }
+    }
+    store(&acc, t);
+}
+
+#[inline(always)]
+unsafe fn tile_bf16<const R: usize>(x: *const f32, w: *const u16, t: &Tile) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; R];
+    let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    for kp in 0..t.k.div_ceil(2) {
+        let pair0 = _mm256_loadu_si256(w.add(t.w + kp * 2 * PANEL) as *const __m256i);
+        let pair1 = _mm256_loadu_si256(w.add(t.w + kp * 2 * PANEL + PANEL) as *const __m256i);
+        let even = [_mm256_castsi256_ps(_mm256_slli_epi32(pair0, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(pair1, 16))];
+        let odd = [_mm256_castsi256_ps(_mm256_and_si256(pair0, high)), _mm256_castsi256_ps(_mm256_and_si256(pair1, high))];
+        let has_odd = 2 * kp + 1 < t.k;
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xr = x.add(t.x + r * t.k + 2 * kp);
+            let x0 = _mm256_set1_ps(*xr);
+            a[0] = _mm256_fmadd_ps(x0, even[0], a[0]);
+            a[1] = _mm256_fmadd_ps(x0, even[1], a[1]);
+            if has_odd {
+                let x1 = _mm256_set1_ps(*xr.add(1));
+                a[0] = _mm256_fmadd_ps(x1, odd[0], a[0]);
+                a[1] = _mm256_fmadd_ps(x1, odd[1], a[1]);
+            }
+        }
+    }
+    store(&acc, t);
+}
+
+macro_rules! by_rows {
+    ($rows:expr, $f:ident, $args:tt) => {
+        match $rows {
+            1 => $f::<1> $args,
+            2 => $f::<2> $args,
+            3 => $f::<3> $args,
+            4 => $f::<4> $args,
+            5 => $f::<5> $args,
+            6 => $f::<6> $args,
+            _ => unreachable!("tiles have 1..=6 rows"),
+        }
+    };
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_avx2(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let (k, stride) = (w.k, w.panel_stride());
+    let max_rows = if w.dtype == WeightDtype::BF16 { 4 } else { 6 };
+    let x = a.x.as_ptr();
+    for_each_tile(a.m, panels, max_rows, 1, |row, rows, panel, _| {
+        let cols = (w.n - panel * PANEL).min(PANEL);
+        let t = Tile { x: row * k, k, w: panel * stride, out: out.add(row * ldo + panel * PANEL), ldo, cols };
+        match w.dtype {
+            WeightDtype::BF16 => by_rows!(rows, tile_bf16, (x, w.half_data().as_ptr(), &t)),
+            WeightDtype::F32 => {
+                let wp = w.f32_data().as_ptr();
+                by_rows!(rows, tile_wide, (x, &t, |at: usize| _mm256_loadu_ps(wp.add(at))))
+            }
+            WeightDtype::F16 => {
+                let wp = w.half_data().as_ptr();
+                by_rows!(rows, tile_wide, (x, &t, |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(wp.add(at) as *const __m128i))))
+            }
+        }
+    });
+}
+
+/// # Safety
+/// As [`crate::portable::gemm::gemm`]; only handed out after detecting avx2, fma and f16c.
+pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_avx2(a, w, panels, out, ldo)
+}
+
+
+/// A dot product with two 8-lane partial sums (attention scores).
+#[inline(always)]
+unsafe fn dot_lanes(x: &[f32], w: &[f32]) -> f32 {
     let k = w.len();
-    let mut acc0 = [_mm256_setzero_ps(); R];
-    let mut acc1 = [_mm256_setzero_ps(); R];
+    let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
     let mut i = 0;
     while i + 16 <= k {
-        let w0 = _mm256_loadu_ps(w.as_ptr().add(i));
-        let w1 = _mm256_loadu_ps(w.as_ptr().add(i + 8));
-        for r in 0..R {
-            acc0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].as_ptr().add(i)), w0, acc0[r]);
-            acc1[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].as_ptr().add(i + 8)), w1, acc1[r]);
-        }
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(w.as_ptr().add(i)), acc0);
+        acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(i + 8)), _mm256_loadu_ps(w.as_ptr().add(i + 8)), acc1);
         i += 16;
     }
     if i + 8 <= k {
-        let w0 = _mm256_loadu_ps(w.as_ptr().add(i));
-        for r in 0..R {
-            acc0[r] = _mm256_fmadd_ps(_mm256_loadu_ps(xs[r].as_ptr().add(i)), w0, acc0[r]);
-        }
+        acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(x.as_ptr().add(i)), _mm256_loadu_ps(w.as_ptr().add(i)), acc0);
         i += 8;
     }
-    let mut out = [0f32; R];
-    for r in 0..R {
-        let mut sum = hsum(_mm256_add_ps(acc0[r], acc1[r]));
-        for j in i..k {
-            sum += xs[r][j] * w[j];
-        }
-        out[r] = sum;
+    let mut sum = hsum(_mm256_add_ps(acc0, acc1));
+    for j in i..k {
+        sum += x[j] * w[j];
     }
-    out
+    sum
 }
 
 #[inline(always)]
@@ -46,13 +151,8 @@ unsafe fn hsum(v: __m256) -> f32 {
 }
 
 #[target_feature(enable = "avx2,fma")]
-unsafe fn gemm_bt_avx2(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    crate::portable::gemm_bt_rows4(x, w, k, out, |xs, w| dot_rows::<4>(xs, w), |x, w| dot_rows::<1>([x], w)[0]);
-}
-
-#[target_feature(enable = "avx2,fma")]
 unsafe fn dot_avx2(x: &[f32], y: &[f32]) -> f32 {
-    dot_rows::<1>([x], y)[0]
+    dot_lanes(x, y)
 }
 
 #[target_feature(enable = "avx2,fma")]
@@ -68,11 +168,6 @@ unsafe fn axpy_avx2(a: f32, x: &[f32], y: &mut [f32]) {
     for j in i..n {
         y[j] += a * x[j];
     }
-}
-
-pub fn gemm_bt(x: &[f32], w: &[f32], k: usize, out: &mut [f32]) {
-    // SAFETY: only handed out by `super::kernels` after detecting avx2 and fma.
-    unsafe { gemm_bt_avx2(x, w, k, out) }
 }
 
 pub fn dot(x: &[f32], y: &[f32]) -> f32 {

@@ -1,0 +1,250 @@
+//! Weights pre-packed at load into the panel layout the GEMM kernels stream.
+//!
+//! A `[n, k]` weight matrix (one row per output) is cut into panels of [`PANEL`] output rows.
+//! Inside a panel the 16 values of each `k` sit next to each other, so a kernel loads one vector
+//! per `k` and broadcasts the activation: every output is then a sequential sum over `k` whatever
+//! the number of activation rows, which keeps results batch-invariant.
+//!
+//! - `F32`, `F16`: `[panel][k][16]`.
+//! - `BF16`: `[panel][k / 2][16][2]` (`k` padded to even with zeros): each output's two
+//!   consecutive `k` share a 32-bit lane, the layout of AVX-512 `vdpbf16ps`, Arm `BFDOT` and the
+//!   shift/mask widening used elsewhere.
+
+/// Output rows per panel: one AVX-512 vector of f32, two AVX2 vectors, four NEON vectors.
+pub const PANEL: usize = 16;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WeightDtype {
+    F32,
+    BF16,
+    F16,
+}
+
+impl WeightDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            WeightDtype::BF16 | WeightDtype::F16 => 2,
+        }
+    }
+}
+
+pub enum PackedData {
+    F32(Vec<f32>),
+    /// bf16 or f16 bit patterns.
+    Half(Vec<u16>),
+}
+
+pub struct PackedWeights {
+    pub dtype: WeightDtype,
+    /// Output rows.
+    pub n: usize,
+    /// Inner (input) dimension.
+    pub k: usize,
+    pub data: PackedData,
+}
+
+impl PackedWeights {
+    /// Packs a row-major `[n, k]` matrix.
+    pub fn pack(w: &[f32], n: usize, k: usize, dtype: WeightDtype) -> PackedWeights {
+        assert_eq!(w.len(), n * k, "pack: weights must be [n, k]");
+        let panels = n.div_ceil(PANEL);
+        let at = |row: usize, col: usize| if row < n && col < k { w[row * k + col] } else { 0.0 };
+        let data = match dtype {
+            WeightDtype::F32 | WeightDtype::F16 => {
+                let mut out = Vec::with_capacity(panels * k * PANEL);
+                for p in 0..panels {
+                    for col in 0..k {
+                        out.extend((0..PANEL).map(|r| at(p * PANEL + r, col)));
+                    }
+                }
+                match dtype {
+                    WeightDtype::F32 => PackedData::F32(out),
+                    _ => PackedData::Half(out.into_iter().map(f32_to_f16).collect()),
+                }
+            }
+            WeightDtype::BF16 => {
+                let pairs = k.div_ceil(2);
+                let mut out = Vec::with_capacity(panels * pairs * PANEL * 2);
+                for p in 0..panels {
+                    for pair in 0..pairs {
+                        for r in 0..PANEL {
+                            out.push(f32_to_bf16(at(p * PANEL + r, 2 * pair)));
+                            out.push(f32_to_bf16(at(p * PANEL + r, 2 * pair + 1)));
+                        }
+                    }
+                }
+                PackedData::Half(out)
+            }
+        };
+        PackedWeights { dtype, n, k, data }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// Elements (f32 or u16) from one panel's start to the next.
+    pub fn panel_stride(&self) -> usize {
+        match self.dtype {
+            WeightDtype::BF16 => self.k.div_ceil(2) * 2 * PANEL,
+            _ => self.k * PANEL,
+        }
+    }
+
+    /// Bytes a pass over the weights reads (what bounds decode).
+    pub fn bytes(&self) -> usize {
+        self.panels() * self.panel_stride() * self.dtype.bytes()
+    }
+
+    /// Row `row` of the original matrix, widened to f32 (embedding look-ups of a tied lm_head).
+    pub fn row(&self, row: usize) -> Vec<f32> {
+        assert!(row < self.n);
+        let (p, r) = (row / PANEL, row % PANEL);
+        let base = p * self.panel_stride();
+        (0..self.k)
+            .map(|col| match (&self.data, self.dtype) {
+                (PackedData::F32(d), _) => d[base + col * PANEL + r],
+                (PackedData::Half(d), WeightDtype::F16) => f16_to_f32(d[base + col * PANEL + r]),
+                (PackedData::Half(d), _) => bf16_to_f32(d[base + (col / 2) * 2 * PANEL + 2 * r + col % 2]),
+            })
+            .collect()
+    }
+
+    pub fn f32_data(&self) -> &[f32] {
+        match &self.data {
+            PackedData::F32(d) => d,
+            PackedData::Half(_) => panic!("{:?} weights hold 16-bit data", self.dtype),
+        }
+    }
+
+    pub fn half_data(&self) -> &[u16] {
+        match &self.data {
+            PackedData::Half(d) => d,
+            PackedData::F32(_) => panic!("f32 weights hold no 16-bit data"),
+        }
+    }
+}
+
+/// Round to nearest even, as hardware conversions do; NaN stays NaN.
+pub fn f32_to_bf16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    if v.is_nan() {
+        return ((bits >> 16) | 0x40) as u16;
+    }
+    let rounding = 0x7fff + ((bits >> 16) & 1);
+    (bits.wrapping_add(rounding) >> 16) as u16
+}
+
+pub fn bf16_to_f32(h: u16) -> f32 {
+    f32::from_bits((h as u32) << 16)
+}
+
+/// IEEE binary16, round to nearest even, with subnormals, overflow to infinity and NaN.
+pub fn f32_to_f16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
+    }
+    let e = exp - 127 + 15;
+    if e >= 0x1f {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        if e < -10 {
+            return sign;
+        }
+        // Subnormal: shift the implicit bit in, then round the dropped bits to nearest even.
+        let full = man | 0x80_0000;
+        let shift = (14 - e) as u32;
+        let half = full >> shift;
+        let rest = full & ((1 << shift) - 1);
+        let midpoint = 1 << (shift - 1);
+        let round_up = rest > midpoint || (rest == midpoint && half & 1 == 1);
+        return sign | (half + round_up as u32) as u16;
+    }
+    let half = ((e as u32) << 10) | (man >> 13);
+    let rest = man & 0x1fff;
+    let round_up = rest > 0x1000 || (rest == 0x1000 && half & 1 == 1);
+    // A carry out of the mantissa correctly bumps the exponent (up to infinity).
+    sign | (half + round_up as u32) as u16
+}
+
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h & 0x8000) as u32) << 16;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    let bits = match (exp, man) {
+        (0, 0) => sign,
+        (0, _) => {
+            // Subnormal: normalize into an f32 exponent.
+            let shift = man.leading_zeros() - 21;
+            sign | ((127 - 15 + 1 - shift) << 23) | (((man << shift) & 0x3ff) << 13)
+        }
+        (0x1f, _) => sign | 0x7f80_0000 | (man << 13),
+        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
+    };
+    f32::from_bits(bits)
+}
+
+/// Activation rows rounded to bf16 pairs, `[m][k / 2][2]` (odd `k` padded with zero), for
+/// kernels that multiply in bf16 (`vdpbf16ps`, `BFDOT`).
+pub fn activations_to_bf16(x: &[f32], k: usize, out: &mut Vec<u16>) {
+    let pairs = k.div_ceil(2);
+    out.clear();
+    for row in x.chunks_exact(k) {
+        out.extend(row.iter().map(|&v| f32_to_bf16(v)));
+        if k % 2 == 1 {
+            out.push(0);
+        }
+    }
+    debug_assert_eq!(out.len(), x.len() / k * pairs * 2);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_round_trips_every_half() {
+        for h in 0..=u16::MAX {
+            let v = f16_to_f32(h);
+            if v.is_nan() {
+                assert!(f16_to_f32(f32_to_f16(v)).is_nan());
+            } else {
+                assert_eq!(f32_to_f16(v), h, "half {h:#06x} -> {v}");
+            }
+        }
+    }
+
+    #[test]
+    fn f16_rounds_to_nearest_even() {
+        assert_eq!(f32_to_f16(1.0 + 1.0 / 2048.0), 0x3c00); // tie, even stays
+        assert_eq!(f32_to_f16(1.0 + 3.0 / 2048.0), 0x3c02); // tie, odd rounds up
+        assert_eq!(f32_to_f16(65520.0), 0x7c00); // rounds past the largest half
+        assert_eq!(f32_to_f16(1e-8), 0);
+    }
+
+    #[test]
+    fn bf16_rounds_to_nearest_even() {
+        assert_eq!(f32_to_bf16(1.0), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
+        assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
+        assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn rows_come_back_from_every_layout() {
+        let (n, k) = (19, 7);
+        let w: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.25).collect();
+        for dtype in [WeightDtype::F32, WeightDtype::BF16, WeightDtype::F16] {
+            let p = PackedWeights::pack(&w, n, k, dtype);
+            for r in [0, 5, 16, 18] {
+                assert_eq!(p.row(r), &w[r * k..(r + 1) * k], "{dtype:?} row {r}");
+            }
+        }
+    }
+}

@@ -1,0 +1,298 @@
+//! A persistent compute pool: workers started once, pinned to cores, woken per operation.
+//!
+//! A forward pass issues a few hundred short operations (each GEMM, attention, norm); spawning or
+//! handing tasks to a work-stealing pool per operation costs more than many of them take. Here the
+//! calling thread publishes a job and runs share 0 itself; workers spin briefly between
+//! operations (a decode step's operations come back to back) and park on a condition variable
+//! after [`SPIN`] of idleness, so an idle engine costs no CPU.
+
+use std::cell::UnsafeCell;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::*};
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker spins before parking.
+const SPIN: Duration = Duration::from_micros(300);
+
+type Job = dyn Fn(usize) + Sync;
+
+struct Shared {
+    /// The current job, valid while `pending > 0`; published by the `epoch` bump.
+    job: UnsafeCell<Option<*const Job>>,
+    epoch: AtomicU64,
+    pending: AtomicUsize,
+    panicked: AtomicBool,
+    shutdown: AtomicBool,
+    sleeping: AtomicUsize,
+    lock: Mutex<()>,
+    wake: Condvar,
+}
+
+// SAFETY: `job` is written only by `run` while no worker reads it (before the epoch bump, and
+// after every worker finished); workers read it only between the bump and their decrement.
+unsafe impl Sync for Shared {}
+unsafe impl Send for Shared {}
+
+pub struct ThreadPool {
+    shared: Arc<Shared>,
+    workers: Vec<JoinHandle<()>>,
+    /// Serializes `run` calls from different threads.
+    running: Mutex<()>,
+}
+
+impl ThreadPool {
+    /// A pool of `threads` shares: the calling thread plus `threads - 1` workers. Workers are
+    /// pinned to the allowed CPUs after the first when `pin` is set (the caller pins itself with
+    /// [`pin_current_thread`]).
+    pub fn new(threads: usize, pin: bool) -> ThreadPool {
+        let threads = threads.max(1);
+        let shared = Arc::new(Shared {
+            job: UnsafeCell::new(None),
+            epoch: AtomicU64::new(0),
+            pending: AtomicUsize::new(0),
+            panicked: AtomicBool::new(false),
+            shutdown: AtomicBool::new(false),
+            sleeping: AtomicUsize::new(0),
+            lock: Mutex::new(()),
+            wake: Condvar::new(),
+        });
+        let cpus = allowed_cpus();
+        let workers = (1..threads)
+            .map(|index| {
+                let shared = shared.clone();
+                let cpu = pin.then(|| cpus.get(index % cpus.len().max(1)).copied()).flatten();
+                std::thread::Builder::new()
+                    .name(format!("rsgl-compute-{index}"))
+                    .spawn(move || {
+                        if let Some(cpu) = cpu {
+                            pin_current_thread(cpu);
+                        }
+                        worker_loop(&shared, index)
+                    })
+                    .expect("cannot start a compute thread")
+            })
+            .collect();
+        ThreadPool { shared, workers, running: Mutex::new(()) }
+    }
+
+    pub fn threads(&self) -> usize {
+        self.workers.len() + 1
+    }
+
+    /// Runs `job(share)` for every share `0..threads()` (share 0 on the calling thread) and
+    /// returns when all are done. A panic in any share is re-raised here.
+    pub fn run(&self, job: &(dyn Fn(usize) + Sync)) {
+        if self.workers.is_empty() {
+            return job(0);
+        }
+        let _one_at_a_time = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &*self.shared;
+        // SAFETY: no worker reads `job` now (pending is 0); the pointer outlives its use because
+        // this function waits for every share before returning.
+        unsafe {
+            let erased: *const Job = std::mem::transmute::<&(dyn Fn(usize) + Sync), &'static Job>(job);
+            *s.job.get() = Some(erased);
+        }
+        s.pending.store(self.workers.len(), SeqCst);
+        s.epoch.fetch_add(1, SeqCst);
+        if s.sleeping.load(SeqCst) > 0 {
+            let _guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.wake.notify_all();
+        }
+        let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let mut spins = 0u32;
+        while s.pending.load(Acquire) != 0 {
+            spins += 1;
+            if spins < 1 << 16 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+        unsafe { *s.job.get() = None };
+        if let Err(panic) = mine {
+            std::panic::resume_unwind(panic);
+        }
+        if s.panicked.swap(false, SeqCst) {
+            panic!("a compute thread panicked");
+        }
+    }
+
+    /// Splits `0..n` into one contiguous range per share (sizes differ by at most one) and runs
+    /// `job(range)` on each non-empty one.
+    pub fn for_ranges(&self, n: usize, job: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
+        let shares = self.threads().min(n.max(1));
+        self.run(&|share| {
+            if share < shares {
+                let range = split(n, shares, share);
+                if !range.is_empty() {
+                    job(range);
+                }
+            }
+        });
+    }
+
+    /// Runs `job(i)` for every `i < n`, handing indices out dynamically (tasks of uneven cost).
+    pub fn for_each_dynamic(&self, n: usize, job: &(dyn Fn(usize) + Sync)) {
+        let next = AtomicUsize::new(0);
+        self.run(&|_| loop {
+            let i = next.fetch_add(1, Relaxed);
+            if i >= n {
+                break;
+            }
+            job(i);
+        });
+    }
+}
+
+/// The `share`-th of `shares` near-equal contiguous parts of `0..n`.
+pub fn split(n: usize, shares: usize, share: usize) -> std::ops::Range<usize> {
+    let (base, extra) = (n / shares, n % shares);
+    let start = share * base + share.min(extra);
+    start..start + base + usize::from(share < extra)
+}
+
+impl Drop for ThreadPool {
+    fn drop(&mut self) {
+        self.shared.shutdown.store(true, SeqCst);
+        {
+            let _guard = self.shared.lock.lock().unwrap_or_else(|e| e.into_inner());
+            self.shared.wake.notify_all();
+        }
+        for w in self.workers.drain(..) {
+            let _ = w.join();
+        }
+    }
+}
+
+fn worker_loop(s: &Shared, index: usize) {
+    let mut seen = 0u64;
+    loop {
+        let idle_since = Instant::now();
+        let mut spins = 0u32;
+        loop {
+            if s.shutdown.load(Acquire) {
+                return;
+            }
+            let epoch = s.epoch.load(Acquire);
+            if epoch != seen {
+                seen = epoch;
+                break;
+            }
+            spins = spins.wrapping_add(1);
+            if spins % 64 != 0 || idle_since.elapsed() < SPIN {
+                std::hint::spin_loop();
+                continue;
+            }
+            let guard = s.lock.lock().unwrap_or_else(|e| e.into_inner());
+            s.sleeping.fetch_add(1, SeqCst);
+            // Re-checked after announcing sleep: `run` bumps the epoch before reading `sleeping`.
+            if s.epoch.load(SeqCst) == seen && !s.shutdown.load(SeqCst) {
+                drop(s.wake.wait(guard).unwrap_or_else(|e| e.into_inner()));
+            }
+            s.sleeping.fetch_sub(1, SeqCst);
+        }
+        // SAFETY: see `Shared`; the job is set before the epoch bump we just observed.
+        let job = unsafe { (*s.job.get()).expect("a job is published with each epoch") };
+        if catch_unwind(AssertUnwindSafe(|| unsafe { (*job)(index) })).is_err() {
+            s.panicked.store(true, SeqCst);
+        }
+        s.pending.fetch_sub(1, Release);
+    }
+}
+
+/// CPUs this process may run on, in order.
+pub fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    // SAFETY: plain libc calls on a zeroed, correctly sized cpu_set_t.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+            return (0..libc::CPU_SETSIZE as usize).filter(|&c| libc::CPU_ISSET(c, &set)).collect();
+        }
+    }
+    (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
+}
+
+/// Pins the calling thread to one CPU (a no-op where unsupported).
+pub fn pin_current_thread(cpu: usize) {
+    #[cfg(target_os = "linux")]
+    // SAFETY: as above.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+    }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpu;
+}
+
+/// Physical cores among the allowed CPUs (SMT siblings count once); the default thread count.
+pub fn physical_cores() -> usize {
+    let cpus = allowed_cpus();
+    let core_of = |cpu: usize| -> Option<String> {
+        let base = format!("/sys/devices/system/cpu/cpu{cpu}/topology");
+        let package = std::fs::read_to_string(format!("{base}/physical_package_id")).ok()?;
+        let core = std::fs::read_to_string(format!("{base}/core_id")).ok()?;
+        Some(format!("{}:{}", package.trim(), core.trim()))
+    };
+    let cores: Option<std::collections::HashSet<String>> = cpus.iter().map(|&c| core_of(c)).collect();
+    cores.map_or(cpus.len(), |c| c.len()).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_share_runs_once_per_call() {
+        let pool = ThreadPool::new(3, false);
+        for _ in 0..1000 {
+            let hits: Vec<AtomicUsize> = (0..3).map(|_| AtomicUsize::new(0)).collect();
+            pool.run(&|share| {
+                hits[share].fetch_add(1, SeqCst);
+            });
+            assert!(hits.iter().all(|h| h.load(SeqCst) == 1));
+        }
+    }
+
+    #[test]
+    fn parked_workers_wake_up() {
+        let pool = ThreadPool::new(2, false);
+        std::thread::sleep(SPIN * 4);
+        let total = AtomicUsize::new(0);
+        pool.for_each_dynamic(100, &|i| {
+            total.fetch_add(i, SeqCst);
+        });
+        assert_eq!(total.load(SeqCst), 4950);
+    }
+
+    #[test]
+    fn ranges_cover_everything_once() {
+        for n in [0, 1, 5, 64, 65] {
+            for shares in 1..5 {
+                let mut covered = vec![0; n];
+                for s in 0..shares {
+                    split(n, shares, s).for_each(|i| covered[i] += 1);
+                }
+                assert!(covered.iter().all(|&c| c == 1));
+            }
+        }
+    }
+
+    #[test]
+    fn a_panicking_share_is_reported_and_the_pool_survives() {
+        let pool = ThreadPool::new(2, false);
+        let result = catch_unwind(AssertUnwindSafe(|| {
+            pool.run(&|share| assert_ne!(share, 1, "boom"));
+        }));
+        assert!(result.is_err());
+        let count = AtomicUsize::new(0);
+        pool.run(&|_| {
+            count.fetch_add(1, SeqCst);
+        });
+        assert_eq!(count.load(SeqCst), 2);
+    }
+}

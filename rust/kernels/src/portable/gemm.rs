@@ -1,0 +1,70 @@
+//! The reference GEMM over packed weights, and the tiling loop the SIMD GEMMs share.
+
+use crate::dispatch::GemmArgs;
+use crate::packed::{bf16_to_f32, f16_to_f32, PackedWeights, WeightDtype, PANEL};
+use std::ops::Range;
+
+/// `out[i * ldo + j] = x[i, :] · w[j, :]` for every row `i < m` and every column `j` of the
+/// panels in `panels`. Each output is a sequential sum over `k`, whatever `m` is.
+///
+/// # Safety
+/// `out` must be valid for writes at `i * ldo + j` for those `i` and `j`, and no other thread
+/// may access those elements during the call.
+pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let k = w.k;
+    let mut wk = [0f32; PANEL];
+    for p in panels {
+        let base = p * w.panel_stride();
+        let cols = (w.n - p * PANEL).min(PANEL);
+        for i in 0..a.m {
+            let x = &a.x[i * k..(i + 1) * k];
+            let mut acc = [0f32; PANEL];
+            for (kk, &xv) in x.iter().enumerate() {
+                widen_k_row(w, base, kk, &mut wk);
+                for c in 0..PANEL {
+                    acc[c] += xv * wk[c];
+                }
+            }
+            for (c, v) in acc[..cols].iter().enumerate() {
+                *out.add(i * ldo + p * PANEL + c) = *v;
+            }
+        }
+    }
+}
+
+/// The 16 weights at inner index `kk` of the panel starting at `base`, as f32.
+fn widen_k_row(w: &PackedWeights, base: usize, kk: usize, row: &mut [f32; PANEL]) {
+    match w.dtype {
+        WeightDtype::F32 => row.copy_from_slice(&w.f32_data()[base + kk * PANEL..][..PANEL]),
+        WeightDtype::F16 => {
+            let d = &w.half_data()[base + kk * PANEL..][..PANEL];
+            row.iter_mut().zip(d).for_each(|(r, &h)| *r = f16_to_f32(h));
+        }
+        WeightDtype::BF16 => {
+            let d = &w.half_data()[base + (kk / 2) * 2 * PANEL..][..2 * PANEL];
+            row.iter_mut().enumerate().for_each(|(c, r)| *r = bf16_to_f32(d[2 * c + kk % 2]));
+        }
+    }
+}
+
+/// Walks the `[m, panels]` output in tiles of at most `max_rows` rows by `panels_per_tile`
+/// panels, calling `tile(first_row, rows, first_panel, panels)`. Rows go in blocks so the
+/// activations a block reads stay in cache while the thread's weight panels stream past.
+#[inline(always)]
+pub fn for_each_tile(m: usize, panels: Range<usize>, max_rows: usize, panels_per_tile: usize, mut tile: impl FnMut(usize, usize, usize, usize)) {
+    let row_block = max_rows * 8;
+    for block in (0..m).step_by(row_block) {
+        let block_end = (block + row_block).min(m);
+        let mut p = panels.start;
+        while p < panels.end {
+            let np = panels_per_tile.min(panels.end - p);
+            let mut r = block;
+            while r < block_end {
+                let rows = max_rows.min(block_end - r);
+                tile(r, rows, p, np);
+                r += rows;
+            }
+            p += np;
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! AVX-512 GEMM (needs avx512f/bw/vl and avx512_bf16: Zen 4, Sapphire Rapids, Cooper Lake).
+//! bf16 weights multiply bf16-rounded activations with `vdpbf16ps` (twice the f32 FMA rate);
+//! f32 and f16 weights widen to f32 and use FMA. A tile is up to 12 rows by 2 panels (24 zmm
+//! accumulators); every output is a sequential sum over `k`, so results do not depend on `m`.
+
+use crate::dispatch::GemmArgs;
+use crate::packed::{PackedWeights, WeightDtype, PANEL};
+use crate::portable::gemm::for_each_tile;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+const MAX_ROWS: usize = 12;
+const PANELS_PER_TILE: usize = 2;
+
+/// Where a tile reads and writes.
+struct Tile {
+    /// Activation row of the tile's first row, and elements between rows.
+    x: usize,
+    x_stride: usize,
+    /// First weight element of the tile's first panel, and elements between panels.
+    w: usize,
+    w_stride: usize,
+    /// Output element of the tile's top-left corner; valid columns from there.
+    out: *mut f32,
+    ldo: usize,
+    cols: usize,
+}
+
+#[inline(always)]
+unsafe fn store<const R: usize, const NP: usize>(acc: &[[__m512; NP]; R], t: &Tile) {
+    for (r, row) in acc.iter().enumerate() {
+        for (p, v) in row.iter().enumerate() {
+            let dst = t.out.add(r * t.ldo + p * PANEL);
+            let valid = t.cols.saturating_sub(p * PANEL);
+            if valid >= PANEL {
+                _mm512_storeu_ps(dst, *v);
+            } else if valid > 0 {
+                _mm512_mask_storeu_ps(dst, ((1u32 << valid) - 1) as u16, *v);
+            }
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_bf16<const R: usize, const NP: usize>(x: *const u16, w: *const u16, pairs: usize, t: &Tile) {
+    let mut acc = [[_mm512_setzero_ps(); NP]; R];
+    for kp in 0..pairs {
+        let mut wv = [_mm512_setzero_si512(); NP];
+        for (p, v) in wv.iter_mut().enumerate() {
+            *v = _mm512_loadu_si512(w.add(t.w + p * t.w_stride + kp * 2 * PANEL) as *const _);
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_set1_epi32((x.add(t.x + r * t.x_stride + 2 * kp) as *const i32).read_unaligned());
+            for (a, v) in row.iter_mut().zip(&wv) {
+                *a = _mm512_dpbf16_ps(*a, std::mem::transmute::<__m512i, __m512bh>(xv), std::mem::transmute::<__m512i, __m512bh>(*v));
+            }
+        }
+    }
+    store(&acc, t);
+}
+
+/// f32 or f16 weights (`load` widens 16 weights at an element offset) times f32 activations.
+#[inline(always)]
+unsafe fn tile_wide<const R: usize, const NP: usize>(x: *const f32, k: usize, t: &Tile, load: impl Fn(usize) -> __m512) {
+    let mut acc = [[_mm512_setzero_ps(); NP]; R];
+    for kk in 0..k {
+        let mut wv = [_mm512_setzero_ps(); NP];
+        for (p, v) in wv.iter_mut().enumerate() {
+            *v = load(t.w + p * t.w_stride + kk * PANEL);
+        }
+        for (r, row) in acc.iter_mut().enumerate() {
+            let xv = _mm512_set1_ps(*x.add(t.x + r * t.x_stride + kk));
+            for (a, v) in row.iter_mut().zip(&wv) {
+                *a = _mm512_fmadd_ps(xv, *v, *a);
+            }
+        }
+    }
+    store(&acc, t);
+}
+
+macro_rules! by_shape {
+    ($rows:expr, $np:expr, $f:ident, $args:tt) => {
+        by_shape!(@rows $rows, $np, $f, $args, [1 2 3 4 5 6 7 8 9 10 11 12])
+    };
+    (@rows $rows:expr, $np:expr, $f:ident, $args:tt, [$($r:literal)*]) => {
+        match ($rows, $np) {
+            $(($r, 2) => $f::<$r, 2> $args, ($r, _) => $f::<$r, 1> $args,)*
+            _ => unreachable!("tiles have 1..=12 rows"),
+        }
+    };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
+unsafe fn gemm_avx512(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let k = w.k;
+    let stride = w.panel_stride();
+    for_each_tile(a.m, panels, MAX_ROWS, PANELS_PER_TILE, |row, rows, panel, np| {
+        let cols = (w.n - panel * PANEL).min(np * PANEL);
+        let mut t = Tile { x: row * k, x_stride: k, w: panel * stride, w_stride: stride, out: out.add(row * ldo + panel * PANEL), ldo, cols };
+        match w.dtype {
+            WeightDtype::BF16 => {
+                let pairs = k.div_ceil(2);
+                (t.x, t.x_stride) = (row * 2 * pairs, 2 * pairs);
+                let (x, wp) = (a.x_bf16.as_ptr(), w.half_data().as_ptr());
+                by_shape!(rows, np, tile_bf16, (x, wp, pairs, &t))
+            }
+            WeightDtype::F32 => {
+                let wp = w.f32_data().as_ptr();
+                let load = |at: usize| _mm512_loadu_ps(wp.add(at));
+                by_shape!(rows, np, tile_wide, (a.x.as_ptr(), k, &t, load))
+            }
+            WeightDtype::F16 => {
+                let wp = w.half_data().as_ptr();
+                let load = |at: usize| _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(at) as *const __m256i));
+                by_shape!(rows, np, tile_wide, (a.x.as_ptr(), k, &t, load))
+            }
+        }
+    });
+}
+
+/// # Safety
+/// As [`crate::portable::gemm::gemm`]; only handed out after detecting the CPU features.
+pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_avx512(a, w, panels, out, ldo)
+}
+
+pub fn detected() -> bool {
+    is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512bf16")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
