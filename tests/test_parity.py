@@ -1,8 +1,11 @@
 """rsgl against transformers (fp32) on tiny random Llama (untied, and tied with llama3 rope
 scaling), Mistral, Qwen2 and Qwen3 models: last-position logits, greedy continuations, and the
-same when prompts of different lengths share a batch."""
+same when prompts of different lengths share a batch; 16-bit weights against transformers with
+the same rounded weights."""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import pytest
@@ -77,3 +80,30 @@ def test_batch_of_different_lengths_matches(pair):
     outs = engine.generate(input_ids=prompts, sampling_params=GREEDY)
     for ids, out in zip(prompts, outs):
         assert out["output_ids"] == hf_greedy(hf, ids, 32)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_16_bit_weights_match_the_rounded_model(tiny_models, arch, dtype):
+    path, hf = tiny_models[arch]
+    # rsgl rounds the matrices of linear layers (lm_head too, and the embedding with it when tied).
+    rounded = copy.deepcopy(hf)
+    for module in rounded.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
+    prompts = [prompt(n, 300 + n) for n in (1, 9, 64)]
+    with rsgl.Engine(path, dtype=dtype, threads=2, max_total_tokens=2048, progress=False) as engine:
+        assert engine.get_server_info()["dtype"] == dtype
+        # Kernels with bf16 dot products also round activations to bf16 (as llama.cpp does to f16).
+        rounds_activations = dtype == "bfloat16" and engine.get_server_info()["kernels"] != "avx2"
+        alone = []
+        for ids in prompts:
+            out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+            got, want = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32), hf_last_logits(rounded, ids)
+            tolerance = 3e-2 * np.abs(want).max() if rounds_activations else 1e-3
+            assert np.abs(got - want).max() <= tolerance
+            alone.append(got)
+        engine.flush_cache()
+        batched = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+        for one, out in zip(alone, batched):
+            assert np.array_equal(one, np.array(out["meta_info"]["prompt_logits"], dtype=np.float32))

@@ -35,9 +35,10 @@ class Engine:
     """Loads a model and serves generation requests in-process.
 
     Options are named after SGLang's server arguments:
-    `dtype`, `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
+    `dtype` (weight precision: "auto" = the checkpoint's, bfloat16 for quantized GGUF files;
+    "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
     `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset),
-    `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per core),
+    `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core, pinned),
     `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
     `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
     sharing), `quantization` (None only, for now), `progress` (loading progress bar).
@@ -65,7 +66,7 @@ class Engine:
     ) -> None:
         if quantization is not None:
             raise InvalidRequestError(
-                f"quantization={quantization!r} is not available yet; leave it unset to run in float32"
+                f"quantization={quantization!r} is not available yet; leave it unset (weights run in `dtype`)"
             )
         self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
         self.tokenizer = self.model.tokenizer
@@ -78,6 +79,7 @@ class Engine:
             "max_running_requests": max_running_requests,
             "chunked_prefill_size": chunked_prefill_size,
             "threads": threads or 0,
+            "dtype": self.model.dtype,
             "random_seed": random_seed,
             "schedule_policy": schedule_policy,
             "disable_radix_cache": disable_radix_cache,

@@ -25,8 +25,11 @@ __all__ = ["LoadedModel", "load_model", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 
-# Accepted for compatibility with other engines' `dtype=`; the Rust core computes in float32 for now.
-_ACCEPTED_DTYPES = ("auto", "float32", "float", "bfloat16", "float16", "half")
+# `dtype=` names (as in vLLM / SGLang) -> the weight precision the Rust core packs.
+_DTYPE_ALIASES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
+_ACCEPTED_DTYPES = ("auto", *_DTYPE_ALIASES)
+# A weight every supported model has, whose storage type stands for the checkpoint's.
+WEIGHT_DTYPE_PROBE = "model.layers.0.mlp.down_proj.weight"
 
 
 @dataclass
@@ -51,6 +54,9 @@ class LoadedModel:
     special_token_ids: list[int]
     source: str  # the path loaded
     model_name: str  # the name to serve it under
+    # Weight precision: the checkpoint's own (bfloat16 for quantized GGUF files) until
+    # `load_model` applies `dtype=`.
+    dtype: str
 
 
 def load_model(
@@ -62,7 +68,8 @@ def load_model(
 ) -> LoadedModel:
     """Read a Hugging Face model folder or a .gguf file (None: the default model, SmolLM2-135M-Instruct).
 
-    Weights are read lazily: `LoadedModel.tensors()` reads them, one tensor at a time.
+    Weights are read lazily: `LoadedModel.tensors()` reads them, one tensor at a time. `dtype`
+    picks the weight precision the engine computes with ("auto": the checkpoint's).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
@@ -76,10 +83,14 @@ def load_model(
     if gguf_file is not None:
         from rsgl.loader import gguf
 
-        return gguf.load(gguf_file, **options)
-    from rsgl.loader import hf
+        model = gguf.load(gguf_file, **options)
+    else:
+        from rsgl.loader import hf
 
-    return hf.load(path, **options)
+        model = hf.load(path, **options)
+    if dtype != "auto":
+        model.dtype = _DTYPE_ALIASES[dtype]
+    return model
 
 
 def _gguf_file_in(path: Path) -> Path | None:

@@ -20,6 +20,7 @@ from rsgl.loader import (
     SUPPORTED_ARCHITECTURES,
     LoadedModel,
     check_tensor_shapes,
+    WEIGHT_DTYPE_PROBE,
     expected_tensor_shapes,
     make_config,
     unique_ints,
@@ -67,6 +68,7 @@ def load(path: Path, *, skip_tokenizer_init: bool, progress: bool) -> LoadedMode
         tensors=functools.partial(_read_tensors, tensors, names, config, unpermute, progress),
         source=str(path),
         model_name=path.stem,
+        dtype=_native_dtype(tensors[WEIGHT_DTYPE_PROBE]),
         generation_config={},
         **_tokenizer_fields(metadata, config["vocab_size"], skip_tokenizer_init),
     )
@@ -184,6 +186,13 @@ def _read_tensors(tensors: dict, names: list[str], config: dict, unpermute: bool
         if unpermute and projection in heads:
             values = unpermute_rows(values, heads[projection])
         yield name, np.ascontiguousarray(values, dtype=np.float32)
+
+
+def _native_dtype(tensor) -> str:
+    """The precision to compute a file's weights in: its own for float files, bfloat16 (the
+    fastest 16-bit path) for quantized ones."""
+    kind = tensor.tensor_type
+    return {gguf.GGMLQuantizationType.F32: "float32", gguf.GGMLQuantizationType.F16: "float16"}.get(kind, "bfloat16")
 
 
 def unpermute_rows(values: np.ndarray, n_heads: int) -> np.ndarray:

@@ -19,6 +19,7 @@ from rsgl.loader import (
     SUPPORTED_ARCHITECTURES,
     LoadedModel,
     check_tensor_shapes,
+    WEIGHT_DTYPE_PROBE,
     expected_tensor_shapes,
     make_config,
     unique_ints,
@@ -56,6 +57,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool, progress: bool) -> LoadedMo
         tensors=functools.partial(_read_tensors, files, names, progress),
         source=str(folder),
         model_name=folder.resolve().name,
+        dtype=_CHECKPOINT_DTYPE[files[WEIGHT_DTYPE_PROBE].dtype(WEIGHT_DTYPE_PROBE)],
         **_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init),
     )
 
@@ -144,6 +146,7 @@ def _required(raw: dict, key: str):
 # ---------------------------------------------------------------------------------------------
 
 _NUMPY_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_CHECKPOINT_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
 class SafetensorsFile:

@@ -25,7 +25,7 @@ ENGINE_OPTIONS = {
     "--page-size": {"type": int, "help": "tokens per KV-cache page"},
     "--max-total-tokens": {"type": int, "help": "KV-cache pool size, in tokens"},
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
-    "--dtype": {"help": "weight/compute type (float32 for now)"},
+    "--dtype": {"help": "weight precision: auto (the checkpoint's; bfloat16 for quantized GGUF), float32, bfloat16, float16"},
     "--quantization": {"help": "quantization method (none available yet)"},
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},

@@ -3,7 +3,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use rsgl_kernels::WeightDtype;
 
 const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
 
@@ -94,6 +95,26 @@ impl ModelConfig {
     }
 }
 
+/// Weight precision. Activations stay f32 (kernels with bf16 dot products round them to bf16).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    #[default]
+    Float32,
+    Bfloat16,
+    Float16,
+}
+
+impl Dtype {
+    pub fn weight_dtype(self) -> WeightDtype {
+        match self {
+            Dtype::Float32 => WeightDtype::F32,
+            Dtype::Bfloat16 => WeightDtype::BF16,
+            Dtype::Float16 => WeightDtype::F16,
+        }
+    }
+}
+
 /// Engine options, named after SGLang's server arguments where one exists.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -110,8 +131,12 @@ pub struct EngineOptions {
     pub max_running_requests: usize,
     /// Most prompt tokens prefilled in one step (longer prompts are prefilled in chunks).
     pub chunked_prefill_size: usize,
-    /// Compute threads; 0 means one per available core.
+    /// Compute threads; 0 means one per physical core.
     pub threads: usize,
+    /// Pins each compute thread to its own core.
+    pub pin_threads: bool,
+    /// Precision the weights are held and multiplied in.
+    pub dtype: Dtype,
     /// Seed of the per-request seeds of requests that give none.
     pub random_seed: u64,
     /// Order of admission: fcfs, lpm or dfs-weight.
@@ -130,6 +155,8 @@ impl Default for EngineOptions {
             max_running_requests: 64,
             chunked_prefill_size: 2048,
             threads: 0,
+            pin_threads: true,
+            dtype: Dtype::Float32,
             random_seed: 0,
             schedule_policy: SchedulePolicy::Fcfs,
             disable_radix_cache: false,

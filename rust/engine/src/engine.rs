@@ -1,10 +1,11 @@
 //! The engine thread and its handle. The thread owns the model, the KV cache and every request;
 //! callers talk to it through channels, so no lock is held while the model runs.
 
-use crate::config::{EngineOptions, ModelConfig};
+use crate::config::{Dtype, EngineOptions, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::kv::{BlockPool, KvCache};
-use crate::model::LlamaModel;
+use crate::model::{Compute, LlamaModel};
+use rsgl_kernels::ThreadPool;
 use crate::request::{validate, GenerateRequest, Output, Sequence};
 use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
@@ -31,6 +32,8 @@ enum Command {
 pub struct EngineStats {
     pub kernels: &'static str,
     pub threads: usize,
+    /// Weight precision.
+    pub dtype: Dtype,
     pub running_requests: usize,
     pub waiting_requests: usize,
     pub kv_pages_total: usize,
@@ -111,19 +114,17 @@ impl Engine {
         if context_length == 0 {
             return Err(invalid("context_length must be at least 1"));
         }
-        let threads = if opts.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { opts.threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("rsgl-compute-{i}"))
-            .build()
-            .map_err(|e| invalid(format!("cannot start {threads} compute threads: {e}")))?;
+        let threads = if opts.threads == 0 { rsgl_kernels::pool::physical_cores() } else { opts.threads };
+        let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads));
         let vocab_size = cfg.vocab_size;
-        let model = LlamaModel::new(cfg, weights, context_length)?;
+        let model = LlamaModel::new(cfg, weights, context_length, opts.dtype.weight_dtype(), compute)?;
+        let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
         let num_pages = opts.kv_pages(model.config());
         let kv = KvCache::new(model.config(), num_pages, opts.page_size);
         let stats = Arc::new(Mutex::new(EngineStats {
             kernels: rsgl_kernels::kernels().isa,
             threads,
+            dtype: opts.dtype,
             kv_pages_total: num_pages,
             kv_pages_free: num_pages,
             radix_cache: !opts.disable_radix_cache,
@@ -147,7 +148,13 @@ impl Engine {
         };
         let thread = std::thread::Builder::new()
             .name("rsgl-engine".into())
-            .spawn(move || pool.install(|| worker.run(commands)))
+            .spawn(move || {
+                // The engine thread runs share 0 of every parallel operation.
+                if let Some(cpu) = pin_engine_thread {
+                    rsgl_kernels::pool::pin_current_thread(cpu);
+                }
+                worker.run(commands)
+            })
             .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine { inbox, thread: Some(thread), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size })
     }

@@ -2,17 +2,10 @@
 
 use crate::dispatch::{GemmArgs, Kernels};
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
-use crate::pool::{split, ThreadPool};
+use crate::pool::{split, SendPtr, ThreadPool};
 
 /// Panels handed to a thread come in pairs, the widest tile any kernel uses.
 const PANEL_UNIT: usize = 2;
-
-/// A raw output pointer shared by the threads, each writing its own columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-// SAFETY: threads write disjoint columns; the slice outlives the pool call.
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
 
 /// `x` is `[m, w.k]` and `out` `[m, w.n]`. `bf16_scratch` holds the bf16 copy of `x` for
 /// kernels that want one (kept by the caller so decode steps do not allocate).
@@ -33,7 +26,7 @@ pub fn linear(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &PackedWeights, b
     let panels = w.panels();
     let units = panels.div_ceil(PANEL_UNIT);
     let shares = pool.threads().min(units);
-    let dst = Out(out.as_mut_ptr());
+    let dst = SendPtr(out.as_mut_ptr());
     pool.run(&|share| {
         if share >= shares {
             return;

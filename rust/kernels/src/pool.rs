@@ -145,7 +145,54 @@ impl ThreadPool {
             job(i);
         });
     }
+    /// Cuts `data` into `chunk`-long pieces (the last may be shorter) and runs
+    /// `job(index, piece)` on each, in contiguous runs of pieces per share.
+    pub fn for_chunks_mut<T: Send>(&self, data: &mut [T], chunk: usize, job: &(dyn Fn(usize, &mut [T]) + Sync)) {
+        let (len, base) = (data.len(), SendPtr(data.as_mut_ptr()));
+        self.for_ranges(len.div_ceil(chunk), &|pieces| {
+            let base = base;
+            for i in pieces {
+                let start = i * chunk;
+                // SAFETY: pieces are disjoint and `data` outlives this call.
+                let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), chunk.min(len - start)) };
+                job(i, piece);
+            }
+        });
+    }
+    /// Like [`Self::for_chunks_mut`] over two slices cut into the same number of pieces
+    /// (`a` by `chunk_a`, `b` by `chunk_b`): `job(index, piece_of_a, piece_of_b)`.
+    pub fn for_chunk_pairs_mut<A: Send, B: Send>(
+        &self,
+        a: &mut [A],
+        chunk_a: usize,
+        b: &mut [B],
+        chunk_b: usize,
+        job: &(dyn Fn(usize, &mut [A], &mut [B]) + Sync),
+    ) {
+        let pieces = a.len().div_ceil(chunk_a);
+        assert_eq!(pieces, b.len().div_ceil(chunk_b), "for_chunk_pairs_mut: piece counts differ");
+        let (len_b, base_b) = (b.len(), SendPtr(b.as_mut_ptr()));
+        self.for_chunks_mut(a, chunk_a, &|i, piece_a| {
+            let base_b = base_b;
+            let start = i * chunk_b;
+            // SAFETY: as in `for_chunks_mut`: piece `i` of `b` is touched by this job alone.
+            let piece_b = unsafe { std::slice::from_raw_parts_mut(base_b.0.add(start), chunk_b.min(len_b - start)) };
+            job(i, piece_a, piece_b);
+        });
+    }
 }
+
+/// A pointer handed to the shares of one call, each touching its own elements.
+pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+impl<T> Clone for SendPtr<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SendPtr<T> {}
+// SAFETY: shares access disjoint elements, and the call outlives them.
+unsafe impl<T: Send> Send for SendPtr<T> {}
+unsafe impl<T: Send> Sync for SendPtr<T> {}
 
 /// The `share`-th of `shares` near-equal contiguous parts of `0..n`.
 pub fn split(n: usize, shares: usize, share: usize) -> std::ops::Range<usize> {
@@ -267,6 +314,14 @@ mod tests {
             total.fetch_add(i, SeqCst);
         });
         assert_eq!(total.load(SeqCst), 4950);
+    }
+
+    #[test]
+    fn chunks_are_handed_out_once_each() {
+        let pool = ThreadPool::new(2, false);
+        let mut data = vec![0usize; 103];
+        pool.for_chunks_mut(&mut data, 10, &|i, piece| piece.iter_mut().for_each(|v| *v += i + 1));
+        assert!(data.iter().enumerate().all(|(j, &v)| v == j / 10 + 1));
     }
 
     #[test]

@@ -2,14 +2,13 @@
 //! run of new tokens (a prefill chunk, or one token when decoding) at its own positions, reading
 //! and writing its own KV pages.
 
-use super::linear::{matmul_bt, Linear};
+use super::linear::{Compute, Linear, LinearParts};
 use super::rope::Rope;
 use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::weights::WeightStore;
-use rayon::prelude::*;
-use rsgl_kernels::{kernels, portable};
+use rsgl_kernels::{portable, WeightDtype};
 
 /// The part of one sequence computed in a step.
 pub struct SeqChunk<'a> {
@@ -35,51 +34,44 @@ struct Layer {
 
 pub struct LlamaModel {
     cfg: ModelConfig,
-    embed: Vec<f32>,
+    /// The input embedding, `None` when tied to `lm_head` (rows are then read from it).
+    embed: Option<Vec<f32>>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    /// `None` when tied to the embedding.
-    lm_head: Option<Vec<f32>>,
+    lm_head: Linear,
     rope: Rope,
+    compute: Compute,
 }
 
-fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<Linear> {
-    Ok(Linear {
+fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
+    Ok(LinearParts {
         weight: w.take(&format!("{prefix}.weight"), &[out, inp])?,
         bias: w.take_optional(&format!("{prefix}.bias"), &[out])?,
-        in_features: inp,
         out_features: out,
     })
 }
 
-/// RMSNorm of each `weight.len()`-long row of `x`, in place.
-fn rmsnorm_rows(x: &mut [f32], weight: &[f32], eps: f32) {
-    let mut tmp = vec![0.0; weight.len()];
-    for row in x.chunks_exact_mut(weight.len()) {
-        portable::rmsnorm(row, weight, eps, &mut tmp);
-        row.copy_from_slice(&tmp);
-    }
-}
-
-fn rmsnorm_copy(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
-    let mut out = x.to_vec();
-    rmsnorm_rows(&mut out, weight, eps);
-    out
-}
-
 impl LlamaModel {
-    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize) -> Result<Self> {
+    /// Packs the weights in `dtype` for the kernels of `compute`.
+    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, dtype: WeightDtype, compute: Compute) -> Result<Self> {
         let (h, i, v, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim);
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let attn = format!("{p}.self_attn");
-            let qkv = Linear::fuse(vec![
-                take_linear(&mut w, &format!("{attn}.q_proj"), cfg.q_size(), h)?,
-                take_linear(&mut w, &format!("{attn}.k_proj"), cfg.kv_size(), h)?,
-                take_linear(&mut w, &format!("{attn}.v_proj"), cfg.kv_size(), h)?,
-            ]);
+            let single = |w: &mut WeightStore, name: &str, out: usize, inp: usize| -> Result<Linear> {
+                Ok(Linear::fused(vec![take_linear(w, name, out, inp)?], inp, dtype))
+            };
+            let qkv = Linear::fused(
+                vec![
+                    take_linear(&mut w, &format!("{attn}.q_proj"), cfg.q_size(), h)?,
+                    take_linear(&mut w, &format!("{attn}.k_proj"), cfg.kv_size(), h)?,
+                    take_linear(&mut w, &format!("{attn}.v_proj"), cfg.kv_size(), h)?,
+                ],
+                h,
+                dtype,
+            );
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (Some(w.take(&format!("{attn}.q_norm.weight"), &[hd])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[hd])?))
             } else {
@@ -90,19 +82,28 @@ impl LlamaModel {
                 qkv,
                 q_norm,
                 k_norm,
-                o: take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?,
+                o: single(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?,
                 post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up: Linear::fuse(vec![
-                    take_linear(&mut w, &format!("{p}.mlp.gate_proj"), i, h)?,
-                    take_linear(&mut w, &format!("{p}.mlp.up_proj"), i, h)?,
-                ]),
-                down: take_linear(&mut w, &format!("{p}.mlp.down_proj"), h, i)?,
+                gate_up: Linear::fused(
+                    vec![
+                        take_linear(&mut w, &format!("{p}.mlp.gate_proj"), i, h)?,
+                        take_linear(&mut w, &format!("{p}.mlp.up_proj"), i, h)?,
+                    ],
+                    h,
+                    dtype,
+                ),
+                down: single(&mut w, &format!("{p}.mlp.down_proj"), h, i)?,
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
-        let lm_head = if cfg.tie_word_embeddings { None } else { Some(w.take("lm_head.weight", &[v, h])?) };
-        // A tied checkpoint may still carry a copy of the embedding as lm_head.
-        let _ = w.take_optional("lm_head.weight", &[v, h])?;
+        let (embed, lm_head) = if cfg.tie_word_embeddings {
+            // A tied checkpoint may still carry a copy of the embedding as lm_head.
+            let _ = w.take_optional("lm_head.weight", &[v, h])?;
+            (None, embed)
+        } else {
+            (Some(embed), w.take("lm_head.weight", &[v, h])?)
+        };
+        let lm_head = Linear::fused(vec![LinearParts { weight: lm_head, bias: None, out_features: v }], h, dtype);
         if !w.is_empty() {
             return Err(EngineError::ModelLoad(format!(
                 "the checkpoint has tensors this {} model does not use: {:?}",
@@ -111,7 +112,7 @@ impl LlamaModel {
             )));
         }
         let rope = Rope::new(&cfg, max_positions);
-        Ok(LlamaModel { cfg, embed, layers, norm, lm_head, rope })
+        Ok(LlamaModel { cfg, embed, layers, norm, lm_head, rope, compute })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -132,14 +133,18 @@ impl LlamaModel {
                 positions.push(chunk.start_pos + t);
             }
         }
-        let mut x: Vec<f32> = seqs
-            .iter()
-            .flat_map(|c| c.tokens.iter())
-            .flat_map(|&tok| self.embed[tok as usize * h..(tok as usize + 1) * h].iter().copied())
-            .collect();
+        let mut x = Vec::with_capacity(positions.len() * h);
+        for &tok in seqs.iter().flat_map(|c| c.tokens) {
+            match &self.embed {
+                Some(e) => x.extend_from_slice(&e[tok as usize * h..(tok as usize + 1) * h]),
+                None => x.extend(self.lm_head.weight.row(tok as usize)),
+            }
+        }
+        let c = &self.compute;
+        let mut residual_delta: Option<Vec<f32>> = None;
         for (l, layer) in self.layers.iter().enumerate() {
-            let normed = rmsnorm_copy(&x, &layer.input_norm, cfg.rms_norm_eps);
-            let mut qkv = layer.qkv.forward(&normed);
+            let normed = self.add_and_norm(&mut x, residual_delta.as_deref(), &layer.input_norm);
+            let mut qkv = layer.qkv.forward(c, &normed);
             self.position_qk(layer, &mut qkv, &positions);
             let (qs, kvs) = (cfg.q_size(), cfg.kv_size());
             for (t, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
@@ -147,11 +152,12 @@ impl LlamaModel {
                 kv.write(l, seqs[token_seq[t]].pages, positions[t], k, v);
             }
             let attn = self.attention(l, &qkv, seqs, &token_seq, &positions, kv);
-            add_into(&mut x, &layer.o.forward(&attn));
-            let normed = rmsnorm_copy(&x, &layer.post_norm, cfg.rms_norm_eps);
-            let gate_up = layer.gate_up.forward(&normed);
-            let act = silu_gate(&gate_up, cfg.intermediate_size);
-            add_into(&mut x, &layer.down.forward(&act));
+            let normed = self.add_and_norm(&mut x, Some(&layer.o.forward(c, &attn)), &layer.post_norm);
+            let act = self.silu_gate(&layer.gate_up.forward(c, &normed));
+            residual_delta = Some(layer.down.forward(c, &act));
+        }
+        if let Some(delta) = residual_delta {
+            add_into(&mut x, &delta);
         }
         let mut last_rows = Vec::new();
         let mut t0 = 0;
@@ -161,20 +167,51 @@ impl LlamaModel {
                 last_rows.extend_from_slice(&x[(t0 - 1) * h..t0 * h]);
             }
         }
-        rmsnorm_rows(&mut last_rows, &self.norm, cfg.rms_norm_eps);
-        matmul_bt(&last_rows, self.lm_head.as_deref().unwrap_or(&self.embed), h)
+        let normed = self.add_and_norm(&mut last_rows, None, &self.norm);
+        self.lm_head.forward(c, &normed)
+    }
+
+    /// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.
+    fn add_and_norm(&self, x: &mut [f32], delta: Option<&[f32]>, weight: &[f32]) -> Vec<f32> {
+        let (h, eps) = (weight.len(), self.cfg.rms_norm_eps);
+        let mut normed = vec![0.0; x.len()];
+        self.compute.pool.for_chunk_pairs_mut(x, h, &mut normed, h, &|row, x, out| {
+            if let Some(d) = delta {
+                add_into(x, &d[row * h..(row + 1) * h]);
+            }
+            portable::rmsnorm(x, weight, eps, out);
+        });
+        normed
+    }
+
+    /// `silu(gate) * up` per token, from rows laid out `[gate | up]`, row-parallel.
+    fn silu_gate(&self, gate_up: &[f32]) -> Vec<f32> {
+        let inter = self.cfg.intermediate_size;
+        let mut act = vec![0.0; gate_up.len() / 2];
+        self.compute.pool.for_chunks_mut(&mut act, inter, &|row, out| {
+            let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
+            out.copy_from_slice(gate);
+            portable::silu_mul(out, up);
+        });
+        act
     }
 
     /// Qwen3's per-head q/k RMSNorm, then rope, on every token's q and k, in place.
     fn position_qk(&self, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
         let cfg = &self.cfg;
         let (qs, kvs) = (cfg.q_size(), cfg.kv_size());
-        qkv.par_chunks_exact_mut(qs + 2 * kvs).zip(positions).for_each(|(row, &pos)| {
+        self.compute.pool.for_chunks_mut(qkv, qs + 2 * kvs, &|t, row| {
+            let pos = positions[t];
             let (q, rest) = row.split_at_mut(qs);
             let k = &mut rest[..kvs];
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                rmsnorm_rows(q, qn, cfg.rms_norm_eps);
-                rmsnorm_rows(k, kn, cfg.rms_norm_eps);
+                let mut normed = vec![0.0; cfg.head_dim];
+                for (heads, weight) in [(&mut *q, qn), (&mut *k, kn)] {
+                    for head in heads.chunks_exact_mut(cfg.head_dim) {
+                        portable::rmsnorm(head, weight, cfg.rms_norm_eps, &mut normed);
+                        head.copy_from_slice(&normed);
+                    }
+                }
             }
             self.rope.apply(q, pos);
             self.rope.apply(k, pos);
@@ -189,9 +226,9 @@ impl LlamaModel {
         let group = nh / cfg.num_key_value_heads;
         let row = cfg.q_size() + 2 * cfg.kv_size();
         let scale = 1.0 / (hd as f32).sqrt();
-        let k = kernels();
+        let k = self.compute.kernels;
         let mut out = vec![0.0; positions.len() * cfg.q_size()];
-        out.par_chunks_exact_mut(hd).enumerate().for_each(|(task, o)| {
+        self.compute.pool.for_chunks_mut(&mut out, hd, &|task, o| {
             let (t, head) = (task / nh, task % nh);
             let q = &qkv[t * row + head * hd..t * row + (head + 1) * hd];
             let pages = seqs[token_seq[t]].pages;
@@ -210,15 +247,4 @@ impl LlamaModel {
 
 fn add_into(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
-}
-
-/// `silu(gate) * up` per token, from rows laid out `[gate | up]`.
-fn silu_gate(gate_up: &[f32], inter: usize) -> Vec<f32> {
-    let mut act = Vec::with_capacity(gate_up.len() / 2);
-    for row in gate_up.chunks_exact(2 * inter) {
-        let start = act.len();
-        act.extend_from_slice(&row[..inter]);
-        portable::silu_mul(&mut act[start..], &row[inter..]);
-    }
-    act
 }

@@ -4,6 +4,6 @@ mod linear;
 mod llama;
 mod rope;
 
-pub use linear::{matmul_bt, Linear};
+pub use linear::{Compute, Linear, LinearParts};
 pub use llama::{LlamaModel, SeqChunk};
 pub use rope::Rope;
