@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The aarch64 lane: cross-builds rsgl-kernels and rsgl-engine for aarch64-unknown-linux-gnu and runs
-# their tests under qemu-user, once per emulated CPU, so every dispatch branch runs on an x86_64 box.
+# their tests under qemu-user on several emulated CPUs and forced kernel paths, so every dispatch
+# branch runs on an x86_64 box.
 #
 # rustup here has no aarch64 standard library, so the build runs in a Debian trixie chroot whose
 # packaged Rust (rustc-web/cargo-web) ships one (libstd-rust-web-dev:arm64). The chroot is
@@ -9,14 +10,23 @@
 # Usage: scripts/aarch64-test.sh [extra cargo test args, e.g. -- --nocapture]
 # Env:   RSGL_ARM_CHROOT  chroot directory (default /var/tmp/rsgl-aarch64-chroot)
 #        RSGL_ARM_MIRROR  Debian mirror    (default http://deb.debian.org/debian)
+#        RSGL_ARM_CRATES  crates to test   (default "rsgl-kernels rsgl-engine")
 set -euo pipefail
 
 CHROOT=${RSGL_ARM_CHROOT:-/var/tmp/rsgl-aarch64-chroot}
 MIRROR=${RSGL_ARM_MIRROR:-http://deb.debian.org/debian}
 SUITE=trixie
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-# SVE at its narrowest and a wide vector, then a CPU without SVE (NEON + dotprod only).
-CPUS=("max,sve-default-vector-length=16" "max,sve-default-vector-length=64" "neoverse-n1")
+CRATES=(${RSGL_ARM_CRATES:-rsgl-kernels rsgl-engine})
+# One run per line: the qemu CPU, then RSGL_KERNELS. `max` has every feature (BF16, SVE): at its
+# narrowest and a wide SVE vector, with the best path and with neon-bf16 forced; neoverse-n1 has
+# no SVE and no BF16 (NEON + dotprod), so auto picks plain NEON there. Then plain NEON and
+# portable forced on `max`, so every path also runs where a better one exists.
+RUNS=("max,sve-default-vector-length=16 auto"
+      "max,sve-default-vector-length=64 neon-bf16"
+      "neoverse-n1 auto"
+      "max neon"
+      "max portable")
 PACKAGES=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
           qemu-user ca-certificates)
 # Marks a chroot whose packages all installed (a debootstrap cut short leaves no mark).
@@ -53,7 +63,8 @@ create_chroot() {
 # to cargo.
 run_tests_on() {
   local cpu=$1 kernels=$2; shift 2
-  local passed=()
+  local passed=() packages=()
+  for c in "${CRATES[@]}"; do packages+=(-p "$c"); done
   for v in "${PASSED_VARS[@]}"; do
     if [ -n "${!v+x}" ]; then passed+=("$v=${!v}"); fi
   done
@@ -63,26 +74,26 @@ run_tests_on() {
     CARGO_HTTP_CAINFO="$CHROOT_CA" "${passed[@]}" RSGL_KERNELS="$kernels" \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_LINKER=aarch64-linux-gnu-gcc \
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_GNU_RUNNER="qemu-aarch64 -cpu $cpu -L /" \
-    bash -c 'cd /src && cargo test --target aarch64-unknown-linux-gnu -p rsgl-kernels -p rsgl-engine "$@"' \
-    cargo-test "$@"
+    bash -c 'cd /src && cargo test --target aarch64-unknown-linux-gnu "$@"' \
+    cargo-test "${packages[@]}" "$@"
 }
 
-# Inside the private mount namespace: mount, run every CPU, report. Mounts vanish on exit.
+# Inside the private mount namespace: mount, do every run, report. Mounts vanish on exit.
 run_all() {
   mount -t proc proc "$CHROOT/proc"
   mount --rbind /dev "$CHROOT/dev"
   mount --bind "$REPO" "$CHROOT/src"
   local failed=()
-  for cpu in "${CPUS[@]}"; do
-    echo "===== aarch64 tests, qemu -cpu $cpu ====="
-    run_tests_on "$cpu" auto "$@" || failed+=("$cpu")
+  local cpu kernels
+  for run in "${RUNS[@]}"; do
+    read -r cpu kernels <<<"$run"
+    echo "===== aarch64 tests (${CRATES[*]}), qemu -cpu $cpu, RSGL_KERNELS=$kernels ====="
+    run_tests_on "$cpu" "$kernels" "$@" || failed+=("$cpu with $kernels kernels")
   done
-  echo "===== aarch64 tests, qemu -cpu max, RSGL_KERNELS=portable ====="
-  run_tests_on max portable "$@" || failed+=("max (portable kernels)")
   if [ ${#failed[@]} -gt 0 ]; then
-    die "tests failed on: ${failed[*]}"
+    die "tests failed on: $(IFS=,; echo "${failed[*]}")"
   fi
-  echo "aarch64-test: all ${#CPUS[@]} CPUs and the portable run passed"
+  echo "aarch64-test: all ${#RUNS[@]} runs passed"
 }
 
 if [ "${RSGL_ARM_IN_NAMESPACE:-}" = 1 ]; then

@@ -1,7 +1,7 @@
 //! Picks the best implementation of each kernel for this CPU, once.
 //!
-//! `RSGL_KERNELS=portable|avx2|avx512|neon` forces one path (to test every branch on one
-//! machine); asking for a path the CPU lacks falls back to portable with a warning.
+//! `RSGL_KERNELS=portable|avx2|avx512|neon|neon-bf16` forces one path (to test every branch on
+//! one machine); asking for a path the CPU lacks falls back to portable with a warning.
 
 use crate::packed::PackedWeights;
 use std::ops::Range;
@@ -28,7 +28,8 @@ pub type DotFn = fn(x: &[f32], y: &[f32]) -> f32;
 /// The kernels chosen for this CPU.
 #[derive(Clone, Copy)]
 pub struct Kernels {
-    /// Name of the chosen path ("portable", "avx2", "avx512", "neon"), reported by the engine.
+    /// Name of the chosen path ("portable", "avx2", "avx512", "neon", "neon-bf16"), reported by
+    /// the engine.
     pub isa: &'static str,
     pub gemm: GemmFn,
     /// Whether `gemm` multiplies bf16 weights by bf16-rounded activations (`GemmArgs::x_bf16`).
@@ -84,4 +85,16 @@ pub fn kernels() -> &'static Kernels {
             Kernels::portable()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    /// Test lanes that force a path (scripts/aarch64-test.sh) must get it, not a silent fallback.
+    #[test]
+    fn a_forced_path_is_the_one_used() {
+        let wanted = std::env::var("RSGL_KERNELS").unwrap_or_default();
+        if !matches!(wanted.as_str(), "" | "auto") {
+            assert_eq!(super::kernels().isa, wanted);
+        }
+    }
 }
