@@ -1,15 +1,18 @@
-//! `rsgl-bench generate`: offline greedy generation through the engine on a random-weight model
-//! of a given shape, at several batch sizes.
+//! `rsgl-bench generate`: offline greedy generation through the engine, at several batch sizes,
+//! on a random-weight model of a preset's shape or on a model directory (config.json and
+//! safetensors, see model_dir.rs).
 //!
 //! Prefill tok/s is batch·prompt_len over the time until every request has its first token;
 //! decode tok/s is the tokens generated after that, over the batch, per second of the rest
 //! (the same method as benches/bench_generate.py, so the two can be compared).
 
 use crate::args::Args;
+use crate::model_dir;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
 use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, RequestStream, WeightStore};
 use serde_json::{json, Value};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 const PAGE_SIZE: usize = 16;
@@ -71,10 +74,11 @@ struct Lengths {
 }
 
 /// Options that fit `max_batch` requests in the KV pool at once, so none waits for pages.
-fn engine_options(len: Lengths, max_batch: usize, threads: usize) -> Result<EngineOptions, String> {
+fn engine_options(len: Lengths, max_batch: usize, threads: usize, dtype: &str) -> Result<EngineOptions, String> {
     let per_request = (len.prompt + len.generated).next_multiple_of(PAGE_SIZE);
     let opts = json!({
         "threads": threads,
+        "dtype": dtype,
         "page_size": PAGE_SIZE,
         "context_length": len.prompt + len.generated,
         "max_total_tokens": max_batch * per_request,
@@ -190,35 +194,85 @@ fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
     (0..len).map(|_| (rng.next_u64() % vocab as u64) as u32).collect()
 }
 
-fn start_engine(config: &Value, opts: EngineOptions, rng: &mut Rng) -> Result<(Engine, usize), String> {
-    let cfg = ModelConfig::from_json(&config.to_string()).map_err(|e| e.to_string())?;
-    let vocab = cfg.vocab_size;
-    let weights = random_weights(&cfg, rng)?;
-    let engine = Engine::start(cfg, weights, None, vec![], opts).map_err(|e| e.to_string())?;
-    Ok((engine, vocab))
+/// Where the benchmarked model comes from.
+enum ModelSource {
+    Preset(String),
+    Dir(PathBuf),
+}
+
+impl ModelSource {
+    fn from_args(args: &mut Args) -> Result<ModelSource, String> {
+        match (args.string("preset"), args.string("model-dir")) {
+            (Some(_), Some(_)) => Err("give --preset or --model-dir, not both".into()),
+            (_, Some(dir)) => Ok(ModelSource::Dir(dir.into())),
+            (preset, None) => Ok(ModelSource::Preset(preset.unwrap_or_else(|| "smollm2-135m".into()))),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            ModelSource::Preset(name) => format!("preset {name} (random weights)"),
+            ModelSource::Dir(dir) => format!("model directory {}", dir.display()),
+        }
+    }
+
+    fn json(&self) -> Value {
+        match self {
+            ModelSource::Preset(name) => json!({ "preset": name }),
+            ModelSource::Dir(dir) => json!({ "model_dir": dir }),
+        }
+    }
+
+    /// The normalized config, the weights and the tensor types they were stored in.
+    fn load(&self, rng: &mut Rng) -> Result<(Value, WeightStore, Vec<String>), String> {
+        match self {
+            ModelSource::Preset(name) => {
+                let config = preset_config(name)?;
+                let weights = random_weights(&parse_config(&config)?, rng)?;
+                Ok((config, weights, vec!["F32".into()]))
+            }
+            ModelSource::Dir(dir) => {
+                let loaded = model_dir::load(dir)?;
+                Ok((loaded.config, loaded.weights, loaded.stored_dtypes.into_iter().collect()))
+            }
+        }
+    }
+}
+
+fn parse_config(config: &Value) -> Result<ModelConfig, String> {
+    ModelConfig::from_json(&config.to_string()).map_err(|e| e.to_string())
 }
 
 pub fn run(mut args: Args) -> Result<(), String> {
-    let preset = args.string("preset").unwrap_or_else(|| "smollm2-135m".into());
+    let source = ModelSource::from_args(&mut args)?;
     let batches = args.usize_list_or("batch", &[1, 8])?;
     let len = Lengths { prompt: args.usize_or("prompt-len", 128)?, generated: args.usize_or("gen-len", 32)? };
     let threads = args.usize_or("threads", std::thread::available_parallelism().map_or(1, |n| n.get()))?;
+    let dtype = args.string("dtype").unwrap_or_else(|| "float32".into());
     let json_path = args.string("json");
     args.finish()?;
     if len.generated < 2 {
         return Err("--gen-len must be at least 2: decode speed is measured after the first token".into());
     }
 
-    let config = preset_config(&preset)?;
     let mut rng = Rng::new(2024);
     let load_started = Instant::now();
+    let (config, weights, stored_dtypes) = source.load(&mut rng)?;
+    let cfg = parse_config(&config)?;
+    let vocab = cfg.vocab_size;
     let max_batch = *batches.iter().max().expect("the list parser yields at least one");
-    let (engine, vocab) = start_engine(&config, engine_options(len, max_batch, threads)?, &mut rng)?;
+    let opts = engine_options(len, max_batch, threads, &dtype)?;
+    let engine = Engine::start(cfg, weights, None, vec![], opts).map_err(|e| e.to_string())?;
     let load_seconds = load_started.elapsed().as_secs_f64();
     let stats = engine.stats();
     println!(
-        "rsgl-bench generate: preset {preset}, kernels {}, {} thread(s), prompt {} + {} new tokens (built in {load_seconds:.1} s)",
-        stats.kernels, stats.threads, len.prompt, len.generated
+        "rsgl-bench generate: {}, weights stored as {}, held as {dtype}, kernels {}, {} thread(s), prompt {} + {} new tokens (loaded in {load_seconds:.1} s)",
+        source.describe(),
+        stored_dtypes.join("/"),
+        stats.kernels,
+        stats.threads,
+        len.prompt,
+        len.generated
     );
 
     // Warm-up: pages, caches and the thread pool see one request before anything is timed.
@@ -234,13 +288,15 @@ pub fn run(mut args: Args) -> Result<(), String> {
         let report = json!({
             "bench": "generate",
             "host": host_info(),
-            "preset": preset,
+            "source": source.json(),
+            "stored_dtypes": stored_dtypes,
             "model": config,
             "kernels": stats.kernels,
+            "dtype": stats.dtype,
             "threads": stats.threads,
             "prompt_len": len.prompt,
             "gen_len": len.generated,
-            "build_seconds": load_seconds,
+            "load_seconds": load_seconds,
             "results": results.iter().map(CaseResult::json).collect::<Vec<_>>(),
         });
         write_json(&path, &report)?;

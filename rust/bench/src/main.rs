@@ -4,6 +4,8 @@
 mod args;
 mod generate_bench;
 mod kernel_bench;
+mod membw;
+mod model_dir;
 mod report;
 
 use args::Args;
@@ -11,18 +13,25 @@ use args::Args;
 const USAGE: &str = "\
 usage:
   rsgl-bench kernels  [--threads N] [--json FILE]
-      gemm_bt / dot / axpy at SmolLM2-135M shapes, dispatched path and portable twin;
-      N threads call each kernel at once on disjoint work (default 1)
-  rsgl-bench generate [--preset smollm2-135m|tiny] [--batch 1,8] [--prompt-len 128]
-                      [--gen-len 32] [--threads N] [--json FILE]
-      offline greedy generation on a random-weight model of the preset's shape:
+      GEMM (bf16/f16/f32 weights) / dot / axpy at SmolLM2-135M shapes, every SIMD path and
+      the portable twin; GEMMs split over an N-thread pool (default 1)
+  rsgl-bench generate [--preset smollm2-135m|tiny | --model-dir DIR] [--batch 1,8]
+                      [--prompt-len 128] [--gen-len 32] [--dtype float32|bfloat16|float16]
+                      [--threads N] [--json FILE]
+      offline greedy generation on a random-weight model of the preset's shape, or on the
+      model in DIR (config.json and *.safetensors in F32/BF16/F16, e.g. written by
+      benches/prepare_model_dir.py), its weights held in --dtype (default float32):
       prefill and decode tok/s at each batch size (threads default: all cores)
+  rsgl-bench membw    [--threads N] [--size-mb 1024] [--reps 10] [--json FILE]
+      memory read bandwidth: N threads (default: all cores) each sum their slice of a
+      buffer far larger than the caches; best and median GB/s
 RSGL_KERNELS=portable|avx2|neon forces a kernel path.";
 
 fn run(argv: &[String]) -> Result<(), String> {
     match argv.first().map(String::as_str) {
         Some("kernels") => kernel_bench::run(Args::parse(&argv[1..])?),
         Some("generate") => generate_bench::run(Args::parse(&argv[1..])?),
+        Some("membw") => membw::run(Args::parse(&argv[1..])?),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(())

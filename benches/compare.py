@@ -1,0 +1,504 @@
+"""rsgl, transformers (torch) and llama.cpp side by side on the default model (SmolLM2-135M),
+on the same threads, in one run, beside the memory read bandwidth that bounds batch-1 decode.
+
+    python benches/compare.py [--threads 2] [--quick] [--skip-llamacpp] [--skip-transformers]
+                              [--json bench-results/compare.json] [--plot bench-results/compare.png]
+
+Engines and weights: rsgl.Engine in bfloat16 and float32; transformers (eager PyTorch, no
+torch.compile, its default attention) in float32 and bfloat16; llama.cpp (llama-cpp-python) on
+the model written as F16 and Q8_0 GGUF (cached in ~/.cache/rsgl-bench). All get the same random
+token ids and run greedy with EOS ignored; each engine runs in a process of its own, so thread
+pools and memory do not overlap. Every time is the best of --repeats, after a warm-up.
+- decode b1: a 32-token prompt, 128 new tokens; tok/s over the time after the first token (the
+  time of a run with one new token is subtracted).
+- prefill 512: a 512-token prompt, one new token: 512 / time to first token.
+- 16 seqs: 16 different 32-token prompts at once, 128 new tokens each; aggregate tok/s after the
+  first token. transformers: one generate call on the [16, 32] batch (equal lengths, no padding).
+  llama.cpp: its low-level API, one llama_batch holding a token of each of the 16 sequences per
+  step (kv_unified, n_seq_max=16, n_batch=512), argmax sampling in numpy.
+- bandwidth limit of decode b1: `rsgl-bench membw` (best GB/s, same thread count) over the bytes
+  one token reads: every linear layer's weights and the lm_head, in the engine's weight type.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass
+from functools import partial
+from multiprocessing import get_context
+from pathlib import Path
+
+import numpy as np
+
+from bench_report import machine_fields, write_json
+
+CACHE = Path.home() / ".cache" / "rsgl-bench"
+REPO = Path(__file__).resolve().parent.parent
+LLAMA_CPP_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36'
+LLAMA_CPP_TYPES = ("F16", "Q8_0")
+# GGUF names of the tensors decode reads as matrices (the lm_head is added apart: tied models
+# read token_embd instead of output).
+GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+# The first ids of the vocabulary are special tokens; prompts stay clear of them.
+FIRST_PLAIN_TOKEN = 100
+
+# Takes equal-length prompts (token-id lists) and a count of new tokens; generates, blocking.
+Generate = Callable[[list[list[int]], int], None]
+
+
+@dataclass
+class Workload:
+    prompt_tokens: int
+    new_tokens: int
+    prefill_tokens: int
+    sequences: int
+    repeats: int
+    membw_mb: int
+    membw_reps: int
+
+
+FULL = Workload(prompt_tokens=32, new_tokens=128, prefill_tokens=512, sequences=16, repeats=2, membw_mb=1024, membw_reps=10)
+QUICK = Workload(prompt_tokens=16, new_tokens=16, prefill_tokens=64, sequences=4, repeats=1, membw_mb=256, membw_reps=3)
+
+
+@dataclass
+class Prompts:
+    single: list[int]
+    parallel: list[list[int]]
+    long: list[int]
+
+
+@dataclass
+class Row:
+    engine: str
+    weights: str  # the weight type, as the bandwidth limit counts it
+    bytes_per_token: int
+    decode_tok_s: float | None = None
+    prefill_tok_s: float | None = None
+    parallel_tok_s: float | None = None
+    info: dict | None = None  # what the engine reports about itself
+    error: str | None = None
+
+    def limit_tok_s(self, bandwidth_gb_s: float) -> float:
+        return bandwidth_gb_s * 1e9 / self.bytes_per_token
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--threads", type=int, default=2, help="compute threads for every engine and the probe (default 2)")
+    parser.add_argument("--quick", action="store_true", help="a fast smoke run: short prompts and outputs, 4 sequences")
+    parser.add_argument("--skip-llamacpp", action="store_true", help="leave llama.cpp out")
+    parser.add_argument("--skip-transformers", action="store_true", help="leave transformers out")
+    parser.add_argument("--repeats", type=int, default=None, help="timed runs per number; the best counts")
+    parser.add_argument("--rsgl-bench", default=None, help="a built rsgl-bench binary (default: cargo run --release)")
+    parser.add_argument("--json", default="bench-results/compare.json", help="where to write the results")
+    parser.add_argument("--plot", default="bench-results/compare.png", help="where to draw the bar chart")
+    return parser.parse_args()
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def require_llama_cpp() -> None:
+    try:
+        import llama_cpp  # noqa: F401
+    except ImportError:
+        sys.exit(f"compare.py: llama-cpp-python is not installed; install it with\n  {LLAMA_CPP_INSTALL}\nor pass --skip-llamacpp")
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring: the same three numbers, the same way, for every engine
+# ---------------------------------------------------------------------------------------------
+
+
+def best_seconds(fn: Callable[[], None], repeats: int) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def decode_tok_s(generate: Generate, prompts: list[list[int]], work: Workload) -> float:
+    """Tokens per second after the first token: a run to the first token is subtracted."""
+    full = best_seconds(lambda: generate(prompts, work.new_tokens), work.repeats)
+    first = best_seconds(lambda: generate(prompts, 1), work.repeats)
+    return len(prompts) * (work.new_tokens - 1) / (full - first)
+
+
+def measure(generate: Generate, prompts: Prompts, work: Workload) -> dict:
+    generate([prompts.long], 2)  # warm-up: thread pools, first-call allocations, lazy init
+    generate(prompts.parallel, 2)
+    prefill_seconds = best_seconds(lambda: generate([prompts.long], 1), work.repeats)
+    return {
+        "decode_tok_s": decode_tok_s(generate, [prompts.single], work),
+        "prefill_tok_s": len(prompts.long) / prefill_seconds,
+        "parallel_tok_s": decode_tok_s(generate, prompts.parallel, work),
+    }
+
+
+def run_isolated(fn: Callable[..., dict], *args) -> dict:
+    """Runs fn in a fresh process, so no engine shares threads or memory with another."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+# ---------------------------------------------------------------------------------------------
+# The engines (each function runs in its own process)
+# ---------------------------------------------------------------------------------------------
+
+
+def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload) -> dict:
+    import rsgl
+
+    # No prefix cache: every run computes its whole prompt, as the other engines do.
+    with rsgl.Engine(dtype=dtype, threads=threads, disable_radix_cache=True, progress=False) as llm:
+
+        def generate(batch: list[list[int]], new_tokens: int) -> None:
+            params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+            outs = llm.generate(input_ids=batch, sampling_params=params)
+            assert all(o["meta_info"]["completion_tokens"] == new_tokens for o in outs)
+
+        result = measure(generate, prompts, work)
+        info = llm.get_server_info()
+    return {**result, "info": {k: info[k] for k in ("kernels", "threads", "dtype") if k in info}}
+
+
+def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload) -> dict:
+    import torch
+    import transformers
+    from transformers import AutoModelForCausalLM
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    torch.set_num_threads(threads)
+    path = Path(gguf_path)
+    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)).eval()
+
+    def generate(batch: list[list[int]], new_tokens: int) -> None:
+        ids = torch.tensor(batch)  # equal lengths: no padding, no mask needed
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,  # EOS ignored
+                do_sample=False,
+                use_cache=True,
+                pad_token_id=0,
+            )
+        assert out.shape[1] == ids.shape[1] + new_tokens
+
+    result = measure(generate, prompts, work)
+    return {**result, "info": {"torch": torch.__version__, "transformers": transformers.__version__, "attention": model.config._attn_implementation}}
+
+
+class LlamaCppRunner:
+    """Greedy generation for several equal-length sequences at once through llama.cpp's C API:
+    one llama_batch per step, holding every sequence's next token under its own seq_id."""
+
+    def __init__(self, gguf_path: str, threads: int, work: Workload):
+        import llama_cpp
+        from llama_cpp._logger import set_verbose
+
+        set_verbose(False)
+        self.lib = llama_cpp
+        llama_cpp.llama_backend_init()
+        self.model = llama_cpp.llama_model_load_from_file(gguf_path.encode(), llama_cpp.llama_model_default_params())
+        if not self.model:
+            raise RuntimeError(f"llama.cpp cannot load {gguf_path}")
+        self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
+        self.batch_capacity = max(work.prefill_tokens, work.sequences * work.prompt_tokens)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = max(work.prefill_tokens + 1, work.sequences * (work.prompt_tokens + work.new_tokens))
+        params.n_batch = params.n_ubatch = self.batch_capacity  # a whole prompt in one llama_decode
+        params.n_seq_max = work.sequences
+        params.kv_unified = True  # one KV buffer: the long prompt may use more than n_ctx / n_seq_max
+        params.n_threads = params.n_threads_batch = threads
+        self.ctx = llama_cpp.llama_init_from_model(self.model, params)
+        if not self.ctx:
+            raise RuntimeError("llama.cpp cannot create its context")
+        self.batch = llama_cpp.llama_batch_init(self.batch_capacity, 0, work.sequences)
+
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> None:
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
+        tokens = self._decode(prompts, start=0)
+        for step in range(new_tokens - 1):
+            tokens = self._decode([[t] for t in tokens], start=len(prompts[0]) + step)
+
+    def _decode(self, chunks: list[list[int]], start: int) -> list[int]:
+        """Feeds chunks[s] to sequence s from position `start`; returns each one's argmax token."""
+        b, i = self.batch, 0
+        for seq, chunk in enumerate(chunks):
+            for offset, token in enumerate(chunk):
+                b.token[i], b.pos[i], b.n_seq_id[i], b.seq_id[i][0] = token, start + offset, 1, seq
+                b.logits[i] = offset == len(chunk) - 1  # only the last token's logits are needed
+                i += 1
+        b.n_tokens = i
+        status = self.lib.llama_decode(self.ctx, b)
+        if status != 0:
+            raise RuntimeError(f"llama_decode returned {status}")
+        logits = np.ctypeslib.as_array(self.lib.llama_get_logits(self.ctx), shape=(len(chunks), self.vocab_size))
+        return logits.argmax(axis=1).tolist()
+
+    def close(self) -> None:
+        self.lib.llama_batch_free(self.batch)
+        self.lib.llama_free(self.ctx)
+        self.lib.llama_model_free(self.model)
+
+
+def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workload) -> dict:
+    import llama_cpp
+
+    runner = LlamaCppRunner(gguf_path, threads, work)
+    try:
+        result = measure(runner.generate, prompts, work)
+    finally:
+        runner.close()
+    system_info = llama_cpp.llama_print_system_info().decode()
+    return {**result, "info": {"llama_cpp_python": llama_cpp.__version__, "system_info": system_info.strip()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: the bandwidth probe, the prompts, the GGUF files, the bytes a token reads
+# ---------------------------------------------------------------------------------------------
+
+
+def probe_bandwidth(threads: int, work: Workload, binary: str | None) -> dict:
+    """`rsgl-bench membw` with the engines' thread count; returns its JSON report."""
+    command = [binary] if binary else ["cargo", "run", "--release", "--quiet", "-p", "rsgl-bench", "--"]
+    with tempfile.TemporaryDirectory() as scratch:
+        out = Path(scratch) / "membw.json"
+        args = ["membw", "--threads", str(threads), "--size-mb", str(work.membw_mb), "--reps", str(work.membw_reps), "--json", str(out)]
+        subprocess.run([*command, *args], cwd=REPO, check=True, stdout=sys.stderr)
+        return json.loads(out.read_text())
+
+
+def make_prompts(vocab_size: int, work: Workload) -> Prompts:
+    """Random token ids: nothing is shared between prompts, so no engine can reuse work."""
+    rng = np.random.default_rng(0)
+
+    def ids(n: int) -> list[int]:
+        return rng.integers(FIRST_PLAIN_TOKEN, vocab_size, size=n).tolist()
+
+    return Prompts(single=ids(work.prompt_tokens), parallel=[ids(work.prompt_tokens) for _ in range(work.sequences)], long=ids(work.prefill_tokens))
+
+
+def linear_parameters(config: dict) -> int:
+    """Weights of every linear layer plus the lm_head: what decode reads for each token."""
+    hidden, ffn = config["hidden_size"], config["intermediate_size"]
+    q_rows = config["num_attention_heads"] * config["head_dim"]
+    kv_rows = config["num_key_value_heads"] * config["head_dim"]
+    per_layer = hidden * (q_rows + 2 * kv_rows) + q_rows * hidden + 3 * hidden * ffn
+    return config["num_hidden_layers"] * per_layer + config["vocab_size"] * hidden
+
+
+def gguf_linear_bytes(path: Path) -> int:
+    """The same weights as `linear_parameters`, in the bytes this GGUF file stores them in."""
+    from gguf import GGUFReader
+
+    tensors = {t.name: t.n_bytes for t in GGUFReader(path).tensors}
+    layers = sum(n for name, n in tensors.items() if name.startswith("blk.") and name.split(".")[2] in GGUF_LINEAR)
+    return layers + tensors.get("output.weight", tensors["token_embd.weight"])  # tied: token_embd is the lm_head
+
+
+def write_f32_gguf(source: Path, out: Path) -> None:
+    """A copy of `source` with every tensor dequantized to float32 and all its metadata: the input
+    llama.cpp's own quantizer turns into F16 and Q8_0."""
+    import gguf
+
+    reader = gguf.GGUFReader(source)
+    architecture = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    partial = out.with_suffix(".partial")
+    writer = gguf.GGUFWriter(partial, architecture)
+    for field in reader.fields.values():
+        # The writer adds the architecture and the GGUF.* header fields itself; the file type changes.
+        if field.name in (gguf.Keys.General.ARCHITECTURE, gguf.Keys.General.FILE_TYPE) or field.name.startswith("GGUF."):
+            continue
+        sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    writer.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for tensor in reader.tensors:
+        writer.add_tensor(tensor.name, gguf.quants.dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    partial.replace(out)
+
+
+def llama_cpp_models(source: Path, threads: int) -> dict[str, Path]:
+    """The default model as F16 and Q8_0 GGUF, made once (via a float32 copy) and cached."""
+    import llama_cpp
+    from llama_cpp._logger import set_verbose
+
+    set_verbose(False)  # the quantizer logs every tensor
+    CACHE.mkdir(parents=True, exist_ok=True)
+    stem = source.name.split(".")[0]
+    f32 = CACHE / f"{stem}.F32.gguf"
+    if not f32.is_file():
+        log(f"writing {f32} ...")
+        write_f32_gguf(source, f32)
+    models = {}
+    for name in LLAMA_CPP_TYPES:
+        models[name] = CACHE / f"{stem}.{name}.gguf"
+        if not models[name].is_file():
+            log(f"quantizing {models[name]} ...")
+            params = llama_cpp.llama_model_quantize_default_params()
+            params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{name}")
+            params.nthread = threads
+            partial = models[name].with_suffix(".partial")
+            if llama_cpp.llama_model_quantize(str(f32).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+                raise RuntimeError(f"llama.cpp could not write {models[name]}")
+            partial.replace(models[name])
+    return models
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+# ---------------------------------------------------------------------------------------------
+
+
+def plan(args: argparse.Namespace, gguf_path: Path, config: dict, prompts: Prompts, work: Workload) -> list[tuple[Row, Callable[[], dict]]]:
+    """Every engine/weights pair to measure, with the call that measures it."""
+    t, params = args.threads, linear_parameters(config)
+    runs = [
+        (Row("rsgl", "bf16", 2 * params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work)),
+        (Row("rsgl", "f32", 4 * params), partial(run_isolated, measure_rsgl, "float32", t, prompts, work)),
+    ]
+    if not args.skip_transformers:
+        for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
+            measure_one = partial(run_isolated, measure_transformers, dtype, t, str(gguf_path), prompts, work)
+            runs.append((Row("transformers", weights, size * params), measure_one))
+    if not args.skip_llamacpp:
+        for name, path in llama_cpp_models(gguf_path, t).items():
+            measure_one = partial(run_isolated, measure_llamacpp, str(path), t, prompts, work)
+            runs.append((Row("llama.cpp", name, gguf_linear_bytes(path)), measure_one))
+    return runs
+
+
+def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
+    """Measures each row; one engine failing leaves its row marked and the others measured."""
+    rows = []
+    for row, measure_one in runs:
+        log(f"measuring {row.engine} {row.weights} ...")
+        try:
+            result = measure_one()
+        except Exception as error:  # any engine's failure: report it, go on with the others
+            row.error = f"{type(error).__name__}: {error}"
+            log(f"  failed: {row.error}")
+        else:
+            row.decode_tok_s, row.prefill_tok_s, row.parallel_tok_s = result["decode_tok_s"], result["prefill_tok_s"], result["parallel_tok_s"]
+            row.info = result["info"]
+        rows.append(row)
+    return rows
+
+
+def headers(work: Workload) -> list[str]:
+    return [
+        "engine", "weights", "decode b1 tok/s", f"prefill {work.prefill_tokens} tok/s",
+        f"{work.sequences} seqs tok/s", "MB/token", "b1 limit tok/s", "% of limit",
+    ]
+
+
+def table_rows(rows: list[Row], bandwidth: float) -> list[list[str]]:
+    def cell(value: float | None) -> str:
+        return "failed" if value is None else f"{value:.1f}"
+
+    out = []
+    for row in rows:
+        limit = row.limit_tok_s(bandwidth)
+        share = None if row.decode_tok_s is None else 100 * row.decode_tok_s / limit
+        out.append([
+            row.engine, row.weights, cell(row.decode_tok_s), cell(row.prefill_tok_s), cell(row.parallel_tok_s),
+            f"{row.bytes_per_token / 1e6:.0f}", f"{limit:.1f}", cell(share),
+        ])
+    return out
+
+
+def print_table(columns: list[str], cells: list[list[str]]) -> None:
+    widths = [max(len(r[c]) for r in [columns, *cells]) for c in range(len(columns))]
+    for row in [columns, ["-" * w for w in widths], *cells]:
+        print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+
+
+def plot(path: str, model: str, rows: list[Row], bandwidth: float, work: Workload, threads: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r.engine} {r.weights}" for r in rows]
+    panels = [
+        ("decode, batch 1", [r.decode_tok_s for r in rows]),
+        (f"prefill, {work.prefill_tokens} tokens", [r.prefill_tok_s for r in rows]),
+        (f"decode, {work.sequences} sequences (aggregate)", [r.parallel_tok_s for r in rows]),
+    ]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 0.5 * len(rows) + 2), sharey=True)
+    y = np.arange(len(rows))
+    for ax, (title, values) in zip(axes, panels):
+        measured = [v or 0.0 for v in values]
+        if ax is axes[0]:  # batch-1 decode has a ceiling: the bandwidth over the bytes per token
+            ax.barh(y, [r.limit_tok_s(bandwidth) for r in rows], color="0.88", label=f"bandwidth limit ({bandwidth:.1f} GB/s)")
+            ax.legend(loc="lower right", fontsize=8)
+        bars = ax.barh(y, measured, color=[f"C{['rsgl', 'transformers', 'llama.cpp'].index(r.engine)}" for r in rows])
+        ax.bar_label(bars, labels=[f"{v:.0f}" if v else "failed" for v in values], padding=3, fontsize=8)
+        ax.set_title(title)
+        ax.set_xlabel("tokens/s")
+    axes[0].set_yticks(y, labels)
+    axes[0].invert_yaxis()
+    fig.suptitle(f"{model}, {threads} threads, one run")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
+
+
+def main() -> None:
+    args = parse_args()
+    if not args.skip_llamacpp:
+        require_llama_cpp()
+    work = QUICK if args.quick else FULL
+    if args.repeats:
+        work.repeats = args.repeats
+    from rsgl.loader import load_model
+    from rsgl.loader.default_model import default_model_path
+
+    gguf_path = Path(default_model_path())
+    config = load_model(gguf_path, skip_tokenizer_init=True, progress=False).config
+    prompts = make_prompts(config["vocab_size"], work)
+
+    log(f"memory bandwidth probe, {args.threads} threads ...")
+    membw = probe_bandwidth(args.threads, work, args.rsgl_bench)
+    bandwidth = membw["best_gb_s"]
+    rows = run_all(plan(args, gguf_path, config, prompts, work))
+
+    print(f"memory read bandwidth, {args.threads} threads: best {bandwidth:.1f} GB/s, median {membw['median_gb_s']:.1f} GB/s")
+    print_table(headers(work), table_rows(rows, bandwidth))
+    kernels = next((r.info.get("kernels") for r in rows if r.engine == "rsgl" and r.info), None)
+    report = {
+        "bench": "compare",
+        "model": str(gguf_path),
+        **machine_fields(args.threads, kernels),
+        "workload": asdict(work),
+        "bandwidth": {k: membw[k] for k in ("best_gb_s", "median_gb_s", "bytes", "simd", "threads")},
+        "results": [{**asdict(r), "limit_tok_s": r.limit_tok_s(bandwidth)} for r in rows],
+    }
+    write_json(args.json, report)
+    plot(args.plot, gguf_path.name.split(".")[0], rows, bandwidth, work, args.threads)
+    if any(r.error for r in rows):
+        sys.exit("compare.py: some engines failed; see their errors above")
+
+
+if __name__ == "__main__":
+    main()
