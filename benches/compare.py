@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -175,12 +176,12 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload) -> 
 
 
 def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload) -> dict:
+    os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion draws its own progress bar
     import torch
     import transformers
     from transformers import AutoModelForCausalLM
 
     transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
     torch.set_num_threads(threads)
     path = Path(gguf_path)
     model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)).eval()
@@ -453,6 +454,7 @@ def plot(path: str, model: str, rows: list[Row], bandwidth: float, work: Workloa
             ax.legend(loc="lower right", fontsize=8)
         bars = ax.barh(y, measured, color=[f"C{['rsgl', 'transformers', 'llama.cpp'].index(r.engine)}" for r in rows])
         ax.bar_label(bars, labels=[f"{v:.0f}" if v else "failed" for v in values], padding=3, fontsize=8)
+        ax.margins(x=0.12)  # room for the value labels
         ax.set_title(title)
         ax.set_xlabel("tokens/s")
     axes[0].set_yticks(y, labels)
