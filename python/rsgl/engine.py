@@ -38,7 +38,8 @@ class Engine:
     `dtype` (weight precision: "auto" = the checkpoint's, bfloat16 for quantized GGUF files;
     "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
     `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset),
-    `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core, pinned),
+    `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
+    core; default True),
     `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
     `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
     sharing), `quantization` (None only, for now), `progress` (loading progress bar).
@@ -56,6 +57,7 @@ class Engine:
         max_running_requests: int = 64,
         chunked_prefill_size: int = 2048,
         threads: int | None = None,
+        pin_threads: bool = True,
         random_seed: int = 0,
         skip_tokenizer_init: bool = False,
         served_model_name: str | None = None,
@@ -79,6 +81,7 @@ class Engine:
             "max_running_requests": max_running_requests,
             "chunked_prefill_size": chunked_prefill_size,
             "threads": threads or 0,
+            "pin_threads": pin_threads,
             "dtype": self.model.dtype,
             "random_seed": random_seed,
             "schedule_policy": schedule_policy,

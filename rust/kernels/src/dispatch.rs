@@ -4,6 +4,8 @@
 //! one machine); asking for a path the CPU lacks falls back to portable with a warning.
 
 use crate::packed::PackedWeights;
+use crate::paged::AttentionTask;
+use crate::portable::RopeStyle;
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -20,10 +22,18 @@ pub struct GemmArgs<'a> {
 /// [`crate::portable::gemm::gemm`] for the contract). Each output element is reduced in the same
 /// order whatever `m` is, so a sequence gets bit-identical results alone or in a batch.
 pub type GemmFn = unsafe fn(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
-/// `y += a * x`
+/// The row kernels; each contract is the doc of its portable twin in [`crate::portable`].
 pub type AxpyFn = fn(a: f32, x: &[f32], y: &mut [f32]);
-/// `x · y`
 pub type DotFn = fn(x: &[f32], y: &[f32]) -> f32;
+pub type AddRmsNormFn = fn(x: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]);
+pub type SiluMulFn = fn(gate: &[f32], up: &[f32], out: &mut [f32]);
+pub type SoftmaxFn = fn(x: &mut [f32]);
+pub type RopeFn = fn(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle);
+pub type ArgmaxFn = fn(x: &[f32]) -> usize;
+pub type TopKFn = fn(x: &[f32], k: usize, out: &mut Vec<(f32, u32)>);
+pub type TokenMaskFn = fn(logits: &mut [f32], allowed: &[u32]);
+/// Paged attention of one task ([`crate::portable::attention::attention`] for the contract).
+pub type AttentionFn = unsafe fn(task: &AttentionTask, out: *mut f32, out_stride: usize);
 
 /// The kernels chosen for this CPU.
 #[derive(Clone, Copy)]
@@ -36,6 +46,14 @@ pub struct Kernels {
     pub bf16_activations: bool,
     pub dot: DotFn,
     pub axpy: AxpyFn,
+    pub add_rmsnorm: AddRmsNormFn,
+    pub silu_mul: SiluMulFn,
+    pub softmax: SoftmaxFn,
+    pub rope: RopeFn,
+    pub argmax: ArgmaxFn,
+    pub top_k: TopKFn,
+    pub apply_token_mask: TokenMaskFn,
+    pub attention: AttentionFn,
 }
 
 impl Kernels {
@@ -46,6 +64,14 @@ impl Kernels {
             bf16_activations: false,
             dot: crate::portable::dot,
             axpy: crate::portable::axpy,
+            add_rmsnorm: crate::portable::add_rmsnorm,
+            silu_mul: crate::portable::silu_mul,
+            softmax: crate::portable::softmax,
+            rope: crate::portable::rope,
+            argmax: crate::portable::argmax,
+            top_k: crate::portable::top_k,
+            apply_token_mask: crate::portable::apply_token_mask,
+            attention: crate::portable::attention::attention,
         }
     }
 

@@ -12,8 +12,11 @@
 pub mod dispatch;
 pub mod linear;
 pub mod packed;
+pub mod paged;
 pub mod pool;
 pub mod portable;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod vector;
 
 #[cfg(target_arch = "aarch64")]
 pub mod aarch64;
@@ -23,4 +26,6 @@ pub mod x86_64;
 pub use dispatch::{kernels, GemmArgs, Kernels};
 pub use linear::linear;
 pub use packed::{PackedWeights, WeightDtype};
+pub use paged::{AttentionTask, PagedKv};
+pub use portable::RopeStyle;
 pub use pool::ThreadPool;

@@ -123,7 +123,14 @@ impl ThreadPool {
     /// Splits `0..n` into one contiguous range per share (sizes differ by at most one) and runs
     /// `job(range)` on each non-empty one.
     pub fn for_ranges(&self, n: usize, job: &(dyn Fn(std::ops::Range<usize>) + Sync)) {
-        let shares = self.threads().min(n.max(1));
+        let shares = self.threads().min(n);
+        if shares <= 1 {
+            // At most one piece of work (a decode step's row ops): waking workers costs more.
+            if n > 0 {
+                job(0..n);
+            }
+            return;
+        }
         self.run(&|share| {
             if share < shares {
                 let range = split(n, shares, share);
@@ -136,6 +143,9 @@ impl ThreadPool {
 
     /// Runs `job(i)` for every `i < n`, handing indices out dynamically (tasks of uneven cost).
     pub fn for_each_dynamic(&self, n: usize, job: &(dyn Fn(usize) + Sync)) {
+        if n <= 1 {
+            return (0..n).for_each(job);
+        }
         let next = AtomicUsize::new(0);
         self.run(&|_| loop {
             let i = next.fetch_add(1, Relaxed);
@@ -183,7 +193,7 @@ impl ThreadPool {
 }
 
 /// A pointer handed to the shares of one call, each touching its own elements.
-pub(crate) struct SendPtr<T>(pub(crate) *mut T);
+pub struct SendPtr<T>(pub *mut T);
 impl<T> Clone for SendPtr<T> {
     fn clone(&self) -> Self {
         *self

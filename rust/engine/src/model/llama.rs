@@ -8,7 +8,12 @@ use crate::config::ModelConfig;
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::weights::WeightStore;
-use rsgl_kernels::{portable, WeightDtype};
+use rsgl_kernels::pool::SendPtr;
+use rsgl_kernels::{AttentionTask, RopeStyle, WeightDtype};
+
+/// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
+/// key page across rows, few enough that a prefill splits into many tasks to balance.
+const ATTENTION_TASK_ROWS: usize = 16;
 
 /// The part of one sequence computed in a step.
 pub struct SeqChunk<'a> {
@@ -111,7 +116,9 @@ impl LlamaModel {
                 &w.remaining_names()[..w.len().min(5)]
             )));
         }
-        let rope = Rope::new(&cfg, max_positions);
+        // Checkpoints in Hugging Face's layout rotate halves (llama.cpp's q/k permutation is
+        // undone when a GGUF file is loaded).
+        let rope = Rope::new(&cfg, max_positions, RopeStyle::Neox);
         Ok(LlamaModel { cfg, embed, layers, norm, lm_head, rope, compute })
     }
 
@@ -151,7 +158,7 @@ impl LlamaModel {
                 let (k, v) = row[qs..].split_at(kvs);
                 kv.write(l, seqs[token_seq[t]].pages, positions[t], k, v);
             }
-            let attn = self.attention(l, &qkv, seqs, &token_seq, &positions, kv);
+            let attn = self.attention(l, &qkv, seqs, kv);
             let normed = self.add_and_norm(&mut x, Some(&layer.o.forward(c, &attn)), &layer.post_norm);
             let act = self.silu_gate(&layer.gate_up.forward(c, &normed));
             residual_delta = Some(layer.down.forward(c, &act));
@@ -173,32 +180,28 @@ impl LlamaModel {
 
     /// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.
     fn add_and_norm(&self, x: &mut [f32], delta: Option<&[f32]>, weight: &[f32]) -> Vec<f32> {
-        let (h, eps) = (weight.len(), self.cfg.rms_norm_eps);
+        let (h, eps, kern) = (weight.len(), self.cfg.rms_norm_eps, self.compute.kernels);
         let mut normed = vec![0.0; x.len()];
         self.compute.pool.for_chunk_pairs_mut(x, h, &mut normed, h, &|row, x, out| {
-            if let Some(d) = delta {
-                add_into(x, &d[row * h..(row + 1) * h]);
-            }
-            portable::rmsnorm(x, weight, eps, out);
+            (kern.add_rmsnorm)(x, delta.map(|d| &d[row * h..(row + 1) * h]), weight, eps, out);
         });
         normed
     }
 
     /// `silu(gate) * up` per token, from rows laid out `[gate | up]`, row-parallel.
     fn silu_gate(&self, gate_up: &[f32]) -> Vec<f32> {
-        let inter = self.cfg.intermediate_size;
+        let (inter, kern) = (self.cfg.intermediate_size, self.compute.kernels);
         let mut act = vec![0.0; gate_up.len() / 2];
         self.compute.pool.for_chunks_mut(&mut act, inter, &|row, out| {
             let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
-            out.copy_from_slice(gate);
-            portable::silu_mul(out, up);
+            (kern.silu_mul)(gate, up, out);
         });
         act
     }
 
     /// Qwen3's per-head q/k RMSNorm, then rope, on every token's q and k, in place.
     fn position_qk(&self, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
-        let cfg = &self.cfg;
+        let (cfg, kern) = (&self.cfg, self.compute.kernels);
         let (qs, kvs) = (cfg.q_size(), cfg.kv_size());
         self.compute.pool.for_chunks_mut(qkv, qs + 2 * kvs, &|t, row| {
             let pos = positions[t];
@@ -208,38 +211,55 @@ impl LlamaModel {
                 let mut normed = vec![0.0; cfg.head_dim];
                 for (heads, weight) in [(&mut *q, qn), (&mut *k, kn)] {
                     for head in heads.chunks_exact_mut(cfg.head_dim) {
-                        portable::rmsnorm(head, weight, cfg.rms_norm_eps, &mut normed);
+                        (kern.add_rmsnorm)(head, None, weight, cfg.rms_norm_eps, &mut normed);
                         head.copy_from_slice(&normed);
                     }
                 }
             }
-            self.rope.apply(q, pos);
-            self.rope.apply(k, pos);
+            self.rope.apply(kern, q, pos);
+            self.rope.apply(kern, k, pos);
         });
     }
 
-    /// Causal attention of every new token over its sequence's cached positions `0..=pos`,
-    /// one task per (token, head); query heads share kv heads in groups (GQA).
-    fn attention(&self, layer: usize, qkv: &[f32], seqs: &[SeqChunk], token_seq: &[usize], positions: &[usize], kv: &KvCache) -> Vec<f32> {
+    /// Causal attention of every new token over its sequence's positions `0..=pos`, as tasks of
+    /// one kv head's query group over a run of consecutive tokens, handed out dynamically
+    /// (prefill tasks late in a prompt cost more than early ones).
+    fn attention(&self, layer: usize, qkv: &[f32], seqs: &[SeqChunk], kv: &KvCache) -> Vec<f32> {
         let cfg = &self.cfg;
-        let (hd, nh) = (cfg.head_dim, cfg.num_attention_heads);
-        let group = nh / cfg.num_key_value_heads;
-        let row = cfg.q_size() + 2 * cfg.kv_size();
-        let scale = 1.0 / (hd as f32).sqrt();
-        let k = self.compute.kernels;
-        let mut out = vec![0.0; positions.len() * cfg.q_size()];
-        self.compute.pool.for_chunks_mut(&mut out, hd, &|task, o| {
-            let (t, head) = (task / nh, task % nh);
-            let q = &qkv[t * row + head * hd..t * row + (head + 1) * hd];
-            let pages = seqs[token_seq[t]].pages;
-            let span = positions[t] + 1;
-            let mut scores: Vec<f32> = (0..span)
-                .map(|j| (k.dot)(q, kv.head(layer, pages, j, head / group, hd).0) * scale)
-                .collect();
-            portable::softmax(&mut scores);
-            for (j, p) in scores.iter().enumerate() {
-                (k.axpy)(*p, kv.head(layer, pages, j, head / group, hd).1, o);
+        let (hd, kv_heads, qs) = (cfg.head_dim, cfg.num_key_value_heads, cfg.q_size());
+        let group = cfg.num_attention_heads / kv_heads;
+        let row = qs + 2 * cfg.kv_size();
+        let block = (ATTENTION_TASK_ROWS / group).max(1);
+        // (sequence, first token of the batch, tokens, first position, kv head)
+        let mut tasks = Vec::new();
+        let mut t0 = 0;
+        for (s, chunk) in seqs.iter().enumerate() {
+            for b in (0..chunk.tokens.len()).step_by(block) {
+                let n = block.min(chunk.tokens.len() - b);
+                tasks.extend((0..kv_heads).map(|h| (s, t0 + b, n, chunk.start_pos + b, h)));
             }
+            t0 += chunk.tokens.len();
+        }
+        let paged = kv.layer(layer);
+        let (kern, scale) = (self.compute.kernels, 1.0 / (hd as f32).sqrt());
+        let mut out = vec![0.0; t0 * qs];
+        let dst = SendPtr(out.as_mut_ptr());
+        self.compute.pool.for_each_dynamic(tasks.len(), &|i| {
+            let (s, t, tokens, first_pos, h) = tasks[i];
+            let task = AttentionTask {
+                kv: &paged,
+                pages: seqs[s].pages,
+                kv_head: h,
+                group,
+                q: &qkv[t * row + h * group * hd..],
+                q_stride: row,
+                tokens,
+                first_pos,
+                scale,
+            };
+            let dst = dst;
+            // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
+            unsafe { (kern.attention)(&task, dst.0.add(t * qs + h * group * hd), qs) };
         });
         out
     }

@@ -1,9 +1,14 @@
-//! Rotary position embedding tables (neox layout), with Llama 3 frequency scaling.
+//! Rotary position embedding tables, with Llama 3 frequency scaling, in the per-element form
+//! the rope kernel takes (see [`rsgl_kernels::portable::rope`]).
 
 use crate::config::{ModelConfig, RopeScaling};
+use rsgl_kernels::portable::rope_tables;
+use rsgl_kernels::RopeStyle;
 
 pub struct Rope {
-    half: usize,
+    head_dim: usize,
+    style: RopeStyle,
+    /// `[position][head_dim]`
     cos: Vec<f32>,
     sin: Vec<f32>,
 }
@@ -35,26 +40,21 @@ fn inv_frequencies(cfg: &ModelConfig) -> Vec<f64> {
 }
 
 impl Rope {
-    pub fn new(cfg: &ModelConfig, max_positions: usize) -> Self {
+    pub fn new(cfg: &ModelConfig, max_positions: usize, style: RopeStyle) -> Self {
         let inv = inv_frequencies(cfg);
-        let half = inv.len();
-        let mut cos = Vec::with_capacity(max_positions * half);
-        let mut sin = Vec::with_capacity(max_positions * half);
+        let d = cfg.head_dim;
+        let (mut cos, mut sin) = (vec![0.0; max_positions * d], vec![0.0; max_positions * d]);
+        let mut angles = vec![0.0; inv.len()];
         for p in 0..max_positions {
-            for f in &inv {
-                let angle = p as f64 * f;
-                cos.push(angle.cos() as f32);
-                sin.push(angle.sin() as f32);
-            }
+            angles.iter_mut().zip(&inv).for_each(|(a, f)| *a = p as f64 * f);
+            rope_tables(&angles, style, &mut cos[p * d..(p + 1) * d], &mut sin[p * d..(p + 1) * d]);
         }
-        Rope { half, cos, sin }
+        Rope { head_dim: d, style, cos, sin }
     }
 
-    /// Rotates every head in `heads` (concatenated, each `2 * half` long) for position `pos`.
-    pub fn apply(&self, heads: &mut [f32], pos: usize) {
-        let (cos, sin) = (&self.cos[pos * self.half..(pos + 1) * self.half], &self.sin[pos * self.half..(pos + 1) * self.half]);
-        for head in heads.chunks_exact_mut(2 * self.half) {
-            rsgl_kernels::portable::rope_neox(head, cos, sin);
-        }
+    /// Rotates every head in `heads` (concatenated) for position `pos`.
+    pub fn apply(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], pos: usize) {
+        let at = pos * self.head_dim..(pos + 1) * self.head_dim;
+        (kernels.rope)(heads, &self.cos[at.clone()], &self.sin[at], self.style);
     }
 }

@@ -12,6 +12,7 @@ macro_rules! by_rows {
 
 pub mod bf16;
 pub mod neon;
+mod vec128;
 
 use crate::Kernels;
 use std::arch::is_aarch64_feature_detected;
@@ -23,9 +24,9 @@ pub fn paths() -> Vec<Kernels> {
         return paths;
     }
     if is_aarch64_feature_detected!("bf16") {
-        paths.push(Kernels { isa: "neon-bf16", gemm: bf16::gemm, bf16_activations: true, dot: neon::dot, axpy: neon::axpy });
+        paths.push(vec128::vector_kernels("neon-bf16", bf16::gemm, true));
     }
-    paths.push(Kernels { isa: "neon", gemm: neon::gemm, bf16_activations: false, dot: neon::dot, axpy: neon::axpy });
+    paths.push(vec128::vector_kernels("neon", neon::gemm, false));
     paths
 }
 

@@ -20,19 +20,59 @@ fn softmax_sums_to_one_and_keeps_order() {
 
 #[test]
 fn rope_at_position_zero_is_identity_and_preserves_norm() {
-    let mut h = vec![1.0, 2.0, 3.0, 4.0];
-    rope_neox(&mut h, &[1.0, 1.0], &[0.0, 0.0]);
-    assert_eq!(h, vec![1.0, 2.0, 3.0, 4.0]);
-    let (c, s) = (0.3f32.cos(), 0.3f32.sin());
-    rope_neox(&mut h, &[c, c], &[s, s]);
-    let norm: f32 = h.iter().map(|v| v * v).sum();
-    assert!((norm - 30.0).abs() < 1e-4);
+    for style in [RopeStyle::Neox, RopeStyle::GptJ] {
+        let (mut cos, mut sin) = (vec![0.0; 4], vec![0.0; 4]);
+        let mut h = vec![1.0, 2.0, 3.0, 4.0];
+        rope_tables(&[0.0, 0.0], style, &mut cos, &mut sin);
+        rope(&mut h, &cos, &sin, style);
+        assert_eq!(h, vec![1.0, 2.0, 3.0, 4.0]);
+        rope_tables(&[0.3, 1.1], style, &mut cos, &mut sin);
+        rope(&mut h, &cos, &sin, style);
+        let norm: f32 = h.iter().map(|v| v * v).sum();
+        assert!((norm - 30.0).abs() < 1e-4);
+    }
 }
 
 #[test]
-fn rmsnorm_of_constant_is_weight() {
-    let x = vec![2.0; 5];
+fn rope_styles_pair_elements_as_documented() {
+    // A quarter turn maps (x0, x1) to (-x1, x0) for each rotated pair.
+    let quarter = std::f64::consts::FRAC_PI_2;
+    let (mut cos, mut sin) = (vec![0.0; 4], vec![0.0; 4]);
+    let close = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6);
+    rope_tables(&[quarter, quarter], RopeStyle::Neox, &mut cos, &mut sin);
+    let mut h = vec![1.0, 2.0, 3.0, 4.0];
+    rope(&mut h, &cos, &sin, RopeStyle::Neox);
+    assert!(close(&h, &[-3.0, -4.0, 1.0, 2.0]), "{h:?}");
+    rope_tables(&[quarter, quarter], RopeStyle::GptJ, &mut cos, &mut sin);
+    let mut h = vec![1.0, 2.0, 3.0, 4.0];
+    rope(&mut h, &cos, &sin, RopeStyle::GptJ);
+    assert!(close(&h, &[-2.0, 1.0, -4.0, 3.0]), "{h:?}");
+}
+
+#[test]
+fn add_rmsnorm_of_constant_is_weight() {
+    let mut x = vec![1.0; 5];
     let mut out = vec![0.0; 5];
-    rmsnorm(&x, &[1.0, 2.0, 3.0, 4.0, 5.0], 0.0, &mut out);
+    add_rmsnorm(&mut x, Some(&[1.0; 5]), &[1.0, 2.0, 3.0, 4.0, 5.0], 0.0, &mut out);
+    assert_eq!(x, vec![2.0; 5]);
     assert_eq!(out, vec![1.0, 2.0, 3.0, 4.0, 5.0]);
+}
+
+#[test]
+fn top_k_ranks_by_value_then_index() {
+    let x = [1.0, 5.0, f32::NAN, 5.0, -1.0, 7.0];
+    let mut out = Vec::new();
+    top_k(&x, 3, &mut out);
+    assert_eq!(out, vec![(7.0, 5), (5.0, 1), (5.0, 3)]);
+    top_k(&x, 0, &mut out);
+    assert!(out.is_empty());
+    assert_eq!(argmax(&x), 5);
+}
+
+#[test]
+fn token_mask_keeps_allowed_bits_only() {
+    let mut logits = vec![1.0; 40];
+    apply_token_mask(&mut logits, &[0b101, 1 << 7]);
+    let kept: Vec<usize> = (0..40).filter(|&i| logits[i] == 1.0).collect();
+    assert_eq!(kept, vec![0, 2, 39]);
 }

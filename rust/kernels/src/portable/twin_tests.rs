@@ -1,8 +1,9 @@
+use super::{rope_tables, RopeStyle};
 use crate::dispatch::GemmArgs;
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::Kernels;
 
-fn data(n: usize, seed: f32) -> Vec<f32> {
+pub(crate) fn data(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + seed) * 0.731).sin()).collect()
 }
 
@@ -51,21 +52,89 @@ fn check_gemm(simd: &Kernels) {
     }
 }
 
-pub fn check_against_portable(simd: &Kernels) {
-    check_gemm(simd);
-    let reference = Kernels::portable();
-    for k in [1, 3, 7, 8, 15, 16, 17, 33, 100] {
-        let (x, y) = (data(k, 1.0), data(k, 2.0));
+/// Within `rel` of the reference, relative to its magnitude (at least 1).
+fn close(kernel: &str, isa: &str, want: &[f32], got: &[f32], rel: f32) {
+    assert_eq!(want.len(), got.len(), "{isa} {kernel}: lengths");
+    for (i, (a, b)) in want.iter().zip(got).enumerate() {
+        let ok = a == b || (a - b).abs() <= rel * a.abs().max(1.0);
+        assert!(ok, "{isa} {kernel} at {i} of {}: {a} vs {b}", want.len());
+    }
+}
+
+const ODD_SIZES: [usize; 11] = [1, 3, 7, 8, 15, 16, 17, 33, 64, 100, 577];
+
+fn check_rows(simd: &Kernels) {
+    let (reference, isa) = (Kernels::portable(), simd.isa);
+    for n in ODD_SIZES {
+        let (x, y) = (data(n, 1.0), data(n, 2.0));
         let (a, b) = ((reference.dot)(&x, &y), (simd.dot)(&x, &y));
-        assert!((a - b).abs() <= 1e-5 * k as f32, "{} dot k={k}: {a} vs {b}", simd.isa);
-        let (x, mut y1) = (data(k, 3.0), data(k, 4.0));
-        let mut y2 = y1.clone();
+        close("dot", isa, &[a], &[b], 1e-5 * n as f32);
+        let (mut y1, mut y2) = (y.clone(), y.clone());
         (reference.axpy)(0.37, &x, &mut y1);
         (simd.axpy)(0.37, &x, &mut y2);
-        for (a, b) in y1.iter().zip(&y2) {
-            assert!((a - b).abs() <= 1e-5, "{} axpy k={k}", simd.isa);
+        close("axpy", isa, &y1, &y2, 1e-6);
+
+        let (w, delta) = (data(n, 3.0), data(n, 4.0));
+        for d in [None, Some(&delta[..])] {
+            let (mut x1, mut x2, mut o1, mut o2) = (x.clone(), x.clone(), vec![0.0; n], vec![0.0; n]);
+            (reference.add_rmsnorm)(&mut x1, d, &w, 1e-5, &mut o1);
+            (simd.add_rmsnorm)(&mut x2, d, &w, 1e-5, &mut o2);
+            close("add_rmsnorm residual", isa, &x1, &x2, 0.0);
+            close("add_rmsnorm", isa, &o1, &o2, 1e-5);
+        }
+
+        // Gates over the range where silu and exp change shape, and past it.
+        let gate: Vec<f32> = x.iter().map(|v| v * 30.0).collect();
+        let (mut o1, mut o2) = (vec![0.0; n], vec![0.0; n]);
+        (reference.silu_mul)(&gate, &y, &mut o1);
+        (simd.silu_mul)(&gate, &y, &mut o2);
+        close("silu_mul", isa, &o1, &o2, 1e-6);
+
+        let (mut s1, mut s2) = (gate.clone(), gate.clone());
+        (reference.softmax)(&mut s1);
+        (simd.softmax)(&mut s2);
+        close("softmax", isa, &s1, &s2, 1e-6);
+
+        let mut logits = data(n, 5.0);
+        logits[n / 2] = 3.0; // a maximum inside the vector body or the tail
+        logits[n - 1] = 3.0; // and a tie later on: the first one wins
+        assert_eq!((reference.argmax)(&logits), (simd.argmax)(&logits), "{isa} argmax n={n}");
+        let ties: Vec<f32> = logits.iter().map(|v| (v * 4.0).round()).collect(); // many equal values
+        for k in [1, 2, 5, 40] {
+            for values in [&logits, &ties] {
+                let (mut t1, mut t2) = (Vec::new(), Vec::new());
+                (reference.top_k)(values, k, &mut t1);
+                (simd.top_k)(values, k, &mut t2);
+                assert_eq!(t1, t2, "{isa} top_k k={k} n={n}");
+            }
+        }
+
+        let mask: Vec<u32> = (0..n.div_ceil(32)).map(|i| [u32::MAX, 0, 0x5555_1234, 0x8000_0001][i % 4]).collect();
+        let (mut l1, mut l2) = (logits.clone(), logits.clone());
+        (reference.apply_token_mask)(&mut l1, &mask);
+        (simd.apply_token_mask)(&mut l2, &mask);
+        assert_eq!(l1, l2, "{isa} apply_token_mask n={n}");
+    }
+    let nan_first = [f32::NAN, 1.0, 7.0, 7.0, -2.0, 0.5, 3.0, 1.0, 2.0, 7.5, 0.0];
+    assert_eq!((reference.argmax)(&nan_first), (simd.argmax)(&nan_first), "{isa} argmax with NaN");
+
+    for d in [2, 6, 16, 64, 80, 128] {
+        for style in [RopeStyle::Neox, RopeStyle::GptJ] {
+            let angles: Vec<f64> = (0..d / 2).map(|i| 7.0 * 0.3f64.powi(i as i32)).collect();
+            let (mut cos, mut sin) = (vec![0.0; d], vec![0.0; d]);
+            rope_tables(&angles, style, &mut cos, &mut sin);
+            let (mut h1, mut h2) = (data(3 * d, 6.0), data(3 * d, 6.0));
+            (reference.rope)(&mut h1, &cos, &sin, style);
+            (simd.rope)(&mut h2, &cos, &sin, style);
+            close("rope", isa, &h1, &h2, 1e-6);
         }
     }
+}
+
+pub fn check_against_portable(simd: &Kernels) {
+    check_gemm(simd);
+    check_rows(simd);
+    super::attention::tests::check_attention(simd);
 }
 
 #[test]

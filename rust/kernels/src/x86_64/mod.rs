@@ -1,7 +1,10 @@
-//! x86_64 kernels: AVX-512 (with bf16 dot products) and AVX2 + FMA + F16C.
+//! x86_64 kernels: AVX-512 (with bf16 dot products) and AVX2 + FMA + F16C; GEMMs in `avx2` and
+//! `avx512`, every other kernel from the vector kernels over `vec256` / `vec512`.
 
 pub mod avx2;
 pub mod avx512;
+mod vec256;
+mod vec512;
 
 use crate::Kernels;
 
@@ -9,10 +12,10 @@ pub fn paths() -> Vec<Kernels> {
     let mut paths = Vec::new();
     let has_avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
     if has_avx2 && avx512::detected() {
-        paths.push(Kernels { isa: "avx512", gemm: avx512::gemm, bf16_activations: true, dot: avx2::dot, axpy: avx2::axpy });
+        paths.push(vec512::vector_kernels("avx512", avx512::gemm, true));
     }
     if has_avx2 {
-        paths.push(Kernels { isa: "avx2", gemm: avx2::gemm, bf16_activations: false, dot: avx2::dot, axpy: avx2::axpy });
+        paths.push(vec256::vector_kernels("avx2", avx2::gemm, false));
     }
     paths
 }

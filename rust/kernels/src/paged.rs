@@ -1,0 +1,67 @@
+//! The paged KV layout attention reads, and the unit of work of the attention kernels.
+//!
+//! Each layer keeps K and V for every page of the pool. Within a page, per kv head:
+//! - keys are transposed, `[head_dim][page_size]`: the page's keys for one dimension sit next
+//!   to each other, so a kernel computes the scores of a whole page one vector per dimension,
+//!   with no horizontal sums;
+//! - values are `[page_size][head_dim]`: a probability times one value row adds into the output.
+
+/// One layer's K and V storage.
+pub struct PagedKv<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub page_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl PagedKv<'_> {
+    /// Floats of one kv head in one page (the same for K and V).
+    pub fn block(page_size: usize, head_dim: usize) -> usize {
+        page_size * head_dim
+    }
+
+    /// Where kv head `head` of `page` starts, in `keys` and in `values`.
+    #[inline]
+    pub fn offset(&self, page: u32, head: usize) -> usize {
+        (page as usize * self.kv_heads + head) * Self::block(self.page_size, self.head_dim)
+    }
+}
+
+/// The queries of one kv head's group (the `group` query heads sharing it, GQA) at `tokens`
+/// consecutive positions of one sequence, starting at `first_pos`. Query token `t` attends to
+/// keys `0..=first_pos + t` (causal); decode is `tokens == 1`. The K and V of those positions
+/// are already in the pages.
+pub struct AttentionTask<'a> {
+    pub kv: &'a PagedKv<'a>,
+    /// The sequence's block table.
+    pub pages: &'a [u32],
+    pub kv_head: usize,
+    pub group: usize,
+    /// Token `t`, group head `g`: `q[t * q_stride + g * head_dim..][..head_dim]`.
+    pub q: &'a [f32],
+    pub q_stride: usize,
+    pub tokens: usize,
+    pub first_pos: usize,
+    /// Applied to every score (usually 1/sqrt(head_dim)).
+    pub scale: f32,
+}
+
+impl AttentionTask<'_> {
+    /// Keys query token `t` sees.
+    pub fn span(&self, t: usize) -> usize {
+        self.first_pos + t + 1
+    }
+
+    /// Checks the task against its storage; kernels call it before reading.
+    pub fn validate(&self) {
+        let (kv, hd) = (self.kv, self.kv.head_dim);
+        assert!(self.kv_head < kv.kv_heads, "attention: kv head {} of {}", self.kv_head, kv.kv_heads);
+        assert!(self.tokens > 0 && self.group > 0);
+        assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the block table is too short");
+        let last = (self.tokens - 1) * self.q_stride + self.group * hd;
+        assert!(self.q.len() >= last, "attention: q is too short");
+        let end = self.pages.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::block(kv.page_size, hd);
+        assert!(kv.keys.len() >= end && kv.values.len() >= end, "attention: a page lies outside the storage");
+    }
+}

@@ -1,0 +1,175 @@
+//! Paged attention over [`F32Vector`], for decode and extend alike (see [`AttentionTask`]).
+//!
+//! 1. Scores: for each page, up to 8 query rows at once multiply the page's transposed keys one
+//!    dimension at a time, so each key vector loaded serves every row of the group and block.
+//! 2. A softmax per row over its own span; the probabilities of keys past the span are zero.
+//! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key.
+//!
+//! Each row's arithmetic is the same whatever rows share its task, so a query gets the same bits
+//! alone, in a decode batch or in a prefill chunk.
+
+use super::elementwise::softmax;
+use super::F32Vector;
+use crate::paged::AttentionTask;
+use std::cell::RefCell;
+
+/// Query rows scored together (accumulators: one register each per page vector).
+const SCORE_ROWS: usize = 8;
+/// Registers of the head a value pass accumulates.
+const VALUE_REGS: usize = 4;
+
+thread_local! {
+    /// Scores and probabilities, `[row][key]`, reused across calls on this thread.
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+#[inline(always)]
+pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_stride: usize) {
+    task.validate();
+    let keys = task.span(task.tokens - 1);
+    let ps = task.kv.page_size;
+    // Whole pages, and whole registers past the last page's end.
+    let width = (keys.div_ceil(ps) * ps).next_multiple_of(V::LANES);
+    let rows = task.tokens * task.group;
+    SCRATCH.with_borrow_mut(|probs| {
+        probs.clear();
+        probs.resize(rows * width, 0.0);
+        scores::<V>(task, probs, width);
+        for r in 0..rows {
+            let row = &mut probs[r * width..(r + 1) * width];
+            let span = task.span(r / task.group);
+            softmax::<V>(&mut row[..span]);
+            row[span..].fill(0.0);
+        }
+        values::<V>(task, probs, width, out, out_stride);
+    });
+}
+
+/// Query row `r` (token `r / group`, head `r % group`).
+#[inline(always)]
+unsafe fn query(task: &AttentionTask, r: usize) -> *const f32 {
+    task.q.as_ptr().add((r / task.group) * task.q_stride + (r % task.group) * task.kv.head_dim)
+}
+
+unsafe fn scores<V: F32Vector>(task: &AttentionTask, probs: &mut [f32], width: usize) {
+    let kv = task.kv;
+    let (ps, rows) = (kv.page_size, task.tokens * task.group);
+    let keys = task.span(task.tokens - 1);
+    for (p, &page) in task.pages[..keys.div_ceil(ps)].iter().enumerate() {
+        let base = kv.keys.as_ptr().add(kv.offset(page, task.kv_head));
+        for slot in (0..ps).step_by(V::LANES) {
+            let lanes = V::LANES.min(ps - slot);
+            for first in (0..rows).step_by(SCORE_ROWS) {
+                let n = SCORE_ROWS.min(rows - first);
+                let dst = probs.as_mut_ptr().add(first * width + p * ps + slot);
+                macro_rules! block {
+                    ($($r:literal)*) => {
+                        match n {
+                            $($r => score_block::<V, $r>(task, first, base.add(slot), lanes, dst, width),)*
+                            _ => unreachable!(),
+                        }
+                    };
+                }
+                block!(1 2 3 4 5 6 7 8);
+            }
+        }
+    }
+}
+
+/// Scores of `R` query rows from `first` against the keys at `k` (one page's keys from a slot,
+/// `[head_dim][page_size]`), `lanes` of them valid; written at `dst`, rows `width` apart.
+#[inline(always)]
+unsafe fn score_block<V: F32Vector, const R: usize>(task: &AttentionTask, first: usize, k: *const f32, lanes: usize, dst: *mut f32, width: usize) {
+    let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
+    let q: [*const f32; R] = std::array::from_fn(|r| query(task, first + r));
+    let mut acc = [V::zero(); R];
+    let mut partial = [0f32; 64];
+    for d in 0..hd {
+        let kd = if lanes == V::LANES {
+            V::load(k.add(d * ps))
+        } else {
+            // A page narrower than a register (small page sizes): pad with zeros.
+            std::ptr::copy_nonoverlapping(k.add(d * ps), partial.as_mut_ptr(), lanes);
+            V::load(partial.as_ptr())
+        };
+        for r in 0..R {
+            acc[r] = V::splat(*q[r].add(d)).mul_add(kd, acc[r]);
+        }
+    }
+    let scale = V::splat(task.scale);
+    for r in 0..R {
+        if lanes == V::LANES {
+            acc[r].mul(scale).store(dst.add(r * width));
+        } else {
+            acc[r].mul(scale).store(partial.as_mut_ptr());
+            std::ptr::copy_nonoverlapping(partial.as_ptr(), dst.add(r * width), lanes);
+        }
+    }
+}
+
+unsafe fn values<V: F32Vector>(task: &AttentionTask, probs: &[f32], width: usize, out: *mut f32, out_stride: usize) {
+    let (hd, rows) = (task.kv.head_dim, task.tokens * task.group);
+    let body = hd / V::LANES * V::LANES;
+    // AVX2's 16 registers fit 2 rows of 4 accumulators plus the value registers.
+    let max_rows = if V::REGISTERS >= 32 { 4 } else { 2 };
+    for first in (0..rows).step_by(max_rows) {
+        let n = max_rows.min(rows - first);
+        // Keys the block's last row sees; earlier rows have zero probabilities past their span.
+        let span = task.span((first + n - 1) / task.group);
+        let dst: [*mut f32; 4] = std::array::from_fn(|r| {
+            let row = first + r.min(n - 1);
+            out.add((row / task.group) * out_stride + (row % task.group) * hd)
+        });
+        for d in (0..body).step_by(VALUE_REGS * V::LANES) {
+            let regs = VALUE_REGS.min((body - d) / V::LANES);
+            macro_rules! block {
+                ($(($r:literal, $v:literal))*) => {
+                    match (n, regs) {
+                        $(($r, $v) => value_block::<V, $r, $v>(task, &probs[first * width..], width, span, d, &dst),)*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            block!((1, 1) (1, 2) (1, 3) (1, 4) (2, 1) (2, 2) (2, 3) (2, 4) (3, 1) (3, 2) (3, 3) (3, 4) (4, 1) (4, 2) (4, 3) (4, 4));
+        }
+        // Head dimensions past the last whole register.
+        for r in 0..n {
+            for d in body..hd {
+                let mut acc = 0f32;
+                for j in 0..span {
+                    acc = probs[(first + r) * width + j].mul_add(*value(task, j).add(d), acc);
+                }
+                *dst[r].add(d) = acc;
+            }
+        }
+    }
+}
+
+/// Value row of key `j`.
+#[inline(always)]
+unsafe fn value(task: &AttentionTask, j: usize) -> *const f32 {
+    let kv = task.kv;
+    let ps = kv.page_size;
+    kv.values.as_ptr().add(kv.offset(task.pages[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
+}
+
+/// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]`.
+#[inline(always)]
+unsafe fn value_block<V: F32Vector, const R: usize, const NV: usize>(task: &AttentionTask, probs: &[f32], width: usize, span: usize, d: usize, dst: &[*mut f32; 4]) {
+    let mut acc = [[V::zero(); NV]; R];
+    for j in 0..span {
+        let v = value(task, j).add(d);
+        let vj: [V; NV] = std::array::from_fn(|i| V::load(v.add(i * V::LANES)));
+        for r in 0..R {
+            let p = V::splat(*probs.get_unchecked(r * width + j));
+            for i in 0..NV {
+                acc[r][i] = p.mul_add(vj[i], acc[r][i]);
+            }
+        }
+    }
+    for r in 0..R {
+        for i in 0..NV {
+            acc[r][i].store(dst[r].add(d + i * V::LANES));
+        }
+    }
+}

@@ -1,0 +1,249 @@
+//! Row kernels over [`F32Vector`]: the vector body runs on whole registers and a scalar tail
+//! finishes each row. Contracts are those of the portable twins in [`crate::portable`].
+
+use super::F32Vector;
+use crate::portable::{self, RopeStyle};
+use std::collections::BinaryHeap;
+
+#[inline(always)]
+unsafe fn sum_of_squares<V: F32Vector>(x: &[f32]) -> f32 {
+    let body = x.len() / V::LANES * V::LANES;
+    let p = x.as_ptr();
+    let mut acc = V::zero();
+    for i in (0..body).step_by(V::LANES) {
+        let v = V::load(p.add(i));
+        acc = v.mul_add(v, acc);
+    }
+    x[body..].iter().fold(acc.sum(), |s, v| s + v * v)
+}
+
+#[inline(always)]
+pub unsafe fn dot<V: F32Vector>(x: &[f32], y: &[f32]) -> f32 {
+    assert_eq!(x.len(), y.len());
+    let body = x.len() / V::LANES * V::LANES;
+    let (xp, yp) = (x.as_ptr(), y.as_ptr());
+    let mut acc = V::zero();
+    for i in (0..body).step_by(V::LANES) {
+        acc = V::load(xp.add(i)).mul_add(V::load(yp.add(i)), acc);
+    }
+    (body..x.len()).fold(acc.sum(), |s, i| s + x[i] * y[i])
+}
+
+#[inline(always)]
+pub unsafe fn axpy<V: F32Vector>(a: f32, x: &[f32], y: &mut [f32]) {
+    assert_eq!(x.len(), y.len());
+    let body = x.len() / V::LANES * V::LANES;
+    let (xp, yp, va) = (x.as_ptr(), y.as_mut_ptr(), V::splat(a));
+    for i in (0..body).step_by(V::LANES) {
+        va.mul_add(V::load(xp.add(i)), V::load(yp.add(i))).store(yp.add(i));
+    }
+    portable::axpy(a, &x[body..], &mut y[body..]);
+}
+
+#[inline(always)]
+pub unsafe fn add_rmsnorm<V: F32Vector>(x: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]) {
+    let n = x.len();
+    assert!(weight.len() == n && out.len() == n);
+    let body = n / V::LANES * V::LANES;
+    if let Some(d) = delta {
+        assert_eq!(d.len(), n);
+        let (xp, dp) = (x.as_mut_ptr(), d.as_ptr());
+        for i in (0..body).step_by(V::LANES) {
+            V::load(xp.add(i)).add(V::load(dp.add(i))).store(xp.add(i));
+        }
+        x[body..].iter_mut().zip(&d[body..]).for_each(|(a, b)| *a += b);
+    }
+    let scale = 1.0 / (sum_of_squares::<V>(x) / n as f32 + eps).sqrt();
+    let (xp, wp, op, vs) = (x.as_ptr(), weight.as_ptr(), out.as_mut_ptr(), V::splat(scale));
+    for i in (0..body).step_by(V::LANES) {
+        V::load(xp.add(i)).mul(vs).mul(V::load(wp.add(i))).store(op.add(i));
+    }
+    for i in body..n {
+        out[i] = x[i] * scale * weight[i];
+    }
+}
+
+#[inline(always)]
+pub unsafe fn silu_mul<V: F32Vector>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = gate.len();
+    assert!(up.len() == n && out.len() == n);
+    let body = n / V::LANES * V::LANES;
+    let (gp, upp, op, one) = (gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), V::splat(1.0));
+    for i in (0..body).step_by(V::LANES) {
+        let g = V::load(gp.add(i));
+        let e = V::zero().sub(g).exp();
+        g.div(one.add(e)).mul(V::load(upp.add(i))).store(op.add(i));
+    }
+    portable::silu_mul(&gate[body..], &up[body..], &mut out[body..]);
+}
+
+#[inline(always)]
+unsafe fn max_of<V: F32Vector>(x: &[f32]) -> f32 {
+    let body = x.len() / V::LANES * V::LANES;
+    let mut acc = V::splat(f32::NEG_INFINITY);
+    for i in (0..body).step_by(V::LANES) {
+        acc = V::load(x.as_ptr().add(i)).max(acc);
+    }
+    x[body..].iter().fold(acc.max_lane(), |m, &v| if v > m { v } else { m })
+}
+
+/// `x = e^(x - max)` in place; returns the sum.
+#[inline(always)]
+unsafe fn exp_shifted<V: F32Vector>(x: &mut [f32], max: f32) -> f32 {
+    let body = x.len() / V::LANES * V::LANES;
+    let (p, vm) = (x.as_mut_ptr(), V::splat(max));
+    let mut acc = V::zero();
+    for i in (0..body).step_by(V::LANES) {
+        let e = V::load(p.add(i)).sub(vm).exp();
+        e.store(p.add(i));
+        acc = acc.add(e);
+    }
+    let mut sum = acc.sum();
+    for v in &mut x[body..] {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum
+}
+
+#[inline(always)]
+unsafe fn scale<V: F32Vector>(x: &mut [f32], by: f32) {
+    let body = x.len() / V::LANES * V::LANES;
+    let (p, vs) = (x.as_mut_ptr(), V::splat(by));
+    for i in (0..body).step_by(V::LANES) {
+        V::load(p.add(i)).mul(vs).store(p.add(i));
+    }
+    x[body..].iter_mut().for_each(|v| *v *= by);
+}
+
+#[inline(always)]
+pub unsafe fn softmax<V: F32Vector>(x: &mut [f32]) {
+    let max = max_of::<V>(x);
+    let sum = exp_shifted::<V>(x, max);
+    scale::<V>(x, 1.0 / sum);
+}
+
+#[inline(always)]
+pub unsafe fn rope<V: F32Vector>(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let d = cos.len();
+    assert!(sin.len() == d && d % 2 == 0 && heads.len() % d == 0);
+    let (c, s, l) = (cos.as_ptr(), sin.as_ptr(), V::LANES);
+    for head in heads.chunks_exact_mut(d) {
+        let h = head.as_mut_ptr();
+        let done = match style {
+            RopeStyle::Neox => {
+                let half = d / 2;
+                let body = half / l * l;
+                for i in (0..body).step_by(l) {
+                    let (a, b) = (V::load(h.add(i)), V::load(h.add(half + i)));
+                    b.mul_add(V::load(s.add(i)), a.mul(V::load(c.add(i)))).store(h.add(i));
+                    a.mul_add(V::load(s.add(half + i)), b.mul(V::load(c.add(half + i)))).store(h.add(half + i));
+                }
+                body
+            }
+            RopeStyle::GptJ => {
+                let body = d / l * l;
+                for i in (0..body).step_by(l) {
+                    let x = V::load(h.add(i));
+                    x.swap_pairs().mul_add(V::load(s.add(i)), x.mul(V::load(c.add(i)))).store(h.add(i));
+                }
+                body
+            }
+        };
+        // The pairs the vector body left (a neox half or a gpt-j head not a multiple of LANES).
+        let rest: Vec<usize> = match style {
+            RopeStyle::Neox => (done..d / 2).flat_map(|i| [i, i + d / 2]).collect(),
+            RopeStyle::GptJ => (done..d).collect(),
+        };
+        let rotated: Vec<f32> = rest.iter().map(|&i| head[i] * cos[i] + head[style.partner(i, d)] * sin[i]).collect();
+        rest.iter().zip(rotated).for_each(|(&i, v)| head[i] = v);
+    }
+}
+
+#[inline(always)]
+pub unsafe fn argmax<V: F32Vector>(x: &[f32]) -> usize {
+    let max = max_of::<V>(x);
+    let body = x.len() / V::LANES * V::LANES;
+    let vm = V::splat(max);
+    for i in (0..body).step_by(V::LANES) {
+        let hits = V::load(x.as_ptr().add(i)).eq_bits(vm);
+        if hits != 0 {
+            return i + hits.trailing_zeros() as usize;
+        }
+    }
+    // The maximum is in the tail, or every value is NaN (index 0, as the portable twin).
+    (body..x.len()).find(|&i| x[i] == max).unwrap_or(0)
+}
+
+/// A candidate of [`top_k`], ordered so the heap's top is the worst kept one.
+struct Worst((f32, u32));
+
+impl PartialEq for Worst {
+    fn eq(&self, o: &Self) -> bool {
+        self.cmp(o).is_eq()
+    }
+}
+impl Eq for Worst {}
+impl PartialOrd for Worst {
+    fn partial_cmp(&self, o: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Worst {
+    fn cmp(&self, o: &Self) -> std::cmp::Ordering {
+        portable::rank(&self.0, &o.0)
+    }
+}
+
+/// Keeps the best `k` in a heap; once it is full, a register of values is only looked at lane by
+/// lane when one of them beats the worst kept value, which after a few thousand values is rare.
+#[inline(always)]
+pub unsafe fn top_k<V: F32Vector>(x: &[f32], k: usize, out: &mut Vec<(f32, u32)>) {
+    out.clear();
+    let k = k.min(x.len());
+    if k == 0 {
+        return;
+    }
+    let mut heap: BinaryHeap<Worst> = x[..k].iter().enumerate().map(|(i, &v)| Worst((v, i as u32))).collect();
+    // Ranks as the portable twin: NaN below every number. A later equal value ranks lower (its
+    // index is higher), so only strictly greater values can enter.
+    let key = |v: f32| if v.is_nan() { f32::NEG_INFINITY } else { v };
+    let mut worst = key(heap.peek().expect("k > 0").0 .0);
+    let mut offer = |i: usize, worst: &mut f32| {
+        if x[i] > *worst {
+            heap.pop();
+            heap.push(Worst((x[i], i as u32)));
+            *worst = key(heap.peek().expect("k > 0").0 .0);
+        }
+    };
+    let first_vector = k.next_multiple_of(V::LANES).min(x.len());
+    (k..first_vector).for_each(|i| offer(i, &mut worst));
+    let body = first_vector + (x.len() - first_vector) / V::LANES * V::LANES;
+    for i in (first_vector..body).step_by(V::LANES) {
+        let mut above = V::load(x.as_ptr().add(i)).gt_bits(V::splat(worst));
+        while above != 0 {
+            offer(i + above.trailing_zeros() as usize, &mut worst);
+            above &= above - 1;
+        }
+    }
+    (body..x.len()).for_each(|i| offer(i, &mut worst));
+    out.extend(heap.into_iter().map(|w| w.0));
+    out.sort_unstable_by(portable::rank);
+}
+
+#[inline(always)]
+pub unsafe fn apply_token_mask<V: F32Vector>(logits: &mut [f32], allowed: &[u32]) {
+    assert!(allowed.len() * 32 >= logits.len(), "apply_token_mask: the mask covers {} tokens, the logits {}", allowed.len() * 32, logits.len());
+    let whole_words = logits.len() / 32;
+    let (p, banned, lane_mask) = (logits.as_mut_ptr(), V::splat(f32::NEG_INFINITY), (1u64 << V::LANES) as u32 - 1);
+    for (w, &bits) in allowed[..whole_words].iter().enumerate() {
+        if bits == u32::MAX {
+            continue; // every token of the word allowed: the common case, nothing to write
+        }
+        for lane0 in (0..32).step_by(V::LANES) {
+            let at = p.add(w * 32 + lane0);
+            V::load(at).select_bits(banned, (bits >> lane0) & lane_mask).store(at);
+        }
+    }
+    portable::apply_token_mask(&mut logits[whole_words * 32..], &allowed[whole_words..]);
+}
