@@ -18,14 +18,15 @@ MIRROR=${RSGL_ARM_MIRROR:-http://deb.debian.org/debian}
 SUITE=trixie
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 CRATES=(${RSGL_ARM_CRATES:-rsgl-kernels rsgl-engine})
-# One run per line: the qemu CPU, then RSGL_KERNELS. `max` has every feature (BF16, SVE): at its
-# narrowest and a wide SVE vector, with the best path and with neon-bf16 forced; neoverse-n1 has
-# no SVE and no BF16 (NEON + dotprod), so auto picks plain NEON there. Then plain NEON and
-# portable forced on `max`, so every path also runs where a better one exists.
+# One run per line: the qemu CPU, then RSGL_KERNELS. `max` has every feature (BF16, SVE): auto
+# picks the SVE path there, run at the narrowest and a wide vector length; neon-bf16 forced on
+# `max` covers BF16 CPUs without SVE; neoverse-n1 has no SVE and no BF16 (NEON + dotprod), so
+# auto picks plain NEON there; portable forced on `max` runs the fallback where a better path
+# exists.
 RUNS=("max,sve-default-vector-length=16 auto"
-      "max,sve-default-vector-length=64 neon-bf16"
+      "max,sve-default-vector-length=64 auto"
+      "max neon-bf16"
       "neoverse-n1 auto"
-      "max neon"
       "max portable")
 PACKAGES=(rustc-web cargo-web libstd-rust-web-dev:arm64 gcc-aarch64-linux-gnu libc6-dev-arm64-cross
           qemu-user ca-certificates)

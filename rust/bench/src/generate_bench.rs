@@ -83,6 +83,9 @@ fn engine_options(len: Lengths, max_batch: usize, threads: usize, dtype: &str) -
         "context_length": len.prompt + len.generated,
         "max_total_tokens": max_batch * per_request,
         "max_running_requests": max_batch,
+        // Each case runs its prompts twice (to the first token, then to the end): a prefix cache
+        // would skip the second prefill and inflate decode.
+        "disable_radix_cache": true,
     });
     EngineOptions::from_json(&opts.to_string()).map_err(|e| e.to_string())
 }

@@ -2,19 +2,24 @@
 //! SIMD path this CPU has and the portable twin.
 //!
 //! GEMMs run on the engine's compute pool with `--threads N`, split as the engine splits them
-//! (weight panels per thread), for each weight dtype. For dot and axpy, N threads call the kernel
-//! at once on private vectors, which shows how far the memory system scales.
+//! (weight panels per thread), for each weight dtype. Every other kernel runs on N threads at
+//! once, each on private data, which shows how far the memory system scales.
 
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
-use rsgl_kernels::{kernels, linear, Kernels, PackedWeights, ThreadPool, WeightDtype};
+use rsgl_kernels::portable::rope_tables;
+use rsgl_kernels::{kernels, linear, AttentionTask, Kernels, PackedWeights, PagedKv, RopeStyle, ThreadPool, WeightDtype};
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 /// Wall time each measurement aims for: long enough to drown timer and thread-spawn noise.
 const TARGET: Duration = Duration::from_millis(400);
+/// SmolLM2-135M's attention: head_dim, query heads per kv head, and the engine's page size.
+const HEAD_DIM: usize = 64;
+const GROUP: usize = 3;
+const PAGE: usize = 16;
 
 #[derive(Clone, Copy)]
 enum Op {
@@ -22,10 +27,19 @@ enum Op {
     Gemm { m: usize, n: usize, k: usize, dtype: WeightDtype },
     Dot { n: usize },
     Axpy { n: usize },
+    AddRmsNorm { n: usize },
+    SiluMul { n: usize },
+    Softmax { n: usize },
+    Rope { heads: usize },
+    Argmax { n: usize },
+    TopK { n: usize, k: usize },
+    TokenMask { n: usize },
+    /// One kv head's query group over `tokens` new tokens, the last at position `span - 1`.
+    Attention { tokens: usize, span: usize },
 }
 
-/// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, head_dim 64
-/// (attention's dot and axpy). m = 1 is decode, 16 a decode batch, 512 a prefill.
+/// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, 9 heads of 64.
+/// m = 1 is decode, 16 a decode batch, 512 a prefill.
 fn cases() -> Vec<Op> {
     let mut cases = Vec::new();
     for dtype in [WeightDtype::BF16, WeightDtype::F16, WeightDtype::F32] {
@@ -33,7 +47,19 @@ fn cases() -> Vec<Op> {
             cases.push(Op::Gemm { m, n, k, dtype });
         }
     }
-    cases.extend([Op::Dot { n: 64 }, Op::Dot { n: 16384 }, Op::Axpy { n: 64 }, Op::Axpy { n: 16384 }]);
+    cases.extend([
+        Op::Dot { n: 16384 },
+        Op::Axpy { n: 16384 },
+        Op::AddRmsNorm { n: 576 },
+        Op::SiluMul { n: 1536 },
+        Op::Softmax { n: 49152 },
+        Op::Rope { heads: 12 },
+        Op::Argmax { n: 49152 },
+        Op::TopK { n: 49152, k: 40 },
+        Op::TokenMask { n: 49152 },
+        Op::Attention { tokens: 1, span: 512 },
+        Op::Attention { tokens: 5, span: 512 },
+    ]);
     cases
 }
 
@@ -45,50 +71,80 @@ impl Op {
             Op::Gemm { dtype: WeightDtype::F16, .. } => "gemm_f16",
             Op::Dot { .. } => "dot",
             Op::Axpy { .. } => "axpy",
+            Op::AddRmsNorm { .. } => "add_rmsnorm",
+            Op::SiluMul { .. } => "silu_mul",
+            Op::Softmax { .. } => "softmax",
+            Op::Rope { .. } => "rope",
+            Op::Argmax { .. } => "argmax",
+            Op::TopK { .. } => "top_k",
+            Op::TokenMask { .. } => "token_mask",
+            Op::Attention { tokens: 1, .. } => "attention decode",
+            Op::Attention { .. } => "attention extend",
         }
     }
 
     fn shape(self) -> String {
         match self {
             Op::Gemm { m, n, k, .. } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
-            Op::Dot { n } | Op::Axpy { n } => format!("[{n}]"),
+            Op::Rope { heads } => format!("[{heads}x{HEAD_DIM}]"),
+            Op::TopK { n, k } => format!("[{n}] k={k}"),
+            Op::Attention { tokens, span } => format!("{tokens}x{GROUP} rows, {span} keys"),
+            Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TokenMask { n } => {
+                format!("[{n}]")
+            }
         }
     }
 
     fn shape_json(self) -> Value {
         match self {
             Op::Gemm { m, n, k, dtype } => json!({ "m": m, "n": n, "k": k, "dtype": format!("{dtype:?}") }),
-            Op::Dot { n } | Op::Axpy { n } => json!({ "n": n }),
+            Op::Rope { heads } => json!({ "heads": heads, "head_dim": HEAD_DIM }),
+            Op::TopK { n, k } => json!({ "n": n, "k": k }),
+            Op::Attention { tokens, span } => json!({ "tokens": tokens, "span": span, "group": GROUP, "head_dim": HEAD_DIM, "page_size": PAGE }),
+            Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TokenMask { n } => {
+                json!({ "n": n })
+            }
         }
     }
 
-    /// The two inputs: `x` and the weights for a GEMM, `x` and `y` otherwise.
+    /// The two inputs' lengths: `x` and the weights for a GEMM, K and V for attention (the
+    /// queries are `x`), `x` and a second vector otherwise.
     fn operand_lens(self) -> (usize, usize) {
         match self {
             Op::Gemm { m, n, k, .. } => (m * k, n * k),
-            Op::Dot { n } | Op::Axpy { n } => (n, n),
+            Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
+            Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
+            Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TopK { n, .. } | Op::TokenMask { n } => (n, n),
         }
     }
 
-    /// Bytes read by one round of all threads: a GEMM's weights (read once whatever m is; the
-    /// activations stay in cache), both vectors for dot and axpy.
+    /// Bytes one round reads: a GEMM's weights (read once whatever m is; the activations stay
+    /// in cache), the keys and values for attention, every operand otherwise, on each thread.
     fn bytes(self, threads: usize) -> f64 {
-        match self {
-            Op::Gemm { n, k, dtype, .. } => (n * k * dtype.bytes()) as f64,
-            Op::Dot { n } | Op::Axpy { n } => (2 * n * threads * std::mem::size_of::<f32>()) as f64,
-        }
+        let (x, y) = self.operand_lens();
+        let per_thread = match self {
+            Op::Gemm { n, k, dtype, .. } => return (n * k * dtype.bytes()) as f64,
+            Op::Attention { .. } => 2 * y * 4,
+            Op::Softmax { .. } | Op::Argmax { .. } | Op::TopK { .. } | Op::TokenMask { .. } => x * 4,
+            _ => (x + y) * 4,
+        };
+        (per_thread * threads) as f64
     }
 
     fn flops(self, threads: usize) -> f64 {
-        let per_round = match self {
-            Op::Gemm { m, n, k, .. } => 2 * m * n * k,
-            Op::Dot { n } | Op::Axpy { n } => 2 * n * threads,
+        let per_thread = match self {
+            Op::Gemm { m, n, k, .. } => return (2 * m * n * k) as f64,
+            Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } => 2 * n,
+            // Two products per key and dimension (scores, then values) for each row.
+            Op::Attention { tokens, span } => 4 * tokens * GROUP * span * HEAD_DIM,
+            _ => 0,
         };
-        per_round as f64
+        (per_thread * threads) as f64
     }
 
-    /// `iters` rounds: a GEMM over the whole pool, or each thread on its own vectors.
+    /// `iters` rounds: a GEMM over the whole pool, or each thread on its own copy of the data.
     fn run(self, kern: &Kernels, pool: &ThreadPool, x: &[f32], operand: &Operand, iters: u64) {
+        let (x_len, _) = self.operand_lens();
         match (self, operand) {
             (Op::Gemm { m, n, .. }, Operand::Packed(w)) => {
                 let (mut out, mut scratch) = (vec![0.0; m * n], Vec::new());
@@ -97,16 +153,41 @@ impl Op {
                     black_box(&mut out);
                 }
             }
-            (Op::Dot { .. }, Operand::Vector(y)) => pool.run(&|_| {
+            (Op::Attention { tokens, span }, Operand::Vector(kv)) => pool.run(&|_| {
+                let pages: Vec<u32> = (0..span.div_ceil(PAGE) as u32).collect();
+                let paged = PagedKv { keys: kv, values: kv, page_size: PAGE, kv_heads: 1, head_dim: HEAD_DIM };
+                let task = AttentionTask { kv: &paged, pages: &pages, kv_head: 0, group: GROUP, q: x, q_stride: GROUP * HEAD_DIM, tokens, first_pos: span - tokens, scale: 0.125 };
+                let mut out = vec![0.0; x_len];
                 for _ in 0..iters {
-                    black_box((kern.dot)(black_box(x), black_box(y)));
+                    // SAFETY: `out` holds every row of the task and is this thread's own.
+                    unsafe { (kern.attention)(black_box(&task), out.as_mut_ptr(), GROUP * HEAD_DIM) };
+                    black_box(&mut out);
                 }
             }),
-            (Op::Axpy { .. }, Operand::Vector(y)) => pool.run(&|_| {
-                let mut y = y.clone();
+            (_, Operand::Vector(y)) => pool.run(&|_| {
+                let (mut mine, mut out, mut best) = (x.to_vec(), vec![0.0; x_len], Vec::new());
+                let mask: Vec<u32> = (0..x_len.div_ceil(32) as u32).map(|i| i.wrapping_mul(0x9E37_79B9) | 0x0101_0101).collect();
+                let (cos, sin) = y.split_at(y.len() / 2);
                 for _ in 0..iters {
-                    (kern.axpy)(black_box(1e-3), black_box(x), &mut y);
-                    black_box(&mut y);
+                    match self {
+                        Op::Dot { .. } => drop(black_box((kern.dot)(black_box(x), y))),
+                        Op::Axpy { .. } => (kern.axpy)(black_box(1e-3), x, &mut mine),
+                        Op::AddRmsNorm { .. } => (kern.add_rmsnorm)(&mut mine, Some(y), y, 1e-5, &mut out),
+                        Op::SiluMul { .. } => (kern.silu_mul)(x, y, &mut out),
+                        Op::Softmax { .. } => {
+                            mine.copy_from_slice(x);
+                            (kern.softmax)(&mut mine)
+                        }
+                        Op::Rope { .. } => (kern.rope)(&mut mine, cos, sin, RopeStyle::Neox),
+                        Op::Argmax { .. } => drop(black_box((kern.argmax)(black_box(x)))),
+                        Op::TopK { k, .. } => (kern.top_k)(black_box(x), k, &mut best),
+                        Op::TokenMask { .. } => {
+                            mine.copy_from_slice(x);
+                            (kern.apply_token_mask)(&mut mine, &mask)
+                        }
+                        Op::Gemm { .. } | Op::Attention { .. } => unreachable!("handled above"),
+                    }
+                    black_box((&mut mine, &mut out, &mut best));
                 }
             }),
             _ => unreachable!("operands are built for their op"),
@@ -114,11 +195,12 @@ impl Op {
     }
 }
 
-/// The second operand: packed weights for a GEMM, a vector for dot and axpy.
+/// The second operand: packed weights for a GEMM, a vector otherwise.
 enum Operand {
     Packed(PackedWeights),
     Vector(Vec<f32>),
 }
+
 /// `x` with four significant digits (times here span 5 ns to 10 ms).
 fn four_digits(x: f64) -> String {
     let decimals = (3 - x.abs().log10().floor() as i32).max(0) as usize;
@@ -207,6 +289,13 @@ fn measure_all(threads: usize) -> Vec<Measurement> {
         let (x, raw) = (random_vec(&mut rng, x_len), random_vec(&mut rng, operand_len));
         let operand = match op {
             Op::Gemm { n, k, dtype, .. } => Operand::Packed(PackedWeights::pack(&raw, n, k, dtype)),
+            Op::Rope { .. } => {
+                // cos | sin of one position, as the engine's tables hold them.
+                let angles: Vec<f64> = (0..HEAD_DIM / 2).map(|i| 300.0 * 1e-4f64.powf(i as f64 / 32.0)).collect();
+                let (mut cos, mut sin) = (vec![0.0; HEAD_DIM], vec![0.0; HEAD_DIM]);
+                rope_tables(&angles, RopeStyle::Neox, &mut cos, &mut sin);
+                Operand::Vector([cos, sin].concat())
+            }
             _ => Operand::Vector(raw),
         };
         for kern in kernel_paths() {

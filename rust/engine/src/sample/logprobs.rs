@@ -22,13 +22,7 @@ pub fn log_softmax(logits: &[f32]) -> Vec<f32> {
 
 /// The `n` best entries, highest first (ties broken by lower token id).
 pub fn top_n(logprobs: &[f32], n: usize) -> Vec<TopLogprob> {
-    let mut ids: Vec<u32> = (0..logprobs.len() as u32).collect();
-    let n = n.min(ids.len());
-    let by_score = |a: &u32, b: &u32| logprobs[*b as usize].total_cmp(&logprobs[*a as usize]).then(a.cmp(b));
-    if n < ids.len() && n > 0 {
-        ids.select_nth_unstable_by(n - 1, by_score);
-    }
-    ids.truncate(n);
-    ids.sort_by(by_score);
-    ids.into_iter().map(|id| TopLogprob { token_id: id, logprob: logprobs[id as usize] }).collect()
+    let mut best = Vec::with_capacity(n);
+    (rsgl_kernels::kernels().top_k)(logprobs, n, &mut best);
+    best.into_iter().map(|(logprob, token_id)| TopLogprob { token_id, logprob }).collect()
 }

@@ -33,16 +33,6 @@ pub(super) fn apply_penalties(logits: &mut [f32], p: &SamplingParams, hist: &His
     }
 }
 
-fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, v) in logits.iter().enumerate() {
-        if *v > logits[best] {
-            best = i;
-        }
-    }
-    best as u32
-}
-
 /// Picks the next token. `banned` tokens (EOS and stop ids before `min_new_tokens`) are never
 /// chosen. `logits` is modified (penalties, temperature).
 pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[u32], rng: &mut Rng) -> u32 {
@@ -50,19 +40,23 @@ pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[
     for &t in banned {
         logits[t as usize] = f32::NEG_INFINITY;
     }
+    let kernels = rsgl_kernels::kernels();
     if p.is_greedy() {
-        return argmax(logits);
+        return (kernels.argmax)(logits) as u32;
     }
+    // Candidates as (logit, token), best first when top-k or top-p needs an order.
+    let mut cand = Vec::new();
+    if p.top_k > 0 && (p.top_k as usize) < logits.len() {
+        (kernels.top_k)(logits, p.top_k as usize, &mut cand);
+    } else {
+        cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+        if p.top_p < 1.0 {
+            cand.sort_unstable_by(rsgl_kernels::portable::rank);
+        }
+    }
+    // A positive temperature keeps the order.
     let inv_t = 1.0 / p.temperature;
-    let mut cand: Vec<(f32, u32)> = logits.iter().enumerate().map(|(i, l)| (l * inv_t, i as u32)).collect();
-    let desc = |a: &(f32, u32), b: &(f32, u32)| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1));
-    if p.top_k > 0 && (p.top_k as usize) < cand.len() {
-        cand.select_nth_unstable_by(p.top_k as usize - 1, desc);
-        cand.truncate(p.top_k as usize);
-    }
-    if p.top_p < 1.0 {
-        cand.sort_unstable_by(desc);
-    }
+    cand.iter_mut().for_each(|c| c.0 *= inv_t);
     let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
     let mut probs: Vec<f64> = cand.iter().map(|c| ((c.0 - max) as f64).exp()).collect();
     let total: f64 = probs.iter().sum();

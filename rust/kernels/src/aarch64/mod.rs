@@ -1,4 +1,5 @@
-//! aarch64 kernels: NEON everywhere, `BFDOT` for bf16 weights where the CPU has FEAT_BF16.
+//! aarch64 kernels: NEON everywhere, `BFDOT` for bf16 weights where the CPU has FEAT_BF16, on SVE
+//! vectors of any length where it has SVE too.
 
 /// Calls `$f::<R>$args` with `R` = `$rows`, which must be one of the listed tile heights.
 macro_rules! by_rows {
@@ -12,6 +13,7 @@ macro_rules! by_rows {
 
 pub mod bf16;
 pub mod neon;
+pub mod sve;
 mod vec128;
 
 use crate::Kernels;
@@ -22,6 +24,9 @@ pub fn paths() -> Vec<Kernels> {
     let mut paths = Vec::new();
     if !is_aarch64_feature_detected!("neon") {
         return paths;
+    }
+    if is_aarch64_feature_detected!("bf16") && is_aarch64_feature_detected!("sve") {
+        paths.push(vec128::vector_kernels("sve-bf16", sve::gemm, true));
     }
     if is_aarch64_feature_detected!("bf16") {
         paths.push(vec128::vector_kernels("neon-bf16", bf16::gemm, true));

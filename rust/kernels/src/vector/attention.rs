@@ -31,18 +31,20 @@ pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_s
     // Whole pages, and whole registers past the last page's end.
     let width = (keys.div_ceil(ps) * ps).next_multiple_of(V::LANES);
     let rows = task.tokens * task.group;
-    SCRATCH.with_borrow_mut(|probs| {
-        probs.clear();
-        probs.resize(rows * width, 0.0);
-        scores::<V>(task, probs, width);
-        for r in 0..rows {
-            let row = &mut probs[r * width..(r + 1) * width];
-            let span = task.span(r / task.group);
-            softmax::<V>(&mut row[..span]);
-            row[span..].fill(0.0);
-        }
-        values::<V>(task, probs, width, out, out_stride);
-    });
+    // Taken out of the thread-local rather than used in a closure: a closure would not inherit
+    // the caller's target features, and the intrinsics inlined into it would become calls.
+    let mut probs = SCRATCH.take();
+    probs.clear();
+    probs.resize(rows * width, 0.0);
+    scores::<V>(task, &mut probs, width);
+    for r in 0..rows {
+        let row = &mut probs[r * width..(r + 1) * width];
+        let span = task.span(r / task.group);
+        softmax::<V>(&mut row[..span]);
+        row[span..].fill(0.0);
+    }
+    values::<V>(task, &probs, width, out, out_stride);
+    SCRATCH.set(probs);
 }
 
 /// Query row `r` (token `r / group`, head `r % group`).
@@ -51,6 +53,7 @@ unsafe fn query(task: &AttentionTask, r: usize) -> *const f32 {
     task.q.as_ptr().add((r / task.group) * task.q_stride + (r % task.group) * task.kv.head_dim)
 }
 
+#[inline(always)]
 unsafe fn scores<V: F32Vector>(task: &AttentionTask, probs: &mut [f32], width: usize) {
     let kv = task.kv;
     let (ps, rows) = (kv.page_size, task.tokens * task.group);
@@ -107,6 +110,7 @@ unsafe fn score_block<V: F32Vector, const R: usize>(task: &AttentionTask, first:
     }
 }
 
+#[inline(always)]
 unsafe fn values<V: F32Vector>(task: &AttentionTask, probs: &[f32], width: usize, out: *mut f32, out_stride: usize) {
     let (hd, rows) = (task.kv.head_dim, task.tokens * task.group);
     let body = hd / V::LANES * V::LANES;
