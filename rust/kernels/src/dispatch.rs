@@ -3,6 +3,7 @@
 //! `RSGL_KERNELS=portable|avx2|avx512|neon|neon-bf16|sve-bf16` forces one path (to test every branch on
 //! one machine); asking for a path the CPU lacks falls back to portable with a warning.
 
+use crate::int8::{Int8Weights, QuantizedRows};
 use crate::packed::PackedWeights;
 use crate::paged::AttentionTask;
 use crate::portable::RopeStyle;
@@ -22,6 +23,44 @@ pub struct GemmArgs<'a> {
 /// [`crate::portable::gemm::gemm`] for the contract). Each output element is reduced in the same
 /// order whatever `m` is, so a sequence gets bit-identical results alone or in a batch.
 pub type GemmFn = unsafe fn(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
+/// The W8A8 GEMM over per-row quantized activations ([`crate::portable::gemm_i8::gemm_i8`]).
+pub type GemmI8Fn = unsafe fn(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize);
+
+/// An int8 GEMM and the name of its path ("portable", "avx2", "avx512-vnni", "neon",
+/// "dotprod", "i8mm"): chosen apart from the float path, by the CPU's integer dot products.
+#[derive(Clone, Copy)]
+pub struct Int8Gemm {
+    pub isa: &'static str,
+    pub gemm: GemmI8Fn,
+}
+
+impl Int8Gemm {
+    pub fn portable() -> Int8Gemm {
+        Int8Gemm { isa: "portable", gemm: crate::portable::gemm_i8::gemm_i8 }
+    }
+
+    /// The int8 paths this CPU supports, best first.
+    pub fn simd_paths() -> Vec<Int8Gemm> {
+        #[cfg(target_arch = "x86_64")]
+        {
+            crate::x86_64::int8_paths()
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            crate::aarch64::int8_paths()
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+        {
+            Vec::new()
+        }
+    }
+
+    /// The best path here.
+    pub fn best() -> Int8Gemm {
+        Self::simd_paths().into_iter().next().unwrap_or_else(Self::portable)
+    }
+}
+
 /// The row kernels; each contract is the doc of its portable twin in [`crate::portable`].
 pub type AxpyFn = fn(a: f32, x: &[f32], y: &mut [f32]);
 pub type DotFn = fn(x: &[f32], y: &[f32]) -> f32;
@@ -42,6 +81,8 @@ pub struct Kernels {
     /// the engine.
     pub isa: &'static str,
     pub gemm: GemmFn,
+    /// The int8 GEMM: the CPU's best for SIMD paths, portable with the portable path.
+    pub gemm_i8: Int8Gemm,
     /// Whether `gemm` multiplies bf16 weights by bf16-rounded activations (`GemmArgs::x_bf16`).
     pub bf16_activations: bool,
     pub dot: DotFn,
@@ -61,6 +102,7 @@ impl Kernels {
         Kernels {
             isa: "portable",
             gemm: crate::portable::gemm::gemm,
+            gemm_i8: Int8Gemm::portable(),
             bf16_activations: false,
             dot: crate::portable::dot,
             axpy: crate::portable::axpy,

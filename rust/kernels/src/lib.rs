@@ -10,6 +10,7 @@
 //! computes an output element the same way whatever the batch or the split.
 
 pub mod dispatch;
+pub mod int8;
 pub mod linear;
 pub mod packed;
 pub mod paged;
@@ -23,8 +24,9 @@ pub mod aarch64;
 #[cfg(target_arch = "x86_64")]
 pub mod x86_64;
 
-pub use dispatch::{kernels, GemmArgs, Kernels};
-pub use linear::linear;
+pub use dispatch::{kernels, GemmArgs, Int8Gemm, Kernels};
+pub use int8::{Int8Weights, QuantizedRows};
+pub use linear::{linear, linear_i8};
 pub use packed::{PackedWeights, WeightDtype};
 pub use paged::{AttentionTask, PagedKv};
 pub use portable::RopeStyle;

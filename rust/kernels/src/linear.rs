@@ -1,8 +1,11 @@
-//! A dense layer over the compute pool: `out = x · Wᵀ (+ bias)` with `W` pre-packed.
+//! Dense layers over the compute pool: `out = x · Wᵀ (+ bias)` with `W` pre-packed, in 16-bit
+//! or 32-bit floats ([`linear`]) or W8A8 int8 ([`linear_i8`]).
 
 use crate::dispatch::{GemmArgs, Kernels};
+use crate::int8::{Int8Weights, QuantizedRows};
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::pool::{split, SendPtr, ThreadPool};
+use std::ops::Range;
 
 /// Panels handed to a thread come in pairs, the widest tile any kernel uses.
 const PANEL_UNIT: usize = 2;
@@ -10,9 +13,7 @@ const PANEL_UNIT: usize = 2;
 /// `x` is `[m, w.k]` and `out` `[m, w.n]`. `bf16_scratch` holds the bf16 copy of `x` for
 /// kernels that want one (kept by the caller so decode steps do not allocate).
 pub fn linear(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &PackedWeights, bias: Option<&[f32]>, out: &mut [f32], bf16_scratch: &mut Vec<u16>) {
-    let m = x.len() / w.k;
-    assert_eq!(x.len(), m * w.k, "linear: x must be [m, {}]", w.k);
-    assert_eq!(out.len(), m * w.n, "linear: out must be [m, {}]", w.n);
+    let m = check_shapes(x, w.k, w.n, out);
     if m == 0 {
         return;
     }
@@ -23,7 +24,35 @@ pub fn linear(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &PackedWeights, b
         &[]
     };
     let args = GemmArgs { m, x, x_bf16 };
-    let panels = w.panels();
+    // SAFETY: each share writes only the columns of its own panels of `out`, which is [m, n].
+    split_panels(pool, w.panels(), out, &|range, dst| unsafe { (kern.gemm)(&args, w, range, dst, w.n) });
+    add_bias(out, bias, w.n);
+}
+
+/// The W8A8 layer: each row of `x` is quantized to int8 with its own scale (into `rows`, kept by
+/// the caller like `bf16_scratch`), then multiplied by the int8 weights with integer sums.
+pub fn linear_i8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8Weights, bias: Option<&[f32]>, out: &mut [f32], rows: &mut QuantizedRows) {
+    let m = check_shapes(x, w.k, w.n, out);
+    if m == 0 {
+        return;
+    }
+    rows.quantize(x, w.k);
+    let (rows, gemm) = (&*rows, kern.gemm_i8.gemm);
+    // SAFETY: as in `linear`.
+    split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+    add_bias(out, bias, w.n);
+}
+
+/// Rows of `x`, after checking `x` is `[m, k]` and `out` `[m, n]`.
+fn check_shapes(x: &[f32], k: usize, n: usize, out: &[f32]) -> usize {
+    let m = x.len() / k;
+    assert_eq!(x.len(), m * k, "linear: x must be [m, {k}]");
+    assert_eq!(out.len(), m * n, "linear: out must be [m, {n}]");
+    m
+}
+
+/// Runs `gemm(panel range, out)` on each thread's share of the panels.
+fn split_panels(pool: &ThreadPool, panels: usize, out: &mut [f32], gemm: &(dyn Fn(Range<usize>, *mut f32) + Sync)) {
     let units = panels.div_ceil(PANEL_UNIT);
     let shares = pool.threads().min(units);
     let dst = SendPtr(out.as_mut_ptr());
@@ -32,12 +61,13 @@ pub fn linear(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &PackedWeights, b
             return;
         }
         let units = split(units, shares, share);
-        let range = units.start * PANEL_UNIT..(units.end * PANEL_UNIT).min(panels);
         let dst = dst;
-        // SAFETY: `out` is [m, n]; each share writes only the columns of its own panels.
-        unsafe { (kern.gemm)(&args, w, range, dst.0, w.n) };
+        gemm(units.start * PANEL_UNIT..(units.end * PANEL_UNIT).min(panels), dst.0);
     });
+}
+
+fn add_bias(out: &mut [f32], bias: Option<&[f32]>, n: usize) {
     if let Some(b) = bias {
-        out.chunks_exact_mut(w.n).for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
+        out.chunks_exact_mut(n).for_each(|row| row.iter_mut().zip(b).for_each(|(o, b)| *o += b));
     }
 }

@@ -1,5 +1,5 @@
 //! aarch64 kernels: NEON everywhere, `BFDOT` for bf16 weights where the CPU has FEAT_BF16, on SVE
-//! vectors of any length where it has SVE too.
+//! vectors of any length where it has SVE too; int8 GEMMs on `SMMLA`, `SDOT` or widening NEON.
 
 /// Calls `$f::<R>$args` with `R` = `$rows`, which must be one of the listed tile heights.
 macro_rules! by_rows {
@@ -12,11 +12,12 @@ macro_rules! by_rows {
 }
 
 pub mod bf16;
+pub mod int8;
 pub mod neon;
 pub mod sve;
 mod vec128;
 
-use crate::Kernels;
+use crate::{Int8Gemm, Kernels};
 use std::arch::is_aarch64_feature_detected;
 
 /// The paths this CPU supports, best first.
@@ -35,12 +36,36 @@ pub fn paths() -> Vec<Kernels> {
     paths
 }
 
+/// The int8 GEMMs this CPU supports, best first.
+pub fn int8_paths() -> Vec<Int8Gemm> {
+    let mut paths = Vec::new();
+    if !is_aarch64_feature_detected!("neon") {
+        return paths;
+    }
+    let dotprod = is_aarch64_feature_detected!("dotprod");
+    if dotprod && is_aarch64_feature_detected!("i8mm") {
+        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm });
+    }
+    if dotprod {
+        paths.push(Int8Gemm { isa: "dotprod", gemm: int8::gemm_i8_dotprod });
+    }
+    paths.push(Int8Gemm { isa: "neon", gemm: int8::gemm_i8_neon });
+    paths
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn every_path_matches_portable_on_odd_sizes() {
         for k in super::paths() {
             crate::portable::twin_tests::check_against_portable(&k);
+        }
+    }
+
+    #[test]
+    fn every_int8_path_matches_portable_exactly() {
+        for path in super::int8_paths() {
+            crate::portable::twin_tests::check_int8_against_portable(&path);
         }
     }
 }

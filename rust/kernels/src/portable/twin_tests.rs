@@ -1,7 +1,7 @@
 use super::{rope_tables, RopeStyle};
 use crate::dispatch::GemmArgs;
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
-use crate::Kernels;
+use crate::{Int8Gemm, Int8Weights, Kernels, QuantizedRows};
 
 pub(crate) fn data(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + seed) * 0.731).sin()).collect()
@@ -135,6 +135,34 @@ pub fn check_against_portable(simd: &Kernels) {
     check_gemm(simd);
     check_rows(simd);
     super::attention::tests::check_attention(simd);
+}
+
+/// An int8 GEMM against the portable one on odd sizes: the same bits, whatever the rows and the
+/// panel split.
+pub fn check_int8_against_portable(simd: &Int8Gemm) {
+    let run = |path: &Int8Gemm, x: &[f32], w: &Int8Weights, k: usize, panels: std::ops::Range<usize>| {
+        let mut rows = QuantizedRows::default();
+        rows.quantize(x, k);
+        let mut out = vec![f32::NAN; rows.m * w.n];
+        // SAFETY: `out` is [m, n] and this thread is its only user.
+        unsafe { (path.gemm)(&rows, w, panels, out.as_mut_ptr(), w.n) };
+        out
+    };
+    let reference = Int8Gemm::portable();
+    for k in [1, 3, 8, 17, 64, 100, 577] {
+        for (m, n) in [(1, 1), (1, 37), (2, 16), (3, 7), (5, 48), (13, 17), (14, 65), (29, 33)] {
+            // Values reaching both ends of the int8 range, and rows of zeros.
+            let x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
+            let w = Int8Weights::quantize(&data(n * k, 2.0), n, k);
+            let want = run(&reference, &x, &w, k, 0..w.panels());
+            let got = run(simd, &x, &w, k, 0..w.panels());
+            assert_eq!(want, got, "{} int8 k={k} m={m} n={n}", simd.isa);
+            let cut = w.panels() / 2;
+            let (mut left, right) = (run(simd, &x, &w, k, 0..cut), run(simd, &x, &w, k, cut..w.panels()));
+            left.iter_mut().zip(&right).filter(|(l, _)| l.is_nan()).for_each(|(l, r)| *l = *r);
+            assert_eq!(left, got, "{} int8: split panel ranges differ", simd.isa);
+        }
+    }
 }
 
 #[test]

@@ -70,7 +70,7 @@ macro_rules! vector_kernels {
     ($v:ty, $features:literal) => {
         mod vectorized {
             use super::*;
-            use crate::dispatch::{GemmFn, Kernels};
+            use crate::dispatch::{GemmFn, Int8Gemm, Kernels};
             use crate::paged::AttentionTask;
             use crate::portable::RopeStyle;
             use crate::vector::{attention as attn, elementwise as ew};
@@ -116,12 +116,14 @@ macro_rules! vector_kernels {
                 attn::attention::<$v>(task, out, out_stride)
             }
 
-            /// The kernel table of this vector type, with the ISA's own GEMM.
+            /// The kernel table of this vector type, with the ISA's own GEMM and the CPU's best
+            /// int8 GEMM.
             pub fn vector_kernels(isa: &'static str, gemm: GemmFn, bf16_activations: bool) -> Kernels {
                 // SAFETY (every closure): the table is only handed out after detecting $features.
                 Kernels {
                     isa,
                     gemm,
+                    gemm_i8: Int8Gemm::best(),
                     bf16_activations,
                     dot: |x, y| unsafe { dot_simd(x, y) },
                     axpy: |a, x, y| unsafe { axpy_simd(a, x, y) },

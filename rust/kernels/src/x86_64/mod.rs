@@ -3,10 +3,11 @@
 
 pub mod avx2;
 pub mod avx512;
+pub mod int8;
 mod vec256;
 mod vec512;
 
-use crate::Kernels;
+use crate::{Int8Gemm, Kernels};
 
 pub fn paths() -> Vec<Kernels> {
     let mut paths = Vec::new();
@@ -20,12 +21,31 @@ pub fn paths() -> Vec<Kernels> {
     paths
 }
 
+/// The int8 GEMMs this CPU supports, best first.
+pub fn int8_paths() -> Vec<Int8Gemm> {
+    let mut paths = Vec::new();
+    if int8::vnni_detected() {
+        paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni });
+    }
+    if is_x86_feature_detected!("avx2") {
+        paths.push(Int8Gemm { isa: "avx2", gemm: int8::gemm_i8_avx2 });
+    }
+    paths
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
     fn every_path_matches_portable_on_odd_sizes() {
         for k in super::paths() {
             crate::portable::twin_tests::check_against_portable(&k);
+        }
+    }
+
+    #[test]
+    fn every_int8_path_matches_portable_exactly() {
+        for path in super::int8_paths() {
+            crate::portable::twin_tests::check_int8_against_portable(&path);
         }
     }
 }

@@ -1,0 +1,162 @@
+//! The W8A8 scheme's data: int8 weights with one scale per output channel, packed at load for
+//! the int8 GEMMs, and activations quantized per token (per row) right before each GEMM.
+//!
+//! Both are symmetric (`value ≈ q * scale`, `q` in -127..=127). A `[n, k]` weight matrix is cut
+//! into panels of [`PANEL`] outputs; inside a panel each block of [`K_BLOCK`] inputs holds the
+//! 16 outputs' 8 weights one after another, `[panel][k / 8][16][8]` (`k` padded with zeros).
+//! Two outputs' 8 weights are then one 16-byte register: the `b` operand of Arm's `SMMLA`,
+//! and two 4-wide partial sums per output for `SDOT`, `vpdpbusd` and `vpmaddubsw`.
+//!
+//! A GEMM's integer sums are exact, so every path gives the same bits: `out = (sum as f32 *
+//! x_scale) * w_scale`, in that order.
+
+use crate::packed::PANEL;
+
+/// Inputs per block of a panel.
+pub const K_BLOCK: usize = 8;
+
+pub struct Int8Weights {
+    /// Output rows.
+    pub n: usize,
+    /// Inner dimension, and the same rounded up to [`K_BLOCK`].
+    pub k: usize,
+    pub k_padded: usize,
+    pub data: Vec<i8>,
+    /// Per output, padded with zeros to whole panels.
+    pub scales: Vec<f32>,
+    /// Per output, the sum of its int8 weights: the correction for kernels that offset
+    /// activations to unsigned bytes (`vpdpbusd` multiplies u8 by s8).
+    pub col_sums: Vec<i32>,
+}
+
+/// The symmetric int8 of `v` with `scale` (`v / scale`, rounded half to even, clamped).
+pub fn quantize_value(v: f32, scale: f32) -> i8 {
+    (v / scale).round_ties_even().clamp(-127.0, 127.0) as i8
+}
+
+/// The scale mapping `max |row|` to 127 (1 for an all-zero row, whose quants are then 0).
+pub fn symmetric_scale(row: &[f32]) -> f32 {
+    let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+    if max > 0.0 {
+        max / 127.0
+    } else {
+        1.0
+    }
+}
+
+impl Int8Weights {
+    /// Quantizes a row-major `[n, k]` float matrix, one scale per output row.
+    pub fn quantize(w: &[f32], n: usize, k: usize) -> Int8Weights {
+        assert_eq!(w.len(), n * k, "quantize: weights must be [n, k]");
+        let mut q = Vec::with_capacity(n * k);
+        let mut scales = Vec::with_capacity(n);
+        for row in w.chunks_exact(k) {
+            let scale = symmetric_scale(row);
+            q.extend(row.iter().map(|&v| quantize_value(v, scale)));
+            scales.push(scale);
+        }
+        Self::pack(&q, &scales, n, k)
+    }
+
+    /// Packs int8 weights `[n, k]` with their per-output scales (a W8A8 checkpoint's tensors).
+    pub fn pack(q: &[i8], scales: &[f32], n: usize, k: usize) -> Int8Weights {
+        assert!(q.len() == n * k && scales.len() == n, "pack: int8 weights must be [n, k] with n scales");
+        let panels = n.div_ceil(PANEL);
+        let k_padded = k.next_multiple_of(K_BLOCK);
+        let at = |row: usize, col: usize| if row < n && col < k { q[row * k + col] } else { 0 };
+        let mut data = Vec::with_capacity(panels * PANEL * k_padded);
+        for p in 0..panels {
+            for block in 0..k_padded / K_BLOCK {
+                for r in 0..PANEL {
+                    data.extend((0..K_BLOCK).map(|i| at(p * PANEL + r, block * K_BLOCK + i)));
+                }
+            }
+        }
+        let mut padded_scales = scales.to_vec();
+        padded_scales.resize(panels * PANEL, 0.0);
+        let mut col_sums: Vec<i32> = q.chunks_exact(k.max(1)).map(|row| row.iter().map(|&v| v as i32).sum()).collect();
+        col_sums.resize(panels * PANEL, 0);
+        Int8Weights { n, k, k_padded, data, scales: padded_scales, col_sums }
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// Bytes from one panel's start to the next.
+    pub fn panel_stride(&self) -> usize {
+        self.k_padded * PANEL
+    }
+
+    /// Bytes a pass over the weights reads (what bounds decode).
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 4 * self.scales.len()
+    }
+
+    /// Row `row` dequantized (embedding look-ups of a tied lm_head).
+    pub fn row(&self, row: usize) -> Vec<f32> {
+        assert!(row < self.n);
+        let (p, r) = (row / PANEL, row % PANEL);
+        let base = p * self.panel_stride() + r * K_BLOCK;
+        (0..self.k).map(|col| self.data[base + (col / K_BLOCK) * PANEL * K_BLOCK + col % K_BLOCK] as f32 * self.scales[row]).collect()
+    }
+}
+
+/// Activation rows quantized per row: `[m][k_padded]` int8 (padding zero) and `m` scales.
+#[derive(Default)]
+pub struct QuantizedRows {
+    pub m: usize,
+    pub k_padded: usize,
+    pub q: Vec<i8>,
+    pub scales: Vec<f32>,
+}
+
+impl QuantizedRows {
+    /// Quantizes `x` (`[m, k]`) in place of what `self` held, reusing its memory.
+    pub fn quantize(&mut self, x: &[f32], k: usize) {
+        let m = x.len() / k;
+        assert_eq!(x.len(), m * k, "quantize: x must be [m, {k}]");
+        self.m = m;
+        self.k_padded = k.next_multiple_of(K_BLOCK);
+        self.q.clear();
+        self.scales.clear();
+        for row in x.chunks_exact(k) {
+            let scale = symmetric_scale(row);
+            self.q.extend(row.iter().map(|&v| quantize_value(v, scale)));
+            self.q.resize(self.q.len() + self.k_padded - k, 0);
+            self.scales.push(scale);
+        }
+    }
+
+    pub fn row(&self, i: usize) -> &[i8] {
+        &self.q[i * self.k_padded..(i + 1) * self.k_padded]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quantize_round_trips_within_half_a_step() {
+        let (n, k) = (19, 13);
+        let w: Vec<f32> = (0..n * k).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.01).collect();
+        let q = Int8Weights::quantize(&w, n, k);
+        for r in 0..n {
+            let step = symmetric_scale(&w[r * k..(r + 1) * k]);
+            for (a, b) in q.row(r).iter().zip(&w[r * k..(r + 1) * k]) {
+                assert!((a - b).abs() <= step / 2.0 + 1e-7, "row {r}: {a} vs {b}");
+            }
+        }
+        assert_eq!(q.col_sums[0], (0..k).map(|c| quantize_value(w[c], q.scales[0]) as i32).sum::<i32>());
+    }
+
+    #[test]
+    fn zero_rows_quantize_to_zero() {
+        let mut rows = QuantizedRows::default();
+        rows.quantize(&[0.0; 10], 5);
+        assert_eq!(rows.scales, vec![1.0, 1.0]);
+        assert!(rows.q.iter().all(|&v| v == 0));
+        assert_eq!(rows.row(1).len(), 8);
+    }
+}

@@ -1,0 +1,147 @@
+//! int8 GEMMs for W8A8 on x86_64 (layout and epilogue in [`crate::int8`]).
+//!
+//! - AVX-512 VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by
+//!   128 (a sign-bit flip) and `128 * sum(w)`, precomputed at pack time, is taken off at the end.
+//!   A tile is up to 12 rows by one panel: each row keeps two registers of (output, half-block)
+//!   partial sums, folded into 16 outputs once per tile.
+//! - AVX2: `vpmaddubsw` with the sign trick (|x| times w carrying x's sign): the pairs it adds in
+//!   16 bits stay within 2 * 127 * 127, where an offset activation (up to 255) would saturate.
+//!   Up to 2 rows per tile, 4 registers of partial sums each.
+//!
+//! The sums are exact integers, so results match the portable twin bit for bit.
+
+use crate::int8::{Int8Weights, QuantizedRows, K_BLOCK};
+use crate::packed::PANEL;
+use crate::portable::gemm::for_each_tile;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// Bytes of one block of a panel: 16 outputs x 8 inputs.
+const BLOCK_BYTES: usize = PANEL * K_BLOCK;
+
+/// Where a tile reads and writes.
+struct Tile<'a> {
+    x: &'a QuantizedRows,
+    w: &'a Int8Weights,
+    row: usize,
+    panel: usize,
+    out: *mut f32,
+    ldo: usize,
+}
+
+impl Tile<'_> {
+    /// The 8 activation bytes of block `b` of tile row `r`, as one 64-bit lane.
+    #[inline(always)]
+    unsafe fn x_block(&self, r: usize, b: usize) -> i64 {
+        (self.x.q.as_ptr().add((self.row + r) * self.x.k_padded + b * K_BLOCK) as *const i64).read_unaligned()
+    }
+
+    #[inline(always)]
+    unsafe fn w_block(&self, b: usize) -> *const i8 {
+        self.w.data.as_ptr().add(self.panel * self.w.panel_stride() + b * BLOCK_BYTES)
+    }
+
+    /// Scales the 16 sums of tile row `r` and stores the panel's valid columns.
+    #[inline(always)]
+    unsafe fn store(&self, r: usize, sums: [i32; PANEL]) {
+        let (i, first) = (self.row + r, self.panel * PANEL);
+        let cols = (self.w.n - first).min(PANEL);
+        let dst = self.out.add(i * self.ldo + first);
+        for (c, s) in sums[..cols].iter().enumerate() {
+            *dst.add(c) = *s as f32 * self.x.scales[i] * self.w.scales[first + c];
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_vnni<const R: usize>(t: &Tile) {
+    let mut acc = [[_mm512_setzero_si512(); 2]; R];
+    let sign_bits = _mm512_set1_epi8(-128);
+    for b in 0..t.w.k_padded / K_BLOCK {
+        let wp = t.w_block(b);
+        let w = [_mm512_loadu_si512(wp as *const _), _mm512_loadu_si512(wp.add(64) as *const _)];
+        for (r, a) in acc.iter_mut().enumerate() {
+            let xu = _mm512_xor_si512(_mm512_set1_epi64(t.x_block(r, b)), sign_bits);
+            a[0] = _mm512_dpbusd_epi32(a[0], xu, w[0]);
+            a[1] = _mm512_dpbusd_epi32(a[1], xu, w[1]);
+        }
+    }
+    // Lanes hold (output, first half) and (output, second half) in turn: add neighbours.
+    let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    let offset = _mm512_slli_epi32::<7>(_mm512_loadu_si512(t.w.col_sums.as_ptr().add(t.panel * PANEL) as *const _));
+    for (r, a) in acc.iter().enumerate() {
+        let sums = _mm512_add_epi32(_mm512_permutex2var_epi32(a[0], even, a[1]), _mm512_permutex2var_epi32(a[0], odd, a[1]));
+        let mut out = [0i32; PANEL];
+        _mm512_storeu_si512(out.as_mut_ptr() as *mut _, _mm512_sub_epi32(sums, offset));
+        t.store(r, out);
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_avx2<const R: usize>(t: &Tile) {
+    let mut acc = [[_mm256_setzero_si256(); 4]; R];
+    let ones = _mm256_set1_epi16(1);
+    for b in 0..t.w.k_padded / K_BLOCK {
+        let wp = t.w_block(b);
+        let w: [__m256i; 4] = std::array::from_fn(|q| _mm256_loadu_si256(wp.add(32 * q) as *const __m256i));
+        for (r, a) in acc.iter_mut().enumerate() {
+            let x = _mm256_set1_epi64x(t.x_block(r, b));
+            let x_abs = _mm256_abs_epi8(x);
+            for (aq, wq) in a.iter_mut().zip(&w) {
+                let pairs = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(*wq, x));
+                *aq = _mm256_add_epi32(*aq, _mm256_madd_epi16(pairs, ones));
+            }
+        }
+    }
+    for (r, a) in acc.iter().enumerate() {
+        // hadd gives outputs [0 1 4 5 | 2 3 6 7] of two registers; the permute puts them in order.
+        let lo = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(a[0], a[1]));
+        let hi = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_hadd_epi32(a[2], a[3]));
+        let mut out = [0i32; PANEL];
+        _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, lo);
+        _mm256_storeu_si256(out.as_mut_ptr().add(8) as *mut __m256i, hi);
+        t.store(r, out);
+    }
+}
+
+macro_rules! by_rows {
+    ($rows:expr, $f:ident, $t:expr, [$($r:literal)*]) => {
+        match $rows {
+            $($r => $f::<$r>($t),)*
+            rows => unreachable!("no tile of {rows} rows"),
+        }
+    };
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn gemm_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    for_each_tile(x.m, panels, 12, 1, |row, rows, panel, _| {
+        let t = Tile { x, w, row, panel, out, ldo };
+        by_rows!(rows, tile_vnni, &t, [1 2 3 4 5 6 7 8 9 10 11 12])
+    });
+}
+
+#[target_feature(enable = "avx2")]
+unsafe fn gemm_avx2(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    for_each_tile(x.m, panels, 2, 1, |row, rows, panel, _| {
+        let t = Tile { x, w, row, panel, out, ldo };
+        by_rows!(rows, tile_avx2, &t, [1 2])
+    });
+}
+
+pub fn vnni_detected() -> bool {
+    is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni")
+}
+
+/// # Safety
+/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after [`vnni_detected`].
+pub unsafe fn gemm_i8_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_vnni(x, w, panels, out, ldo)
+}
+
+/// # Safety
+/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after detecting avx2.
+pub unsafe fn gemm_i8_avx2(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_avx2(x, w, panels, out, ldo)
+}
