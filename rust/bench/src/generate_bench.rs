@@ -66,6 +66,22 @@ fn random_weights(cfg: &ModelConfig, rng: &mut Rng) -> Result<WeightStore, Strin
     Ok(store)
 }
 
+/// How the engine holds the weights: `--dtype`, `--quantization`, `--quantize-lm-head 1`.
+struct Precision {
+    dtype: String,
+    quantization: Option<String>,
+    quantize_lm_head: bool,
+}
+
+impl Precision {
+    fn describe(&self) -> String {
+        match &self.quantization {
+            None => self.dtype.clone(),
+            Some(q) => format!("{q} ({} lm_head)", if self.quantize_lm_head { "int8".to_string() } else { self.dtype.clone() }),
+        }
+    }
+}
+
 /// Tokens per request: prompt, then new tokens.
 #[derive(Clone, Copy)]
 struct Lengths {
@@ -74,11 +90,13 @@ struct Lengths {
 }
 
 /// Options that fit `max_batch` requests in the KV pool at once, so none waits for pages.
-fn engine_options(len: Lengths, max_batch: usize, threads: usize, dtype: &str) -> Result<EngineOptions, String> {
+fn engine_options(len: Lengths, max_batch: usize, threads: usize, precision: &Precision) -> Result<EngineOptions, String> {
     let per_request = (len.prompt + len.generated).next_multiple_of(PAGE_SIZE);
     let opts = json!({
         "threads": threads,
-        "dtype": dtype,
+        "dtype": precision.dtype,
+        "quantization": precision.quantization,
+        "quantize_lm_head": precision.quantize_lm_head,
         "page_size": PAGE_SIZE,
         "context_length": len.prompt + len.generated,
         "max_total_tokens": max_batch * per_request,
@@ -251,7 +269,11 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let batches = args.usize_list_or("batch", &[1, 8])?;
     let len = Lengths { prompt: args.usize_or("prompt-len", 128)?, generated: args.usize_or("gen-len", 32)? };
     let threads = args.usize_or("threads", std::thread::available_parallelism().map_or(1, |n| n.get()))?;
-    let dtype = args.string("dtype").unwrap_or_else(|| "float32".into());
+    let precision = Precision {
+        dtype: args.string("dtype").unwrap_or_else(|| "float32".into()),
+        quantization: args.string("quantization"),
+        quantize_lm_head: args.string("quantize-lm-head").is_some_and(|v| v == "1" || v == "true"),
+    };
     let json_path = args.string("json");
     args.finish()?;
     if len.generated < 2 {
@@ -264,15 +286,17 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let cfg = parse_config(&config)?;
     let vocab = cfg.vocab_size;
     let max_batch = *batches.iter().max().expect("the list parser yields at least one");
-    let opts = engine_options(len, max_batch, threads, &dtype)?;
+    let opts = engine_options(len, max_batch, threads, &precision)?;
     let engine = Engine::start(cfg, weights, None, vec![], opts).map_err(|e| e.to_string())?;
     let load_seconds = load_started.elapsed().as_secs_f64();
     let stats = engine.stats();
     println!(
-        "rsgl-bench generate: {}, weights stored as {}, held as {dtype}, kernels {}, {} thread(s), prompt {} + {} new tokens (loaded in {load_seconds:.1} s)",
+        "rsgl-bench generate: {}, weights stored as {}, held as {}, kernels {} (int8: {}), {} thread(s), prompt {} + {} new tokens (loaded in {load_seconds:.1} s)",
         source.describe(),
         stored_dtypes.join("/"),
+        precision.describe(),
         stats.kernels,
+        stats.int8_kernels,
         stats.threads,
         len.prompt,
         len.generated
@@ -296,6 +320,9 @@ pub fn run(mut args: Args) -> Result<(), String> {
             "model": config,
             "kernels": stats.kernels,
             "dtype": stats.dtype,
+            "quantization": stats.quantization,
+            "quantize_lm_head": precision.quantize_lm_head,
+            "int8_kernels": stats.int8_kernels,
             "threads": stats.threads,
             "prompt_len": len.prompt,
             "gen_len": len.generated,

@@ -9,7 +9,7 @@ use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
 use rsgl_kernels::portable::rope_tables;
-use rsgl_kernels::{kernels, linear, AttentionTask, Kernels, PackedWeights, PagedKv, RopeStyle, ThreadPool, WeightDtype};
+use rsgl_kernels::{kernels, linear, linear_i8, AttentionTask, Int8Gemm, Int8Weights, Kernels, PackedWeights, PagedKv, QuantizedRows, RopeStyle, ThreadPool, WeightDtype};
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -25,6 +25,8 @@ const PAGE: usize = 16;
 enum Op {
     /// `[m, k] · [n, k]ᵀ` with weights of `dtype`
     Gemm { m: usize, n: usize, k: usize, dtype: WeightDtype },
+    /// The same with W8A8 int8 weights (activations quantized per row inside the call)
+    GemmI8 { m: usize, n: usize, k: usize },
     Dot { n: usize },
     Axpy { n: usize },
     AddRmsNorm { n: usize },
@@ -42,11 +44,11 @@ enum Op {
 /// m = 1 is decode, 16 a decode batch, 512 a prefill.
 fn cases() -> Vec<Op> {
     let mut cases = Vec::new();
+    let shapes = [(1, 3072, 576), (1, 49152, 576), (16, 3072, 576), (512, 3072, 576), (512, 576, 1536)];
     for dtype in [WeightDtype::BF16, WeightDtype::F16, WeightDtype::F32] {
-        for (m, n, k) in [(1, 3072, 576), (1, 49152, 576), (16, 3072, 576), (512, 3072, 576), (512, 576, 1536)] {
-            cases.push(Op::Gemm { m, n, k, dtype });
-        }
+        cases.extend(shapes.map(|(m, n, k)| Op::Gemm { m, n, k, dtype }));
     }
+    cases.extend(shapes.map(|(m, n, k)| Op::GemmI8 { m, n, k }));
     cases.extend([
         Op::Dot { n: 16384 },
         Op::Axpy { n: 16384 },
@@ -69,6 +71,7 @@ impl Op {
             Op::Gemm { dtype: WeightDtype::F32, .. } => "gemm_f32",
             Op::Gemm { dtype: WeightDtype::BF16, .. } => "gemm_bf16",
             Op::Gemm { dtype: WeightDtype::F16, .. } => "gemm_f16",
+            Op::GemmI8 { .. } => "gemm_w8a8",
             Op::Dot { .. } => "dot",
             Op::Axpy { .. } => "axpy",
             Op::AddRmsNorm { .. } => "add_rmsnorm",
@@ -85,7 +88,7 @@ impl Op {
 
     fn shape(self) -> String {
         match self {
-            Op::Gemm { m, n, k, .. } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
             Op::Rope { heads } => format!("[{heads}x{HEAD_DIM}]"),
             Op::TopK { n, k } => format!("[{n}] k={k}"),
             Op::Attention { tokens, span } => format!("{tokens}x{GROUP} rows, {span} keys"),
@@ -98,6 +101,7 @@ impl Op {
     fn shape_json(self) -> Value {
         match self {
             Op::Gemm { m, n, k, dtype } => json!({ "m": m, "n": n, "k": k, "dtype": format!("{dtype:?}") }),
+            Op::GemmI8 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "w8a8_int8" }),
             Op::Rope { heads } => json!({ "heads": heads, "head_dim": HEAD_DIM }),
             Op::TopK { n, k } => json!({ "n": n, "k": k }),
             Op::Attention { tokens, span } => json!({ "tokens": tokens, "span": span, "group": GROUP, "head_dim": HEAD_DIM, "page_size": PAGE }),
@@ -111,7 +115,7 @@ impl Op {
     /// queries are `x`), `x` and a second vector otherwise.
     fn operand_lens(self) -> (usize, usize) {
         match self {
-            Op::Gemm { m, n, k, .. } => (m * k, n * k),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => (m * k, n * k),
             Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
             Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TopK { n, .. } | Op::TokenMask { n } => (n, n),
@@ -124,6 +128,7 @@ impl Op {
         let (x, y) = self.operand_lens();
         let per_thread = match self {
             Op::Gemm { n, k, dtype, .. } => return (n * k * dtype.bytes()) as f64,
+            Op::GemmI8 { n, k, .. } => return (n * k) as f64,
             Op::Attention { .. } => 2 * y * 4,
             Op::Softmax { .. } | Op::Argmax { .. } | Op::TopK { .. } | Op::TokenMask { .. } => x * 4,
             _ => (x + y) * 4,
@@ -133,7 +138,7 @@ impl Op {
 
     fn flops(self, threads: usize) -> f64 {
         let per_thread = match self {
-            Op::Gemm { m, n, k, .. } => return (2 * m * n * k) as f64,
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => return (2 * m * n * k) as f64,
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } => 2 * n,
             // Two products per key and dimension (scores, then values) for each row.
             Op::Attention { tokens, span } => 4 * tokens * GROUP * span * HEAD_DIM,
@@ -150,6 +155,13 @@ impl Op {
                 let (mut out, mut scratch) = (vec![0.0; m * n], Vec::new());
                 for _ in 0..iters {
                     linear(kern, pool, black_box(x), w, None, &mut out, &mut scratch);
+                    black_box(&mut out);
+                }
+            }
+            (Op::GemmI8 { m, n, .. }, Operand::Int8(w)) => {
+                let (mut out, mut rows) = (vec![0.0; m * n], QuantizedRows::default());
+                for _ in 0..iters {
+                    linear_i8(kern, pool, black_box(x), w, None, &mut out, &mut rows);
                     black_box(&mut out);
                 }
             }
@@ -185,7 +197,7 @@ impl Op {
                             mine.copy_from_slice(x);
                             (kern.apply_token_mask)(&mut mine, &mask)
                         }
-                        Op::Gemm { .. } | Op::Attention { .. } => unreachable!("handled above"),
+                        Op::Gemm { .. } | Op::GemmI8 { .. } | Op::Attention { .. } => unreachable!("handled above"),
                     }
                     black_box((&mut mine, &mut out, &mut best));
                 }
@@ -198,6 +210,7 @@ impl Op {
 /// The second operand: packed weights for a GEMM, a vector otherwise.
 enum Operand {
     Packed(PackedWeights),
+    Int8(Int8Weights),
     Vector(Vec<f32>),
 }
 
@@ -235,6 +248,13 @@ fn kernel_paths() -> Vec<Kernels> {
     let mut paths = Kernels::simd_paths();
     paths.push(Kernels::portable());
     paths
+}
+
+/// Every int8 GEMM this CPU has, then the portable twin, each in a table named after it.
+fn int8_paths() -> Vec<Kernels> {
+    let mut paths = Int8Gemm::simd_paths();
+    paths.push(Int8Gemm::portable());
+    paths.into_iter().map(|gemm_i8| Kernels { isa: gemm_i8.isa, gemm_i8, ..Kernels::portable() }).collect()
 }
 
 struct Measurement {
@@ -289,6 +309,7 @@ fn measure_all(threads: usize) -> Vec<Measurement> {
         let (x, raw) = (random_vec(&mut rng, x_len), random_vec(&mut rng, operand_len));
         let operand = match op {
             Op::Gemm { n, k, dtype, .. } => Operand::Packed(PackedWeights::pack(&raw, n, k, dtype)),
+            Op::GemmI8 { n, k, .. } => Operand::Int8(Int8Weights::quantize(&raw, n, k)),
             Op::Rope { .. } => {
                 // cos | sin of one position, as the engine's tables hold them.
                 let angles: Vec<f64> = (0..HEAD_DIM / 2).map(|i| 300.0 * 1e-4f64.powf(i as f64 / 32.0)).collect();
@@ -298,7 +319,11 @@ fn measure_all(threads: usize) -> Vec<Measurement> {
             }
             _ => Operand::Vector(raw),
         };
-        for kern in kernel_paths() {
+        let paths = match op {
+            Op::GemmI8 { .. } => int8_paths(),
+            _ => kernel_paths(),
+        };
+        for kern in paths {
             let (iters, seconds) = seconds_per_round(&|iters| op.run(&kern, &pool, &x, &operand, iters));
             results.push(Measurement { op, isa: kern.isa, iters, seconds, threads });
         }

@@ -17,10 +17,12 @@ usage:
       the portable twin; GEMMs split over an N-thread pool (default 1)
   rsgl-bench generate [--preset smollm2-135m|tiny | --model-dir DIR] [--batch 1,8]
                       [--prompt-len 128] [--gen-len 32] [--dtype float32|bfloat16|float16]
+                      [--quantization w8a8_int8 [--quantize-lm-head 1]]
                       [--threads N] [--json FILE]
       offline greedy generation on a random-weight model of the preset's shape, or on the
       model in DIR (config.json and *.safetensors in F32/BF16/F16, e.g. written by
-      benches/prepare_model_dir.py), its weights held in --dtype (default float32):
+      benches/prepare_model_dir.py), its weights held in --dtype (default float32) or
+      quantized (the lm_head stays in --dtype unless --quantize-lm-head 1):
       prefill and decode tok/s at each batch size (threads default: all cores)
   rsgl-bench membw    [--threads N] [--size-mb 1024] [--reps 10] [--json FILE]
       memory read bandwidth: N threads (default: all cores) each sum their slice of a

@@ -115,6 +115,15 @@ impl Dtype {
     }
 }
 
+/// Weight quantization applied when the model is built.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+pub enum Quantization {
+    /// int8 weights with one scale per output channel and int8 activations with one scale per
+    /// token, quantized on the fly (SGLang's `w8a8_int8`).
+    #[serde(rename = "w8a8_int8")]
+    W8A8Int8,
+}
+
 /// Engine options, named after SGLang's server arguments where one exists.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -135,8 +144,13 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Pins each compute thread to its own core.
     pub pin_threads: bool,
-    /// Precision the weights are held and multiplied in.
+    /// Precision the weights are held and multiplied in (with `quantization`: the embedding's
+    /// and the lm_head's).
     pub dtype: Dtype,
+    /// Quantizes every linear layer's weights at load.
+    pub quantization: Option<Quantization>,
+    /// With `quantization`, quantizes the lm_head too (and a tied embedding with it).
+    pub quantize_lm_head: bool,
     /// Seed of the per-request seeds of requests that give none.
     pub random_seed: u64,
     /// Order of admission: fcfs, lpm or dfs-weight.
@@ -157,6 +171,8 @@ impl Default for EngineOptions {
             threads: 0,
             pin_threads: true,
             dtype: Dtype::Float32,
+            quantization: None,
+            quantize_lm_head: false,
             random_seed: 0,
             schedule_policy: SchedulePolicy::Fcfs,
             disable_radix_cache: false,

@@ -1,10 +1,10 @@
 //! The engine thread and its handle. The thread owns the model, the KV cache and every request;
 //! callers talk to it through channels, so no lock is held while the model runs.
 
-use crate::config::{Dtype, EngineOptions, ModelConfig};
+use crate::config::{Dtype, EngineOptions, ModelConfig, Quantization};
 use crate::error::{invalid, EngineError, Result};
 use crate::kv::{BlockPool, KvCache};
-use crate::model::{Compute, LlamaModel};
+use crate::model::{Compute, LlamaModel, Precision};
 use rsgl_kernels::ThreadPool;
 use crate::request::{validate, GenerateRequest, Output, Sequence};
 use crate::scheduler::Scheduler;
@@ -31,9 +31,13 @@ enum Command {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct EngineStats {
     pub kernels: &'static str,
+    /// The int8 GEMM's path (what W8A8 layers run on).
+    pub int8_kernels: &'static str,
     pub threads: usize,
     /// Weight precision.
     pub dtype: Dtype,
+    /// Weight quantization of the linear layers, if any.
+    pub quantization: Option<Quantization>,
     pub running_requests: usize,
     pub waiting_requests: usize,
     pub kv_pages_total: usize,
@@ -117,14 +121,17 @@ impl Engine {
         let threads = if opts.threads == 0 { rsgl_kernels::pool::physical_cores() } else { opts.threads };
         let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads));
         let vocab_size = cfg.vocab_size;
-        let model = LlamaModel::new(cfg, weights, context_length, opts.dtype.weight_dtype(), compute)?;
+        let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
+        let model = LlamaModel::new(cfg, weights, context_length, precision, compute)?;
         let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
         let num_pages = opts.kv_pages(model.config());
         let kv = KvCache::new(model.config(), num_pages, opts.page_size);
         let stats = Arc::new(Mutex::new(EngineStats {
             kernels: rsgl_kernels::kernels().isa,
+            int8_kernels: rsgl_kernels::kernels().gemm_i8.isa,
             threads,
             dtype: opts.dtype,
+            quantization: opts.quantization,
             kv_pages_total: num_pages,
             kv_pages_free: num_pages,
             radix_cache: !opts.disable_radix_cache,

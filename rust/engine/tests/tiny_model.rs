@@ -9,9 +9,11 @@ use std::time::Duration;
 
 #[test]
 fn batched_greedy_equals_one_at_a_time() {
-    for arch in ["llama", "qwen2", "qwen3"] {
+    // Float weights, then W8A8 (activations quantized per token, so per request too).
+    let precisions = [r#""dtype": "bfloat16""#, r#""quantization": "w8a8_int8", "quantize_lm_head": true"#];
+    for (arch, precision) in ["llama", "qwen2", "qwen3"].into_iter().flat_map(|a| precisions.map(|p| (a, p))) {
         // A small prefill budget forces chunked prefills next to decodes.
-        let e = engine(arch, r#"{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": 2}"#);
+        let e = engine(arch, &format!(r#"{{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": 2, {precision}}}"#));
         let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 1 + 7 * i as usize)).collect();
         let alone: Vec<Vec<u32>> = prompts
             .iter()
@@ -20,7 +22,7 @@ fn batched_greedy_equals_one_at_a_time() {
             .collect();
         let streams: Vec<_> = prompts.iter().enumerate().map(|(i, p)| e.submit(request(&format!("b{i}"), p.clone(), 12)).unwrap()).collect();
         let together: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).0).collect();
-        assert_eq!(alone, together, "{arch}");
+        assert_eq!(alone, together, "{arch} {precision}");
         assert!(alone.iter().all(|t| t.len() == 12));
         assert_drained(&e);
     }

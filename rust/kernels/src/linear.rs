@@ -2,7 +2,7 @@
 //! or 32-bit floats ([`linear`]) or W8A8 int8 ([`linear_i8`]).
 
 use crate::dispatch::{GemmArgs, Kernels};
-use crate::int8::{Int8Weights, QuantizedRows};
+use crate::int8::{quantize_row, Int8Weights, QuantizedRows};
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::pool::{split, SendPtr, ThreadPool};
 use std::ops::Range;
@@ -36,7 +36,12 @@ pub fn linear_i8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8Weights, 
     if m == 0 {
         return;
     }
-    rows.quantize(x, w.k);
+    // Rows quantize on the pool too: a prefill's activations are megabytes.
+    rows.resize(m, w.k);
+    let k_padded = rows.k_padded;
+    pool.for_chunk_pairs_mut(&mut rows.q, k_padded, &mut rows.scales, 1, &|i, q, scale| {
+        scale[0] = quantize_row(&x[i * w.k..(i + 1) * w.k], q);
+    });
     let (rows, gemm) = (&*rows, kern.gemm_i8.gemm);
     // SAFETY: as in `linear`.
     split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });

@@ -4,7 +4,7 @@
 
 use super::linear::{Compute, Linear, LinearParts};
 use super::rope::Rope;
-use crate::config::ModelConfig;
+use crate::config::{ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::KvCache;
 use crate::weights::WeightStore;
@@ -14,6 +14,15 @@ use rsgl_kernels::{AttentionTask, RopeStyle, WeightDtype};
 /// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
 /// key page across rows, few enough that a prefill splits into many tasks to balance.
 const ATTENTION_TASK_ROWS: usize = 16;
+
+/// How the weights are held: `dtype` for floats, the linear layers quantized when
+/// `quantization` is set (the lm_head too with `quantize_lm_head`).
+#[derive(Clone, Copy)]
+pub struct Precision {
+    pub dtype: WeightDtype,
+    pub quantization: Option<Quantization>,
+    pub quantize_lm_head: bool,
+}
 
 /// The part of one sequence computed in a step.
 pub struct SeqChunk<'a> {
@@ -58,7 +67,8 @@ fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Res
 
 impl LlamaModel {
     /// Packs the weights in `dtype` for the kernels of `compute`.
-    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, dtype: WeightDtype, compute: Compute) -> Result<Self> {
+    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, compute: Compute) -> Result<Self> {
+        let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, i, v, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim);
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
@@ -66,7 +76,7 @@ impl LlamaModel {
             let p = format!("model.layers.{l}");
             let attn = format!("{p}.self_attn");
             let single = |w: &mut WeightStore, name: &str, out: usize, inp: usize| -> Result<Linear> {
-                Ok(Linear::fused(vec![take_linear(w, name, out, inp)?], inp, dtype))
+                Ok(Linear::fused(vec![take_linear(w, name, out, inp)?], inp, dtype, quantization))
             };
             let qkv = Linear::fused(
                 vec![
@@ -76,6 +86,7 @@ impl LlamaModel {
                 ],
                 h,
                 dtype,
+                quantization,
             );
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (Some(w.take(&format!("{attn}.q_norm.weight"), &[hd])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[hd])?))
@@ -96,6 +107,7 @@ impl LlamaModel {
                     ],
                     h,
                     dtype,
+                    quantization,
                 ),
                 down: single(&mut w, &format!("{p}.mlp.down_proj"), h, i)?,
             });
@@ -108,7 +120,8 @@ impl LlamaModel {
         } else {
             (Some(embed), w.take("lm_head.weight", &[v, h])?)
         };
-        let lm_head = Linear::fused(vec![LinearParts { weight: lm_head, bias: None, out_features: v }], h, dtype);
+        let lm_head_quantization = quantization.filter(|_| quantize_lm_head);
+        let lm_head = Linear::fused(vec![LinearParts { weight: lm_head, bias: None, out_features: v }], h, dtype, lm_head_quantization);
         if !w.is_empty() {
             return Err(EngineError::ModelLoad(format!(
                 "the checkpoint has tensors this {} model does not use: {:?}",

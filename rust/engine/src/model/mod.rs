@@ -4,6 +4,6 @@ mod linear;
 mod llama;
 mod rope;
 
-pub use linear::{Compute, Linear, LinearParts};
-pub use llama::{LlamaModel, SeqChunk};
+pub use linear::{Compute, Linear, LinearParts, Weights};
+pub use llama::{LlamaModel, Precision, SeqChunk};
 pub use rope::Rope;

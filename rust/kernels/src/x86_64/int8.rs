@@ -2,8 +2,8 @@
 //!
 //! - AVX-512 VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by
 //!   128 (a sign-bit flip) and `128 * sum(w)`, precomputed at pack time, is taken off at the end.
-//!   A tile is up to 12 rows by one panel: each row keeps two registers of (output, half-block)
-//!   partial sums, folded into 16 outputs once per tile.
+//!   A tile is up to 6 rows by one panel: each row keeps two registers of (output, half-block)
+//!   partial sums for even blocks and two for odd ones, folded into 16 outputs once per tile.
 //! - AVX2: `vpmaddubsw` with the sign trick (|x| times w carrying x's sign): the pairs it adds in
 //!   16 bits stay within 2 * 127 * 127, where an offset activation (up to 255) would saturate.
 //!   Up to 2 rows per tile, 4 registers of partial sums each.
@@ -53,25 +53,39 @@ impl Tile<'_> {
     }
 }
 
+/// Adds block `b` of `R` rows into `acc`.
+#[inline(always)]
+unsafe fn vnni_block<const R: usize>(t: &Tile, b: usize, acc: &mut [[__m512i; 2]; R]) {
+    let wp = t.w_block(b);
+    let w = [_mm512_loadu_si512(wp as *const _), _mm512_loadu_si512(wp.add(64) as *const _)];
+    for (r, a) in acc.iter_mut().enumerate() {
+        let xu = _mm512_xor_si512(_mm512_set1_epi64(t.x_block(r, b)), _mm512_set1_epi8(-128));
+        a[0] = _mm512_dpbusd_epi32(a[0], xu, w[0]);
+        a[1] = _mm512_dpbusd_epi32(a[1], xu, w[1]);
+    }
+}
+
+/// `R` rows; even and odd blocks go to two sets of accumulators, so a short tile (decode) still
+/// has independent `vpdpbusd` chains to overlap. Integer sums do not care about the order.
 #[inline(always)]
 unsafe fn tile_vnni<const R: usize>(t: &Tile) {
-    let mut acc = [[_mm512_setzero_si512(); 2]; R];
-    let sign_bits = _mm512_set1_epi8(-128);
-    for b in 0..t.w.k_padded / K_BLOCK {
-        let wp = t.w_block(b);
-        let w = [_mm512_loadu_si512(wp as *const _), _mm512_loadu_si512(wp.add(64) as *const _)];
-        for (r, a) in acc.iter_mut().enumerate() {
-            let xu = _mm512_xor_si512(_mm512_set1_epi64(t.x_block(r, b)), sign_bits);
-            a[0] = _mm512_dpbusd_epi32(a[0], xu, w[0]);
-            a[1] = _mm512_dpbusd_epi32(a[1], xu, w[1]);
-        }
+    let (mut even_blocks, mut odd_blocks) = ([[_mm512_setzero_si512(); 2]; R], [[_mm512_setzero_si512(); 2]; R]);
+    let blocks = t.w.k_padded / K_BLOCK;
+    for b in (0..blocks - blocks % 2).step_by(2) {
+        vnni_block(t, b, &mut even_blocks);
+        vnni_block(t, b + 1, &mut odd_blocks);
+    }
+    if blocks % 2 == 1 {
+        vnni_block(t, blocks - 1, &mut even_blocks);
     }
     // Lanes hold (output, first half) and (output, second half) in turn: add neighbours.
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     let offset = _mm512_slli_epi32::<7>(_mm512_loadu_si512(t.w.col_sums.as_ptr().add(t.panel * PANEL) as *const _));
-    for (r, a) in acc.iter().enumerate() {
-        let sums = _mm512_add_epi32(_mm512_permutex2var_epi32(a[0], even, a[1]), _mm512_permutex2var_epi32(a[0], odd, a[1]));
+    for r in 0..R {
+        let lo = _mm512_add_epi32(even_blocks[r][0], odd_blocks[r][0]);
+        let hi = _mm512_add_epi32(even_blocks[r][1], odd_blocks[r][1]);
+        let sums = _mm512_add_epi32(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
         let mut out = [0i32; PANEL];
         _mm512_storeu_si512(out.as_mut_ptr() as *mut _, _mm512_sub_epi32(sums, offset));
         t.store(r, out);
@@ -116,9 +130,9 @@ macro_rules! by_rows {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    for_each_tile(x.m, panels, 12, 1, |row, rows, panel, _| {
+    for_each_tile(x.m, panels, 6, 1, |row, rows, panel, _| {
         let t = Tile { x, w, row, panel, out, ldo };
-        by_rows!(rows, tile_vnni, &t, [1 2 3 4 5 6 7 8 9 10 11 12])
+        by_rows!(rows, tile_vnni, &t, [1 2 3 4 5 6])
     });
 }
 
