@@ -4,7 +4,7 @@ on the same threads, in one run, beside the memory read bandwidth that bounds ba
     python benches/compare.py [--threads 2] [--quick] [--skip-llamacpp] [--skip-transformers]
                               [--json bench-results/compare.json] [--plot bench-results/compare.png]
 
-Engines and weights: rsgl.Engine in bfloat16 and float32; transformers (eager PyTorch, no
+Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included); transformers (eager PyTorch, no
 torch.compile, its default attention) in float32 and bfloat16; llama.cpp (llama-cpp-python) on
 the model written as F16 and Q8_0 GGUF (cached in ~/.cache/rsgl-bench). All get the same random
 token ids and run greedy with EOS ignored; each engine runs in a process of its own, so thread
@@ -159,11 +159,13 @@ def run_isolated(fn: Callable[..., dict], *args) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload) -> dict:
+def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, quantization: str | None = None) -> dict:
     import rsgl
 
-    # No prefix cache: every run computes its whole prompt, as the other engines do.
-    with rsgl.Engine(dtype=dtype, threads=threads, disable_radix_cache=True, progress=False) as llm:
+    # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
+    # quantizes the lm_head too, as llama.cpp's Q8_0 does the (tied) output matrix.
+    precision = {"quantization": quantization, "quantize_lm_head": True} if quantization else {}
+    with rsgl.Engine(dtype=dtype, threads=threads, disable_radix_cache=True, progress=False, **precision) as llm:
 
         def generate(batch: list[list[int]], new_tokens: int) -> None:
             params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -172,7 +174,7 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload) -> 
 
         result = measure(generate, prompts, work)
         info = llm.get_server_info()
-    return {**result, "info": {k: info[k] for k in ("kernels", "threads", "dtype") if k in info}}
+    return {**result, "info": {k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}
 
 
 def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload) -> dict:
@@ -376,6 +378,7 @@ def plan(args: argparse.Namespace, gguf_path: Path, config: dict, prompts: Promp
     runs = [
         (Row("rsgl", "bf16", 2 * params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work)),
         (Row("rsgl", "f32", 4 * params), partial(run_isolated, measure_rsgl, "float32", t, prompts, work)),
+        (Row("rsgl", "w8a8", params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work, "w8a8_int8")),
     ]
     if not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):

@@ -107,3 +107,50 @@ def test_16_bit_weights_match_the_rounded_model(tiny_models, arch, dtype):
         batched = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
         for one, out in zip(alone, batched):
             assert np.array_equal(one, np.array(out["meta_info"]["prompt_logits"], dtype=np.float32))
+
+
+def w8a8_reference(model, quantize_lm_head: bool):
+    """`model` with rsgl's W8A8 numerics simulated in torch: each linear layer's weights rounded to
+    int8 with one scale per output channel, its input rounded to int8 with one scale per token."""
+
+    def to_int8_grid(t: torch.Tensor) -> torch.Tensor:
+        scale = t.abs().amax(dim=-1, keepdim=True) / 127
+        scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+        return torch.round(t / scale).clamp(-127, 127) * scale  # half to even, as rsgl
+
+    quantized = copy.deepcopy(model)
+    for name, module in quantized.named_modules():
+        if isinstance(module, torch.nn.Linear) and (quantize_lm_head or name != "lm_head"):
+            module.weight.data = to_int8_grid(module.weight.data)
+            module.register_forward_pre_hook(lambda _, args: (to_int8_grid(args[0]),))
+    return quantized
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("quantize_lm_head", [False, True])
+def test_w8a8_matches_its_torch_simulation(tiny_models, arch, quantize_lm_head):
+    path, hf = tiny_models[arch]
+    reference = w8a8_reference(hf, quantize_lm_head)
+    prompts = [prompt(n, 500 + n) for n in (1, 9, 64)]
+    options = {"quantization": "w8a8_int8", "quantize_lm_head": quantize_lm_head}
+    with rsgl.Engine(path, dtype="float32", threads=2, max_total_tokens=2048, progress=False, **options) as engine:
+        info = engine.get_server_info()
+        assert info["quantization"] == "w8a8_int8", info
+        alone = []
+        for ids in prompts:
+            out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+            got, want = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32), hf_last_logits(reference, ids)
+            # Float sums of int8 products are exact in torch too: what differs is rounding order
+            # in the scales, and an activation landing on the other side of a rounding tie.
+            assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+            alone.append(got)
+        engine.flush_cache()
+        batched = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+        for one, out in zip(alone, batched):
+            assert np.array_equal(one, np.array(out["meta_info"]["prompt_logits"], dtype=np.float32))
+
+
+def test_unknown_quantization_is_refused(tiny_models):
+    path, _ = tiny_models["llama"]
+    with pytest.raises(rsgl.InvalidRequestError, match="w8a8_int8"):
+        rsgl.Engine(path, quantization="awq", progress=False)

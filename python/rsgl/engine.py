@@ -27,6 +27,9 @@ from rsgl.loader import load_model
 
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
+# What `quantization` accepts (None: weights stay in `dtype`).
+QUANTIZATIONS = (None, "w8a8_int8")
+
 # Defaults a model's generation_config.json may set, as SGLang applies them.
 _MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -42,7 +45,10 @@ class Engine:
     core; default True),
     `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
     `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
-    sharing), `quantization` (None only, for now), `progress` (loading progress bar).
+    sharing), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
+    load, one scale per output channel, activations quantized per token; None: weights in `dtype`),
+    `quantize_lm_head` (with `quantization`, the lm_head too; it stays in `dtype` by default),
+    `progress` (loading progress bar).
     """
 
     def __init__(
@@ -64,12 +70,11 @@ class Engine:
         schedule_policy: str = "fcfs",
         disable_radix_cache: bool = False,
         quantization: str | None = None,
+        quantize_lm_head: bool = False,
         progress: bool = True,
     ) -> None:
-        if quantization is not None:
-            raise InvalidRequestError(
-                f"quantization={quantization!r} is not available yet; leave it unset (weights run in `dtype`)"
-            )
+        if quantization not in QUANTIZATIONS:
+            raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
         self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
@@ -83,6 +88,8 @@ class Engine:
             "threads": threads or 0,
             "pin_threads": pin_threads,
             "dtype": self.model.dtype,
+            "quantization": quantization,
+            "quantize_lm_head": quantize_lm_head,
             "random_seed": random_seed,
             "schedule_policy": schedule_policy,
             "disable_radix_cache": disable_radix_cache,
