@@ -140,9 +140,9 @@ def test_w8a8_matches_its_torch_simulation(tiny_models, arch, quantize_lm_head):
         for ids in prompts:
             out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
             got, want = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32), hf_last_logits(reference, ids)
-            # Float sums of int8 products are exact in torch too: what differs is rounding order
-            # in the scales, and an activation landing on the other side of a rounding tie.
-            assert np.abs(got - want).max() <= 1e-2 * np.abs(want).max()
+            # Float sums of int8 products are exact in torch too: only the order the scales are
+            # applied in differs (about 1e-7 here, against 3e-2 between W8A8 and plain float).
+            assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
             alone.append(got)
         engine.flush_cache()
         batched = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
