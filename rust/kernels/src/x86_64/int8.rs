@@ -2,8 +2,9 @@
 //!
 //! - AVX-512 VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by
 //!   128 (a sign-bit flip) and `128 * sum(w)`, precomputed at pack time, is taken off at the end.
-//!   A tile is up to 6 rows by one panel: each row keeps two registers of (output, half-block)
-//!   partial sums for even blocks and two for odd ones, folded into 16 outputs once per tile.
+//!   A tile is up to 6 rows by one panel (2 by two panels for decode): each row keeps two
+//!   registers of (output, half-block) partial sums per panel for even blocks and two for odd
+//!   ones, folded into 16 outputs once per tile.
 //! - AVX2: `vpmaddubsw` with the sign trick (|x| times w carrying x's sign): the pairs it adds in
 //!   16 bits stay within 2 * 127 * 127, where an offset activation (up to 255) would saturate.
 //!   Up to 2 rows per tile, 4 registers of partial sums each.
@@ -53,23 +54,29 @@ impl Tile<'_> {
     }
 }
 
-/// Adds block `b` of `R` rows into `acc`.
+/// Adds block `b` of `R` rows by `NP` panels into `acc`.
 #[inline(always)]
-unsafe fn vnni_block<const R: usize>(t: &Tile, b: usize, acc: &mut [[__m512i; 2]; R]) {
-    let wp = t.w_block(b);
-    let w = [_mm512_loadu_si512(wp as *const _), _mm512_loadu_si512(wp.add(64) as *const _)];
-    for (r, a) in acc.iter_mut().enumerate() {
+unsafe fn vnni_block<const R: usize, const NP: usize>(t: &Tile, b: usize, acc: &mut [[[__m512i; 2]; NP]; R]) {
+    let w: [[__m512i; 2]; NP] = std::array::from_fn(|p| {
+        let wp = t.w_block(b).add(p * t.w.panel_stride());
+        [_mm512_loadu_si512(wp as *const _), _mm512_loadu_si512(wp.add(64) as *const _)]
+    });
+    for (r, row) in acc.iter_mut().enumerate() {
         let xu = _mm512_xor_si512(_mm512_set1_epi64(t.x_block(r, b)), _mm512_set1_epi8(-128));
-        a[0] = _mm512_dpbusd_epi32(a[0], xu, w[0]);
-        a[1] = _mm512_dpbusd_epi32(a[1], xu, w[1]);
+        for (a, wp) in row.iter_mut().zip(&w) {
+            a[0] = _mm512_dpbusd_epi32(a[0], xu, wp[0]);
+            a[1] = _mm512_dpbusd_epi32(a[1], xu, wp[1]);
+        }
     }
 }
 
-/// `R` rows; even and odd blocks go to two sets of accumulators, so a short tile (decode) still
-/// has independent `vpdpbusd` chains to overlap. Integer sums do not care about the order.
+/// `R` rows by `NP` panels; even and odd blocks go to two sets of accumulators, so a short tile
+/// (decode) still has independent `vpdpbusd` chains to overlap. Integer sums do not care about
+/// the order.
 #[inline(always)]
-unsafe fn tile_vnni<const R: usize>(t: &Tile) {
-    let (mut even_blocks, mut odd_blocks) = ([[_mm512_setzero_si512(); 2]; R], [[_mm512_setzero_si512(); 2]; R]);
+unsafe fn tile_vnni<const R: usize, const NP: usize>(t: &Tile) {
+    let zero = [[[_mm512_setzero_si512(); 2]; NP]; R];
+    let (mut even_blocks, mut odd_blocks) = (zero, zero);
     let blocks = t.w.k_padded / K_BLOCK;
     for b in (0..blocks - blocks % 2).step_by(2) {
         vnni_block(t, b, &mut even_blocks);
@@ -81,14 +88,21 @@ unsafe fn tile_vnni<const R: usize>(t: &Tile) {
     // Lanes hold (output, first half) and (output, second half) in turn: add neighbours.
     let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-    let offset = _mm512_slli_epi32::<7>(_mm512_loadu_si512(t.w.col_sums.as_ptr().add(t.panel * PANEL) as *const _));
-    for r in 0..R {
-        let lo = _mm512_add_epi32(even_blocks[r][0], odd_blocks[r][0]);
-        let hi = _mm512_add_epi32(even_blocks[r][1], odd_blocks[r][1]);
-        let sums = _mm512_add_epi32(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
-        let mut out = [0i32; PANEL];
-        _mm512_storeu_si512(out.as_mut_ptr() as *mut _, _mm512_sub_epi32(sums, offset));
-        t.store(r, out);
+    for p in 0..NP {
+        let first = (t.panel + p) * PANEL;
+        let offset = _mm512_slli_epi32::<7>(_mm512_loadu_si512(t.w.col_sums.as_ptr().add(first) as *const _));
+        let w_scales = _mm512_loadu_ps(t.w.scales.as_ptr().add(first));
+        let valid = ((1u32 << (t.w.n - first).min(PANEL)) - 1) as u16;
+        for r in 0..R {
+            let lo = _mm512_add_epi32(even_blocks[r][p][0], odd_blocks[r][p][0]);
+            let hi = _mm512_add_epi32(even_blocks[r][p][1], odd_blocks[r][p][1]);
+            let pairs = _mm512_add_epi32(_mm512_permutex2var_epi32(lo, even, hi), _mm512_permutex2var_epi32(lo, odd, hi));
+            let sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(pairs, offset));
+            // (sum * x_scale) * w_scale, the epilogue's order.
+            let i = t.row + r;
+            let values = _mm512_mul_ps(_mm512_mul_ps(sums, _mm512_set1_ps(t.x.scales[i])), w_scales);
+            _mm512_mask_storeu_ps(t.out.add(i * t.ldo + first), valid, values);
+        }
     }
 }
 
@@ -130,9 +144,21 @@ macro_rules! by_rows {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    for_each_tile(x.m, panels, 6, 1, |row, rows, panel, _| {
+    // Decode-sized batches take two panels per tile, for more weight streams in flight.
+    let (max_rows, panels_per_tile) = if x.m <= 2 { (2, 2) } else { (6, 1) };
+    for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
         let t = Tile { x, w, row, panel, out, ldo };
-        by_rows!(rows, tile_vnni, &t, [1 2 3 4 5 6])
+        match (rows, np) {
+            (1, 2) => tile_vnni::<1, 2>(&t),
+            (2, 2) => tile_vnni::<2, 2>(&t),
+            (1, _) => tile_vnni::<1, 1>(&t),
+            (2, _) => tile_vnni::<2, 1>(&t),
+            (3, _) => tile_vnni::<3, 1>(&t),
+            (4, _) => tile_vnni::<4, 1>(&t),
+            (5, _) => tile_vnni::<5, 1>(&t),
+            (6, _) => tile_vnni::<6, 1>(&t),
+            _ => unreachable!("no tile of {rows} rows"),
+        }
     });
 }
 
