@@ -88,7 +88,8 @@ class Engine:
             "threads": threads or 0,
             "pin_threads": pin_threads,
             "dtype": self.model.dtype,
-            "quantization": quantization,
+            # A W8A8 checkpoint runs as W8A8 without being asked.
+            "quantization": quantization or self.model.quantization,
             "quantize_lm_head": quantize_lm_head,
             "random_seed": random_seed,
             "schedule_policy": schedule_policy,

@@ -57,6 +57,9 @@ class LoadedModel:
     # Weight precision: the checkpoint's own (bfloat16 for quantized GGUF files) until
     # `load_model` applies `dtype=`.
     dtype: str
+    # The checkpoint's quantization ("w8a8_int8": its int8 linear weights arrive dequantized in
+    # `tensors` and the engine quantizes them back to the same int8), or None.
+    quantization: str | None = None
 
 
 def load_model(

@@ -47,17 +47,19 @@ def load(folder: Path, *, skip_tokenizer_init: bool, progress: bool) -> LoadedMo
         )
     raw_config = _read_json(config_path)
     config = normalize_config(raw_config)  # before the weights: an unsupported model fails at once
+    quantization = _quantization(raw_config, folder)
     files = _open_checkpoint(folder)
     if "lm_head.weight" not in files:
         config["tie_word_embeddings"] = True  # no lm_head: the output projection can only be the embedding
-    _check_tensors(files, config, folder)
+    _check_tensors(files, config, folder, quantization)
     names = list(expected_tensor_shapes(config))
     return LoadedModel(
         config=config,
         tensors=functools.partial(_read_tensors, files, names, progress),
         source=str(folder),
         model_name=folder.resolve().name,
-        dtype=_CHECKPOINT_DTYPE[files[WEIGHT_DTYPE_PROBE].dtype(WEIGHT_DTYPE_PROBE)],
+        dtype=_checkpoint_dtype(files),
+        quantization=quantization,
         **_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init),
     )
 
@@ -145,7 +147,11 @@ def _required(raw: dict, key: str):
 # safetensors
 # ---------------------------------------------------------------------------------------------
 
-_NUMPY_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
+_NUMPY_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "I8": np.dtype("i1")}
+# Quantization schemes whose checkpoints rsgl reads (`quantization_config.quant_method`).
+_QUANT_METHODS = ("w8a8_int8",)
+# Next to each int8 weight of a W8A8 checkpoint: its per-output-channel scales, [out, 1].
+_SCALE_SUFFIX = "_scale"
 _CHECKPOINT_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
 
 
@@ -241,19 +247,42 @@ def _checkpoint_paths(folder: Path) -> list[Path]:
     return paths
 
 
-def _check_tensors(files: dict[str, SafetensorsFile], config: dict, folder: Path) -> None:
-    check_tensor_shapes({name: file.shape(name) for name, file in files.items()}, config, folder)
+def _checkpoint_dtype(files: dict[str, SafetensorsFile]) -> str:
+    """The float type the checkpoint stores its weights in (a W8A8 one: its unquantized tensors)."""
+    probe = WEIGHT_DTYPE_PROBE if files[WEIGHT_DTYPE_PROBE].dtype(WEIGHT_DTYPE_PROBE) != "I8" else "model.embed_tokens.weight"
+    return _CHECKPOINT_DTYPE[files[probe].dtype(probe)]
+
+
+def _quantization(raw_config: dict, folder: Path) -> str | None:
+    method = (raw_config.get("quantization_config") or {}).get("quant_method")
+    if method is not None and method not in _QUANT_METHODS:
+        raise UnsupportedModelError(
+            f"{folder} is quantized with {method!r}; rsgl reads {', '.join(_QUANT_METHODS)} checkpoints "
+            "(make one with `python -m rsgl.quantize`) or unquantized ones."
+        )
+    return method
+
+
+def _check_tensors(files: dict[str, SafetensorsFile], config: dict, folder: Path, quantization: str | None) -> None:
+    shapes = {name: file.shape(name) for name, file in files.items() if not name.endswith(_SCALE_SUFFIX)}
+    check_tensor_shapes(shapes, config, folder)
     expected = expected_tensor_shapes(config)
-    unsupported = sorted({files[name].dtype(name) for name in expected} - set(_NUMPY_DTYPE))
+    int8 = {name for name in expected if files[name].dtype(name) == "I8"}
+    unsupported = sorted({files[name].dtype(name) for name in expected} - set(_NUMPY_DTYPE) | ({"I8"} if int8 and not quantization else set()))
     if unsupported:
         raise UnsupportedModelError(
             f"{folder} stores weights as {', '.join(unsupported)}; rsgl reads float32, float16 and bfloat16 "
             "safetensors (or a GGUF file). Use an unquantized checkpoint."
         )
+    for name in int8:
+        scale = files.get(name + _SCALE_SUFFIX)
+        if scale is None or scale.shape(name + _SCALE_SUFFIX) not in ((expected[name][0], 1), (expected[name][0],)):
+            raise ModelLoadError(f"{folder}: the int8 weight {name} has no per-channel {name + _SCALE_SUFFIX}; the checkpoint is incomplete.")
     unused = [
         name
         for name in files
         if name not in expected and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
+        and not (name.endswith(_SCALE_SUFFIX) and name.removesuffix(_SCALE_SUFFIX) in int8)
         and not (name == "lm_head.weight" and config["tie_word_embeddings"])  # tied: transformers ignores it too
     ]
     if unused:
@@ -265,7 +294,10 @@ def _check_tensors(files: dict[str, SafetensorsFile], config: dict, folder: Path
 
 def _read_tensors(files: dict[str, SafetensorsFile], names: list[str], progress: bool):
     for name in with_progress(names, progress):
-        yield name, files[name].read(name)
+        values = files[name].read(name)
+        if files[name].dtype(name) == "I8":  # W8A8: the engine re-quantizes to the same int8
+            values *= files[name + _SCALE_SUFFIX].read(name + _SCALE_SUFFIX).reshape(-1, 1)
+        yield name, values
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,0 +1,86 @@
+"""Writes a loaded model as a Hugging Face folder: config.json, model.safetensors, tokenizer.json
+and chat_template.jinja (used by `python -m rsgl.quantize` and benches/prepare_model_dir.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from rsgl.loader import LoadedModel
+
+# The Hugging Face class for each architecture the loader normalizes to.
+MODEL_CLASS = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+# How float arrays are stored, by the dtype name the loader uses.
+FLOAT_STORAGE = {"float32": "F32", "bfloat16": "BF16"}
+
+
+def hf_config(model: LoadedModel, dtype: str, quantization_config: dict | None = None) -> dict:
+    """A transformers config.json from the loader's normalized config."""
+    config = dict(model.config)
+    architecture = config.pop("architecture")
+    config.pop("qk_norm")  # implied by the architecture (qwen3)
+    hf = {
+        "architectures": [MODEL_CLASS[architecture]],
+        "model_type": architecture,
+        "hidden_act": "silu",
+        **config,
+        "rms_norm_eps": float(str(np.float32(config["rms_norm_eps"]))),  # GGUF stores it as float32: 1e-05, not 9.99999e-06
+        "bos_token_id": model.bos_token_id,
+        "eos_token_id": model.eos_token_ids[0] if len(model.eos_token_ids) == 1 else model.eos_token_ids,
+        "torch_dtype": dtype,
+    }
+    if quantization_config is not None:
+        hf["quantization_config"] = quantization_config
+    return hf
+
+
+def to_bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounded to nearest even (numpy has no bfloat16 type)."""
+    bits = values.astype(np.float32).view(np.uint32)
+    rounding = np.uint32(0x7FFF) + ((bits >> 16) & np.uint32(1))
+    return ((bits + rounding) >> 16).astype(np.uint16)
+
+
+def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: str) -> None:
+    """The safetensors layout: 8-byte little-endian header length, JSON header, raw data. Float
+    arrays are stored in `float_dtype`, int8 arrays as I8."""
+    stored = {}
+    for name, array in tensors.items():
+        if array.dtype == np.int8:
+            stored[name] = ("I8", array)
+        elif float_dtype == "bfloat16":
+            stored[name] = ("BF16", to_bf16_bits(array))
+        else:
+            stored[name] = ("F32", array.astype("<f4"))
+    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    for name, (kind, array) in stored.items():
+        header[name] = {"dtype": kind, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+    encoded = json.dumps(header).encode()
+    encoded += b" " * (-len(encoded) % 8)  # the data section starts 8-byte aligned
+    with path.open("wb") as file:
+        file.write(len(encoded).to_bytes(8, "little"))
+        file.write(encoded)
+        for _, array in stored.values():
+            file.write(np.ascontiguousarray(array).tobytes())
+
+
+def write_model_folder(out: Path, model: LoadedModel, tensors: dict[str, np.ndarray], float_dtype: str, quantization_config: dict | None = None) -> None:
+    """The whole folder; model.safetensors lands last, so its presence means a complete folder."""
+    out.mkdir(parents=True, exist_ok=True)
+    partial = out / "model.safetensors.partial"
+    write_safetensors(partial, tensors, float_dtype)
+    (out / "config.json").write_text(json.dumps(hf_config(model, float_dtype, quantization_config), indent=2) + "\n")
+    if model.tokenizer is not None:
+        model.tokenizer.save(str(out / "tokenizer.json"))
+    if model.chat_template is not None:
+        (out / "chat_template.jinja").write_text(model.chat_template)
+    os.replace(partial, out / "model.safetensors")
