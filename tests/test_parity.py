@@ -61,6 +61,22 @@ def test_last_position_logits_match(pair, length):
     assert np.abs(got - want).max() < 1e-3
 
 
+def test_prompt_logprobs_match(pair):
+    engine, hf = pair
+    ids = prompt(40, 40)
+    with torch.no_grad():
+        want = torch.log_softmax(hf(torch.tensor([ids])).logits[0].double(), dim=-1)
+    expected = [want[i - 1, ids[i]].item() for i in range(1, len(ids))]
+    # From position 0, twice: the second time the prompt is cached, yet every position is scored.
+    for _ in range(2):
+        out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 1}, return_logprob=True, logprob_start_len=0)
+        entries = out["meta_info"]["input_token_logprobs"]
+        assert entries[0] == (None, ids[0], None) and [e[1] for e in entries] == ids
+        assert np.allclose([e[0] for e in entries[1:]], expected, atol=1e-3)
+    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=25)
+    assert np.allclose([e[0] for e in out["meta_info"]["input_token_logprobs"]], expected[24:], atol=1e-3)
+
+
 @pytest.mark.parametrize("length", [1, 7, 64])
 def test_greedy_continuation_matches(pair, length):
     engine, hf = pair

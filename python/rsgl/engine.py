@@ -122,12 +122,15 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_prompt_logits: bool = False,
+        logprob_start_len: int | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generates for one prompt (a dict back) or a list of prompts (a list back, run as one
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
         `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
-        `return_prompt_logits` adds the logits after the last prompt token to `meta_info`."""
-        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits)
+        `return_prompt_logits` adds the logits after the last prompt token to `meta_info`;
+        `logprob_start_len` (with `return_logprob`) adds `input_token_logprobs`, SGLang's
+        `(logprob, token_id, None)` for each prompt token from that position (None for position 0)."""
+        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len)
         if stream:
             return self._stream(self._only(requests))
         handles = [self._submit(r) for r in requests]
@@ -144,10 +147,11 @@ class Engine:
         stream: bool = False,
         rid: str | list[str] | None = None,
         return_prompt_logits: bool = False,
+        logprob_start_len: int | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
-        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits)
+        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len)
         if stream:
             return self._astream(self._only(requests))
         handles = [self._submit(r) for r in requests]
@@ -210,7 +214,7 @@ class Engine:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
 
-    def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits):
+    def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
         if prompt is not None:
@@ -247,6 +251,8 @@ class Engine:
                     "return_logprob": bool(return_logprob),
                     "top_logprobs_num": int(top_logprobs_num or 0),
                     "return_prompt_logits": bool(return_prompt_logits),
+                    # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
+                    "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
                 })
         return requests, single and len(requests) == 1
 
@@ -338,6 +344,7 @@ class _Result:
         self.logprobs: list[tuple] = []
         self.top_logprobs: list[list[tuple]] = []
         self.prompt_logits: list[float] | None = None
+        self.input_logprobs: list[tuple] | None = None
         self.finished: dict = {}
 
     def add(self, out: dict) -> None:
@@ -347,6 +354,11 @@ class _Result:
             self.logprobs.append((lp["logprob"], lp["token_id"], None))
             self.top_logprobs.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
         self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
+        if "input_token_logprobs" in out:
+            ids, start = self.request["input_ids"], self.request["logprob_start_len"]
+            first = [(None, ids[0], None)] if start == 0 else []
+            from_pos = max(start, 1)
+            self.input_logprobs = first + [(lp, ids[from_pos + i], None) for i, lp in enumerate(out["input_token_logprobs"])]
         self.finished = out.get("finished", {})
 
     def snapshot(self) -> dict:
@@ -365,4 +377,6 @@ class _Result:
             meta["output_top_logprobs"] = list(self.top_logprobs)
         if self.prompt_logits is not None:
             meta["prompt_logits"] = self.prompt_logits
+        if self.input_logprobs is not None:
+            meta["input_token_logprobs"] = list(self.input_logprobs)
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}

@@ -266,6 +266,7 @@ def generate_arguments(body: dict) -> dict:
         "sampling_params": sampling_params,
         "return_logprob": optional_bool(body, "return_logprob"),
         "top_logprobs_num": optional_int(body, "top_logprobs_num", 0, minimum=0),
+        "logprob_start_len": optional_int(body, "logprob_start_len", None, minimum=-1),
         "rid": rid,
     }
 

@@ -324,10 +324,19 @@ impl Worker {
                 self.scheduler.cache_progress(p.index);
             }
             let seq = &mut self.scheduler.running[p.index];
-            if p.end != seq.tokens.len() {
-                continue;
-            }
-            let mut row = rows.next().expect("one logits row per completed chunk").to_vec();
+            let mut row = if seq.wants_chunk_logits(p.start) {
+                let all: Vec<&[f32]> = rows.by_ref().take(p.end - p.start).collect();
+                seq.record_input_logprobs(p.start, &all.concat(), vocab);
+                if p.end != seq.tokens.len() {
+                    continue;
+                }
+                all.last().expect("a chunk has tokens").to_vec()
+            } else {
+                if p.end != seq.tokens.len() {
+                    continue;
+                }
+                rows.next().expect("one logits row per completed chunk").to_vec()
+            };
             let out = if seq.max_new_tokens == 0 {
                 seq.finish_without_tokens(&row)
             } else {

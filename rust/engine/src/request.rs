@@ -21,6 +21,10 @@ pub struct GenerateRequest {
     /// Return the full logits after the last prompt token (for parity checks and scoring).
     #[serde(default)]
     pub return_prompt_logits: bool,
+    /// Return the log-probability of every prompt token from this position on (SGLang's
+    /// `logprob_start_len`; position 0 has none): those positions are computed, not cached.
+    #[serde(default)]
+    pub logprob_start_len: Option<usize>,
     /// Requests with different salts never share cached KV (per-tenant isolation).
     #[serde(default)]
     pub cache_salt: Option<String>,
@@ -46,6 +50,10 @@ pub struct Output {
     pub logprobs: Vec<TokenLogprob>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logits: Option<Vec<f32>>,
+    /// With `logprob_start_len`, in the first output: log P(prompt[i] | prompt[..i]) for each
+    /// position `i` from `max(logprob_start_len, 1)` to the prompt's end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub input_token_logprobs: Option<Vec<f32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished: Option<Finished>,
 }
@@ -82,6 +90,10 @@ pub(crate) struct Sequence {
     pub return_logprob: bool,
     pub top_logprobs_num: usize,
     pub return_prompt_logits: bool,
+    /// First prompt position whose log-probability is wanted, if any (at least 1).
+    pub input_logprobs_from: Option<usize>,
+    /// Those log-probabilities so far, in position order.
+    input_logprobs: Vec<f32>,
     pub out: Sender<Result<Output>>,
     /// Prompt then generated tokens.
     pub tokens: Vec<u32>,
@@ -130,6 +142,8 @@ impl Sequence {
             return_logprob: req.return_logprob,
             top_logprobs_num: req.top_logprobs_num,
             return_prompt_logits: req.return_prompt_logits,
+            input_logprobs_from: req.logprob_start_len.map(|s| s.clamp(1, prompt_len)),
+            input_logprobs: Vec::new(),
             out,
             tokens: req.input_ids,
             prompt_len,
@@ -144,9 +158,33 @@ impl Sequence {
     }
 
     /// Tokens whose KV may come from the cache: all but the last, which must be computed for
-    /// its logits.
+    /// its logits, and none whose logits give a wanted prompt log-probability.
     pub fn prefill_key(&self) -> &[u32] {
-        &self.tokens[..self.tokens.len() - 1]
+        let end = self.input_logprobs_from.map_or(self.tokens.len(), |from| from.min(self.tokens.len()));
+        &self.tokens[..end - 1]
+    }
+
+    /// Whether a chunk of this request from `start` needs the logits of every one of its tokens.
+    pub fn wants_chunk_logits(&self, start: usize) -> bool {
+        self.input_logprobs_from.is_some() && start + 1 < self.prompt_len
+    }
+
+    /// Records the prompt log-probabilities the logits of positions `start..start + rows` give
+    /// (`logits` holds one vocabulary row per position); positions already recorded (computed
+    /// again after a retraction) are skipped.
+    pub fn record_input_logprobs(&mut self, start: usize, logits: &[f32], vocab: usize) {
+        let Some(from) = self.input_logprobs_from else { return };
+        for (row, pos) in logits.chunks_exact(vocab).zip(start..) {
+            let next = pos + 1;
+            if next >= from && next < self.prompt_len && next - from == self.input_logprobs.len() {
+                self.input_logprobs.push(log_softmax(row)[self.tokens[next] as usize]);
+            }
+        }
+    }
+
+    /// The recorded prompt log-probabilities, handed over once (in the first output).
+    fn take_input_logprobs(&mut self) -> Option<Vec<f32>> {
+        self.input_logprobs_from.map(|_| std::mem::take(&mut self.input_logprobs))
     }
 
     /// Decoding: only the last sampled token lacks KV.
@@ -194,6 +232,7 @@ impl Sequence {
             text: String::new(),
             logprobs: Vec::new(),
             prompt_logits: self.return_prompt_logits.then(|| logits.to_vec()),
+            input_token_logprobs: self.take_input_logprobs(),
             finished: Some(self.finished(FinishReason::Length { length: 0 })),
         }
     }
@@ -204,6 +243,7 @@ impl Sequence {
             text: self.text.take_ready(true),
             logprobs: Vec::new(),
             prompt_logits: None,
+            input_token_logprobs: None,
             finished: Some(self.finished(FinishReason::Abort { message: message.to_string() })),
         }
     }
@@ -212,6 +252,7 @@ impl Sequence {
     pub fn advance(&mut self, logits: &mut [f32], table: Option<&TokenTable>) -> Output {
         let first = self.output_len() == 0;
         let prompt_logits = (first && self.return_prompt_logits).then(|| logits.to_vec());
+        let input_token_logprobs = if first { self.take_input_logprobs() } else { None };
         let raw_logprobs = self.return_logprob.then(|| log_softmax(logits));
         let banned: &[u32] = if self.output_len() < self.params.min_new_tokens { &self.stop_ids } else { &[] };
         let token = sample(logits, &self.params, &self.history, banned, &mut self.rng);
@@ -243,6 +284,7 @@ impl Sequence {
             text: self.text.take_ready(reason.is_some()),
             logprobs,
             prompt_logits,
+            input_token_logprobs,
             finished: reason.map(|r| self.finished(r)),
         }
     }

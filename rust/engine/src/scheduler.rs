@@ -82,7 +82,13 @@ impl Scheduler {
         plan.iter()
             .map(|p| {
                 let seq = &self.running[p.index];
-                SeqChunk { tokens: &seq.tokens[p.start..p.end], start_pos: p.start, pages: &seq.pages, want_logits: p.end == seq.tokens.len() }
+                SeqChunk {
+                    tokens: &seq.tokens[p.start..p.end],
+                    start_pos: p.start,
+                    pages: &seq.pages,
+                    want_logits: p.end == seq.tokens.len(),
+                    all_logits: seq.wants_chunk_logits(p.start),
+                }
             })
             .collect()
     }

@@ -33,6 +33,8 @@ pub struct SeqChunk<'a> {
     pub pages: &'a [u32],
     /// Whether the logits after the last token are wanted (false mid-prompt when chunking).
     pub want_logits: bool,
+    /// Whether the logits after every token are wanted (prompt log-probabilities).
+    pub all_logits: bool,
 }
 
 struct Layer {
@@ -139,8 +141,9 @@ impl LlamaModel {
         &self.cfg
     }
 
-    /// Runs the batch, writing new K/V into the cache; returns the logits `[n, vocab]` of the
-    /// sequences with `want_logits`, in batch order.
+    /// Runs the batch, writing new K/V into the cache; returns the logits `[n, vocab]` after
+    /// every token of the chunks with `all_logits` and after the last token of those with
+    /// `want_logits`, in batch order.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
         let cfg = &self.cfg;
         let h = cfg.hidden_size;
@@ -182,10 +185,13 @@ impl LlamaModel {
         let mut last_rows = Vec::new();
         let mut t0 = 0;
         for chunk in seqs {
-            t0 += chunk.tokens.len();
-            if chunk.want_logits {
-                last_rows.extend_from_slice(&x[(t0 - 1) * h..t0 * h]);
+            let end = t0 + chunk.tokens.len();
+            if chunk.all_logits {
+                last_rows.extend_from_slice(&x[t0 * h..end * h]);
+            } else if chunk.want_logits {
+                last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
             }
+            t0 = end;
         }
         let normed = self.add_and_norm(&mut last_rows, None, &self.norm);
         self.lm_head.forward(c, &normed)
