@@ -1,5 +1,6 @@
 """Shared fixtures: tiny random Hugging Face models saved by transformers (built offline from a
-config), and the rule that tests leave one core to whatever else runs."""
+config), dense and mixture-of-experts, and the rule that tests leave one core to whatever else
+runs."""
 
 from __future__ import annotations
 
@@ -25,10 +26,14 @@ TINY = dict(
 
 
 DENSE_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+# Mixtral (top-2 of 4, renormalized), Qwen2-MoE (top-2 of 4 unnormalized, plus the gated shared
+# expert) and Qwen3-MoE (top-2 of 4, norm_topk_prob, q/k norm).
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=48)
 
 
 def build_tiny(arch: str, path, **overrides):
-    """Saves a random model of one of DENSE_ARCHS to `path`; returns the transformers model."""
+    """Saves a random model of one of DENSE_ARCHS or MOE_ARCHS to `path`; returns the transformers model."""
     import transformers
 
     llama3_rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500000.0}
@@ -39,6 +44,9 @@ def build_tiny(arch: str, path, **overrides):
         "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
         "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
         "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM, {**MOE, "num_experts": 4, "shared_expert_intermediate_size": 80}),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, {**MOE, "num_experts": 4, "norm_topk_prob": True, "head_dim": 16}),
     }
     config_cls, model_cls, extra = classes[arch]
     torch.manual_seed(sum(map(ord, arch)))
@@ -50,9 +58,9 @@ def build_tiny(arch: str, path, **overrides):
 
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
-    """{arch: (path, transformers model)} for the dense Llama-family variants."""
+    """{arch: (path, transformers model)} for the dense Llama-family variants and the MoE ones."""
     out = {}
-    for arch in DENSE_ARCHS:
+    for arch in DENSE_ARCHS + MOE_ARCHS:
         path = tmp_path_factory.mktemp(f"tiny-{arch}")
         out[arch] = (str(path), build_tiny(arch, path))
     return out

@@ -1,7 +1,8 @@
 """rsgl against transformers (fp32) on tiny random Llama (untied, and tied with llama3 rope
-scaling), Mistral, Qwen2 and Qwen3 models: last-position logits, greedy continuations, and the
-same when prompts of different lengths share a batch; 16-bit weights against transformers with
-the same rounded weights."""
+scaling), Mistral, Qwen2, Qwen3, Mixtral, Qwen2-MoE and Qwen3-MoE models: last-position logits,
+prompt log-probabilities, greedy continuations, and the same when prompts of different lengths
+share a batch; 16-bit weights against transformers with the same rounded weights; W8A8 against
+a torch simulation of it (dense) and batched against alone (MoE)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 
 import rsgl
-from conftest import DENSE_ARCHS
+from conftest import DENSE_ARCHS, MOE_ARCHS
 
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
 
@@ -34,7 +35,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     return seq[len(ids):]
 
 
-@pytest.fixture(scope="module", params=DENSE_ARCHS)
+@pytest.fixture(scope="module", params=DENSE_ARCHS + MOE_ARCHS)
 def pair(request, tiny_models):
     path, hf = tiny_models[request.param]
     with rsgl.Engine(path, threads=1, max_total_tokens=2048, progress=False) as engine:
@@ -159,6 +160,24 @@ def test_w8a8_matches_its_torch_simulation(tiny_models, arch, quantize_lm_head):
             # Float sums of int8 products are exact in torch too: only the order the scales are
             # applied in differs (about 1e-7 here, against 3e-2 between W8A8 and plain float).
             assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+            alone.append(got)
+        engine.flush_cache()
+        batched = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+        for one, out in zip(alone, batched):
+            assert np.array_equal(one, np.array(out["meta_info"]["prompt_logits"], dtype=np.float32))
+
+
+@pytest.mark.parametrize("arch", MOE_ARCHS)
+def test_w8a8_moe_stays_close_and_batch_invariant(tiny_models, arch):
+    path, hf = tiny_models[arch]
+    prompts = [prompt(n, 700 + n) for n in (1, 9, 64)]
+    with rsgl.Engine(path, dtype="float32", threads=2, max_total_tokens=2048, progress=False, quantization="w8a8_int8") as engine:
+        alone = []
+        for ids in prompts:
+            out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+            got, want = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32), hf_last_logits(hf, ids)
+            # int8 rounding of weights and activations, not a different computation.
+            assert np.abs(got - want).max() <= 0.1 * np.abs(want).max()
             alone.append(got)
         engine.flush_cache()
         batched = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)

@@ -14,10 +14,12 @@ import rsgl
 from rsgl.loader.hf import SafetensorsFile
 
 
-@pytest.fixture(scope="module")
-def converted(tiny_models, tmp_path_factory):
-    source, _ = tiny_models["qwen2"]  # q/k/v biases stay float next to int8 weights
-    out = tmp_path_factory.mktemp("w8a8") / "qwen2-w8a8"
+# qwen2: q/k/v biases stay float next to int8 weights; the MoE ones: experts (and Qwen2-MoE's
+# shared expert) quantized, routers kept float.
+@pytest.fixture(scope="module", params=["qwen2", "mixtral", "qwen2_moe"])
+def converted(request, tiny_models, tmp_path_factory):
+    source, _ = tiny_models[request.param]
+    out = tmp_path_factory.mktemp("w8a8") / f"{request.param}-w8a8"
     run = subprocess.run(
         [sys.executable, "-m", "rsgl.quantize", "--model-path", str(source), "--output", str(out), "--dtype", "float32"],
         capture_output=True, text=True, timeout=300,
@@ -31,12 +33,14 @@ def test_the_checkpoint_has_sglangs_layout(converted):
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == "w8a8_int8"
     weights = SafetensorsFile(out / "model.safetensors")
-    name = "model.layers.0.mlp.down_proj.weight"
-    assert weights.dtype(name) == "I8"
-    assert weights.shape(name + "_scale") == (weights.shape(name)[0], 1)
-    assert np.abs(weights.read(name)).max() == 127  # each channel's largest weight maps to 127
-    for float_tensor in ("model.embed_tokens.weight", "model.layers.0.self_attn.q_proj.bias", "model.norm.weight"):
-        assert weights.dtype(float_tensor) == "F32"
+    int8 = [name for name in weights.names() if weights.dtype(name) == "I8"]
+    assert "model.layers.0.self_attn.o_proj.weight" in int8
+    for name in int8:
+        assert weights.shape(name + "_scale") == (weights.shape(name)[0], 1)
+        assert np.abs(weights.read(name)).max() == 127  # each channel's largest weight maps to 127
+    floats = [name for name in weights.names() if weights.dtype(name) == "F32"]
+    assert "model.embed_tokens.weight" in floats and "model.norm.weight" in floats
+    assert not [name for name in int8 if name.endswith(("gate.weight", "norm.weight"))]  # routers, norms
 
 
 def test_it_serves_as_w8a8_like_quantizing_at_load(converted):

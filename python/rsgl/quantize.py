@@ -26,7 +26,11 @@ from rsgl.loader.export import FLOAT_STORAGE, write_model_folder
 
 SCHEMES = ("w8a8_int8",)
 # The linear layers a decoder block runs; their weights are quantized.
-LINEAR_WEIGHT = re.compile(r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj|mlp\.(gate|up|down)_proj)\.weight")
+LINEAR_WEIGHT = re.compile(
+    r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj"
+    r"|mlp\.((experts\.\d+|shared_expert)\.)?(gate|up|down)_proj"  # dense and Qwen MoE experts
+    r"|block_sparse_moe\.experts\.\d+\.w[123])\.weight"  # Mixtral experts (routers stay float)
+)
 
 
 def quantization_config(scheme: str) -> dict:

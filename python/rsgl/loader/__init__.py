@@ -24,6 +24,8 @@ from rsgl.errors import InvalidRequestError, ModelLoadError
 __all__ = ["LoadedModel", "load_model", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+# Mixture-of-experts variants, from Hugging Face folders (dense attention, sparse MLPs).
+MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 
 # `dtype=` names (as in vLLM / SGLang) -> the weight precision the Rust core packs.
 _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
@@ -130,6 +132,7 @@ def make_config(
     qk_norm: bool,
     tie_word_embeddings: bool,
     max_position_embeddings: int,
+    moe: dict | None = None,
 ) -> dict:
     """The config the Rust core reads (as JSON): exactly these keys, plain JSON types."""
     return {
@@ -148,6 +151,7 @@ def make_config(
         "qk_norm": bool(qk_norm),
         "tie_word_embeddings": bool(tie_word_embeddings),
         "max_position_embeddings": int(max_position_embeddings),
+        "moe": moe,
     }
 
 
@@ -170,12 +174,33 @@ def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
             shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
         shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-        shapes[prefix + "mlp.gate_proj.weight"] = (ffn, hidden)
-        shapes[prefix + "mlp.up_proj.weight"] = (ffn, hidden)
-        shapes[prefix + "mlp.down_proj.weight"] = (hidden, ffn)
+        if config.get("moe"):
+            shapes.update(_moe_shapes(prefix, config))
+        else:
+            shapes.update(_swiglu_shapes(prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"), hidden, ffn))
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def _swiglu_shapes(prefix: str, names: tuple[str, str, str], hidden: int, inner: int) -> dict[str, tuple[int, ...]]:
+    gate, up, down = names
+    return {f"{prefix}{gate}.weight": (inner, hidden), f"{prefix}{up}.weight": (inner, hidden), f"{prefix}{down}.weight": (hidden, inner)}
+
+
+def _moe_shapes(prefix: str, config: dict) -> dict[str, tuple[int, ...]]:
+    """A sparse MLP's tensors, as Mixtral (`block_sparse_moe`, w1/w3/w2) or Qwen MoE checkpoints
+    (`mlp`, gate/up/down_proj, and Qwen2-MoE's shared expert) name them."""
+    moe, hidden = config["moe"], config["hidden_size"]
+    mixtral = config["architecture"] == "mixtral"
+    block, names = (prefix + "block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else (prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"))
+    shapes = {block + "gate.weight": (moe["num_experts"], hidden)}
+    for expert in range(moe["num_experts"]):
+        shapes.update(_swiglu_shapes(f"{block}experts.{expert}.", names, hidden, moe["expert_intermediate_size"]))
+    if moe["shared_expert_intermediate_size"]:
+        shapes.update(_swiglu_shapes(block + "shared_expert.", names, hidden, moe["shared_expert_intermediate_size"]))
+        shapes[block + "shared_expert_gate.weight"] = (1, hidden)
     return shapes
 
 

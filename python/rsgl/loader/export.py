@@ -17,6 +17,9 @@ MODEL_CLASS = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
 }
 # How float arrays are stored, by the dtype name the loader uses.
 FLOAT_STORAGE = {"float32": "F32", "bfloat16": "BF16"}
@@ -27,6 +30,7 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: dict | None =
     config = dict(model.config)
     architecture = config.pop("architecture")
     config.pop("qk_norm")  # implied by the architecture (qwen3)
+    moe = config.pop("moe")
     hf = {
         "architectures": [MODEL_CLASS[architecture]],
         "model_type": architecture,
@@ -37,9 +41,28 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: dict | None =
         "eos_token_id": model.eos_token_ids[0] if len(model.eos_token_ids) == 1 else model.eos_token_ids,
         "torch_dtype": dtype,
     }
+    if moe:
+        hf.update(_hf_moe_fields(architecture, moe))
     if quantization_config is not None:
         hf["quantization_config"] = quantization_config
     return hf
+
+
+def _hf_moe_fields(architecture: str, moe: dict) -> dict:
+    """The sparse MLP in the config keys of its transformers class."""
+    if architecture == "mixtral":
+        return {"num_local_experts": moe["num_experts"], "num_experts_per_tok": moe["experts_per_token"], "intermediate_size": moe["expert_intermediate_size"]}
+    fields = {
+        "num_experts": moe["num_experts"],
+        "num_experts_per_tok": moe["experts_per_token"],
+        "moe_intermediate_size": moe["expert_intermediate_size"],
+        "norm_topk_prob": moe["norm_topk_prob"],
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
+    if moe["shared_expert_intermediate_size"]:
+        fields["shared_expert_intermediate_size"] = moe["shared_expert_intermediate_size"]
+    return fields
 
 
 def to_bf16_bits(values: np.ndarray) -> np.ndarray:

@@ -16,6 +16,7 @@ from tokenizers import Tokenizer
 
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
+    MOE_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     LoadedModel,
     check_tensor_shapes,
@@ -32,6 +33,9 @@ _ARCHITECTURE_BY_CLASS = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
 }
 _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
@@ -91,11 +95,29 @@ def normalize_config(raw: dict) -> dict:
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
         rope_theta=rope_theta,
         rope_scaling=rope_scaling,
-        attention_bias=architecture == "qwen2" or raw.get("attention_bias", False),
-        qk_norm=architecture == "qwen3",
+        attention_bias=architecture in ("qwen2", "qwen2_moe") or raw.get("attention_bias", False),
+        qk_norm=architecture in ("qwen3", "qwen3_moe"),
         tie_word_embeddings=raw.get("tie_word_embeddings", False),
         max_position_embeddings=_context_limit(raw, architecture),
+        moe=_moe(raw, architecture),
     )
+
+
+def _moe(raw: dict, architecture: str) -> dict | None:
+    """The sparse MLP of a mixture-of-experts config (every layer sparse), or None."""
+    if architecture not in MOE_ARCHITECTURES:
+        return None
+    if architecture != "mixtral" and (raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers")):
+        raise UnsupportedModelError("this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse.")
+    return {
+        # transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as num_experts.
+        "num_experts": raw.get("num_local_experts") or _required(raw, "num_experts"),
+        "experts_per_token": _required(raw, "num_experts_per_tok"),
+        "expert_intermediate_size": _required(raw, "intermediate_size" if architecture == "mixtral" else "moe_intermediate_size"),
+        # Mixtral always renormalizes the top-k routing weights.
+        "norm_topk_prob": architecture == "mixtral" or bool(raw.get("norm_topk_prob", False)),
+        "shared_expert_intermediate_size": raw.get("shared_expert_intermediate_size") or None,
+    }
 
 
 def _context_limit(raw: dict, architecture: str) -> int:
@@ -103,7 +125,7 @@ def _context_limit(raw: dict, architecture: str) -> int:
     every position, which equals sliding-window attention only while a sequence fits the window."""
     limit = _required(raw, "max_position_embeddings")
     window = raw.get("sliding_window")
-    applies = architecture == "mistral" or raw.get("use_sliding_window", False)
+    applies = architecture in ("mistral", "mixtral") or raw.get("use_sliding_window", False)
     return min(limit, window) if window and applies else limit
 
 
@@ -249,7 +271,8 @@ def _checkpoint_paths(folder: Path) -> list[Path]:
 
 def _checkpoint_dtype(files: dict[str, SafetensorsFile]) -> str:
     """The float type the checkpoint stores its weights in (a W8A8 one: its unquantized tensors)."""
-    probe = WEIGHT_DTYPE_PROBE if files[WEIGHT_DTYPE_PROBE].dtype(WEIGHT_DTYPE_PROBE) != "I8" else "model.embed_tokens.weight"
+    usable = WEIGHT_DTYPE_PROBE in files and files[WEIGHT_DTYPE_PROBE].dtype(WEIGHT_DTYPE_PROBE) != "I8"
+    probe = WEIGHT_DTYPE_PROBE if usable else "model.embed_tokens.weight"  # MoE layers have no mlp.down_proj
     return _CHECKPOINT_DTYPE[files[probe].dtype(probe)]
 
 

@@ -6,7 +6,7 @@ use crate::policy::SchedulePolicy;
 use serde::{Deserialize, Serialize};
 use rsgl_kernels::WeightDtype;
 
-const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3"];
+const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"];
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,6 +26,22 @@ pub struct ModelConfig {
     pub qk_norm: bool,
     pub tie_word_embeddings: bool,
     pub max_position_embeddings: usize,
+    /// Mixture-of-experts MLPs in every layer (Mixtral, Qwen2-MoE, Qwen3-MoE); dense when absent.
+    #[serde(default)]
+    pub moe: Option<MoeConfig>,
+}
+
+/// A sparse MLP: a router picks `experts_per_token` of `num_experts` SwiGLU experts per token
+/// (softmax over all experts, then the top k, renormalized when `norm_topk_prob`); Qwen2-MoE
+/// adds a shared expert scaled by a sigmoid gate.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MoeConfig {
+    pub num_experts: usize,
+    pub experts_per_token: usize,
+    pub expert_intermediate_size: usize,
+    pub norm_topk_prob: bool,
+    pub shared_expert_intermediate_size: Option<usize>,
 }
 
 /// Rope frequency scaling schemes the runner implements.
@@ -74,6 +90,14 @@ impl ModelConfig {
                 "model config: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
             )));
+        }
+        if let Some(moe) = &self.moe {
+            if moe.experts_per_token == 0 || moe.experts_per_token > moe.num_experts || moe.expert_intermediate_size == 0 {
+                return Err(EngineError::ModelLoad(format!(
+                    "model config: {} experts per token of {} (each of size {}) is not a usable mixture of experts",
+                    moe.experts_per_token, moe.num_experts, moe.expert_intermediate_size
+                )));
+            }
         }
         if self.head_dim % 2 != 0 {
             return Err(EngineError::ModelLoad("model config: head_dim must be even for rope".into()));

@@ -96,6 +96,10 @@ impl Linear {
         self.weight.out_features()
     }
 
+    pub fn weight_in_features(&self) -> usize {
+        self.weight.in_features()
+    }
+
     /// `x` is `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
         let mut out = vec![0.0; x.len() / self.weight.in_features() * self.out_features()];

@@ -3,6 +3,7 @@
 //! and writing its own KV pages.
 
 use super::linear::{Compute, Linear, LinearParts};
+use super::mlp::{take_linear, Mlp, Packing};
 use super::rope::Rope;
 use crate::config::{ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
@@ -44,8 +45,7 @@ struct Layer {
     k_norm: Option<Vec<f32>>,
     o: Linear,
     post_norm: Vec<f32>,
-    gate_up: Linear,
-    down: Linear,
+    mlp: Mlp,
 }
 
 pub struct LlamaModel {
@@ -59,19 +59,12 @@ pub struct LlamaModel {
     compute: Compute,
 }
 
-fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
-    Ok(LinearParts {
-        weight: w.take(&format!("{prefix}.weight"), &[out, inp])?,
-        bias: w.take_optional(&format!("{prefix}.bias"), &[out])?,
-        out_features: out,
-    })
-}
-
 impl LlamaModel {
     /// Packs the weights in `dtype` for the kernels of `compute`.
     pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, compute: Compute) -> Result<Self> {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
-        let (h, i, v, hd) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim);
+        let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
+        let packing = Packing { dtype, quantization };
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -102,16 +95,7 @@ impl LlamaModel {
                 k_norm,
                 o: single(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?,
                 post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                gate_up: Linear::fused(
-                    vec![
-                        take_linear(&mut w, &format!("{p}.mlp.gate_proj"), i, h)?,
-                        take_linear(&mut w, &format!("{p}.mlp.up_proj"), i, h)?,
-                    ],
-                    h,
-                    dtype,
-                    quantization,
-                ),
-                down: single(&mut w, &format!("{p}.mlp.down_proj"), h, i)?,
+                mlp: Mlp::take(&mut w, &p, &cfg, packing)?,
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
@@ -176,8 +160,7 @@ impl LlamaModel {
             }
             let attn = self.attention(l, &qkv, seqs, kv);
             let normed = self.add_and_norm(&mut x, Some(&layer.o.forward(c, &attn)), &layer.post_norm);
-            let act = self.silu_gate(&layer.gate_up.forward(c, &normed));
-            residual_delta = Some(layer.down.forward(c, &act));
+            residual_delta = Some(layer.mlp.forward(c, &normed));
         }
         if let Some(delta) = residual_delta {
             add_into(&mut x, &delta);
@@ -205,17 +188,6 @@ impl LlamaModel {
             (kern.add_rmsnorm)(x, delta.map(|d| &d[row * h..(row + 1) * h]), weight, eps, out);
         });
         normed
-    }
-
-    /// `silu(gate) * up` per token, from rows laid out `[gate | up]`, row-parallel.
-    fn silu_gate(&self, gate_up: &[f32]) -> Vec<f32> {
-        let (inter, kern) = (self.cfg.intermediate_size, self.compute.kernels);
-        let mut act = vec![0.0; gate_up.len() / 2];
-        self.compute.pool.for_chunks_mut(&mut act, inter, &|row, out| {
-            let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
-            (kern.silu_mul)(gate, up, out);
-        });
-        act
     }
 
     /// Qwen3's per-head q/k RMSNorm, then rope, on every token's q and k, in place.

@@ -1,0 +1,147 @@
+//! The MLP of a decoder layer: one SwiGLU block (dense models), or a router choosing a few of
+//! many SwiGLU experts per token (mixture of experts), with Qwen2-MoE's gated shared expert.
+
+use super::linear::{Compute, Linear, LinearParts};
+use crate::config::{ModelConfig, MoeConfig, Quantization};
+use crate::error::Result;
+use crate::weights::WeightStore;
+use rsgl_kernels::WeightDtype;
+
+pub(super) fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
+    Ok(LinearParts {
+        weight: w.take(&format!("{prefix}.weight"), &[out, inp])?,
+        bias: w.take_optional(&format!("{prefix}.bias"), &[out])?,
+        out_features: out,
+    })
+}
+
+/// `down(silu(gate(x)) * up(x))`, gate and up fused into one GEMM.
+pub struct SwiGlu {
+    gate_up: Linear,
+    down: Linear,
+}
+
+/// How a layer's weights are packed: the float type, and the quantization of its GEMMs.
+#[derive(Clone, Copy)]
+pub struct Packing {
+    pub dtype: WeightDtype,
+    pub quantization: Option<Quantization>,
+}
+
+impl SwiGlu {
+    /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`.
+    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: Packing) -> Result<SwiGlu> {
+        let gate_up = vec![take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?];
+        Ok(SwiGlu {
+            gate_up: Linear::fused(gate_up, h, p.dtype, p.quantization),
+            down: Linear::fused(vec![take_linear(w, &format!("{prefix}.{down}"), h, inter)?], inter, p.dtype, p.quantization),
+        })
+    }
+
+    /// `x` is `[rows, hidden]`.
+    fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+        let gate_up = self.gate_up.forward(c, x);
+        let inter = self.gate_up.out_features() / 2;
+        let mut act = vec![0.0; gate_up.len() / 2];
+        let kern = c.kernels;
+        c.pool.for_chunks_mut(&mut act, inter, &|row, out| {
+            let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
+            (kern.silu_mul)(gate, up, out);
+        });
+        self.down.forward(c, &act)
+    }
+}
+
+pub struct Experts {
+    /// Router logits per expert; kept in float32 (small, and decisive for which experts run).
+    router: Linear,
+    experts: Vec<SwiGlu>,
+    top_k: usize,
+    norm_topk_prob: bool,
+    /// Qwen2-MoE: an expert every token goes through, scaled by `sigmoid(gate · x)`.
+    shared: Option<(SwiGlu, Linear)>,
+}
+
+pub enum Mlp {
+    Dense(SwiGlu),
+    Moe(Experts),
+}
+
+impl Mlp {
+    /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it.
+    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: Packing) -> Result<Mlp> {
+        let h = cfg.hidden_size;
+        let Some(moe) = &cfg.moe else {
+            return Ok(Mlp::Dense(SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p)?));
+        };
+        let MoeConfig { num_experts, experts_per_token, expert_intermediate_size: inter, norm_topk_prob, shared_expert_intermediate_size } = *moe;
+        let (block, names) = if cfg.architecture == "mixtral" {
+            (format!("{prefix}.block_sparse_moe"), ["w1", "w3", "w2"])
+        } else {
+            (format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"])
+        };
+        let float32 = Packing { dtype: WeightDtype::F32, quantization: None };
+        let router = Linear::fused(vec![take_linear(w, &format!("{block}.gate"), num_experts, h)?], h, float32.dtype, None);
+        let experts = (0..num_experts).map(|e| SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p)).collect::<Result<_>>()?;
+        let shared = match shared_expert_intermediate_size {
+            None => None,
+            Some(size) => {
+                let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p)?;
+                let gate = Linear::fused(vec![take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?], h, float32.dtype, None);
+                Some((expert, gate))
+            }
+        };
+        Ok(Mlp::Moe(Experts { router, experts, top_k: experts_per_token, norm_topk_prob, shared }))
+    }
+
+    /// `x` is `[rows, hidden]`; returns the MLP's output rows.
+    pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+        match self {
+            Mlp::Dense(ffn) => ffn.forward(c, x),
+            Mlp::Moe(moe) => moe.forward(c, x),
+        }
+    }
+}
+
+impl Experts {
+    /// Routes each row to its top experts, runs every expert once on the rows it got (a GEMM
+    /// split over the pool), and adds the results weighted by the routing, expert by expert in
+    /// index order, so a row's result does not depend on the other rows.
+    fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+        let h = self.router.weight_in_features();
+        let rows = x.len() / h;
+        let logits = self.router.forward(c, x);
+        let experts = self.experts.len();
+        // (row, weight) per expert.
+        let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
+        let mut best = Vec::with_capacity(self.top_k);
+        for (row, scores) in logits.chunks_exact(experts).enumerate() {
+            let mut probs = scores.to_vec();
+            (c.kernels.softmax)(&mut probs);
+            (c.kernels.top_k)(&probs, self.top_k, &mut best);
+            let total: f32 = if self.norm_topk_prob { best.iter().map(|b| b.0).sum() } else { 1.0 };
+            for &(p, e) in &best {
+                routed[e as usize].push((row, p / total));
+            }
+        }
+        let mut out = vec![0.0; x.len()];
+        for (expert, assigned) in self.experts.iter().zip(&routed) {
+            if assigned.is_empty() {
+                continue;
+            }
+            let gathered: Vec<f32> = assigned.iter().flat_map(|&(row, _)| &x[row * h..(row + 1) * h]).copied().collect();
+            let y = expert.forward(c, &gathered);
+            for (&(row, weight), yr) in assigned.iter().zip(y.chunks_exact(h)) {
+                (c.kernels.axpy)(weight, yr, &mut out[row * h..(row + 1) * h]);
+            }
+        }
+        if let Some((expert, gate)) = &self.shared {
+            let (y, g) = (expert.forward(c, x), gate.forward(c, x));
+            for row in 0..rows {
+                let weight = 1.0 / (1.0 + (-g[row]).exp());
+                (c.kernels.axpy)(weight, &y[row * h..(row + 1) * h], &mut out[row * h..(row + 1) * h]);
+            }
+        }
+        out
+    }
+}
