@@ -11,7 +11,7 @@ use std::time::Duration;
 fn batched_greedy_equals_one_at_a_time() {
     // Float weights, then W8A8 (activations quantized per token, so per request too).
     let precisions = [r#""dtype": "bfloat16""#, r#""quantization": "w8a8_int8", "quantize_lm_head": true"#];
-    for (arch, precision) in ["llama", "qwen2", "qwen3"].into_iter().flat_map(|a| precisions.map(|p| (a, p))) {
+    for (arch, precision) in ["llama", "qwen2", "qwen3", "mixtral", "qwen2_moe"].into_iter().flat_map(|a| precisions.map(|p| (a, p))) {
         // A small prefill budget forces chunked prefills next to decodes.
         let e = engine(arch, &format!(r#"{{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": 2, {precision}}}"#));
         let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 1 + 7 * i as usize)).collect();

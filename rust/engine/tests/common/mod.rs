@@ -7,16 +7,31 @@ use std::time::Duration;
 
 pub const VOCAB: usize = 97;
 
+/// Dense "llama", "qwen2", "qwen3", or the MoE "mixtral" (top-2 of 4) and "qwen2_moe" (with a
+/// shared expert).
 pub fn config(arch: &str) -> ModelConfig {
+    let moe = match arch {
+        "mixtral" => r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 48, "norm_topk_prob": true, "shared_expert_intermediate_size": null}"#,
+        "qwen2_moe" => r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 24, "norm_topk_prob": false, "shared_expert_intermediate_size": 40}"#,
+        _ => "null",
+    };
     ModelConfig::from_json(&format!(
         r#"{{"architecture": "{arch}", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": {VOCAB},
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null,
-            "attention_bias": {bias}, "qk_norm": {qk}, "tie_word_embeddings": true, "max_position_embeddings": 4096}}"#,
-        bias = arch == "qwen2",
+            "attention_bias": {bias}, "qk_norm": {qk}, "tie_word_embeddings": true, "max_position_embeddings": 4096,
+            "moe": {moe}}}"#,
+        bias = arch.starts_with("qwen2"),
         qk = arch == "qwen3"
     ))
     .unwrap()
+}
+
+/// A SwiGLU block's three matrices under `prefix` (names `[gate, up, down]`).
+fn swiglu(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize) {
+    add(format!("{prefix}.{gate}.weight"), vec![inter, h], 0.3);
+    add(format!("{prefix}.{up}.weight"), vec![inter, h], 0.3);
+    add(format!("{prefix}.{down}.weight"), vec![h, inter], 0.3);
 }
 
 pub fn weights(cfg: &ModelConfig) -> WeightStore {
@@ -45,9 +60,24 @@ pub fn weights(cfg: &ModelConfig) -> WeightStore {
             add(format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim], 1.0);
         }
         add(format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_size()], 0.3);
-        add(format!("{p}.mlp.gate_proj.weight"), vec![i, h], 0.3);
-        add(format!("{p}.mlp.up_proj.weight"), vec![i, h], 0.3);
-        add(format!("{p}.mlp.down_proj.weight"), vec![h, i], 0.3);
+        match &cfg.moe {
+            None => swiglu(&mut add, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, i),
+            Some(moe) => {
+                let (block, names) = if cfg.architecture == "mixtral" {
+                    (format!("{p}.block_sparse_moe"), ["w1", "w3", "w2"])
+                } else {
+                    (format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"])
+                };
+                add(format!("{block}.gate.weight"), vec![moe.num_experts, h], 1.0);
+                for e in 0..moe.num_experts {
+                    swiglu(&mut add, &format!("{block}.experts.{e}"), names, h, moe.expert_intermediate_size);
+                }
+                if let Some(shared) = moe.shared_expert_intermediate_size {
+                    swiglu(&mut add, &format!("{block}.shared_expert"), names, h, shared);
+                    add(format!("{block}.shared_expert_gate.weight"), vec![1, h], 0.3);
+                }
+            }
+        }
     }
     w
 }
