@@ -145,6 +145,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "qk_norm": architecture == "qwen3",
         "tie_word_embeddings": architecture == "qwen3",
         "max_position_embeddings": 512,
+        "moe": None,
     }
 
 
@@ -461,6 +462,7 @@ def test_default_model_config(default_model):
         "qk_norm": False,
         "tie_word_embeddings": True,
         "max_position_embeddings": 8192,
+        "moe": None,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False
@@ -553,3 +555,20 @@ def test_render_chat_errors_are_invalid_requests():
         render_chat("{{ raise_exception('roles must alternate') }}", [])
     with pytest.raises(InvalidRequestError, match="not valid Jinja"):
         render_chat("{% for %}", [])
+
+
+def test_moe_configs_are_normalized():
+    mixtral = {**BASE_CONFIG, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "num_experts_per_tok": 2}
+    assert normalize_config(mixtral)["moe"] == {
+        "num_experts": 8,
+        "experts_per_token": 2,
+        "expert_intermediate_size": BASE_CONFIG["intermediate_size"],
+        "norm_topk_prob": True,
+        "shared_expert_intermediate_size": None,
+    }
+    qwen = {**BASE_CONFIG, "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40}
+    normalized = normalize_config(qwen)
+    assert normalized["attention_bias"] and normalized["moe"]["shared_expert_intermediate_size"] == 40
+    assert normalized["moe"]["norm_topk_prob"] is False
+    with pytest.raises(UnsupportedModelError, match="dense and sparse"):
+        normalize_config({**qwen, "mlp_only_layers": [0]})
