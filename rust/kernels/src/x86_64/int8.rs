@@ -2,7 +2,7 @@
 //!
 //! - AVX-512 VNNI: `vpdpbusd` multiplies unsigned by signed bytes, so activations are offset by
 //!   128 (a sign-bit flip) and `128 * sum(w)`, precomputed at pack time, is taken off at the end.
-//!   A tile is up to 6 rows by one panel (2 by two panels for decode): each row keeps two
+//!   A tile is up to 6 rows by one panel (decode: 1 row by 4 panels, 2 by 2): each row keeps two
 //!   registers of (output, half-block) partial sums per panel for even blocks and two for odd
 //!   ones, folded into 16 outputs once per tile.
 //! - AVX2: `vpmaddubsw` with the sign trick (|x| times w carrying x's sign): the pairs it adds in
@@ -144,11 +144,17 @@ macro_rules! by_rows {
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    // Decode-sized batches take two panels per tile, for more weight streams in flight.
-    let (max_rows, panels_per_tile) = if x.m <= 2 { (2, 2) } else { (6, 1) };
+    // Decode-sized batches take several panels per tile, for more weight streams in flight.
+    let (max_rows, panels_per_tile) = match x.m {
+        1 => (1, 4),
+        2 => (2, 2),
+        _ => (6, 1),
+    };
     for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
         let t = Tile { x, w, row, panel, out, ldo };
         match (rows, np) {
+            (1, 4) => tile_vnni::<1, 4>(&t),
+            (1, 3) => tile_vnni::<1, 3>(&t),
             (1, 2) => tile_vnni::<1, 2>(&t),
             (2, 2) => tile_vnni::<2, 2>(&t),
             (1, _) => tile_vnni::<1, 1>(&t),
