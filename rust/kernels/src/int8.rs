@@ -108,6 +108,43 @@ impl Int8Weights {
     }
 }
 
+/// Where a tile of an int8 GEMM reads and writes: rows from `row` of `x`, the panel `panel` of
+/// `w`, and the output's top-left corner. Shared by the SIMD paths.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) struct Int8Tile<'a> {
+    pub x: &'a QuantizedRows,
+    pub w: &'a Int8Weights,
+    pub row: usize,
+    pub panel: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl Int8Tile<'_> {
+    /// The 8 activations of block `b` of tile row `r`.
+    #[inline(always)]
+    pub unsafe fn x_block(&self, r: usize, b: usize) -> *const i8 {
+        self.x.q.as_ptr().add((self.row + r) * self.x.k_padded + b * K_BLOCK)
+    }
+
+    /// Block `b` of the tile's first panel: 16 outputs x 8 inputs.
+    #[inline(always)]
+    pub unsafe fn w_block(&self, b: usize) -> *const i8 {
+        self.w.data.as_ptr().add(self.panel * self.w.panel_stride() + b * PANEL * K_BLOCK)
+    }
+
+    /// The epilogue: scales tile row `r`'s 16 sums and stores the panel's valid columns.
+    #[inline(always)]
+    pub unsafe fn store(&self, r: usize, sums: &[i32; PANEL]) {
+        let (i, first) = (self.row + r, self.panel * PANEL);
+        let dst = self.out.add(i * self.ldo + first);
+        for (c, s) in sums[..(self.w.n - first).min(PANEL)].iter().enumerate() {
+            *dst.add(c) = *s as f32 * self.x.scales[i] * self.w.scales[first + c];
+        }
+    }
+}
+
 /// Activation rows quantized per row: `[m][k_padded]` int8 (padding zero) and `m` scales.
 #[derive(Default)]
 pub struct QuantizedRows {

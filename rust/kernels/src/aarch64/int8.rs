@@ -11,7 +11,7 @@
 //!
 //! The sums are exact integers, so results match the portable twin bit for bit.
 
-use crate::int8::{Int8Weights, QuantizedRows, K_BLOCK};
+use crate::int8::{Int8Tile, Int8Weights, QuantizedRows, K_BLOCK};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile;
 use std::arch::aarch64::*;
@@ -21,40 +21,23 @@ use std::ops::Range;
 /// Registers of one panel block: 16 outputs x 8 inputs, two outputs per register.
 const REGS: usize = PANEL / 2;
 
-struct Tile<'a> {
-    x: &'a QuantizedRows,
-    w: &'a Int8Weights,
-    row: usize,
-    panel: usize,
-    out: *mut f32,
-    ldo: usize,
+type Tile<'a> = Int8Tile<'a>;
+
+/// Block `b` of the tile's panel: 16 outputs x 8 inputs, two outputs per register.
+#[inline(always)]
+unsafe fn w_regs(t: &Tile, b: usize) -> [int8x16_t; REGS] {
+    let p = t.w_block(b);
+    std::array::from_fn(|q| vld1q_s8(p.add(16 * q)))
 }
 
-impl Tile<'_> {
-    #[inline(always)]
-    unsafe fn x_block(&self, r: usize, b: usize) -> *const i8 {
-        self.x.q.as_ptr().add((self.row + r) * self.x.k_padded + b * K_BLOCK)
+/// Tile row `r`'s 16 sums, four registers of four outputs, through the shared epilogue.
+#[inline(always)]
+unsafe fn store(t: &Tile, r: usize, sums: [int32x4_t; 4]) {
+    let mut all = [0i32; PANEL];
+    for (q, s) in sums.iter().enumerate() {
+        vst1q_s32(all.as_mut_ptr().add(4 * q), *s);
     }
-
-    #[inline(always)]
-    unsafe fn w_block(&self, b: usize) -> [int8x16_t; REGS] {
-        let p = self.w.data.as_ptr().add(self.panel * self.w.panel_stride() + b * PANEL * K_BLOCK);
-        std::array::from_fn(|q| vld1q_s8(p.add(16 * q)))
-    }
-
-    /// Scales tile row `r`'s 16 sums (four registers of four outputs) and stores the valid ones.
-    #[inline(always)]
-    unsafe fn store(&self, r: usize, sums: [int32x4_t; 4]) {
-        let mut all = [0i32; PANEL];
-        for (q, s) in sums.iter().enumerate() {
-            vst1q_s32(all.as_mut_ptr().add(4 * q), *s);
-        }
-        let (i, first) = (self.row + r, self.panel * PANEL);
-        let dst = self.out.add(i * self.ldo + first);
-        for (c, s) in all[..(self.w.n - first).min(PANEL)].iter().enumerate() {
-            *dst.add(c) = *s as f32 * self.x.scales[i] * self.w.scales[first + c];
-        }
-    }
+    t.store(r, &all);
 }
 
 #[inline(always)]
@@ -79,7 +62,7 @@ unsafe fn smmla(acc: int32x4_t, a: int8x16_t, b: int8x16_t) -> int32x4_t {
 unsafe fn tile_sdot<const R: usize>(t: &Tile) {
     let mut acc = [[vdupq_n_s32(0); REGS]; R];
     for b in 0..t.w.k_padded / K_BLOCK {
-        let w = t.w_block(b);
+        let w = w_regs(t, b);
         for (r, a) in acc.iter_mut().enumerate() {
             let x = vreinterpretq_s8_s64(vld1q_dup_s64(t.x_block(r, b) as *const i64));
             for (aq, wq) in a.iter_mut().zip(&w) {
@@ -88,7 +71,7 @@ unsafe fn tile_sdot<const R: usize>(t: &Tile) {
         }
     }
     for (r, a) in acc.iter().enumerate() {
-        t.store(r, std::array::from_fn(|q| vpaddq_s32(a[2 * q], a[2 * q + 1])));
+        store(t, r, std::array::from_fn(|q| vpaddq_s32(a[2 * q], a[2 * q + 1])));
     }
 }
 
@@ -98,7 +81,7 @@ unsafe fn tile_sdot<const R: usize>(t: &Tile) {
 unsafe fn tile_smmla(t: &Tile) {
     let mut acc = [[vdupq_n_s32(0); REGS]; 2];
     for b in 0..t.w.k_padded / K_BLOCK {
-        let w = t.w_block(b);
+        let w = w_regs(t, b);
         for (pair, a) in acc.iter_mut().enumerate() {
             let rows = vcombine_s8(vld1_s8(t.x_block(2 * pair, b)), vld1_s8(t.x_block(2 * pair + 1, b)));
             for (aq, wq) in a.iter_mut().zip(&w) {
@@ -108,8 +91,8 @@ unsafe fn tile_smmla(t: &Tile) {
     }
     for (pair, a) in acc.iter().enumerate() {
         let (a, d) = (|q: usize| vreinterpretq_s64_s32(a[q]), vreinterpretq_s32_s64);
-        t.store(2 * pair, std::array::from_fn(|q| d(vzip1q_s64(a(2 * q), a(2 * q + 1)))));
-        t.store(2 * pair + 1, std::array::from_fn(|q| d(vzip2q_s64(a(2 * q), a(2 * q + 1)))));
+        store(t, 2 * pair, std::array::from_fn(|q| d(vzip1q_s64(a(2 * q), a(2 * q + 1)))));
+        store(t, 2 * pair + 1, std::array::from_fn(|q| d(vzip2q_s64(a(2 * q), a(2 * q + 1)))));
     }
 }
 
@@ -118,27 +101,27 @@ unsafe fn tile_smmla(t: &Tile) {
 unsafe fn tile_widening(t: &Tile) {
     let mut acc = [vdupq_n_s32(0); PANEL];
     for b in 0..t.w.k_padded / K_BLOCK {
-        let w = t.w_block(b);
+        let w = w_regs(t, b);
         let x = vld1_s8(t.x_block(0, b));
         for (q, wq) in w.iter().enumerate() {
             acc[2 * q] = vpadalq_s16(acc[2 * q], vmull_s8(vget_low_s8(*wq), x));
             acc[2 * q + 1] = vpadalq_s16(acc[2 * q + 1], vmull_s8(vget_high_s8(*wq), x));
         }
     }
-    t.store(0, std::array::from_fn(|q| vpaddq_s32(vpaddq_s32(acc[4 * q], acc[4 * q + 1]), vpaddq_s32(acc[4 * q + 2], acc[4 * q + 3]))));
+    store(t, 0, std::array::from_fn(|q| vpaddq_s32(vpaddq_s32(acc[4 * q], acc[4 * q + 1]), vpaddq_s32(acc[4 * q + 2], acc[4 * q + 3]))));
 }
 
 #[target_feature(enable = "dotprod,i8mm")]
 unsafe fn gemm_i8mm(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile(x.m, panels, 4, 1, |row, rows, panel, _| {
-        let t = Tile { x, w, row, panel, out, ldo };
+        let t = Int8Tile { x, w, row, panel, out, ldo };
         match rows {
             4 => tile_smmla(&t),
             1 => tile_sdot::<1>(&t),
             2 => tile_sdot::<2>(&t),
             3 => {
                 tile_sdot::<2>(&t);
-                tile_sdot::<1>(&Tile { row: row + 2, ..t });
+                tile_sdot::<1>(&Int8Tile { row: row + 2, ..t });
             }
             rows => unreachable!("no tile of {rows} rows"),
         }
@@ -148,7 +131,7 @@ unsafe fn gemm_i8mm(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, ou
 #[target_feature(enable = "dotprod")]
 unsafe fn gemm_dotprod(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile(x.m, panels, 2, 1, |row, rows, panel, _| {
-        let t = Tile { x, w, row, panel, out, ldo };
+        let t = Int8Tile { x, w, row, panel, out, ldo };
         if rows == 2 {
             tile_sdot::<2>(&t)
         } else {
@@ -159,7 +142,7 @@ unsafe fn gemm_dotprod(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>,
 
 #[target_feature(enable = "neon")]
 unsafe fn gemm_neon(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    for_each_tile(x.m, panels, 1, 1, |row, _, panel, _| tile_widening(&Tile { x, w, row, panel, out, ldo }));
+    for_each_tile(x.m, panels, 1, 1, |row, _, panel, _| tile_widening(&Int8Tile { x, w, row, panel, out, ldo }));
 }
 
 /// # Safety

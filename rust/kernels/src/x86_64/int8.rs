@@ -11,47 +11,18 @@
 //!
 //! The sums are exact integers, so results match the portable twin bit for bit.
 
-use crate::int8::{Int8Weights, QuantizedRows, K_BLOCK};
+use crate::int8::{Int8Tile, Int8Weights, QuantizedRows, K_BLOCK};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Bytes of one block of a panel: 16 outputs x 8 inputs.
-const BLOCK_BYTES: usize = PANEL * K_BLOCK;
+type Tile<'a> = Int8Tile<'a>;
 
-/// Where a tile reads and writes.
-struct Tile<'a> {
-    x: &'a QuantizedRows,
-    w: &'a Int8Weights,
-    row: usize,
-    panel: usize,
-    out: *mut f32,
-    ldo: usize,
-}
-
-impl Tile<'_> {
-    /// The 8 activation bytes of block `b` of tile row `r`, as one 64-bit lane.
-    #[inline(always)]
-    unsafe fn x_block(&self, r: usize, b: usize) -> i64 {
-        (self.x.q.as_ptr().add((self.row + r) * self.x.k_padded + b * K_BLOCK) as *const i64).read_unaligned()
-    }
-
-    #[inline(always)]
-    unsafe fn w_block(&self, b: usize) -> *const i8 {
-        self.w.data.as_ptr().add(self.panel * self.w.panel_stride() + b * BLOCK_BYTES)
-    }
-
-    /// Scales the 16 sums of tile row `r` and stores the panel's valid columns.
-    #[inline(always)]
-    unsafe fn store(&self, r: usize, sums: [i32; PANEL]) {
-        let (i, first) = (self.row + r, self.panel * PANEL);
-        let cols = (self.w.n - first).min(PANEL);
-        let dst = self.out.add(i * self.ldo + first);
-        for (c, s) in sums[..cols].iter().enumerate() {
-            *dst.add(c) = *s as f32 * self.x.scales[i] * self.w.scales[first + c];
-        }
-    }
+/// A block's 8 activations as one 64-bit lane, to broadcast.
+#[inline(always)]
+unsafe fn x_lane(t: &Tile, r: usize, b: usize) -> i64 {
+    (t.x_block(r, b) as *const i64).read_unaligned()
 }
 
 /// Adds block `b` of `R` rows by `NP` panels into `acc`.
@@ -62,7 +33,7 @@ unsafe fn vnni_block<const R: usize, const NP: usize>(t: &Tile, b: usize, acc: &
         [_mm512_loadu_si512(wp as *const _), _mm512_loadu_si512(wp.add(64) as *const _)]
     });
     for (r, row) in acc.iter_mut().enumerate() {
-        let xu = _mm512_xor_si512(_mm512_set1_epi64(t.x_block(r, b)), _mm512_set1_epi8(-128));
+        let xu = _mm512_xor_si512(_mm512_set1_epi64(x_lane(t, r, b)), _mm512_set1_epi8(-128));
         for (a, wp) in row.iter_mut().zip(&w) {
             a[0] = _mm512_dpbusd_epi32(a[0], xu, wp[0]);
             a[1] = _mm512_dpbusd_epi32(a[1], xu, wp[1]);
@@ -114,7 +85,7 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile) {
         let wp = t.w_block(b);
         let w: [__m256i; 4] = std::array::from_fn(|q| _mm256_loadu_si256(wp.add(32 * q) as *const __m256i));
         for (r, a) in acc.iter_mut().enumerate() {
-            let x = _mm256_set1_epi64x(t.x_block(r, b));
+            let x = _mm256_set1_epi64x(x_lane(t, r, b));
             let x_abs = _mm256_abs_epi8(x);
             for (aq, wq) in a.iter_mut().zip(&w) {
                 let pairs = _mm256_maddubs_epi16(x_abs, _mm256_sign_epi8(*wq, x));
@@ -129,7 +100,7 @@ unsafe fn tile_avx2<const R: usize>(t: &Tile) {
         let mut out = [0i32; PANEL];
         _mm256_storeu_si256(out.as_mut_ptr() as *mut __m256i, lo);
         _mm256_storeu_si256(out.as_mut_ptr().add(8) as *mut __m256i, hi);
-        t.store(r, out);
+        t.store(r, &out);
     }
 }
 
@@ -151,7 +122,7 @@ unsafe fn gemm_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, ou
         _ => (6, 1),
     };
     for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
-        let t = Tile { x, w, row, panel, out, ldo };
+        let t = Int8Tile { x, w, row, panel, out, ldo };
         match (rows, np) {
             (1, 4) => tile_vnni::<1, 4>(&t),
             (1, 3) => tile_vnni::<1, 3>(&t),
@@ -171,7 +142,7 @@ unsafe fn gemm_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, ou
 #[target_feature(enable = "avx2")]
 unsafe fn gemm_avx2(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile(x.m, panels, 2, 1, |row, rows, panel, _| {
-        let t = Tile { x, w, row, panel, out, ldo };
+        let t = Int8Tile { x, w, row, panel, out, ldo };
         by_rows!(rows, tile_avx2, &t, [1 2])
     });
 }
