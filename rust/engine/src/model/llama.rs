@@ -3,7 +3,7 @@
 //! and writing its own KV pages.
 
 use super::linear::{Compute, Linear, LinearParts};
-use super::mlp::{take_linear, Mlp, Packing};
+use super::mlp::{take_linear, Mlp};
 use super::rope::Rope;
 use crate::config::{ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
@@ -64,7 +64,6 @@ impl LlamaModel {
     pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, compute: Compute) -> Result<Self> {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
-        let packing = Packing { dtype, quantization };
         let embed = w.take("model.embed_tokens.weight", &[v, h])?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
@@ -95,7 +94,7 @@ impl LlamaModel {
                 k_norm,
                 o: single(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?,
                 post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                mlp: Mlp::take(&mut w, &p, &cfg, packing)?,
+                mlp: Mlp::take(&mut w, &p, &cfg, &precision)?,
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;

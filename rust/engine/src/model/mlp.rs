@@ -2,7 +2,8 @@
 //! many SwiGLU experts per token (mixture of experts), with Qwen2-MoE's gated shared expert.
 
 use super::linear::{Compute, Linear, LinearParts};
-use crate::config::{ModelConfig, MoeConfig, Quantization};
+use super::llama::Precision;
+use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightStore;
 use rsgl_kernels::WeightDtype;
@@ -21,16 +22,9 @@ pub struct SwiGlu {
     down: Linear,
 }
 
-/// How a layer's weights are packed: the float type, and the quantization of its GEMMs.
-#[derive(Clone, Copy)]
-pub struct Packing {
-    pub dtype: WeightDtype,
-    pub quantization: Option<Quantization>,
-}
-
 impl SwiGlu {
     /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`.
-    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: Packing) -> Result<SwiGlu> {
+    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: &Precision) -> Result<SwiGlu> {
         let gate_up = vec![take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?];
         Ok(SwiGlu {
             gate_up: Linear::fused(gate_up, h, p.dtype, p.quantization),
@@ -69,7 +63,7 @@ pub enum Mlp {
 
 impl Mlp {
     /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it.
-    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: Packing) -> Result<Mlp> {
+    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision) -> Result<Mlp> {
         let h = cfg.hidden_size;
         let Some(moe) = &cfg.moe else {
             return Ok(Mlp::Dense(SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p)?));
@@ -80,14 +74,13 @@ impl Mlp {
         } else {
             (format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"])
         };
-        let float32 = Packing { dtype: WeightDtype::F32, quantization: None };
-        let router = Linear::fused(vec![take_linear(w, &format!("{block}.gate"), num_experts, h)?], h, float32.dtype, None);
+        let router = Linear::fused(vec![take_linear(w, &format!("{block}.gate"), num_experts, h)?], h, WeightDtype::F32, None);
         let experts = (0..num_experts).map(|e| SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p)).collect::<Result<_>>()?;
         let shared = match shared_expert_intermediate_size {
             None => None,
             Some(size) => {
                 let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p)?;
-                let gate = Linear::fused(vec![take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?], h, float32.dtype, None);
+                let gate = Linear::fused(vec![take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?], h, WeightDtype::F32, None);
                 Some((expert, gate))
             }
         };
