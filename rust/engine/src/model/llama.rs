@@ -219,42 +219,37 @@ impl LlamaModel {
         let (hd, kv_heads, qs) = (cfg.head_dim, cfg.num_key_value_heads, cfg.q_size());
         let group = cfg.num_attention_heads / kv_heads;
         let row = qs + 2 * cfg.kv_size();
-        let tokens: usize = seqs.iter().map(|c| c.tokens.len()).sum();
-        // Few tokens (a small decode batch) make too few group tasks to keep every thread busy:
-        // then each query head is a task of its own (a row computes the same either way).
-        let heads_per_task = if tokens * kv_heads < 4 * self.compute.pool.threads() { 1 } else { group };
-        let block = (ATTENTION_TASK_ROWS / heads_per_task).max(1);
-        // (sequence, first token of the batch, tokens, first position, first query head)
+        let block = (ATTENTION_TASK_ROWS / group).max(1);
+        // (sequence, first token of the batch, tokens, first position, kv head)
         let mut tasks = Vec::new();
-        let mut t0 = 0;
+        let mut tokens = 0;
         for (s, chunk) in seqs.iter().enumerate() {
             for b in (0..chunk.tokens.len()).step_by(block) {
                 let n = block.min(chunk.tokens.len() - b);
-                let first_heads = (0..cfg.num_attention_heads).step_by(heads_per_task);
-                tasks.extend(first_heads.map(|head| (s, t0 + b, n, chunk.start_pos + b, head)));
+                tasks.extend((0..kv_heads).map(|h| (s, tokens + b, n, chunk.start_pos + b, h)));
             }
-            t0 += chunk.tokens.len();
+            tokens += chunk.tokens.len();
         }
         let paged = kv.layer(layer);
         let (kern, scale) = (self.compute.kernels, 1.0 / (hd as f32).sqrt());
         let mut out = vec![0.0; tokens * qs];
         let dst = SendPtr(out.as_mut_ptr());
         self.compute.pool.for_each_dynamic(tasks.len(), &|i| {
-            let (s, t, tokens, first_pos, head) = tasks[i];
+            let (s, t, tokens, first_pos, h) = tasks[i];
             let task = AttentionTask {
                 kv: &paged,
                 pages: seqs[s].pages,
-                kv_head: head / group,
-                group: heads_per_task,
-                q: &qkv[t * row + head * hd..],
+                kv_head: h,
+                group,
+                q: &qkv[t * row + h * group * hd..],
                 q_stride: row,
                 tokens,
                 first_pos,
                 scale,
             };
             let dst = dst;
-            // SAFETY: each task writes its own tokens' columns of its own query heads.
-            unsafe { (kern.attention)(&task, dst.0.add(t * qs + head * hd), qs) };
+            // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
+            unsafe { (kern.attention)(&task, dst.0.add(t * qs + h * group * hd), qs) };
         });
         out
     }
