@@ -1,17 +1,19 @@
 """W8A8 on the default model (SmolLM2-135M-Instruct) against its float path: perplexity on a
-2,155-token English text (tests/data, written for this project) and simple factual questions.
+2,155-token English text (tests/data, written for this project; the converter calibrates on a
+different text) and simple factual questions.
 
-Measured when this was written: perplexity 28.19 (bfloat16) against 28.96 in W8A8 (+2.7%) with
-the AVX-512 kernels, 29.17 (+3.5%) with the AVX2 ones; with float32 for the unquantized parts,
-+3.2% and +3.5%. The target is 3%; until activation smoothing lands, this guards against
-regressions at the 4% the worst kernel path reaches. Of the factual questions the float path
-answers right, "What is the capital of France?" is the one W8A8 gets wrong; it is left out below
-and recorded in the project's notes."""
+Measured when this was written: perplexity 28.19 (bfloat16); W8A8 from `python -m rsgl.quantize`
+(SmoothQuant-calibrated) 28.49 (+1.1%) with the AVX-512 kernels, 28.61 (+1.5%) with the AVX2
+ones; W8A8 quantized at load (no calibration) 28.96 (+2.7%) and 29.17 (+3.5%). Of the factual
+questions the float path answers right, "What is the capital of France?" is the one W8A8 gets
+wrong, smoothed or not; it is left out below and recorded in the project's notes."""
 
 from __future__ import annotations
 
 import math
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -36,24 +38,32 @@ def perplexity(llm: rsgl.Engine, text: str) -> tuple[int, float]:
 
 
 @pytest.fixture(scope="module")
-def measured():
+def measured(tmp_path_factory):
+    converted = tmp_path_factory.mktemp("w8a8") / "smollm2-w8a8"
+    run = subprocess.run([sys.executable, "-m", "rsgl.quantize", "--output", str(converted), "--no-progress"], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr
     results = {}
-    for name, options in (("float", {}), ("w8a8", {"quantization": "w8a8_int8"})):
-        with rsgl.Engine(threads=2, progress=False, **options) as llm:
+    for name, path, options in (("float", None, {}), ("converted", str(converted), {}), ("on_load", None, {"quantization": "w8a8_int8"})):
+        with rsgl.Engine(path, threads=2, progress=False, **options) as llm:
+            assert (llm.get_server_info()["quantization"] is None) == (name == "float")
             tokens, ppl = perplexity(llm, TEXT.read_text())
             answers = [llm.chat([{"role": "user", "content": q}], {"temperature": 0, "max_new_tokens": 30})["text"] for q, _ in QUESTIONS]
             results[name] = (tokens, ppl, answers)
     return results
 
 
-def test_w8a8_perplexity_stays_within_4_percent(measured):
+def test_converted_w8a8_perplexity_rises_at_most_3_percent(measured):
     tokens, float_ppl, _ = measured["float"]
-    _, w8a8_ppl, _ = measured["w8a8"]
-    assert tokens >= 2000
-    assert w8a8_ppl <= 1.04 * float_ppl, (float_ppl, w8a8_ppl)
+    assert tokens >= 2000 and measured["converted"][0] == tokens
+    assert measured["converted"][1] <= 1.03 * float_ppl, (float_ppl, measured["converted"][1])
 
 
-@pytest.mark.parametrize("variant", ["float", "w8a8"])
+def test_w8a8_quantized_at_load_stays_within_4_percent(measured):
+    # Without calibration there is nothing to smooth with: a regression guard, not the target.
+    assert measured["on_load"][1] <= 1.04 * measured["float"][1]
+
+
+@pytest.mark.parametrize("variant", ["float", "converted", "on_load"])
 def test_factual_answers_are_right(measured, variant):
     answers = measured[variant][2]
     wrong = [(q, a) for (q, pattern), a in zip(QUESTIONS, answers) if not re.search(pattern, a.lower())]

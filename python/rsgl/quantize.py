@@ -54,7 +54,70 @@ def quantize_per_channel(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return q.numpy(), scale.numpy().astype(np.float32)
 
 
-def convert(model_path: str | None, output: Path, scheme: str, dtype: str, progress: bool = True) -> Path:
+# Migration strength of SmoothQuant: how much of an input channel's range moves into the weights.
+SMOOTHING_ALPHA = 0.5
+CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
+
+
+def activation_ranges(model_path: str | None, token_ids: list[int]) -> dict[str, np.ndarray]:
+    """Per layer input, the largest |activation| of each channel over `token_ids`, from a
+    transformers forward pass: `{layer prefix + ".attn" / ".mlp" / ".down": [channels]}`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rsgl.loader import _gguf_file_in as find_gguf
+    from rsgl.loader.default_model import default_model_path
+
+    path = Path(model_path or default_model_path())
+    gguf = find_gguf(path)
+    if gguf is not None:
+        hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    else:
+        hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    ranges: dict[str, np.ndarray] = {}
+
+    def record(name):
+        def hook(_module, args):
+            ranges[name] = args[0].detach().abs().amax(dim=(0, 1)).numpy()
+        return hook
+
+    for index, layer in enumerate(hf.model.layers):
+        prefix = f"model.layers.{index}"
+        layer.self_attn.q_proj.register_forward_pre_hook(record(prefix + ".attn"))
+        layer.mlp.gate_proj.register_forward_pre_hook(record(prefix + ".mlp"))
+        layer.mlp.down_proj.register_forward_pre_hook(record(prefix + ".down"))
+    with torch.no_grad():
+        hf(torch.tensor([token_ids]))
+    return ranges
+
+
+def smooth(tensors: dict[str, np.ndarray], ranges: dict[str, np.ndarray], alpha: float = SMOOTHING_ALPHA) -> None:
+    """SmoothQuant: per input channel j of a GEMM, divides the activations by
+    `s_j = max|x_j|^alpha / max|w_j|^(1 - alpha)` and multiplies the weights' column j by it, so
+    activation outliers move into the weights, which are quantized per output channel and take
+    them better. The division is folded into what produces the input: the RMSNorm weight before
+    q/k/v and gate/up, the up projection's rows before down. The float model is unchanged."""
+    layer = 0
+    while f"model.layers.{layer}.input_layernorm.weight" in tensors:
+        p = f"model.layers.{layer}"
+        groups = [
+            (ranges[p + ".attn"], [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"], f"{p}.input_layernorm.weight", None),
+            (ranges[p + ".mlp"], [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.post_attention_layernorm.weight", None),
+            (ranges[p + ".down"], [f"{p}.mlp.down_proj.weight"], None, f"{p}.mlp.up_proj.weight"),
+        ]
+        for act, consumers, norm, producer_rows in groups:
+            w_max = np.max([np.abs(tensors[name]).max(axis=0) for name in consumers], axis=0)
+            scale = (np.maximum(act, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)).astype(np.float32)
+            for name in consumers:
+                tensors[name] = tensors[name] * scale[None, :]
+            if norm is not None:
+                tensors[norm] = tensors[norm] / scale
+            else:
+                tensors[producer_rows] = tensors[producer_rows] / scale[:, None]
+        layer += 1
+
+
+def convert(model_path: str | None, output: Path, scheme: str, dtype: str, progress: bool = True, smoothing: bool = True) -> Path:
     model = load_model(model_path, progress=False)
     tensors: dict[str, np.ndarray] = {}
     stream = model.tensors()
@@ -62,7 +125,12 @@ def convert(model_path: str | None, output: Path, scheme: str, dtype: str, progr
         from tqdm import tqdm
 
         stream = tqdm(stream, desc=f"quantizing to {scheme}", unit="tensor", total=len(expected_tensor_shapes(model.config)))
-    for name, array in stream:
+    floats = dict(stream)
+    if smoothing and not model.config["moe"]:  # MoE: the norm also feeds the router; not smoothed
+        if model.tokenizer is None:
+            raise RsglError("smoothing needs the model's tokenizer for its calibration text; pass --no-smoothing")
+        smooth(floats, activation_ranges(model_path, model.tokenizer.encode(CALIBRATION_TEXT.read_text()).ids))
+    for name, array in floats.items():
         if LINEAR_WEIGHT.fullmatch(name):
             tensors[name], tensors[name + "_scale"] = quantize_per_channel(array)
         else:
@@ -78,13 +146,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scheme", choices=SCHEMES, default="w8a8_int8")
     parser.add_argument("--dtype", choices=list(FLOAT_STORAGE), default="bfloat16", help="how the unquantized tensors are stored")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-smoothing", action="store_true", help="quantize the weights as they are (no SmoothQuant calibration)")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        out = convert(args.model_path, args.output, args.scheme, args.dtype, progress=not args.no_progress)
+        out = convert(args.model_path, args.output, args.scheme, args.dtype, progress=not args.no_progress, smoothing=not args.no_smoothing)
     except RsglError as error:
         sys.exit(f"rsgl.quantize: {error}")
     print(f"wrote {out} ({args.scheme})")
