@@ -65,11 +65,11 @@ def activation_ranges(model_path: str | None, token_ids: list[int]) -> dict[str,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rsgl.loader import _gguf_file_in as find_gguf
+    from rsgl.loader import gguf_file_in
     from rsgl.loader.default_model import default_model_path
 
     path = Path(model_path or default_model_path())
-    gguf = find_gguf(path)
+    gguf = gguf_file_in(path)
     if gguf is not None:
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     else:

@@ -84,7 +84,7 @@ def load_model(
         model_path = default_model_path()
     path = Path(model_path).expanduser()
     options = {"skip_tokenizer_init": skip_tokenizer_init, "progress": progress}
-    gguf_file = _gguf_file_in(path)
+    gguf_file = gguf_file_in(path)
     if gguf_file is not None:
         from rsgl.loader import gguf
 
@@ -98,7 +98,7 @@ def load_model(
     return model
 
 
-def _gguf_file_in(path: Path) -> Path | None:
+def gguf_file_in(path: Path) -> Path | None:
     """The GGUF file `path` designates, or None for a Hugging Face folder."""
     if not path.exists():
         raise ModelLoadError(f"no such file or directory: {path}; pass a Hugging Face model folder or a .gguf file.")

@@ -324,19 +324,19 @@ impl Worker {
                 self.scheduler.cache_progress(p.index);
             }
             let seq = &mut self.scheduler.running[p.index];
-            let mut row = if seq.wants_chunk_logits(p.start) {
-                let all: Vec<&[f32]> = rows.by_ref().take(p.end - p.start).collect();
-                seq.record_input_logprobs(p.start, &all.concat(), vocab);
-                if p.end != seq.tokens.len() {
-                    continue;
-                }
-                all.last().expect("a chunk has tokens").to_vec()
-            } else {
-                if p.end != seq.tokens.len() {
-                    continue;
-                }
-                rows.next().expect("one logits row per completed chunk").to_vec()
-            };
+            // The model returned a row per token of chunks scoring the prompt, else one row for a
+            // chunk that completes its sequence.
+            let completes = p.end == seq.tokens.len();
+            let scores_prompt = seq.wants_chunk_logits(p.start);
+            let taken = if scores_prompt { p.end - p.start } else { usize::from(completes) };
+            let chunk_rows: Vec<&[f32]> = rows.by_ref().take(taken).collect();
+            if scores_prompt {
+                seq.record_input_logprobs(p.start, &chunk_rows);
+            }
+            if !completes {
+                continue;
+            }
+            let mut row = chunk_rows.last().expect("a completed chunk has its logits row").to_vec();
             let out = if seq.max_new_tokens == 0 {
                 seq.finish_without_tokens(&row)
             } else {

@@ -169,12 +169,11 @@ impl Sequence {
         self.input_logprobs_from.is_some() && start + 1 < self.prompt_len
     }
 
-    /// Records the prompt log-probabilities the logits of positions `start..start + rows` give
-    /// (`logits` holds one vocabulary row per position); positions already recorded (computed
-    /// again after a retraction) are skipped.
-    pub fn record_input_logprobs(&mut self, start: usize, logits: &[f32], vocab: usize) {
+    /// Records the prompt log-probabilities the logits rows of positions `start..` give;
+    /// positions already recorded (computed again after a retraction) are skipped.
+    pub fn record_input_logprobs(&mut self, start: usize, rows: &[&[f32]]) {
         let Some(from) = self.input_logprobs_from else { return };
-        for (row, pos) in logits.chunks_exact(vocab).zip(start..) {
+        for (row, pos) in rows.iter().zip(start..) {
             let next = pos + 1;
             if next >= from && next < self.prompt_len && next - from == self.input_logprobs.len() {
                 self.input_logprobs.push(log_softmax(row)[self.tokens[next] as usize]);

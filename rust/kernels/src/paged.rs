@@ -15,6 +15,12 @@ pub struct PagedKv<'a> {
     pub head_dim: usize,
 }
 
+/// Where kv head `head` of `page` starts in a layer's `keys` and in its `values`.
+#[inline]
+pub fn block_start(page: u32, head: usize, kv_heads: usize, page_size: usize, head_dim: usize) -> usize {
+    (page as usize * kv_heads + head) * page_size * head_dim
+}
+
 impl PagedKv<'_> {
     /// Floats of one kv head in one page (the same for K and V).
     pub fn block(page_size: usize, head_dim: usize) -> usize {
@@ -24,7 +30,7 @@ impl PagedKv<'_> {
     /// Where kv head `head` of `page` starts, in `keys` and in `values`.
     #[inline]
     pub fn offset(&self, page: u32, head: usize) -> usize {
-        (page as usize * self.kv_heads + head) * Self::block(self.page_size, self.head_dim)
+        block_start(page, head, self.kv_heads, self.page_size, self.head_dim)
     }
 }
 

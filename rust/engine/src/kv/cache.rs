@@ -3,6 +3,7 @@
 //! (transposed) and values `[page_size][head_dim]`.
 
 use crate::config::ModelConfig;
+use rsgl_kernels::paged::block_start;
 use rsgl_kernels::PagedKv;
 
 pub struct KvCache {
@@ -30,10 +31,9 @@ impl KvCache {
     pub fn write(&mut self, layer: usize, pages: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let (ps, hd) = (self.page_size, self.head_dim);
         let (page, slot) = (pages[pos / ps], pos % ps);
-        let kv = PagedKv { keys: &[], values: &[], page_size: ps, kv_heads: self.kv_heads, head_dim: hd };
         let (keys, values) = (&mut self.keys[layer], &mut self.values[layer]);
         for h in 0..self.kv_heads {
-            let base = kv.offset(page, h);
+            let base = block_start(page, h, self.kv_heads, ps, hd);
             for (d, &kd) in k[h * hd..(h + 1) * hd].iter().enumerate() {
                 keys[base + d * ps + slot] = kd;
             }

@@ -107,9 +107,9 @@ impl Experts {
         let experts = self.experts.len();
         // (row, weight) per expert.
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
-        let mut best = Vec::with_capacity(self.top_k);
+        let (mut best, mut probs) = (Vec::with_capacity(self.top_k), vec![0.0; experts]);
         for (row, scores) in logits.chunks_exact(experts).enumerate() {
-            let mut probs = scores.to_vec();
+            probs.copy_from_slice(scores);
             (c.kernels.softmax)(&mut probs);
             (c.kernels.top_k)(&probs, self.top_k, &mut best);
             let total: f32 = if self.norm_topk_prob { best.iter().map(|b| b.0).sum() } else { 1.0 };
