@@ -10,7 +10,6 @@ wrong, smoothed or not; it is left out below and recorded in the project's notes
 
 from __future__ import annotations
 
-import math
 import re
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import rsgl
+from rsgl.evaluate import perplexity
 
 TEXT = Path(__file__).parent / "data" / "lighthouse_keepers.txt"
 QUESTIONS = [
@@ -28,13 +28,6 @@ QUESTIONS = [
     ("What is the chemical symbol for water?", "h2o"),
     ("Who wrote Romeo and Juliet?", "shakespeare"),
 ]
-
-
-def perplexity(llm: rsgl.Engine, text: str) -> tuple[int, float]:
-    ids = llm.encode(text)
-    out = llm.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0)
-    logprobs = [entry[0] for entry in out["meta_info"]["input_token_logprobs"][1:]]
-    return len(ids), math.exp(-sum(logprobs) / len(logprobs))
 
 
 @pytest.fixture(scope="module")
