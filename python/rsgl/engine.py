@@ -30,6 +30,9 @@ _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
 QUANTIZATIONS = (None, "w8a8_int8")
 
+# The sampling_params that constrain the output (at most one per request).
+_GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
+
 # Defaults a model's generation_config.json may set, as SGLang applies them.
 _MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
@@ -48,7 +51,14 @@ class Engine:
     sharing), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
     load, one scale per output channel, activations quantized per token; None: weights in `dtype`),
     `quantize_lm_head` (with `quantization`, the lm_head too; it stays in `dtype` by default),
-    `progress` (loading progress bar).
+    `progress` (loading progress bar),
+    `disable_jump_forward` (constrained requests sample every token, even text their grammar
+    forces), `think_end_token` (for reasoning models, e.g. "</think>": a grammar applies only
+    after the output contains it, so the model thinks freely first).
+
+    Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
+    same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks
+    given continuations by log-probability; `check_grammar` reports a bad grammar at once.
     """
 
     def __init__(
@@ -72,6 +82,8 @@ class Engine:
         quantization: str | None = None,
         quantize_lm_head: bool = False,
         progress: bool = True,
+        disable_jump_forward: bool = False,
+        think_end_token: str | None = None,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -94,6 +106,7 @@ class Engine:
             "random_seed": random_seed,
             "schedule_policy": schedule_policy,
             "disable_radix_cache": disable_radix_cache,
+            "disable_jump_forward": disable_jump_forward,
         }
         store = _core.WeightStore()
         for name, array in self.model.tensors():
@@ -105,7 +118,9 @@ class Engine:
             self.model.eos_token_ids,
             token_bytes=None if self.tokenizer is None else self.model.token_bytes,
             special_token_ids=self.model.special_token_ids,
+            tokenizer_json=None if self.tokenizer is None else self.tokenizer.to_str(),
         )
+        self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
         self._sampling_defaults = {
             k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None
         }
@@ -123,16 +138,26 @@ class Engine:
         rid: str | list[str] | None = None,
         return_prompt_logits: bool = False,
         logprob_start_len: int | None = None,
+        json_schema: dict | str | None = None,
+        regex: str | None = None,
+        ebnf: str | None = None,
+        choices: list[str] | None = None,
     ) -> dict | list[dict] | Iterator[dict]:
         """Generates for one prompt (a dict back) or a list of prompts (a list back, run as one
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
         `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
         `return_prompt_logits` adds the logits after the last prompt token to `meta_info`;
         `logprob_start_len` (with `return_logprob`) adds `input_token_logprobs`, SGLang's
-        `(logprob, token_id, None)` for each prompt token from that position (None for position 0)."""
-        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len)
+        `(logprob, token_id, None)` for each prompt token from that position (None for position 0).
+        `json_schema` (a dict or JSON text), `regex`, `ebnf` (a Lark grammar) or `choices`
+        constrain the output of every prompt; an invalid one raises InvalidRequestError."""
+        grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
+        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar)
         if stream:
-            return self._stream(self._only(requests))
+            request = self._only(requests)
+            # Compiled here so a bad grammar raises before the caller starts reading the stream.
+            self.check_grammar(request["sampling_params"])
+            return self._stream(request)
         handles = [self._submit(r) for r in requests]
         results = [self._collect(r, h) for r, h in zip(requests, handles)]
         return results[0] if single else results
@@ -148,15 +173,53 @@ class Engine:
         rid: str | list[str] | None = None,
         return_prompt_logits: bool = False,
         logprob_start_len: int | None = None,
+        json_schema: dict | str | None = None,
+        regex: str | None = None,
+        ebnf: str | None = None,
+        choices: list[str] | None = None,
     ) -> dict | list[dict] | AsyncIterator[dict]:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
-        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len)
+        grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
+        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar)
         if stream:
-            return self._astream(self._only(requests))
+            request = self._only(requests)
+            await asyncio.to_thread(self.check_grammar, request["sampling_params"])
+            return self._astream(request)
         handles = [self._submit(r) for r in requests]
         results = await asyncio.gather(*(self._acollect(r, h) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
+
+    def select(self, prompt: str, choices: Sequence[str], normalize: bool = True) -> dict:
+        """Which of `choices` the model finds likeliest after `prompt`, as SGLang's `select`: each
+        continuation is scored by its tokens' log-probabilities (their mean, or with
+        `normalize=False` their sum), all scored in one batch sharing the prompt's cached KV.
+        Returns `{"text", "index", "logprobs", "normalized_logprobs"}` (one score per choice)."""
+        if not isinstance(prompt, str) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise InvalidRequestError("select takes a prompt string and a non-empty list of non-empty choice strings")
+        prompt_ids = self.encode(prompt)
+        requests = []
+        for choice in choices:
+            ids = self.encode(prompt + choice)
+            # The prompt's last tokens may merge with the choice's first characters: score from
+            # the first token that differs from the prompt's own tokenization.
+            start = next((i for i, (a, b) in enumerate(zip(ids, prompt_ids)) if a != b), len(prompt_ids))
+            start = min(max(start, 1), len(ids) - 1)
+            sampling = {"max_new_tokens": 0, "temperature": 0}
+            requests += self._build_requests(None, ids, sampling, None, True, 0, False, start)[0]
+        handles = [self._submit(r) for r in requests]
+        token_logprobs = [[lp for lp, _, _ in self._collect(r, h)["meta_info"]["input_token_logprobs"]] for r, h in zip(requests, handles)]
+        sums = [sum(lps) for lps in token_logprobs]
+        means = [total / len(lps) for total, lps in zip(sums, token_logprobs)]
+        scores = means if normalize else sums
+        best = max(range(len(choices)), key=scores.__getitem__)
+        return {"text": choices[best], "index": best, "logprobs": sums, "normalized_logprobs": means}
+
+    def check_grammar(self, sampling_params: dict) -> None:
+        """Compiles the grammar in `sampling_params` (regex, json_schema, ebnf or choices) now,
+        raising InvalidRequestError with the grammar backend's message if it is invalid. The
+        compiled grammar is cached, so a request using it next starts without compiling."""
+        self._core.check_grammar(orjson.dumps(sampling_params).decode())
 
     def chat(self, messages: list[dict], sampling_params: dict | None = None, **kwargs: Any) -> dict | Iterator[dict]:
         """Generates a reply to `messages` rendered with the model's chat template."""
@@ -214,7 +277,7 @@ class Engine:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
 
-    def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None):
+    def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None, grammar=None):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
         if prompt is not None:
@@ -234,7 +297,7 @@ class Engine:
         rids = rid if isinstance(rid, list) else [rid] * len(id_lists)
         requests = []
         for ids, p, r in zip(id_lists, params, rids):
-            p = self._normalize_params(p)
+            p = self._normalize_params(p, grammar)
             n = p.pop("n", 1)
             if not isinstance(n, int) or n < 1:
                 raise InvalidRequestError("sampling_params: n must be a positive integer")
@@ -253,13 +316,14 @@ class Engine:
                     "return_prompt_logits": bool(return_prompt_logits),
                     # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
                     "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
+                    "think_end_token_ids": self._think_end_ids if any(k in sample for k in _GRAMMAR_KEYS) else None,
                 })
         return requests, single and len(requests) == 1
 
-    def _normalize_params(self, params: dict | None) -> dict:
+    def _normalize_params(self, params: dict | None, grammar: dict | None = None) -> dict:
         if params is not None and not isinstance(params, dict):
             raise InvalidRequestError("sampling_params must be a dict")
-        p = {**self._sampling_defaults, **(params or {})}
+        p = {**self._sampling_defaults, **(params or {}), **{k: v for k, v in (grammar or {}).items() if v is not None}}
         stop = p.get("stop")
         if isinstance(stop, str):
             p["stop"] = [stop]
@@ -267,6 +331,8 @@ class Engine:
             p.pop("stop", None)
         for key in [k for k, v in p.items() if v is None]:
             del p[key]  # None means "default", as in SGLang
+        if isinstance(p.get("json_schema"), dict):
+            p["json_schema"] = orjson.dumps(p["json_schema"]).decode()
         return p
 
     def _submit(self, request: dict) -> _core.RequestStream:

@@ -181,6 +181,10 @@ pub struct EngineOptions {
     pub schedule_policy: SchedulePolicy,
     /// Turns prefix sharing off (every request computes its whole prompt).
     pub disable_radix_cache: bool,
+    /// Constrained requests sample every token, even text their grammar forces.
+    pub disable_jump_forward: bool,
+    /// Threads compiling grammars (off the engine thread).
+    pub grammar_compile_threads: usize,
 }
 
 impl Default for EngineOptions {
@@ -200,6 +204,8 @@ impl Default for EngineOptions {
             random_seed: 0,
             schedule_policy: SchedulePolicy::Fcfs,
             disable_radix_cache: false,
+            disable_jump_forward: false,
+            grammar_compile_threads: 2,
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::config::{Dtype, EngineOptions, ModelConfig, Quantization};
 use crate::error::{invalid, EngineError, Result};
+use crate::grammar::{Constraint, Grammar, GrammarBackend, GrammarService, GrammarStats, LlgBackend};
 use crate::kv::{BlockPool, KvCache};
 use crate::model::{Compute, LlamaModel, Precision};
 use rsgl_kernels::ThreadPool;
@@ -10,6 +11,7 @@ use crate::request::{validate, GenerateRequest, Output, Sequence};
 use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
+use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -17,10 +19,17 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub type Tokenizer = TokenTable;
+/// What the engine knows of the tokenizer: each token's bytes (for text), and the tokenizer
+/// itself as `tokenizer.json` text, which structured output uses to tokenize forced text.
+pub struct Tokenizer {
+    pub table: TokenTable,
+    pub json: Option<String>,
+}
 
 enum Command {
     Submit(Box<GenerateRequest>, Sender<Result<Output>>),
+    /// A grammar compiled for the request parked under this ticket.
+    GrammarReady(u64, Result<Box<dyn Grammar>>),
     Abort(String),
     /// Empty the prefix cache; answers whether it could (only when no request is in flight).
     FlushCache(Sender<bool>),
@@ -55,6 +64,12 @@ pub struct EngineStats {
     pub computed_prompt_tokens: u64,
     pub generated_tokens: u64,
     pub retracted_requests: u64,
+    /// Constrained requests waiting for their grammar to compile.
+    pub grammar_waiting_requests: usize,
+    /// Tokens appended without sampling because the grammar forced them (jump-forward).
+    pub forced_tokens: u64,
+    /// Grammar compilations, when the engine has a tokenizer.
+    pub grammar: Option<GrammarStats>,
     pub steps: u64,
     pub last_step_tokens: usize,
     /// Seconds spent, over all steps, choosing the batch, in the forward pass, and sampling
@@ -62,6 +77,8 @@ pub struct EngineStats {
     pub schedule_seconds: f64,
     pub forward_seconds: f64,
     pub sample_seconds: f64,
+    /// Of the sampling time, the part spent filling constrained requests' token masks.
+    pub grammar_seconds: f64,
     pub last_step_seconds: f64,
 }
 
@@ -73,6 +90,7 @@ pub struct Engine {
     context_length: usize,
     has_tokenizer: bool,
     max_total_tokens: usize,
+    grammars: Option<Arc<GrammarService>>,
 }
 
 /// The outputs of one request, in order; ends after the output carrying `finished`.
@@ -142,11 +160,22 @@ impl Engine {
         }));
         let (inbox, commands) = channel();
         let has_tokenizer = tokenizer.is_some();
+        let table = tokenizer.as_ref().map(|t| Arc::new(t.table.clone()));
+        let grammars = tokenizer.map(|t| {
+            let (table, eos) = (table.clone().expect("present with the tokenizer"), eos_token_ids.clone());
+            let build = move || LlgBackend::new(&table, t.json.as_deref(), &eos).map(|b| Arc::new(b) as Arc<dyn GrammarBackend>);
+            Arc::new(GrammarService::new(opts.grammar_compile_threads, build))
+        });
         let worker = Worker {
             model,
             kv,
             scheduler: Scheduler::new(BlockPool::new(num_pages, opts.page_size), &opts),
-            tokenizer,
+            tokenizer: table,
+            grammars: grammars.clone(),
+            grammar_queue: Vec::new(),
+            next_ticket: 0,
+            jump_forward: !opts.disable_jump_forward,
+            inbox: inbox.clone(),
             eos_token_ids,
             context_length,
             stats: stats.clone(),
@@ -163,7 +192,17 @@ impl Engine {
                 worker.run(commands)
             })
             .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { inbox, thread: Some(thread), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size })
+        Ok(Engine { inbox, thread: Some(thread), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size, grammars })
+    }
+
+    /// Compiles a request's grammar now, on the calling thread, so a bad one is reported before
+    /// the request is submitted (the compiled grammar is cached for the request).
+    pub fn check_grammar(&self, params: &crate::sample::SamplingParams) -> Result<()> {
+        match (params.grammar()?, &self.grammars) {
+            (None, _) => Ok(()),
+            (Some(spec), Some(grammars)) => grammars.compile(&spec).map(drop),
+            (Some(_), None) => Err(invalid("structured output needs the tokenizer; this engine was started without one")),
+        }
     }
 
     /// Queues a request; errors in the request itself are returned here, at once.
@@ -222,7 +261,14 @@ struct Worker {
     model: LlamaModel,
     kv: KvCache,
     scheduler: Scheduler,
-    tokenizer: Option<Tokenizer>,
+    tokenizer: Option<Arc<TokenTable>>,
+    grammars: Option<Arc<GrammarService>>,
+    /// Constrained requests waiting for their grammar, by compile ticket.
+    grammar_queue: Vec<(u64, Sequence)>,
+    next_ticket: u64,
+    jump_forward: bool,
+    /// For compile threads to hand grammars back.
+    inbox: Sender<Command>,
     eos_token_ids: Vec<u32>,
     context_length: usize,
     stats: Arc<Mutex<EngineStats>>,
@@ -239,6 +285,7 @@ impl Worker {
             for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
                 match cmd {
                     Command::Submit(req, out) => self.accept(*req, out),
+                    Command::GrammarReady(ticket, grammar) => self.grammar_ready(ticket, grammar),
                     Command::Abort(rid) => self.abort_group(&rid),
                     Command::FlushCache(reply) => {
                         let flushed = self.scheduler.flush_cache();
@@ -268,15 +315,56 @@ impl Worker {
             return;
         }
         self.next_seed = self.next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.next_seed);
-        self.scheduler.waiting.push_back(seq);
+        let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.next_seed);
+        let Some(spec) = seq.grammar_spec.take() else {
+            self.scheduler.waiting.push_back(seq);
+            return;
+        };
+        let grammars = self.grammars.as_ref().expect("submit refuses constrained requests without a tokenizer");
+        if let Some(grammar) = grammars.cached(&spec) {
+            return self.start_constrained(seq, grammar);
+        }
+        // Park the request; a compile thread sends the grammar back through the inbox.
+        let (ticket, inbox) = (self.next_ticket, self.inbox.clone());
+        self.next_ticket += 1;
+        grammars.compile_later(spec, Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(ticket, grammar)))));
+        self.grammar_queue.push((ticket, seq));
+        self.publish(None);
+    }
+
+    fn grammar_ready(&mut self, ticket: u64, grammar: Result<Box<dyn Grammar>>) {
+        // Absent when the request was aborted while its grammar compiled.
+        if let Some(i) = self.grammar_queue.iter().position(|(t, _)| *t == ticket) {
+            let (_, seq) = self.grammar_queue.swap_remove(i);
+            self.start_constrained(seq, grammar);
+        }
+    }
+
+    /// Queues a request with its compiled grammar, or ends it with the compile error.
+    fn start_constrained(&mut self, mut seq: Sequence, grammar: Result<Box<dyn Grammar>>) {
+        match grammar {
+            Ok(grammar) => {
+                // Forced tokens have no sampled log-probabilities: requests asking for them sample every token.
+                let can_jump = self.grammars.as_ref().is_some_and(|g| g.can_jump_forward());
+                let jump_forward = self.jump_forward && can_jump && !seq.return_logprob;
+                let vocab = self.model.config().vocab_size;
+                seq.constraint = Some(Constraint::new(grammar, vocab, seq.think_end_token_ids.take(), jump_forward));
+                self.scheduler.waiting.push_back(seq);
+            }
+            Err(e) => {
+                self.active.remove(&seq.rid);
+                let _ = seq.out.send(Err(e));
+            }
+        }
+        self.publish(None);
     }
 
     /// Aborts `rid` and the samples grouped under it.
     fn abort_group(&mut self, rid: &str) {
         let in_group = |s: &Sequence| s.rid == rid || s.group.as_deref() == Some(rid);
         let sched = &self.scheduler;
-        let rids: Vec<String> = sched.waiting.iter().chain(&sched.running).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
+        let parked = self.grammar_queue.iter().map(|(_, s)| s);
+        let rids: Vec<String> = sched.waiting.iter().chain(&sched.running).chain(parked).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
         for r in rids {
             self.abort(&r, "aborted by request");
         }
@@ -287,6 +375,8 @@ impl Worker {
             self.scheduler.waiting.remove(i).expect("index exists")
         } else if let Some(i) = self.scheduler.running.iter().position(|s| s.rid == rid) {
             self.scheduler.retire(i)
+        } else if let Some(i) = self.grammar_queue.iter().position(|(_, s)| s.rid == rid) {
+            self.grammar_queue.swap_remove(i).1
         } else {
             return;
         };
@@ -310,17 +400,22 @@ impl Worker {
         let forwarded = Instant::now();
         let vocab = self.model.config().vocab_size;
         let mut rows = logits.chunks_exact(vocab);
-        let mut finished = Vec::new();
         let mut step = StepCounts::default();
+        // Requests sampling this step, with their logits row.
+        let mut sampling: Vec<(usize, &[f32])> = Vec::new();
         for p in &plan {
             let seq = &mut self.scheduler.running[p.index];
             step.tokens += p.end - p.start;
-            let prefilling = !seq.is_decoding();
-            seq.computed = p.end;
-            if prefilling {
+            if p.start < seq.prompt_len {
                 step.prompt_tokens += p.end - p.start;
-                // Share the prompt's pages at once (not only when the request ends): requests
-                // waiting on the same prefix are admitted next step and find it here.
+            } else {
+                seq.decode_steps += 1;
+            }
+            let extending = !seq.is_decoding();
+            seq.computed = p.end;
+            if extending {
+                // Share the pages at once (not only when the request ends): requests waiting
+                // on the same prefix are admitted next step and find it here.
                 self.scheduler.cache_progress(p.index);
             }
             let seq = &mut self.scheduler.running[p.index];
@@ -333,21 +428,30 @@ impl Worker {
             if scores_prompt {
                 seq.record_input_logprobs(p.start, &chunk_rows);
             }
-            if !completes {
-                continue;
+            if completes {
+                sampling.push((p.index, chunk_rows.last().expect("a completed chunk has its logits row")));
             }
-            let mut row = chunk_rows.last().expect("a completed chunk has its logits row").to_vec();
-            let out = if seq.max_new_tokens == 0 {
-                seq.finish_without_tokens(&row)
+        }
+        let masked = Instant::now();
+        let mask_errors = self.fill_masks(&sampling);
+        step.grammar = masked.elapsed();
+        let mut finished = Vec::new();
+        for ((index, row), mask_error) in sampling.into_iter().zip(mask_errors) {
+            let seq = &mut self.scheduler.running[index];
+            let out = if let Err(e) = mask_error {
+                seq.abort_output(&e.to_string())
+            } else if seq.max_new_tokens == 0 {
+                seq.finish_without_tokens(row)
             } else {
-                seq.advance(&mut row, self.tokenizer.as_ref())
+                seq.advance(&mut row.to_vec(), self.tokenizer.as_deref())
             };
             step.generated += out.token_ids.len();
+            step.forced += out.token_ids.len().saturating_sub(1);
             if out.finished.is_some() {
-                finished.push((p.index, Some(out)));
+                finished.push((index, Some(out)));
             } else if seq.out.send(Ok(out)).is_err() {
                 // The caller went away (dropped its stream): end the request.
-                finished.push((p.index, None));
+                finished.push((index, None));
             }
         }
         // Highest index first: retiring swaps the last request into the freed slot.
@@ -367,6 +471,31 @@ impl Worker {
         }
     }
 
+    /// Fills the token masks of the constrained requests among `sampling`, in parallel when
+    /// there are several; one result per request.
+    fn fill_masks(&mut self, sampling: &[(usize, &[f32])]) -> Vec<Result<()>> {
+        let mut results: Vec<Result<()>> = sampling.iter().map(|_| Ok(())).collect();
+        let mut pending: Vec<(&mut Result<()>, &mut Constraint)> = Vec::new();
+        let mut by_index: Vec<Option<&mut Result<()>>> = Vec::new();
+        by_index.resize_with(self.scheduler.running.len(), || None);
+        for ((index, _), result) in sampling.iter().zip(results.iter_mut()) {
+            by_index[*index] = Some(result);
+        }
+        for (seq, result) in self.scheduler.running.iter_mut().zip(by_index) {
+            if let (Some(result), Some(c)) = (result, seq.constraint.as_mut()) {
+                if c.is_active() && seq.max_new_tokens > 0 {
+                    pending.push((result, c));
+                }
+            }
+        }
+        if pending.len() > 1 {
+            pending.par_iter_mut().for_each(|(result, c)| **result = c.fill_mask());
+        } else {
+            pending.iter_mut().for_each(|(result, c)| **result = c.fill_mask());
+        }
+        results
+    }
+
     fn publish(&self, step: Option<&StepCounts>) {
         let mut s = self.stats.lock().expect("stats lock");
         let sched = &self.scheduler;
@@ -378,6 +507,8 @@ impl Worker {
         s.cache_hit_tokens = sched.cache_hit_tokens;
         s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
         s.retracted_requests = sched.retractions;
+        s.grammar_waiting_requests = self.grammar_queue.len();
+        s.grammar = self.grammars.as_ref().map(|g| g.stats());
         if let Some(step) = step {
             s.steps += 1;
             s.last_step_tokens = step.tokens;
@@ -386,6 +517,8 @@ impl Worker {
             s.schedule_seconds += step.schedule.as_secs_f64();
             s.forward_seconds += step.forward.as_secs_f64();
             s.sample_seconds += step.sample.as_secs_f64();
+            s.grammar_seconds += step.grammar.as_secs_f64();
+            s.forced_tokens += step.forced as u64;
             s.last_step_seconds = (step.schedule + step.forward + step.sample).as_secs_f64();
         }
     }
@@ -397,7 +530,9 @@ struct StepCounts {
     tokens: usize,
     prompt_tokens: usize,
     generated: usize,
+    forced: usize,
     schedule: Duration,
     forward: Duration,
     sample: Duration,
+    grammar: Duration,
 }

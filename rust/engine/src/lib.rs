@@ -4,11 +4,13 @@
 //! ([`scheduler`]) shares cached prefixes from the radix tree ([`kv`]) and packs prefill chunks
 //! and decodes into one ragged batch per step, the model
 //! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
-//! the detokenizer ([`text`]) turns them into text with stop strings applied.
+//! the detokenizer ([`text`]) turns them into text with stop strings applied. Constrained
+//! requests ([`grammar`]) sample from a token mask and skip over text their grammar forces.
 
 pub mod config;
 pub mod engine;
 pub mod error;
+pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod policy;

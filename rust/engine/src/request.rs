@@ -1,6 +1,7 @@
 //! A generation request, its life inside the engine, and the outputs it streams back.
 
 use crate::error::{invalid, EngineError, Result};
+use crate::grammar::{Constraint, GrammarSpec};
 use crate::kv::NodeId;
 use crate::sample::{log_softmax, sample, top_n, History, Rng, SamplingParams, TokenLogprob};
 use crate::text::{Detokenizer, StopText, TokenTable};
@@ -31,6 +32,10 @@ pub struct GenerateRequest {
     /// The id of the request this one is a sample of (n > 1): aborting that id aborts them all.
     #[serde(default)]
     pub group: Option<String>,
+    /// With a grammar: the tokens ending the model's reasoning (`</think>`). The output is free
+    /// until it contains them, and follows the grammar after.
+    #[serde(default)]
+    pub think_end_token_ids: Option<Vec<u32>>,
 }
 
 impl GenerateRequest {
@@ -64,6 +69,9 @@ pub struct Finished {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    /// Forward passes that ran this request's output tokens: one per token when decoding one
+    /// at a time, fewer when jump-forward appends forced text in one pass.
+    pub decode_steps: usize,
 }
 
 /// Why a request ended, in SGLang's `meta_info.finish_reason` shape.
@@ -80,6 +88,8 @@ pub enum FinishReason {
 pub enum StopMatch {
     Token(u32),
     Text(String),
+    /// The grammar was complete (shown as `null`, as SGLang does for a stop without a match).
+    Grammar,
 }
 
 /// A request the engine has accepted.
@@ -115,6 +125,13 @@ pub(crate) struct Sequence {
     pub max_new_tokens: usize,
     /// Tokens that end the request (EOS unless ignored, plus stop_token_ids).
     stop_ids: Vec<u32>,
+    /// The grammar to compile before the request can run.
+    pub grammar_spec: Option<GrammarSpec>,
+    pub think_end_token_ids: Option<Vec<u32>>,
+    /// The compiled grammar's state, once it is ready.
+    pub constraint: Option<Constraint>,
+    /// Forward passes over output tokens so far.
+    pub decode_steps: usize,
     history: History,
     rng: Rng,
     detok: Detokenizer,
@@ -130,6 +147,10 @@ impl Sequence {
             stop_ids.extend_from_slice(eos);
         }
         Sequence {
+            grammar_spec: p.grammar().unwrap_or_default(),
+            think_end_token_ids: req.think_end_token_ids,
+            constraint: None,
+            decode_steps: 0,
             rid: req.rid,
             group: req.group,
             max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
@@ -221,7 +242,13 @@ impl Sequence {
     }
 
     fn finished(&self, reason: FinishReason) -> Finished {
-        Finished { finish_reason: reason, prompt_tokens: self.prompt_len, completion_tokens: self.output_len(), cached_tokens: self.cached_tokens }
+        Finished {
+            finish_reason: reason,
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.output_len(),
+            cached_tokens: self.cached_tokens,
+            decode_steps: self.decode_steps,
+        }
     }
 
     /// Output for a request that ends without sampling (max_new_tokens = 0).
@@ -247,17 +274,57 @@ impl Sequence {
         }
     }
 
-    /// Samples the next token from `logits`, appends it, and says what to send back.
+    /// Samples the next token from `logits` (within the grammar's mask, if constrained),
+    /// appends it and any tokens the grammar then forces, and says what to send back.
     pub fn advance(&mut self, logits: &mut [f32], table: Option<&TokenTable>) -> Output {
         let first = self.output_len() == 0;
         let prompt_logits = (first && self.return_prompt_logits).then(|| logits.to_vec());
         let input_token_logprobs = if first { self.take_input_logprobs() } else { None };
         let raw_logprobs = self.return_logprob.then(|| log_softmax(logits));
-        let banned: &[u32] = if self.output_len() < self.params.min_new_tokens { &self.stop_ids } else { &[] };
+        let constrained = match &self.constraint {
+            Some(c) if c.is_active() => {
+                c.apply_mask(logits);
+                true
+            }
+            _ => false,
+        };
+        let holds_back_stops = !constrained && self.output_len() < self.params.min_new_tokens;
+        let banned: &[u32] = if holds_back_stops { &self.stop_ids } else { &[] };
         let token = sample(logits, &self.params, &self.history, banned, &mut self.rng);
+        let mut token_ids = vec![token];
+        let mut reason = self.append(token, table);
+        if reason.is_none() {
+            let room = self.max_new_tokens - self.output_len();
+            let forced = self.constraint.as_mut().map(|c| c.forced_tokens(room)).unwrap_or_default();
+            for t in forced {
+                token_ids.push(t);
+                reason = self.append(t, table);
+                if reason.is_some() {
+                    break;
+                }
+            }
+        }
+        if reason.is_some() && !matches!(reason, Some(FinishReason::Stop { matched: StopMatch::Text(_) })) {
+            let rest = self.detok.flush();
+            self.text.push(&rest);
+        }
+        let logprobs = raw_logprobs
+            .map(|lp| vec![TokenLogprob { token_id: token, logprob: lp[token as usize], top: top_n(&lp, self.top_logprobs_num) }])
+            .unwrap_or_default();
+        Output {
+            token_ids,
+            text: self.text.take_ready(reason.is_some()),
+            logprobs,
+            prompt_logits,
+            input_token_logprobs,
+            finished: reason.map(|r| self.finished(r)),
+        }
+    }
+
+    /// Appends one output token; returns why the request ends with it, if it does.
+    fn append(&mut self, token: u32, table: Option<&TokenTable>) -> Option<FinishReason> {
         self.history.push_output(token);
         self.tokens.push(token);
-
         let mut reason = None;
         if self.stop_ids.contains(&token) {
             reason = Some(FinishReason::Stop { matched: StopMatch::Token(token) });
@@ -268,24 +335,18 @@ impl Sequence {
                 reason = reason.or(Some(FinishReason::Stop { matched: StopMatch::Text(hit) }));
             }
         }
+        if let (None, Some(c)) = (&reason, self.constraint.as_mut()) {
+            let output = &self.tokens[self.prompt_len..];
+            if let Err(e) = c.follow(output) {
+                reason = Some(FinishReason::Abort { message: e.to_string() });
+            } else if c.is_finished() {
+                reason = Some(FinishReason::Stop { matched: StopMatch::Grammar });
+            }
+        }
         if reason.is_none() && self.output_len() >= self.max_new_tokens {
             reason = Some(FinishReason::Length { length: self.output_len() });
         }
-        if reason.is_some() && !matches!(reason, Some(FinishReason::Stop { matched: StopMatch::Text(_) })) {
-            let rest = self.detok.flush();
-            self.text.push(&rest);
-        }
-        let logprobs = raw_logprobs
-            .map(|lp| vec![TokenLogprob { token_id: token, logprob: lp[token as usize], top: top_n(&lp, self.top_logprobs_num) }])
-            .unwrap_or_default();
-        Output {
-            token_ids: vec![token],
-            text: self.text.take_ready(reason.is_some()),
-            logprobs,
-            prompt_logits,
-            input_token_logprobs,
-            finished: reason.map(|r| self.finished(r)),
-        }
+        reason
     }
 }
 
@@ -305,6 +366,9 @@ pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length:
     }
     if !has_tokenizer && !req.sampling_params.stop.is_empty() {
         return Err(invalid("stop strings need a tokenizer; this engine was started without one (use stop_token_ids)"));
+    }
+    if !has_tokenizer && matches!(req.sampling_params.grammar(), Ok(Some(_))) {
+        return Err(invalid("structured output (regex, json_schema, ebnf, choices) needs the tokenizer; this engine was started without one"));
     }
     if req.top_logprobs_num > vocab_size {
         return Err(invalid(format!("top_logprobs_num must be at most the vocabulary size ({vocab_size})")));

@@ -4,6 +4,8 @@
 use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use rsgl_engine::sample::SamplingParams;
+use rsgl_engine::text::TokenTable;
 use rsgl_engine::{EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -67,7 +69,7 @@ impl Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (config_json, weights, options_json, eos_token_ids, token_bytes=None, special_token_ids=Vec::new()))]
+    #[pyo3(signature = (config_json, weights, options_json, eos_token_ids, token_bytes=None, special_token_ids=Vec::new(), tokenizer_json=None))]
     fn new(
         py: Python<'_>,
         config_json: &str,
@@ -76,6 +78,7 @@ impl Engine {
         eos_token_ids: Vec<u32>,
         token_bytes: Option<Vec<Vec<u8>>>,
         special_token_ids: Vec<u32>,
+        tokenizer_json: Option<String>,
     ) -> PyResult<Self> {
         let cfg = ModelConfig::from_json(config_json).map_err(to_py_err)?;
         let opts = EngineOptions::from_json(options_json).map_err(to_py_err)?;
@@ -85,7 +88,7 @@ impl Engine {
             .expect("store lock")
             .take()
             .ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
-        let tokenizer = token_bytes.map(|b| Tokenizer::new(b, special_token_ids));
+        let tokenizer = token_bytes.map(|b| Tokenizer { table: TokenTable::new(b, special_token_ids), json: tokenizer_json });
         let engine = py.detach(|| rsgl_engine::Engine::start(cfg, store, tokenizer, eos_token_ids, opts)).map_err(to_py_err)?;
         Ok(Engine { inner: Mutex::new(Some(engine)) })
     }
@@ -95,6 +98,16 @@ impl Engine {
         let req = GenerateRequest::from_json(request_json).map_err(to_py_err)?;
         let stream = self.with(|e| e.submit(req))?;
         Ok(RequestStream { inner: Mutex::new(stream) })
+    }
+
+    /// Compiles the grammar of `sampling_params` (JSON) now, raising InvalidRequestError with
+    /// the grammar backend's message if it is invalid; the compiled grammar is cached.
+    fn check_grammar(&self, py: Python<'_>, sampling_params_json: &str) -> PyResult<()> {
+        let params: SamplingParams = serde_json::from_str(sampling_params_json)
+            .map_err(|e| to_py_err(EngineError::InvalidRequest(format!("sampling_params: {e}"))))?;
+        let guard = self.inner.lock().expect("engine lock");
+        let engine = guard.as_ref().ok_or(EngineError::Closed).map_err(to_py_err)?;
+        py.detach(|| engine.check_grammar(&params)).map_err(to_py_err)
     }
 
     fn abort(&self, rid: &str) -> PyResult<()> {

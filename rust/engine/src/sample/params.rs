@@ -1,6 +1,7 @@
 //! Sampling parameters, named and defaulted as in SGLang's `sampling_params`.
 
 use crate::error::{invalid, Result};
+use crate::grammar::GrammarSpec;
 use serde::Deserialize;
 
 #[derive(Debug, Clone, Deserialize)]
@@ -25,6 +26,14 @@ pub struct SamplingParams {
     pub no_stop_trim: bool,
     /// Makes sampling reproducible; requests without one get a fresh seed.
     pub seed: Option<u64>,
+    /// Structured output, at most one of these: the output matches the regular expression, is
+    /// JSON valid against the schema (given as JSON text, as SGLang takes it, or as an object),
+    /// follows the Lark grammar, or is one of the choices. A grammar decides when the output
+    /// ends, so `min_new_tokens` does not hold EOS back in constrained requests.
+    pub regex: Option<String>,
+    pub json_schema: Option<serde_json::Value>,
+    pub ebnf: Option<String>,
+    pub choices: Option<Vec<String>>,
 }
 
 impl Default for SamplingParams {
@@ -45,6 +54,10 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             no_stop_trim: false,
             seed: None,
+            regex: None,
+            json_schema: None,
+            ebnf: None,
+            choices: None,
         }
     }
 }
@@ -68,10 +81,38 @@ impl SamplingParams {
         check((-2.0..=2.0).contains(&self.presence_penalty), "presence_penalty must be in [-2, 2]")?;
         check(self.min_new_tokens <= self.max_new_tokens, "min_new_tokens must not exceed max_new_tokens")?;
         check(self.stop.iter().all(|s| !s.is_empty()), "stop strings must not be empty")?;
+        self.grammar()?;
         if let Some(bad) = self.stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(invalid(format!("stop_token_ids: {bad} is outside the vocabulary (size {vocab_size})")));
         }
         Ok(())
+    }
+
+    /// The grammar the output must follow, if any.
+    pub fn grammar(&self) -> Result<Option<GrammarSpec>> {
+        let mut specs = Vec::new();
+        if let Some(rx) = &self.regex {
+            specs.push(GrammarSpec::Regex(rx.clone()));
+        }
+        if let Some(schema) = &self.json_schema {
+            // SGLang sends the schema as JSON text; an object is taken as the schema itself.
+            let text = match schema {
+                serde_json::Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            specs.push(GrammarSpec::JsonSchema(text));
+        }
+        if let Some(grammar) = &self.ebnf {
+            specs.push(GrammarSpec::Ebnf(grammar.clone()));
+        }
+        if let Some(choices) = &self.choices {
+            specs.push(GrammarSpec::Choices(choices.clone()));
+        }
+        if specs.len() > 1 {
+            let fields: Vec<&str> = specs.iter().map(GrammarSpec::field).collect();
+            return Err(invalid(format!("give at most one of regex, json_schema, ebnf and choices (got {})", fields.join(", "))));
+        }
+        Ok(specs.pop())
     }
 
     pub fn is_greedy(&self) -> bool {

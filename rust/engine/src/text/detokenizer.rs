@@ -2,6 +2,7 @@ use std::collections::HashSet;
 
 /// The bytes each token contributes to text (prepared by the loader from the tokenizer), and
 /// which tokens are special (left out of text when `skip_special_tokens`).
+#[derive(Clone)]
 pub struct TokenTable {
     bytes: Vec<Vec<u8>>,
     special: HashSet<u32>,
@@ -17,6 +18,19 @@ impl TokenTable {
             return &[];
         }
         self.bytes.get(token as usize).map(Vec::as_slice).unwrap_or(&[])
+    }
+
+    /// Tokens in the table (the model's vocabulary).
+    pub fn len(&self) -> usize {
+        self.bytes.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    pub fn is_special(&self, token: u32) -> bool {
+        self.special.contains(&token)
     }
 }
 

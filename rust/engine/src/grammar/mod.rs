@@ -1,0 +1,79 @@
+//! Structured output: grammars that decide which tokens a request may sample.
+//!
+//! A [`GrammarBackend`] compiles a [`GrammarSpec`] into a [`Grammar`], a matcher that fills a
+//! token bitmask, follows the tokens the request commits, rolls back, and says which tokens the
+//! grammar forces next (jump-forward). [`GrammarService`] puts a cache of compiled grammars and
+//! compile threads in front of a backend, so the engine thread never compiles; [`Constraint`]
+//! is one request's grammar state.
+
+mod constraint;
+mod llg;
+mod service;
+
+pub(crate) use constraint::Constraint;
+pub use llg::LlgBackend;
+pub use service::{GrammarService, GrammarStats};
+
+use crate::error::Result;
+use serde::{Deserialize, Serialize};
+
+/// What a request's output must match.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrammarSpec {
+    /// A JSON schema, as JSON text.
+    JsonSchema(String),
+    /// A regular expression the whole output must match.
+    Regex(String),
+    /// A context-free grammar in llguidance's Lark syntax (`start: ...`).
+    Ebnf(String),
+    /// Exactly one of these strings.
+    Choices(Vec<String>),
+}
+
+impl GrammarSpec {
+    /// The request field the grammar came from, for error messages.
+    pub fn field(&self) -> &'static str {
+        match self {
+            GrammarSpec::JsonSchema(_) => "json_schema",
+            GrammarSpec::Regex(_) => "regex",
+            GrammarSpec::Ebnf(_) => "ebnf",
+            GrammarSpec::Choices(_) => "choices",
+        }
+    }
+}
+
+/// Compiles grammars for one tokenizer.
+pub trait GrammarBackend: Send + Sync {
+    /// A matcher at the start of `spec`'s language; an invalid grammar is an
+    /// [`crate::EngineError::InvalidRequest`] carrying the backend's message.
+    fn compile(&self, spec: &GrammarSpec) -> Result<Box<dyn Grammar>>;
+
+    /// Whether [`Grammar::forced_tokens`] can return anything (it needs the tokenizer's own,
+    /// canonical tokenization of forced text).
+    fn can_jump_forward(&self) -> bool;
+}
+
+/// One request's position in a grammar.
+pub trait Grammar: Send {
+    /// Sets bit `t % 32` of word `t / 32` of `mask` for every token `t` allowed next (EOS
+    /// included when the output may end here) and clears the others.
+    fn fill_mask(&mut self, mask: &mut [u32]) -> Result<()>;
+
+    /// Advances past `token`; an error when the grammar does not allow it.
+    fn commit(&mut self, token: u32) -> Result<()>;
+
+    /// Undoes the last `tokens` commits.
+    fn rollback(&mut self, tokens: usize) -> Result<()>;
+
+    /// The tokens of the text the grammar forces next (empty when there is a choice), not yet
+    /// committed. The tokenization is the tokenizer's own over the previous token and the
+    /// forced text, so no token at the boundary is split the model would not have split.
+    fn forced_tokens(&mut self) -> Vec<u32>;
+
+    /// The grammar allows nothing more: the output is complete.
+    fn is_finished(&self) -> bool;
+
+    /// An independent copy in the same state (a compiled grammar in the cache hands out forks).
+    fn fork(&self) -> Box<dyn Grammar>;
+}
