@@ -27,10 +27,14 @@ class Engine:
         eos_token_ids: list[int],
         token_bytes: list[bytes] | None = None,
         special_token_ids: list[int] = ...,
+        tokenizer_json: str | None = None,
     ) -> None: ...
     def submit(self, request_json: str) -> RequestStream:
         """Queues {"rid", "input_ids", "sampling_params", "return_logprob", "top_logprobs_num",
-        "return_prompt_logits", "cache_salt", "group"}; request errors are raised here."""
+        "return_prompt_logits", "logprob_start_len", "cache_salt", "group", "think_end_token_ids"}; request errors are raised here."""
+    def check_grammar(self, sampling_params_json: str) -> None:
+        """Compiles the grammar of the sampling params (regex, json_schema, ebnf or choices) now;
+        raises InvalidRequestError with the backend's message if it is invalid."""
     def abort(self, rid: str) -> None:
         """Aborts the request `rid` and every request whose "group" is `rid`."""
     def flush_cache(self) -> bool:

@@ -30,6 +30,8 @@ ENGINE_OPTIONS = {
     "--quantize-lm-head": {"action": "store_true", "default": None, "help": "with --quantization, quantize the lm_head too"},
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
+    "--disable-jump-forward": {"action": "store_true", "default": None, "help": "sample every token of constrained output, even forced text"},
+    "--think-end-token": {"help": "for reasoning models (e.g. '</think>'): grammars apply only after the model outputs this"},
 }
 # uvicorn cancels what still runs this long after the engine aborted it: time for its last events.
 ABORT_MARGIN_SECONDS = 2

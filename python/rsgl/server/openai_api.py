@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -56,7 +57,6 @@ async def create_completion(request: Request) -> Response:
 async def create_chat_completion(request: Request) -> Response:
     body = await read_json_object(request)
     reject_unsupported(body, ("tools", "logit_bias"))
-    reject_structured_output(body)
     return_logprob = optional_bool(body, "logprobs")
     top_logprobs = optional_int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top_logprobs and not return_logprob:
@@ -88,16 +88,32 @@ def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
             raise bad_request(f"{name} is not supported by this server yet", name)
 
 
-def reject_structured_output(body: dict) -> None:
-    """Plain text is all this server produces yet: any other response_format is refused rather
-    than silently ignored."""
+def structured_output(body: dict) -> dict:
+    """The grammar sampling_params for OpenAI's `response_format` (text, json_object, json_schema)
+    or SGLang's extra fields `regex`, `ebnf` and `json_schema` (JSON text); at most one of them."""
+    grammar = {name: body[name] for name in ("regex", "ebnf", "json_schema") if body.get(name) is not None}
+    for name, value in grammar.items():
+        if not isinstance(value, str):
+            raise bad_request(f"{name} must be a string", name)
     response_format = body.get("response_format")
     if response_format is None:
-        return
+        return grammar
     if not isinstance(response_format, dict):
-        raise bad_request("response_format must be an object such as {\"type\": \"text\"}", "response_format")
-    if response_format.get("type", "text") != "text":
-        raise bad_request(f"response_format type {response_format.get('type')!r} is not supported by this server yet", "response_format")
+        raise bad_request("response_format must be an object such as {\"type\": \"json_object\"}", "response_format")
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return grammar
+    if grammar:
+        raise bad_request(f"give either response_format or {', '.join(grammar)}, not both", "response_format")
+    if kind == "json_object":
+        return {"json_schema": '{"type": "object"}'}
+    if kind == "json_schema":
+        # `strict` or not, the output follows the schema: constrained decoding costs nothing extra.
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict | bool):
+            raise bad_request("response_format.json_schema must be an object with a `schema` object (and a `name`)", "response_format")
+        return {"json_schema": orjson.dumps(spec.get("schema", {})).decode()}
+    raise bad_request(f"response_format type {kind!r} is not supported; use text, json_object or json_schema", "response_format")
 
 
 def check_model(body: dict, engine: Engine) -> None:
@@ -132,6 +148,7 @@ def sampling_params(body: dict, max_tokens: int | None) -> dict:
         "stop": optional_stop(body),
         "ignore_eos": optional_bool(body, "ignore_eos"),
         "n": optional_int(body, "n", 1, minimum=1),
+        **structured_output(body),
     }
 
 

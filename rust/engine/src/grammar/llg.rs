@@ -107,7 +107,7 @@ impl LlgGrammar {
 
 impl Grammar for LlgGrammar {
     fn fill_mask(&mut self, mask: &mut [u32]) -> Result<()> {
-        let allowed = self.0.compute_mask().map_err(|e| self.failed(e))?;
+        let allowed = self.0.compute_mask_or_eos().map_err(|e| self.failed(e))?;
         let words = allowed.as_slice();
         let n = words.len().min(mask.len());
         mask[..n].copy_from_slice(&words[..n]);

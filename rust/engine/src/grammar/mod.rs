@@ -57,7 +57,8 @@ pub trait GrammarBackend: Send + Sync {
 /// One request's position in a grammar.
 pub trait Grammar: Send {
     /// Sets bit `t % 32` of word `t / 32` of `mask` for every token `t` allowed next (EOS
-    /// included when the output may end here) and clears the others.
+    /// included when the output may end here, alone once the grammar is finished) and clears
+    /// the others.
     fn fill_mask(&mut self, mask: &mut [u32]) -> Result<()>;
 
     /// Advances past `token`; an error when the grammar does not allow it.

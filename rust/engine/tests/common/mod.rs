@@ -127,3 +127,55 @@ pub fn assert_drained(e: &Engine) {
     }
     panic!("requests still in flight: {:?}", e.stats());
 }
+
+/// Token id of the "ab" merge in [`ascii_tokenizer`]; id 0 is the EOS token `</s>`, ids 1..=95
+/// the printable ASCII characters from space to `~`.
+pub const AB: u32 = 96;
+
+pub fn ascii_id(c: char) -> u32 {
+    assert!((' '..='~').contains(&c), "{c:?} is not printable ASCII");
+    c as u32 - ' ' as u32 + 1
+}
+
+/// A byte-level BPE tokenizer over the tiny model's vocabulary: printable ASCII, one merge
+/// ("a" + "b"), and `</s>` as EOS. Its tokenizer.json makes forced text tokenizable canonically.
+pub fn ascii_tokenizer() -> rsgl_engine::Tokenizer {
+    let mut bytes = vec![b"</s>".to_vec()];
+    bytes.extend((b' '..=b'~').map(|b| vec![b]));
+    bytes.push(b"ab".to_vec());
+    assert_eq!(bytes.len(), VOCAB);
+    // Byte-level BPE spells a space as U+0120 and printable ASCII as itself.
+    let spelling = |token: &[u8]| -> String { token.iter().map(|&b| if b == b' ' { '\u{120}' } else { b as char }).collect() };
+    let vocab: serde_json::Map<String, serde_json::Value> =
+        bytes.iter().enumerate().skip(1).map(|(id, token)| (spelling(token), id.into())).collect();
+    let json = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null,
+        "added_tokens": [{"id": 0, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": ["a b"]}
+    });
+    rsgl_engine::Tokenizer { table: rsgl_engine::text::TokenTable::new(bytes, [0]), json: Some(json.to_string()) }
+}
+
+/// The tiny Llama with [`ascii_tokenizer`] (EOS `</s>`).
+pub fn engine_with_tokenizer(opts: &str) -> Engine {
+    let cfg = config("llama");
+    let w = weights(&cfg);
+    Engine::start(cfg, w, Some(ascii_tokenizer()), vec![0], EngineOptions::from_json(opts).unwrap()).unwrap()
+}
+
+/// The text of `tokens` under [`ascii_tokenizer`].
+pub fn ascii_text(tokens: &[u32]) -> String {
+    tokens
+        .iter()
+        .map(|&t| match t {
+            0 => String::new(),
+            AB => "ab".into(),
+            t => char::from(b' ' + (t - 1) as u8).to_string(),
+        })
+        .collect()
+}
