@@ -267,15 +267,6 @@ def test_invalid_values_are_400_with_a_message(client: openai.OpenAI, model: str
     assert field in error.value.body["message"]
 
 
-def test_structured_response_formats_are_refused_until_supported(client: openai.OpenAI, model: str):
-    messages = [{"role": "user", "content": "Hi"}]
-    with pytest.raises(openai.BadRequestError) as error:
-        client.chat.completions.create(model=model, messages=messages, response_format={"type": "json_object"})
-    assert "response_format" in error.value.body["message"]
-    plain = client.chat.completions.create(model=model, messages=messages, max_tokens=2, response_format={"type": "text"})
-    assert plain.choices[0].message.role == "assistant"
-
-
 def test_server_still_answers_after_errors(client: openai.OpenAI, model: str):
     assert client.completions.create(model=model, prompt="Hi", max_tokens=1).choices[0].finish_reason in ("length", "stop")
 
