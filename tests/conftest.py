@@ -1,11 +1,14 @@
 """Shared fixtures: tiny random Hugging Face models saved by transformers (built offline from a
 config), dense and mixture-of-experts, and the rule that tests leave one core to whatever else
-runs."""
+runs; and a server per test module that asks for one, with its clients."""
 
 from __future__ import annotations
 
+import httpx
+import openai
 import pytest
 import torch
+from server_helpers import API_KEY, AUTH, running_server
 
 torch.set_num_threads(1)
 
@@ -64,3 +67,29 @@ def tiny_models(tmp_path_factory):
         path = tmp_path_factory.mktemp(f"tiny-{arch}")
         out[arch] = (str(path), build_tiny(arch, path))
     return out
+
+
+# ---- a server per test module (python -m rsgl.server on loopback), and its clients ----------------
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory: pytest.TempPathFactory):
+    with running_server(tmp_path_factory.mktemp("server")) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def http(server_url: str):
+    with httpx.Client(base_url=server_url, headers=AUTH, timeout=120) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def client(server_url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)
+
+
+@pytest.fixture(scope="module")
+def model(http: httpx.Client) -> str:
+    """The served model's name."""
+    return http.get("/v1/models").json()["data"][0]["id"]

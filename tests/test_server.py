@@ -24,28 +24,6 @@ LONG_STREAM = {"text": "Once upon a time", "sampling_params": {"max_new_tokens":
 # ---- the server ---------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("server")) as (url, _):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def http(server_url: str):
-    with httpx.Client(base_url=server_url, headers=AUTH, timeout=60) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def client(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)
-
-
-@pytest.fixture(scope="module")
-def model(http: httpx.Client) -> str:
-    return http.get("/v1/models").json()["data"][0]["id"]
-
-
 def native_generate(http: httpx.Client, **body) -> dict | list:
     response = http.post("/generate", json=body)
     assert response.status_code == 200, response.text

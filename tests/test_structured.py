@@ -17,7 +17,7 @@ import pytest
 
 import rsgl
 from rsgl.errors import InvalidRequestError
-from server_helpers import API_KEY, AUTH, assert_openai_error, running_server
+from server_helpers import API_KEY, assert_openai_error
 
 DATA = Path(__file__).parent / "data" / "structured"
 SCHEMAS = json.loads((DATA / "schemas.json").read_text())
@@ -34,28 +34,6 @@ LONG_KEYS_SCHEMA = {
     "required": ["customer_shipping_address_line_one", "customer_loyalty_program_membership_tier", "customer_has_opted_into_marketing_emails"],
     "additionalProperties": False,
 }
-
-
-@pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("structured-server")) as (url, _):
-        yield url
-
-
-@pytest.fixture(scope="module")
-def http(server_url: str):
-    with httpx.Client(base_url=server_url, headers=AUTH, timeout=120) as client:
-        yield client
-
-
-@pytest.fixture(scope="module")
-def client(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)
-
-
-@pytest.fixture(scope="module")
-def model(http: httpx.Client) -> str:
-    return http.get("/v1/models").json()["data"][0]["id"]
 
 
 @pytest.fixture(scope="module")
