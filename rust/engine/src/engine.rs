@@ -3,7 +3,7 @@
 
 use crate::config::{Dtype, EngineOptions, ModelConfig, Quantization};
 use crate::error::{invalid, EngineError, Result};
-use crate::grammar::{Constraint, Grammar, GrammarBackend, GrammarService, GrammarStats, LlgBackend};
+use crate::grammar::{Constraint, Grammar, GrammarBackend, GrammarService, GrammarSpec, GrammarStats, LlgBackend};
 use crate::kv::{BlockPool, KvCache};
 use crate::model::{Compute, LlamaModel, Precision};
 use rsgl_kernels::ThreadPool;
@@ -28,8 +28,8 @@ pub struct Tokenizer {
 
 enum Command {
     Submit(Box<GenerateRequest>, Sender<Result<Output>>),
-    /// A grammar compiled for the request parked under this ticket.
-    GrammarReady(u64, Result<Box<dyn Grammar>>),
+    /// A grammar compiled for the requests parked waiting for it.
+    GrammarReady(GrammarSpec, Result<Box<dyn Grammar>>),
     Abort(String),
     /// Empty the prefix cache; answers whether it could (only when no request is in flight).
     FlushCache(Sender<bool>),
@@ -173,7 +173,6 @@ impl Engine {
             tokenizer: table,
             grammars: grammars.clone(),
             grammar_queue: Vec::new(),
-            next_ticket: 0,
             jump_forward: !opts.disable_jump_forward,
             inbox: inbox.clone(),
             eos_token_ids,
@@ -263,9 +262,8 @@ struct Worker {
     scheduler: Scheduler,
     tokenizer: Option<Arc<TokenTable>>,
     grammars: Option<Arc<GrammarService>>,
-    /// Constrained requests waiting for their grammar, by compile ticket.
-    grammar_queue: Vec<(u64, Sequence)>,
-    next_ticket: u64,
+    /// Constrained requests waiting for their grammar to compile.
+    grammar_queue: Vec<(GrammarSpec, Sequence)>,
     jump_forward: bool,
     /// For compile threads to hand grammars back.
     inbox: Sender<Command>,
@@ -285,7 +283,7 @@ impl Worker {
             for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
                 match cmd {
                     Command::Submit(req, out) => self.accept(*req, out),
-                    Command::GrammarReady(ticket, grammar) => self.grammar_ready(ticket, grammar),
+                    Command::GrammarReady(spec, grammar) => self.grammar_ready(&spec, grammar),
                     Command::Abort(rid) => self.abort_group(&rid),
                     Command::FlushCache(reply) => {
                         let flushed = self.scheduler.flush_cache();
@@ -324,19 +322,23 @@ impl Worker {
         if let Some(grammar) = grammars.cached(&spec) {
             return self.start_constrained(seq, grammar);
         }
-        // Park the request; a compile thread sends the grammar back through the inbox.
-        let (ticket, inbox) = (self.next_ticket, self.inbox.clone());
-        self.next_ticket += 1;
-        grammars.compile_later(spec, Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(ticket, grammar)))));
-        self.grammar_queue.push((ticket, seq));
+        // Park the request; a compile thread sends the grammar back through the inbox. Requests
+        // arriving with a grammar already being compiled (n > 1, a batch) wait for that one.
+        if !self.grammar_queue.iter().any(|(s, _)| *s == spec) {
+            let (inbox, compiled) = (self.inbox.clone(), spec.clone());
+            grammars.compile_later(spec.clone(), Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(compiled, grammar)))));
+        }
+        self.grammar_queue.push((spec, seq));
         self.publish(None);
     }
 
-    fn grammar_ready(&mut self, ticket: u64, grammar: Result<Box<dyn Grammar>>) {
-        // Absent when the request was aborted while its grammar compiled.
-        if let Some(i) = self.grammar_queue.iter().position(|(t, _)| *t == ticket) {
-            let (_, seq) = self.grammar_queue.swap_remove(i);
-            self.start_constrained(seq, grammar);
+    /// Starts every request parked waiting for `spec` (none if they were all aborted meanwhile).
+    fn grammar_ready(&mut self, spec: &GrammarSpec, grammar: Result<Box<dyn Grammar>>) {
+        let (ready, waiting) = std::mem::take(&mut self.grammar_queue).into_iter().partition(|(s, _)| s == spec);
+        self.grammar_queue = waiting;
+        for (_, seq) in ready {
+            let own = grammar.as_ref().map(|g| g.fork()).map_err(Clone::clone);
+            self.start_constrained(seq, own);
         }
     }
 

@@ -125,6 +125,8 @@ fn sampled_outputs_match_their_grammar_alongside_free_requests() {
             assert_eq!(tokens.len(), finished.completion_tokens);
         }
     }
+    let grammar = e.stats().grammar.expect("the engine has a tokenizer");
+    assert_eq!(grammar.compiled, 1, "twelve requests arriving together share one compilation: {grammar:?}");
     assert_drained(&e);
 }
 
