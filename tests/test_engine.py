@@ -245,3 +245,10 @@ def test_abort_request_stops_every_sample_of_n(llm):
         outs = future.result(timeout=10)
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
     assert [o["meta_info"]["id"] for o in outs] == ["story-0", "story-1", "story-2"]
+
+
+def test_batched_requests_time_their_latency_from_submission(llm):
+    outs = llm.generate(["Once upon a time", "The capital of France is", "Water boils at"], {"temperature": 0, "max_new_tokens": 16, "ignore_eos": True})
+    latencies = [out["meta_info"]["e2e_latency"] for out in outs]
+    # Run as one batch, they finish together; none is timed from when its turn to be read came.
+    assert min(latencies) > 0.5 * max(latencies), latencies

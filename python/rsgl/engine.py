@@ -158,8 +158,9 @@ class Engine:
             # Compiled here so a bad grammar raises before the caller starts reading the stream.
             self.check_grammar(request["sampling_params"])
             return self._stream(request)
+        started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
-        results = [self._collect(r, h) for r, h in zip(requests, handles)]
+        results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
         return results[0] if single else results
 
     async def async_generate(
@@ -186,8 +187,9 @@ class Engine:
             request = self._only(requests)
             await asyncio.to_thread(self.check_grammar, request["sampling_params"])
             return self._astream(request)
+        started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
-        results = await asyncio.gather(*(self._acollect(r, h) for r, h in zip(requests, handles)))
+        results = await asyncio.gather(*(self._acollect(r, h, started) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
 
     def select(self, prompt: str, choices: Sequence[str], normalize: bool = True) -> dict:
@@ -207,8 +209,10 @@ class Engine:
             start = min(max(start, 1), len(ids) - 1)
             sampling = {"max_new_tokens": 0, "temperature": 0}
             requests += self._build_requests(None, ids, sampling, None, True, 0, False, start)[0]
+        started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
-        token_logprobs = [[lp for lp, _, _ in self._collect(r, h)["meta_info"]["input_token_logprobs"]] for r, h in zip(requests, handles)]
+        results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
+        token_logprobs = [[lp for lp, _, _ in result["meta_info"]["input_token_logprobs"]] for result in results]
         sums = [sum(lps) for lps in token_logprobs]
         means = [total / len(lps) for total, lps in zip(sums, token_logprobs)]
         scores = means if normalize else sums
@@ -386,14 +390,14 @@ class Engine:
                 result.add(out)
                 yield result.snapshot()
 
-    def _collect(self, request: dict, handle: _core.RequestStream) -> dict:
-        result = _Result(request)
+    def _collect(self, request: dict, handle: _core.RequestStream, started: float) -> dict:
+        result = _Result(request, started)
         for out in self._outputs(request, handle):
             result.add(out)
         return result.snapshot()
 
-    async def _acollect(self, request: dict, handle: _core.RequestStream) -> dict:
-        result = _Result(request)
+    async def _acollect(self, request: dict, handle: _core.RequestStream, started: float) -> dict:
+        result = _Result(request, started)
         async for out in self._aoutputs(request, handle):
             result.add(out)
         return result.snapshot()
@@ -402,9 +406,10 @@ class Engine:
 class _Result:
     """Folds a request's outputs into SGLang's result shape."""
 
-    def __init__(self, request: dict) -> None:
+    def __init__(self, request: dict, started: float | None = None) -> None:
         self.request = request
-        self.started = time.perf_counter()
+        # From submission: requests of one batch are collected one after another.
+        self.started = time.perf_counter() if started is None else started
         self.text = ""
         self.ids: list[int] = []
         self.logprobs: list[tuple] = []

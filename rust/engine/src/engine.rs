@@ -11,7 +11,6 @@ use crate::request::{validate, GenerateRequest, Output, Sequence};
 use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
-use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
@@ -473,8 +472,9 @@ impl Worker {
         }
     }
 
-    /// Fills the token masks of the constrained requests among `sampling`, in parallel when
-    /// there are several; one result per request.
+    /// Fills the token masks of the constrained requests among `sampling` on the compute
+    /// threads (idle between forward passes, pinned, and parked when done, so nothing spins into
+    /// the next forward pass); one result per request.
     fn fill_masks(&mut self, sampling: &[(usize, &[f32])]) -> Vec<Result<()>> {
         let mut results: Vec<Result<()>> = sampling.iter().map(|_| Ok(())).collect();
         let mut pending: Vec<(&mut Result<()>, &mut Constraint)> = Vec::new();
@@ -490,11 +490,10 @@ impl Worker {
                 }
             }
         }
-        if pending.len() > 1 {
-            pending.par_iter_mut().for_each(|(result, c)| **result = c.fill_mask());
-        } else {
-            pending.iter_mut().for_each(|(result, c)| **result = c.fill_mask());
-        }
+        self.model.pool().for_chunks_mut(&mut pending, 1, &|_, one| {
+            let (result, c) = &mut one[0];
+            **result = c.fill_mask();
+        });
         results
     }
 

@@ -124,6 +124,11 @@ impl LlamaModel {
         &self.cfg
     }
 
+    /// The compute threads, idle between forward passes (the engine fills token masks on them).
+    pub fn pool(&self) -> &rsgl_kernels::ThreadPool {
+        &self.compute.pool
+    }
+
     /// Runs the batch, writing new K/V into the cache; returns the logits `[n, vocab]` after
     /// every token of the chunks with `all_logits` and after the last token of those with
     /// `want_logits`, in batch order.
