@@ -349,7 +349,8 @@ impl Worker {
                 let can_jump = self.grammars.as_ref().is_some_and(|g| g.can_jump_forward());
                 let jump_forward = self.jump_forward && can_jump && !seq.return_logprob;
                 let vocab = self.model.config().vocab_size;
-                seq.constraint = Some(Constraint::new(grammar, vocab, seq.think_end_token_ids.take(), jump_forward));
+                let mask_on_refusal = seq.params.sampling_commutes_with_masks(vocab);
+                seq.constraint = Some(Constraint::new(grammar, vocab, seq.think_end_token_ids.take(), jump_forward, mask_on_refusal));
                 self.scheduler.waiting.push_back(seq);
             }
             Err(e) => {
@@ -485,7 +486,7 @@ impl Worker {
         }
         for (seq, result) in self.scheduler.running.iter_mut().zip(by_index) {
             if let (Some(result), Some(c)) = (result, seq.constraint.as_mut()) {
-                if c.is_active() && seq.max_new_tokens > 0 {
+                if c.needs_mask_first() && seq.max_new_tokens > 0 {
                     pending.push((result, c));
                 }
             }

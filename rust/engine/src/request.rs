@@ -281,16 +281,17 @@ impl Sequence {
         let prompt_logits = (first && self.return_prompt_logits).then(|| logits.to_vec());
         let input_token_logprobs = if first { self.take_input_logprobs() } else { None };
         let raw_logprobs = self.return_logprob.then(|| log_softmax(logits));
-        let constrained = match &self.constraint {
-            Some(c) if c.is_active() => {
-                c.apply_mask(logits);
-                true
-            }
-            _ => false,
+        let holds_back_stops = self.output_len() < self.params.min_new_tokens;
+        let (params, history, rng) = (&self.params, &self.history, &mut self.rng);
+        let picked = match self.constraint.as_mut() {
+            // The grammar decides where the output may end: min_new_tokens holds nothing back.
+            Some(c) if c.is_active() => c.pick(logits, |l| sample(l, params, history, &[], rng)),
+            _ => Ok(sample(logits, params, history, if holds_back_stops { &self.stop_ids } else { &[] }, rng)),
         };
-        let holds_back_stops = !constrained && self.output_len() < self.params.min_new_tokens;
-        let banned: &[u32] = if holds_back_stops { &self.stop_ids } else { &[] };
-        let token = sample(logits, &self.params, &self.history, banned, &mut self.rng);
+        let token = match picked {
+            Ok(token) => token,
+            Err(e) => return self.abort_output(&e.to_string()),
+        };
         let mut token_ids = vec![token];
         let mut reason = self.append(token, table);
         if reason.is_none() {

@@ -10,13 +10,17 @@ pub(crate) struct Constraint {
     think_end: Option<Vec<u32>>,
     /// Forced tokens are appended without sampling (jump-forward).
     jump_forward: bool,
+    /// The request samples as if free and fills the mask only when the grammar refuses the
+    /// token (exact for greedy and plain temperature sampling, see [`Constraint::pick`]).
+    mask_on_refusal: bool,
     /// The allowed tokens of the next step, one bit per token.
     mask: Vec<u32>,
 }
 
 impl Constraint {
-    pub fn new(grammar: Box<dyn Grammar>, vocab_size: usize, think_end: Option<Vec<u32>>, jump_forward: bool) -> Self {
-        Constraint { grammar, think_end: think_end.filter(|t| !t.is_empty()), jump_forward, mask: vec![0; vocab_size.div_ceil(32)] }
+    pub fn new(grammar: Box<dyn Grammar>, vocab_size: usize, think_end: Option<Vec<u32>>, jump_forward: bool, mask_on_refusal: bool) -> Self {
+        let think_end = think_end.filter(|t| !t.is_empty());
+        Constraint { grammar, think_end, jump_forward, mask_on_refusal, mask: vec![0; vocab_size.div_ceil(32)] }
     }
 
     /// Whether the grammar applies to the next token.
@@ -24,14 +28,31 @@ impl Constraint {
         self.think_end.is_none()
     }
 
-    /// Computes the next step's mask (done for all constrained requests of a step at once).
+    /// Whether the next token needs the mask before sampling (the step fills those masks for
+    /// all its constrained requests at once, in parallel).
+    pub fn needs_mask_first(&self) -> bool {
+        self.is_active() && !self.mask_on_refusal
+    }
+
     pub fn fill_mask(&mut self) -> Result<()> {
         self.grammar.fill_mask(&mut self.mask)
     }
 
-    /// Sends every token the mask forbids to -inf.
-    pub fn apply_mask(&self, logits: &mut [f32]) {
+    /// Picks the next token with `sample` (which may change the logits it is given). With the
+    /// mask filled first, samples among allowed tokens. Otherwise samples from a copy of the
+    /// free logits and keeps the token if the grammar allows it, else masks and samples again:
+    /// a rejection step that, for greedy and plain temperature sampling, draws from exactly
+    /// the masked distribution while the full mask is computed only on refusals.
+    pub fn pick(&mut self, logits: &mut [f32], mut sample: impl FnMut(&mut [f32]) -> u32) -> Result<u32> {
+        if self.mask_on_refusal {
+            let token = sample(&mut logits.to_vec());
+            if self.grammar.allows(token)? {
+                return Ok(token);
+            }
+            self.fill_mask()?;
+        }
         (rsgl_kernels::kernels().apply_token_mask)(logits, &self.mask);
+        Ok(sample(logits))
     }
 
     /// Follows a token appended to `output` (which ends with it): the grammar commits it, or,
@@ -79,6 +100,9 @@ mod tests {
             mask[0] = 1 << (self.committed.len() + 1);
             Ok(())
         }
+        fn allows(&mut self, token: u32) -> Result<bool> {
+            Ok(token as usize == self.committed.len() + 1)
+        }
         fn commit(&mut self, token: u32) -> Result<()> {
             assert_eq!(token as usize, self.committed.len() + 1, "only the next token of 1 2 3 is allowed");
             self.committed.push(token);
@@ -104,7 +128,11 @@ mod tests {
     }
 
     fn constraint(think_end: Option<Vec<u32>>, jump_forward: bool) -> Constraint {
-        Constraint::new(Box::new(Sequence123 { committed: Vec::new() }), 40, think_end, jump_forward)
+        Constraint::new(Box::new(Sequence123 { committed: Vec::new() }), 40, think_end, jump_forward, false)
+    }
+
+    fn argmax(logits: &mut [f32]) -> u32 {
+        (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32
     }
 
     #[test]
@@ -112,9 +140,22 @@ mod tests {
         let mut c = constraint(None, true);
         c.fill_mask().unwrap();
         let mut logits = vec![0.5; 40];
-        c.apply_mask(&mut logits);
+        logits[7] = 9.0;
+        assert_eq!(c.pick(&mut logits, argmax).unwrap(), 1);
         let allowed: Vec<usize> = (0..40).filter(|&t| logits[t].is_finite()).collect();
         assert_eq!(allowed, vec![1]);
+    }
+
+    #[test]
+    fn masking_on_refusal_keeps_allowed_picks_and_resamples_refused_ones() {
+        let mut c = Constraint::new(Box::new(Sequence123 { committed: Vec::new() }), 40, None, true, true);
+        assert!(!c.needs_mask_first());
+        let mut logits = vec![0.5; 40];
+        logits[1] = 9.0;
+        assert_eq!(c.pick(&mut logits.clone(), argmax).unwrap(), 1, "allowed: kept");
+        assert!(logits.iter().all(|l| l.is_finite()), "no mask applied");
+        logits[7] = 20.0;
+        assert_eq!(c.pick(&mut logits, argmax).unwrap(), 1, "7 refused: masked and sampled again");
     }
 
     #[test]

@@ -115,6 +115,10 @@ impl Grammar for LlgGrammar {
         Ok(())
     }
 
+    fn allows(&mut self, token: u32) -> Result<bool> {
+        self.0.validate_tokens(&[token]).map(|valid| valid == 1).map_err(|e| self.failed(e))
+    }
+
     fn commit(&mut self, token: u32) -> Result<()> {
         self.0.consume_token(token).map_err(|e| self.failed(e))
     }

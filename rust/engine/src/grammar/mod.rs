@@ -61,6 +61,10 @@ pub trait Grammar: Send {
     /// the others.
     fn fill_mask(&mut self, mask: &mut [u32]) -> Result<()>;
 
+    /// Whether `token` may come next (without committing it): a check on one token, far
+    /// cheaper than a mask.
+    fn allows(&mut self, token: u32) -> Result<bool>;
+
     /// Advances past `token`; an error when the grammar does not allow it.
     fn commit(&mut self, token: u32) -> Result<()>;
 

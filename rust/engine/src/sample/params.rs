@@ -115,6 +115,15 @@ impl SamplingParams {
         Ok(specs.pop())
     }
 
+    /// Whether sampling from all the logits and refusing tokens outside a mask draws from the
+    /// same distribution as sampling from the masked logits: true for greedy and plain
+    /// temperature sampling; top-k, top-p and min-p renormalize over the tokens they keep, so
+    /// they must see the mask first.
+    pub fn sampling_commutes_with_masks(&self, vocab_size: usize) -> bool {
+        let keeps_all = (self.top_k == -1 || self.top_k as usize >= vocab_size) && self.top_p >= 1.0 && self.min_p == 0.0;
+        self.is_greedy() || keeps_all
+    }
+
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
