@@ -3,6 +3,7 @@
 
 mod args;
 mod generate_bench;
+mod grammar_bench;
 mod kernel_bench;
 mod membw;
 mod model_dir;
@@ -27,6 +28,10 @@ usage:
   rsgl-bench membw    [--threads N] [--size-mb 1024] [--reps 10] [--json FILE]
       memory read bandwidth: N threads (default: all cores) each sum their slice of a
       buffer far larger than the caches; best and median GB/s
+  rsgl-bench grammar  --tokenizer FILE [--schemas tests/data/structured/schemas.json]
+                      [--regexes tests/data/structured/regexes.json] [--json FILE]
+      structured output on a tokenizer.json: compile time of each JSON schema and regex, and
+      token-mask time per token along its example (p50/p99/max) against the targets
 RSGL_KERNELS=portable|avx2|neon forces a kernel path.";
 
 fn run(argv: &[String]) -> Result<(), String> {
@@ -34,6 +39,7 @@ fn run(argv: &[String]) -> Result<(), String> {
         Some("kernels") => kernel_bench::run(Args::parse(&argv[1..])?),
         Some("generate") => generate_bench::run(Args::parse(&argv[1..])?),
         Some("membw") => membw::run(Args::parse(&argv[1..])?),
+        Some("grammar") => grammar_bench::run(Args::parse(&argv[1..])?),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");
             Ok(())
