@@ -76,7 +76,9 @@ pub struct EngineStats {
     pub schedule_seconds: f64,
     pub forward_seconds: f64,
     pub sample_seconds: f64,
-    /// Of the sampling time, the part spent filling constrained requests' token masks.
+    /// Of the sampling time, the part spent filling token masks before sampling, in parallel
+    /// (requests with top-k/top-p/min-p; the others fill one only when the grammar refuses the
+    /// token they sampled, counted in the rest of the sampling time).
     pub grammar_seconds: f64,
     pub last_step_seconds: f64,
 }
