@@ -3,6 +3,7 @@ vs off on a JSON-schema workload, and what constrained requests cost a mixed bat
 
     python benches/bench_structured.py [--threads 2] [--json bench-results/structured.json]
         [--rounds 4] [--mixed-rounds 6] [--batch 16] [--sequential 4] [--mixed-tokens 64]
+        [--mixed-sampling greedy|top-p]
         [--parts jump_forward,mixed]
 
 Both engines are loaded once, side by side: rsgl.Engine(disable_jump_forward=False) ("jf_on") and
@@ -27,8 +28,11 @@ Ratios off/on: mean and p50 latency ("speedup"), and tok/s on/off; with each rou
 mixed: on jf_off, so a constrained request takes one decode step per token as a free one does
 (jump-forward would let it finish in fewer steps and the comparison would be about step counts,
 not grammar cost). --batch requests per call, all ignore_eos, max_new_tokens = min_new_tokens =
---mixed-tokens, greedy (a masked row costs the temperature sampler less than a free one: its
-exp() of -inf is cheap, which would hide part of the grammar's cost; argmax costs the same).
+--mixed-tokens, greedy by default (a masked row costs the temperature sampler less than a free
+one: its exp() of -inf is cheap, which would hide part of the grammar's cost; argmax costs the
+same). Greedy requests sample first and fill a mask only when the grammar refuses the token;
+--mixed-sampling top-p (temperature 1.0, top_p 0.95, seeded) takes the other path, where every
+constrained request's mask is filled before sampling, all of a step's in parallel.
 Every request produces exactly --mixed-tokens tokens (checked): min_new_tokens does not hold EOS
 back in a constrained request, but the grammars below cannot end sooner:
 - plain: no grammar;
@@ -115,6 +119,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--sequential", type=int, default=4, help="batch-1 requests per round and variant (default 4)")
     parser.add_argument("--mixed-tokens", type=int, default=64, help="tokens per request in the mixed part (default 64)")
     parser.add_argument("--mixed-rounds", type=int, default=6, help="rotating rounds of the mixed part (default 6; its calls are short)")
+    parser.add_argument("--mixed-sampling", choices=("greedy", "top-p"), default="greedy", help="sampling of the mixed part (default greedy)")
     parser.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of: " + ", ".join(PARTS))
     args = parser.parse_args()
     args.parts = args.parts.split(",")
@@ -269,7 +274,8 @@ def mixed_part(llm, args) -> dict:
     constrained = args.batch // 2
 
     def params(variant: str) -> list[dict]:
-        base = {"temperature": 0, "max_new_tokens": args.mixed_tokens, "min_new_tokens": args.mixed_tokens, "ignore_eos": True}
+        sampling = {"temperature": 0} if args.mixed_sampling == "greedy" else {"temperature": 1.0, "top_p": 0.95, "seed": 7}
+        base = {**sampling, "max_new_tokens": args.mixed_tokens, "min_new_tokens": args.mixed_tokens, "ignore_eos": True}
         grammar = MIXED_VARIANTS[variant]
         # The constrained half interleaved with the free half (odd positions constrained).
         return [
@@ -375,7 +381,7 @@ def print_report(results: dict) -> list[tuple[str, bool]]:
         print_rows(columns, rows)
     if "mixed" in results:
         m = results["mixed"]
-        print("\nmixed batch (jump-forward off): free requests vs half of them constrained")
+        print(f"\nmixed batch (jump-forward off, {results['mixed_sampling']} sampling): free requests vs half of them constrained")
         columns = [
             "variant", "reqs", "constrained", "out tok", "not at len", "wall s", "tok/s", "loss (wall)", "loss per round",
             "loss outside fwd", "per round", "grammar share", "sample share", "ms/step", "fwd ms/step",
@@ -422,6 +428,7 @@ def main() -> None:
         if "mixed" in args.parts:
             log("mixed ...")
             results["mixed"] = mixed_part(engines["jf_off"], args)
+            results["mixed_sampling"] = args.mixed_sampling
         info = engines["jf_on"].get_server_info()
     finally:
         for llm in engines.values():
