@@ -197,27 +197,17 @@ class Engine:
         continuation is scored by its tokens' log-probabilities (their mean, or with
         `normalize=False` their sum), all scored in one batch sharing the prompt's cached KV.
         Returns `{"text", "index", "logprobs", "normalized_logprobs"}` (one score per choice)."""
-        if not isinstance(prompt, str) or not choices or not all(isinstance(c, str) and c for c in choices):
-            raise InvalidRequestError("select takes a prompt string and a non-empty list of non-empty choice strings")
+        check_choices(prompt, choices)
         prompt_ids = self.encode(prompt)
         requests = []
         for choice in choices:
             ids = self.encode(prompt + choice)
-            # The prompt's last tokens may merge with the choice's first characters: score from
-            # the first token that differs from the prompt's own tokenization.
-            start = next((i for i, (a, b) in enumerate(zip(ids, prompt_ids)) if a != b), len(prompt_ids))
-            start = min(max(start, 1), len(ids) - 1)
             sampling = {"max_new_tokens": 0, "temperature": 0}
-            requests += self._build_requests(None, ids, sampling, None, True, 0, False, start)[0]
+            requests += self._build_requests(None, ids, sampling, None, True, 0, False, continuation_start(prompt_ids, ids))[0]
         started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
         results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
-        token_logprobs = [[lp for lp, _, _ in result["meta_info"]["input_token_logprobs"]] for result in results]
-        sums = [sum(lps) for lps in token_logprobs]
-        means = [total / len(lps) for total, lps in zip(sums, token_logprobs)]
-        scores = means if normalize else sums
-        best = max(range(len(choices)), key=scores.__getitem__)
-        return {"text": choices[best], "index": best, "logprobs": sums, "normalized_logprobs": means}
+        return rank_choices(choices, [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results], normalize)
 
     def check_grammar(self, sampling_params: dict) -> None:
         """Compiles the grammar in `sampling_params` (regex, json_schema, ebnf or choices) now,
@@ -451,3 +441,29 @@ class _Result:
         if self.input_logprobs is not None:
             meta["input_token_logprobs"] = list(self.input_logprobs)
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+
+
+# ---- choosing a continuation by log-probability (Engine.select, rsgl.lang's backends) ------------
+
+
+def check_choices(prompt: Any, choices: Sequence[str]) -> None:
+    if not isinstance(prompt, str) or not choices or not all(isinstance(c, str) and c for c in choices):
+        raise InvalidRequestError("select takes a prompt string and a non-empty list of non-empty choice strings")
+
+
+def continuation_start(prompt_ids: list[int], ids: list[int]) -> int:
+    """Where a choice's tokens start in `ids` (the prompt followed by the choice): the prompt's
+    last tokens may merge with the choice's first characters, so from the first token that differs
+    from the prompt's own tokenization (at least 1: position 0 has no log-probability)."""
+    start = next((i for i, (a, b) in enumerate(zip(ids, prompt_ids)) if a != b), len(prompt_ids))
+    return min(max(start, 1), len(ids) - 1)
+
+
+def rank_choices(choices: Sequence[str], token_logprobs: list[list[float]], normalize: bool = True) -> dict:
+    """`{"text", "index", "logprobs", "normalized_logprobs"}`: the best choice by the mean (or,
+    without `normalize`, the sum) of its tokens' log-probabilities, and every choice's scores."""
+    sums = [sum(lps) for lps in token_logprobs]
+    means = [total / len(lps) for total, lps in zip(sums, token_logprobs)]
+    scores = means if normalize else sums
+    best = max(range(len(choices)), key=scores.__getitem__)
+    return {"text": choices[best], "index": best, "logprobs": sums, "normalized_logprobs": means}

@@ -1,0 +1,75 @@
+"""What a program appends to its state: text, `gen` (generate into a variable), `select` (pick
+one of several continuations by log-probability) and role blocks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from rsgl.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class Gen:
+    name: str | None
+    sampling_params: dict
+
+
+@dataclass(frozen=True)
+class Select:
+    name: str | None
+    choices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Role:
+    role: str
+    content: tuple[Expression, ...] = field(default=())
+
+
+Expression = Union[str, Gen, Select, Role]
+
+
+def gen(
+    name: str | None = None,
+    max_tokens: int | None = None,
+    stop: str | list[str] | None = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    regex: str | None = None,
+    json_schema: dict | str | None = None,
+    choices: list[str] | None = None,
+    **sampling_params: Any,
+) -> Gen:
+    """Generates text into the variable `name` (read it back with `s[name]`). The arguments are
+    SGLang's sampling parameters (`max_tokens` is `max_new_tokens`); `regex`, `json_schema` or
+    `choices` constrain the output. Unset ones keep the backend's defaults."""
+    named = {"max_new_tokens": max_tokens, "stop": stop, "temperature": temperature, "top_p": top_p, "top_k": top_k,
+             "regex": regex, "json_schema": json_schema, "choices": choices}
+    return Gen(name, {k: v for k, v in {**named, **sampling_params}.items() if v is not None})
+
+
+def select(name: str | None = None, choices: list[str] | None = None) -> Select:
+    """Appends whichever of `choices` the model finds likeliest after the text so far, by the
+    mean log-probability of its tokens (SGLang's length-normalized choice), and stores it in `name`."""
+    if not choices or not all(isinstance(c, str) and c for c in choices):
+        raise InvalidRequestError("select needs a non-empty list of non-empty choice strings")
+    return Select(name, tuple(choices))
+
+
+def _role(role: str):
+    def block(*content: Expression) -> Role:
+        return Role(role, content)
+
+    block.__name__ = role
+    block.__doc__ = (
+        f"A {role} turn rendered with the model's chat template: `s += {role}(\"text\", gen(...))`, "
+        f"or `with s.{role}(): ...`."
+    )
+    return block
+
+
+system = _role("system")
+user = _role("user")
+assistant = _role("assistant")

@@ -1,0 +1,201 @@
+"""A running program's state: its text, its variables, and the forks it branches into."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rsgl.errors import InvalidRequestError
+from rsgl.lang.backends import Backend
+from rsgl.lang.expressions import Expression, Gen, Role, Select
+
+
+class ProgramState:
+    """`s += "text"` appends text; `s += gen(...)` / `select(...)` run on the backend at once with
+    the text so far as the prompt; `s[name]` reads a variable; `s.fork(n)` branches."""
+
+    def __init__(self, backend: Backend, stream: bool = False) -> None:
+        self.backend = backend
+        self.stream = stream
+        self._text = ""
+        self._variables: dict[str, Any] = {}
+        self._meta: dict[str, dict] = {}
+        # Streaming: what each variable has received so far, and which are complete.
+        self._changed = threading.Condition()
+        self._partial: dict[str, str] = {}
+        self._complete: set[str] = set()
+        self._finished = False
+        self._error: BaseException | None = None
+
+    # ---- building the program's text ------------------------------------------------------------
+
+    def __iadd__(self, expression: Expression) -> ProgramState:
+        if isinstance(expression, str):
+            self._text += expression
+        elif isinstance(expression, Gen):
+            self._gen(expression)
+        elif isinstance(expression, Select):
+            self._select(expression)
+        elif isinstance(expression, Role):
+            with self._role(expression.role):
+                for part in expression.content:
+                    self += part
+        else:
+            raise InvalidRequestError(f"a program state takes text, gen, select or a role block, not {type(expression).__name__}")
+        return self
+
+    def system(self) -> contextlib.AbstractContextManager:
+        """`with s.system(): s += ...` is `s += system(...)`."""
+        return self._role("system")
+
+    def user(self) -> contextlib.AbstractContextManager:
+        return self._role("user")
+
+    def assistant(self) -> contextlib.AbstractContextManager:
+        return self._role("assistant")
+
+    @contextlib.contextmanager
+    def _role(self, role: str) -> Iterator[None]:
+        before, after = self.backend.role_markers(role)
+        self._text += before
+        yield
+        self._text += after
+
+    def _gen(self, expression: Gen) -> None:
+        name = expression.name
+        if self.stream and name is not None:
+            value = ""
+            for value in self.backend.generate_stream(self._text, expression.sampling_params):
+                self._publish(name, value, complete=False)
+        else:
+            result = self.backend.generate(self._text, expression.sampling_params)
+            value = result["text"]
+            if name is not None:
+                self._meta[name] = result["meta_info"]
+        self._text += value
+        if name is not None:
+            self._set(name, value)
+
+    def _select(self, expression: Select) -> None:
+        result = self.backend.select(self._text, list(expression.choices))
+        self._text += result["text"]
+        if expression.name is not None:
+            self._meta[expression.name] = result
+            self._set(expression.name, result["text"])
+
+    def _set(self, name: str, value: Any) -> None:
+        self._variables[name] = value
+        self._publish(name, value if isinstance(value, str) else "", complete=True)
+
+    # ---- reading ----------------------------------------------------------------------------------
+
+    def __getitem__(self, name: str) -> Any:
+        self.sync()
+        return self._variables[name]
+
+    def text(self) -> str:
+        """The whole text: the program's own and everything generated."""
+        self.sync()
+        return self._text
+
+    def get_meta_info(self, name: str) -> dict:
+        """The backend's meta_info of the `gen` that set `name` (token counts, finish reason...),
+        or the choice scores of a `select`."""
+        self.sync()
+        return self._meta[name]
+
+    def variables(self) -> dict[str, Any]:
+        self.sync()
+        return dict(self._variables)
+
+    # ---- branching --------------------------------------------------------------------------------
+
+    def fork(self, n: int) -> ForkGroup:
+        """`n` copies of this state that continue on their own (in parallel when appended to as a
+        group: `forks += gen(...)`); `forks.join()` gathers their variables back."""
+        if not isinstance(n, int) or n < 1:
+            raise InvalidRequestError("fork takes a positive number of branches")
+        branches = []
+        for _ in range(n):
+            branch = ProgramState(self.backend)
+            branch._text = self._text
+            branch._variables = dict(self._variables)
+            branches.append(branch)
+        return ForkGroup(self, branches)
+
+    # ---- streaming --------------------------------------------------------------------------------
+
+    def text_iter(self, name: str) -> Iterator[str]:
+        """The pieces of variable `name` as they are generated (with `run(..., stream=True)`)."""
+        sent = 0
+        while True:
+            with self._changed:
+                self._changed.wait_for(lambda: len(self._partial.get(name, "")) > sent or name in self._complete or self._finished)
+                value, complete, finished = self._partial.get(name, ""), name in self._complete, self._finished
+            if len(value) > sent:
+                yield value[sent:]
+                sent = len(value)
+            elif complete or finished:
+                if self._error is not None:
+                    raise self._error
+                return
+
+    def sync(self) -> None:
+        """Waits for a streamed program to finish; raises the error it failed with, if any."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._finished)
+        if self._error is not None:
+            raise self._error
+
+    def _publish(self, name: str, value: str, complete: bool) -> None:
+        with self._changed:
+            self._partial[name] = value
+            if complete:
+                self._complete.add(name)
+            self._changed.notify_all()
+
+    def _finish(self, error: BaseException | None = None) -> None:
+        with self._changed:
+            self._error = error
+            self._finished = True
+            self._changed.notify_all()
+
+
+class ForkGroup:
+    """The branches of `s.fork(n)`: index or iterate them, append to all of them at once, and
+    `join()` them back into the parent."""
+
+    def __init__(self, parent: ProgramState, branches: list[ProgramState]) -> None:
+        self.parent = parent
+        self.branches = branches
+        for branch in branches:
+            branch._finish()  # a branch runs inside its parent's program: readable at once
+
+    def __iadd__(self, expression: Expression) -> ForkGroup:
+        """Appends `expression` to every branch, the branches running in parallel (so the engine
+        batches their requests; they share the parent's prefix in the radix cache)."""
+        with ThreadPoolExecutor(max_workers=len(self.branches)) as pool:
+            list(pool.map(lambda branch: branch.__iadd__(expression), self.branches))
+        return self
+
+    def __getitem__(self, index: int) -> ProgramState:
+        return self.branches[index]
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.branches)
+
+    def __len__(self) -> int:
+        return len(self.branches)
+
+    def join(self) -> list[dict[str, Any]]:
+        """Gathers the branches back: each variable a branch set (or changed) becomes, in the
+        parent, the list of its value in every branch (SGLang's "gather_variable" join). Returns
+        each branch's variables."""
+        before = self.parent._variables
+        names = [name for name in dict.fromkeys(k for b in self.branches for k in b._variables) if any(b._variables.get(name) is not before.get(name) for b in self.branches)]
+        for name in names:
+            self.parent._variables[name] = [branch._variables.get(name) for branch in self.branches]
+        return [dict(branch._variables) for branch in self.branches]
