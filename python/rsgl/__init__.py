@@ -8,31 +8,11 @@
 from rsgl._core import __version__, kernel_isa
 from rsgl.engine import Engine
 from rsgl.errors import EngineClosedError, InvalidRequestError, ModelLoadError, RsglError, UnsupportedModelError
-from rsgl.lang import (
-    Program,
-    ProgramState,
-    RuntimeEndpoint,
-    assistant,
-    function,
-    gen,
-    select,
-    set_default_backend,
-    system,
-    user,
-)
+from rsgl import lang
+from rsgl.lang import *  # noqa: F403  (the program frontend: rsgl.function, rsgl.gen, ...)
 
 __all__ = [
     "Engine",
-    "Program",
-    "ProgramState",
-    "RuntimeEndpoint",
-    "assistant",
-    "function",
-    "gen",
-    "select",
-    "set_default_backend",
-    "system",
-    "user",
     "EngineClosedError",
     "InvalidRequestError",
     "ModelLoadError",
@@ -40,4 +20,5 @@ __all__ = [
     "UnsupportedModelError",
     "__version__",
     "kernel_isa",
+    *lang.__all__,
 ]
