@@ -194,8 +194,10 @@ class ForkGroup:
         """Gathers the branches back: each variable a branch set (or changed) becomes, in the
         parent, the list of its value in every branch (SGLang's "gather_variable" join). Returns
         each branch's variables."""
-        before = self.parent._variables
-        names = [name for name in dict.fromkeys(k for b in self.branches for k in b._variables) if any(b._variables.get(name) is not before.get(name) for b in self.branches)]
-        for name in names:
-            self.parent._variables[name] = [branch._variables.get(name) for branch in self.branches]
+        parent = self.parent._variables
+        for name in dict.fromkeys(name for branch in self.branches for name in branch._variables):
+            values = [branch._variables.get(name) for branch in self.branches]
+            # Variables inherited from the parent and left alone stay as they are.
+            if any(value is not parent.get(name) for value in values):
+                parent[name] = values
         return [dict(branch._variables) for branch in self.branches]

@@ -201,7 +201,7 @@ impl Engine {
         match (params.grammar()?, &self.grammars) {
             (None, _) => Ok(()),
             (Some(spec), Some(grammars)) => grammars.compile(&spec).map(drop),
-            (Some(_), None) => Err(invalid("structured output needs the tokenizer; this engine was started without one")),
+            (Some(_), None) => Err(crate::grammar::needs_tokenizer()),
         }
     }
 
@@ -437,14 +437,12 @@ impl Worker {
             }
         }
         let masked = Instant::now();
-        let mask_errors = self.fill_masks(&sampling);
+        self.fill_masks_ahead(&sampling);
         step.grammar = masked.elapsed();
         let mut finished = Vec::new();
-        for ((index, row), mask_error) in sampling.into_iter().zip(mask_errors) {
+        for (index, row) in sampling {
             let seq = &mut self.scheduler.running[index];
-            let out = if let Err(e) = mask_error {
-                seq.abort_output(&e.to_string())
-            } else if seq.max_new_tokens == 0 {
+            let out = if seq.max_new_tokens == 0 {
                 seq.finish_without_tokens(row)
             } else {
                 seq.advance(&mut row.to_vec(), self.tokenizer.as_deref())
@@ -475,29 +473,17 @@ impl Worker {
         }
     }
 
-    /// Fills the token masks of the constrained requests among `sampling` on the compute
-    /// threads (idle between forward passes, pinned, and parked when done, so nothing spins into
-    /// the next forward pass); one result per request.
-    fn fill_masks(&mut self, sampling: &[(usize, &[f32])]) -> Vec<Result<()>> {
-        let mut results: Vec<Result<()>> = sampling.iter().map(|_| Ok(())).collect();
-        let mut pending: Vec<(&mut Result<()>, &mut Constraint)> = Vec::new();
-        let mut by_index: Vec<Option<&mut Result<()>>> = Vec::new();
-        by_index.resize_with(self.scheduler.running.len(), || None);
-        for ((index, _), result) in sampling.iter().zip(results.iter_mut()) {
-            by_index[*index] = Some(result);
-        }
-        for (seq, result) in self.scheduler.running.iter_mut().zip(by_index) {
-            if let (Some(result), Some(c)) = (result, seq.constraint.as_mut()) {
-                if c.needs_mask_first() && seq.max_new_tokens > 0 {
-                    pending.push((result, c));
-                }
-            }
-        }
-        self.model.pool().for_chunks_mut(&mut pending, 1, &|_, one| {
-            let (result, c) = &mut one[0];
-            **result = c.fill_mask();
-        });
-        results
+    /// Fills the token masks the requests sampling this step need before sampling, on the
+    /// compute threads (idle between forward passes, pinned, and parked when done, so nothing
+    /// spins into the next forward pass).
+    fn fill_masks_ahead(&mut self, sampling: &[(usize, &[f32])]) {
+        let mut samples = vec![false; self.scheduler.running.len()];
+        sampling.iter().for_each(|&(index, _)| samples[index] = true);
+        let mut pending: Vec<&mut Constraint> = (self.scheduler.running.iter_mut().zip(samples))
+            .filter(|(seq, samples)| *samples && seq.max_new_tokens > 0)
+            .filter_map(|(seq, _)| seq.constraint.as_mut().filter(|c| c.needs_mask_first()))
+            .collect();
+        self.model.pool().for_chunks_mut(&mut pending, 1, &|_, one| one[0].fill_mask_ahead());
     }
 
     fn publish(&self, step: Option<&StepCounts>) {

@@ -369,7 +369,7 @@ pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length:
         return Err(invalid("stop strings need a tokenizer; this engine was started without one (use stop_token_ids)"));
     }
     if !has_tokenizer && matches!(req.sampling_params.grammar(), Ok(Some(_))) {
-        return Err(invalid("structured output (regex, json_schema, ebnf, choices) needs the tokenizer; this engine was started without one"));
+        return Err(crate::grammar::needs_tokenizer());
     }
     if req.top_logprobs_num > vocab_size {
         return Err(invalid(format!("top_logprobs_num must be at most the vocabulary size ({vocab_size})")));

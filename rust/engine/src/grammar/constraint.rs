@@ -2,7 +2,7 @@
 //! grammar off until the model has finished thinking.
 
 use super::Grammar;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 
 pub(crate) struct Constraint {
     grammar: Box<dyn Grammar>,
@@ -15,12 +15,14 @@ pub(crate) struct Constraint {
     mask_on_refusal: bool,
     /// The allowed tokens of the next step, one bit per token.
     mask: Vec<u32>,
+    /// Whether the step's parallel pass filled the mask for the next pick (and if it failed).
+    filled_ahead: Option<std::result::Result<(), EngineError>>,
 }
 
 impl Constraint {
     pub fn new(grammar: Box<dyn Grammar>, vocab_size: usize, think_end: Option<Vec<u32>>, jump_forward: bool, mask_on_refusal: bool) -> Self {
         let think_end = think_end.filter(|t| !t.is_empty());
-        Constraint { grammar, think_end, jump_forward, mask_on_refusal, mask: vec![0; vocab_size.div_ceil(32)] }
+        Constraint { grammar, think_end, jump_forward, mask_on_refusal, mask: vec![0; vocab_size.div_ceil(32)], filled_ahead: None }
     }
 
     /// Whether the grammar applies to the next token.
@@ -34,22 +36,28 @@ impl Constraint {
         self.is_active() && !self.mask_on_refusal
     }
 
-    pub fn fill_mask(&mut self) -> Result<()> {
-        self.grammar.fill_mask(&mut self.mask)
+    /// Fills the mask for the next [`Self::pick`] (a failure is reported there).
+    pub fn fill_mask_ahead(&mut self) {
+        self.filled_ahead = Some(self.grammar.fill_mask(&mut self.mask));
     }
 
     /// Picks the next token with `sample` (which may change the logits it is given). With the
-    /// mask filled first, samples among allowed tokens. Otherwise samples from a copy of the
+    /// mask filled ahead, samples among allowed tokens. Otherwise samples from a copy of the
     /// free logits and keeps the token if the grammar allows it, else masks and samples again:
     /// a rejection step that, for greedy and plain temperature sampling, draws from exactly
     /// the masked distribution while the full mask is computed only on refusals.
     pub fn pick(&mut self, logits: &mut [f32], mut sample: impl FnMut(&mut [f32]) -> u32) -> Result<u32> {
-        if self.mask_on_refusal {
-            let token = sample(&mut logits.to_vec());
-            if self.grammar.allows(token)? {
-                return Ok(token);
+        match self.filled_ahead.take() {
+            Some(filled) => filled?,
+            None => {
+                if self.mask_on_refusal {
+                    let token = sample(&mut logits.to_vec());
+                    if self.grammar.allows(token)? {
+                        return Ok(token);
+                    }
+                }
+                self.grammar.fill_mask(&mut self.mask)?;
             }
-            self.fill_mask()?;
         }
         (rsgl_kernels::kernels().apply_token_mask)(logits, &self.mask);
         Ok(sample(logits))
@@ -138,7 +146,7 @@ mod tests {
     #[test]
     fn the_mask_leaves_only_allowed_tokens() {
         let mut c = constraint(None, true);
-        c.fill_mask().unwrap();
+        c.fill_mask_ahead();
         let mut logits = vec![0.5; 40];
         logits[7] = 9.0;
         assert_eq!(c.pick(&mut logits, argmax).unwrap(), 1);

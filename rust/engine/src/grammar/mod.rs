@@ -14,8 +14,13 @@ pub(crate) use constraint::Constraint;
 pub use llg::LlgBackend;
 pub use service::{GrammarService, GrammarStats};
 
-use crate::error::Result;
+use crate::error::{invalid, EngineError, Result};
 use serde::{Deserialize, Serialize};
+
+/// The error of a constrained request on an engine started without a tokenizer.
+pub(crate) fn needs_tokenizer() -> EngineError {
+    invalid("structured output (regex, json_schema, ebnf, choices) needs the tokenizer; this engine was started without one")
+}
 
 /// What a request's output must match.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -27,7 +27,7 @@ pub struct GrammarStats {
 
 pub struct GrammarService {
     shared: Arc<Shared>,
-    jobs: Mutex<Sender<(GrammarSpec, Delivery)>>,
+    jobs: Sender<(GrammarSpec, Delivery)>,
 }
 
 struct Shared {
@@ -73,7 +73,7 @@ impl GrammarService {
                 })
                 .expect("spawn a grammar compile thread");
         }
-        GrammarService { shared, jobs: Mutex::new(tx) }
+        GrammarService { shared, jobs: tx }
     }
 
     /// A fresh matcher for `spec` if it was compiled before.
@@ -88,8 +88,7 @@ impl GrammarService {
 
     /// Compiles `spec` on a compile thread and hands the result to `deliver` there.
     pub fn compile_later(&self, spec: GrammarSpec, deliver: Delivery) {
-        let sent = self.jobs.lock().expect("grammar job lock").send((spec, deliver));
-        if let Err(std::sync::mpsc::SendError((_, deliver))) = sent {
+        if let Err(std::sync::mpsc::SendError((_, deliver))) = self.jobs.send((spec, deliver)) {
             deliver(Err(EngineError::Closed));
         }
     }
