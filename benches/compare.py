@@ -16,8 +16,11 @@ pools and memory do not overlap. Every time is the best of --repeats, after a wa
   first token. transformers: one generate call on the [16, 32] batch (equal lengths, no padding).
   llama.cpp: its low-level API, one llama_batch holding a token of each of the 16 sequences per
   step (kv_unified, n_seq_max=16, n_batch=512), argmax sampling in numpy.
-- bandwidth limit of decode b1: `rsgl-bench membw` (best GB/s, same thread count) over the bytes
-  one token reads: every linear layer's weights and the lm_head, in the engine's weight type.
+- bandwidth limit of decode b1: the bytes one token reads (every linear layer's weights and the
+  lm_head, in the engine's weight type) at the read bandwidth of `rsgl-bench membw` (best GB/s,
+  same thread count), probed right before and right after that engine's decode b1 runs; the
+  higher probe counts. This host's bandwidth swings (46 and 79 GB/s a few seconds apart), so a
+  probe taken minutes away says little about the moment a decode ran.
 """
 
 from __future__ import annotations
@@ -85,11 +88,12 @@ class Row:
     decode_tok_s: float | None = None
     prefill_tok_s: float | None = None
     parallel_tok_s: float | None = None
+    bandwidth_gb_s: float | None = None  # the higher probe around this row's decode b1
     info: dict | None = None  # what the engine reports about itself
     error: str | None = None
 
-    def limit_tok_s(self, bandwidth_gb_s: float) -> float:
-        return bandwidth_gb_s * 1e9 / self.bytes_per_token
+    def limit_tok_s(self) -> float | None:
+        return None if self.bandwidth_gb_s is None else self.bandwidth_gb_s * 1e9 / self.bytes_per_token
 
 
 def parse_args() -> argparse.Namespace:
@@ -137,12 +141,17 @@ def decode_tok_s(generate: Generate, prompts: list[list[int]], work: Workload) -
     return len(prompts) * (work.new_tokens - 1) / (full - first)
 
 
-def measure(generate: Generate, prompts: Prompts, work: Workload) -> dict:
+def measure(generate: Generate, prompts: Prompts, work: Workload, probe: Callable[[], float]) -> dict:
     generate([prompts.long], 2)  # warm-up: thread pools, first-call allocations, lazy init
     generate(prompts.parallel, 2)
     prefill_seconds = best_seconds(lambda: generate([prompts.long], 1), work.repeats)
+    before = probe()
+    decode = decode_tok_s(generate, [prompts.single], work)
+    after = probe()
     return {
-        "decode_tok_s": decode_tok_s(generate, [prompts.single], work),
+        "decode_tok_s": decode,
+        "bandwidth_gb_s": max(before, after),
+        "bandwidth_probes_gb_s": [before, after],
         "prefill_tok_s": len(prompts.long) / prefill_seconds,
         "parallel_tok_s": decode_tok_s(generate, prompts.parallel, work),
     }
@@ -159,7 +168,7 @@ def run_isolated(fn: Callable[..., dict], *args) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, quantization: str | None = None) -> dict:
+def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, probe: Probe, quantization: str | None = None) -> dict:
     import rsgl
 
     # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
@@ -172,12 +181,12 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, qua
             outs = llm.generate(input_ids=batch, sampling_params=params)
             assert all(o["meta_info"]["completion_tokens"] == new_tokens for o in outs)
 
-        result = measure(generate, prompts, work)
+        result = measure(generate, prompts, work, probe)
         info = llm.get_server_info()
     return {**result, "info": {k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}
 
 
-def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload) -> dict:
+def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:
     os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion draws its own progress bar
     import torch
     import transformers
@@ -202,7 +211,7 @@ def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prom
             )
         assert out.shape[1] == ids.shape[1] + new_tokens
 
-    result = measure(generate, prompts, work)
+    result = measure(generate, prompts, work, probe)
     return {**result, "info": {"torch": torch.__version__, "transformers": transformers.__version__, "attention": model.config._attn_implementation}}
 
 
@@ -260,12 +269,12 @@ class LlamaCppRunner:
         self.lib.llama_model_free(self.model)
 
 
-def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workload) -> dict:
+def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workload, probe: Probe) -> dict:
     import llama_cpp
 
     runner = LlamaCppRunner(gguf_path, threads, work)
     try:
-        result = measure(runner.generate, prompts, work)
+        result = measure(runner.generate, prompts, work, probe)
     finally:
         runner.close()
     system_info = llama_cpp.llama_print_system_info().decode()
@@ -277,14 +286,31 @@ def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workl
 # ---------------------------------------------------------------------------------------------
 
 
-def probe_bandwidth(threads: int, work: Workload, binary: str | None) -> dict:
-    """`rsgl-bench membw` with the engines' thread count; returns its JSON report."""
-    command = [binary] if binary else ["cargo", "run", "--release", "--quiet", "-p", "rsgl-bench", "--"]
-    with tempfile.TemporaryDirectory() as scratch:
-        out = Path(scratch) / "membw.json"
-        args = ["membw", "--threads", str(threads), "--size-mb", str(work.membw_mb), "--reps", str(work.membw_reps), "--json", str(out)]
-        subprocess.run([*command, *args], cwd=REPO, check=True, stdout=sys.stderr)
-        return json.loads(out.read_text())
+@dataclass
+class Probe:
+    """`rsgl-bench membw` with the engines' thread count: memory read bandwidth, best GB/s.
+    Called from the engines' processes, right around their decode b1."""
+
+    binary: str
+    threads: int
+    size_mb: int
+    reps: int
+
+    def __call__(self) -> float:
+        args = ["membw", "--threads", str(self.threads), "--size-mb", str(self.size_mb), "--reps", str(self.reps)]
+        with tempfile.TemporaryDirectory() as scratch:
+            out = Path(scratch) / "membw.json"
+            subprocess.run([self.binary, *args, "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+            return json.loads(out.read_text())["best_gb_s"]
+
+
+def build_bench_binary(given: str | None) -> str:
+    """The rsgl-bench binary: the one given, else built from this checkout."""
+    if given:
+        return given
+    subprocess.run(["cargo", "build", "--release", "--quiet", "-p", "rsgl-bench"], cwd=REPO, check=True)
+    metadata = subprocess.run(["cargo", "metadata", "--format-version", "1", "--no-deps"], cwd=REPO, check=True, capture_output=True, text=True)
+    return str(Path(json.loads(metadata.stdout)["target_directory"]) / "release" / "rsgl-bench")
 
 
 def make_prompts(vocab_size: int, work: Workload) -> Prompts:
@@ -375,18 +401,19 @@ def llama_cpp_models(source: Path, threads: int) -> dict[str, Path]:
 def plan(args: argparse.Namespace, gguf_path: Path, config: dict, prompts: Prompts, work: Workload) -> list[tuple[Row, Callable[[], dict]]]:
     """Every engine/weights pair to measure, with the call that measures it."""
     t, params = args.threads, linear_parameters(config)
+    probe = Probe(build_bench_binary(args.rsgl_bench), t, work.membw_mb, work.membw_reps)
     runs = [
-        (Row("rsgl", "bf16", 2 * params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work)),
-        (Row("rsgl", "f32", 4 * params), partial(run_isolated, measure_rsgl, "float32", t, prompts, work)),
-        (Row("rsgl", "w8a8", params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work, "w8a8_int8")),
+        (Row("rsgl", "bf16", 2 * params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work, probe)),
+        (Row("rsgl", "f32", 4 * params), partial(run_isolated, measure_rsgl, "float32", t, prompts, work, probe)),
+        (Row("rsgl", "w8a8", params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work, probe, "w8a8_int8")),
     ]
     if not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
-            measure_one = partial(run_isolated, measure_transformers, dtype, t, str(gguf_path), prompts, work)
+            measure_one = partial(run_isolated, measure_transformers, dtype, t, str(gguf_path), prompts, work, probe)
             runs.append((Row("transformers", weights, size * params), measure_one))
     if not args.skip_llamacpp:
         for name, path in llama_cpp_models(gguf_path, t).items():
-            measure_one = partial(run_isolated, measure_llamacpp, str(path), t, prompts, work)
+            measure_one = partial(run_isolated, measure_llamacpp, str(path), t, prompts, work, probe)
             runs.append((Row("llama.cpp", name, gguf_linear_bytes(path)), measure_one))
     return runs
 
@@ -403,7 +430,8 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
             log(f"  failed: {row.error}")
         else:
             row.decode_tok_s, row.prefill_tok_s, row.parallel_tok_s = result["decode_tok_s"], result["prefill_tok_s"], result["parallel_tok_s"]
-            row.info = result["info"]
+            row.bandwidth_gb_s, row.info = result["bandwidth_gb_s"], result["info"]
+            row.info["bandwidth_probes_gb_s"] = result["bandwidth_probes_gb_s"]
         rows.append(row)
     return rows
 
@@ -411,21 +439,21 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
 def headers(work: Workload) -> list[str]:
     return [
         "engine", "weights", "decode b1 tok/s", f"prefill {work.prefill_tokens} tok/s",
-        f"{work.sequences} seqs tok/s", "MB/token", "b1 limit tok/s", "% of limit",
+        f"{work.sequences} seqs tok/s", "MB/token", "probe GB/s", "b1 limit tok/s", "% of limit",
     ]
 
 
-def table_rows(rows: list[Row], bandwidth: float) -> list[list[str]]:
+def table_rows(rows: list[Row]) -> list[list[str]]:
     def cell(value: float | None) -> str:
         return "failed" if value is None else f"{value:.1f}"
 
     out = []
     for row in rows:
-        limit = row.limit_tok_s(bandwidth)
-        share = None if row.decode_tok_s is None else 100 * row.decode_tok_s / limit
+        limit = row.limit_tok_s()
+        share = None if row.decode_tok_s is None or limit is None else 100 * row.decode_tok_s / limit
         out.append([
             row.engine, row.weights, cell(row.decode_tok_s), cell(row.prefill_tok_s), cell(row.parallel_tok_s),
-            f"{row.bytes_per_token / 1e6:.0f}", f"{limit:.1f}", cell(share),
+            f"{row.bytes_per_token / 1e6:.0f}", cell(row.bandwidth_gb_s), cell(limit), cell(share),
         ])
     return out
 
@@ -436,7 +464,7 @@ def print_table(columns: list[str], cells: list[list[str]]) -> None:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
 
 
-def plot(path: str, model: str, rows: list[Row], bandwidth: float, work: Workload, threads: int) -> None:
+def plot(path: str, model: str, rows: list[Row], work: Workload, threads: int) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -453,7 +481,7 @@ def plot(path: str, model: str, rows: list[Row], bandwidth: float, work: Workloa
     for ax, (title, values) in zip(axes, panels):
         measured = [v or 0.0 for v in values]
         if ax is axes[0]:  # batch-1 decode has a ceiling: the bandwidth over the bytes per token
-            ax.barh(y, [r.limit_tok_s(bandwidth) for r in rows], color="0.88", label=f"bandwidth limit ({bandwidth:.1f} GB/s)")
+            ax.barh(y, [r.limit_tok_s() or 0.0 for r in rows], color="0.88", label="bandwidth limit (probe around each decode)")
             ax.legend(loc="lower right", fontsize=8)
         bars = ax.barh(y, measured, color=[f"C{['rsgl', 'transformers', 'llama.cpp'].index(r.engine)}" for r in rows])
         ax.bar_label(bars, labels=[f"{v:.0f}" if v else "failed" for v in values], padding=3, fontsize=8)
@@ -482,25 +510,19 @@ def main() -> None:
     gguf_path = Path(default_model_path())
     config = load_model(gguf_path, skip_tokenizer_init=True, progress=False).config
     prompts = make_prompts(config["vocab_size"], work)
-
-    log(f"memory bandwidth probe, {args.threads} threads ...")
-    membw = probe_bandwidth(args.threads, work, args.rsgl_bench)
-    bandwidth = membw["best_gb_s"]
     rows = run_all(plan(args, gguf_path, config, prompts, work))
 
-    print(f"memory read bandwidth, {args.threads} threads: best {bandwidth:.1f} GB/s, median {membw['median_gb_s']:.1f} GB/s")
-    print_table(headers(work), table_rows(rows, bandwidth))
+    print_table(headers(work), table_rows(rows))
     kernels = next((r.info.get("kernels") for r in rows if r.engine == "rsgl" and r.info), None)
     report = {
         "bench": "compare",
         "model": str(gguf_path),
         **machine_fields(args.threads, kernels),
         "workload": asdict(work),
-        "bandwidth": {k: membw[k] for k in ("best_gb_s", "median_gb_s", "bytes", "simd", "threads")},
-        "results": [{**asdict(r), "limit_tok_s": r.limit_tok_s(bandwidth)} for r in rows],
+        "results": [{**asdict(r), "limit_tok_s": r.limit_tok_s()} for r in rows],
     }
     write_json(args.json, report)
-    plot(args.plot, gguf_path.name.split(".")[0], rows, bandwidth, work, args.threads)
+    plot(args.plot, gguf_path.name.split(".")[0], rows, work, args.threads)
     if any(r.error for r in rows):
         sys.exit("compare.py: some engines failed; see their errors above")
 
