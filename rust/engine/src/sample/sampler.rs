@@ -34,7 +34,7 @@ pub(super) fn apply_penalties(logits: &mut [f32], p: &SamplingParams, hist: &His
 }
 
 /// Picks the next token. `banned` tokens (EOS and stop ids before `min_new_tokens`) are never
-/// chosen. `logits` is modified (penalties, temperature).
+/// chosen. `logits` is overwritten (penalties, temperature, then probabilities).
 pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[u32], rng: &mut Rng) -> u32 {
     apply_penalties(logits, p, hist);
     for &t in banned {
@@ -44,23 +44,26 @@ pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[
     if p.is_greedy() {
         return (kernels.argmax)(logits) as u32;
     }
-    // Candidates as (logit, token), best first when top-k or top-p needs an order.
+    // A positive temperature keeps the order of the logits.
+    let inv_t = 1.0 / p.temperature;
+    // Candidates as (probability, token): the top-k renormalized among themselves, else tokens
+    // under the whole vocabulary's distribution (best first when top-p needs an order).
     let mut cand = Vec::new();
     if p.top_k > 0 && (p.top_k as usize) < logits.len() {
         (kernels.top_k)(logits, p.top_k as usize, &mut cand);
+        let mut probs: Vec<f32> = cand.iter().map(|c| c.0 * inv_t).collect();
+        (kernels.softmax)(&mut probs);
+        cand.iter_mut().zip(probs).for_each(|(c, q)| c.0 = q);
     } else {
-        cand.extend(logits.iter().enumerate().map(|(i, &l)| (l, i as u32)));
+        logits.iter_mut().for_each(|l| *l *= inv_t);
+        (kernels.softmax)(logits);
         if p.top_p < 1.0 {
-            cand.sort_unstable_by(rsgl_kernels::portable::rank);
+            nucleus_head(logits, p.top_p, kernels.top_k, &mut cand);
+        } else {
+            cand.extend(logits.iter().enumerate().map(|(i, &q)| (q, i as u32)));
         }
     }
-    // A positive temperature keeps the order.
-    let inv_t = 1.0 / p.temperature;
-    cand.iter_mut().for_each(|c| c.0 *= inv_t);
-    let max = cand.iter().map(|c| c.0).fold(f32::NEG_INFINITY, f32::max);
-    let mut probs: Vec<f64> = cand.iter().map(|c| ((c.0 - max) as f64).exp()).collect();
-    let total: f64 = probs.iter().sum();
-    probs.iter_mut().for_each(|q| *q /= total);
+    let mut probs: Vec<f64> = cand.iter().map(|c| c.0 as f64).collect();
     if p.top_p < 1.0 {
         // Keep the smallest head of the sorted list whose mass reaches top_p.
         let mut cum = 0.0;
@@ -89,3 +92,17 @@ pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[
     cand[probs.iter().rposition(|q| *q > 0.0).unwrap_or(0)].1
 }
 
+/// The most probable tokens of `probs` (a distribution over the vocabulary), best first, as
+/// many as it takes for their mass to reach `top_p`: heads of growing length are selected
+/// rather than the whole vocabulary sorted, since a nucleus is usually a few dozen tokens.
+fn nucleus_head(probs: &[f32], top_p: f32, top_k: rsgl_kernels::dispatch::TopKFn, head: &mut Vec<(f32, u32)>) {
+    let mut len = 64;
+    loop {
+        top_k(probs, len.min(probs.len()), head);
+        let mass: f64 = head.iter().map(|c| c.0 as f64).sum();
+        if mass >= top_p as f64 || len >= probs.len() {
+            return;
+        }
+        len *= 8;
+    }
+}

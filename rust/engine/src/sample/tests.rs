@@ -43,6 +43,17 @@ fn top_k_and_top_p_and_min_p_cut_the_tail() {
 }
 
 #[test]
+fn a_wide_nucleus_keeps_every_token_it_needs() {
+    // 1000 equal tokens hold 88% of the mass, 1000 others the rest: top_p 0.8 keeps the first
+    // 909 of the 1000 (ties go to the lower id), past the first heads the nucleus search tries.
+    let logits: Vec<f32> = (0..2000).map(|i| if i < 1000 { 0.0 } else { -2.0 }).collect();
+    let counts = draw_counts(&logits, &params(|p| p.top_p = 0.8), 20000);
+    let drawn: Vec<usize> = (0..2000).filter(|&i| counts[i] > 0).collect();
+    assert!(*drawn.last().unwrap() <= 908, "a token past the nucleus was drawn: {:?}", drawn.last());
+    assert!(drawn.len() > 850, "only {} distinct tokens drawn", drawn.len());
+}
+
+#[test]
 fn sampling_follows_the_distribution() {
     let logits = [0.0, (3.0f32).ln()];
     let counts = draw_counts(&logits, &params(|_| ()), 8000);
