@@ -11,6 +11,12 @@ use std::ops::Range;
 
 const MAX_ROWS: usize = 12;
 const PANELS_PER_TILE: usize = 2;
+/// Tiles of at most this many rows (decode) stream weights at the memory's pace: each panel's
+/// next [`PREFETCH_BYTES`] are requested ahead of the hardware prefetcher, which restarts at
+/// every 4 KiB page. Measured on batch-1 decode's weight stream (Zen 4, 2 threads): +3–5% when
+/// the memory delivers 60+ GB/s, within 1% either way at 45 GB/s.
+const PREFETCH_MAX_ROWS: usize = 2;
+const PREFETCH_BYTES: usize = 1024;
 
 /// Where a tile reads and writes.
 struct Tile {
@@ -47,7 +53,12 @@ unsafe fn tile_bf16<const R: usize, const NP: usize>(x: *const u16, w: *const u1
     for kp in 0..pairs {
         let mut wv = [_mm512_setzero_si512(); NP];
         for (p, v) in wv.iter_mut().enumerate() {
-            *v = _mm512_loadu_si512(w.add(t.w + p * t.w_stride + kp * 2 * PANEL) as *const _);
+            let at = w.add(t.w + p * t.w_stride + kp * 2 * PANEL);
+            if R <= PREFETCH_MAX_ROWS {
+                // Past the panel's end near the last rows: a prefetch never faults.
+                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(PREFETCH_BYTES));
+            }
+            *v = _mm512_loadu_si512(at as *const _);
         }
         for (r, row) in acc.iter_mut().enumerate() {
             let xv = _mm512_set1_epi32((x.add(t.x + r * t.x_stride + 2 * kp) as *const i32).read_unaligned());
