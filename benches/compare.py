@@ -103,7 +103,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--skip-transformers", action="store_true", help="leave transformers out")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per number; the best counts")
-    parser.add_argument("--rsgl-bench", default=None, help="a built rsgl-bench binary (default: cargo run --release)")
+    parser.add_argument("--rsgl-bench", default=None, help="a built rsgl-bench binary for the bandwidth probe (default: cargo build --release this checkout)")
     parser.add_argument("--json", default="bench-results/compare.json", help="where to write the results")
     parser.add_argument("--plot", default="bench-results/compare.png", help="where to draw the bar chart")
     return parser.parse_args()

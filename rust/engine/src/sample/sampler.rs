@@ -52,11 +52,11 @@ pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[
     if p.top_k > 0 && (p.top_k as usize) < logits.len() {
         (kernels.top_k)(logits, p.top_k as usize, &mut cand);
         let mut probs: Vec<f32> = cand.iter().map(|c| c.0 * inv_t).collect();
-        (kernels.softmax)(&mut probs);
+        probabilities(&mut probs);
         cand.iter_mut().zip(probs).for_each(|(c, q)| c.0 = q);
     } else {
         logits.iter_mut().for_each(|l| *l *= inv_t);
-        (kernels.softmax)(logits);
+        probabilities(logits);
         if p.top_p < 1.0 {
             nucleus_head(logits, p.top_p, kernels.top_k, &mut cand);
         } else {
@@ -90,6 +90,14 @@ pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[
     }
     // Rounding left a sliver of mass: take the last token that had any.
     cand[probs.iter().rposition(|q| *q > 0.0).unwrap_or(0)].1
+}
+
+/// Softmax in place, with tokens of logit -inf (banned, or masked by a grammar) at exactly 0:
+/// the SIMD `exp` bottoms out at 2^-126, and a token that keeps any probability could still be
+/// drawn when rounding leaves the draw past the last candidate.
+pub(super) fn probabilities(x: &mut [f32]) {
+    (rsgl_kernels::kernels().softmax)(x);
+    x.iter_mut().filter(|q| **q <= f32::MIN_POSITIVE).for_each(|q| *q = 0.0);
 }
 
 /// The most probable tokens of `probs` (a distribution over the vocabulary), best first, as

@@ -1,5 +1,5 @@
 use super::*;
-use super::sampler::apply_penalties;
+use super::sampler::{apply_penalties, probabilities};
 
 fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
     let mut p = SamplingParams::default();
@@ -40,6 +40,18 @@ fn top_k_and_top_p_and_min_p_cut_the_tail() {
     assert!(counts[2..].iter().all(|&c| c == 0), "{counts:?}");
     let counts = draw_counts(&logits, &params(|_| ()), 4000);
     assert!(counts[2] > 0 && counts[3] > 0, "plain sampling reaches the tail: {counts:?}");
+}
+
+#[test]
+fn tokens_at_minus_infinity_get_no_probability() {
+    let mut x = vec![f32::NEG_INFINITY; 37];
+    x[5] = 1.5;
+    x[30] = 0.5;
+    probabilities(&mut x);
+    assert!(x.iter().enumerate().all(|(i, &q)| (q > 0.0) == (i == 5 || i == 30)), "{x:?}");
+    // Fewer finite logits than top_k: the others are candidates that must never be drawn.
+    let counts = draw_counts(&x.iter().map(|q| q.ln()).collect::<Vec<_>>(), &params(|p| p.top_k = 8), 2000);
+    assert!(counts.iter().enumerate().all(|(i, &c)| c == 0 || i == 5 || i == 30), "{counts:?}");
 }
 
 #[test]

@@ -55,7 +55,7 @@ unsafe fn tile_bf16<const R: usize, const NP: usize>(x: *const u16, w: *const u1
         for (p, v) in wv.iter_mut().enumerate() {
             let at = w.add(t.w + p * t.w_stride + kp * 2 * PANEL);
             if R <= PREFETCH_MAX_ROWS {
-                // Past the panel's end near the last rows: a prefetch never faults.
+                // Near the end of the weights this points past them: a prefetch never faults.
                 _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(PREFETCH_BYTES));
             }
             *v = _mm512_loadu_si512(at as *const _);
