@@ -233,6 +233,34 @@ def test_disabled_radix_cache_never_hits(tiny_models):
     assert outs[False] == outs[True]
 
 
+def test_bfloat16_kv_cache_holds_twice_the_tokens_and_scores_alike(tiny_models):
+    """The same prompt's log-probabilities (prefill reads the pages it just wrote) and greedy
+    continuation with float32 and bfloat16 KV pages, in the same memory budget."""
+    path, _ = tiny_models["llama"]
+    ids = list(range(3, 90))
+    params = {"temperature": 0, "max_new_tokens": 12}
+    runs = {}
+    for kv_dtype in ("float32", "bfloat16"):
+        with rsgl.Engine(path, threads=2, kv_cache_dtype=kv_dtype, kv_cache_memory_gb=0.01, progress=False) as engine:
+            out = engine.generate(input_ids=ids, sampling_params=params, return_logprob=True, logprob_start_len=0)
+            info = engine.get_server_info()
+            assert info["kv_pages_free"] + info["cached_pages"] == info["kv_pages_total"]
+            runs[kv_dtype] = (out, info["kv_pages_total"])
+    (f32, f32_pages), (bf16, bf16_pages) = runs["float32"], runs["bfloat16"]
+    assert bf16_pages == 2 * f32_pages
+    want = [lp for lp, _, _ in f32["meta_info"]["input_token_logprobs"][1:]]
+    got = [lp for lp, _, _ in bf16["meta_info"]["input_token_logprobs"][1:]]
+    diffs = [abs(a - b) for a, b in zip(want, got)]
+    assert max(diffs) < 0.15 and sum(diffs) / len(diffs) < 0.02, (max(diffs), sum(diffs) / len(diffs))
+    assert want != got  # the pages really held bfloat16
+    assert bf16["output_ids"][:4] == f32["output_ids"][:4]
+
+
+def test_unknown_kv_cache_dtype_is_refused(tiny_models):
+    with pytest.raises(rsgl.InvalidRequestError, match="kv_cache_dtype"):
+        rsgl.Engine(tiny_models["llama"][0], threads=1, kv_cache_dtype="int4", progress=False)
+
+
 def test_abort_request_stops_every_sample_of_n(llm):
     import concurrent.futures
 

@@ -29,6 +29,7 @@ from rsgl.loader import load_model
 _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
 QUANTIZATIONS = (None, "w8a8_int8")
+KV_CACHE_DTYPES = ("float32", "bfloat16")
 
 # The sampling_params that constrain the output (at most one per request).
 _GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
@@ -43,7 +44,8 @@ class Engine:
     Options are named after SGLang's server arguments:
     `dtype` (weight precision: "auto" = the checkpoint's, bfloat16 for quantized GGUF files;
     "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
-    `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset),
+    `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset), `kv_cache_dtype`
+    ("float32" or "bfloat16": half the bytes per token, so twice the tokens per budget),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
     core; default True),
     `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
@@ -70,6 +72,7 @@ class Engine:
         page_size: int = 16,
         max_total_tokens: int | None = None,
         kv_cache_memory_gb: float = 1.0,
+        kv_cache_dtype: str = "float32",
         max_running_requests: int = 64,
         chunked_prefill_size: int = 2048,
         threads: int | None = None,
@@ -87,6 +90,8 @@ class Engine:
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
+        if kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise InvalidRequestError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {KV_CACHE_DTYPES}")
         self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
@@ -95,6 +100,7 @@ class Engine:
             "page_size": page_size,
             "max_total_tokens": max_total_tokens,
             "kv_cache_memory_gb": kv_cache_memory_gb,
+            "kv_cache_dtype": kv_cache_dtype,
             "max_running_requests": max_running_requests,
             "chunked_prefill_size": chunked_prefill_size,
             "threads": threads or 0,

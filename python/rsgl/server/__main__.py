@@ -24,6 +24,7 @@ ENGINE_OPTIONS = {
     "--chunked-prefill-size": {"type": int, "help": "prompt tokens prefilled per step"},
     "--page-size": {"type": int, "help": "tokens per KV-cache page"},
     "--max-total-tokens": {"type": int, "help": "KV-cache pool size, in tokens"},
+    "--kv-cache-dtype": {"choices": ["float32", "bfloat16"], "help": "element type of the KV cache (default float32; bfloat16 holds twice the tokens)"},
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
     "--dtype": {"help": "weight precision: auto (the checkpoint's; bfloat16 for quantized GGUF), float32, bfloat16, float16"},
     "--quantization": {"choices": ["w8a8_int8"], "help": "quantize the linear layers at load: w8a8_int8 (int8 weights per channel, int8 activations per token)"},

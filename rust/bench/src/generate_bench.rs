@@ -71,14 +71,16 @@ struct Precision {
     dtype: String,
     quantization: Option<String>,
     quantize_lm_head: bool,
+    kv_cache_dtype: String,
 }
 
 impl Precision {
     fn describe(&self) -> String {
-        match &self.quantization {
+        let weights = match &self.quantization {
             None => self.dtype.clone(),
             Some(q) => format!("{q} ({} lm_head)", if self.quantize_lm_head { "int8".to_string() } else { self.dtype.clone() }),
-        }
+        };
+        format!("{weights}, KV cache {}", self.kv_cache_dtype)
     }
 }
 
@@ -98,6 +100,7 @@ fn engine_options(len: Lengths, max_batch: usize, threads: usize, precision: &Pr
         "quantization": precision.quantization,
         "quantize_lm_head": precision.quantize_lm_head,
         "page_size": PAGE_SIZE,
+        "kv_cache_dtype": precision.kv_cache_dtype,
         "context_length": len.prompt + len.generated,
         "max_total_tokens": max_batch * per_request,
         "max_running_requests": max_batch,
@@ -273,6 +276,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
         dtype: args.string("dtype").unwrap_or_else(|| "float32".into()),
         quantization: args.string("quantization"),
         quantize_lm_head: args.string("quantize-lm-head").is_some_and(|v| v == "1" || v == "true"),
+        kv_cache_dtype: args.string("kv-cache-dtype").unwrap_or_else(|| "float32".into()),
     };
     let json_path = args.string("json");
     args.finish()?;

@@ -9,7 +9,7 @@ use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
 use rsgl_kernels::portable::rope_tables;
-use rsgl_kernels::{kernels, linear, linear_i8, AttentionTask, Int8Gemm, Int8Weights, Kernels, PackedWeights, PagedKv, QuantizedRows, RopeStyle, ThreadPool, WeightDtype};
+use rsgl_kernels::{kernels, linear, linear_i8, AttentionTask, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle, ThreadPool, WeightDtype};
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -167,7 +167,7 @@ impl Op {
             }
             (Op::Attention { tokens, span }, Operand::Vector(kv)) => pool.run(&|_| {
                 let pages: Vec<u32> = (0..span.div_ceil(PAGE) as u32).collect();
-                let paged = PagedKv { keys: kv, values: kv, page_size: PAGE, kv_heads: 1, head_dim: HEAD_DIM };
+                let paged = PagedKv { keys: KvSlice::F32(kv), values: KvSlice::F32(kv), page_size: PAGE, kv_heads: 1, head_dim: HEAD_DIM };
                 let task = AttentionTask { kv: &paged, pages: &pages, kv_head: 0, group: GROUP, q: x, q_stride: GROUP * HEAD_DIM, tokens, first_pos: span - tokens, scale: 0.125 };
                 let mut out = vec![0.0; x_len];
                 for _ in 0..iters {

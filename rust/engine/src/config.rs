@@ -113,9 +113,9 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
-    /// Bytes of K and V one token occupies in the cache, over all layers (f32).
-    pub fn kv_bytes_per_token(&self) -> usize {
-        2 * self.num_hidden_layers * self.kv_size() * std::mem::size_of::<f32>()
+    /// Bytes of K and V one token occupies in the cache, over all layers.
+    pub fn kv_bytes_per_token(&self, dtype: KvCacheDtype) -> usize {
+        2 * self.num_hidden_layers * self.kv_size() * dtype.bytes()
     }
 }
 
@@ -135,6 +135,26 @@ impl Dtype {
             Dtype::Float32 => WeightDtype::F32,
             Dtype::Bfloat16 => WeightDtype::BF16,
             Dtype::Float16 => WeightDtype::F16,
+        }
+    }
+}
+
+/// Element type of the KV pages. Attention computes in f32 either way; bfloat16 halves the
+/// bytes a token's K and V take (twice the tokens in the same memory) and the bytes decode
+/// attention reads.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvCacheDtype {
+    #[default]
+    Float32,
+    Bfloat16,
+}
+
+impl KvCacheDtype {
+    pub fn bytes(self) -> usize {
+        match self {
+            KvCacheDtype::Float32 => 4,
+            KvCacheDtype::Bfloat16 => 2,
         }
     }
 }
@@ -160,6 +180,8 @@ pub struct EngineOptions {
     pub max_total_tokens: Option<usize>,
     /// Memory budget of the KV pool in GiB (used when `max_total_tokens` is absent).
     pub kv_cache_memory_gb: f64,
+    /// Element type of the KV pages.
+    pub kv_cache_dtype: KvCacheDtype,
     /// Most requests decoding at once.
     pub max_running_requests: usize,
     /// Most prompt tokens prefilled in one step (longer prompts are prefilled in chunks).
@@ -194,6 +216,7 @@ impl Default for EngineOptions {
             page_size: 16,
             max_total_tokens: None,
             kv_cache_memory_gb: 1.0,
+            kv_cache_dtype: KvCacheDtype::Float32,
             max_running_requests: 64,
             chunked_prefill_size: 2048,
             threads: 0,
@@ -235,7 +258,7 @@ impl EngineOptions {
     /// Number of KV pages the pool gets.
     pub fn kv_pages(&self, cfg: &ModelConfig) -> usize {
         let tokens = self.max_total_tokens.unwrap_or_else(|| {
-            (self.kv_cache_memory_gb * (1u64 << 30) as f64 / cfg.kv_bytes_per_token() as f64) as usize
+            (self.kv_cache_memory_gb * (1u64 << 30) as f64 / cfg.kv_bytes_per_token(self.kv_cache_dtype) as f64) as usize
         });
         tokens.div_ceil(self.page_size)
     }

@@ -144,7 +144,7 @@ impl Engine {
         let model = LlamaModel::new(cfg, weights, context_length, precision, compute)?;
         let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
         let num_pages = opts.kv_pages(model.config());
-        let kv = KvCache::new(model.config(), num_pages, opts.page_size);
+        let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype);
         let stats = Arc::new(Mutex::new(EngineStats {
             kernels: rsgl_kernels::kernels().isa,
             int8_kernels: rsgl_kernels::kernels().gemm_i8.isa,

@@ -28,6 +28,6 @@ pub use dispatch::{kernels, GemmArgs, Int8Gemm, Kernels};
 pub use int8::{Int8Weights, QuantizedRows};
 pub use linear::{linear, linear_i8};
 pub use packed::{PackedWeights, WeightDtype};
-pub use paged::{AttentionTask, PagedKv};
+pub use paged::{AttentionTask, KvSlice, PagedKv};
 pub use portable::RopeStyle;
 pub use pool::ThreadPool;

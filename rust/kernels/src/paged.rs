@@ -6,10 +6,40 @@
 //!   with no horizontal sums;
 //! - values are `[page_size][head_dim]`: a probability times one value row adds into the output.
 
-/// One layer's K and V storage.
+/// One layer's K or V elements: float32, or bfloat16 bit patterns (half the bytes, widened to
+/// f32 as they are read).
+#[derive(Clone, Copy)]
+pub enum KvSlice<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [u16]),
+}
+
+impl KvSlice<'_> {
+    pub fn len(&self) -> usize {
+        match self {
+            KvSlice::F32(x) => x.len(),
+            KvSlice::Bf16(x) => x.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Element `i` as f32.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self {
+            KvSlice::F32(x) => x[i],
+            KvSlice::Bf16(x) => crate::packed::bf16_to_f32(x[i]),
+        }
+    }
+}
+
+/// One layer's K and V storage (both of one element type).
 pub struct PagedKv<'a> {
-    pub keys: &'a [f32],
-    pub values: &'a [f32],
+    pub keys: KvSlice<'a>,
+    pub values: KvSlice<'a>,
     pub page_size: usize,
     pub kv_heads: usize,
     pub head_dim: usize,

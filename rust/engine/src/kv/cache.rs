@@ -2,27 +2,64 @@
 //! kernels read ([`rsgl_kernels::paged`]): per page and kv head, keys `[head_dim][page_size]`
 //! (transposed) and values `[page_size][head_dim]`.
 
-use crate::config::ModelConfig;
+use crate::config::{KvCacheDtype, ModelConfig};
+use rsgl_kernels::packed::f32_to_bf16;
 use rsgl_kernels::paged::block_start;
-use rsgl_kernels::PagedKv;
+use rsgl_kernels::{KvSlice, PagedKv};
+
+/// One layer's K or V elements, in the pool's element type.
+enum Store {
+    F32(Vec<f32>),
+    Bf16(Vec<u16>),
+}
+
+impl Store {
+    fn new(dtype: KvCacheDtype, len: usize) -> Store {
+        match dtype {
+            KvCacheDtype::Float32 => Store::F32(vec![0.0; len]),
+            KvCacheDtype::Bfloat16 => Store::Bf16(vec![0; len]),
+        }
+    }
+
+    fn set(&mut self, i: usize, x: f32) {
+        match self {
+            Store::F32(s) => s[i] = x,
+            Store::Bf16(s) => s[i] = f32_to_bf16(x),
+        }
+    }
+
+    fn set_run(&mut self, start: usize, xs: &[f32]) {
+        match self {
+            Store::F32(s) => s[start..start + xs.len()].copy_from_slice(xs),
+            Store::Bf16(s) => s[start..start + xs.len()].iter_mut().zip(xs).for_each(|(d, &x)| *d = f32_to_bf16(x)),
+        }
+    }
+
+    fn slice(&self) -> KvSlice<'_> {
+        match self {
+            Store::F32(s) => KvSlice::F32(s),
+            Store::Bf16(s) => KvSlice::Bf16(s),
+        }
+    }
+}
 
 pub struct KvCache {
     page_size: usize,
     kv_heads: usize,
     head_dim: usize,
-    keys: Vec<Vec<f32>>,
-    values: Vec<Vec<f32>>,
+    keys: Vec<Store>,
+    values: Vec<Store>,
 }
 
 impl KvCache {
-    pub fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize) -> Self {
+    pub fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize, dtype: KvCacheDtype) -> Self {
         let per_layer = num_pages * page_size * cfg.kv_size();
         KvCache {
             page_size,
             kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
-            keys: (0..cfg.num_hidden_layers).map(|_| vec![0.0; per_layer]).collect(),
-            values: (0..cfg.num_hidden_layers).map(|_| vec![0.0; per_layer]).collect(),
+            keys: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer)).collect(),
+            values: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer)).collect(),
         }
     }
 
@@ -35,14 +72,14 @@ impl KvCache {
         for h in 0..self.kv_heads {
             let base = block_start(page, h, self.kv_heads, ps, hd);
             for (d, &kd) in k[h * hd..(h + 1) * hd].iter().enumerate() {
-                keys[base + d * ps + slot] = kd;
+                keys.set(base + d * ps + slot, kd);
             }
-            values[base + slot * hd..base + (slot + 1) * hd].copy_from_slice(&v[h * hd..(h + 1) * hd]);
+            values.set_run(base + slot * hd, &v[h * hd..(h + 1) * hd]);
         }
     }
 
     /// One layer's storage, for the attention kernels.
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        PagedKv { keys: &self.keys[layer], values: &self.values[layer], page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
+        PagedKv { keys: self.keys[layer].slice(), values: self.values[layer].slice(), page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
     }
 }

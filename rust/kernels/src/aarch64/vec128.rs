@@ -18,6 +18,10 @@ impl F32Vector for F32x4 {
         F32x4(vld1q_f32(p))
     }
     #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self {
+        F32x4(vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p))))
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         vst1q_f32(p, self.0)
     }

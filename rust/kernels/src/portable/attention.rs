@@ -21,7 +21,7 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
                 let base = kv.offset(task.pages[j / ps], task.kv_head);
                 let mut s = 0f32;
                 for (d, qd) in q.iter().enumerate() {
-                    s += qd * kv.keys[base + d * ps + j % ps];
+                    s += qd * kv.keys.get(base + d * ps + j % ps);
                 }
                 s * task.scale
             }));
@@ -30,7 +30,9 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
             o.fill(0.0);
             for (j, p) in scores.iter().enumerate() {
                 let base = kv.offset(task.pages[j / ps], task.kv_head) + (j % ps) * hd;
-                super::axpy(*p, &kv.values[base..base + hd], o);
+                for (d, od) in o.iter_mut().enumerate() {
+                    *od += p * kv.values.get(base + d);
+                }
             }
         }
     }
@@ -38,7 +40,8 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
 
 #[cfg(test)]
 pub(crate) mod tests {
-    use crate::paged::{AttentionTask, PagedKv};
+    use crate::packed::f32_to_bf16;
+    use crate::paged::{AttentionTask, KvSlice, PagedKv};
     use crate::portable::twin_tests::data;
     use crate::Kernels;
 
@@ -50,6 +53,9 @@ pub(crate) mod tests {
         head_dim: usize,
         keys: Vec<f32>,
         values: Vec<f32>,
+        /// The same pages in bfloat16.
+        keys_bf16: Vec<u16>,
+        values_bf16: Vec<u16>,
         table: Vec<u32>,
         dense_k: Vec<f32>,
         dense_v: Vec<f32>,
@@ -74,17 +80,23 @@ pub(crate) mod tests {
                     }
                 }
             }
-            Fixture { page_size, kv_heads, head_dim, keys, values, table, dense_k, dense_v }
+            let (keys_bf16, values_bf16) = (keys.iter().map(|&x| f32_to_bf16(x)).collect(), values.iter().map(|&x| f32_to_bf16(x)).collect());
+            Fixture { page_size, kv_heads, head_dim, keys, values, keys_bf16, values_bf16, table, dense_k, dense_v }
         }
 
-        fn kv(&self) -> PagedKv<'_> {
-            PagedKv { keys: &self.keys, values: &self.values, page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
+        fn kv(&self, bf16: bool) -> PagedKv<'_> {
+            let (keys, values) = if bf16 {
+                (KvSlice::Bf16(&self.keys_bf16), KvSlice::Bf16(&self.values_bf16))
+            } else {
+                (KvSlice::F32(&self.keys), KvSlice::F32(&self.values))
+            };
+            PagedKv { keys, values, page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
         }
     }
 
     /// Runs one task per kv head; q and out are `[tokens][kv_heads * group * head_dim]`.
-    fn run(kern: &Kernels, f: &Fixture, group: usize, q: &[f32], tokens: usize, first_pos: usize) -> Vec<f32> {
-        let kv = f.kv();
+    fn run(kern: &Kernels, f: &Fixture, bf16: bool, group: usize, q: &[f32], tokens: usize, first_pos: usize) -> Vec<f32> {
+        let kv = f.kv(bf16);
         let stride = f.kv_heads * group * f.head_dim;
         let mut out = vec![f32::NAN; tokens * stride];
         for h in 0..f.kv_heads {
@@ -111,7 +123,7 @@ pub(crate) mod tests {
         let f = Fixture::new(4, kv_heads, hd, tokens);
         let stride = kv_heads * group * hd;
         let q = data(tokens * stride, 9.0);
-        let got = run(&Kernels::portable(), &f, group, &q, tokens, 0);
+        let got = run(&Kernels::portable(), &f, false, group, &q, tokens, 0);
         for t in 0..tokens {
             for head in 0..kv_heads * group {
                 let h = head / group;
@@ -130,8 +142,9 @@ pub(crate) mod tests {
         }
     }
 
-    /// A SIMD attention against the portable one on odd shapes, and each query of an extend task
-    /// against the same query alone (decode): bit-identical.
+    /// A SIMD attention against the portable one on odd shapes, with float32 and with bfloat16
+    /// pages, and each query of an extend task against the same query alone (decode):
+    /// bit-identical.
     pub(crate) fn check_attention(simd: &Kernels) {
         let reference = Kernels::portable();
         for (page_size, hd, group) in [(16, 64, 3), (1, 16, 1), (5, 80, 2), (32, 128, 4), (16, 6, 3)] {
@@ -139,14 +152,16 @@ pub(crate) mod tests {
             let f = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
             let stride = kv_heads * group * hd;
             let q = data(tokens * stride, 10.0);
-            let want = run(&reference, &f, group, &q, tokens, first_pos);
-            let got = run(simd, &f, group, &q, tokens, first_pos);
-            for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                assert!((a - b).abs() <= 1e-5, "{} attention page {page_size} hd {hd} group {group} at {i}: {a} vs {b}", simd.isa);
-            }
-            for t in 0..tokens {
-                let alone = run(simd, &f, group, &q[t * stride..(t + 1) * stride], 1, first_pos + t);
-                assert_eq!(alone, got[t * stride..(t + 1) * stride], "{}: query {t} differs alone vs in its chunk", simd.isa);
+            for bf16 in [false, true] {
+                let want = run(&reference, &f, bf16, group, &q, tokens, first_pos);
+                let got = run(simd, &f, bf16, group, &q, tokens, first_pos);
+                for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                    assert!((a - b).abs() <= 1e-5, "{} attention (bf16 {bf16}) page {page_size} hd {hd} group {group} at {i}: {a} vs {b}", simd.isa);
+                }
+                for t in 0..tokens {
+                    let alone = run(simd, &f, bf16, group, &q[t * stride..(t + 1) * stride], 1, first_pos + t);
+                    assert_eq!(alone, got[t * stride..(t + 1) * stride], "{}: query {t} differs alone vs in its chunk (bf16 {bf16})", simd.isa);
+                }
             }
         }
     }

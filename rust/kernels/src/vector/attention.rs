@@ -10,7 +10,8 @@
 
 use super::elementwise::softmax;
 use super::F32Vector;
-use crate::paged::AttentionTask;
+use crate::packed::bf16_to_f32;
+use crate::paged::{AttentionTask, KvSlice};
 use std::cell::RefCell;
 
 /// Query rows scored together (accumulators: one register each per page vector).
@@ -23,9 +24,52 @@ thread_local! {
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
+/// An element of the KV pages as stored: f32, or a bfloat16 bit pattern.
+trait KvElement: Copy {
+    unsafe fn load<V: F32Vector>(p: *const Self) -> V;
+    fn to_f32(self) -> f32;
+}
+
+impl KvElement for f32 {
+    #[inline(always)]
+    unsafe fn load<V: F32Vector>(p: *const f32) -> V {
+        V::load(p)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl KvElement for u16 {
+    #[inline(always)]
+    unsafe fn load<V: F32Vector>(p: *const u16) -> V {
+        V::load_bf16(p)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        bf16_to_f32(self)
+    }
+}
+
+/// Where a task's keys and values start, in their stored element type.
+struct Pages<E> {
+    keys: *const E,
+    values: *const E,
+}
+
 #[inline(always)]
 pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_stride: usize) {
     task.validate();
+    match (task.kv.keys, task.kv.values) {
+        (KvSlice::F32(k), KvSlice::F32(v)) => attention_over::<V, f32>(task, Pages { keys: k.as_ptr(), values: v.as_ptr() }, out, out_stride),
+        (KvSlice::Bf16(k), KvSlice::Bf16(v)) => attention_over::<V, u16>(task, Pages { keys: k.as_ptr(), values: v.as_ptr() }, out, out_stride),
+        _ => panic!("attention: keys and values are stored in different types"),
+    }
+}
+
+#[inline(always)]
+unsafe fn attention_over<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: Pages<E>, out: *mut f32, out_stride: usize) {
     let keys = task.span(task.tokens - 1);
     let ps = task.kv.page_size;
     // Whole pages, and whole registers past the last page's end.
@@ -36,14 +80,14 @@ pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_s
     let mut probs = SCRATCH.take();
     probs.clear();
     probs.resize(rows * width, 0.0);
-    scores::<V>(task, &mut probs, width);
+    scores::<V, E>(task, &kv, &mut probs, width);
     for r in 0..rows {
         let row = &mut probs[r * width..(r + 1) * width];
         let span = task.span(r / task.group);
         softmax::<V>(&mut row[..span]);
         row[span..].fill(0.0);
     }
-    values::<V>(task, &probs, width, out, out_stride);
+    values::<V, E>(task, &kv, &probs, width, out, out_stride);
     SCRATCH.set(probs);
 }
 
@@ -54,12 +98,12 @@ unsafe fn query(task: &AttentionTask, r: usize) -> *const f32 {
 }
 
 #[inline(always)]
-unsafe fn scores<V: F32Vector>(task: &AttentionTask, probs: &mut [f32], width: usize) {
+unsafe fn scores<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages<E>, probs: &mut [f32], width: usize) {
     let kv = task.kv;
     let (ps, rows) = (kv.page_size, task.tokens * task.group);
     let keys = task.span(task.tokens - 1);
     for (p, &page) in task.pages[..keys.div_ceil(ps)].iter().enumerate() {
-        let base = kv.keys.as_ptr().add(kv.offset(page, task.kv_head));
+        let base = pages.keys.add(kv.offset(page, task.kv_head));
         for slot in (0..ps).step_by(V::LANES) {
             let lanes = V::LANES.min(ps - slot);
             for first in (0..rows).step_by(SCORE_ROWS) {
@@ -68,7 +112,7 @@ unsafe fn scores<V: F32Vector>(task: &AttentionTask, probs: &mut [f32], width: u
                 macro_rules! block {
                     ($($r:literal)*) => {
                         match n {
-                            $($r => score_block::<V, $r>(task, first, base.add(slot), lanes, dst, width),)*
+                            $($r => score_block::<V, E, $r>(task, first, base.add(slot), lanes, dst, width),)*
                             _ => unreachable!(),
                         }
                     };
@@ -82,17 +126,19 @@ unsafe fn scores<V: F32Vector>(task: &AttentionTask, probs: &mut [f32], width: u
 /// Scores of `R` query rows from `first` against the keys at `k` (one page's keys from a slot,
 /// `[head_dim][page_size]`), `lanes` of them valid; written at `dst`, rows `width` apart.
 #[inline(always)]
-unsafe fn score_block<V: F32Vector, const R: usize>(task: &AttentionTask, first: usize, k: *const f32, lanes: usize, dst: *mut f32, width: usize) {
+unsafe fn score_block<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, lanes: usize, dst: *mut f32, width: usize) {
     let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
     let q: [*const f32; R] = std::array::from_fn(|r| query(task, first + r));
     let mut acc = [V::zero(); R];
     let mut partial = [0f32; 64];
     for d in 0..hd {
         let kd = if lanes == V::LANES {
-            V::load(k.add(d * ps))
+            E::load::<V>(k.add(d * ps))
         } else {
             // A page narrower than a register (small page sizes): pad with zeros.
-            std::ptr::copy_nonoverlapping(k.add(d * ps), partial.as_mut_ptr(), lanes);
+            for (i, lane) in partial[..lanes].iter_mut().enumerate() {
+                *lane = (*k.add(d * ps + i)).to_f32();
+            }
             V::load(partial.as_ptr())
         };
         for r in 0..R {
@@ -111,7 +157,7 @@ unsafe fn score_block<V: F32Vector, const R: usize>(task: &AttentionTask, first:
 }
 
 #[inline(always)]
-unsafe fn values<V: F32Vector>(task: &AttentionTask, probs: &[f32], width: usize, out: *mut f32, out_stride: usize) {
+unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages<E>, probs: &[f32], width: usize, out: *mut f32, out_stride: usize) {
     let (hd, rows) = (task.kv.head_dim, task.tokens * task.group);
     let body = hd / V::LANES * V::LANES;
     // AVX2's 16 registers fit 2 rows of 4 accumulators plus the value registers.
@@ -129,7 +175,7 @@ unsafe fn values<V: F32Vector>(task: &AttentionTask, probs: &[f32], width: usize
             macro_rules! block {
                 ($(($r:literal, $v:literal))*) => {
                     match (n, regs) {
-                        $(($r, $v) => value_block::<V, $r, $v>(task, &probs[first * width..], width, span, d, &dst),)*
+                        $(($r, $v) => value_block::<V, E, $r, $v>(task, pages, &probs[first * width..], width, span, d, &dst),)*
                         _ => unreachable!(),
                     }
                 };
@@ -141,7 +187,7 @@ unsafe fn values<V: F32Vector>(task: &AttentionTask, probs: &[f32], width: usize
             for d in body..hd {
                 let mut acc = 0f32;
                 for j in 0..span {
-                    acc = probs[(first + r) * width + j].mul_add(*value(task, j).add(d), acc);
+                    acc = probs[(first + r) * width + j].mul_add((*value(task, pages, j).add(d)).to_f32(), acc);
                 }
                 *dst[r].add(d) = acc;
             }
@@ -151,19 +197,27 @@ unsafe fn values<V: F32Vector>(task: &AttentionTask, probs: &[f32], width: usize
 
 /// Value row of key `j`.
 #[inline(always)]
-unsafe fn value(task: &AttentionTask, j: usize) -> *const f32 {
+unsafe fn value<E>(task: &AttentionTask, pages: &Pages<E>, j: usize) -> *const E {
     let kv = task.kv;
     let ps = kv.page_size;
-    kv.values.as_ptr().add(kv.offset(task.pages[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
+    pages.values.add(kv.offset(task.pages[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
 }
 
 /// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]`.
 #[inline(always)]
-unsafe fn value_block<V: F32Vector, const R: usize, const NV: usize>(task: &AttentionTask, probs: &[f32], width: usize, span: usize, d: usize, dst: &[*mut f32; 4]) {
+unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usize>(
+    task: &AttentionTask,
+    pages: &Pages<E>,
+    probs: &[f32],
+    width: usize,
+    span: usize,
+    d: usize,
+    dst: &[*mut f32; 4],
+) {
     let mut acc = [[V::zero(); NV]; R];
     for j in 0..span {
-        let v = value(task, j).add(d);
-        let vj: [V; NV] = std::array::from_fn(|i| V::load(v.add(i * V::LANES)));
+        let v = value(task, pages, j).add(d);
+        let vj: [V; NV] = std::array::from_fn(|i| E::load::<V>(v.add(i * V::LANES)));
         for r in 0..R {
             let p = V::splat(*probs.get_unchecked(r * width + j));
             for i in 0..NV {

@@ -14,6 +14,8 @@ pub trait F32Vector: Copy {
     const REGISTERS: usize;
     unsafe fn splat(v: f32) -> Self;
     unsafe fn load(p: *const f32) -> Self;
+    /// `LANES` bfloat16 bit patterns, widened to f32.
+    unsafe fn load_bf16(p: *const u16) -> Self;
     unsafe fn store(self, p: *mut f32);
     unsafe fn add(self, o: Self) -> Self;
     unsafe fn sub(self, o: Self) -> Self;

@@ -18,6 +18,10 @@ impl F32Vector for F32x8 {
         F32x8(_mm256_loadu_ps(p))
     }
     #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self {
+        F32x8(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)))))
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         _mm256_storeu_ps(p, self.0)
     }

@@ -18,6 +18,10 @@ impl F32Vector for F32x16 {
         F32x16(_mm512_loadu_ps(p))
     }
     #[inline(always)]
+    unsafe fn load_bf16(p: *const u16) -> Self {
+        F32x16(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p as *const __m256i)))))
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         _mm512_storeu_ps(p, self.0)
     }
