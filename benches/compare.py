@@ -4,7 +4,8 @@ on the same threads, in one run, beside the memory read bandwidth that bounds ba
     python benches/compare.py [--threads 2] [--quick] [--skip-llamacpp] [--skip-transformers]
                               [--json bench-results/compare.json] [--plot bench-results/compare.png]
 
-Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included); transformers (eager PyTorch, no
+Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included; KV
+pages in bfloat16 except beside float32 weights); transformers (eager PyTorch, no
 torch.compile, its default attention) in float32 and bfloat16; llama.cpp (llama-cpp-python) on
 the model written as F16 and Q8_0 GGUF (cached in ~/.cache/rsgl-bench). All get the same random
 token ids and run greedy with EOS ignored; each engine runs in a process of its own, so thread
@@ -172,9 +173,11 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, pro
     import rsgl
 
     # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
-    # quantizes the lm_head too, as llama.cpp's Q8_0 does the (tied) output matrix.
+    # quantizes the lm_head too, as llama.cpp's Q8_0 does the (tied) output matrix. KV pages in
+    # 16 bits beside 16-bit or int8 weights, as llama.cpp keeps its KV cache in F16.
     precision = {"quantization": quantization, "quantize_lm_head": True} if quantization else {}
-    with rsgl.Engine(dtype=dtype, threads=threads, disable_radix_cache=True, progress=False, **precision) as llm:
+    kv_cache_dtype = "float32" if dtype == "float32" else "bfloat16"
+    with rsgl.Engine(dtype=dtype, threads=threads, kv_cache_dtype=kv_cache_dtype, disable_radix_cache=True, progress=False, **precision) as llm:
 
         def generate(batch: list[list[int]], new_tokens: int) -> None:
             params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -183,7 +186,7 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, pro
 
         result = measure(generate, prompts, work, probe)
         info = llm.get_server_info()
-    return {**result, "info": {k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}
+    return {**result, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}}
 
 
 def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:
