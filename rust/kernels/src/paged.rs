@@ -15,15 +15,11 @@ pub enum KvSlice<'a> {
 }
 
 impl KvSlice<'_> {
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             KvSlice::F32(x) => x.len(),
             KvSlice::Bf16(x) => x.len(),
         }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// Element `i` as f32.

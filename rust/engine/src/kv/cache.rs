@@ -21,17 +21,12 @@ impl Store {
         }
     }
 
-    fn set(&mut self, i: usize, x: f32) {
+    /// Writes `xs` at `start`, `start + stride`, … (keys are stored transposed: stride page_size).
+    fn write(&mut self, start: usize, stride: usize, xs: &[f32]) {
+        let end = start + (xs.len() - 1) * stride + 1;
         match self {
-            Store::F32(s) => s[i] = x,
-            Store::Bf16(s) => s[i] = f32_to_bf16(x),
-        }
-    }
-
-    fn set_run(&mut self, start: usize, xs: &[f32]) {
-        match self {
-            Store::F32(s) => s[start..start + xs.len()].copy_from_slice(xs),
-            Store::Bf16(s) => s[start..start + xs.len()].iter_mut().zip(xs).for_each(|(d, &x)| *d = f32_to_bf16(x)),
+            Store::F32(s) => s[start..end].iter_mut().step_by(stride).zip(xs).for_each(|(d, &x)| *d = x),
+            Store::Bf16(s) => s[start..end].iter_mut().step_by(stride).zip(xs).for_each(|(d, &x)| *d = f32_to_bf16(x)),
         }
     }
 
@@ -71,10 +66,8 @@ impl KvCache {
         let (keys, values) = (&mut self.keys[layer], &mut self.values[layer]);
         for h in 0..self.kv_heads {
             let base = block_start(page, h, self.kv_heads, ps, hd);
-            for (d, &kd) in k[h * hd..(h + 1) * hd].iter().enumerate() {
-                keys.set(base + d * ps + slot, kd);
-            }
-            values.set_run(base + slot * hd, &v[h * hd..(h + 1) * hd]);
+            keys.write(base + slot, ps, &k[h * hd..(h + 1) * hd]);
+            values.write(base + slot * hd, 1, &v[h * hd..(h + 1) * hd]);
         }
     }
 
