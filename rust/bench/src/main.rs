@@ -25,9 +25,10 @@ usage:
       benches/prepare_model_dir.py), its weights held in --dtype (default float32) or
       quantized (the lm_head stays in --dtype unless --quantize-lm-head 1):
       prefill and decode tok/s at each batch size (threads default: all cores)
-  rsgl-bench membw    [--threads N] [--size-mb 1024] [--reps 10] [--json FILE]
+  rsgl-bench membw    [--threads N] [--size-mb 1024] [--reps 10] [--pages huge|4k] [--json FILE]
       memory read bandwidth: N threads (default: all cores) each sum their slice of a
-      buffer far larger than the caches; best and median GB/s
+      buffer far larger than the caches, in huge pages like the engine's weights (or 4 KiB
+      pages); best and median GB/s
   rsgl-bench grammar  --tokenizer FILE [--schemas tests/data/structured/schemas.json]
                       [--regexes tests/data/structured/regexes.json] [--json FILE]
       structured output on a tokenizer.json: compile time of each JSON schema and regex, and

@@ -8,6 +8,7 @@
 
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
+use rsgl_kernels::memory::HugePageBuffer;
 use serde_json::json;
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -73,13 +74,22 @@ impl Probe {
     }
 }
 
-/// Reads a `bytes`-byte buffer with `threads` threads, `reps` times after one untimed pass.
-fn probe(threads: usize, bytes: usize, reps: usize) -> Probe {
+/// Reads a `bytes`-byte buffer with `threads` threads, `reps` times after one untimed pass. The
+/// buffer sits in huge pages as the engine's weights do ([`rsgl_kernels::memory`]), unless
+/// `small_pages`.
+fn probe(threads: usize, bytes: usize, reps: usize, small_pages: bool) -> Probe {
     let (sum, simd) = summing_loop();
     let words_per_thread = (bytes / WORD).div_ceil(threads);
     // Zeroed memory comes as pages not yet mapped; each thread writes its own slice first, so
     // they really exist (never-written pages would all map the one zero page, which sits in cache).
-    let mut buffer = vec![0u64; words_per_thread * threads];
+    let (mut huge, mut small);
+    let buffer: &mut [u64] = if small_pages {
+        small = vec![0u64; words_per_thread * threads];
+        &mut small
+    } else {
+        huge = HugePageBuffer::zeroed(words_per_thread * threads);
+        &mut huge
+    };
     let barrier = Barrier::new(threads);
     let spans_per_thread: Vec<Vec<(Instant, Instant)>> = std::thread::scope(|scope| {
         let workers: Vec<_> = buffer
@@ -120,12 +130,18 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let threads = args.usize_or("threads", std::thread::available_parallelism().map_or(1, |n| n.get()))?;
     let size_mb = args.usize_or("size-mb", 1024)?;
     let reps = args.usize_or("reps", 10)?;
+    let pages = args.string("pages").unwrap_or_else(|| "huge".into());
+    let small_pages = match pages.as_str() {
+        "huge" => false,
+        "4k" => true,
+        other => return Err(format!("--pages takes huge or 4k, not {other:?}")),
+    };
     let json_path = args.string("json");
     args.finish()?;
 
-    let result = probe(threads, size_mb << 20, reps);
+    let result = probe(threads, size_mb << 20, reps, small_pages);
     println!(
-        "rsgl-bench membw: {} thread(s) read {} MiB, {} loop, {reps} repetitions",
+        "rsgl-bench membw: {} thread(s) read {} MiB in {pages} pages, {} loop, {reps} repetitions",
         result.threads, size_mb, result.simd
     );
     let row = vec![
@@ -142,6 +158,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
             "threads": result.threads,
             "bytes": result.bytes,
             "simd": result.simd,
+            "pages": pages,
             "seconds": result.seconds,
             "best_gb_s": result.best_gb_s(),
             "median_gb_s": result.median_gb_s(),
@@ -167,9 +184,11 @@ mod tests {
 
     #[test]
     fn times_every_repetition_over_the_whole_buffer() {
-        let result = probe(3, 1 << 20, 4);
-        assert_eq!(result.seconds.len(), 4);
-        assert!(result.bytes >= 1 << 20);
-        assert!(result.best_gb_s() >= result.median_gb_s() && result.median_gb_s() > 0.0);
+        for small_pages in [false, true] {
+            let result = probe(3, 1 << 20, 4, small_pages);
+            assert_eq!(result.seconds.len(), 4);
+            assert!(result.bytes >= 1 << 20);
+            assert!(result.best_gb_s() >= result.median_gb_s() && result.median_gb_s() > 0.0);
+        }
     }
 }

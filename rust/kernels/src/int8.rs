@@ -10,6 +10,7 @@
 //! A GEMM's integer sums are exact, so every path gives the same bits: `out = (sum as f32 *
 //! x_scale) * w_scale`, in that order.
 
+use crate::memory::Frozen;
 use crate::packed::PANEL;
 
 /// Inputs per block of a panel.
@@ -21,7 +22,7 @@ pub struct Int8Weights {
     /// Inner dimension, and the same rounded up to [`K_BLOCK`].
     pub k: usize,
     pub k_padded: usize,
-    pub data: Vec<i8>,
+    pub data: Frozen<i8>,
     /// Per output, padded with zeros to whole panels.
     pub scales: Vec<f32>,
     /// Per output, the sum of its int8 weights: the correction for kernels that offset
@@ -82,7 +83,7 @@ impl Int8Weights {
         padded_scales.resize(panels * PANEL, 0.0);
         let mut col_sums: Vec<i32> = q.chunks_exact(k.max(1)).map(|row| row.iter().map(|&v| v as i32).sum()).collect();
         col_sums.resize(panels * PANEL, 0);
-        Int8Weights { n, k, k_padded, data, scales: padded_scales, col_sums }
+        Int8Weights { n, k, k_padded, data: Frozen::from_slice(&data), scales: padded_scales, col_sums }
     }
 
     pub fn panels(&self) -> usize {

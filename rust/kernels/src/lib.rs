@@ -3,7 +3,7 @@
 //! `portable` holds the reference implementation of every kernel (also the fallback on any CPU);
 //! each architecture folder holds SIMD twins with the same signatures. [`Kernels`] is a table of
 //! function pointers picked once at start-up by run-time feature detection ([`dispatch`]).
-//! Weights are packed once at load ([`packed`]); [`pool`] is the persistent compute pool and
+//! Weights are packed once at load ([`packed`]) into huge pages ([`memory`]); [`pool`] is the persistent compute pool and
 //! [`linear`] splits a GEMM over it.
 //!
 //! Kernels are single-threaded: splitting work across threads is the caller's job, and a kernel
@@ -12,6 +12,7 @@
 pub mod dispatch;
 pub mod int8;
 pub mod linear;
+pub mod memory;
 pub mod packed;
 pub mod paged;
 pub mod pool;

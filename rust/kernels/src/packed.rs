@@ -10,6 +10,8 @@
 //!   consecutive `k` share a 32-bit lane, the layout of AVX-512 `vdpbf16ps`, Arm `BFDOT` and the
 //!   shift/mask widening used elsewhere.
 
+use crate::memory::Frozen;
+
 /// Output rows per panel: one AVX-512 vector of f32, two AVX2 vectors, four NEON vectors.
 pub const PANEL: usize = 16;
 
@@ -30,9 +32,9 @@ impl WeightDtype {
 }
 
 pub enum PackedData {
-    F32(Vec<f32>),
+    F32(Frozen<f32>),
     /// bf16 or f16 bit patterns.
-    Half(Vec<u16>),
+    Half(Frozen<u16>),
 }
 
 pub struct PackedWeights {
@@ -59,8 +61,8 @@ impl PackedWeights {
                     }
                 }
                 match dtype {
-                    WeightDtype::F32 => PackedData::F32(out),
-                    _ => PackedData::Half(out.into_iter().map(f32_to_f16).collect()),
+                    WeightDtype::F32 => PackedData::F32(Frozen::from_slice(&out)),
+                    _ => PackedData::Half(Frozen::from_slice(&out.into_iter().map(f32_to_f16).collect::<Vec<_>>())),
                 }
             }
             WeightDtype::BF16 => {
@@ -74,7 +76,7 @@ impl PackedWeights {
                         }
                     }
                 }
-                PackedData::Half(out)
+                PackedData::Half(Frozen::from_slice(&out))
             }
         };
         PackedWeights { dtype, n, k, data }

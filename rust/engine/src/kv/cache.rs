@@ -3,21 +3,23 @@
 //! (transposed) and values `[page_size][head_dim]`.
 
 use crate::config::{KvCacheDtype, ModelConfig};
+use rsgl_kernels::memory::HugePageBuffer;
 use rsgl_kernels::packed::f32_to_bf16;
 use rsgl_kernels::paged::block_start;
 use rsgl_kernels::{KvSlice, PagedKv};
 
 /// One layer's K or V elements, in the pool's element type.
+/// Huge pages: attention reads each sequence's pages on every step, scattered over the pool.
 enum Store {
-    F32(Vec<f32>),
-    Bf16(Vec<u16>),
+    F32(HugePageBuffer<f32>),
+    Bf16(HugePageBuffer<u16>),
 }
 
 impl Store {
     fn new(dtype: KvCacheDtype, len: usize) -> Store {
         match dtype {
-            KvCacheDtype::Float32 => Store::F32(vec![0.0; len]),
-            KvCacheDtype::Bfloat16 => Store::Bf16(vec![0; len]),
+            KvCacheDtype::Float32 => Store::F32(HugePageBuffer::zeroed(len)),
+            KvCacheDtype::Bfloat16 => Store::Bf16(HugePageBuffer::zeroed(len)),
         }
     }
 
