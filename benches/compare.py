@@ -20,8 +20,9 @@ pools and memory do not overlap. Every time is the best of --repeats, after a wa
 - bandwidth limit of decode b1: the bytes one token reads (every linear layer's weights and the
   lm_head, in the engine's weight type) at the read bandwidth of `rsgl-bench membw` (best GB/s,
   same thread count, a buffer in huge pages as rsgl keeps its weights: the faster probe here),
-  probed right before and right after that engine's decode b1 runs; the higher probe counts. This host's bandwidth swings (46 and 79 GB/s a few seconds apart), so a
-  probe taken minutes away says little about the moment a decode ran.
+  probed right before and right after that engine's decode b1 runs; the higher probe counts.
+  This host's bandwidth swings (46 and 79 GB/s a few seconds apart), so a probe taken minutes
+  away says little about the moment a decode ran.
 """
 
 from __future__ import annotations

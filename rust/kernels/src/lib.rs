@@ -3,8 +3,8 @@
 //! `portable` holds the reference implementation of every kernel (also the fallback on any CPU);
 //! each architecture folder holds SIMD twins with the same signatures. [`Kernels`] is a table of
 //! function pointers picked once at start-up by run-time feature detection ([`dispatch`]).
-//! Weights are packed once at load ([`packed`]) into huge pages ([`memory`]); [`pool`] is the persistent compute pool and
-//! [`linear`] splits a GEMM over it.
+//! Weights are packed once at load ([`packed`]) into huge pages ([`memory`]); [`pool`] is the
+//! persistent compute pool and [`linear`] splits a GEMM over it.
 //!
 //! Kernels are single-threaded: splitting work across threads is the caller's job, and a kernel
 //! computes an output element the same way whatever the batch or the split.

@@ -26,12 +26,17 @@ const SLAB_BYTES: usize = 32 << 20;
 const FROZEN_ALIGN: usize = 64;
 
 /// Element types whose all-zero bit pattern is a valid value.
-pub trait Zeroable: Copy + Send + Sync + 'static {}
-impl Zeroable for u8 {}
-impl Zeroable for i8 {}
-impl Zeroable for u16 {}
-impl Zeroable for f32 {}
-impl Zeroable for u64 {}
+///
+/// # Safety
+/// Implement only for plain data with no invalid bit patterns: buffers hand out zeroed memory
+/// as `[T]`.
+pub unsafe trait Zeroable: Copy + Send + Sync + 'static {}
+// SAFETY: every bit pattern is a valid integer or float.
+unsafe impl Zeroable for u8 {}
+unsafe impl Zeroable for i8 {}
+unsafe impl Zeroable for u16 {}
+unsafe impl Zeroable for f32 {}
+unsafe impl Zeroable for u64 {}
 
 /// A zero-initialized array in huge-page-backed memory.
 pub struct HugePageBuffer<T: Zeroable> {

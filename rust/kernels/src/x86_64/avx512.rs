@@ -13,8 +13,9 @@ const MAX_ROWS: usize = 12;
 const PANELS_PER_TILE: usize = 2;
 /// Tiles of at most this many rows (decode) stream weights at the memory's pace: each panel's
 /// next [`PREFETCH_BYTES`] are requested ahead of the hardware prefetcher, which restarts at
-/// every 4 KiB page. Measured on batch-1 decode's weight stream (Zen 4, 2 threads): +3–5% when
-/// the memory delivers 60+ GB/s, within 1% either way at 45 GB/s.
+/// every 4 KiB page. Measured on batch-1 decode's weight stream (a Zen 5 KVM guest, 2 threads,
+/// weights still in 4 KiB pages then): +3–5% when the memory delivers 60+ GB/s, within 1% either
+/// way at 45 GB/s.
 const PREFETCH_MAX_ROWS: usize = 2;
 const PREFETCH_BYTES: usize = 1024;
 
