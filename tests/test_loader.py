@@ -26,6 +26,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
+from rsgl import _core
 from rsgl.chat_template import render_chat
 from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rsgl.loader import load_model
@@ -426,6 +427,47 @@ def test_gguf_sentencepiece_tokenizer_matches_transformers(tiny_gguf):
         # SentencePiece decoding drops the space it prepended to the text.
         decoded = detokenize(loaded, ids).removeprefix(" ")
         assert decoded == loaded.tokenizer.decode(ids, skip_special_tokens=False), text
+
+
+# Where each quantized block keeps its f16 scales (and minimums): set to sane values so random
+# blocks dequantize to finite numbers.
+_SCALE_OFFSETS = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["F32", "F16", "BF16", *_SCALE_OFFSETS])
+def test_rust_dequantizes_every_type_as_gguf_py_does(tmp_path, kind):
+    """Random blocks of each type, read through rsgl's Rust reader, against gguf-py's dequantize."""
+    rng = np.random.default_rng(5)
+    qtype = gguf.GGMLQuantizationType[kind]
+    block_values, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
+    rows, cols = 3, 512
+    if kind == "F32":
+        raw = rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint8)
+    elif kind == "F16":
+        raw = rng.normal(size=(rows, cols)).astype(np.float16).view(np.uint8)
+    elif kind == "BF16":
+        raw = (rng.normal(size=(rows, cols)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    else:
+        blocks = rng.integers(0, 256, size=(rows * cols // block_values, block_bytes), dtype=np.uint8)
+        for offset in _SCALE_OFFSETS[kind]:
+            blocks[:, offset : offset + 2] = rng.uniform(-0.1, 0.1, size=(len(blocks), 1)).astype(np.float16).view(np.uint8)
+        raw = blocks.reshape(rows, -1)
+    path = tmp_path / f"{kind}.gguf"
+    writer = gguf.GGUFWriter(path, "qwen2")
+    writer.add_tensor("blk.0.ffn_up.weight", raw, raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    store = _core.WeightStore.open_gguf(str(path), "qwen2", 1, 1)
+    assert store.tensors() == [("model.layers.0.mlp.up_proj.weight", [rows, cols], kind)]
+    got = np.frombuffer(store.read("model.layers.0.mlp.up_proj.weight"), dtype="<f4").reshape(rows, cols)
+    want = dequantize(raw, qtype).astype(np.float32)
+    assert np.isfinite(want).all()
+    assert np.array_equal(got, want), np.abs(got - want).max()
 
 
 def test_truncated_gguf_is_a_load_error(tiny_gguf, tmp_path):

@@ -103,10 +103,10 @@ def test_batch_of_different_lengths_matches(pair):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_16_bit_weights_match_the_rounded_model(tiny_models, arch, dtype):
     path, hf = tiny_models[arch]
-    # rsgl rounds the matrices of linear layers (lm_head too, and the embedding with it when tied).
+    # rsgl holds the matrices of linear layers (lm_head too) and the embedding in `dtype`.
     rounded = copy.deepcopy(hf)
     for module in rounded.modules():
-        if isinstance(module, torch.nn.Linear):
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
     prompts = [prompt(n, 300 + n) for n in (1, 9, 64)]
     with rsgl.Engine(path, dtype=dtype, threads=2, max_total_tokens=2048, progress=False) as engine:

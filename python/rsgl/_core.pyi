@@ -1,7 +1,7 @@
 """Type stubs of the Rust extension `rsgl._core` (thin bindings of the rsgl-engine crate)."""
 
+import os
 from collections.abc import Sequence
-from typing import Any
 
 __version__: str
 
@@ -9,11 +9,21 @@ def kernel_isa() -> str:
     """The kernel path chosen for this CPU: "avx2", "neon" or "portable"."""
 
 class WeightStore:
-    """Tensors handed to the engine one at a time; an Engine takes them all."""
+    """A checkpoint's tensors, mapped by the core under Hugging Face names; an Engine takes them
+    when it starts (the files are unmapped then)."""
 
-    def __init__(self) -> None: ...
-    def add(self, name: str, shape: Sequence[int], data: Any) -> None:
-        """Copies a C-contiguous float32 buffer (e.g. a numpy array) under `name`."""
+    @staticmethod
+    def open_safetensors(paths: Sequence[str | os.PathLike]) -> WeightStore:
+        """Maps the safetensors files of a Hugging Face checkpoint (one file or its shards)."""
+    @staticmethod
+    def open_gguf(path: str | os.PathLike, architecture: str, heads: int, kv_heads: int) -> WeightStore:
+        """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint."""
+    def tensors(self) -> list[tuple[str, list[int], str]]:
+        """(name, shape, storage type such as "BF16", "Q4_K" or "I8") of every tensor."""
+    def read(self, name: str) -> bytes:
+        """One tensor as little-endian float32 bytes, in Hugging Face layout."""
+    def show_progress(self, show: bool) -> None:
+        """Whether the engine draws a progress bar of the bytes it packs while loading."""
     def __len__(self) -> int: ...
 
 class Engine:

@@ -114,9 +114,8 @@ class Engine:
             "disable_radix_cache": disable_radix_cache,
             "disable_jump_forward": disable_jump_forward,
         }
-        store = _core.WeightStore()
-        for name, array in self.model.tensors():
-            store.add(name, list(array.shape), array)
+        store = self.model.open_weights()
+        store.show_progress(progress)
         self._core = _core.Engine(
             json.dumps(self.model.config),
             store,

@@ -2,10 +2,14 @@
 
     model = load_model("path/to/hf-folder-or-file.gguf")  # None: the default model
     json.dumps(model.config)                              # the model config the Rust core reads
+    store = model.open_weights()                          # the files, mapped by the Rust core
     for name, array in model.tensors(): ...               # Hugging Face names, float32, one at a time
 
 Two formats: a Hugging Face folder (config.json + *.safetensors + tokenizer.json) and a GGUF file.
-Both come out the same: a normalized config, and tensors under Hugging Face names, as float32.
+Both come out the same: a normalized config, and tensors under Hugging Face names. Python reads
+the config and the tokenizer; the Rust core maps the weight files itself (`WeightStore`) and the
+engine packs each tensor straight from the mapping, so no weight passes through Python when
+serving. `tensors()` (float32 copies, one at a time) is for the converter and the tests.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from pathlib import Path
 import numpy as np
 from tokenizers import Tokenizer
 
+from rsgl._core import WeightStore
 from rsgl.errors import InvalidRequestError, ModelLoadError
 
 __all__ = ["LoadedModel", "load_model", "SUPPORTED_ARCHITECTURES"]
@@ -43,7 +48,7 @@ class LoadedModel:
     """
 
     config: dict  # normalized, see `make_config`
-    tensors: Callable[[], Iterator[tuple[str, np.ndarray]]]  # (HF name, float32 C-contiguous), one at a time
+    open_weights: Callable[[], WeightStore]  # maps the weight files (cheap: only headers are read)
     tokenizer: Tokenizer | None
     chat_template: str | None
     bos_token: str | None
@@ -59,9 +64,18 @@ class LoadedModel:
     # Weight precision: the checkpoint's own (bfloat16 for quantized GGUF files) until
     # `load_model` applies `dtype=`.
     dtype: str
-    # The checkpoint's quantization ("w8a8_int8": its int8 linear weights arrive dequantized in
-    # `tensors` and the engine quantizes them back to the same int8), or None.
+    # The checkpoint's quantization ("w8a8_int8": the engine packs its int8 weights as they are),
+    # or None.
     quantization: str | None = None
+    progress: bool = True  # a progress bar on stderr while the weights load
+
+    def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
+        """Every tensor the engine needs, (Hugging Face name, float32 C-contiguous array), one at
+        a time (int8 weights scaled back to floats)."""
+        store = self.open_weights()
+        shapes = {name: shape for name, shape, _ in store.tensors()}
+        for name in with_progress(list(expected_tensor_shapes(self.config)), self.progress):
+            yield name, np.frombuffer(store.read(name), dtype="<f4").reshape(shapes[name])
 
 
 def load_model(
@@ -73,8 +87,9 @@ def load_model(
 ) -> LoadedModel:
     """Read a Hugging Face model folder or a .gguf file (None: the default model, SmolLM2-135M-Instruct).
 
-    Weights are read lazily: `LoadedModel.tensors()` reads them, one tensor at a time. `dtype`
-    picks the weight precision the engine computes with ("auto": the checkpoint's).
+    Only the config, the tokenizer and the weight files' headers are read here; the engine maps
+    the weights when it starts. `dtype` picks the weight precision the engine computes with
+    ("auto": the checkpoint's).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
@@ -83,16 +98,16 @@ def load_model(
 
         model_path = default_model_path()
     path = Path(model_path).expanduser()
-    options = {"skip_tokenizer_init": skip_tokenizer_init, "progress": progress}
     gguf_file = gguf_file_in(path)
     if gguf_file is not None:
         from rsgl.loader import gguf
 
-        model = gguf.load(gguf_file, **options)
+        model = gguf.load(gguf_file, skip_tokenizer_init=skip_tokenizer_init)
     else:
         from rsgl.loader import hf
 
-        model = hf.load(path, **options)
+        model = hf.load(path, skip_tokenizer_init=skip_tokenizer_init)
+    model.progress = progress
     if dtype != "auto":
         model.dtype = _DTYPE_ALIASES[dtype]
     return model

@@ -1,19 +1,19 @@
 """Hugging Face model folders: config.json, *.safetensors (one file or shards), tokenizer files.
 
-Safetensors are read with numpy straight from the file (the format is a JSON header then raw
-little-endian arrays), so bf16 needs no torch and every header is checked before loading starts.
+The safetensors files are mapped by the Rust core (`rsgl._core.WeightStore`), which checks every
+header against its file's size here, before loading starts; their tensors never pass through
+Python when serving.
 """
 
 from __future__ import annotations
 
 import functools
 import json
-import math
 from pathlib import Path
 
-import numpy as np
 from tokenizers import Tokenizer
 
+from rsgl._core import WeightStore
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
     MOE_ARCHITECTURES,
@@ -24,7 +24,6 @@ from rsgl.loader import (
     expected_tensor_shapes,
     make_config,
     unique_ints,
-    with_progress,
 )
 from rsgl.loader.tokenizer import encoding_prepends, special_token_ids, token_bytes
 
@@ -42,7 +41,7 @@ _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
-def load(folder: Path, *, skip_tokenizer_init: bool, progress: bool) -> LoadedModel:
+def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(
@@ -52,17 +51,17 @@ def load(folder: Path, *, skip_tokenizer_init: bool, progress: bool) -> LoadedMo
     raw_config = _read_json(config_path)
     config = normalize_config(raw_config)  # before the weights: an unsupported model fails at once
     quantization = _quantization(raw_config, folder)
-    files = _open_checkpoint(folder)
-    if "lm_head.weight" not in files:
+    open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder))
+    tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
+    if "lm_head.weight" not in tensors:
         config["tie_word_embeddings"] = True  # no lm_head: the output projection can only be the embedding
-    _check_tensors(files, config, folder, quantization)
-    names = list(expected_tensor_shapes(config))
+    _check_tensors(tensors, config, folder, quantization)
     return LoadedModel(
         config=config,
-        tensors=functools.partial(_read_tensors, files, names, progress),
+        open_weights=open_weights,
         source=str(folder),
         model_name=folder.resolve().name,
-        dtype=_checkpoint_dtype(files),
+        dtype=_checkpoint_dtype(tensors),
         quantization=quantization,
         **_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init),
     )
@@ -169,87 +168,13 @@ def _required(raw: dict, key: str):
 # safetensors
 # ---------------------------------------------------------------------------------------------
 
-_NUMPY_DTYPE = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2"), "I8": np.dtype("i1")}
 # Quantization schemes whose checkpoints rsgl reads (`quantization_config.quant_method`).
 _QUANT_METHODS = ("w8a8_int8",)
 # Next to each int8 weight of a W8A8 checkpoint: its per-output-channel scales, [out, 1].
 _SCALE_SUFFIX = "_scale"
 _CHECKPOINT_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
-
-
-class SafetensorsFile:
-    """One .safetensors file whose header was checked against its size: a truncated or corrupt
-    file fails here, before any weight is read."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._entries, self._data_start = _read_header(path)
-
-    def names(self) -> list[str]:
-        return list(self._entries)
-
-    def shape(self, name: str) -> tuple[int, ...]:
-        return tuple(self._entries[name]["shape"])
-
-    def dtype(self, name: str) -> str:
-        return self._entries[name]["dtype"]
-
-    def read(self, name: str) -> np.ndarray:
-        """The tensor as float32, C-contiguous, in memory of its own."""
-        entry = self._entries[name]
-        stored = _NUMPY_DTYPE[entry["dtype"]]
-        begin, end = entry["data_offsets"]
-        count = (end - begin) // stored.itemsize
-        values = np.fromfile(self.path, dtype=stored, count=count, offset=self._data_start + begin)
-        if entry["dtype"] == "BF16":
-            values = (values.astype(np.uint32) << 16).view(np.float32)  # bf16 is the top half of a float32
-        return values.astype(np.float32, copy=False).reshape(entry["shape"])
-
-
-def _read_header(path: Path) -> tuple[dict, int]:
-    size = path.stat().st_size
-    with path.open("rb") as file:
-        prefix = file.read(8)
-        if len(prefix) < 8:
-            raise _corrupt(path, "it is too short to hold a header")
-        header_size = int.from_bytes(prefix, "little")
-        if 8 + header_size > size:
-            raise _corrupt(path, "its header runs past the end of the file")
-        try:
-            entries = json.loads(file.read(header_size))
-        except (UnicodeDecodeError, ValueError):
-            raise _corrupt(path, "its header is not valid JSON") from None
-    data_size = size - 8 - header_size
-    try:
-        entries.pop("__metadata__", None)
-        described = max((entry["data_offsets"][1] for entry in entries.values()), default=0)
-        bad = [name for name, entry in entries.items() if not _entry_size_ok(entry)]
-    except (AttributeError, KeyError, TypeError, IndexError, ValueError):
-        raise _corrupt(path, "its header is malformed") from None
-    if described != data_size:
-        raise _corrupt(path, f"its header describes {described} bytes of tensor data, but it holds {data_size}")
-    if bad:
-        raise _corrupt(path, f"tensor {bad[0]}'s byte range does not match its shape")
-    return entries, 8 + header_size
-
-
-def _entry_size_ok(entry: dict) -> bool:
-    begin, end = entry["data_offsets"]
-    dtype = _NUMPY_DTYPE.get(entry["dtype"])
-    return 0 <= begin <= end and (dtype is None or end - begin == math.prod(entry["shape"]) * dtype.itemsize)
-
-
-def _corrupt(path: Path, reason: str) -> ModelLoadError:
-    return ModelLoadError(f"{path} is corrupt or truncated ({reason}); delete it and download it again.")
-
-
-def _open_checkpoint(folder: Path) -> dict[str, SafetensorsFile]:
-    """Each tensor name in the checkpoint, with the file holding it."""
-    files = {}
-    for path in _checkpoint_paths(folder):
-        file = SafetensorsFile(path)
-        files.update({name: file for name in file.names()})
-    return files
+# (shape, storage type) of each tensor of a checkpoint, by name.
+Tensors = dict[str, tuple[tuple[int, ...], str]]
 
 
 def _checkpoint_paths(folder: Path) -> list[Path]:
@@ -269,11 +194,11 @@ def _checkpoint_paths(folder: Path) -> list[Path]:
     return paths
 
 
-def _checkpoint_dtype(files: dict[str, SafetensorsFile]) -> str:
+def _checkpoint_dtype(tensors: Tensors) -> str:
     """The float type the checkpoint stores its weights in (a W8A8 one: its unquantized tensors)."""
-    usable = WEIGHT_DTYPE_PROBE in files and files[WEIGHT_DTYPE_PROBE].dtype(WEIGHT_DTYPE_PROBE) != "I8"
+    usable = WEIGHT_DTYPE_PROBE in tensors and tensors[WEIGHT_DTYPE_PROBE][1] != "I8"
     probe = WEIGHT_DTYPE_PROBE if usable else "model.embed_tokens.weight"  # MoE layers have no mlp.down_proj
-    return _CHECKPOINT_DTYPE[files[probe].dtype(probe)]
+    return _CHECKPOINT_DTYPE[tensors[probe][1]]
 
 
 def _quantization(raw_config: dict, folder: Path) -> str | None:
@@ -286,24 +211,23 @@ def _quantization(raw_config: dict, folder: Path) -> str | None:
     return method
 
 
-def _check_tensors(files: dict[str, SafetensorsFile], config: dict, folder: Path, quantization: str | None) -> None:
-    shapes = {name: file.shape(name) for name, file in files.items() if not name.endswith(_SCALE_SUFFIX)}
+def _check_tensors(tensors: Tensors, config: dict, folder: Path, quantization: str | None) -> None:
+    shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
     check_tensor_shapes(shapes, config, folder)
     expected = expected_tensor_shapes(config)
-    int8 = {name for name in expected if files[name].dtype(name) == "I8"}
-    unsupported = sorted({files[name].dtype(name) for name in expected} - set(_NUMPY_DTYPE) | ({"I8"} if int8 and not quantization else set()))
-    if unsupported:
+    int8 = {name for name in expected if tensors[name][1] == "I8"}
+    if int8 and not quantization:
         raise UnsupportedModelError(
-            f"{folder} stores weights as {', '.join(unsupported)}; rsgl reads float32, float16 and bfloat16 "
-            "safetensors (or a GGUF file). Use an unquantized checkpoint."
+            f"{folder} stores weights as int8 but its config.json names no quantization; rsgl reads float32, "
+            "float16 and bfloat16 safetensors, w8a8_int8 checkpoints (or a GGUF file)."
         )
     for name in int8:
-        scale = files.get(name + _SCALE_SUFFIX)
-        if scale is None or scale.shape(name + _SCALE_SUFFIX) not in ((expected[name][0], 1), (expected[name][0],)):
+        scale = tensors.get(name + _SCALE_SUFFIX)
+        if scale is None or scale[0] not in ((expected[name][0], 1), (expected[name][0],)):
             raise ModelLoadError(f"{folder}: the int8 weight {name} has no per-channel {name + _SCALE_SUFFIX}; the checkpoint is incomplete.")
     unused = [
         name
-        for name in files
+        for name in tensors
         if name not in expected and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
         and not (name.endswith(_SCALE_SUFFIX) and name.removesuffix(_SCALE_SUFFIX) in int8)
         and not (name == "lm_head.weight" and config["tie_word_embeddings"])  # tied: transformers ignores it too
@@ -313,14 +237,6 @@ def _check_tensors(files: dict[str, SafetensorsFile], config: dict, folder: Path
             f"{folder} holds tensors this {config['architecture']} variant does not have, e.g. "
             f"{', '.join(unused[:3])}; rsgl does not support this model variant."
         )
-
-
-def _read_tensors(files: dict[str, SafetensorsFile], names: list[str], progress: bool):
-    for name in with_progress(names, progress):
-        values = files[name].read(name)
-        if files[name].dtype(name) == "I8":  # W8A8: the engine re-quantizes to the same int8
-            values *= files[name + _SCALE_SUFFIX].read(name + _SCALE_SUFFIX).reshape(-1, 1)
-        yield name, values
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,14 +36,19 @@ fn preset_config(name: &str) -> Result<Value, String> {
     }))
 }
 
-/// Uniform in ±1/√fan_in, so activations stay in range through every layer.
+/// Uniform in ±1/√fan_in, so activations stay in range through every layer; made up as the
+/// engine packs them, so a preset of any size needs no more memory than its packed weights.
 fn random_weights(cfg: &ModelConfig, rng: &mut Rng) -> Result<WeightStore, String> {
     let mut store = WeightStore::new();
     let mut add = |name: String, shape: Vec<usize>, random: bool| {
-        let len = shape.iter().product();
         let scale = 1.0 / (*shape.last().expect("tensors have a shape") as f32).sqrt();
-        let data = if random { (0..len).map(|_| (rng.next_f64() as f32 * 2.0 - 1.0) * scale).collect() } else { vec![1.0; len] };
-        store.insert(&name, shape, data).map_err(|e| e.to_string())
+        if random {
+            store.insert_random(&name, shape, scale, rng.next_u64());
+            Ok(())
+        } else {
+            let len = shape.iter().product();
+            store.insert(&name, shape, vec![1.0; len]).map_err(|e| e.to_string())
+        }
     };
     let (h, ffn, vocab) = (cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size);
     add("model.embed_tokens.weight".into(), vec![vocab, h], true)?;

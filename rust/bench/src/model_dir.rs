@@ -1,9 +1,8 @@
 //! A model directory for `rsgl-bench generate --model-dir`: a Hugging Face config.json and its
-//! *.safetensors files (F32, BF16 or F16 tensors), read without Python.
+//! *.safetensors files, read without Python.
 //!
 //! config.json is mapped onto the engine's normalized config the way the Python loader does it
-//! (python/rsgl/loader/hf.py); safetensors is an 8-byte little-endian header length, a JSON
-//! header (name -> dtype, shape, byte range) and the raw little-endian tensor data.
+//! (python/rsgl/loader/hf.py); the weights are mapped by the engine's own reader.
 
 use rsgl_engine::WeightStore;
 use serde_json::{json, Map, Value};
@@ -18,8 +17,6 @@ const ARCHITECTURE_BY_CLASS: &[(&str, &str)] = &[
     ("Qwen3ForCausalLM", "qwen3"),
 ];
 const LLAMA3_ROPE_KEYS: &[&str] = &["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"];
-/// Buffers some old checkpoints saved beside the weights; the engine recomputes them.
-const IGNORED_SUFFIX: &str = "rotary_emb.inv_freq";
 
 pub struct ModelDir {
     /// The normalized config, as `ModelConfig::from_json` reads it.
@@ -35,27 +32,12 @@ pub fn load(dir: &Path) -> Result<ModelDir, String> {
     let raw: Value = serde_json::from_str(&text).map_err(|e| format!("{} is not JSON: {e}", config_path.display()))?;
     let mut config = normalize_config(&raw).map_err(|e| format!("{}: {e}", config_path.display()))?;
 
-    let files = safetensors_paths(dir)?
-        .into_iter()
-        .map(|path| SafetensorsFile::read(&path))
-        .collect::<Result<Vec<_>, _>>()?;
-    let has_lm_head = files.iter().any(|f| f.tensors.iter().any(|t| t.name == "lm_head.weight"));
-    let tied = config["tie_word_embeddings"].as_bool().unwrap_or(false) || !has_lm_head;
-    config["tie_word_embeddings"] = json!(tied); // no lm_head: the output projection is the embedding
-
-    let mut weights = WeightStore::new();
-    let mut stored_dtypes = BTreeSet::new();
-    for file in &files {
-        for tensor in &file.tensors {
-            // Tied: transformers ignores a saved lm_head too.
-            if tensor.name.ends_with(IGNORED_SUFFIX) || (tied && tensor.name == "lm_head.weight") {
-                continue;
-            }
-            stored_dtypes.insert(tensor.dtype.name().to_string());
-            let values = file.values(tensor);
-            weights.insert(&tensor.name, tensor.shape.clone(), values).map_err(|e| format!("{}: {e}", file.path.display()))?;
-        }
-    }
+    let weights = WeightStore::open_safetensors(&safetensors_paths(dir)?).map_err(|e| e.to_string())?;
+    // No lm_head: the output projection is the embedding (a saved one beside a tied embedding is
+    // ignored by the model, as transformers ignores it).
+    let tied = config["tie_word_embeddings"].as_bool().unwrap_or(false) || !weights.contains("lm_head.weight");
+    config["tie_word_embeddings"] = json!(tied);
+    let stored_dtypes = weights.names().iter().filter_map(|name| weights.stored(name)).map(|s| s.name().to_string()).collect();
     Ok(ModelDir { config, weights, stored_dtypes })
 }
 
@@ -166,132 +148,6 @@ fn flag(raw: &Value, key: &str) -> bool {
     raw.get(key).and_then(Value::as_bool).unwrap_or(false)
 }
 
-// ---------------------------------------------------------------------------------------------
-// safetensors
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum StoredDtype {
-    F32,
-    Bf16,
-    F16,
-}
-
-impl StoredDtype {
-    fn parse(name: &str) -> Option<StoredDtype> {
-        match name {
-            "F32" => Some(StoredDtype::F32),
-            "BF16" => Some(StoredDtype::Bf16),
-            "F16" => Some(StoredDtype::F16),
-            _ => None,
-        }
-    }
-
-    fn name(self) -> &'static str {
-        match self {
-            StoredDtype::F32 => "F32",
-            StoredDtype::Bf16 => "BF16",
-            StoredDtype::F16 => "F16",
-        }
-    }
-
-    fn size(self) -> usize {
-        match self {
-            StoredDtype::F32 => 4,
-            StoredDtype::Bf16 | StoredDtype::F16 => 2,
-        }
-    }
-
-    fn to_f32(self, bytes: &[u8]) -> Vec<f32> {
-        match self {
-            StoredDtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
-            StoredDtype::Bf16 => bytes.chunks_exact(2).map(|b| bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))).collect(),
-            StoredDtype::F16 => bytes.chunks_exact(2).map(|b| f16_to_f32(u16::from_le_bytes([b[0], b[1]]))).collect(),
-        }
-    }
-}
-
-/// bf16 is the top half of an f32.
-fn bf16_to_f32(bits: u16) -> f32 {
-    f32::from_bits((bits as u32) << 16)
-}
-
-/// IEEE half to single: rebias the exponent (15 -> 127), widen the mantissa (10 -> 23 bits).
-fn f16_to_f32(bits: u16) -> f32 {
-    let sign = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
-    let exponent = (bits >> 10) & 0x1f;
-    let mantissa = (bits & 0x3ff) as u32;
-    match exponent {
-        0 => sign * mantissa as f32 * f32::powi(2.0, -24), // zero and subnormals
-        0x1f => f32::from_bits(((bits as u32 & 0x8000) << 16) | 0x7f80_0000 | (mantissa << 13)), // inf, NaN
-        _ => f32::from_bits(((bits as u32 & 0x8000) << 16) | ((exponent as u32 + 127 - 15) << 23) | (mantissa << 13)),
-    }
-}
-
-#[derive(Debug)]
-struct TensorEntry {
-    name: String,
-    dtype: StoredDtype,
-    shape: Vec<usize>,
-    /// Byte range within the data section.
-    begin: usize,
-    end: usize,
-}
-
-struct SafetensorsFile {
-    path: PathBuf,
-    bytes: Vec<u8>,
-    data_start: usize,
-    tensors: Vec<TensorEntry>,
-}
-
-impl SafetensorsFile {
-    fn read(path: &Path) -> Result<SafetensorsFile, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        let (tensors, data_start) = parse_header(&bytes).map_err(|e| format!("{} is not a usable safetensors file: {e}", path.display()))?;
-        Ok(SafetensorsFile { path: path.to_path_buf(), bytes, data_start, tensors })
-    }
-
-    fn values(&self, tensor: &TensorEntry) -> Vec<f32> {
-        tensor.dtype.to_f32(&self.bytes[self.data_start + tensor.begin..self.data_start + tensor.end])
-    }
-}
-
-/// The tensors a file describes, each checked to fit its shape and the file; and where the data
-/// section starts.
-fn parse_header(bytes: &[u8]) -> Result<(Vec<TensorEntry>, usize), String> {
-    let prefix: [u8; 8] = bytes.get(..8).and_then(|p| p.try_into().ok()).ok_or("too short for a header")?;
-    let data_start = usize::try_from(u64::from_le_bytes(prefix)).ok().and_then(|n| n.checked_add(8)).ok_or("bad header length")?;
-    let header = bytes.get(8..data_start).ok_or("the header runs past the end of the file")?;
-    let header: Map<String, Value> = serde_json::from_slice(header).map_err(|e| format!("the header is not a JSON object: {e}"))?;
-    let data_len = bytes.len() - data_start;
-    let mut tensors = header
-        .iter()
-        .filter(|(name, _)| name.as_str() != "__metadata__")
-        .map(|(name, entry)| tensor_entry(name, entry, data_len))
-        .collect::<Result<Vec<_>, _>>()?;
-    tensors.sort_by_key(|t| t.begin);
-    Ok((tensors, data_start))
-}
-
-fn tensor_entry(name: &str, entry: &Value, data_len: usize) -> Result<TensorEntry, String> {
-    let dtype_name = entry["dtype"].as_str().ok_or_else(|| format!("tensor {name} has no dtype"))?;
-    let dtype = StoredDtype::parse(dtype_name).ok_or_else(|| format!("tensor {name} is {dtype_name}; only F32, BF16 and F16 are read"))?;
-    let numbers = |key: &str| -> Option<Vec<usize>> {
-        entry[key].as_array()?.iter().map(|v| v.as_u64().map(|n| n as usize)).collect()
-    };
-    let shape = numbers("shape").ok_or_else(|| format!("tensor {name} has no shape"))?;
-    let (begin, end) = match numbers("data_offsets").as_deref() {
-        Some(&[begin, end]) => (begin, end),
-        _ => return Err(format!("tensor {name} has no data_offsets")),
-    };
-    let size = shape.iter().product::<usize>() * dtype.size();
-    if begin > end || end > data_len || end - begin != size {
-        return Err(format!("tensor {name}'s byte range {begin}..{end} does not fit its shape {shape:?} or the file"));
-    }
-    Ok(TensorEntry { name: name.to_string(), dtype, shape, begin, end })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -312,42 +168,6 @@ mod tests {
     fn le_bytes<const N: usize, T: Copy>(values: &[T], to_bytes: fn(T) -> [u8; N]) -> Vec<u8> {
         values.iter().flat_map(|&v| to_bytes(v)).collect()
     }
-
-    #[test]
-    fn converts_half_floats_exactly() {
-        let cases = [(0x3c00, 1.0), (0xc000, -2.0), (0x7bff, 65504.0), (0x0001, 5.960_464_5e-8), (0x8000, -0.0), (0x3555, 0.333_251_95)];
-        for (bits, value) in cases {
-            assert_eq!(f16_to_f32(bits), value, "f16 {bits:#06x}");
-        }
-        assert_eq!(f16_to_f32(0xfc00), f32::NEG_INFINITY);
-        assert!(f16_to_f32(0x7e00).is_nan());
-        assert_eq!(bf16_to_f32(0x3f80), 1.0);
-        assert_eq!(bf16_to_f32(0xc0a0), -5.0);
-    }
-
-    #[test]
-    fn reads_every_stored_dtype() {
-        let file = safetensors(&[
-            ("a", "F32", vec![2], le_bytes(&[1.5f32, -3.0], f32::to_le_bytes)),
-            ("b", "BF16", vec![1, 2], le_bytes(&[0x3f80u16, 0x4000], u16::to_le_bytes)),
-            ("c", "F16", vec![2, 1], le_bytes(&[0x3800u16, 0xbc00], u16::to_le_bytes)),
-        ]);
-        let (tensors, data_start) = parse_header(&file).unwrap();
-        let read = |i: usize| tensors[i].dtype.to_f32(&file[data_start + tensors[i].begin..data_start + tensors[i].end]);
-        assert_eq!(tensors.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
-        assert_eq!((read(0), read(1), read(2)), (vec![1.5, -3.0], vec![1.0, 2.0], vec![0.5, -1.0]));
-        assert_eq!(tensors[2].shape, [2, 1]);
-    }
-
-    #[test]
-    fn rejects_broken_files() {
-        let good = safetensors(&[("a", "F32", vec![2], vec![0; 8])]);
-        assert!(parse_header(&good[..good.len() - 1]).unwrap_err().contains("does not fit"));
-        assert!(parse_header(&good[..4]).is_err());
-        assert!(parse_header(&safetensors(&[("a", "F32", vec![3], vec![0; 8])])).is_err());
-        assert!(parse_header(&safetensors(&[("q", "I8", vec![2], vec![0; 2])])).unwrap_err().contains("I8"));
-    }
-
     #[test]
     fn normalizes_a_llama_config() {
         let raw = json!({

@@ -12,6 +12,7 @@
 
 use crate::memory::Frozen;
 use crate::packed::PANEL;
+use crate::pool::{SendPtr, ThreadPool};
 
 /// Inputs per block of a panel.
 pub const K_BLOCK: usize = 8;
@@ -41,6 +42,13 @@ pub fn quantize_value(v: f32, scale: f32) -> i8 {
     ((q + ROUND) - ROUND) as i8
 }
 
+/// Quantizes one weight row into `out`, returning its symmetric scale.
+pub fn quantize_weight_row(row: &[f32], out: &mut [i8]) -> f32 {
+    let scale = symmetric_scale(row);
+    out.iter_mut().zip(row).for_each(|(q, &v)| *q = quantize_value(v, scale));
+    scale
+}
+
 /// The scale mapping `max |row|` to 127 (1 for an all-zero row, whose quants are then 0).
 pub fn symmetric_scale(row: &[f32]) -> f32 {
     let max = row.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -55,35 +63,51 @@ impl Int8Weights {
     /// Quantizes a row-major `[n, k]` float matrix, one scale per output row.
     pub fn quantize(w: &[f32], n: usize, k: usize) -> Int8Weights {
         assert_eq!(w.len(), n * k, "quantize: weights must be [n, k]");
-        let mut q = Vec::with_capacity(n * k);
-        let mut scales = Vec::with_capacity(n);
-        for row in w.chunks_exact(k) {
-            let scale = symmetric_scale(row);
-            q.extend(row.iter().map(|&v| quantize_value(v, scale)));
-            scales.push(scale);
-        }
-        Self::pack(&q, &scales, n, k)
+        Self::pack_rows(n, k, &ThreadPool::new(1, false), &|row, q| quantize_weight_row(&w[row * k..(row + 1) * k], q))
     }
 
     /// Packs int8 weights `[n, k]` with their per-output scales (a W8A8 checkpoint's tensors).
     pub fn pack(q: &[i8], scales: &[f32], n: usize, k: usize) -> Int8Weights {
         assert!(q.len() == n * k && scales.len() == n, "pack: int8 weights must be [n, k] with n scales");
+        Self::pack_rows(n, k, &ThreadPool::new(1, false), &|row, out| {
+            out.copy_from_slice(&q[row * k..(row + 1) * k]);
+            scales[row]
+        })
+    }
+
+    /// Packs an `[n, k]` matrix whose int8 rows `read_row(row, out)` writes, returning the row's
+    /// scale (read from a checkpoint, or quantized from floats by [`quantize_weight_row`]),
+    /// panel by panel on the threads of `pool`.
+    pub fn pack_rows(n: usize, k: usize, pool: &ThreadPool, read_row: &(dyn Fn(usize, &mut [i8]) -> f32 + Sync)) -> Int8Weights {
         let panels = n.div_ceil(PANEL);
         let k_padded = k.next_multiple_of(K_BLOCK);
-        let at = |row: usize, col: usize| if row < n && col < k { q[row * k + col] } else { 0 };
-        let mut data = Vec::with_capacity(panels * PANEL * k_padded);
-        for p in 0..panels {
-            for block in 0..k_padded / K_BLOCK {
-                for r in 0..PANEL {
-                    data.extend((0..K_BLOCK).map(|i| at(p * PANEL + r, block * K_BLOCK + i)));
+        let stride = PANEL * k_padded;
+        let mut scales = vec![0.0; panels * PANEL];
+        let mut col_sums = vec![0; panels * PANEL];
+        let (scales_out, sums_out) = (SendPtr(scales.as_mut_ptr()), SendPtr(col_sums.as_mut_ptr()));
+        let data = Frozen::filled(panels * stride, |out: &mut [i8]| {
+            let dst = SendPtr(out.as_mut_ptr());
+            pool.for_ranges(panels, &|panels| {
+                let (dst, scales_out, sums_out) = (dst, scales_out, sums_out);
+                let mut row = vec![0i8; k_padded];
+                for p in panels {
+                    // SAFETY: panel `p` owns its `stride` packed bytes and its PANEL scales and sums.
+                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) };
+                    for r in 0..PANEL.min(n - p * PANEL) {
+                        let output = p * PANEL + r;
+                        let scale = read_row(output, &mut row[..k]);
+                        unsafe {
+                            *scales_out.0.add(output) = scale;
+                            *sums_out.0.add(output) = row[..k].iter().map(|&v| v as i32).sum();
+                        }
+                        for (block, values) in row.chunks_exact(K_BLOCK).enumerate() {
+                            packed[(block * PANEL + r) * K_BLOCK..][..K_BLOCK].copy_from_slice(values);
+                        }
+                    }
                 }
-            }
-        }
-        let mut padded_scales = scales.to_vec();
-        padded_scales.resize(panels * PANEL, 0.0);
-        let mut col_sums: Vec<i32> = q.chunks_exact(k.max(1)).map(|row| row.iter().map(|&v| v as i32).sum()).collect();
-        col_sums.resize(panels * PANEL, 0);
-        Int8Weights { n, k, k_padded, data: Frozen::from_slice(&data), scales: padded_scales, col_sums }
+            });
+        });
+        Int8Weights { n, k, k_padded, data, scales, col_sums }
     }
 
     pub fn panels(&self) -> usize {

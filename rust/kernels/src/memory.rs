@@ -142,12 +142,21 @@ static OPEN_SLAB: Mutex<Option<(Arc<HugePageBuffer<u8>>, usize)>> = Mutex::new(N
 
 impl<T: Zeroable> Frozen<T> {
     pub fn from_slice(data: &[T]) -> Frozen<T> {
-        let bytes = std::mem::size_of_val(data);
+        Self::filled(data.len(), |out| out.copy_from_slice(data))
+    }
+
+    /// A `len`-element array written once by `fill` (which sees it zeroed) in its final place,
+    /// so a packer writes straight into huge pages with no staging copy.
+    pub fn filled(len: usize, fill: impl FnOnce(&mut [T])) -> Frozen<T> {
+        let bytes = len.checked_mul(std::mem::size_of::<T>()).expect("Frozen: size overflows");
+        // SAFETY (both writes below): the bytes `offset..offset + bytes` of the slab are handed
+        // out here only, aligned for `T` (a multiple of 64 from a 2 MiB aligned start), and no
+        // `Frozen` views them before `fill` returns.
+        let view = |slab: &HugePageBuffer<u8>, offset: usize| unsafe { std::slice::from_raw_parts_mut(slab.ptr().add(offset).cast::<T>(), len) };
         if bytes > SLAB_BYTES / 2 {
             let slab = Arc::new(HugePageBuffer::zeroed(bytes));
-            // SAFETY: the slab is new and at least `bytes` long.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), slab.ptr(), bytes) };
-            return Frozen { slab, offset: 0, len: data.len(), _element: PhantomData };
+            fill(view(&slab, 0));
+            return Frozen { slab, offset: 0, len, _element: PhantomData };
         }
         let mut open = OPEN_SLAB.lock().unwrap_or_else(|e| e.into_inner());
         let fits = |(_, used): &(Arc<HugePageBuffer<u8>>, usize)| used.next_multiple_of(FROZEN_ALIGN) + bytes <= SLAB_BYTES;
@@ -156,18 +165,16 @@ impl<T: Zeroable> Frozen<T> {
         }
         let (slab, used) = open.as_mut().expect("an open slab was just ensured");
         let offset = used.next_multiple_of(FROZEN_ALIGN);
-        // SAFETY: bytes `offset..offset + bytes` of the slab are handed out here only (under the
-        // lock), and no `Frozen` views them before this write.
-        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr().cast::<u8>(), slab.ptr().add(offset), bytes) };
+        fill(view(slab, offset));
         *used = offset + bytes;
-        Frozen { slab: slab.clone(), offset, len: data.len(), _element: PhantomData }
+        Frozen { slab: slab.clone(), offset, len, _element: PhantomData }
     }
 }
 
 impl<T: Zeroable> Deref for Frozen<T> {
     type Target = [T];
     fn deref(&self) -> &[T] {
-        // SAFETY: `from_slice` wrote `len` elements at `offset` (a multiple of 64 from a 2 MiB
+        // SAFETY: `filled` wrote `len` elements at `offset` (a multiple of 64 from a 2 MiB
         // aligned start, so aligned for `T`), and nothing writes them again.
         unsafe { std::slice::from_raw_parts(self.slab.ptr().add(self.offset).cast::<T>(), self.len) }
     }

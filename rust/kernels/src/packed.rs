@@ -10,7 +10,8 @@
 //!   consecutive `k` share a 32-bit lane, the layout of AVX-512 `vdpbf16ps`, Arm `BFDOT` and the
 //!   shift/mask widening used elsewhere.
 
-use crate::memory::Frozen;
+use crate::memory::{Frozen, Zeroable};
+use crate::pool::{SendPtr, ThreadPool};
 
 /// Output rows per panel: one AVX-512 vector of f32, two AVX2 vectors, four NEON vectors.
 pub const PANEL: usize = 16;
@@ -50,36 +51,22 @@ impl PackedWeights {
     /// Packs a row-major `[n, k]` matrix.
     pub fn pack(w: &[f32], n: usize, k: usize, dtype: WeightDtype) -> PackedWeights {
         assert_eq!(w.len(), n * k, "pack: weights must be [n, k]");
-        let panels = n.div_ceil(PANEL);
-        let at = |row: usize, col: usize| if row < n && col < k { w[row * k + col] } else { 0.0 };
-        let data = match dtype {
-            WeightDtype::F32 | WeightDtype::F16 => {
-                let mut out = Vec::with_capacity(panels * k * PANEL);
-                for p in 0..panels {
-                    for col in 0..k {
-                        out.extend((0..PANEL).map(|r| at(p * PANEL + r, col)));
-                    }
-                }
-                match dtype {
-                    WeightDtype::F32 => PackedData::F32(Frozen::from_slice(&out)),
-                    _ => PackedData::Half(Frozen::from_slice(&out.into_iter().map(f32_to_f16).collect::<Vec<_>>())),
-                }
-            }
-            WeightDtype::BF16 => {
-                let pairs = k.div_ceil(2);
-                let mut out = Vec::with_capacity(panels * pairs * PANEL * 2);
-                for p in 0..panels {
-                    for pair in 0..pairs {
-                        for r in 0..PANEL {
-                            out.push(f32_to_bf16(at(p * PANEL + r, 2 * pair)));
-                            out.push(f32_to_bf16(at(p * PANEL + r, 2 * pair + 1)));
-                        }
-                    }
-                }
-                PackedData::Half(Frozen::from_slice(&out))
-            }
+        Self::pack_rows(n, k, dtype, &ThreadPool::new(1, false), &|row, out| out.copy_from_slice(&w[row * k..(row + 1) * k]))
+    }
+
+    /// Packs an `[n, k]` matrix whose rows `read_row(row, out)` writes (e.g. dequantized straight
+    /// from a mapped checkpoint), panel by panel on the threads of `pool`: no copy of the whole
+    /// matrix is ever made in float32.
+    pub fn pack_rows(n: usize, k: usize, dtype: WeightDtype, pool: &ThreadPool, read_row: &(dyn Fn(usize, &mut [f32]) + Sync)) -> PackedWeights {
+        let mut packed = PackedWeights { dtype, n, k, data: PackedData::F32(Frozen::from_slice(&[])) };
+        let (panels, stride) = (packed.panels(), packed.panel_stride());
+        let rows = PanelRows { n, k, panels, stride, pool, read_row };
+        packed.data = match dtype {
+            WeightDtype::F32 => PackedData::F32(rows.pack(|panel, dst| interleave(panel, k, dst, |v| v))),
+            WeightDtype::F16 => PackedData::Half(rows.pack(|panel, dst| interleave(panel, k, dst, f32_to_f16))),
+            WeightDtype::BF16 => PackedData::Half(rows.pack(|panel, dst| interleave_pairs(panel, k, dst))),
         };
-        PackedWeights { dtype, n, k, data }
+        packed
     }
 
     pub fn panels(&self) -> usize {
@@ -124,6 +111,61 @@ impl PackedWeights {
         match &self.data {
             PackedData::Half(d) => d,
             PackedData::F32(_) => panic!("f32 weights hold no 16-bit data"),
+        }
+    }
+}
+
+/// A matrix read by rows, packed a panel of [`PANEL`] rows at a time.
+struct PanelRows<'a> {
+    n: usize,
+    k: usize,
+    panels: usize,
+    /// Packed elements per panel.
+    stride: usize,
+    pool: &'a ThreadPool,
+    read_row: &'a (dyn Fn(usize, &mut [f32]) + Sync),
+}
+
+impl PanelRows<'_> {
+    /// `write(rows, dst)` lays out each panel's `[PANEL][k]` rows (zero past `n`) in its part of
+    /// the packed array; panels are shared out over the pool.
+    fn pack<T: Zeroable>(&self, write: impl Fn(&[f32], &mut [T]) + Sync) -> Frozen<T> {
+        let (n, k, stride) = (self.n, self.k, self.stride);
+        Frozen::filled(self.panels * stride, |out: &mut [T]| {
+            let dst = SendPtr(out.as_mut_ptr());
+            self.pool.for_ranges(self.panels, &|panels| {
+                let dst = dst;
+                let mut rows = vec![0.0f32; PANEL * k];
+                for p in panels {
+                    let live = PANEL.min(n - p * PANEL);
+                    rows[live * k..].fill(0.0);
+                    for (r, row) in rows.chunks_exact_mut(k.max(1)).take(live).enumerate() {
+                        (self.read_row)(p * PANEL + r, row);
+                    }
+                    // SAFETY: panel `p` owns elements `p * stride..(p + 1) * stride` of `out`.
+                    write(&rows, unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) });
+                }
+            });
+        })
+    }
+}
+
+/// `[PANEL][k]` rows to the `[k][PANEL]` panel layout.
+fn interleave<T>(panel: &[f32], k: usize, dst: &mut [T], convert: impl Fn(f32) -> T) {
+    for (col, out) in dst.chunks_exact_mut(PANEL).enumerate() {
+        for (r, o) in out.iter_mut().enumerate() {
+            *o = convert(panel[r * k + col]);
+        }
+    }
+}
+
+/// `[PANEL][k]` rows to the bf16 `[k / 2][PANEL][2]` panel layout (odd `k` padded with zero).
+fn interleave_pairs(panel: &[f32], k: usize, dst: &mut [u16]) {
+    let at = |r: usize, col: usize| if col < k { panel[r * k + col] } else { 0.0 };
+    for (pair, out) in dst.chunks_exact_mut(2 * PANEL).enumerate() {
+        for r in 0..PANEL {
+            out[2 * r] = f32_to_bf16(at(r, 2 * pair));
+            out[2 * r + 1] = f32_to_bf16(at(r, 2 * pair + 1));
         }
     }
 }
@@ -236,6 +278,26 @@ mod tests {
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f80_8000)), 0x3f80);
         assert_eq!(f32_to_bf16(f32::from_bits(0x3f81_8000)), 0x3f82);
         assert_eq!(bf16_to_f32(0x3f80), 1.0);
+    }
+
+    #[test]
+    fn packing_on_several_threads_equals_packing_on_one() {
+        let pool = ThreadPool::new(3, false);
+        for (n, k) in [(1, 1), (17, 7), (50, 33), (16, 64)] {
+            let w: Vec<f32> = (0..n * k).map(|i| ((i * 7919) % 1000) as f32 / 250.0 - 2.0).collect();
+            let read_row = |row: usize, out: &mut [f32]| out.copy_from_slice(&w[row * k..(row + 1) * k]);
+            for dtype in [WeightDtype::F32, WeightDtype::BF16, WeightDtype::F16] {
+                let (one, many) = (PackedWeights::pack(&w, n, k, dtype), PackedWeights::pack_rows(n, k, dtype, &pool, &read_row));
+                match (&one.data, &many.data) {
+                    (PackedData::F32(a), PackedData::F32(b)) => assert_eq!(&a[..], &b[..], "{dtype:?} {n}x{k}"),
+                    (PackedData::Half(a), PackedData::Half(b)) => assert_eq!(&a[..], &b[..], "{dtype:?} {n}x{k}"),
+                    _ => panic!("{dtype:?}: packed as different types"),
+                }
+            }
+            let quantize = |row: usize, q: &mut [i8]| crate::int8::quantize_weight_row(&w[row * k..(row + 1) * k], q);
+            let (one, many) = (crate::Int8Weights::quantize(&w, n, k), crate::Int8Weights::pack_rows(n, k, &pool, &quantize));
+            assert_eq!((&one.data[..], &one.scales, &one.col_sums), (&many.data[..], &many.scales, &many.col_sums), "int8 {n}x{k}");
+        }
     }
 
     #[test]

@@ -1,12 +1,13 @@
 //! `rsgl._core`: thin bindings over rsgl-engine. Each method converts its arguments, releases
 //! the GIL while the engine works, and maps engine errors onto `rsgl.errors` exceptions.
 
-use pyo3::buffer::PyBuffer;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
+use pyo3::types::PyBytes;
 use rsgl_engine::sample::SamplingParams;
 use rsgl_engine::text::TokenTable;
 use rsgl_engine::{EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -27,26 +28,59 @@ fn to_py_err(e: EngineError) -> PyErr {
     })
 }
 
-/// Tensors handed over one at a time; the engine takes them all when it starts.
+/// A checkpoint's tensors, mapped by the core (safetensors files or a GGUF file) under Hugging
+/// Face names; the engine takes them when it starts and the files are unmapped then.
 #[pyclass(module = "rsgl._core")]
 struct WeightStore {
     inner: Mutex<Option<rsgl_engine::WeightStore>>,
 }
 
-#[pymethods]
 impl WeightStore {
-    #[new]
-    fn new() -> Self {
-        WeightStore { inner: Mutex::new(Some(rsgl_engine::WeightStore::new())) }
+    fn with<T>(&self, f: impl FnOnce(&rsgl_engine::WeightStore) -> PyResult<T>) -> PyResult<T> {
+        let guard = self.inner.lock().expect("store lock");
+        f(guard.as_ref().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?)
     }
 
-    /// Copies a C-contiguous float32 buffer (e.g. a numpy array) into the store.
-    fn add(&self, py: Python<'_>, name: &str, shape: Vec<usize>, data: &Bound<'_, PyAny>) -> PyResult<()> {
-        let buf = PyBuffer::<f32>::get(data)?;
-        let values = buf.to_vec(py)?;
+    fn wrap(py: Python<'_>, open: impl FnOnce() -> Result<rsgl_engine::WeightStore, EngineError> + Send) -> PyResult<Self> {
+        let store = py.detach(open).map_err(to_py_err)?;
+        Ok(WeightStore { inner: Mutex::new(Some(store)) })
+    }
+}
+
+#[pymethods]
+impl WeightStore {
+    /// Maps the safetensors files of a Hugging Face checkpoint (one file or its shards).
+    #[staticmethod]
+    fn open_safetensors(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Self> {
+        Self::wrap(py, || rsgl_engine::WeightStore::open_safetensors(&paths))
+    }
+
+    /// Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint.
+    #[staticmethod]
+    fn open_gguf(py: Python<'_>, path: PathBuf, architecture: &str, heads: usize, kv_heads: usize) -> PyResult<Self> {
+        Self::wrap(py, || rsgl_engine::WeightStore::open_gguf(&path, architecture, heads, kv_heads))
+    }
+
+    /// Every tensor's name, shape and storage type ("BF16", "Q4_K", "I8", ...).
+    fn tensors(&self) -> PyResult<Vec<(String, Vec<usize>, &'static str)>> {
+        self.with(|s| {
+            Ok(s.names().into_iter().map(|n| (n.to_string(), s.shape(n).expect("listed").to_vec(), s.stored(n).expect("listed").name())).collect())
+        })
+    }
+
+    /// One tensor as little-endian float32 bytes, in Hugging Face layout.
+    fn read<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let values = self.with(|s| py.detach(|| s.read(name)).map_err(to_py_err))?;
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Ok(PyBytes::new(py, &bytes))
+    }
+
+    /// Whether the engine draws a progress bar of the bytes it packs while loading.
+    fn show_progress(&self, show: bool) -> PyResult<()> {
         let mut guard = self.inner.lock().expect("store lock");
         let store = guard.as_mut().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
-        store.insert(name, shape, values).map_err(to_py_err)
+        store.show_progress(show);
+        Ok(())
     }
 
     fn __len__(&self) -> usize {

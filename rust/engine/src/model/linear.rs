@@ -2,6 +2,8 @@
 //! W8A8 int8), and the compute context (kernel table + thread pool) every layer runs on.
 
 use crate::config::Quantization;
+use crate::weights::MatrixRows;
+use rsgl_kernels::int8::quantize_weight_row;
 use rsgl_kernels::{kernels, linear, linear_i8, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool, WeightDtype};
 use std::sync::Mutex;
 
@@ -33,11 +35,18 @@ pub enum Weights {
 }
 
 impl Weights {
-    /// Packs a row-major `[n, k]` matrix in `dtype`, or quantized.
-    pub fn new(w: &[f32], n: usize, k: usize, dtype: WeightDtype, quantization: Option<Quantization>) -> Weights {
+    /// Packs an `[n, k]` matrix read by rows (`read_f32`; `read_i8` gives a row already in
+    /// int8 with its scale, or None) in `dtype`, or quantized, on the threads of `pool`.
+    fn pack(rows: &RowReader, n: usize, k: usize, dtype: WeightDtype, quantization: Option<Quantization>, pool: &ThreadPool) -> Weights {
         match quantization {
-            None => Weights::Float(PackedWeights::pack(w, n, k, dtype)),
-            Some(Quantization::W8A8Int8) => Weights::Int8(Int8Weights::quantize(w, n, k)),
+            None => Weights::Float(PackedWeights::pack_rows(n, k, dtype, pool, &|row, out| (rows.read_f32)(row, out))),
+            Some(Quantization::W8A8Int8) => Weights::Int8(Int8Weights::pack_rows(n, k, pool, &|row, q| {
+                (rows.read_i8)(row, q).unwrap_or_else(|| {
+                    let mut values = vec![0.0; k];
+                    (rows.read_f32)(row, &mut values);
+                    quantize_weight_row(&values, q)
+                })
+            })),
         }
     }
 
@@ -69,27 +78,45 @@ pub struct Linear {
     pub bias: Option<Vec<f32>>,
 }
 
-/// One layer's unpacked weights `[out, in]` and bias, as read from the checkpoint.
+/// One layer's weights `[out, in]`, read from the checkpoint as they are packed, and its bias.
 pub struct LinearParts {
-    pub weight: Vec<f32>,
+    pub weight: MatrixRows,
     pub bias: Option<Vec<f32>>,
-    pub out_features: usize,
+}
+
+/// A matrix's rows as float32, or as int8 with their scale where it is stored so.
+struct RowReader<'a> {
+    read_f32: &'a (dyn Fn(usize, &mut [f32]) + Sync),
+    read_i8: &'a (dyn Fn(usize, &mut [i8]) -> Option<f32> + Sync),
 }
 
 impl Linear {
     /// Packs layers that read the same input (q|k|v, gate|up) as one, so one call computes them.
-    pub fn fused(parts: Vec<LinearParts>, in_features: usize, dtype: WeightDtype, quantization: Option<Quantization>) -> Linear {
-        let out_features = parts.iter().map(|p| p.out_features).sum();
-        let any_bias = parts.iter().any(|p| p.bias.is_some());
-        let mut weight = Vec::with_capacity(out_features * in_features);
-        let mut bias = any_bias.then(|| Vec::with_capacity(out_features));
-        for p in parts {
-            weight.extend_from_slice(&p.weight);
-            if let Some(b) = bias.as_mut() {
-                b.extend(p.bias.unwrap_or_else(|| vec![0.0; p.out_features]));
-            }
-        }
-        Linear { weight: Weights::new(&weight, out_features, in_features, dtype, quantization), bias }
+    pub fn fused(parts: Vec<LinearParts>, dtype: WeightDtype, quantization: Option<Quantization>, pool: &ThreadPool) -> Linear {
+        let in_features = parts[0].weight.cols();
+        assert!(parts.iter().all(|p| p.weight.cols() == in_features), "fused layers read the same input");
+        // Output row -> (part, row in part).
+        let starts: Vec<usize> = parts.iter().scan(0, |start, p| Some(std::mem::replace(start, *start + p.weight.rows()))).collect();
+        let out_features: usize = parts.iter().map(|p| p.weight.rows()).sum();
+        let locate = |row: usize| {
+            let part = starts.partition_point(|&s| s <= row) - 1;
+            (&parts[part].weight, row - starts[part])
+        };
+        let reader = RowReader {
+            read_f32: &|row, out| {
+                let (weight, row) = locate(row);
+                weight.read_f32(row, out);
+            },
+            read_i8: &|row, out| {
+                let (weight, row) = locate(row);
+                weight.read_i8(row, out)
+            },
+        };
+        let weight = Weights::pack(&reader, out_features, in_features, dtype, quantization, pool);
+        let bias = parts.iter().any(|p| p.bias.is_some()).then(|| {
+            parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.weight.rows()])).collect()
+        });
+        Linear { weight, bias }
     }
 
     pub fn out_features(&self) -> usize {

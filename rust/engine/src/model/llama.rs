@@ -2,6 +2,7 @@
 //! run of new tokens (a prefill chunk, or one token when decoding) at its own positions, reading
 //! and writing its own KV pages.
 
+use super::embedding::Embedding;
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::{take_linear, Mlp};
 use super::rope::Rope;
@@ -51,7 +52,7 @@ struct Layer {
 pub struct LlamaModel {
     cfg: ModelConfig,
     /// The input embedding, `None` when tied to `lm_head` (rows are then read from it).
-    embed: Option<Vec<f32>>,
+    embed: Option<Embedding>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
     lm_head: Linear,
@@ -64,24 +65,17 @@ impl LlamaModel {
     pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, compute: Compute) -> Result<Self> {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
-        let embed = w.take("model.embed_tokens.weight", &[v, h])?;
+        let pool = &compute.pool;
+        let embed = w.take_matrix("model.embed_tokens.weight", v, h)?;
         let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let attn = format!("{p}.self_attn");
-            let single = |w: &mut WeightStore, name: &str, out: usize, inp: usize| -> Result<Linear> {
-                Ok(Linear::fused(vec![take_linear(w, name, out, inp)?], inp, dtype, quantization))
-            };
-            let qkv = Linear::fused(
-                vec![
-                    take_linear(&mut w, &format!("{attn}.q_proj"), cfg.q_size(), h)?,
-                    take_linear(&mut w, &format!("{attn}.k_proj"), cfg.kv_size(), h)?,
-                    take_linear(&mut w, &format!("{attn}.v_proj"), cfg.kv_size(), h)?,
-                ],
-                h,
-                dtype,
-                quantization,
-            );
+            let qkv = ["q_proj", "k_proj", "v_proj"]
+                .into_iter()
+                .zip([cfg.q_size(), cfg.kv_size(), cfg.kv_size()])
+                .map(|(proj, rows)| take_linear(&mut w, &format!("{attn}.{proj}"), rows, h))
+                .collect::<Result<Vec<_>>>()?;
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (Some(w.take(&format!("{attn}.q_norm.weight"), &[hd])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[hd])?))
             } else {
@@ -89,24 +83,24 @@ impl LlamaModel {
             };
             layers.push(Layer {
                 input_norm: w.take(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv,
+                qkv: Linear::fused(qkv, dtype, quantization, pool),
                 q_norm,
                 k_norm,
-                o: single(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?,
+                o: Linear::fused(vec![take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?], dtype, quantization, pool),
                 post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                mlp: Mlp::take(&mut w, &p, &cfg, &precision)?,
+                mlp: Mlp::take(&mut w, &p, &cfg, &precision, pool)?,
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
+        let lm_head_quantization = quantization.filter(|_| quantize_lm_head);
+        let pack_lm_head = |weight| Linear::fused(vec![LinearParts { weight, bias: None }], dtype, lm_head_quantization, pool);
         let (embed, lm_head) = if cfg.tie_word_embeddings {
             // A tied checkpoint may still carry a copy of the embedding as lm_head.
-            let _ = w.take_optional("lm_head.weight", &[v, h])?;
-            (None, embed)
+            drop(w.take_optional("lm_head.weight", &[v, h])?);
+            (None, pack_lm_head(embed))
         } else {
-            (Some(embed), w.take("lm_head.weight", &[v, h])?)
+            (Some(Embedding::new(&embed, dtype)), pack_lm_head(w.take_matrix("lm_head.weight", v, h)?))
         };
-        let lm_head_quantization = quantization.filter(|_| quantize_lm_head);
-        let lm_head = Linear::fused(vec![LinearParts { weight: lm_head, bias: None, out_features: v }], h, dtype, lm_head_quantization);
         if !w.is_empty() {
             return Err(EngineError::ModelLoad(format!(
                 "the checkpoint has tensors this {} model does not use: {:?}",
@@ -147,7 +141,7 @@ impl LlamaModel {
         let mut x = Vec::with_capacity(positions.len() * h);
         for &tok in seqs.iter().flat_map(|c| c.tokens) {
             match &self.embed {
-                Some(e) => x.extend_from_slice(&e[tok as usize * h..(tok as usize + 1) * h]),
+                Some(e) => e.push_row(tok as usize, h, &mut x),
                 None => x.extend(self.lm_head.weight.row(tok as usize)),
             }
         }

@@ -6,14 +6,10 @@ use super::llama::Precision;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightStore;
-use rsgl_kernels::WeightDtype;
+use rsgl_kernels::{ThreadPool, WeightDtype};
 
 pub(super) fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
-    Ok(LinearParts {
-        weight: w.take(&format!("{prefix}.weight"), &[out, inp])?,
-        bias: w.take_optional(&format!("{prefix}.bias"), &[out])?,
-        out_features: out,
-    })
+    Ok(LinearParts { weight: w.take_matrix(&format!("{prefix}.weight"), out, inp)?, bias: w.take_optional(&format!("{prefix}.bias"), &[out])? })
 }
 
 /// `down(silu(gate(x)) * up(x))`, gate and up fused into one GEMM.
@@ -24,11 +20,11 @@ pub struct SwiGlu {
 
 impl SwiGlu {
     /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`.
-    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: &Precision) -> Result<SwiGlu> {
+    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: &Precision, pool: &ThreadPool) -> Result<SwiGlu> {
         let gate_up = vec![take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?];
         Ok(SwiGlu {
-            gate_up: Linear::fused(gate_up, h, p.dtype, p.quantization),
-            down: Linear::fused(vec![take_linear(w, &format!("{prefix}.{down}"), h, inter)?], inter, p.dtype, p.quantization),
+            gate_up: Linear::fused(gate_up, p.dtype, p.quantization, pool),
+            down: Linear::fused(vec![take_linear(w, &format!("{prefix}.{down}"), h, inter)?], p.dtype, p.quantization, pool),
         })
     }
 
@@ -63,10 +59,10 @@ pub enum Mlp {
 
 impl Mlp {
     /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it.
-    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision) -> Result<Mlp> {
+    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision, pool: &ThreadPool) -> Result<Mlp> {
         let h = cfg.hidden_size;
         let Some(moe) = &cfg.moe else {
-            return Ok(Mlp::Dense(SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p)?));
+            return Ok(Mlp::Dense(SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p, pool)?));
         };
         let MoeConfig { num_experts, experts_per_token, expert_intermediate_size: inter, norm_topk_prob, shared_expert_intermediate_size } = *moe;
         let (block, names) = if cfg.architecture == "mixtral" {
@@ -74,13 +70,13 @@ impl Mlp {
         } else {
             (format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"])
         };
-        let router = Linear::fused(vec![take_linear(w, &format!("{block}.gate"), num_experts, h)?], h, WeightDtype::F32, None);
-        let experts = (0..num_experts).map(|e| SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p)).collect::<Result<_>>()?;
+        let router = Linear::fused(vec![take_linear(w, &format!("{block}.gate"), num_experts, h)?], WeightDtype::F32, None, pool);
+        let experts = (0..num_experts).map(|e| SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p, pool)).collect::<Result<_>>()?;
         let shared = match shared_expert_intermediate_size {
             None => None,
             Some(size) => {
-                let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p)?;
-                let gate = Linear::fused(vec![take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?], h, WeightDtype::F32, None);
+                let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p, pool)?;
+                let gate = Linear::fused(vec![take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?], WeightDtype::F32, None, pool);
                 Some((expert, gate))
             }
         };

@@ -1,6 +1,7 @@
 //! The Llama-family model runner (Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3) and its
 //! mixture-of-experts variants (Mixtral, Qwen2-MoE, Qwen3-MoE).
 
+mod embedding;
 mod linear;
 mod llama;
 mod mlp;

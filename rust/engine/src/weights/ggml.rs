@@ -1,0 +1,296 @@
+//! llama.cpp's tensor storage types and their dequantization, a row at a time.
+//!
+//! Quantized types store a row as blocks: 32 values with an f16 scale (and minimum) for the
+//! classic types, 256-value super-blocks with 6- or 8-bit sub-block scales for the K-quants.
+//! Each value is computed as llama.cpp's reference dequantization computes it, in float32, in
+//! the same order of operations, so the results equal gguf-py's bit for bit.
+
+use rsgl_kernels::packed::{bf16_to_f32, f16_to_f32};
+
+/// A GGUF tensor's storage type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    BF16,
+    Q4_0,
+    Q4_1,
+    Q5_0,
+    Q5_1,
+    Q8_0,
+    Q2K,
+    Q3K,
+    Q4K,
+    Q5K,
+    Q6K,
+}
+
+/// GGUF's type ids (`ggml_type`) and names, those rsgl reads first.
+const TYPES: &[(u32, &str, Option<GgmlType>)] = &[
+    (0, "F32", Some(GgmlType::F32)),
+    (1, "F16", Some(GgmlType::F16)),
+    (2, "Q4_0", Some(GgmlType::Q4_0)),
+    (3, "Q4_1", Some(GgmlType::Q4_1)),
+    (6, "Q5_0", Some(GgmlType::Q5_0)),
+    (7, "Q5_1", Some(GgmlType::Q5_1)),
+    (8, "Q8_0", Some(GgmlType::Q8_0)),
+    (10, "Q2_K", Some(GgmlType::Q2K)),
+    (11, "Q3_K", Some(GgmlType::Q3K)),
+    (12, "Q4_K", Some(GgmlType::Q4K)),
+    (13, "Q5_K", Some(GgmlType::Q5K)),
+    (14, "Q6_K", Some(GgmlType::Q6K)),
+    (30, "BF16", Some(GgmlType::BF16)),
+    (9, "Q8_1", None),
+    (15, "Q8_K", None),
+    (16, "IQ2_XXS", None),
+    (17, "IQ2_XS", None),
+    (18, "IQ3_XXS", None),
+    (19, "IQ1_S", None),
+    (20, "IQ4_NL", None),
+    (21, "IQ3_S", None),
+    (22, "IQ2_S", None),
+    (23, "IQ4_XS", None),
+    (24, "I8", None),
+    (25, "I16", None),
+    (26, "I32", None),
+    (27, "I64", None),
+    (28, "F64", None),
+    (29, "IQ1_M", None),
+    (34, "TQ1_0", None),
+    (35, "TQ2_0", None),
+    (39, "MXFP4", None),
+];
+
+/// Values per K-quant super-block.
+const QK_K: usize = 256;
+
+impl GgmlType {
+    /// The type with GGUF's numeric id, or None for ids rsgl does not read.
+    pub fn from_id(id: u32) -> Option<GgmlType> {
+        TYPES.iter().find(|(i, _, _)| *i == id).and_then(|(_, _, kind)| *kind)
+    }
+
+    /// llama.cpp's name for a type id, known or not, for error messages.
+    pub fn id_name(id: u32) -> String {
+        TYPES.iter().find(|(i, _, _)| *i == id).map_or_else(|| format!("type {id}"), |(_, name, _)| name.to_string())
+    }
+
+    pub fn name(self) -> &'static str {
+        TYPES.iter().find(|(_, _, kind)| *kind == Some(self)).map(|(_, name, _)| *name).expect("every type is listed")
+    }
+
+    /// Values per block.
+    pub fn block_values(self) -> usize {
+        match self {
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 32,
+            GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => QK_K,
+        }
+    }
+
+    pub fn block_bytes(self) -> usize {
+        match self {
+            GgmlType::F32 => 4,
+            GgmlType::F16 | GgmlType::BF16 => 2,
+            GgmlType::Q4_0 => 18,
+            GgmlType::Q4_1 => 20,
+            GgmlType::Q5_0 => 22,
+            GgmlType::Q5_1 => 24,
+            GgmlType::Q8_0 => 34,
+            GgmlType::Q2K => 84,
+            GgmlType::Q3K => 110,
+            GgmlType::Q4K => 144,
+            GgmlType::Q5K => 176,
+            GgmlType::Q6K => 210,
+        }
+    }
+
+    /// Bytes of a row of `cols` values, or None when `cols` is not a whole number of blocks.
+    pub fn row_bytes(self, cols: usize) -> Option<usize> {
+        (cols % self.block_values() == 0).then(|| cols / self.block_values() * self.block_bytes())
+    }
+}
+
+fn half(bytes: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([bytes[at], bytes[at + 1]]))
+}
+
+/// Dequantizes one row: `bytes.len() == kind.row_bytes(out.len())`.
+pub fn dequantize_row(kind: GgmlType, bytes: &[u8], out: &mut [f32]) {
+    assert_eq!(Some(bytes.len()), kind.row_bytes(out.len()), "dequantize_row: {} bytes for {} {} values", bytes.len(), out.len(), kind.name());
+    let blocks = bytes.chunks_exact(kind.block_bytes()).zip(out.chunks_exact_mut(kind.block_values()));
+    match kind {
+        GgmlType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        GgmlType::F16 => blocks.for_each(|(b, y)| y[0] = half(b, 0)),
+        GgmlType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+        GgmlType::Q4_0 => blocks.for_each(|(b, y)| nibbles(&b[2..18], 0, |q| (q as f32 - 8.0) * half(b, 0), y)),
+        GgmlType::Q4_1 => blocks.for_each(|(b, y)| nibbles(&b[4..20], 0, |q| q as f32 * half(b, 0) + half(b, 2), y)),
+        GgmlType::Q5_0 => blocks.for_each(|(b, y)| nibbles(&b[6..22], high_bits(&b[2..6]), |q| (q as f32 - 16.0) * half(b, 0), y)),
+        GgmlType::Q5_1 => blocks.for_each(|(b, y)| nibbles(&b[8..24], high_bits(&b[4..8]), |q| q as f32 * half(b, 0) + half(b, 2), y)),
+        GgmlType::Q8_0 => blocks.for_each(|(b, y)| {
+            let d = half(b, 0);
+            y.iter_mut().zip(&b[2..34]).for_each(|(v, &q)| *v = q as i8 as f32 * d);
+        }),
+        GgmlType::Q2K => blocks.for_each(|(b, y)| q2_k(b, y)),
+        GgmlType::Q3K => blocks.for_each(|(b, y)| q3_k(b, y)),
+        GgmlType::Q4K => blocks.for_each(|(b, y)| q4_k(b, y)),
+        GgmlType::Q5K => blocks.for_each(|(b, y)| q5_k(b, y)),
+        GgmlType::Q6K => blocks.for_each(|(b, y)| q6_k(b, y)),
+    }
+}
+
+/// The 32-bit word of a Q5 block's fifth bits.
+fn high_bits(qh: &[u8]) -> u32 {
+    u32::from_le_bytes([qh[0], qh[1], qh[2], qh[3]])
+}
+
+/// A 32-value block of nibbles: value `j < 16` is the low nibble of byte `j`, value `j + 16` its
+/// high nibble; bit `j` of `fifth` adds 16 to value `j` (Q5 types).
+fn nibbles(qs: &[u8], fifth: u32, value: impl Fn(u8) -> f32, y: &mut [f32]) {
+    for (j, &q) in qs.iter().enumerate() {
+        let high = |bit: usize| (((fifth >> bit) & 1) << 4) as u8;
+        y[j] = value((q & 0x0f) | high(j));
+        y[j + 16] = value((q >> 4) | high(j + 16));
+    }
+}
+
+/// Q2_K: 16 sub-blocks of 16 two-bit values; 4-bit scale and minimum per sub-block.
+fn q2_k(b: &[u8], y: &mut [f32]) {
+    let (scales, qs) = (&b[..16], &b[16..80]);
+    let (d, min) = (half(b, 80), half(b, 82));
+    let mut sub = 0;
+    for (n, q) in qs.chunks_exact(32).enumerate() {
+        for shift in (0..8).step_by(2) {
+            for half_block in 0..2 {
+                let sc = scales[sub];
+                sub += 1;
+                let (dl, ml) = (d * (sc & 0x0f) as f32, min * (sc >> 4) as f32);
+                let base = n * 128 + shift / 2 * 32 + half_block * 16;
+                for l in 0..16 {
+                    y[base + l] = dl * ((q[half_block * 16 + l] >> shift) & 3) as f32 - ml;
+                }
+            }
+        }
+    }
+}
+
+/// Q3_K: 16 sub-blocks of 16 three-bit values (two low bits, a high bit in `hmask`); 6-bit
+/// signed scales packed into 12 bytes.
+fn q3_k(b: &[u8], y: &mut [f32]) {
+    let (hmask, qs, packed) = (&b[..32], &b[32..96], &b[96..108]);
+    let d = half(b, 108);
+    let scales: [i8; 16] = std::array::from_fn(|i| {
+        let low = if i < 8 { packed[i] & 0x0f } else { packed[i - 8] >> 4 };
+        let high = (packed[8 + i % 4] >> (2 * (i / 4))) & 3;
+        (low | (high << 4)) as i8 - 32
+    });
+    let mut sub = 0;
+    for (n, q) in qs.chunks_exact(32).enumerate() {
+        for (step, shift) in (0..8).step_by(2).enumerate() {
+            let bit = 1u8 << (n * 4 + step);
+            for half_block in 0..2 {
+                let dl = d * scales[sub] as f32;
+                sub += 1;
+                let base = n * 128 + step * 32 + half_block * 16;
+                for l in 0..16 {
+                    let i = half_block * 16 + l;
+                    let low = ((q[i] >> shift) & 3) as i8;
+                    y[base + l] = dl * (low - if hmask[i] & bit != 0 { 0 } else { 4 }) as f32;
+                }
+            }
+        }
+    }
+}
+
+/// The 6-bit scale and minimum of sub-block `j` of a Q4_K / Q5_K super-block.
+fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
+    let (d, m) = if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
+    };
+    (d as f32, m as f32)
+}
+
+/// Q4_K: 8 sub-blocks of 32 four-bit values, each with a 6-bit scale and minimum.
+fn q4_k(b: &[u8], y: &mut [f32]) {
+    let (d, min, scales, qs) = (half(b, 0), half(b, 2), &b[4..16], &b[16..144]);
+    for (pair, q) in qs.chunks_exact(32).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * pair, scales);
+        let (sc2, m2) = scale_min_k4(2 * pair + 1, scales);
+        let (d1, min1, d2, min2) = (d * sc1, min * m1, d * sc2, min * m2);
+        for l in 0..32 {
+            y[pair * 64 + l] = d1 * (q[l] & 0x0f) as f32 - min1;
+            y[pair * 64 + 32 + l] = d2 * (q[l] >> 4) as f32 - min2;
+        }
+    }
+}
+
+/// Q5_K: Q4_K with a fifth bit per value in `qh`.
+fn q5_k(b: &[u8], y: &mut [f32]) {
+    let (d, min, scales, qh, qs) = (half(b, 0), half(b, 2), &b[4..16], &b[16..48], &b[48..176]);
+    for (pair, q) in qs.chunks_exact(32).enumerate() {
+        let (sc1, m1) = scale_min_k4(2 * pair, scales);
+        let (sc2, m2) = scale_min_k4(2 * pair + 1, scales);
+        let (d1, min1, d2, min2) = (d * sc1, min * m1, d * sc2, min * m2);
+        let (u1, u2) = (1u8 << (2 * pair), 2u8 << (2 * pair));
+        for l in 0..32 {
+            let fifth = |mask: u8| if qh[l] & mask != 0 { 16.0 } else { 0.0 };
+            y[pair * 64 + l] = d1 * ((q[l] & 0x0f) as f32 + fifth(u1)) - min1;
+            y[pair * 64 + 32 + l] = d2 * ((q[l] >> 4) as f32 + fifth(u2)) - min2;
+        }
+    }
+}
+
+/// Q6_K: 16 sub-blocks of 16 six-bit values (four low bits in `ql`, two high in `qh`), 8-bit
+/// signed scales.
+fn q6_k(b: &[u8], y: &mut [f32]) {
+    let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
+    let d = half(b, 208);
+    for n in 0..2 {
+        let (ql, qh, sc, y) = (&ql[n * 64..], &qh[n * 32..], &scales[n * 8..], &mut y[n * 128..]);
+        for l in 0..32 {
+            let sub = l / 16;
+            let value = |low: u8, shift: u32| ((low | (((qh[l] >> shift) & 3) << 4)) as i8 - 32) as f32;
+            y[l] = d * sc[sub] as i8 as f32 * value(ql[l] & 0x0f, 0);
+            y[l + 32] = d * sc[sub + 2] as i8 as f32 * value(ql[l + 32] & 0x0f, 2);
+            y[l + 64] = d * sc[sub + 4] as i8 as f32 * value(ql[l] >> 4, 4);
+            y[l + 96] = d * sc[sub + 6] as i8 as f32 * value(ql[l + 32] >> 4, 6);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rows_are_whole_blocks() {
+        assert_eq!(GgmlType::Q4K.row_bytes(512), Some(288));
+        assert_eq!(GgmlType::Q8_0.row_bytes(33), None);
+        assert_eq!(GgmlType::F16.row_bytes(7), Some(14));
+        assert_eq!(GgmlType::from_id(12), Some(GgmlType::Q4K));
+        assert_eq!((GgmlType::from_id(16), GgmlType::id_name(16), GgmlType::id_name(99)), (None, "IQ2_XXS".into(), "type 99".into()));
+        assert_eq!(GgmlType::Q6K.name(), "Q6_K");
+    }
+
+    #[test]
+    fn classic_blocks_dequantize_by_hand() {
+        // Q4_0: scale 0.5 (f16 0x3800); byte j holds value j (low) and j + 16 (high).
+        let mut block = vec![0x00, 0x38];
+        block.extend((0..16u8).map(|j| (15 - j) << 4 | j));
+        let mut y = [0.0; 32];
+        dequantize_row(GgmlType::Q4_0, &block, &mut y);
+        assert_eq!((y[0], y[15], y[16], y[31]), (-4.0, 3.5, 3.5, -4.0));
+        // Q8_0: scale 2, values -128..
+        let mut block = vec![0x00, 0x40];
+        block.extend((0..32).map(|j| (j as i8 - 16) as u8));
+        dequantize_row(GgmlType::Q8_0, &block, &mut y);
+        assert_eq!((y[0], y[16], y[31]), (-32.0, 0.0, 30.0));
+        // Q5_1: scale 1, minimum -1, fifth bit set on value 3 only.
+        let mut block = vec![0x00, 0x3c, 0x00, 0xbc, 0b1000, 0, 0, 0];
+        block.extend([0x21; 16]);
+        dequantize_row(GgmlType::Q5_1, &block, &mut y);
+        assert_eq!((y[0], y[3], y[16]), (0.0, 16.0, 1.0));
+    }
+}

@@ -1,0 +1,126 @@
+//! A GGUF file's tensors as the Hugging Face checkpoint of the same model names and lays them
+//! out: llama.cpp's names mapped back, its dimensions (innermost first) reversed, the stacked
+//! experts of a mixture-of-experts layer split per expert, and the rotary halves its converter
+//! interleaves in llama q/k heads read back in order.
+
+use super::ggml::GgmlType;
+use super::gguf::{read_directory, GgufTensorInfo};
+use super::mapped::MappedFile;
+use crate::error::{EngineError, Result};
+
+/// Architectures whose q/k rows llama.cpp's converter permutes (qwen files are not).
+const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral"];
+
+const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
+const LAYER_TENSORS: &[(&str, &str)] = &[
+    ("attn_norm", "input_layernorm"),
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_output", "self_attn.o_proj"),
+    ("attn_q_norm", "self_attn.q_norm"),
+    ("attn_k_norm", "self_attn.k_norm"),
+    ("ffn_norm", "post_attention_layernorm"),
+    ("ffn_gate", "mlp.gate_proj"),
+    ("ffn_up", "mlp.up_proj"),
+    ("ffn_down", "mlp.down_proj"),
+];
+/// Stacked expert tensors `[experts, rows, cols]` and which SwiGLU matrix each holds (0 gate,
+/// 1 up, 2 down).
+const EXPERT_TENSORS: &[(&str, usize)] = &[("ffn_gate_exps", 0), ("ffn_up_exps", 1), ("ffn_down_exps", 2)];
+const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
+    ("ffn_gate_shexp", "shared_expert.gate_proj"),
+    ("ffn_up_shexp", "shared_expert.up_proj"),
+    ("ffn_down_shexp", "shared_expert.down_proj"),
+    ("ffn_gate_inp_shexp", "shared_expert_gate"),
+];
+
+/// One tensor in Hugging Face terms.
+pub struct HfTensor {
+    pub name: String,
+    /// Outermost first.
+    pub shape: Vec<usize>,
+    pub kind: GgmlType,
+    /// Byte offset of its first row in the file.
+    pub offset: usize,
+    /// Set for q/k projections whose heads interleave their rotary halves.
+    pub interleaved_head_dim: Option<usize>,
+}
+
+pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads: usize) -> Result<Vec<HfTensor>> {
+    let path = file.path.display();
+    let directory = read_directory(file.bytes())
+        .map_err(|e| EngineError::ModelLoad(format!("{path} is corrupt, truncated or not a GGUF file ({e}); download it again")))?;
+    let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
+    let mixtral = architecture == "mixtral";
+    let mut tensors = Vec::new();
+    for info in &directory.tensors {
+        let kind = GgmlType::from_id(info.type_id).ok_or_else(|| {
+            EngineError::UnsupportedModel(format!(
+                "{path}: tensor {} is stored as {}, which rsgl does not read; use a file in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or a K-quant (Q2_K to Q6_K)",
+                info.name,
+                GgmlType::id_name(info.type_id)
+            ))
+        })?;
+        // The directory checked that rows are whole blocks.
+        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let tensor = |name: String, shape: Vec<usize>, offset: usize, head_dim: Option<usize>| HfTensor { name, shape, kind, offset, interleaved_head_dim: head_dim };
+        let Some((layer, base, suffix)) = split_name(info) else {
+            tensors.push(tensor(info.name.clone(), shape, info.data.start, None));
+            continue;
+        };
+        let Some(layer) = layer else {
+            let name = lookup(GLOBAL_TENSORS, base).map_or_else(|| info.name.clone(), |hf| format!("{hf}.{suffix}"));
+            tensors.push(tensor(name, shape, info.data.start, None));
+            continue;
+        };
+        let block = format!("model.layers.{layer}.{}", if mixtral { "block_sparse_moe" } else { "mlp" });
+        if let Some(&(_, matrix)) = EXPERT_TENSORS.iter().find(|(gguf, _)| *gguf == base) {
+            let names = if mixtral { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
+            let [experts, rows, cols] = shape[..] else {
+                return Err(EngineError::ModelLoad(format!("{path}: expert tensor {} has shape {shape:?}, not [experts, rows, cols]", info.name)));
+            };
+            let expert_bytes = rows * kind.row_bytes(cols).expect("whole blocks");
+            for expert in 0..experts {
+                let name = format!("{block}.experts.{expert}.{}.{suffix}", names[matrix]);
+                tensors.push(tensor(name, vec![rows, cols], info.data.start + expert * expert_bytes, None));
+            }
+            continue;
+        }
+        let module = match base {
+            "ffn_gate_inp" => Some(format!("{block}.gate")),
+            _ => lookup(SHARED_EXPERT_TENSORS, base)
+                .map(|m| format!("{block}.{m}"))
+                .or_else(|| lookup(LAYER_TENSORS, base).map(|m| format!("model.layers.{layer}.{m}"))),
+        };
+        let Some(module) = module else {
+            tensors.push(tensor(info.name.clone(), shape, info.data.start, None));
+            continue;
+        };
+        let head_count = match base {
+            "attn_q" if interleaved => Some(heads),
+            "attn_k" if interleaved => Some(kv_heads),
+            _ => None,
+        };
+        let head_dim = head_count.filter(|_| suffix == "weight").map(|h| shape[0] / h.max(1));
+        tensors.push(tensor(format!("{module}.{suffix}"), shape, info.data.start, head_dim));
+    }
+    Ok(tensors)
+}
+
+fn lookup<'a>(table: &[(&str, &'a str)], key: &str) -> Option<&'a str> {
+    table.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+}
+
+/// "blk.3.attn_q.weight" -> (Some(3), "attn_q", "weight"); "output_norm.weight" -> (None,
+/// "output_norm", "weight"); None for names of another form.
+fn split_name(info: &GgufTensorInfo) -> Option<(Option<usize>, &str, &str)> {
+    let (base, suffix) = info.name.rsplit_once('.')?;
+    match base.strip_prefix("blk.") {
+        Some(rest) => {
+            let (layer, module) = rest.split_once('.')?;
+            Some((Some(layer.parse().ok()?), module, suffix))
+        }
+        None => Some((None, base, suffix)),
+    }
+}

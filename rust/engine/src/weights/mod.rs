@@ -1,0 +1,397 @@
+//! Model weights as the model builder takes them: named tensors, under Hugging Face names and in
+//! Hugging Face layout, in checkpoint files the core maps itself (safetensors, GGUF) or in memory
+//! (tests, the benchmark's random weights).
+//!
+//! Nothing is converted up front. The builder takes a matrix as [`MatrixRows`]; the packer reads
+//! it a row at a time, straight from the mapping, into the compute format on the compute threads;
+//! when the matrix is dropped its pages of the mapping are released. The files are unmapped when
+//! the store is dropped, which the builder does on success and failure alike.
+
+mod ggml;
+mod gguf;
+mod gguf_layout;
+mod mapped;
+mod progress;
+mod safetensors;
+
+use crate::error::{EngineError, Result};
+use crate::sample::Rng;
+pub use ggml::GgmlType;
+use mapped::MappedFile;
+use progress::Progress;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// How a tensor's values are stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// Floats or llama.cpp's blocks (safetensors' F32, F16 and BF16 are these too).
+    Ggml(GgmlType),
+    /// W8A8 int8, with one scale per row in the tensor `{name}_scale`.
+    Int8,
+}
+
+impl Stored {
+    pub fn name(self) -> &'static str {
+        match self {
+            Stored::Ggml(kind) => kind.name(),
+            Stored::Int8 => "I8",
+        }
+    }
+
+    fn row_bytes(self, cols: usize) -> Option<usize> {
+        match self {
+            Stored::Ggml(kind) => kind.row_bytes(cols),
+            Stored::Int8 => Some(cols),
+        }
+    }
+}
+
+/// Which stored row holds each row of the Hugging Face layout.
+#[derive(Clone, Copy, Debug)]
+enum RowOrder {
+    Plain,
+    /// llama.cpp's converter interleaves the two rotary halves of each q/k head of llama models.
+    Interleaved { head_dim: usize },
+}
+
+impl RowOrder {
+    fn stored_row(self, row: usize) -> usize {
+        match self {
+            RowOrder::Plain => row,
+            RowOrder::Interleaved { head_dim } => {
+                let (head, within) = (row / head_dim, row % head_dim);
+                let half = head_dim / 2;
+                head * head_dim + 2 * (within % half) + within / half
+            }
+        }
+    }
+}
+
+enum Source {
+    Mapped(MappedFile),
+    Memory(Vec<f32>),
+    /// Uniform values in ±`scale`, made up row by row as they are read: random weights at any
+    /// model size with no file and no float copy (benchmarks; values do not change speed).
+    Random { seed: u64, scale: f32 },
+}
+
+impl Source {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            Source::Mapped(file) => file.bytes(),
+            // SAFETY: f32 has no padding and every byte of it is initialized.
+            Source::Memory(values) => unsafe { std::slice::from_raw_parts(values.as_ptr().cast(), std::mem::size_of_val(&values[..])) },
+            Source::Random { .. } => &[],
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Source::Mapped(file) => file.path.display().to_string(),
+            Source::Memory(_) => "memory".into(),
+            Source::Random { .. } => "random weights".into(),
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    source: usize,
+    /// Outermost first; a tensor is read as rows of its last dimension.
+    shape: Vec<usize>,
+    stored: Stored,
+    /// Byte offset of the first row in the source (an expert's slice of a stacked tensor
+    /// starts inside it).
+    offset: usize,
+    order: RowOrder,
+}
+
+impl Entry {
+    fn cols(&self) -> usize {
+        self.shape.last().copied().unwrap_or(1)
+    }
+
+    fn rows(&self) -> usize {
+        self.shape.iter().rev().skip(1).product()
+    }
+
+    fn row_bytes(&self) -> usize {
+        self.stored.row_bytes(self.cols()).expect("checked when the tensor was listed")
+    }
+
+    fn bytes(&self) -> std::ops::Range<usize> {
+        self.offset..self.offset + self.rows() * self.row_bytes()
+    }
+}
+
+/// Named tensors, each read on demand from its file or memory.
+#[derive(Default)]
+pub struct WeightStore {
+    sources: Vec<Arc<Source>>,
+    tensors: HashMap<String, Entry>,
+    progress: Arc<Progress>,
+}
+
+impl WeightStore {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a float32 tensor held in memory.
+    pub fn insert(&mut self, name: &str, shape: Vec<usize>, data: Vec<f32>) -> Result<()> {
+        if shape.iter().product::<usize>() != data.len() {
+            return Err(EngineError::ModelLoad(format!("tensor {name}: shape {shape:?} does not match its {} values", data.len())));
+        }
+        self.add_float(name, shape, Source::Memory(data));
+        Ok(())
+    }
+
+    /// Adds a tensor of random values, uniform in ±`scale`, made up as it is read.
+    pub fn insert_random(&mut self, name: &str, shape: Vec<usize>, scale: f32, seed: u64) {
+        self.add_float(name, shape, Source::Random { seed, scale });
+    }
+
+    fn add_float(&mut self, name: &str, shape: Vec<usize>, source: Source) {
+        self.sources.push(Arc::new(source));
+        let entry = Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain };
+        self.add(name.to_string(), entry);
+    }
+
+    /// Maps the safetensors files of a Hugging Face checkpoint (one file or its shards).
+    pub fn open_safetensors(paths: &[PathBuf]) -> Result<WeightStore> {
+        let mut store = WeightStore::new();
+        for path in paths {
+            let file = MappedFile::open(path)?;
+            let tensors = safetensors::read_directory(&file)?;
+            store.sources.push(Arc::new(Source::Mapped(file)));
+            for (name, shape, stored, offset) in tensors {
+                let entry = Entry { source: store.sources.len() - 1, shape, stored, offset, order: RowOrder::Plain };
+                store.add(name, entry);
+            }
+        }
+        Ok(store)
+    }
+
+    /// Maps a GGUF file, its tensors renamed and laid out as in a Hugging Face checkpoint of
+    /// `architecture` (the loader's normalized name) with `heads` query and `kv_heads` key/value
+    /// heads. Tensors with no Hugging Face counterpart keep their GGUF names.
+    pub fn open_gguf(path: &Path, architecture: &str, heads: usize, kv_heads: usize) -> Result<WeightStore> {
+        let file = MappedFile::open(path)?;
+        let tensors = gguf_layout::hf_tensors(&file, architecture, heads, kv_heads)?;
+        let mut store = WeightStore::new();
+        store.sources.push(Arc::new(Source::Mapped(file)));
+        for tensor in tensors {
+            let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
+            let entry = Entry { source: 0, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order };
+            store.add(tensor.name, entry);
+        }
+        Ok(store)
+    }
+
+    fn add(&mut self, name: String, entry: Entry) {
+        self.progress.add_total(entry.bytes().len());
+        self.tensors.insert(name, entry);
+    }
+
+    /// Draws a progress bar of the bytes packed on stderr while the model builder takes tensors.
+    pub fn show_progress(&mut self, show: bool) {
+        Arc::get_mut(&mut self.progress).expect("set before any tensor is taken").show(show);
+    }
+
+    pub fn len(&self) -> usize {
+        self.tensors.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Every tensor's name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.tensors.keys().map(String::as_str).collect();
+        names.sort();
+        names
+    }
+
+    pub fn shape(&self, name: &str) -> Option<&[usize]> {
+        self.tensors.get(name).map(|e| &e.shape[..])
+    }
+
+    pub fn stored(&self, name: &str) -> Option<Stored> {
+        self.tensors.get(name).map(|e| e.stored)
+    }
+
+    /// A whole tensor as float32 in Hugging Face layout (int8 ones scaled), leaving it in the store.
+    pub fn read(&self, name: &str) -> Result<Vec<f32>> {
+        let entry = self.entry(name)?.clone();
+        let scales = match entry.stored {
+            Stored::Int8 => self.checked_scales(name, &entry, self.read(&scale_name(name))?)?,
+            Stored::Ggml(_) => Vec::new(),
+        };
+        let rows = MatrixRows { source: self.sources[entry.source].clone(), row_bytes: entry.row_bytes(), entry, scales, taken: None };
+        Ok(rows.read_all())
+    }
+
+    /// Removes a tensor, checking its shape, and reads it whole as float32 (norms, biases,
+    /// embeddings).
+    pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        Ok(self.take_checked(name, shape)?.read_all())
+    }
+
+    pub fn take_optional(&mut self, name: &str, shape: &[usize]) -> Result<Option<Vec<f32>>> {
+        if self.contains(name) {
+            self.take(name, shape).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    /// Removes a `[rows, cols]` matrix, checking its shape, to be read row by row.
+    pub fn take_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatrixRows> {
+        self.take_checked(name, &[rows, cols])
+    }
+
+    fn take_checked(&mut self, name: &str, shape: &[usize]) -> Result<MatrixRows> {
+        let entry = self.entry(name)?;
+        if entry.shape != shape {
+            let source = self.sources[entry.source].describe();
+            return Err(EngineError::ModelLoad(format!(
+                "{source}: tensor {name} has shape {:?}, but the model's config implies {shape:?}; the config does not match the weights",
+                entry.shape
+            )));
+        }
+        let entry = entry.clone();
+        let scales = match entry.stored {
+            Stored::Int8 => {
+                let scale_name = scale_name(name);
+                let scale_shape = self.entry(&scale_name)?.shape.clone();
+                let scales = self.take(&scale_name, &scale_shape)?;
+                self.checked_scales(name, &entry, scales)?
+            }
+            Stored::Ggml(_) => Vec::new(),
+        };
+        self.tensors.remove(name);
+        Ok(MatrixRows { source: self.sources[entry.source].clone(), row_bytes: entry.row_bytes(), entry, scales, taken: Some(self.progress.clone()) })
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry> {
+        self.tensors.get(name).ok_or_else(|| {
+            let mut files: Vec<String> = self.sources.iter().map(|s| s.describe()).collect();
+            files.dedup();
+            EngineError::ModelLoad(format!("the checkpoint ({}) has no tensor {name}; it may be incomplete: download it again", files.join(", ")))
+        })
+    }
+
+    /// An int8 tensor's scales, if there is one per row.
+    fn checked_scales(&self, name: &str, entry: &Entry, scales: Vec<f32>) -> Result<Vec<f32>> {
+        if scales.len() == entry.rows() {
+            return Ok(scales);
+        }
+        Err(EngineError::ModelLoad(format!(
+            "{}: {} holds {} scales for the {} rows of {name}; the checkpoint is broken",
+            self.sources[entry.source].describe(),
+            scale_name(name),
+            scales.len(),
+            entry.rows()
+        )))
+    }
+
+    /// Names left after the model took what it uses (reported as unexpected).
+    pub fn remaining_names(&self) -> Vec<&str> {
+        self.names()
+    }
+}
+
+/// Where a W8A8 checkpoint keeps the per-row scales of the int8 tensor `name`.
+fn scale_name(name: &str) -> String {
+    format!("{name}_scale")
+}
+
+impl Drop for WeightStore {
+    fn drop(&mut self) {
+        self.progress.finish();
+    }
+}
+
+/// One tensor of a store, read a row at a time; dropping it releases its pages of the file.
+pub struct MatrixRows {
+    source: Arc<Source>,
+    entry: Entry,
+    row_bytes: usize,
+    /// Per row, for int8 tensors.
+    scales: Vec<f32>,
+    /// The store's progress, for a tensor taken out of it (whose pages go once it is read).
+    taken: Option<Arc<Progress>>,
+}
+
+impl MatrixRows {
+    pub fn rows(&self) -> usize {
+        self.entry.rows()
+    }
+
+    pub fn cols(&self) -> usize {
+        self.entry.cols()
+    }
+
+    fn stored_row(&self, row: usize) -> &[u8] {
+        assert!(row < self.rows(), "row {row} of a {}-row tensor", self.rows());
+        let start = self.entry.offset + self.entry.order.stored_row(row) * self.row_bytes;
+        &self.source.bytes()[start..start + self.row_bytes]
+    }
+
+    /// Row `row` as float32 into `out` (`cols` long).
+    pub fn read_f32(&self, row: usize, out: &mut [f32]) {
+        if let Source::Random { seed, scale } = *self.source {
+            let mut rng = Rng::new(seed ^ (row as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+            out.iter_mut().for_each(|v| *v = (rng.next_f64() as f32 * 2.0 - 1.0) * scale);
+            return;
+        }
+        let bytes = self.stored_row(row);
+        match self.entry.stored {
+            Stored::Ggml(kind) => ggml::dequantize_row(kind, bytes, out),
+            Stored::Int8 => {
+                let scale = self.scales[row];
+                out.iter_mut().zip(bytes).for_each(|(o, &q)| *o = q as i8 as f32 * scale);
+            }
+        }
+    }
+
+    /// The whole tensor as float32.
+    pub fn read_all(&self) -> Vec<f32> {
+        let cols = self.cols();
+        let mut values = vec![0.0; self.rows() * cols];
+        for (row, out) in values.chunks_exact_mut(cols.max(1)).enumerate() {
+            self.read_f32(row, out);
+        }
+        values
+    }
+
+    /// Row `row`'s int8 values into `out` and its scale, if the tensor is stored as W8A8 int8.
+    pub fn read_i8(&self, row: usize, out: &mut [i8]) -> Option<f32> {
+        if self.entry.stored != Stored::Int8 {
+            return None;
+        }
+        out.iter_mut().zip(self.stored_row(row)).for_each(|(o, &q)| *o = q as i8);
+        Some(self.scales[row])
+    }
+}
+
+impl Drop for MatrixRows {
+    fn drop(&mut self) {
+        let Some(progress) = &self.taken else { return };
+        let bytes = self.entry.bytes();
+        if let Source::Mapped(file) = &*self.source {
+            file.release(bytes.clone());
+        }
+        progress.advance(bytes.len());
+    }
+}
+
+#[cfg(test)]
+mod tests;
