@@ -1,8 +1,15 @@
-"""rsgl, transformers (torch) and llama.cpp side by side on the default model (SmolLM2-135M),
-on the same threads, in one run, beside the memory read bandwidth that bounds batch-1 decode.
+"""rsgl, transformers (torch) and llama.cpp side by side on the default model (SmolLM2-135M) or
+any model file, on the same threads, in one run, beside the memory read bandwidth that bounds
+batch-1 decode, with each engine's load time and peak memory.
 
     python benches/compare.py [--threads 2] [--quick] [--skip-llamacpp] [--skip-transformers]
                               [--json bench-results/compare.json] [--plot bench-results/compare.png]
+    python benches/compare.py --model PATH [--gguf PATH] [--w8a8] [--transformers] ...
+
+--model PATH (a GGUF file or Hugging Face folder, e.g. one written by benches/synth_model.py):
+rsgl loads PATH in bfloat16 (and, with --w8a8, quantized to W8A8 at load); llama.cpp runs the
+same GGUF file as it is (or --gguf PATH beside a folder); transformers only with
+--transformers (it holds float32 copies: too large past 1B here).
 
 Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included; KV
 pages in bfloat16 except beside float32 weights); transformers (eager PyTorch, no
@@ -22,7 +29,10 @@ pools and memory do not overlap. Every time is the best of --repeats, after a wa
   same thread count, a buffer in huge pages as rsgl keeps its weights: the faster probe here),
   probed right before and right after that engine's decode b1 runs; the higher probe counts.
   This host's bandwidth swings (46 and 79 GB/s a few seconds apart), so a probe taken minutes
-  away says little about the moment a decode ran.
+  away says little about the moment a decode ran. A mixture-of-experts model reads the router
+  and its active experts' share of the expert weights.
+- load s: from the engine's constructor to ready (llama.cpp: model and context); peak RSS: the
+  largest resident memory of the engine's process over its whole run (KV cache included).
 """
 
 from __future__ import annotations
@@ -31,6 +41,7 @@ import argparse
 import ctypes
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -91,6 +102,8 @@ class Row:
     prefill_tok_s: float | None = None
     parallel_tok_s: float | None = None
     bandwidth_gb_s: float | None = None  # the higher probe around this row's decode b1
+    load_s: float | None = None
+    peak_rss_gb: float | None = None
     info: dict | None = None  # what the engine reports about itself
     error: str | None = None
 
@@ -106,6 +119,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--skip-transformers", action="store_true", help="leave transformers out")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per number; the best counts")
     parser.add_argument("--rsgl-bench", default=None, help="a built rsgl-bench binary for the bandwidth probe (default: cargo build --release this checkout)")
+    parser.add_argument("--model", type=Path, default=None, help="a GGUF file or HF folder to compare on (default: rsgl's default model)")
+    parser.add_argument("--gguf", type=Path, default=None, help="with a --model folder: the GGUF file llama.cpp runs")
+    parser.add_argument("--w8a8", action="store_true", help="with --model: also rsgl W8A8 (quantized at load)")
+    parser.add_argument("--transformers", action="store_true", help="with --model: also transformers (float32 and bfloat16)")
     parser.add_argument("--json", default="bench-results/compare.json", help="where to write the results")
     parser.add_argument("--plot", default="bench-results/compare.png", help="where to draw the bar chart")
     return parser.parse_args()
@@ -160,9 +177,15 @@ def measure(generate: Generate, prompts: Prompts, work: Workload, probe: Callabl
 
 
 def run_isolated(fn: Callable[..., dict], *args) -> dict:
-    """Runs fn in a fresh process, so no engine shares threads or memory with another."""
+    """Runs fn in a fresh process, so no engine shares threads or memory with another; adds the
+    process's peak resident memory."""
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
+        return pool.submit(with_peak_rss, fn, *args).result()
+
+
+def with_peak_rss(fn: Callable[..., dict], *args) -> dict:
+    result = fn(*args)
+    return {**result, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -170,7 +193,7 @@ def run_isolated(fn: Callable[..., dict], *args) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, probe: Probe, quantization: str | None = None) -> dict:
+def measure_rsgl(model: str | None, dtype: str, threads: int, prompts: Prompts, work: Workload, probe: Probe, quantization: str | None = None) -> dict:
     import rsgl
 
     # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
@@ -178,7 +201,9 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, pro
     # 16 bits beside 16-bit or int8 weights, as llama.cpp keeps its KV cache in F16.
     precision = {"quantization": quantization, "quantize_lm_head": True} if quantization else {}
     kv_cache_dtype = "float32" if dtype == "float32" else "bfloat16"
-    with rsgl.Engine(dtype=dtype, threads=threads, kv_cache_dtype=kv_cache_dtype, disable_radix_cache=True, progress=False, **precision) as llm:
+    started = time.perf_counter()
+    with rsgl.Engine(model, dtype=dtype, threads=threads, kv_cache_dtype=kv_cache_dtype, disable_radix_cache=True, progress=False, **precision) as llm:
+        load_s = time.perf_counter() - started
 
         def generate(batch: list[list[int]], new_tokens: int) -> None:
             params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -187,10 +212,10 @@ def measure_rsgl(dtype: str, threads: int, prompts: Prompts, work: Workload, pro
 
         result = measure(generate, prompts, work, probe)
         info = llm.get_server_info()
-    return {**result, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}}
+    return {**result, "load_s": load_s, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}}
 
 
-def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:
+def measure_transformers(dtype: str, threads: int, model_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:
     os.environ["TQDM_DISABLE"] = "1"  # transformers' GGUF conversion draws its own progress bar
     import torch
     import transformers
@@ -198,8 +223,11 @@ def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prom
 
     transformers.logging.set_verbosity_error()
     torch.set_num_threads(threads)
-    path = Path(gguf_path)
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=getattr(torch, dtype)).eval()
+    path = Path(model_path)
+    started = time.perf_counter()
+    source = {"pretrained_model_name_or_path": path.parent, "gguf_file": path.name} if path.is_file() else {"pretrained_model_name_or_path": path}
+    model = AutoModelForCausalLM.from_pretrained(**source, dtype=getattr(torch, dtype)).eval()
+    load_s = time.perf_counter() - started
 
     def generate(batch: list[list[int]], new_tokens: int) -> None:
         ids = torch.tensor(batch)  # equal lengths: no padding, no mask needed
@@ -216,7 +244,7 @@ def measure_transformers(dtype: str, threads: int, gguf_path: str, prompts: Prom
         assert out.shape[1] == ids.shape[1] + new_tokens
 
     result = measure(generate, prompts, work, probe)
-    return {**result, "info": {"torch": torch.__version__, "transformers": transformers.__version__, "attention": model.config._attn_implementation}}
+    return {**result, "load_s": load_s, "info": {"torch": torch.__version__, "transformers": transformers.__version__, "attention": model.config._attn_implementation}}
 
 
 class LlamaCppRunner:
@@ -276,13 +304,15 @@ class LlamaCppRunner:
 def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workload, probe: Probe) -> dict:
     import llama_cpp
 
+    started = time.perf_counter()
     runner = LlamaCppRunner(gguf_path, threads, work)
+    load_s = time.perf_counter() - started
     try:
         result = measure(runner.generate, prompts, work, probe)
     finally:
         runner.close()
     system_info = llama_cpp.llama_print_system_info().decode()
-    return {**result, "info": {"llama_cpp_python": llama_cpp.__version__, "system_info": system_info.strip()}}
+    return {**result, "load_s": load_s, "info": {"llama_cpp_python": llama_cpp.__version__, "system_info": system_info.strip()}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -328,21 +358,33 @@ def make_prompts(vocab_size: int, work: Workload) -> Prompts:
 
 
 def linear_parameters(config: dict) -> int:
-    """Weights of every linear layer plus the lm_head: what decode reads for each token."""
-    hidden, ffn = config["hidden_size"], config["intermediate_size"]
+    """Weights of every linear layer a token goes through plus the lm_head: what decode reads for
+    each token (of a mixture-of-experts layer: the router and the active experts)."""
+    hidden, moe = config["hidden_size"], config["moe"]
     q_rows = config["num_attention_heads"] * config["head_dim"]
     kv_rows = config["num_key_value_heads"] * config["head_dim"]
-    per_layer = hidden * (q_rows + 2 * kv_rows) + q_rows * hidden + 3 * hidden * ffn
+    mlp = 3 * hidden * config["intermediate_size"]
+    if moe:
+        mlp = moe["experts_per_token"] * 3 * hidden * moe["expert_intermediate_size"] + moe["num_experts"] * hidden
+    per_layer = hidden * (q_rows + 2 * kv_rows) + q_rows * hidden + mlp
     return config["num_hidden_layers"] * per_layer + config["vocab_size"] * hidden
 
 
-def gguf_linear_bytes(path: Path) -> int:
+def gguf_linear_bytes(path: Path, config: dict) -> int:
     """The same weights as `linear_parameters`, in the bytes this GGUF file stores them in."""
     from gguf import GGUFReader
 
     tensors = {t.name: t.n_bytes for t in GGUFReader(path).tensors}
-    layers = sum(n for name, n in tensors.items() if name.startswith("blk.") and name.split(".")[2] in GGUF_LINEAR)
-    return layers + tensors.get("output.weight", tensors["token_embd.weight"])  # tied: token_embd is the lm_head
+    moe = config["moe"]
+    active = moe["experts_per_token"] / moe["num_experts"] if moe else 1.0
+    layers = 0.0
+    for name, size in tensors.items():
+        module = name.split(".")[2] if name.startswith("blk.") else ""
+        if module in GGUF_LINEAR or module == "ffn_gate_inp":
+            layers += size
+        elif module.endswith("_exps"):
+            layers += size * active
+    return int(layers) + tensors.get("output.weight", tensors["token_embd.weight"])  # tied: token_embd is the lm_head
 
 
 def write_f32_gguf(source: Path, out: Path) -> None:
@@ -402,24 +444,43 @@ def llama_cpp_models(source: Path, threads: int) -> dict[str, Path]:
 # ---------------------------------------------------------------------------------------------
 
 
-def plan(args: argparse.Namespace, gguf_path: Path, config: dict, prompts: Prompts, work: Workload) -> list[tuple[Row, Callable[[], dict]]]:
+def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, work: Workload) -> list[tuple[Row, Callable[[], dict]]]:
     """Every engine/weights pair to measure, with the call that measures it."""
     t, params = args.threads, linear_parameters(config)
     probe = Probe(build_bench_binary(args.rsgl_bench), t, work.membw_mb, work.membw_reps)
+    given = str(args.model) if args.model else None
+    rsgl_rows = [("bf16", "bfloat16", 2, None), ("f32", "float32", 4, None), ("w8a8", "bfloat16", 1, "w8a8_int8")]
+    if args.model:  # float32 copies of real-size models do not fit here
+        rsgl_rows = [row for row in rsgl_rows if row[0] == "bf16" or (row[0] == "w8a8" and args.w8a8)]
     runs = [
-        (Row("rsgl", "bf16", 2 * params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work, probe)),
-        (Row("rsgl", "f32", 4 * params), partial(run_isolated, measure_rsgl, "float32", t, prompts, work, probe)),
-        (Row("rsgl", "w8a8", params), partial(run_isolated, measure_rsgl, "bfloat16", t, prompts, work, probe, "w8a8_int8")),
+        (Row("rsgl", weights, size * params), partial(run_isolated, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
+        for weights, dtype, size, quantization in rsgl_rows
     ]
-    if not args.skip_transformers:
+    if args.transformers if args.model else not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
-            measure_one = partial(run_isolated, measure_transformers, dtype, t, str(gguf_path), prompts, work, probe)
+            measure_one = partial(run_isolated, measure_transformers, dtype, t, str(model), prompts, work, probe)
             runs.append((Row("transformers", weights, size * params), measure_one))
     if not args.skip_llamacpp:
-        for name, path in llama_cpp_models(gguf_path, t).items():
+        for name, path in llama_cpp_files(args, model, t).items():
             measure_one = partial(run_isolated, measure_llamacpp, str(path), t, prompts, work, probe)
-            runs.append((Row("llama.cpp", name, gguf_linear_bytes(path)), measure_one))
+            runs.append((Row("llama.cpp", name, gguf_linear_bytes(path, config)), measure_one))
     return runs
+
+
+def llama_cpp_files(args: argparse.Namespace, model: Path, threads: int) -> dict[str, Path]:
+    """The GGUF files llama.cpp runs, by their weight type: the --model file (or --gguf) as it is,
+    else the default model as F16 and Q8_0."""
+    if not args.model:
+        return llama_cpp_models(model, threads)
+    gguf_file = args.gguf or (model if model.is_file() else None)
+    if gguf_file is None:
+        log("llama.cpp left out: the model is a folder and no --gguf file was given")
+        return {}
+    import gguf
+
+    file_type = gguf.GGUFReader(gguf_file).get_field(gguf.Keys.General.FILE_TYPE)
+    name = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_") if file_type else gguf_file.stem
+    return {name: gguf_file}
 
 
 def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
@@ -435,6 +496,7 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
         else:
             row.decode_tok_s, row.prefill_tok_s, row.parallel_tok_s = result["decode_tok_s"], result["prefill_tok_s"], result["parallel_tok_s"]
             row.bandwidth_gb_s, row.info = result["bandwidth_gb_s"], result["info"]
+            row.load_s, row.peak_rss_gb = result.get("load_s"), result["peak_rss_gb"]
             row.info["bandwidth_probes_gb_s"] = result["bandwidth_probes_gb_s"]
         rows.append(row)
     return rows
@@ -443,7 +505,7 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
 def headers(work: Workload) -> list[str]:
     return [
         "engine", "weights", "decode b1 tok/s", f"prefill {work.prefill_tokens} tok/s",
-        f"{work.sequences} seqs tok/s", "MB/token", "probe GB/s", "b1 limit tok/s", "% of limit",
+        f"{work.sequences} seqs tok/s", "MB/token", "probe GB/s", "b1 limit tok/s", "% of limit", "load s", "peak RSS GB",
     ]
 
 
@@ -458,6 +520,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
         out.append([
             row.engine, row.weights, cell(row.decode_tok_s), cell(row.prefill_tok_s), cell(row.parallel_tok_s),
             f"{row.bytes_per_token / 1e6:.0f}", cell(row.bandwidth_gb_s), cell(limit), cell(share),
+            "-" if row.load_s is None else f"{row.load_s:.2f}", "-" if row.peak_rss_gb is None else f"{row.peak_rss_gb:.2f}",
         ])
     return out
 
@@ -511,22 +574,22 @@ def main() -> None:
     from rsgl.loader import load_model
     from rsgl.loader.default_model import default_model_path
 
-    gguf_path = Path(default_model_path())
-    config = load_model(gguf_path, skip_tokenizer_init=True, progress=False).config
+    model = args.model or Path(default_model_path())
+    config = load_model(model, skip_tokenizer_init=True, progress=False).config
     prompts = make_prompts(config["vocab_size"], work)
-    rows = run_all(plan(args, gguf_path, config, prompts, work))
+    rows = run_all(plan(args, model, config, prompts, work))
 
     print_table(headers(work), table_rows(rows))
     kernels = next((r.info.get("kernels") for r in rows if r.engine == "rsgl" and r.info), None)
     report = {
         "bench": "compare",
-        "model": str(gguf_path),
+        "model": str(model),
         **machine_fields(args.threads, kernels),
         "workload": asdict(work),
         "results": [{**asdict(r), "limit_tok_s": r.limit_tok_s()} for r in rows],
     }
     write_json(args.json, report)
-    plot(args.plot, gguf_path.name.split(".")[0], rows, work, args.threads)
+    plot(args.plot, model.name.split(".")[0], rows, work, args.threads)
     if any(r.error for r in rows):
         sys.exit("compare.py: some engines failed; see their errors above")
 

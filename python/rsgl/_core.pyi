@@ -18,6 +18,9 @@ class WeightStore:
     @staticmethod
     def open_gguf(path: str | os.PathLike, architecture: str, heads: int, kv_heads: int) -> WeightStore:
         """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint."""
+    @staticmethod
+    def gguf_metadata_json(path: str | os.PathLike) -> str:
+        """A GGUF file's metadata as a JSON object (key -> value)."""
     def tensors(self) -> list[tuple[str, list[int], str]]:
         """(name, shape, storage type such as "BF16", "Q4_K" or "I8") of every tensor."""
     def read(self, name: str) -> bytes:

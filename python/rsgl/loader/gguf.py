@@ -1,5 +1,6 @@
-"""GGUF files (llama.cpp's format): config and tokenizer from the metadata (read with gguf-py),
-weights mapped by the Rust core, which names and lays them out as a Hugging Face checkpoint
+"""GGUF files (llama.cpp's format): config and tokenizer from the metadata, weights mapped by the
+Rust core (which also reads the metadata: gguf-py takes seconds over a vocabulary's strings),
+which names and lays them out as a Hugging Face checkpoint
 (GGUF lists dimensions innermost first; llama.cpp's converter permutes the q/k rows of llama
 models and stacks the experts of mixture-of-experts layers) and dequantizes them as it packs.
 """
@@ -7,6 +8,7 @@ models and stacks the experts of mixture-of-experts layers) and dequantizes them
 from __future__ import annotations
 
 import functools
+import json
 from pathlib import Path
 
 import gguf
@@ -30,8 +32,7 @@ _NATIVE_DTYPE = {"F32": "float32", "F16": "float16"}
 
 
 def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
-    reader = _open_reader(path)
-    metadata = _Metadata(reader)
+    metadata = _Metadata(json.loads(WeightStore.gguf_metadata_json(str(path))))
     gguf_architecture = metadata.require("general.architecture", path)
     if gguf_architecture not in (*SUPPORTED_ARCHITECTURES, *_MOE_ARCHITECTURES):
         supported = ", ".join((*SUPPORTED_ARCHITECTURES, *_MOE_ARCHITECTURES))
@@ -66,14 +67,13 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
 
 
 class _Metadata:
-    """The GGUF key/value metadata, read on demand."""
+    """The GGUF key/value metadata."""
 
-    def __init__(self, reader: gguf.GGUFReader):
-        self._fields = reader.fields
+    def __init__(self, fields: dict):
+        self._fields = fields
 
     def get(self, key: str, default=None):
-        field = self._fields.get(key)
-        return default if field is None else field.contents()
+        return self._fields.get(key, default)
 
     def require(self, key: str, source: Path):
         value = self.get(key)
@@ -82,14 +82,6 @@ class _Metadata:
                 f"{source} lacks the GGUF metadata key {key!r}; the file looks broken: download it again."
             )
         return value
-
-
-def _open_reader(path: Path) -> gguf.GGUFReader:
-    try:
-        return gguf.GGUFReader(path)
-    except Exception as error:  # gguf-py raises whatever its parsing hits on a damaged file
-        message = f"{path} is corrupt, truncated or not a GGUF file ({error}); download it again."
-        raise ModelLoadError(message) from error
 
 
 def _architecture(metadata: _Metadata, gguf_architecture: str) -> str:

@@ -63,7 +63,11 @@ impl PackedWeights {
         let rows = PanelRows { n, k, panels, stride, pool, read_row };
         packed.data = match dtype {
             WeightDtype::F32 => PackedData::F32(rows.pack(|panel, dst| interleave(panel, k, dst, |v| v))),
-            WeightDtype::F16 => PackedData::Half(rows.pack(|panel, dst| interleave(panel, k, dst, f32_to_f16))),
+            WeightDtype::F16 => PackedData::Half(rows.pack(|panel, dst| {
+                let mut halves = vec![0u16; panel.len()];
+                f32_to_f16_slice(panel, &mut halves);
+                interleave(&halves, k, dst, |h| h);
+            })),
             WeightDtype::BF16 => PackedData::Half(rows.pack(|panel, dst| interleave_pairs(panel, k, dst))),
         };
         packed
@@ -151,7 +155,7 @@ impl PanelRows<'_> {
 }
 
 /// `[PANEL][k]` rows to the `[k][PANEL]` panel layout.
-fn interleave<T>(panel: &[f32], k: usize, dst: &mut [T], convert: impl Fn(f32) -> T) {
+fn interleave<S: Copy, T>(panel: &[S], k: usize, dst: &mut [T], convert: impl Fn(S) -> T) {
     for (col, out) in dst.chunks_exact_mut(PANEL).enumerate() {
         for (r, o) in out.iter_mut().enumerate() {
             *o = convert(panel[r * k + col]);
@@ -168,6 +172,28 @@ fn interleave_pairs(panel: &[f32], k: usize, dst: &mut [u16]) {
             out[2 * r + 1] = f32_to_bf16(at(r, 2 * pair + 1));
         }
     }
+}
+
+/// [`f32_to_f16`] over a slice (`dst` at least as long), with the CPU's conversion where it has one.
+pub fn f32_to_f16_slice(src: &[f32], dst: &mut [u16]) {
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+        // SAFETY: the features were just detected.
+        return unsafe { crate::x86_64::convert::f32_to_f16_f16c(src, dst) };
+    }
+    dst.iter_mut().zip(src).for_each(|(d, &s)| *d = f32_to_f16(s));
+}
+
+/// [`f16_to_f32`] over little-endian halves (2 bytes each, as files store them), with the CPU's
+/// conversion where it has one.
+pub fn f16_bytes_to_f32(src: &[u8], dst: &mut [f32]) {
+    assert_eq!(src.len(), 2 * dst.len(), "f16_bytes_to_f32: 2 bytes per value");
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("f16c") && is_x86_feature_detected!("avx") {
+        // SAFETY: the features were just detected; the lengths were checked.
+        return unsafe { crate::x86_64::convert::f16_bytes_to_f32_f16c(src, dst) };
+    }
+    dst.iter_mut().zip(src.chunks_exact(2)).for_each(|(d, s)| *d = f16_to_f32(u16::from_le_bytes([s[0], s[1]])));
 }
 
 /// Round to nearest even, as hardware conversions do; NaN stays NaN.
@@ -261,6 +287,36 @@ mod tests {
             } else {
                 assert_eq!(f32_to_f16(v), h, "half {h:#06x} -> {v}");
             }
+        }
+    }
+
+    #[test]
+    fn f16_slices_convert_as_values_do() {
+        // Odd lengths, ties, subnormals, overflow, infinities and NaN.
+        let mut values: Vec<f32> = (0..37).map(|i| (i as f32 - 18.0) * 0.3371).collect();
+        values.extend([1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 65520.0, -1e-7, 3e-5, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1e-8]);
+        for len in [0, 1, 7, 8, 9, values.len()] {
+            let mut got = vec![0; len];
+            f32_to_f16_slice(&values[..len], &mut got);
+            let want: Vec<u16> = values[..len].iter().map(|&v| f32_to_f16(v)).collect();
+            assert_eq!(got, want, "length {len}");
+        }
+    }
+
+    #[test]
+    fn f16_bytes_widen_as_values_do() {
+        // Every half, then odd lengths.
+        let all: Vec<u16> = (0..=u16::MAX).collect();
+        let bytes: Vec<u8> = all.iter().flat_map(|h| h.to_le_bytes()).collect();
+        let mut got = vec![0.0; all.len()];
+        f16_bytes_to_f32(&bytes, &mut got);
+        for (&h, &v) in all.iter().zip(&got) {
+            assert!(v.to_bits() == f16_to_f32(h).to_bits() || (v.is_nan() && f16_to_f32(h).is_nan()), "half {h:#06x}");
+        }
+        for len in [1, 7, 9, 17] {
+            let mut got = vec![0.0; len];
+            f16_bytes_to_f32(&bytes[1000..1000 + 2 * len], &mut got);
+            assert_eq!(got, (500..500 + len as u16).map(f16_to_f32).collect::<Vec<_>>());
         }
     }
 

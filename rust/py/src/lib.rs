@@ -61,6 +61,13 @@ impl WeightStore {
         Self::wrap(py, || rsgl_engine::WeightStore::open_gguf(&path, architecture, heads, kv_heads))
     }
 
+    /// A GGUF file's metadata as a JSON object (key -> value).
+    #[staticmethod]
+    fn gguf_metadata_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+        let metadata = py.detach(|| rsgl_engine::WeightStore::gguf_metadata(&path)).map_err(to_py_err)?;
+        Ok(serde_json::Value::Object(metadata).to_string())
+    }
+
     /// Every tensor's name, shape and storage type ("BF16", "Q4_K", "I8", ...).
     fn tensors(&self) -> PyResult<Vec<(String, Vec<usize>, &'static str)>> {
         self.with(|s| {

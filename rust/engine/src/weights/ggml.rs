@@ -5,7 +5,7 @@
 //! Each value is computed as llama.cpp's reference dequantization computes it, in float32, in
 //! the same order of operations, so the results equal gguf-py's bit for bit.
 
-use rsgl_kernels::packed::{bf16_to_f32, f16_to_f32};
+use rsgl_kernels::packed::{bf16_to_f32, f16_bytes_to_f32, f16_to_f32};
 
 /// A GGUF tensor's storage type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,7 +121,7 @@ pub fn dequantize_row(kind: GgmlType, bytes: &[u8], out: &mut [f32]) {
     let blocks = bytes.chunks_exact(kind.block_bytes()).zip(out.chunks_exact_mut(kind.block_values()));
     match kind {
         GgmlType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
-        GgmlType::F16 => blocks.for_each(|(b, y)| y[0] = half(b, 0)),
+        GgmlType::F16 => f16_bytes_to_f32(bytes, out),
         GgmlType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
         GgmlType::Q4_0 => blocks.for_each(|(b, y)| nibbles(&b[2..18], 0, |q| (q as f32 - 8.0) * half(b, 0), y)),
         GgmlType::Q4_1 => blocks.for_each(|(b, y)| nibbles(&b[4..20], 0, |q| q as f32 * half(b, 0) + half(b, 2), y)),

@@ -8,6 +8,7 @@
 //! huge allocation.
 
 use super::ggml::GgmlType;
+use serde_json::{Map, Value};
 use std::ops::Range;
 use thiserror::Error;
 
@@ -15,8 +16,11 @@ const ALIGNMENT_KEY: &str = "general.alignment";
 const DEFAULT_ALIGNMENT: usize = 32;
 /// Metadata value types whose values have a fixed size, with that size.
 const FIXED_SIZES: &[(u32, usize)] = &[(0, 1), (1, 1), (2, 2), (3, 2), (4, 4), (5, 4), (6, 4), (7, 1), (10, 8), (11, 8), (12, 8)];
+/// Arrays of arrays are legal; deeper nesting than this only comes from a corrupt file.
+const MAX_NESTING: usize = 8;
 const STRING: u32 = 8;
 const ARRAY: u32 = 9;
+#[cfg(test)]
 const UINT32: u32 = 4;
 
 pub struct GgufTensorInfo {
@@ -30,6 +34,8 @@ pub struct GgufTensorInfo {
 }
 
 pub struct GgufDirectory {
+    /// Key -> value (numbers, booleans, strings and arrays of them, as JSON).
+    pub metadata: Map<String, Value>,
     pub tensors: Vec<GgufTensorInfo>,
 }
 
@@ -84,25 +90,31 @@ impl<'a> Cursor<'a> {
         self.take(len, what)
     }
 
-    /// Skips one metadata value of type `kind`; arrays may nest.
-    fn skip_value(&mut self, kind: u32) -> Result<(), GgufError> {
-        match kind {
-            STRING => self.string("metadata").map(drop),
+    /// One metadata value of type `kind`; arrays may nest, `depth` deep so far.
+    fn value(&mut self, kind: u32, depth: usize) -> Result<Value, GgufError> {
+        const WHAT: &str = "metadata";
+        Ok(match kind {
+            0 => Value::from(self.take(1, WHAT)?[0]),
+            1 => Value::from(self.take(1, WHAT)?[0] as i8),
+            2 => Value::from(u16::from_le_bytes(self.take(2, WHAT)?.try_into().expect("2 bytes"))),
+            3 => Value::from(i16::from_le_bytes(self.take(2, WHAT)?.try_into().expect("2 bytes"))),
+            4 => Value::from(self.u32(WHAT)?),
+            5 => Value::from(self.u32(WHAT)? as i32),
+            6 => Value::from(f32::from_bits(self.u32(WHAT)?) as f64),
+            7 => Value::from(self.take(1, WHAT)?[0] != 0),
+            STRING => Value::from(String::from_utf8_lossy(self.string(WHAT)?).into_owned()),
+            ARRAY if depth >= MAX_NESTING => return Err(GgufError::Corrupt(format!("its metadata nests arrays over {MAX_NESTING} deep"))),
             ARRAY => {
-                let element = self.u32("metadata")?;
-                let size = FIXED_SIZES.iter().find(|(k, _)| *k == element).map(|(_, s)| *s);
-                let count = self.count(size.unwrap_or(8), "metadata array")?;
-                match size {
-                    Some(size) => self.take(count * size, "metadata").map(drop),
-                    None => (0..count).try_for_each(|_| self.skip_value(element)),
-                }
+                let element = self.u32(WHAT)?;
+                let size = FIXED_SIZES.iter().find(|(k, _)| *k == element).map_or(8, |(_, s)| *s);
+                let count = self.count(size, "metadata array")?;
+                Value::Array((0..count).map(|_| self.value(element, depth + 1)).collect::<Result<_, _>>()?)
             }
-            _ => {
-                let size = FIXED_SIZES.iter().find(|(k, _)| *k == kind).map(|(_, s)| *s);
-                let size = size.ok_or_else(|| GgufError::Corrupt(format!("its metadata holds a value of unknown type {kind}")))?;
-                self.take(size, "metadata").map(drop)
-            }
-        }
+            10 => Value::from(self.u64(WHAT)?),
+            11 => Value::from(self.u64(WHAT)? as i64),
+            12 => Value::from(f64::from_bits(self.u64(WHAT)?)),
+            _ => return Err(GgufError::Corrupt(format!("its metadata holds a value of unknown type {kind}"))),
+        })
     }
 }
 
@@ -118,19 +130,16 @@ pub fn read_directory(bytes: &[u8]) -> Result<GgufDirectory, GgufError> {
     // A tensor info takes at least 24 bytes, a metadata entry at least 12.
     let tensor_count = cursor.count(24, "tensor")?;
     let metadata_count = cursor.count(12, "metadata")?;
-    let mut alignment = DEFAULT_ALIGNMENT;
+    let mut metadata = Map::new();
     for _ in 0..metadata_count {
-        let key = cursor.string("metadata")?;
+        let key = String::from_utf8_lossy(cursor.string("metadata")?).into_owned();
         let kind = cursor.u32("metadata")?;
-        if key == ALIGNMENT_KEY.as_bytes() && kind == UINT32 {
-            alignment = cursor.u32("metadata")? as usize;
-            if alignment == 0 || !alignment.is_power_of_two() {
-                return Err(GgufError::Corrupt(format!("its alignment {alignment} is not a power of two")));
-            }
-        } else {
-            cursor.skip_value(kind)?;
-        }
+        metadata.insert(key, cursor.value(kind, 0)?);
     }
+    let alignment = match metadata.get(ALIGNMENT_KEY) {
+        None => DEFAULT_ALIGNMENT,
+        Some(value) => value.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| GgufError::Corrupt(format!("its alignment {value} is not a power of two")))? as usize,
+    };
     let mut infos = Vec::with_capacity(tensor_count);
     for _ in 0..tensor_count {
         let name = String::from_utf8_lossy(cursor.string("tensor infos")?).into_owned();
@@ -154,7 +163,7 @@ pub fn read_directory(bytes: &[u8]) -> Result<GgufDirectory, GgufError> {
             Ok(GgufTensorInfo { name, dims, type_id, data })
         })
         .collect::<Result<_, GgufError>>()?;
-    Ok(GgufDirectory { tensors })
+    Ok(GgufDirectory { metadata, tensors })
 }
 
 /// Where a tensor's data lies in the file, checked to lie inside it.
@@ -210,6 +219,10 @@ mod tests {
             let directory = read_directory(&file).unwrap();
             let names: Vec<&str> = directory.tensors.iter().map(|t| t.name.as_str()).collect();
             assert_eq!(names, ["a", "b"]);
+            let metadata = Value::Object(directory.metadata);
+            assert_eq!(metadata, serde_json::json!({
+                "general.name": "tiny", "general.alignment": alignment, "tokens": ["a", "bc"], "nested": [[1, 2, 3], [1, 2, 3]],
+            }));
             let b = &directory.tensors[1];
             assert_eq!((&b.dims[..], b.type_id, b.data.len()), (&[2, 2][..], 0, 16));
             assert_eq!(&file[b.data.clone()][..4], 10f32.to_le_bytes());

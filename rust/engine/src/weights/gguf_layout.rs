@@ -4,7 +4,7 @@
 //! interleaves in llama q/k heads read back in order.
 
 use super::ggml::GgmlType;
-use super::gguf::{read_directory, GgufTensorInfo};
+use super::gguf::{read_directory, GgufDirectory, GgufTensorInfo};
 use super::mapped::MappedFile;
 use crate::error::{EngineError, Result};
 
@@ -47,10 +47,15 @@ pub struct HfTensor {
     pub interleaved_head_dim: Option<usize>,
 }
 
+/// The tensor directory and metadata of a mapped GGUF file.
+pub fn directory(file: &MappedFile) -> Result<GgufDirectory> {
+    read_directory(file.bytes())
+        .map_err(|e| EngineError::ModelLoad(format!("{} is corrupt, truncated or not a GGUF file ({e}); download it again", file.path.display())))
+}
+
 pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads: usize) -> Result<Vec<HfTensor>> {
     let path = file.path.display();
-    let directory = read_directory(file.bytes())
-        .map_err(|e| EngineError::ModelLoad(format!("{path} is corrupt, truncated or not a GGUF file ({e}); download it again")))?;
+    let directory = directory(file)?;
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
     let mut tensors = Vec::new();

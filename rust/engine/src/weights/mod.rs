@@ -190,6 +190,11 @@ impl WeightStore {
         Ok(store)
     }
 
+    /// A GGUF file's metadata (config, tokenizer, chat template), as JSON values by key.
+    pub fn gguf_metadata(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
+        Ok(gguf_layout::directory(&MappedFile::open(path)?)?.metadata)
+    }
+
     fn add(&mut self, name: String, entry: Entry) {
         self.progress.add_total(entry.bytes().len());
         self.tensors.insert(name, entry);

@@ -3,6 +3,7 @@
 
 pub mod avx2;
 pub mod avx512;
+pub mod convert;
 pub mod int8;
 mod vec256;
 mod vec512;
