@@ -42,7 +42,7 @@ class Engine:
     """Loads a model and serves generation requests in-process.
 
     Options are named after SGLang's server arguments:
-    `dtype` (weight precision: "auto" = the checkpoint's, bfloat16 for quantized GGUF files;
+    `dtype` (weight precision: "auto" = float32 for float32 checkpoints, else bfloat16;
     "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
     `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset), `kv_cache_dtype`
     ("float32" or "bfloat16": half the bytes per token, so twice the tokens per budget),

@@ -61,7 +61,7 @@ class LoadedModel:
     special_token_ids: list[int]
     source: str  # the path loaded
     model_name: str  # the name to serve it under
-    # Weight precision: the checkpoint's own (bfloat16 for quantized GGUF files) until
+    # Weight precision: float32 for float32 checkpoints, else bfloat16, until
     # `load_model` applies `dtype=`.
     dtype: str
     # The checkpoint's quantization ("w8a8_int8": the engine packs its int8 weights as they are),
@@ -89,7 +89,7 @@ def load_model(
 
     Only the config, the tokenizer and the weight files' headers are read here; the engine maps
     the weights when it starts. `dtype` picks the weight precision the engine computes with
-    ("auto": the checkpoint's).
+    ("auto": float32 for float32 checkpoints, else bfloat16).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")

@@ -28,7 +28,7 @@ from rsgl.loader.tokenizer import GgufVocabulary, special_token_ids, token_bytes
 # GGUF architecture names of mixture-of-experts models -> the loader's names (a llama file with
 # experts is a Mixtral).
 _MOE_ARCHITECTURES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
-_NATIVE_DTYPE = {"F32": "float32", "F16": "float16"}
+_NATIVE_DTYPE = {"F32": "float32"}
 
 
 def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
@@ -59,7 +59,8 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         open_weights=open_weights,
         source=str(path),
         model_name=path.stem,
-        # Float files compute in their own precision; quantized ones in bfloat16 (the fastest 16-bit path).
+        # float32 files compute in float32; F16, BF16 and quantized ones in bfloat16, the fast 16-bit
+        # path on CPUs (vLLM's CPU backend casts float16 to bfloat16 too); dtype="float16" keeps F16.
         dtype=_NATIVE_DTYPE.get(tensors[probe][1], "bfloat16"),
         generation_config={},
         **_tokenizer_fields(metadata, config["vocab_size"], skip_tokenizer_init),

@@ -172,7 +172,9 @@ def _required(raw: dict, key: str):
 _QUANT_METHODS = ("w8a8_int8",)
 # Next to each int8 weight of a W8A8 checkpoint: its per-output-channel scales, [out, 1].
 _SCALE_SUFFIX = "_scale"
-_CHECKPOINT_DTYPE = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+# float16 checkpoints compute in bfloat16 unless dtype="float16" asks: it is the fast 16-bit path
+# on CPUs (vLLM's CPU backend casts float16 to bfloat16 too).
+_CHECKPOINT_DTYPE = {"F32": "float32", "F16": "bfloat16", "BF16": "bfloat16"}
 # (shape, storage type) of each tensor of a checkpoint, by name.
 Tensors = dict[str, tuple[tuple[int, ...], str]]
 

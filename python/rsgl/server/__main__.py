@@ -26,7 +26,7 @@ ENGINE_OPTIONS = {
     "--max-total-tokens": {"type": int, "help": "KV-cache pool size, in tokens"},
     "--kv-cache-dtype": {"choices": ["float32", "bfloat16"], "help": "element type of the KV cache (default float32; bfloat16 holds twice the tokens)"},
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
-    "--dtype": {"help": "weight precision: auto (the checkpoint's; bfloat16 for quantized GGUF), float32, bfloat16, float16"},
+    "--dtype": {"help": "weight precision: auto (float32 for float32 checkpoints, else bfloat16), float32, bfloat16, float16"},
     "--quantization": {"choices": ["w8a8_int8"], "help": "quantize the linear layers at load: w8a8_int8 (int8 weights per channel, int8 activations per token)"},
     "--quantize-lm-head": {"action": "store_true", "default": None, "help": "with --quantization, quantize the lm_head too"},
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},

@@ -68,7 +68,11 @@ impl PackedWeights {
                 f32_to_f16_slice(panel, &mut halves);
                 interleave(&halves, k, dst, |h| h);
             })),
-            WeightDtype::BF16 => PackedData::Half(rows.pack(|panel, dst| interleave_pairs(panel, k, dst))),
+            WeightDtype::BF16 => PackedData::Half(rows.pack(|panel, dst| {
+                let mut halves = vec![0u16; panel.len()];
+                halves.iter_mut().zip(panel).for_each(|(h, &v)| *h = f32_to_bf16(v));
+                interleave_pairs(&halves, k, dst);
+            })),
         };
         packed
     }
@@ -163,13 +167,13 @@ fn interleave<S: Copy, T>(panel: &[S], k: usize, dst: &mut [T], convert: impl Fn
     }
 }
 
-/// `[PANEL][k]` rows to the bf16 `[k / 2][PANEL][2]` panel layout (odd `k` padded with zero).
-fn interleave_pairs(panel: &[f32], k: usize, dst: &mut [u16]) {
-    let at = |r: usize, col: usize| if col < k { panel[r * k + col] } else { 0.0 };
-    for (pair, out) in dst.chunks_exact_mut(2 * PANEL).enumerate() {
-        for r in 0..PANEL {
-            out[2 * r] = f32_to_bf16(at(r, 2 * pair));
-            out[2 * r + 1] = f32_to_bf16(at(r, 2 * pair + 1));
+/// `[PANEL][k]` bf16 rows to the `[k / 2][PANEL][2]` panel layout (odd `k` padded with zero).
+fn interleave_pairs(panel: &[u16], k: usize, dst: &mut [u16]) {
+    for (r, row) in panel.chunks_exact(k.max(1)).enumerate() {
+        for (pair, values) in row.chunks(2).enumerate() {
+            let at = (pair * PANEL + r) * 2;
+            dst[at] = values[0];
+            dst[at + 1] = values.get(1).copied().unwrap_or(0);
         }
     }
 }
@@ -196,14 +200,13 @@ pub fn f16_bytes_to_f32(src: &[u8], dst: &mut [f32]) {
     dst.iter_mut().zip(src.chunks_exact(2)).for_each(|(d, s)| *d = f16_to_f32(u16::from_le_bytes([s[0], s[1]])));
 }
 
-/// Round to nearest even, as hardware conversions do; NaN stays NaN.
+/// Round to nearest even, as hardware conversions do; NaN stays NaN. Branch-free, so loops
+/// over it vectorize.
 pub fn f32_to_bf16(v: f32) -> u16 {
     let bits = v.to_bits();
-    if v.is_nan() {
-        return ((bits >> 16) | 0x40) as u16;
-    }
-    let rounding = 0x7fff + ((bits >> 16) & 1);
-    (bits.wrapping_add(rounding) >> 16) as u16
+    let rounded = bits.wrapping_add(0x7fff + ((bits >> 16) & 1)) >> 16;
+    let quiet_nan = (bits >> 16) | 0x40;
+    (if v.is_nan() { quiet_nan } else { rounded }) as u16
 }
 
 pub fn bf16_to_f32(h: u16) -> f32 {

@@ -120,9 +120,9 @@ pub fn dequantize_row(kind: GgmlType, bytes: &[u8], out: &mut [f32]) {
     assert_eq!(Some(bytes.len()), kind.row_bytes(out.len()), "dequantize_row: {} bytes for {} {} values", bytes.len(), out.len(), kind.name());
     let blocks = bytes.chunks_exact(kind.block_bytes()).zip(out.chunks_exact_mut(kind.block_values()));
     match kind {
-        GgmlType::F32 => blocks.for_each(|(b, y)| y[0] = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+        GgmlType::F32 => out.iter_mut().zip(bytes.chunks_exact(4)).for_each(|(y, b)| *y = f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
         GgmlType::F16 => f16_bytes_to_f32(bytes, out),
-        GgmlType::BF16 => blocks.for_each(|(b, y)| y[0] = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
+        GgmlType::BF16 => out.iter_mut().zip(bytes.chunks_exact(2)).for_each(|(y, b)| *y = bf16_to_f32(u16::from_le_bytes([b[0], b[1]]))),
         GgmlType::Q4_0 => blocks.for_each(|(b, y)| nibbles(&b[2..18], 0, |q| (q as f32 - 8.0) * half(b, 0), y)),
         GgmlType::Q4_1 => blocks.for_each(|(b, y)| nibbles(&b[4..20], 0, |q| q as f32 * half(b, 0) + half(b, 2), y)),
         GgmlType::Q5_0 => blocks.for_each(|(b, y)| nibbles(&b[6..22], high_bits(&b[2..6]), |q| (q as f32 - 16.0) * half(b, 0), y)),
