@@ -193,6 +193,34 @@ def test_bad_models_raise_typed_errors(tmp_path, tiny_models):
         rsgl.Engine(path, not_an_option=1)
 
 
+def test_broken_weight_files_name_the_tensor_leave_nothing_mapped_and_serving_goes_on(llm, tmp_path, tiny_models):
+    import json
+    import shutil
+
+    from rsgl.loader.default_model import default_model_path
+
+    truncated = tmp_path / "truncated.gguf"
+    truncated.write_bytes(open(default_model_path(), "rb").read()[:-100_000])
+    with pytest.raises(rsgl.ModelLoadError, match=r"truncated\.gguf is corrupt.*the data of tensor \S+ runs past the end"):
+        rsgl.Engine(str(truncated), progress=False)
+    path, _ = tiny_models["llama"]
+    misshapen = tmp_path / "misshapen"
+    shutil.copytree(path, misshapen)
+    config = json.loads((misshapen / "config.json").read_text())
+    (misshapen / "config.json").write_text(json.dumps({**config, "intermediate_size": config["intermediate_size"] + 1}))
+    with pytest.raises(rsgl.ModelLoadError, match=r"tensor model\.layers\.0\.mlp\.\w+_proj\.weight has shape"):
+        rsgl.Engine(str(misshapen), progress=False)
+    sharded = tmp_path / "sharded"
+    shutil.copytree(path, sharded)
+    index = {"weight_map": {"model.embed_tokens.weight": "model.safetensors", "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(rsgl.ModelLoadError, match="lacks the shard.*model-00002-of-00002.safetensors"):
+        rsgl.Engine(str(sharded), progress=False)
+    maps = open("/proc/self/maps").read()
+    assert str(tmp_path) not in maps  # nothing of the broken files stays mapped
+    assert llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 4})["text"].strip()
+
+
 def test_shutdown_makes_calls_fail_cleanly(tiny_models):
     path, _ = tiny_models["qwen2"]
     engine = rsgl.Engine(path, threads=1, progress=False)

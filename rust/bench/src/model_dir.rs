@@ -151,23 +151,16 @@ fn flag(raw: &Value, key: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use safetensors::tensor::TensorView;
+    use safetensors::Dtype;
 
-    /// A safetensors file holding `tensors` as (name, dtype, shape, raw bytes).
-    fn safetensors(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
-        let mut header = Map::new();
-        let mut data = Vec::new();
-        for (name, dtype, shape, bytes) in tensors {
-            header.insert(name.to_string(), json!({ "dtype": dtype, "shape": shape, "data_offsets": [data.len(), data.len() + bytes.len()] }));
-            data.extend_from_slice(bytes);
-        }
-        header.insert("__metadata__".into(), json!({ "format": "pt" }));
-        let header = serde_json::to_vec(&header).unwrap();
-        [(header.len() as u64).to_le_bytes().to_vec(), header, data].concat()
+    /// A safetensors file (written by Hugging Face's crate) of float32 tensors (name, shape, values).
+    fn f32_safetensors(tensors: &[(&str, Vec<usize>, Vec<f32>)]) -> Vec<u8> {
+        let bytes: Vec<Vec<u8>> = tensors.iter().map(|(_, _, values)| values.iter().flat_map(|v| v.to_le_bytes()).collect()).collect();
+        let views = tensors.iter().zip(&bytes).map(|((name, shape, _), data)| (*name, TensorView::new(Dtype::F32, shape.clone(), data).unwrap()));
+        safetensors::serialize(views, None).unwrap()
     }
 
-    fn le_bytes<const N: usize, T: Copy>(values: &[T], to_bytes: fn(T) -> [u8; N]) -> Vec<u8> {
-        values.iter().flat_map(|&v| to_bytes(v)).collect()
-    }
     #[test]
     fn normalizes_a_llama_config() {
         let raw = json!({
@@ -201,11 +194,9 @@ mod tests {
             "num_attention_heads": 1, "vocab_size": 3, "max_position_embeddings": 16,
         });
         std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
-        let embedding = le_bytes(&[1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], f32::to_le_bytes);
-        let inv_freq = le_bytes(&[1.0f32], f32::to_le_bytes);
-        let file = safetensors(&[
-            ("model.embed_tokens.weight", "F32", vec![3, 2], embedding),
-            ("model.layers.0.self_attn.rotary_emb.inv_freq", "F32", vec![1], inv_freq),
+        let file = f32_safetensors(&[
+            ("model.embed_tokens.weight", vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]),
+            ("model.layers.0.self_attn.rotary_emb.inv_freq", vec![1], vec![1.0]),
         ]);
         std::fs::write(dir.join("model.safetensors"), file).unwrap();
         let loaded = load(&dir);

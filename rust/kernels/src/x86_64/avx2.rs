@@ -2,8 +2,10 @@
 //! which checks the CPU features first.
 //!
 //! GEMM tiles are up to 6 rows by one panel (12 ymm accumulators) for f32/f16 weights, 4 rows for
-//! bf16, whose pairs widen with a shift (even `k`) and a mask (odd `k`). Every output is a
-//! sequential sum over `k`, so results do not depend on `m`.
+//! bf16, whose pairs widen with a shift (even `k`) and a mask (odd `k`). A GEMM of many rows
+//! (prefill) widens each bf16 panel to f32 once per block of rows instead, then runs the f32
+//! tiles over it: the widening is paid once per 48 rows, not once per 4. Every output is a
+//! sequential sum over `k` either way, so results do not depend on `m`.
 
 use crate::dispatch::GemmArgs;
 use crate::packed::{PackedWeights, WeightDtype, PANEL};
@@ -78,6 +80,32 @@ unsafe fn tile_bf16<const R: usize>(x: *const f32, w: *const u16, t: &Tile) {
     store(&acc, t);
 }
 
+/// Rows from which a bf16 GEMM widens its panels once per row block (fewer stream the packed
+/// bf16 panel directly: decode reads each weight once and widening first would only add work).
+const WIDEN_FROM_ROWS: usize = 8;
+/// Rows of an f32 tile, and the row block a widened panel serves.
+const WIDE_ROWS: usize = 6;
+const WIDE_ROW_BLOCK: usize = WIDE_ROWS * 8;
+
+/// A bf16 panel (`[k / 2][PANEL][2]`) widened to the f32 panel layout (`[k][PANEL]`): the same
+/// values `tile_bf16` widens in registers.
+#[inline(always)]
+unsafe fn widen_panel(w: *const u16, k: usize, out: &mut [f32]) {
+    let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
+    let dst = out.as_mut_ptr();
+    for kp in 0..k.div_ceil(2) {
+        let pair0 = _mm256_loadu_si256(w.add(kp * 2 * PANEL) as *const __m256i);
+        let pair1 = _mm256_loadu_si256(w.add(kp * 2 * PANEL + PANEL) as *const __m256i);
+        let even = dst.add(2 * kp * PANEL);
+        _mm256_storeu_ps(even, _mm256_castsi256_ps(_mm256_slli_epi32(pair0, 16)));
+        _mm256_storeu_ps(even.add(8), _mm256_castsi256_ps(_mm256_slli_epi32(pair1, 16)));
+        if 2 * kp + 1 < k {
+            _mm256_storeu_ps(even.add(PANEL), _mm256_castsi256_ps(_mm256_and_si256(pair0, high)));
+            _mm256_storeu_ps(even.add(PANEL + 8), _mm256_castsi256_ps(_mm256_and_si256(pair1, high)));
+        }
+    }
+}
+
 macro_rules! by_rows {
     ($rows:expr, $f:ident, $args:tt) => {
         match $rows {
@@ -92,8 +120,31 @@ macro_rules! by_rows {
     };
 }
 
+/// bf16 weights for many rows: each panel widened once per row block, then f32 tiles.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_bf16_widened(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let (k, stride, x) = (w.k, w.panel_stride(), a.x.as_ptr());
+    let mut widened = vec![0f32; k * PANEL];
+    let wp = widened.as_ptr();
+    for block in (0..a.m).step_by(WIDE_ROW_BLOCK) {
+        let block_end = (block + WIDE_ROW_BLOCK).min(a.m);
+        for panel in panels.clone() {
+            widen_panel(w.half_data().as_ptr().add(panel * stride), k, &mut widened);
+            let cols = (w.n - panel * PANEL).min(PANEL);
+            for row in (block..block_end).step_by(WIDE_ROWS) {
+                let rows = WIDE_ROWS.min(block_end - row);
+                let t = Tile { x: row * k, k, w: 0, out: out.add(row * ldo + panel * PANEL), ldo, cols };
+                by_rows!(rows, tile_wide, (x, &t, |at: usize| _mm256_loadu_ps(wp.add(at))));
+            }
+        }
+    }
+}
+
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    if w.dtype == WeightDtype::BF16 && a.m >= WIDEN_FROM_ROWS {
+        return gemm_bf16_widened(a, w, panels, out, ldo);
+    }
     let (k, stride) = (w.k, w.panel_stride());
     let max_rows = if w.dtype == WeightDtype::BF16 { 4 } else { 6 };
     let x = a.x.as_ptr();
