@@ -31,8 +31,10 @@ pools and memory do not overlap. Every time is the best of --repeats, after a wa
   This host's bandwidth swings (46 and 79 GB/s a few seconds apart), so a probe taken minutes
   away says little about the moment a decode ran. A mixture-of-experts model reads the router
   and its active experts' share of the expert weights.
-- load s: from the engine's constructor to ready (llama.cpp: model and context); peak RSS: the
-  largest resident memory of the engine's process over its whole run (KV cache included).
+- load s: from the engine's constructor to ready (llama.cpp: model and context; it maps the
+  file and reads pages as its first pass touches them), with the model's files read once just
+  before, so each engine starts from a warm page cache; peak RSS: the largest resident memory of
+  the engine's process over its whole run (KV cache included).
 """
 
 from __future__ import annotations
@@ -176,11 +178,24 @@ def measure(generate: Generate, prompts: Prompts, work: Workload, probe: Callabl
     }
 
 
+def warm_page_cache(path: Path) -> None:
+    """Reads a model's files once, so a load measures the engine, not the disk."""
+    for file in [path] if path.is_file() else sorted(path.iterdir()):
+        with file.open("rb") as stream:
+            while stream.read(64 << 20):
+                pass
+
+
 def run_isolated(fn: Callable[..., dict], *args) -> dict:
     """Runs fn in a fresh process, so no engine shares threads or memory with another; adds the
     process's peak resident memory."""
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
         return pool.submit(with_peak_rss, fn, *args).result()
+
+
+def warm_then(path: Path, fn: Callable[..., dict], *args) -> dict:
+    warm_page_cache(path)
+    return run_isolated(fn, *args)
 
 
 def with_peak_rss(fn: Callable[..., dict], *args) -> dict:
@@ -453,16 +468,16 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
     if args.model:  # float32 copies of real-size models do not fit here
         rsgl_rows = [row for row in rsgl_rows if row[0] == "bf16" or (row[0] == "w8a8" and args.w8a8)]
     runs = [
-        (Row("rsgl", weights, size * params), partial(run_isolated, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
+        (Row("rsgl", weights, size * params), partial(warm_then, model, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
         for weights, dtype, size, quantization in rsgl_rows
     ]
     if args.transformers if args.model else not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
-            measure_one = partial(run_isolated, measure_transformers, dtype, t, str(model), prompts, work, probe)
+            measure_one = partial(warm_then, model, measure_transformers, dtype, t, str(model), prompts, work, probe)
             runs.append((Row("transformers", weights, size * params), measure_one))
     if not args.skip_llamacpp:
         for name, path in llama_cpp_files(args, model, t).items():
-            measure_one = partial(run_isolated, measure_llamacpp, str(path), t, prompts, work, probe)
+            measure_one = partial(warm_then, path, measure_llamacpp, str(path), t, prompts, work, probe)
             runs.append((Row("llama.cpp", name, gguf_linear_bytes(path, config)), measure_one))
     return runs
 

@@ -17,6 +17,9 @@ import pytest
 API_KEY = "test-key"
 AUTH = {"Authorization": f"Bearer {API_KEY}"}
 STARTUP_TIMEOUT_SECONDS = 120
+# SIGTERM to exit: the graceful timeout (5 s), the server's own forced exit 5 s later, and a margin.
+STOP_TIMEOUT_SECONDS = 15
+SETTLE_SECONDS = 20  # for a server to notice departed clients and release their requests
 
 
 def free_port() -> int:
@@ -56,12 +59,14 @@ def wait_until_healthy(url: str, process: subprocess.Popen, log_path: Path) -> N
 
 
 def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, which must end the server within its graceful timeout (5 s) and a few seconds."""
     process.terminate()
     try:
-        process.wait(timeout=15)
+        process.wait(timeout=STOP_TIMEOUT_SECONDS)
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+        pytest.fail(f"the server ignored SIGTERM for {STOP_TIMEOUT_SECONDS} s and was killed")
 
 
 def sse_lines_payloads(lines: list[str]) -> list:
@@ -82,3 +87,22 @@ def assert_openai_error(response: httpx.Response, status: int) -> str:
     error = response.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"]
     return error["message"]
+
+
+def drained(url: str) -> dict:
+    """The engine's counters once it is idle (or the last seen after SETTLE_SECONDS)."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    with httpx.Client(base_url=url, headers=AUTH, timeout=30) as http:
+        while True:
+            info = http.get("/get_server_info").json()
+            idle = info["running_requests"] == info["waiting_requests"] == info["grammar_waiting_requests"] == 0
+            if idle or time.monotonic() > deadline:
+                info["kv_pages_used"] = metric_values(http.get("/metrics").text)["rsgl:kv_pages_used"]
+                return info
+            time.sleep(0.2)
+
+
+def process_usage(pid: int) -> tuple[int, int]:
+    """(resident bytes, threads) of a process."""
+    status = dict(line.split(":", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]) * 1024, int(status["Threads"])

@@ -1,94 +1,172 @@
-"""Under load: 200 concurrent streaming clients, 50 of which leave after their first chunk. The
-server keeps serving the others, frees every request's KV, and its /metrics agree with what happened."""
+"""Soak and load: rounds of 1,000 concurrent streaming clients, a third of which leave at random
+points, mixed with non-streamed, constrained, n > 1 and abandoned requests, each round followed by a
+drain. Every client that stayed gets a complete, well-formed answer; the engine ends idle with every
+KV page back; the server's thread count and resident memory return to their level after a warm-up
+round; /health answers throughout. Three rounds in a row on one server, so what leaks adds up."""
 
 from __future__ import annotations
 
 import asyncio
+import random
+import resource
 import time
+from dataclasses import dataclass, field
 
 import httpx
 import orjson
 import pytest
-from server_helpers import AUTH, metric_values, running_server
+from server_helpers import AUTH, drained, process_usage, running_server
 
-CLIENTS = 200
-LEAVING_CLIENTS = 50
+STREAMS = 1000
+LEAVING_SHARE = 3  # one streaming client in LEAVING_SHARE leaves early
+WHOLE = 100  # non-streamed completions
+CONSTRAINED = 60  # streamed and not, JSON schema and regex
+SAMPLED = 40  # n = 3
+ABANDONED = 60  # non-streamed requests whose client gives up before the answer
 MAX_TOKENS = 8
-TEST_TIMEOUT_SECONDS = 120
-SETTLE_SECONDS = 10  # for the server to notice the departed clients and release their requests
-REQUEST_COUNTS = ("finished", "aborted", "error")
+ROUND_TIMEOUT_SECONDS = 300
+HEALTH_PERIOD_SECONDS = 0.1
+# The server's resident memory and thread count after a round, against their level after warm-up.
+TOLERANCE = 0.10
+SERVER_OPTIONS = ("--max-total-tokens", "4096", "--kv-cache-dtype", "bfloat16", "--random-seed", "7")
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory):
-    with running_server(tmp_path_factory.mktemp("load-server")) as (url, _):
-        yield url
+def server(tmp_path_factory: pytest.TempPathFactory):
+    # Each client holds a socket: a thousand of them pass the usual soft limit of 1024 files.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    try:
+        with running_server(tmp_path_factory.mktemp("load-server"), *SERVER_OPTIONS) as (url, process):
+            yield url, process.pid
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-async def stream_completion(http: httpx.AsyncClient, index: int, leave_early: bool) -> list | None:
-    """The payloads of one streamed completion, or None for a client that leaves after its first chunk."""
-    body = {"prompt": f"Request {index}: the number {index} is", "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+@dataclass
+class Round:
+    """What one round's clients saw."""
+
+    complete: list = field(default_factory=list)  # (kind, payload) of clients that stayed
+    left: int = 0
+    health_seconds: list = field(default_factory=list)
+
+
+def sse_payloads(lines: list[str]) -> list:
+    return [line[6:] if line == "data: [DONE]" else orjson.loads(line[6:]) for line in lines if line]
+
+
+async def stream_completion(http: httpx.AsyncClient, result: Round, index: int, leave_after: int | None, extra: dict) -> None:
+    body = {"prompt": f"Request {index}: the number {index} is", "max_tokens": MAX_TOKENS, "stream": True, **extra}
     body["stream_options"] = {"include_usage": True}
-    payloads = []
+    lines = []
     async with http.stream("POST", "/v1/completions", json=body) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
-            if not line:
-                continue
-            payload = line.removeprefix("data: ")
-            payloads.append(payload if payload == "[DONE]" else orjson.loads(payload))
-            if leave_early:
-                return None  # closing the response drops the connection mid-stream
-    return payloads
+            lines.append(line)
+            if leave_after is not None and len(lines) > leave_after:
+                result.left += 1
+                return  # closing the response drops the connection mid-stream
+    result.complete.append(("stream", sse_payloads(lines)))
 
 
-async def run_clients(url: str) -> list[list | None]:
+async def whole_completion(http: httpx.AsyncClient, result: Round, index: int, extra: dict) -> None:
+    body = {"prompt": f"Question {index}: say a number.", "max_tokens": MAX_TOKENS, **extra}
+    response = await http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    result.complete.append(("whole", response.json()))
+
+
+async def abandoned_completion(http: httpx.AsyncClient, result: Round, index: int, rng: random.Random) -> None:
+    body = {"prompt": f"A long story {index}:", "max_tokens": 200, "ignore_eos": True}
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(http.post("/v1/completions", json=body), rng.uniform(0.05, 1.0))
+    result.left += 1
+
+
+async def probe_health(http: httpx.AsyncClient, result: Round, stop: asyncio.Event) -> None:
+    while not stop.is_set():
+        started = time.perf_counter()
+        assert (await http.get("/health")).status_code == 200
+        result.health_seconds.append(time.perf_counter() - started)
+        await asyncio.sleep(HEALTH_PERIOD_SECONDS)
+
+
+def client_mix(http: httpx.AsyncClient, result: Round, rng: random.Random, scale: int) -> list:
+    """Every kind of client, `scale` times fewer than a full round's, in a random order."""
+    regex = {"regex": "(yes|no), [0-9]{1,3}"}
+    json_schema = {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": SCHEMA}}}
+    clients = []
+    for i in range(STREAMS // scale):
+        leave_after = rng.randrange(1, MAX_TOKENS + 2) if i % LEAVING_SHARE == 0 else None
+        clients.append(stream_completion(http, result, i, leave_after, {"temperature": rng.choice((0, 1.0))}))
+    clients += [whole_completion(http, result, i, {"temperature": 1.0}) for i in range(WHOLE // scale)]
+    for i in range(CONSTRAINED // scale):
+        constraint = regex if i % 2 else {"temperature": 1.0, **json_schema}
+        if i % 3:
+            clients.append(whole_completion(http, result, i, {**constraint, "max_tokens": 24}))
+        else:
+            clients.append(stream_completion(http, result, i, None, {**constraint, "max_tokens": 24}))
+    clients += [whole_completion(http, result, i, {"n": 3, "temperature": 1.0}) for i in range(SAMPLED // scale)]
+    clients += [abandoned_completion(http, result, i, rng) for i in range(ABANDONED // scale)]
+    rng.shuffle(clients)
+    return clients
+
+
+async def run_round(url: str, seed: int, scale: int = 1) -> Round:
+    result, rng, stop = Round(), random.Random(seed), asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # the default caps at 100
-    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=TEST_TIMEOUT_SECONDS, limits=limits) as http:
-        streams = (stream_completion(http, i, leave_early=i % (CLIENTS // LEAVING_CLIENTS) == 0) for i in range(CLIENTS))
-        return await asyncio.wait_for(asyncio.gather(*streams), TEST_TIMEOUT_SECONDS)
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=ROUND_TIMEOUT_SECONDS, limits=limits) as http:
+        health = asyncio.create_task(probe_health(http, result, stop))
+        try:
+            await asyncio.wait_for(asyncio.gather(*client_mix(http, result, rng, scale)), ROUND_TIMEOUT_SECONDS)
+        finally:
+            stop.set()
+            await health
+    return result
 
 
-def request_counts(http: httpx.Client) -> dict[str, float]:
-    values = metric_values(http.get("/metrics").text)
-    return {status: values[f'rsgl:requests_total{{status="{status}"}}'] for status in REQUEST_COUNTS}
-
-
-def assert_complete(payloads: list) -> None:
-    *text_chunks, usage_chunk, done = payloads
-    assert done == "[DONE]" and usage_chunk["choices"] == []
-    completion_tokens = usage_chunk["usage"]["completion_tokens"]
-    finish_reason = text_chunks[-1]["choices"][0]["finish_reason"]
-    assert 0 < completion_tokens <= MAX_TOKENS and finish_reason == ("length" if completion_tokens == MAX_TOKENS else "stop")
+def assert_well_formed(kind: str, payload) -> None:
+    if kind == "whole":
+        choices = payload["choices"]
+        assert choices and all(c["finish_reason"] in ("stop", "length") for c in choices)
+        assert payload["usage"]["completion_tokens"] > 0
+        return
+    *text_chunks, usage_chunk, done = payload
+    assert done == "[DONE]" and usage_chunk["choices"] == [], payload[-3:]
+    assert usage_chunk["usage"]["completion_tokens"] > 0
+    assert text_chunks[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert all(chunk["choices"][0]["finish_reason"] is None for chunk in text_chunks[:-1])
 
 
-def settled(http: httpx.Client, before: dict[str, float]) -> tuple[dict, dict[str, float]]:
-    """The server's info and the growth of its request counts once every request has ended."""
-    deadline = time.monotonic() + SETTLE_SECONDS
-    while True:
-        info = http.get("/get_server_info").json()
-        counts = request_counts(http)
-        grown = {status: counts[status] - before[status] for status in REQUEST_COUNTS}
-        idle = info["running_requests"] == info["waiting_requests"] == 0
-        if (idle and sum(grown.values()) == CLIENTS) or time.monotonic() > deadline:
-            return info, grown
-        time.sleep(0.2)
+@pytest.fixture(scope="module")
+def baseline(server) -> tuple[int, int]:
+    """The server's resident memory and threads after a warm-up round a tenth the size."""
+    url, pid = server
+    asyncio.run(run_round(url, seed=0, scale=10))
+    drained(url)
+    return process_usage(pid)
 
 
-def test_many_streams_some_leaving_early(server_url: str):
-    with httpx.Client(base_url=server_url, headers=AUTH, timeout=30) as http:
-        before = request_counts(http)
-        results = asyncio.run(run_clients(server_url))
-        completed = [payloads for payloads in results if payloads is not None]
-        assert len(completed) == CLIENTS - LEAVING_CLIENTS
-        for payloads in completed:
-            assert_complete(payloads)
+@pytest.mark.parametrize("round_index", range(3))
+def test_a_thousand_streams_and_everything_else_then_a_drain(server, baseline, round_index: int):
+    url, pid = server
+    result = asyncio.run(run_round(url, seed=round_index + 1))
+    expected_clients = STREAMS + WHOLE + CONSTRAINED + SAMPLED + ABANDONED
+    assert len(result.complete) + result.left == expected_clients
+    assert result.left >= ABANDONED + STREAMS // LEAVING_SHARE // 2
+    for kind, payload in result.complete:
+        assert_well_formed(kind, payload)
 
-        info, grown = settled(http, before)
-        assert info["running_requests"] == info["waiting_requests"] == 0
-        assert info["kv_pages_free"] + info["cached_pages"] == info["kv_pages_total"]  # no request holds KV
-        finished_anyway = grown["finished"] - len(completed)  # leavers whose last token came before they left
-        assert 0 <= finished_anyway <= LEAVING_CLIENTS
-        assert grown == {"finished": len(completed) + finished_anyway, "aborted": LEAVING_CLIENTS - finished_anyway, "error": 0}
-        assert metric_values(http.get("/metrics").text)["rsgl:kv_pages_used"] == 0
+    info = drained(url)
+    assert info["running_requests"] == info["waiting_requests"] == info["grammar_waiting_requests"] == 0
+    assert info["kv_pages_free"] + info["cached_pages"] == info["kv_pages_total"]  # no request holds KV
+    assert info["kv_pages_used"] == 0
+    rss, threads = process_usage(pid)
+    base_rss, base_threads = baseline
+    assert threads <= base_threads * (1 + TOLERANCE), (threads, base_threads)
+    assert rss <= base_rss * (1 + TOLERANCE), (rss / 1e6, base_rss / 1e6)
+    worst = max(result.health_seconds)
+    print(f"round {round_index}: {len(result.complete)} complete, {result.left} left; /health worst {worst * 1e3:.0f} ms "
+          f"over {len(result.health_seconds)} probes; RSS {rss / 1e6:.0f} MB (baseline {base_rss / 1e6:.0f}), threads {threads} ({base_threads})")

@@ -204,3 +204,56 @@ def test_the_grammar_applies_after_the_end_of_thinking():
         out = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 40}, regex="[0-9]{3}")
     thought, _, answer = out["text"].partition(".")
     assert thought.strip() == "Paris" and re.fullmatch("[0-9]{3}", answer), out["text"]
+
+
+# Free text inside each constraint, so independent samples at temperature 1.0 practically never
+# coincide; forced text (the JSON keys) in between, which jump-forward appends without sampling.
+DISTINCT_CONSTRAINTS = {
+    "json_schema": {"json_schema": json.dumps(LONG_KEYS_SCHEMA)},
+    "regex": {"regex": "[a-z]{4} [a-z]{4} [a-z]{4} [0-9]{6}"},
+}
+SAMPLES = 8
+
+
+@pytest.fixture(scope="module")
+def llm_without_jump_forward():
+    with rsgl.Engine(threads=2, progress=False, disable_jump_forward=True) as engine:
+        yield engine
+
+
+@pytest.mark.parametrize("jump_forward", [True, False])
+@pytest.mark.parametrize("constraint", DISTINCT_CONSTRAINTS)
+def test_equal_constrained_prompts_sample_apart_unless_seeded(llm, llm_without_jump_forward, jump_forward: bool, constraint: str):
+    engine = llm if jump_forward else llm_without_jump_forward
+    prompt = engine.apply_chat_template(chat("Describe a customer."))
+    params = {"temperature": 1.0, "max_new_tokens": 120}
+    grammar = DISTINCT_CONSTRAINTS[constraint]
+    batch = engine.generate([prompt] * SAMPLES, params, **grammar)
+    samples = engine.generate(prompt, {**params, "n": SAMPLES}, **grammar)
+    for outputs in (batch, samples):
+        texts = [out["text"] for out in outputs]
+        assert len(set(texts)) == SAMPLES, texts
+    seeded = [out["text"] for out in engine.generate([prompt] * SAMPLES, {**params, "seed": 11}, **grammar)]
+    assert len(set(seeded)) == 1
+
+
+def test_equal_prompts_with_choices_sample_several_unless_seeded(llm):
+    # Samples of a few choices coincide by chance, but not all 32 (the model gives its favourite
+    # about 3 in 4 here: all alike would happen once in 10,000 runs).
+    choices = [f" option {word}" for word in "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango".split()]
+    prompt = "Pick one at random:"
+    texts = [out["text"] for out in llm.generate(prompt, {"temperature": 1.0, "n": 32, "max_new_tokens": 8}, choices=choices)]
+    assert len(set(texts)) >= 2, texts
+    seeded = llm.generate([prompt] * SAMPLES, {"temperature": 1.0, "seed": 5, "max_new_tokens": 8}, choices=choices)
+    assert len({out["text"] for out in seeded}) == 1
+
+
+def test_random_seed_is_drawn_at_start_up_unless_given(llm, llm_without_jump_forward):
+    # Both fixtures started without one, so they do not replay each other's samples.
+    assert llm.random_seed != llm_without_jump_forward.random_seed
+    params = {"temperature": 1.0, "max_new_tokens": 24}
+    replays = []
+    for _ in range(2):
+        with rsgl.Engine(threads=2, progress=False, random_seed=3) as engine:
+            replays.append([out["text"] for out in engine.generate(["Once upon a time"] * 2, params)])
+    assert replays[0] == replays[1] and replays[0][0] != replays[0][1]

@@ -503,9 +503,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def launched_server(server_args: str, api_key: str | None, timeout: float) -> Iterator[str]:
-    """Runs `python -m rsgl.server` on a free loopback port until the block ends, then stops it
-    with SIGTERM; its output goes to a log file (the table would drown in access logs)."""
+def launched_server(server_args: str, api_key: str | None, timeout: float) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(base URL, process) of `python -m rsgl.server` on a free loopback port until the block
+    ends, then stops it with SIGTERM; its output goes to a log file (the table would drown in
+    access logs)."""
     port = free_port()
     command = [sys.executable, "-m", "rsgl.server", "--host", "127.0.0.1", "--port", str(port), *shlex.split(server_args)]
     if api_key:
@@ -516,7 +517,7 @@ def launched_server(server_args: str, api_key: str | None, timeout: float) -> It
     base_url = f"http://127.0.0.1:{port}"
     try:
         wait_until_healthy(process, base_url, timeout, log.name)
-        yield base_url
+        yield base_url, process
     finally:
         process.send_signal(signal.SIGTERM)
         try:
@@ -585,7 +586,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     if args.launch:
-        with launched_server(args.server_args, args.api_key, args.server_timeout) as base_url:
+        with launched_server(args.server_args, args.api_key, args.server_timeout) as (base_url, _):
             results = asyncio.run(benchmark(args, base_url))
     else:
         results = asyncio.run(benchmark(args, args.base_url.rstrip("/")))

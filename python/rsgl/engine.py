@@ -13,8 +13,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import secrets
+import itertools
 import time
 import uuid
+import weakref
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -30,6 +34,13 @@ _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
 QUANTIZATIONS = (None, "w8a8_int8")
 KV_CACHE_DTYPES = ("float32", "bfloat16")
+
+logger = logging.getLogger("rsgl")
+
+# OpenAI's upper bound on `n`; the default of `max_n`.
+DEFAULT_MAX_N = 128
+# Sequences one call may start (prompts times n), so a single request cannot fill the server.
+DEFAULT_MAX_SEQUENCES_PER_CALL = 1024
 
 # The sampling_params that constrain the output (at most one per request).
 _GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
@@ -48,7 +59,9 @@ class Engine:
     ("float32" or "bfloat16": half the bytes per token, so twice the tokens per budget),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
     core; default True),
-    `random_seed`, `skip_tokenizer_init` (token ids in and out), `served_model_name`,
+    `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,
+    so two engines do not replay the same samples), `max_n` (the largest `n`), `max_sequences_per_call`
+    (prompts times `n` of one call), `skip_tokenizer_init` (token ids in and out), `served_model_name`,
     `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
     sharing), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
     load, one scale per output channel, activations quantized per token; None: weights in `dtype`),
@@ -77,7 +90,9 @@ class Engine:
         chunked_prefill_size: int = 2048,
         threads: int | None = None,
         pin_threads: bool = True,
-        random_seed: int = 0,
+        random_seed: int | None = None,
+        max_n: int = DEFAULT_MAX_N,
+        max_sequences_per_call: int = DEFAULT_MAX_SEQUENCES_PER_CALL,
         skip_tokenizer_init: bool = False,
         served_model_name: str | None = None,
         schedule_policy: str = "fcfs",
@@ -92,6 +107,12 @@ class Engine:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
         if kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidRequestError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {KV_CACHE_DTYPES}")
+        if random_seed is None:
+            random_seed = secrets.randbits(63)
+            logger.info("random_seed %d drawn at start-up (pass random_seed to reproduce a run)", random_seed)
+        self.random_seed = random_seed
+        self.max_n = max_n
+        self.max_sequences_per_call = max_sequences_per_call
         self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
@@ -125,6 +146,7 @@ class Engine:
             special_token_ids=self.model.special_token_ids,
             tokenizer_json=None if self.tokenizer is None else self.tokenizer.to_str(),
         )
+        self._loop_wakeups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWakeups] = weakref.WeakKeyDictionary()
         self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
         self._sampling_defaults = {
             k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None
@@ -188,12 +210,16 @@ class Engine:
         `stream=True`, returns an async iterator of chunks."""
         grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
         requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar)
+        wakeups = self._wakeups()
         if stream:
             request = self._only(requests)
-            await asyncio.to_thread(self.check_grammar, request["sampling_params"])
-            return self._astream(request)
+            if any(request["sampling_params"].get(key) is not None for key in _GRAMMAR_KEYS):
+                # Compiled off the loop, so a bad grammar fails the request before it streams.
+                await asyncio.to_thread(self.check_grammar, request["sampling_params"])
+            # Submitted now, so a request the engine refuses raises before any chunk is awaited.
+            return self._astream(request, wakeups.submit(self._core, request))
         started = time.perf_counter()
-        handles = [self._submit(r) for r in requests]
+        handles = [wakeups.submit(self._core, r) for r in requests]
         results = await asyncio.gather(*(self._acollect(r, h, started) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
 
@@ -279,6 +305,9 @@ class Engine:
     def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None, grammar=None):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
+        batch = prompt if prompt is not None else input_ids
+        if isinstance(batch, list) and len(batch) > self.max_sequences_per_call and not isinstance(batch[0], int):
+            raise self._too_many_sequences()
         if prompt is not None:
             single = isinstance(prompt, str)
             prompts = [prompt] if single else list(prompt)
@@ -298,8 +327,10 @@ class Engine:
         for ids, p, r in zip(id_lists, params, rids):
             p = self._normalize_params(p, grammar)
             n = p.pop("n", 1)
-            if not isinstance(n, int) or n < 1:
-                raise InvalidRequestError("sampling_params: n must be a positive integer")
+            if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n:
+                raise InvalidRequestError(f"sampling_params: n must be an integer from 1 to {self.max_n} (the server's max_n)")
+            if len(requests) + n > self.max_sequences_per_call:
+                raise self._too_many_sequences()
             base = r or uuid.uuid4().hex
             for i in range(n):
                 sample = dict(p)
@@ -318,6 +349,9 @@ class Engine:
                     "think_end_token_ids": self._think_end_ids if any(k in sample for k in _GRAMMAR_KEYS) else None,
                 })
         return requests, single and len(requests) == 1
+
+    def _too_many_sequences(self) -> InvalidRequestError:
+        return InvalidRequestError(f"one call may start at most {self.max_sequences_per_call} sequences (prompts times n); split the batch")
 
     def _normalize_params(self, params: dict | None, grammar: dict | None = None) -> dict:
         if params is not None and not isinstance(params, dict):
@@ -357,19 +391,25 @@ class Engine:
             if not handle.done:
                 self._core.abort(request["rid"])
 
-    async def _aoutputs(self, request: dict, handle: _core.RequestStream | None) -> AsyncIterator[dict]:
-        """`_outputs` for asyncio: a cancelled waiter aborts the request too."""
-        handle = handle or self._submit(request)
+    async def _aoutputs(self, request: dict, handle: _AsyncHandle) -> AsyncIterator[dict]:
+        """`_outputs` for asyncio: waits on the event loop, with no thread; a cancelled waiter
+        aborts the request too."""
         try:
             while True:
-                raw = await asyncio.to_thread(handle.next_json, _POLL_SECONDS)
-                if raw is not None:
-                    yield orjson.loads(raw)
-                    if handle.done:
-                        return
+                raw = await handle.next_json()
+                yield orjson.loads(raw)
+                if handle.stream.done:
+                    return
         finally:
-            if not handle.done:
+            if not handle.stream.done:
                 self._core.abort(request["rid"])
+
+    def _wakeups(self) -> _LoopWakeups:
+        loop = asyncio.get_running_loop()
+        wakeups = self._loop_wakeups.get(loop)
+        if wakeups is None:
+            wakeups = self._loop_wakeups[loop] = _LoopWakeups(loop)
+        return wakeups
 
     def _stream(self, request: dict, handle: _core.RequestStream | None = None) -> Iterator[dict]:
         result = _Result(request)
@@ -378,7 +418,7 @@ class Engine:
                 result.add(out)
                 yield result.snapshot()
 
-    async def _astream(self, request: dict, handle: _core.RequestStream | None = None) -> AsyncIterator[dict]:
+    async def _astream(self, request: dict, handle: _AsyncHandle) -> AsyncIterator[dict]:
         result = _Result(request)
         async with contextlib.aclosing(self._aoutputs(request, handle)) as outputs:
             async for out in outputs:
@@ -391,11 +431,51 @@ class Engine:
             result.add(out)
         return result.snapshot()
 
-    async def _acollect(self, request: dict, handle: _core.RequestStream, started: float) -> dict:
+    async def _acollect(self, request: dict, handle: _AsyncHandle, started: float) -> dict:
         result = _Result(request, started)
         async for out in self._aoutputs(request, handle):
             result.add(out)
         return result.snapshot()
+
+
+class _LoopWakeups:
+    """Wakes an event loop's waiting requests: the engine pushes a request's key onto a Notifier
+    whose socket the loop watches, so a waiting request costs an Event, not a thread or a poll."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._notifier = _core.Notifier()
+        # Weak: a request's entry goes with its handle, however its reader ended (or never started).
+        self._ready: weakref.WeakValueDictionary[int, asyncio.Event] = weakref.WeakValueDictionary()
+        self._keys = itertools.count()
+        # The loop holds this object while it watches the socket, so the socket (closed with the
+        # Notifier) outlives the watch; the engine forgets the loop once it is gone.
+        loop.add_reader(self._notifier.fileno(), self._wake)
+
+    def submit(self, core: _core.Engine, request: dict) -> _AsyncHandle:
+        key = next(self._keys)
+        stream = core.submit(orjson.dumps(request).decode(), self._notifier, key)
+        ready = self._ready[key] = asyncio.Event()
+        return _AsyncHandle(stream, ready)
+
+    def _wake(self) -> None:
+        for key in self._notifier.take_ready():
+            if (ready := self._ready.get(key)) is not None:
+                ready.set()
+
+
+class _AsyncHandle:
+    """A request's stream and the Event its outputs set."""
+
+    def __init__(self, stream: _core.RequestStream, ready: asyncio.Event) -> None:
+        self.stream = stream
+        self._ready = ready
+
+    async def next_json(self) -> str:
+        while (raw := self.stream.try_next_json()) is None:
+            # No await between the empty read and clear(): a wake-up cannot fall in between.
+            self._ready.clear()
+            await self._ready.wait()
+        return raw
 
 
 class _Result:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import resource
 import signal
 import socket
 import sys
@@ -13,7 +14,8 @@ import uvicorn
 
 from rsgl.engine import Engine
 from rsgl.errors import RsglError
-from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, build_app
+from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
+from rsgl.server.watchdog import exit_after
 
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
 ENGINE_OPTIONS = {
@@ -32,10 +34,14 @@ ENGINE_OPTIONS = {
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
     "--disable-jump-forward": {"action": "store_true", "default": None, "help": "sample every token of constrained output, even forced text"},
+    "--random-seed": {"type": int, "help": "seed of the requests that give none (default: drawn at start-up and logged)"},
+    "--max-n": {"type": int, "help": "the largest n (samples per prompt) a request may ask for (default 128, as OpenAI)"},
     "--think-end-token": {"help": "for reasoning models (e.g. '</think>'): grammars apply only after the model outputs this"},
 }
 # uvicorn cancels what still runs this long after the engine aborted it: time for its last events.
 ABORT_MARGIN_SECONDS = 2
+# Past the graceful timeout and that margin, a stop signal ends the process this much later whatever it is doing.
+EXIT_MARGIN_SECONDS = 3
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -53,6 +59,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     limits.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, help="request body size (larger: 413)")
     limits.add_argument("--graceful-shutdown-timeout", type=float, default=5, help="seconds to finish requests on SIGTERM, then abort")
+    limits.add_argument(
+        "--watchdog-timeout", type=float, default=DEFAULT_WATCHDOG_SECONDS, help="log every thread's stack when the event loop is blocked this long"
+    )
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
         engine_group.add_argument(flag, **options)
@@ -71,9 +80,16 @@ def main(argv: list[str] | None = None) -> None:
         engine = Engine(**engine_options(args))
     except RsglError as exc:
         sys.exit(f"rsgl.server: could not start the engine: {exc}")
+    raise_open_files_limit()
     with engine:  # the app shuts the engine down too; this covers a server that fails to start (port taken...)
         logging.getLogger("rsgl.server").info("loaded %s; starting the server on http://%s:%d", engine.served_model_name, args.host, args.port)
-        app = build_app(engine, args.api_key, max_queued_requests=args.max_queued_requests, max_request_bytes=args.max_request_bytes)
+        app = build_app(
+            engine,
+            args.api_key,
+            max_queued_requests=args.max_queued_requests,
+            max_request_bytes=args.max_request_bytes,
+            watchdog_seconds=args.watchdog_timeout,
+        )
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)
         # Once shut down, uvicorn raises the signal that stopped it again, for the handler it replaced:
@@ -82,15 +98,30 @@ def main(argv: list[str] | None = None) -> None:
         GracefulServer(config, engine, args.graceful_shutdown_timeout).run()
 
 
+def raise_open_files_limit() -> None:
+    """Each client holds a socket: lift the soft limit on open files (often 1024) to the hard one."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
 class GracefulServer(uvicorn.Server):
     """On SIGTERM or Ctrl-C uvicorn stops accepting and waits for the requests in flight. Those still
     running after `graceful_timeout` are aborted by shutting the engine down, so their clients get a
-    proper end (a last event saying so, then [DONE]) rather than a connection cut by uvicorn."""
+    proper end (a last event saying so, then [DONE]) rather than a connection cut by uvicorn. Should
+    the shutdown itself hang, the process ends a few seconds later anyway."""
 
     def __init__(self, config: uvicorn.Config, engine: Engine, graceful_timeout: float) -> None:
         super().__init__(config)
         self.engine = engine
         self.graceful_timeout = graceful_timeout
+        self.exit_deadline_set = False
+
+    def handle_exit(self, sig: int, frame: object) -> None:
+        if not self.exit_deadline_set:
+            exit_after(self.graceful_timeout + ABORT_MARGIN_SECONDS + EXIT_MARGIN_SECONDS)
+            self.exit_deadline_set = True
+        super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         asyncio.get_running_loop().call_later(self.graceful_timeout, self.engine.shutdown)

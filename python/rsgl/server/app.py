@@ -6,7 +6,6 @@ import asyncio
 import secrets
 import time
 from collections.abc import AsyncIterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -19,11 +18,12 @@ from rsgl.server import native_api, openai_api, openapi
 from rsgl.server.admission import AdmissionMiddleware
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
 from rsgl.server.metrics import ServerMetrics
+from rsgl.server.watchdog import LoopWatchdog
 
-DEFAULT_MAX_QUEUED_REQUESTS = 256
+# A request in flight costs no thread (it waits on the event loop), so the bound is about memory.
+DEFAULT_MAX_QUEUED_REQUESTS = 4096
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
-# Threads beyond one per admitted request, for probes and tokenization that run while it is full.
-SPARE_WAIT_THREADS = 8
+DEFAULT_WATCHDOG_SECONDS = 10.0
 # Load balancers and orchestrators probe health without credentials (as in SGLang).
 PATHS_WITHOUT_KEY = ("/health",)
 
@@ -33,10 +33,12 @@ def build_app(
     api_key: str | None = None,
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    watchdog_seconds: float = DEFAULT_WATCHDOG_SECONDS,
 ) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
     requests need `Authorization: Bearer <api_key>`. Beyond `max_queued_requests` generation
-    requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413."""
+    requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413. An event loop
+    blocked for `watchdog_seconds` has every thread's stack logged."""
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
@@ -47,20 +49,18 @@ def build_app(
     )
     app.state.engine = engine
     app.state.metrics = ServerMetrics()
-    app.state.wait_threads = max_queued_requests + SPARE_WAIT_THREADS
     app.state.created = int(time.time())
+    app.state.watchdog_seconds = watchdog_seconds
     return app
 
 
 @asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    # A non-streaming request holds a thread while it waits on the engine; asyncio's default pool
-    # (CPU count + 4 threads) would cap how many requests the engine can batch together.
-    executor = ThreadPoolExecutor(app.state.wait_threads, thread_name_prefix="rsgl-wait")
-    asyncio.get_running_loop().set_default_executor(executor)
+    watchdog = LoopWatchdog(asyncio.get_running_loop(), app.state.watchdog_seconds)
+    watchdog.start()
     yield
-    # Requests still running hold threads that the event loop waits for before it closes; shutting
-    # the engine down aborts them, so stopping the server does not wait for their generations to end.
+    watchdog.stop()
+    # Aborts the requests still running, so stopping the server does not wait for their generations.
     app.state.engine.shutdown()
 
 

@@ -8,8 +8,7 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any
 
@@ -38,8 +37,6 @@ from rsgl.server.metrics import RequestTracker, ServerMetrics
 logger = logging.getLogger("rsgl.server")
 # A probe must not hang on a stuck engine (SGLang's /health_generate gives up after 20 s too).
 HEALTH_GENERATE_TIMEOUT_SECONDS = 20
-# How often a non-streamed request checks whether its client is still there.
-DISCONNECT_POLL_SECONDS = 0.25
 
 
 def json_response(content: Any) -> Response:
@@ -55,47 +52,41 @@ def metrics_of(request: Request) -> ServerMetrics:
 
 
 class EngineStream:
-    """The chunks of one streaming request, each pulled by the request's own worker thread so the
-    event loop never waits on the engine. `close()` aborts the request if it has not finished."""
+    """The chunks of one streaming request, awaited on the event loop (no thread per stream).
+    `aclose()` aborts the request if it has not finished."""
 
-    def __init__(self, chunks: Iterator[dict], worker: ThreadPoolExecutor, tracker: RequestTracker) -> None:
+    def __init__(self, chunks: AsyncGenerator[dict, None], tracker: RequestTracker) -> None:
         self._chunks = chunks
-        self._worker = worker
         self._tracker = tracker
 
     @classmethod
     async def start(cls, request: Request, **generate_kwargs: Any) -> EngineStream:
         """Submits the request; a bad one raises here, before the response has started."""
         tracker = metrics_of(request).track()
-        worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rsgl-stream")
-        generate = partial(engine_of(request).generate, stream=True, **generate_kwargs)
         try:
-            chunks = await asyncio.get_running_loop().run_in_executor(worker, generate)
+            chunks = await engine_of(request).async_generate(stream=True, **generate_kwargs)
         except BaseException as exc:
-            worker.shutdown(wait=False)
             tracker.end(exc)
             raise
-        return cls(chunks, worker, tracker)
+        return cls(chunks, tracker)
 
     def __aiter__(self) -> EngineStream:
         return self
 
     async def __anext__(self) -> dict:
         try:
-            chunk = await asyncio.get_running_loop().run_in_executor(self._worker, next, self._chunks, None)
+            chunk = await anext(self._chunks)
+        except StopAsyncIteration:
+            raise  # the end of the stream, not a failure
         except Exception as exc:
             self._tracker.end(exc)
             raise
-        if chunk is None:
-            raise StopAsyncIteration
         self._tracker.streamed(chunk)
         return chunk
 
-    def close(self) -> None:
+    async def aclose(self) -> None:
         self._tracker.end()
-        # Queued on the same thread, behind any pending next(): a running generator cannot be closed.
-        self._worker.submit(self._chunks.close)
-        self._worker.shutdown(wait=False)
+        await self._chunks.aclose()
 
 
 async def generate_whole(request: Request, **generate_kwargs: Any) -> dict | list[dict]:
@@ -109,15 +100,24 @@ async def generate_whole(request: Request, **generate_kwargs: Any) -> dict | lis
 
 async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
     task = asyncio.ensure_future(work)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=DISCONNECT_POLL_SECONDS)
-        if done:
-            return task.result()
-        if await request.is_disconnected():
-            task.cancel()  # the Engine aborts a request whose waiting task is cancelled
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-            raise ClientDisconnected()
+    left = asyncio.ensure_future(_client_left(request))
+    try:
+        await asyncio.wait({task, left}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()  # the Engine aborts a request whose waiting task is cancelled
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientDisconnected()
+
+
+async def _client_left(request: Request) -> None:
+    """Returns when the client disconnects: once the body is read, the server's next message is
+    the disconnect (this waits on it, where polling would wake every request four times a second)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 class EventStreamResponse(StreamingResponse):
@@ -134,7 +134,7 @@ class EventStreamResponse(StreamingResponse):
         try:
             await super().__call__(scope, receive, send)
         finally:
-            self._stream.close()
+            await self._stream.aclose()
 
 
 def sse_event(payload: Any) -> bytes:

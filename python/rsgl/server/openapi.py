@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rsgl.server.native_api import json_response
+from rsgl.server.openai_api import CHAT_ROLES
 
 STRING, INTEGER, NUMBER, BOOLEAN = ({"type": kind} for kind in ("string", "integer", "number", "boolean"))
 
@@ -23,12 +24,19 @@ def array(items: dict) -> dict:
     return {"type": "array", "items": items}
 
 
-def one_of(*schemas: dict) -> dict:
-    return {"oneOf": list(schemas)}
+def any_of(*schemas: dict) -> dict:
+    # anyOf, not oneOf: the branches overlap ([] is both a list of ids and a list of lists).
+    return {"anyOf": list(schemas)}
 
 
 def nullable(schema: dict) -> dict:
     return {**schema, "nullable": True}
+
+
+def bounded(kind: dict, minimum: float, maximum: float | None = None, exclusive_minimum: bool = False) -> dict:
+    """`kind` within the range the endpoints accept, so generated valid requests are valid."""
+    limits = {"minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}
+    return {**kind, **limits, **({"exclusiveMinimum": True} if exclusive_minimum else {})}
 
 
 def typed(kind: dict, names: str) -> dict:
@@ -36,33 +44,48 @@ def typed(kind: dict, names: str) -> dict:
     return dict.fromkeys(names.split(), kind)
 
 
-TOKEN_IDS = array(INTEGER)
-TOKEN_ID_ROWS = one_of(TOKEN_IDS, array(TOKEN_IDS))
-TEXTS = one_of(STRING, array(STRING))
+COUNT = bounded(INTEGER, 0)
+TOKEN_IDS = array(COUNT)
+TOKEN_ID_ROWS = any_of(TOKEN_IDS, array(TOKEN_IDS))
+PROMPT_IDS = {**TOKEN_IDS, "minItems": 1}
+PROMPT_ID_ROWS = any_of(PROMPT_IDS, {**array(PROMPT_IDS), "minItems": 1})
+TEXTS = any_of(STRING, array(STRING))
+WORDS = {**STRING, "minLength": 1}
+STOP = any_of(WORDS, array(WORDS))
+TOP_LOGPROBS = bounded(INTEGER, 0, 20)
 ERROR = obj("error", error=obj(message=STRING, type=STRING, param=nullable(STRING), code=nullable(STRING)))
-SAMPLING_NUMBERS = typed(NUMBER, "temperature top_p min_p repetition_penalty frequency_penalty presence_penalty")
+SAMPLING_NUMBERS = {
+    "temperature": bounded(NUMBER, 0), "top_p": bounded(NUMBER, 0, 1, exclusive_minimum=True), "min_p": bounded(NUMBER, 0, 1),
+    "repetition_penalty": bounded(NUMBER, 0, 2, exclusive_minimum=True),
+    "frequency_penalty": bounded(NUMBER, -2, 2), "presence_penalty": bounded(NUMBER, -2, 2),
+}  # fmt: skip
+SAMPLES = bounded(INTEGER, 1)  # n; the server's --max-n bounds it above
 
 SAMPLING_PARAMS = obj(
-    **typed(INTEGER, "max_new_tokens min_new_tokens top_k seed n"), **typed(BOOLEAN, "ignore_eos skip_special_tokens"), **SAMPLING_NUMBERS,
-    stop=TEXTS, stop_token_ids=TOKEN_IDS,
+    **typed(COUNT, "max_new_tokens min_new_tokens seed"), top_k=bounded(INTEGER, -1), n=SAMPLES,
+    **typed(BOOLEAN, "ignore_eos skip_special_tokens"), **SAMPLING_NUMBERS, stop=STOP, stop_token_ids=TOKEN_IDS,
 )  # fmt: skip
-GENERATE_REQUEST = obj(
-    text=TEXTS, input_ids=TOKEN_ID_ROWS, sampling_params=one_of(SAMPLING_PARAMS, array(SAMPLING_PARAMS)), rid=TEXTS,
-    **typed(BOOLEAN, "stream return_logprob"), top_logprobs_num=INTEGER,
-)  # fmt: skip
+GENERATE_REQUEST = {
+    **obj(
+        text=TEXTS, input_ids=PROMPT_ID_ROWS, sampling_params=any_of(SAMPLING_PARAMS, array(SAMPLING_PARAMS)), rid=TEXTS,
+        **typed(BOOLEAN, "stream return_logprob"), top_logprobs_num=COUNT,
+    ),
+    "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],  # exactly one of them
+}  # fmt: skip
 META_INFO = obj(id=STRING, **typed(INTEGER, "prompt_tokens completion_tokens cached_tokens"), finish_reason=nullable(obj(type=STRING)))
 GENERATE_OUTPUT = obj(text=STRING, output_ids=TOKEN_IDS, meta_info=META_INFO)
-GENERATE_RESPONSE = one_of(GENERATE_OUTPUT, array(GENERATE_OUTPUT))
+GENERATE_RESPONSE = any_of(GENERATE_OUTPUT, array(GENERATE_OUTPUT))
 
 OPENAI_FIELDS = {
-    "model": STRING, "stop": TEXTS, "stream_options": obj(include_usage=BOOLEAN), **SAMPLING_NUMBERS,
-    **typed(INTEGER, "max_tokens top_k n seed"), **typed(BOOLEAN, "ignore_eos stream"),
+    "model": STRING, "stop": STOP, "stream_options": obj(include_usage=BOOLEAN), **SAMPLING_NUMBERS,
+    **typed(COUNT, "max_tokens seed"), "top_k": bounded(INTEGER, -1), "n": SAMPLES, **typed(BOOLEAN, "ignore_eos stream"),
 }  # fmt: skip
-COMPLETION_REQUEST = obj("prompt", prompt=one_of(STRING, array(STRING), TOKEN_IDS, array(TOKEN_IDS)), logprobs=INTEGER, **OPENAI_FIELDS)
+COMPLETION_REQUEST = obj("prompt", prompt=any_of(WORDS, array(WORDS), PROMPT_ID_ROWS), logprobs=TOP_LOGPROBS, **OPENAI_FIELDS)
 TEXT_PART = obj("type", "text", type=STRING, text=STRING)
-CHAT_MESSAGE = obj("role", role=STRING, content=nullable(one_of(STRING, array(TEXT_PART))))
+CHAT_MESSAGE = obj("role", role={**STRING, "enum": list(CHAT_ROLES)}, content=nullable(any_of(STRING, array(TEXT_PART))))
 CHAT_REQUEST = obj(
-    "messages", messages=array(CHAT_MESSAGE), max_completion_tokens=INTEGER, logprobs=BOOLEAN, top_logprobs=INTEGER, **OPENAI_FIELDS
+    "messages", messages={**array(CHAT_MESSAGE), "minItems": 1}, max_completion_tokens=COUNT, logprobs=BOOLEAN, top_logprobs=TOP_LOGPROBS,
+    **OPENAI_FIELDS,
 )
 OPENAI_CHOICE = obj(index=INTEGER, finish_reason=nullable(STRING))
 OPENAI_RESPONSE = obj(
@@ -76,8 +99,8 @@ SERVER_INFO = obj(
 )
 MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING)))
 TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
-TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=one_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
-DETOKENIZE_REQUEST = obj("tokens", tokens=TOKEN_ID_ROWS, skip_special_tokens=BOOLEAN)
+TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
+DETOKENIZE_REQUEST = obj("tokens", tokens=PROMPT_ID_ROWS, skip_special_tokens=BOOLEAN)
 
 
 def as_json(schema: dict) -> dict:
@@ -110,7 +133,7 @@ OPERATIONS = (
     Operation("POST", "/flush_cache", "Empties the prefix cache (400 while requests run).", response=TEXT),
     Operation("POST", "/tokenize", "The token ids of a text or texts.", TOKENIZE_REQUEST, as_json(TOKENIZE_RESPONSE)),
     Operation("POST", "/detokenize", "The text of token ids.", DETOKENIZE_REQUEST, as_json(obj(text=TEXTS))),
-    Operation("POST", "/abort_request", "Aborts the request with this rid.", obj("rid", rid=STRING)),
+    Operation("POST", "/abort_request", "Aborts the request with this rid.", obj("rid", rid=WORDS)),
     Operation("GET", "/metrics", "Prometheus metrics: requests, tokens, latencies, queues, KV usage.", response=TEXT),
     Operation("GET", "/openapi.json", "This document.", response=as_json(obj(openapi=STRING, paths=obj()))),
     Operation("GET", "/v1/models", "OpenAI: the models served.", response=as_json(MODEL_LIST)),

@@ -7,13 +7,14 @@ use crate::grammar::{Constraint, Grammar, GrammarBackend, GrammarService, Gramma
 use crate::kv::{BlockPool, KvCache};
 use crate::model::{Compute, LlamaModel, Precision};
 use rsgl_kernels::ThreadPool;
-use crate::request::{validate, GenerateRequest, Output, Sequence};
+use crate::request::{validate, GenerateRequest, Output, OutputSink, Sequence, Waker};
+use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
 use serde::Serialize;
 use std::collections::HashSet;
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -26,7 +27,7 @@ pub struct Tokenizer {
 }
 
 enum Command {
-    Submit(Box<GenerateRequest>, Sender<Result<Output>>),
+    Submit(Box<GenerateRequest>, OutputSink),
     /// A grammar compiled for the requests parked waiting for it.
     GrammarReady(GrammarSpec, Result<Box<dyn Grammar>>),
     Abort(String),
@@ -85,7 +86,7 @@ pub struct EngineStats {
 
 pub struct Engine {
     inbox: Sender<Command>,
-    thread: Option<JoinHandle<()>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
     stats: Arc<Mutex<EngineStats>>,
     vocab_size: usize,
     context_length: usize,
@@ -108,20 +109,38 @@ impl RequestStream {
         if self.done {
             return Err(EngineError::Closed);
         }
-        match self.rx.recv_timeout(timeout) {
-            Ok(Ok(out)) => {
+        let received = match self.rx.recv_timeout(timeout) {
+            Ok(out) => Some(out),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Err(EngineError::Closed)),
+        };
+        self.take(received)
+    }
+
+    /// The next output if there is one now (for callers woken by the request's [`Waker`]).
+    pub fn try_next(&mut self) -> Result<Option<Output>> {
+        if self.done {
+            return Err(EngineError::Closed);
+        }
+        let received = match self.rx.try_recv() {
+            Ok(out) => Some(out),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(EngineError::Closed)),
+        };
+        self.take(received)
+    }
+
+    fn take(&mut self, received: Option<Result<Output>>) -> Result<Option<Output>> {
+        match received {
+            Some(Ok(out)) => {
                 self.done = out.finished.is_some();
                 Ok(Some(out))
             }
-            Ok(Err(e)) => {
+            Some(Err(e)) => {
                 self.done = true;
                 Err(e)
             }
-            Err(RecvTimeoutError::Timeout) => Ok(None),
-            Err(RecvTimeoutError::Disconnected) => {
-                self.done = true;
-                Err(EngineError::Closed)
-            }
+            None => Ok(None),
         }
     }
 
@@ -180,7 +199,7 @@ impl Engine {
             context_length,
             stats: stats.clone(),
             active: HashSet::new(),
-            next_seed: opts.random_seed,
+            seeds: Rng::new(opts.random_seed),
         };
         let thread = std::thread::Builder::new()
             .name("rsgl-engine".into())
@@ -192,7 +211,7 @@ impl Engine {
                 worker.run(commands)
             })
             .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { inbox, thread: Some(thread), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size, grammars })
+        Ok(Engine { inbox, thread: Mutex::new(Some(thread)), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size, grammars })
     }
 
     /// Compiles a request's grammar now, on the calling thread, so a bad one is reported before
@@ -207,6 +226,15 @@ impl Engine {
 
     /// Queues a request; errors in the request itself are returned here, at once.
     pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+        self.enqueue(req, None)
+    }
+
+    /// [`Self::submit`], calling `waker` after each output the request gets.
+    pub fn submit_with_waker(&self, req: GenerateRequest, waker: Waker) -> Result<RequestStream> {
+        self.enqueue(req, Some(waker))
+    }
+
+    fn enqueue(&self, req: GenerateRequest, waker: Option<Waker>) -> Result<RequestStream> {
         validate(&req, self.vocab_size, self.context_length, self.has_tokenizer)?;
         let need = req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len());
         if need > self.max_total_tokens {
@@ -217,7 +245,7 @@ impl Engine {
         }
         let (tx, rx) = channel();
         let rid = req.rid.clone();
-        self.inbox.send(Command::Submit(Box::new(req), tx)).map_err(|_| EngineError::Closed)?;
+        self.inbox.send(Command::Submit(Box::new(req), OutputSink::new(tx, waker))).map_err(|_| EngineError::Closed)?;
         Ok(RequestStream { rid, rx, done: false })
     }
 
@@ -239,13 +267,14 @@ impl Engine {
     }
 
     pub fn is_running(&self) -> bool {
-        self.thread.as_ref().is_some_and(|t| !t.is_finished())
+        self.thread.lock().expect("thread lock").as_ref().is_some_and(|t| !t.is_finished())
     }
 
     /// Stops the thread; requests still in flight end with an `Aborted` finish.
-    pub fn shutdown(&mut self) {
+    pub fn shutdown(&self) {
         let _ = self.inbox.send(Command::Shutdown);
-        if let Some(t) = self.thread.take() {
+        let thread = self.thread.lock().expect("thread lock").take();
+        if let Some(t) = thread {
             let _ = t.join();
         }
     }
@@ -272,7 +301,8 @@ struct Worker {
     context_length: usize,
     stats: Arc<Mutex<EngineStats>>,
     active: HashSet<String>,
-    next_seed: u64,
+    /// Draws each request's seed (requests that give none sample from it).
+    seeds: Rng,
 }
 
 impl Worker {
@@ -308,13 +338,12 @@ impl Worker {
         }
     }
 
-    fn accept(&mut self, req: GenerateRequest, out: Sender<Result<Output>>) {
+    fn accept(&mut self, req: GenerateRequest, out: OutputSink) {
         if !self.active.insert(req.rid.clone()) {
             let _ = out.send(Err(invalid(format!("request id {:?} is already running; ids must be unique", req.rid))));
             return;
         }
-        self.next_seed = self.next_seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.next_seed);
+        let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
         let Some(spec) = seq.grammar_spec.take() else {
             self.scheduler.waiting.push_back(seq);
             return;

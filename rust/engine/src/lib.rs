@@ -23,7 +23,7 @@ pub mod weights;
 pub use config::{EngineOptions, ModelConfig};
 pub use engine::{Engine, RequestStream, Tokenizer};
 pub use error::{EngineError, Result};
-pub use request::{GenerateRequest, Output};
+pub use request::{GenerateRequest, Output, Waker};
 pub use weights::WeightStore;
 
 /// Name of the kernel path chosen for this CPU ("avx2", "neon", "portable").

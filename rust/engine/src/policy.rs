@@ -60,11 +60,11 @@ pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cac
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::GenerateRequest;
+    use crate::request::{GenerateRequest, OutputSink};
 
     fn seq(tokens: &[u32]) -> Sequence {
         let req = GenerateRequest::from_json(&format!(r#"{{"rid": "x", "input_ids": {tokens:?}}}"#)).unwrap();
-        Sequence::new(req, std::sync::mpsc::channel().0, &[], 100, 0)
+        Sequence::new(req, OutputSink::new(std::sync::mpsc::channel().0, None), &[], 100, 0)
     }
 
     fn order(policy: SchedulePolicy) -> Vec<usize> {

@@ -7,6 +7,7 @@ use crate::sample::{log_softmax, sample, top_n, History, Rng, SamplingParams, To
 use crate::text::{Detokenizer, StopText, TokenTable};
 use serde::{Deserialize, Serialize};
 use std::sync::mpsc::Sender;
+use std::sync::Arc;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -92,6 +93,32 @@ pub enum StopMatch {
     Grammar,
 }
 
+/// Called on the engine thread after each output a request gets: lets an event loop wait for
+/// outputs without a thread per request. It must return at once (no locks held for long, no I/O
+/// that blocks).
+pub type Waker = Arc<dyn Fn() + Send + Sync>;
+
+/// Where a request's outputs go: its stream's channel, and whom to wake when one is there.
+pub(crate) struct OutputSink {
+    tx: Sender<Result<Output>>,
+    waker: Option<Waker>,
+}
+
+impl OutputSink {
+    pub fn new(tx: Sender<Result<Output>>, waker: Option<Waker>) -> Self {
+        OutputSink { tx, waker }
+    }
+
+    /// Hands an output over; `Err` when the stream was dropped (its caller went away).
+    pub fn send(&self, out: Result<Output>) -> std::result::Result<(), ()> {
+        self.tx.send(out).map_err(drop)?;
+        if let Some(wake) = &self.waker {
+            wake();
+        }
+        Ok(())
+    }
+}
+
 /// A request the engine has accepted.
 pub(crate) struct Sequence {
     pub rid: String,
@@ -104,7 +131,7 @@ pub(crate) struct Sequence {
     pub input_logprobs_from: Option<usize>,
     /// Those log-probabilities so far, in position order.
     input_logprobs: Vec<f32>,
-    pub out: Sender<Result<Output>>,
+    pub out: OutputSink,
     /// Prompt then generated tokens.
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
@@ -139,7 +166,7 @@ pub(crate) struct Sequence {
 }
 
 impl Sequence {
-    pub fn new(req: GenerateRequest, out: Sender<Result<Output>>, eos: &[u32], context_length: usize, seed: u64) -> Self {
+    pub fn new(req: GenerateRequest, out: OutputSink, eos: &[u32], context_length: usize, seed: u64) -> Self {
         let p = req.sampling_params;
         let prompt_len = req.input_ids.len();
         let mut stop_ids = p.stop_token_ids.clone();

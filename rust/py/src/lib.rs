@@ -7,8 +7,12 @@ use pyo3::types::PyBytes;
 use rsgl_engine::sample::SamplingParams;
 use rsgl_engine::text::TokenTable;
 use rsgl_engine::{EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn to_py_err(e: EngineError) -> PyErr {
@@ -97,13 +101,14 @@ impl WeightStore {
 
 #[pyclass(module = "rsgl._core")]
 struct Engine {
-    inner: Mutex<Option<rsgl_engine::Engine>>,
+    /// Held only while a call clones or takes the handle: a call that holds the GIL never waits
+    /// on this lock behind one that released the GIL.
+    inner: Mutex<Option<Arc<rsgl_engine::Engine>>>,
 }
 
 impl Engine {
-    fn with<T>(&self, f: impl FnOnce(&rsgl_engine::Engine) -> Result<T, EngineError>) -> PyResult<T> {
-        let guard = self.inner.lock().expect("engine lock");
-        f(guard.as_ref().ok_or(EngineError::Closed).map_err(to_py_err)?).map_err(to_py_err)
+    fn engine(&self) -> PyResult<Arc<rsgl_engine::Engine>> {
+        self.inner.lock().expect("engine lock").clone().ok_or_else(|| to_py_err(EngineError::Closed))
     }
 }
 
@@ -131,14 +136,23 @@ impl Engine {
             .ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
         let tokenizer = token_bytes.map(|b| Tokenizer { table: TokenTable::new(b, special_token_ids), json: tokenizer_json });
         let engine = py.detach(|| rsgl_engine::Engine::start(cfg, store, tokenizer, eos_token_ids, opts)).map_err(to_py_err)?;
-        Ok(Engine { inner: Mutex::new(Some(engine)) })
+        Ok(Engine { inner: Mutex::new(Some(Arc::new(engine))) })
     }
 
-    /// Queues a request given as JSON (`rid`, `input_ids`, `sampling_params`, ...).
-    fn submit(&self, request_json: &str) -> PyResult<RequestStream> {
+    /// Queues a request given as JSON (`rid`, `input_ids`, `sampling_params`, ...). With a
+    /// `notifier`, each of the request's outputs pushes `key` onto it.
+    #[pyo3(signature = (request_json, notifier=None, key=0))]
+    fn submit(&self, request_json: &str, notifier: Option<&Notifier>, key: u64) -> PyResult<RequestStream> {
         let req = GenerateRequest::from_json(request_json).map_err(to_py_err)?;
-        let stream = self.with(|e| e.submit(req))?;
-        Ok(RequestStream { inner: Mutex::new(stream) })
+        let engine = self.engine()?;
+        let stream = match notifier {
+            Some(notifier) => {
+                let ready = notifier.ready.clone();
+                engine.submit_with_waker(req, Arc::new(move || ready.push(key)))
+            }
+            None => engine.submit(req),
+        };
+        Ok(RequestStream { inner: Mutex::new(stream.map_err(to_py_err)?), done: AtomicBool::new(false) })
     }
 
     /// Compiles the grammar of `sampling_params` (JSON) now, raising InvalidRequestError with
@@ -146,39 +160,35 @@ impl Engine {
     fn check_grammar(&self, py: Python<'_>, sampling_params_json: &str) -> PyResult<()> {
         let params: SamplingParams = serde_json::from_str(sampling_params_json)
             .map_err(|e| to_py_err(EngineError::InvalidRequest(format!("sampling_params: {e}"))))?;
-        let guard = self.inner.lock().expect("engine lock");
-        let engine = guard.as_ref().ok_or(EngineError::Closed).map_err(to_py_err)?;
+        let engine = self.engine()?;
         py.detach(|| engine.check_grammar(&params)).map_err(to_py_err)
     }
 
     fn abort(&self, rid: &str) -> PyResult<()> {
-        self.with(|e| {
-            e.abort(rid);
-            Ok(())
-        })
+        self.engine()?.abort(rid);
+        Ok(())
     }
 
     /// Empties the prefix cache; false while requests are in flight.
     fn flush_cache(&self, py: Python<'_>) -> PyResult<bool> {
-        let guard = self.inner.lock().expect("engine lock");
-        let engine = guard.as_ref().ok_or(EngineError::Closed).map_err(to_py_err)?;
+        let engine = self.engine()?;
         py.detach(|| engine.flush_cache()).map_err(to_py_err)
     }
 
     /// Engine counters as JSON.
     fn stats_json(&self) -> PyResult<String> {
-        self.with(|e| Ok(serde_json::to_string(&e.stats()).expect("stats serialize")))
+        Ok(serde_json::to_string(&self.engine()?.stats()).expect("stats serialize"))
     }
 
     fn is_running(&self) -> bool {
-        self.inner.lock().expect("engine lock").as_ref().is_some_and(|e| e.is_running())
+        self.engine().is_ok_and(|e| e.is_running())
     }
 
     /// Stops the engine thread; requests in flight end with an abort.
     fn shutdown(&self, py: Python<'_>) {
         let engine = self.inner.lock().expect("engine lock").take();
-        if let Some(mut e) = engine {
-            py.detach(move || e.shutdown());
+        if let Some(engine) = engine {
+            py.detach(move || engine.shutdown());
         }
     }
 }
@@ -187,6 +197,18 @@ impl Engine {
 #[pyclass(module = "rsgl._core")]
 struct RequestStream {
     inner: Mutex<rsgl_engine::RequestStream>,
+    /// Kept outside the lock, which a blocking `next_json` holds without the GIL.
+    done: AtomicBool,
+}
+
+impl RequestStream {
+    fn answer(&self, out: Result<Option<rsgl_engine::Output>, EngineError>) -> PyResult<Option<String>> {
+        let out = out.inspect_err(|_| self.done.store(true, Ordering::Release)).map_err(to_py_err)?;
+        if out.as_ref().is_some_and(|o| o.finished.is_some()) {
+            self.done.store(true, Ordering::Release);
+        }
+        Ok(out.map(|o| serde_json::to_string(&o).expect("output serialize")))
+    }
 }
 
 #[pymethods]
@@ -194,18 +216,73 @@ impl RequestStream {
     /// The next output as JSON, or None when `timeout` seconds passed first.
     fn next_json(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<String>> {
         let wait = Duration::from_secs_f64(timeout.max(0.0));
-        let out = py.detach(|| self.inner.lock().expect("stream lock").next(wait)).map_err(to_py_err)?;
-        Ok(out.map(|o| serde_json::to_string(&o).expect("output serialize")))
+        let out = py.detach(|| self.inner.lock().expect("stream lock").next(wait));
+        self.answer(out)
+    }
+
+    /// The next output as JSON if there is one now, else None (for callers woken by a Notifier).
+    fn try_next_json(&self, py: Python<'_>) -> PyResult<Option<String>> {
+        let out = py.detach(|| self.inner.lock().expect("stream lock").try_next());
+        self.answer(out)
     }
 
     #[getter]
-    fn rid(&self) -> String {
-        self.inner.lock().expect("stream lock").rid.clone()
+    fn rid(&self, py: Python<'_>) -> String {
+        py.detach(|| self.inner.lock().expect("stream lock").rid.clone())
     }
 
     #[getter]
     fn done(&self) -> bool {
-        self.inner.lock().expect("stream lock").is_done()
+        self.done.load(Ordering::Acquire)
+    }
+}
+
+/// Keys of requests with new outputs, and a socket that becomes readable when there are some:
+/// an event loop watches `fileno()` and calls `take_ready()`, so no thread waits per request.
+#[pyclass(module = "rsgl._core")]
+struct Notifier {
+    ready: Arc<ReadyKeys>,
+    reader: UnixStream,
+}
+
+struct ReadyKeys {
+    keys: Mutex<Vec<u64>>,
+    writer: UnixStream,
+}
+
+impl ReadyKeys {
+    /// Runs on the engine thread: one byte per batch of keys, so the socket never fills.
+    fn push(&self, key: u64) {
+        let mut keys = self.keys.lock().expect("ready keys lock");
+        keys.push(key);
+        if keys.len() == 1 {
+            // A full socket (WouldBlock) already has bytes to wake the reader; a closed one has no reader.
+            let _ = (&self.writer).write(&[1]);
+        }
+    }
+}
+
+#[pymethods]
+impl Notifier {
+    #[new]
+    fn new() -> PyResult<Self> {
+        let (reader, writer) = UnixStream::pair()?;
+        reader.set_nonblocking(true)?;
+        writer.set_nonblocking(true)?;
+        Ok(Notifier { ready: Arc::new(ReadyKeys { keys: Mutex::new(Vec::new()), writer }), reader })
+    }
+
+    /// The file descriptor that becomes readable when keys are ready.
+    fn fileno(&self) -> i32 {
+        self.reader.as_raw_fd()
+    }
+
+    /// The keys pushed since the last call (a key may appear more than once).
+    fn take_ready(&self) -> Vec<u64> {
+        // Drain the wake-up bytes first: a key pushed after this still writes a fresh byte.
+        let mut bytes = [0u8; 256];
+        while matches!((&self.reader).read(&mut bytes), Ok(n) if n > 0) {}
+        std::mem::take(&mut *self.ready.keys.lock().expect("ready keys lock"))
     }
 }
 
@@ -219,6 +296,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<WeightStore>()?;
     m.add_class::<Engine>()?;
     m.add_class::<RequestStream>()?;
+    m.add_class::<Notifier>()?;
     m.add_function(wrap_pyfunction!(kernel_isa, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

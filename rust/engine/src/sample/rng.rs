@@ -4,8 +4,10 @@
 pub struct Rng(u64);
 
 impl Rng {
+    /// The seed is mixed first: SplitMix64's state only advances by a constant, so raw seeds
+    /// that differ by a multiple of it (or by one draw) would give the same stream shifted.
     pub fn new(seed: u64) -> Self {
-        Rng(seed)
+        Rng(Rng(seed).next_u64())
     }
 
     pub fn next_u64(&mut self) -> u64 {

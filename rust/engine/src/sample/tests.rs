@@ -120,3 +120,17 @@ fn top_logprobs_are_sorted_and_normalized() {
     let top = top_n(&lp, 2);
     assert_eq!(top.iter().map(|t| t.token_id).collect::<Vec<_>>(), vec![1, 2]);
 }
+
+#[test]
+fn neighbouring_seeds_give_unrelated_streams() {
+    // Unmixed SplitMix64 states one increment apart replay each other's draws one draw later, so
+    // requests that consumed draws unevenly (a refused token, forced text) fell into step.
+    let draws = |seed: u64| {
+        let mut rng = Rng::new(seed);
+        (0..64).map(|_| rng.next_u64()).collect::<Vec<_>>()
+    };
+    let first = draws(5);
+    for other in [draws(6), draws(5u64.wrapping_add(0x9E37_79B9_7F4A_7C15))] {
+        assert!(first.iter().all(|x| !other.contains(x)));
+    }
+}
