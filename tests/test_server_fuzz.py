@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import httpx
 from server_helpers import API_KEY, AUTH, drained, process_usage, running_server
@@ -23,7 +24,7 @@ CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,re
 FUZZ_TIMEOUT_SECONDS = 900
 
 
-def fuzz(url: str, examples: int, seed: int) -> subprocess.CompletedProcess:
+def fuzz(url: str, examples: int, seed: int, workdir: Path) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "schemathesis.cli", "run", f"{url}/openapi.json",
         "--checks", CHECKS,
@@ -35,17 +36,18 @@ def fuzz(url: str, examples: int, seed: int) -> subprocess.CompletedProcess:
         "--generation-database", ":memory:",
         "--no-color",
     ]  # fmt: skip
-    return subprocess.run(command, capture_output=True, text=True, timeout=FUZZ_TIMEOUT_SECONDS)
+    # In a directory of its own: schemathesis keeps a cache of what it found in the working directory.
+    return subprocess.run(command, capture_output=True, text=True, timeout=FUZZ_TIMEOUT_SECONDS, cwd=workdir)
 
 
 def test_fuzzed_requests_get_documented_answers_and_leave_memory_as_it_was(tmp_path):
     with running_server(tmp_path, *SERVER_OPTIONS) as (url, process):
-        warm_up = fuzz(url, WARM_UP_EXAMPLES, seed=1)
+        warm_up = fuzz(url, WARM_UP_EXAMPLES, seed=1, workdir=tmp_path)
         assert warm_up.returncode == 0, warm_up.stdout[-6000:] + warm_up.stderr[-2000:]
         drained(url)
         base_rss, base_threads = process_usage(process.pid)
 
-        run = fuzz(url, FUZZ_EXAMPLES, seed=2)
+        run = fuzz(url, FUZZ_EXAMPLES, seed=2, workdir=tmp_path)
         print(run.stdout[-3000:])
         assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-2000:]
         assert httpx.get(f"{url}/health", headers=AUTH, timeout=10).status_code == 200
