@@ -6,7 +6,7 @@ from collections.abc import Sequence
 __version__: str
 
 def kernel_isa() -> str:
-    """The kernel path chosen for this CPU: "avx2", "neon" or "portable"."""
+    """The kernel path chosen for this CPU: "avx512", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
 
 class WeightStore:
     """A checkpoint's tensors, mapped by the core under Hugging Face names; an Engine takes them
@@ -42,9 +42,10 @@ class Engine:
         special_token_ids: list[int] = ...,
         tokenizer_json: str | None = None,
     ) -> None: ...
-    def submit(self, request_json: str) -> RequestStream:
+    def submit(self, request_json: str, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
         """Queues {"rid", "input_ids", "sampling_params", "return_logprob", "top_logprobs_num",
-        "return_prompt_logits", "logprob_start_len", "cache_salt", "group", "think_end_token_ids"}; request errors are raised here."""
+        "return_prompt_logits", "logprob_start_len", "cache_salt", "group", "think_end_token_ids"}; request errors are raised here.
+        With a `notifier`, each of the request's outputs pushes `key` onto it."""
     def check_grammar(self, sampling_params_json: str) -> None:
         """Compiles the grammar of the sampling params (regex, json_schema, ebnf or choices) now;
         raises InvalidRequestError with the backend's message if it is invalid."""
@@ -66,3 +67,15 @@ class RequestStream:
     def next_json(self, timeout: float) -> str | None:
         """The next output as JSON ({"token_ids", "text", "logprobs"?, "prompt_logits"?,
         "finished"?}), or None when `timeout` seconds passed first."""
+    def try_next_json(self) -> str | None:
+        """The next output as JSON if there is one now, else None (for callers woken by a Notifier)."""
+
+class Notifier:
+    """Keys of requests with new outputs, and a socket that becomes readable when there are some:
+    an event loop watches `fileno()` and calls `take_ready()`, so no thread waits per request."""
+
+    def __init__(self) -> None: ...
+    def fileno(self) -> int:
+        """The file descriptor that becomes readable when keys are ready."""
+    def take_ready(self) -> list[int]:
+        """The keys pushed since the last call (a key may appear more than once)."""

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
 from starlette.applications import Starlette
@@ -24,6 +26,9 @@ from rsgl.server.watchdog import LoopWatchdog
 DEFAULT_MAX_QUEUED_REQUESTS = 4096
 DEFAULT_MAX_REQUEST_BYTES = 8 * 1024 * 1024
 DEFAULT_WATCHDOG_SECONDS = 10.0
+# Threads for the few calls that block (grammar compiles before a stream starts, batch tokenizing,
+# cache flushes); requests waiting on the engine need none.
+BLOCKING_THREADS = 4
 # Load balancers and orchestrators probe health without credentials (as in SGLang).
 PATHS_WITHOUT_KEY = ("/health",)
 
@@ -54,9 +59,20 @@ def build_app(
     return app
 
 
+def started_executor(threads: int) -> ThreadPoolExecutor:
+    """A pool whose threads all run from now on: the process's thread count does not move with load."""
+    executor = ThreadPoolExecutor(threads, thread_name_prefix="rsgl-blocking")
+    barrier = threading.Barrier(threads)  # each task waits for the others, so each gets a thread of its own
+    for started in [executor.submit(barrier.wait) for _ in range(threads)]:
+        started.result()
+    return executor
+
+
 @asynccontextmanager
 async def _lifespan(app: Starlette) -> AsyncIterator[None]:
-    watchdog = LoopWatchdog(asyncio.get_running_loop(), app.state.watchdog_seconds)
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(started_executor(BLOCKING_THREADS))
+    watchdog = LoopWatchdog(loop, app.state.watchdog_seconds)
     watchdog.start()
     yield
     watchdog.stop()
