@@ -44,7 +44,8 @@ class LoopWatchdog:
     def _watch(self) -> None:
         reported = False
         while not self._stopped.wait(HEARTBEAT_SECONDS):
-            stalled = time.monotonic() - self._last_beat
+            # How late the next beat is: a running loop beats every HEARTBEAT_SECONDS.
+            stalled = time.monotonic() - self._last_beat - HEARTBEAT_SECONDS
             if stalled > self._stall_seconds and not reported:
                 logger.error("the event loop has been blocked for %.1f s; the stacks of every thread follow", stalled)
                 dump_stacks()
