@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import itertools
 import logging
 import secrets
-import itertools
 import time
 import uuid
 import weakref
@@ -213,7 +213,7 @@ class Engine:
         wakeups = self._wakeups()
         if stream:
             request = self._only(requests)
-            if any(request["sampling_params"].get(key) is not None for key in _GRAMMAR_KEYS):
+            if _has_grammar(request["sampling_params"]):
                 # Compiled off the loop, so a bad grammar fails the request before it streams.
                 await asyncio.to_thread(self.check_grammar, request["sampling_params"])
             # Submitted now, so a request the engine refuses raises before any chunk is awaited.
@@ -346,7 +346,7 @@ class Engine:
                     "return_prompt_logits": bool(return_prompt_logits),
                     # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
                     "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
-                    "think_end_token_ids": self._think_end_ids if any(k in sample for k in _GRAMMAR_KEYS) else None,
+                    "think_end_token_ids": self._think_end_ids if _has_grammar(sample) else None,
                 })
         return requests, single and len(requests) == 1
 
@@ -436,6 +436,11 @@ class Engine:
         async for out in self._aoutputs(request, handle):
             result.add(out)
         return result.snapshot()
+
+
+def _has_grammar(params: dict) -> bool:
+    """Whether normalized sampling params (None values dropped) constrain the output."""
+    return any(key in params for key in _GRAMMAR_KEYS)
 
 
 class _LoopWakeups:
