@@ -25,7 +25,7 @@ fn check_gemm(simd: &Kernels) {
     let reference = Kernels::portable();
     for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16] {
         for k in [1, 3, 7, 16, 17, 33, 100] {
-            for (m, n) in [(1, 1), (1, 37), (3, 7), (5, 48), (13, 17), (14, 65), (29, 33)] {
+            for (m, n) in [(1, 1), (1, 37), (1, 81), (2, 40), (3, 7), (5, 48), (13, 17), (14, 65), (29, 33)] {
                 let x = data(m * k, 1.0);
                 let w = PackedWeights::pack(&data(n * k, 2.0), n, k, dtype);
                 let want = run_gemm(&reference, &x, &w, 0..w.panels());
