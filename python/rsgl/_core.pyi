@@ -6,7 +6,7 @@ from collections.abc import Sequence
 __version__: str
 
 def kernel_isa() -> str:
-    """The kernel path chosen for this CPU: "avx512", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
+    """The kernel path chosen for this CPU: "avx512", "avx512-bf16", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
 
 class WeightStore:
     """A checkpoint's tensors, mapped by the core under Hugging Face names; an Engine takes them

@@ -33,7 +33,7 @@ usage:
                       [--regexes tests/data/structured/regexes.json] [--json FILE]
       structured output on a tokenizer.json: compile time of each JSON schema and regex, and
       token-mask time per token along its example (p50/p99/max) against the targets
-RSGL_KERNELS=portable|avx2|neon forces a kernel path.";
+RSGL_KERNELS=portable|avx2|avx512|avx512-bf16|neon|neon-bf16|sve-bf16 forces a kernel path.";
 
 fn run(argv: &[String]) -> Result<(), String> {
     match argv.first().map(String::as_str) {

@@ -1,7 +1,7 @@
 //! Picks the best implementation of each kernel for this CPU, once.
 //!
-//! `RSGL_KERNELS=portable|avx2|avx512|neon|neon-bf16|sve-bf16` forces one path (to test every branch on
-//! one machine); asking for a path the CPU lacks falls back to portable with a warning.
+//! `RSGL_KERNELS=portable|avx2|avx512|avx512-bf16|neon|neon-bf16|sve-bf16` forces one path (to
+//! test every branch on one machine); asking for a path the CPU lacks falls back to portable with a warning.
 
 use crate::int8::{Int8Weights, QuantizedRows};
 use crate::packed::PackedWeights;
@@ -77,7 +77,7 @@ pub type AttentionFn = unsafe fn(task: &AttentionTask, out: *mut f32, out_stride
 /// The kernels chosen for this CPU.
 #[derive(Clone, Copy)]
 pub struct Kernels {
-    /// Name of the chosen path ("portable", "avx2", "avx512", "neon", "neon-bf16", "sve-bf16"), reported by
+    /// Name of the chosen path ("portable", "avx2", "avx512", "avx512-bf16", "neon", "neon-bf16", "sve-bf16"), reported by
     /// the engine.
     pub isa: &'static str,
     pub gemm: GemmFn,

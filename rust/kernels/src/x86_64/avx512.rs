@@ -1,7 +1,14 @@
-//! AVX-512 GEMM (needs avx512f/bw/vl and avx512_bf16: Zen 4, Sapphire Rapids, Cooper Lake).
-//! bf16 weights multiply bf16-rounded activations with `vdpbf16ps` (twice the f32 FMA rate);
-//! f32 and f16 weights widen to f32 and use FMA. A tile is up to 12 rows by 2 panels (24 zmm
-//! accumulators); every output is a sequential sum over `k`, so results do not depend on `m`.
+//! AVX-512 GEMMs (need avx512f/bw/vl and avx512_bf16: Zen 4, Sapphire Rapids, Cooper Lake).
+//! f32 and f16 weights widen to f32 and use FMA. bf16 weights go one of two ways, each a path of
+//! its own ([`super::paths`] orders them by CPU):
+//! - `gemm_bf16_dot`: bf16-rounded activations times the weight pairs with `vdpbf16ps`, twice the
+//!   FMA rate where it runs at full rate (Zen 4/5).
+//! - `gemm`: f32 activations times the weights widened to f32 in registers, with FMA (32
+//!   registers leave room for the widened pairs beside 24 accumulators, so unlike AVX2 no tile
+//!   needs the panel widened ahead). On an Intel Xeon with AMX (2 threads, 512-token prefill at
+//!   Llama-3.2-1B shapes) `vdpbf16ps` ran at 69-78 tok/s and this path at 101-116.
+//! A tile is up to 12 rows by 2 panels (24 zmm accumulators), 1-2 rows by up to 4 panels in
+//! decode; every output is a sequential sum over `k`, so results do not depend on `m`.
 
 use crate::dispatch::GemmArgs;
 use crate::packed::{PackedWeights, WeightDtype, PANEL};
@@ -11,6 +18,8 @@ use std::ops::Range;
 
 const MAX_ROWS: usize = 12;
 const PANELS_PER_TILE: usize = 2;
+/// Panels a one-row tile of the widening GEMM spans (4 independent FMA chains; two rows, half).
+const DECODE_PANELS: usize = 4;
 /// Tiles of at most this many rows (decode) stream weights at the memory's pace: each panel's
 /// next [`PREFETCH_BYTES`] are requested ahead of the hardware prefetcher, which restarts at
 /// every 4 KiB page. Measured on batch-1 decode's weight stream (a Zen 5 KVM guest, 2 threads,
@@ -90,26 +99,70 @@ unsafe fn tile_wide<const R: usize, const NP: usize>(x: *const f32, k: usize, t:
     store(&acc, t);
 }
 
+/// bf16 weights times f32 activations: each 16-column pair vector widens in registers, a shift
+/// for even `k` and a mask for odd `k`, then FMA in order of `k`.
+#[inline(always)]
+unsafe fn tile_bf16_wide<const R: usize, const NP: usize>(x: *const f32, k: usize, w: *const u16, t: &Tile) {
+    let mut acc = [[_mm512_setzero_ps(); NP]; R];
+    let high = _mm512_set1_epi32(0xffff_0000u32 as i32);
+    for kp in 0..k.div_ceil(2) {
+        let (mut even, mut odd) = ([_mm512_setzero_ps(); NP], [_mm512_setzero_ps(); NP]);
+        for p in 0..NP {
+            let at = w.add(t.w + p * t.w_stride + kp * 2 * PANEL);
+            if R <= PREFETCH_MAX_ROWS {
+                _mm_prefetch::<_MM_HINT_T0>(at.cast::<i8>().wrapping_add(PREFETCH_BYTES));
+            }
+            let pairs = _mm512_loadu_si512(at as *const _);
+            even[p] = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pairs));
+            odd[p] = _mm512_castsi512_ps(_mm512_and_si512(pairs, high));
+        }
+        let has_odd = 2 * kp + 1 < k;
+        for (r, row) in acc.iter_mut().enumerate() {
+            let xr = x.add(t.x + r * t.x_stride + 2 * kp);
+            let x0 = _mm512_set1_ps(*xr);
+            for (a, e) in row.iter_mut().zip(&even) {
+                *a = _mm512_fmadd_ps(x0, *e, *a);
+            }
+            if has_odd {
+                let x1 = _mm512_set1_ps(*xr.add(1));
+                for (a, o) in row.iter_mut().zip(&odd) {
+                    *a = _mm512_fmadd_ps(x1, *o, *a);
+                }
+            }
+        }
+    }
+    store(&acc, t);
+}
+
 macro_rules! by_shape {
     ($rows:expr, $np:expr, $f:ident, $args:tt) => {
-        by_shape!(@rows $rows, $np, $f, $args, [1 2 3 4 5 6 7 8 9 10 11 12])
+        by_shape!(@rows $rows, $np, $f, $args, [3 4 5 6 7 8 9 10 11 12])
     };
     (@rows $rows:expr, $np:expr, $f:ident, $args:tt, [$($r:literal)*]) => {
         match ($rows, $np) {
-            $(($r, 2) => $f::<$r, 2> $args, ($r, _) => $f::<$r, 1> $args,)*
-            _ => unreachable!("tiles have 1..=12 rows"),
+            (1, 1) => $f::<1, 1> $args,
+            (1, 2) => $f::<1, 2> $args,
+            (1, 3) => $f::<1, 3> $args,
+            (1, 4) => $f::<1, 4> $args,
+            (2, 1) => $f::<2, 1> $args,
+            (2, 2) => $f::<2, 2> $args,
+            $(($r, 1) => $f::<$r, 1> $args, ($r, 2) => $f::<$r, 2> $args,)*
+            _ => unreachable!("tiles are 1..=12 rows by 1..=2 panels, or 1 row by up to 4"),
         }
     };
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16,fma,f16c")]
-unsafe fn gemm_avx512(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+unsafe fn gemm_avx512(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize, bf16_dot: bool) {
+    let widening = w.dtype == WeightDtype::BF16 && !bf16_dot;
     let k = w.k;
     let stride = w.panel_stride();
-    for_each_tile(a.m, panels, MAX_ROWS, PANELS_PER_TILE, |row, rows, panel, np| {
+    let panels_per_tile = if widening && a.m <= 2 { DECODE_PANELS / a.m } else { PANELS_PER_TILE };
+    for_each_tile(a.m, panels, MAX_ROWS, panels_per_tile, |row, rows, panel, np| {
         let cols = (w.n - panel * PANEL).min(np * PANEL);
         let mut t = Tile { x: row * k, x_stride: k, w: panel * stride, w_stride: stride, out: out.add(row * ldo + panel * PANEL), ldo, cols };
         match w.dtype {
+            WeightDtype::BF16 if widening => by_shape!(rows, np, tile_bf16_wide, (a.x.as_ptr(), k, w.half_data().as_ptr(), &t)),
             WeightDtype::BF16 => {
                 let pairs = k.div_ceil(2);
                 (t.x, t.x_stride) = (row * 2 * pairs, 2 * pairs);
@@ -130,10 +183,20 @@ unsafe fn gemm_avx512(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out
     });
 }
 
+/// The widening GEMM (f32 activations).
+///
 /// # Safety
 /// As [`crate::portable::gemm::gemm`]; only handed out after detecting the CPU features.
 pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    gemm_avx512(a, w, panels, out, ldo)
+    gemm_avx512(a, w, panels, out, ldo, false)
+}
+
+/// The `vdpbf16ps` GEMM (bf16-rounded activations for bf16 weights).
+///
+/// # Safety
+/// As [`gemm`].
+pub unsafe fn gemm_bf16_dot(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_avx512(a, w, panels, out, ldo, true)
 }
 
 pub fn detected() -> bool {
