@@ -139,23 +139,10 @@ unsafe fn widen_panel(w: *const u16, k: usize, out: &mut [f32]) {
     }
 }
 
-/// Dispatches a tile function on its (rows, panels) shape. Tiles of one or two rows span up to
-/// [`DECODE_PANELS`] / rows panels; taller tiles one panel.
+/// Tiles of one or two rows span up to [`DECODE_PANELS`] / rows panels; taller tiles one panel.
 macro_rules! by_shape {
     ($rows:expr, $np:expr, $f:ident, $args:tt) => {
-        match ($rows, $np) {
-            (1, 1) => $f::<1, 1> $args,
-            (1, 2) => $f::<1, 2> $args,
-            (1, 3) => $f::<1, 3> $args,
-            (1, 4) => $f::<1, 4> $args,
-            (2, 1) => $f::<2, 1> $args,
-            (2, 2) => $f::<2, 2> $args,
-            (3, 1) => $f::<3, 1> $args,
-            (4, 1) => $f::<4, 1> $args,
-            (5, 1) => $f::<5, 1> $args,
-            (6, 1) => $f::<6, 1> $args,
-            _ => unreachable!("tiles are 1..=6 rows by 1..=4 panels, 4 accumulators a row at most"),
-        }
+        by_tile_shape!($rows, $np, $f, $args, [(3, 1) (4, 1) (5, 1) (6, 1)])
     };
 }
 

@@ -134,21 +134,10 @@ unsafe fn tile_bf16_wide<const R: usize, const NP: usize>(x: *const f32, k: usiz
     store(&acc, t);
 }
 
+/// Tiles of one or two rows span up to [`DECODE_PANELS`] / rows panels; taller tiles one or two.
 macro_rules! by_shape {
     ($rows:expr, $np:expr, $f:ident, $args:tt) => {
-        by_shape!(@rows $rows, $np, $f, $args, [3 4 5 6 7 8 9 10 11 12])
-    };
-    (@rows $rows:expr, $np:expr, $f:ident, $args:tt, [$($r:literal)*]) => {
-        match ($rows, $np) {
-            (1, 1) => $f::<1, 1> $args,
-            (1, 2) => $f::<1, 2> $args,
-            (1, 3) => $f::<1, 3> $args,
-            (1, 4) => $f::<1, 4> $args,
-            (2, 1) => $f::<2, 1> $args,
-            (2, 2) => $f::<2, 2> $args,
-            $(($r, 1) => $f::<$r, 1> $args, ($r, 2) => $f::<$r, 2> $args,)*
-            _ => unreachable!("tiles are 1..=12 rows by 1..=2 panels, or 1 row by up to 4"),
-        }
+        by_tile_shape!($rows, $np, $f, $args, [(3, 1) (3, 2) (4, 1) (4, 2) (5, 1) (5, 2) (6, 1) (6, 2) (7, 1) (7, 2) (8, 1) (8, 2) (9, 1) (9, 2) (10, 1) (10, 2) (11, 1) (11, 2) (12, 1) (12, 2)])
     };
 }
 

@@ -1,6 +1,23 @@
 //! x86_64 kernels: AVX-512 (with bf16 dot products) and AVX2 + FMA + F16C; GEMMs in `avx2` and
 //! `avx512`, every other kernel from the vector kernels over `vec256` / `vec512`.
 
+/// Calls a GEMM tile function `$f::<ROWS, PANELS>` for the run-time shape: the decode shapes
+/// (one row by 1..=4 panels, two rows by 1..=2) and the taller `(rows, panels)` shapes listed.
+macro_rules! by_tile_shape {
+    ($rows:expr, $np:expr, $f:ident, $args:tt, [$(($r:literal, $p:literal))*]) => {
+        match ($rows, $np) {
+            (1, 1) => $f::<1, 1> $args,
+            (1, 2) => $f::<1, 2> $args,
+            (1, 3) => $f::<1, 3> $args,
+            (1, 4) => $f::<1, 4> $args,
+            (2, 1) => $f::<2, 1> $args,
+            (2, 2) => $f::<2, 2> $args,
+            $(($r, $p) => $f::<$r, $p> $args,)*
+            (rows, panels) => unreachable!("no GEMM tile of {rows} rows by {panels} panels"),
+        }
+    };
+}
+
 pub mod avx2;
 pub mod avx512;
 pub mod convert;
