@@ -50,6 +50,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass
 from functools import partial
 from multiprocessing import get_context
@@ -266,14 +267,16 @@ class LlamaCppRunner:
     """Greedy generation for several equal-length sequences at once through llama.cpp's C API:
     one llama_batch per step, holding every sequence's next token under its own seq_id."""
 
-    def __init__(self, gguf_path: str, threads: int, work: Workload):
+    def __init__(self, gguf_path: str, threads: int, work: Workload, extra_buffer_types: bool):
         import llama_cpp
         from llama_cpp._logger import set_verbose
 
         set_verbose(False)
         self.lib = llama_cpp
         llama_cpp.llama_backend_init()
-        self.model = llama_cpp.llama_model_load_from_file(gguf_path.encode(), llama_cpp.llama_model_default_params())
+        model_params = llama_cpp.llama_model_default_params()
+        model_params.use_extra_bufts = extra_buffer_types
+        self.model = llama_cpp.llama_model_load_from_file(gguf_path.encode(), model_params)
         if not self.model:
             raise RuntimeError(f"llama.cpp cannot load {gguf_path}")
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
@@ -316,18 +319,30 @@ class LlamaCppRunner:
         self.lib.llama_model_free(self.model)
 
 
-def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workload, probe: Probe) -> dict:
+def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workload, probe: Probe, extra_buffer_types: bool = True) -> dict:
     import llama_cpp
 
     started = time.perf_counter()
-    runner = LlamaCppRunner(gguf_path, threads, work)
+    runner = LlamaCppRunner(gguf_path, threads, work, extra_buffer_types)
     load_s = time.perf_counter() - started
     try:
         result = measure(runner.generate, prompts, work, probe)
     finally:
         runner.close()
     system_info = llama_cpp.llama_print_system_info().decode()
-    return {**result, "load_s": load_s, "info": {"llama_cpp_python": llama_cpp.__version__, "system_info": system_info.strip()}}
+    info = {"llama_cpp_python": llama_cpp.__version__, "system_info": system_info.strip(), "extra_buffer_types": extra_buffer_types}
+    return {**result, "load_s": load_s, "info": info}
+
+
+def measure_llamacpp_isolated(path: Path, threads: int, prompts: Prompts, work: Workload, probe: Probe) -> dict:
+    """llama.cpp in a process of its own; if that process dies, once more without its extra buffer
+    types. Its AMX buffers (chosen for quantized weights whenever the CPU reports AMX) die of
+    SIGILL in VMs that report AMX without enabling it, as this project's Intel machine does."""
+    try:
+        return warm_then(path, measure_llamacpp, str(path), threads, prompts, work, probe)
+    except BrokenProcessPool:
+        log("  llama.cpp's process died; again without its extra buffer types (AMX, repacked weights)")
+        return warm_then(path, measure_llamacpp, str(path), threads, prompts, work, probe, False)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -477,7 +492,7 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
             runs.append((Row("transformers", weights, size * params), measure_one))
     if not args.skip_llamacpp:
         for name, path in llama_cpp_files(args, model, t).items():
-            measure_one = partial(warm_then, path, measure_llamacpp, str(path), t, prompts, work, probe)
+            measure_one = partial(measure_llamacpp_isolated, path, t, prompts, work, probe)
             runs.append((Row("llama.cpp", name, gguf_linear_bytes(path, config)), measure_one))
     return runs
 
