@@ -84,9 +84,8 @@ unsafe fn tile_wide<const R: usize, const NP: usize>(x: *const f32, t: &Tile, we
 unsafe fn tile_bf16<const R: usize, const NP: usize>(x: *const f32, w: *const u16, t: &Tile) {
     let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
     let high = _mm256_set1_epi32(0xffff_0000u32 as i32);
-    let has_odd_tail = t.k % 2 == 1;
     for kp in 0..t.k.div_ceil(2) {
-        let has_odd = !(has_odd_tail && kp == t.k / 2);
+        let has_odd = 2 * kp + 1 < t.k;
         for p in 0..NP {
             let at = w.add(t.w + p * t.w_stride + kp * 2 * PANEL);
             if R <= PREFETCH_MAX_ROWS {

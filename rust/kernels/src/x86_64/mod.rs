@@ -1,5 +1,6 @@
-//! x86_64 kernels: AVX-512 (with bf16 dot products) and AVX2 + FMA + F16C; GEMMs in `avx2` and
-//! `avx512`, every other kernel from the vector kernels over `vec256` / `vec512`.
+//! x86_64 kernels: AVX-512 (two paths for bf16 weights: widening + FMA, `vdpbf16ps`) and AVX2 +
+//! FMA + F16C; GEMMs in `avx2` and `avx512`, every other kernel from the vector kernels over
+//! `vec256` / `vec512`.
 
 /// Calls a GEMM tile function `$f::<ROWS, PANELS>` for the run-time shape: the decode shapes
 /// (one row by 1..=4 panels, two rows by 1..=2) and the taller `(rows, panels)` shapes listed.
