@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import itertools
+import json
 import logging
 import secrets
 import time
