@@ -3,6 +3,7 @@
 //! `RSGL_KERNELS=portable|avx2|avx512|avx512-bf16|neon|neon-bf16|sve-bf16` forces one path (to
 //! test every branch on one machine); asking for a path the CPU lacks falls back to portable with a warning.
 
+use crate::int4::{Int4Weights, QuantizedBlocks};
 use crate::int8::{Int8Weights, QuantizedRows};
 use crate::packed::PackedWeights;
 use crate::paged::AttentionTask;
@@ -26,17 +27,22 @@ pub type GemmFn = unsafe fn(a: &GemmArgs, w: &PackedWeights, panels: Range<usize
 /// The W8A8 GEMM over per-row quantized activations ([`crate::portable::gemm_i8::gemm_i8`]).
 pub type GemmI8Fn = unsafe fn(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize);
 
-/// An int8 GEMM and the name of its path ("portable", "avx2", "avx512-vnni", "neon",
-/// "dotprod", "i8mm"): chosen apart from the float path, by the CPU's integer dot products.
+/// The W4A8 GEMM over per-block quantized activations ([`crate::portable::gemm_q4::gemm_q4`]).
+pub type GemmQ4Fn = unsafe fn(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize);
+
+/// The GEMMs on int8 activations (W8A8 `gemm`, W4A8 `gemm_q4`) and the name of their path
+/// ("portable", "avx2", "avx512-vnni", "neon", "dotprod", "i8mm"): chosen by the CPU's integer
+/// dot products.
 #[derive(Clone, Copy)]
 pub struct Int8Gemm {
     pub isa: &'static str,
     pub gemm: GemmI8Fn,
+    pub gemm_q4: GemmQ4Fn,
 }
 
 impl Int8Gemm {
     pub fn portable() -> Int8Gemm {
-        Int8Gemm { isa: "portable", gemm: crate::portable::gemm_i8::gemm_i8 }
+        Int8Gemm { isa: "portable", gemm: crate::portable::gemm_i8::gemm_i8, gemm_q4: crate::portable::gemm_q4::gemm_q4 }
     }
 
     /// The int8 paths this CPU supports, best first.
@@ -81,7 +87,9 @@ pub struct Kernels {
     /// the engine.
     pub isa: &'static str,
     pub gemm: GemmFn,
-    /// The int8 GEMM: the CPU's best for SIMD paths, portable with the portable path.
+    /// The GEMMs on int8 activations: the CPU's best for the widest SIMD paths, the same
+    /// ISA's for narrower ones (so a forced `avx2` runs AVX2 throughout), portable with the
+    /// portable path.
     pub gemm_i8: Int8Gemm,
     /// Whether `gemm` multiplies bf16 weights by bf16-rounded activations (`GemmArgs::x_bf16`).
     pub bf16_activations: bool,

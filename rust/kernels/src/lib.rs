@@ -10,6 +10,7 @@
 //! computes an output element the same way whatever the batch or the split.
 
 pub mod dispatch;
+pub mod int4;
 pub mod int8;
 pub mod linear;
 pub mod memory;

@@ -12,6 +12,7 @@ macro_rules! by_rows {
 }
 
 pub mod bf16;
+pub mod int4;
 pub mod int8;
 pub mod neon;
 pub mod sve;
@@ -26,13 +27,14 @@ pub fn paths() -> Vec<Kernels> {
     if !is_aarch64_feature_detected!("neon") {
         return paths;
     }
+    let int8 = Int8Gemm::best();
     if is_aarch64_feature_detected!("bf16") && is_aarch64_feature_detected!("sve") {
-        paths.push(vec128::vector_kernels("sve-bf16", sve::gemm, true));
+        paths.push(vec128::vector_kernels("sve-bf16", sve::gemm, int8, true));
     }
     if is_aarch64_feature_detected!("bf16") {
-        paths.push(vec128::vector_kernels("neon-bf16", bf16::gemm, true));
+        paths.push(vec128::vector_kernels("neon-bf16", bf16::gemm, int8, true));
     }
-    paths.push(vec128::vector_kernels("neon", neon::gemm, false));
+    paths.push(vec128::vector_kernels("neon", neon::gemm, int8, false));
     paths
 }
 
@@ -44,12 +46,12 @@ pub fn int8_paths() -> Vec<Int8Gemm> {
     }
     let dotprod = is_aarch64_feature_detected!("dotprod");
     if dotprod && is_aarch64_feature_detected!("i8mm") {
-        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm });
+        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm, gemm_q4: int4::gemm_q4_dotprod });
     }
     if dotprod {
-        paths.push(Int8Gemm { isa: "dotprod", gemm: int8::gemm_i8_dotprod });
+        paths.push(Int8Gemm { isa: "dotprod", gemm: int8::gemm_i8_dotprod, gemm_q4: int4::gemm_q4_dotprod });
     }
-    paths.push(Int8Gemm { isa: "neon", gemm: int8::gemm_i8_neon });
+    paths.push(Int8Gemm { isa: "neon", gemm: int8::gemm_i8_neon, gemm_q4: int4::gemm_q4_neon });
     paths
 }
 
@@ -66,6 +68,7 @@ mod tests {
     fn every_int8_path_matches_portable_exactly() {
         for path in super::int8_paths() {
             crate::portable::twin_tests::check_int8_against_portable(&path);
+            crate::portable::twin_tests::check_int4_against_portable(&path);
         }
     }
 }

@@ -1,7 +1,8 @@
 use super::{rope_tables, RopeStyle};
 use crate::dispatch::GemmArgs;
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
-use crate::{Int8Gemm, Int8Weights, Kernels, QuantizedRows};
+use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks};
+use crate::{Int8Gemm, Int8Weights, Kernels, QuantizedRows, ThreadPool};
 
 pub(crate) fn data(n: usize, seed: f32) -> Vec<f32> {
     (0..n).map(|i| ((i as f32 + seed) * 0.731).sin()).collect()
@@ -163,6 +164,69 @@ pub fn check_int8_against_portable(simd: &Int8Gemm) {
             assert_eq!(left, got, "{} int8: split panel ranges differ", simd.isa);
         }
     }
+}
+
+/// A W4A8 GEMM against the portable one, both offsets, odd row and output counts: the same
+/// bits, whatever the rows, the batch and the panel split.
+pub fn check_int4_against_portable(simd: &Int8Gemm) {
+    let run = |path: &Int8Gemm, x: &[f32], w: &Int4Weights, panels: std::ops::Range<usize>| {
+        let mut rows = QuantizedBlocks::default();
+        rows.quantize(x, w.k, &ThreadPool::new(1, false));
+        let mut out = vec![f32::NAN; rows.m * w.n];
+        // SAFETY: `out` is [m, n] and this thread is its only user.
+        unsafe { (path.gemm_q4)(&rows, w, panels, out.as_mut_ptr(), w.n) };
+        out
+    };
+    let reference = Int8Gemm::portable();
+    for offset in [Int4Offset::Eight, Int4Offset::Min] {
+        for k in [32, 96, 320] {
+            for (m, n) in [(1, 1), (1, 37), (1, 81), (2, 40), (3, 7), (5, 48), (13, 17), (14, 65)] {
+                // Values reaching both ends of the int8 range, an outlier, and a row of zeros.
+                let mut x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
+                x[k / 2] = 40.0;
+                let w = Int4Weights::quantize(&data(n * k, 2.0), n, k, offset);
+                let want = run(&reference, &x, &w, 0..w.panels());
+                let got = run(simd, &x, &w, 0..w.panels());
+                assert_eq!(want, got, "{} int4 {offset:?} k={k} m={m} n={n}", simd.isa);
+                for i in 0..m {
+                    let alone = run(simd, &x[i * k..(i + 1) * k], &w, 0..w.panels());
+                    assert_eq!(alone, got[i * n..(i + 1) * n], "{} int4: row {i} differs alone vs batched", simd.isa);
+                }
+                let cut = w.panels() / 2;
+                let (mut left, right) = (run(simd, &x, &w, 0..cut), run(simd, &x, &w, cut..w.panels()));
+                left.iter_mut().zip(&right).filter(|(l, _)| l.is_nan()).for_each(|(l, r)| *l = *r);
+                assert_eq!(left, got, "{} int4: split panel ranges differ", simd.isa);
+            }
+        }
+    }
+}
+
+/// The portable W4A8 GEMM against a float product of the dequantized weights.
+#[test]
+fn portable_int4_is_the_dequantized_product() {
+    let (m, n, k) = (3, 21, 96);
+    let x = data(m * k, 1.0);
+    for offset in [Int4Offset::Eight, Int4Offset::Min] {
+        let w = Int4Weights::quantize(&data(n * k, 2.0), n, k, offset);
+        let mut rows = QuantizedBlocks::default();
+        rows.quantize(&x, k, &ThreadPool::new(1, false));
+        let mut out = vec![0.0; m * n];
+        // SAFETY: `out` is [m, n] and this thread is its only user.
+        unsafe { crate::portable::gemm_q4::gemm_q4(&rows, &w, 0..w.panels(), out.as_mut_ptr(), n) };
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = w.row(j).iter().zip(&x[i * k..(i + 1) * k]).map(|(a, b)| a * b).sum();
+                // The activations' int8 rounding: half a step of each block's scale per input.
+                let tol = x[i * k..(i + 1) * k].iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0 * k as f32 * 0.6;
+                assert!((out[i * n + j] - want).abs() <= tol, "{offset:?} ({i}, {j}): {} vs {want}", out[i * n + j]);
+            }
+        }
+    }
+}
+
+#[test]
+fn portable_int4_matches_itself() {
+    check_int4_against_portable(&Int8Gemm::portable());
 }
 
 #[test]

@@ -118,14 +118,14 @@ macro_rules! vector_kernels {
                 attn::attention::<$v>(task, out, out_stride)
             }
 
-            /// The kernel table of this vector type, with the ISA's own GEMM and the CPU's best
-            /// int8 GEMM.
-            pub fn vector_kernels(isa: &'static str, gemm: GemmFn, bf16_activations: bool) -> Kernels {
+            /// The kernel table of this vector type, with the ISA's own GEMM and the GEMMs on
+            /// int8 activations given.
+            pub fn vector_kernels(isa: &'static str, gemm: GemmFn, gemm_i8: Int8Gemm, bf16_activations: bool) -> Kernels {
                 // SAFETY (every closure): the table is only handed out after detecting $features.
                 Kernels {
                     isa,
                     gemm,
-                    gemm_i8: Int8Gemm::best(),
+                    gemm_i8,
                     bf16_activations,
                     dot: |x, y| unsafe { dot_simd(x, y) },
                     axpy: |a, x, y| unsafe { axpy_simd(a, x, y) },

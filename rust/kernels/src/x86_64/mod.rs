@@ -22,6 +22,7 @@ macro_rules! by_tile_shape {
 pub mod avx2;
 pub mod avx512;
 pub mod convert;
+pub mod int4;
 pub mod int8;
 mod vec256;
 mod vec512;
@@ -33,8 +34,9 @@ pub fn paths() -> Vec<Kernels> {
     let mut paths = Vec::new();
     let has_avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c");
     if has_avx2 && avx512::detected() {
-        let widening = vec512::vector_kernels("avx512", avx512::gemm, false);
-        let bf16_dot = vec512::vector_kernels("avx512-bf16", avx512::gemm_bf16_dot, true);
+        let best_int8 = Int8Gemm::best();
+        let widening = vec512::vector_kernels("avx512", avx512::gemm, best_int8, false);
+        let bf16_dot = vec512::vector_kernels("avx512-bf16", avx512::gemm_bf16_dot, best_int8, true);
         // Intel cores run `vdpbf16ps` below the FMA rate (see `avx512`); Zen 4/5 at twice it.
         if is_amd() {
             paths.extend([bf16_dot, widening]);
@@ -43,7 +45,7 @@ pub fn paths() -> Vec<Kernels> {
         }
     }
     if has_avx2 {
-        paths.push(vec256::vector_kernels("avx2", avx2::gemm, false));
+        paths.push(vec256::vector_kernels("avx2", avx2::gemm, avx2_int8(), false));
     }
     paths
 }
@@ -57,12 +59,17 @@ fn is_amd() -> bool {
 pub fn int8_paths() -> Vec<Int8Gemm> {
     let mut paths = Vec::new();
     if int8::vnni_detected() {
-        paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni });
+        paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni, gemm_q4: int4::gemm_q4_vnni });
     }
-    if is_x86_feature_detected!("avx2") {
-        paths.push(Int8Gemm { isa: "avx2", gemm: int8::gemm_i8_avx2 });
+    if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+        paths.push(avx2_int8());
     }
     paths
+}
+
+/// The AVX2 GEMMs on int8 activations; only handed out after detecting avx2, fma and f16c.
+fn avx2_int8() -> Int8Gemm {
+    Int8Gemm { isa: "avx2", gemm: int8::gemm_i8_avx2, gemm_q4: int4::gemm_q4_avx2 }
 }
 
 #[cfg(test)]
@@ -78,6 +85,7 @@ mod tests {
     fn every_int8_path_matches_portable_exactly() {
         for path in super::int8_paths() {
             crate::portable::twin_tests::check_int8_against_portable(&path);
+            crate::portable::twin_tests::check_int4_against_portable(&path);
         }
     }
 }

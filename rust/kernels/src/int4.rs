@@ -1,0 +1,315 @@
+//! The W4A8 scheme's data: 4-bit weights in blocks of [`QBLOCK`] inputs, each block of each
+//! output with its own f16 scale and either the fixed offset 8 (`value = d * (q - 8)`, GGUF's
+//! Q4_0) or its own f16 minimum (`value = d * q + m`, Q4_1 and the K-quants' sub-blocks); and
+//! activations quantized to int8 per block of [`QBLOCK`] values of a row (one scale each) right
+//! before each GEMM, as llama.cpp quantizes them for its 4-bit dot products.
+//!
+//! Layout: an `[n, k]` matrix is cut into panels of [`PANEL`] outputs; a panel is a run of
+//! records, one per input block: [`NIBBLE_BYTES`] of quants, 16 f16 scales, then with minimums
+//! 16 f16 minimums. One record per block keeps decode's reads at one stream per panel.
+//! The quants are four 64-byte chunks; in chunk `c`, byte `4 * o + i` holds output `o`'s input
+//! `4c + i` in its low nibble and input `16 + 4c + i` in its high one. That is GGUF's own order
+//! of a block's values (byte `j` holds values `j` and `j + 16`), so packing a GGUF block moves
+//! bytes and never splits them, and a chunk's low (or high) nibbles are 16 outputs by 4
+//! consecutive inputs: the operand of one `vpdpbusd`, of four `SDOT`s by element, of two
+//! `vpmaddubsw`.
+//!
+//! Every path computes the same bits: the integer sums are exact and the float steps fixed.
+//! Per block, with `s = Σ q_w q_x` (q_w in 0..=15), `t = Σ q_x` and `dx` the activation block's
+//! scale, each output's `acc` (from 0) takes
+//! - offset 8: `acc = fma((s - 8t) as f32, d * dx, acc)`;
+//! - minimum: `acc = fma(s as f32, d * dx, acc)`, then `acc = fma(m, t as f32 * dx, acc)`.
+
+use crate::int8::quantize_value;
+use crate::memory::Frozen;
+use crate::packed::{f16_to_f32, f32_to_f16, PANEL};
+use crate::pool::{SendPtr, ThreadPool};
+
+/// Inputs per quantization block, of weights and of activations.
+pub const QBLOCK: usize = 32;
+/// Bytes of one record's quants: a panel's 16 outputs x 32 four-bit values.
+pub const NIBBLE_BYTES: usize = PANEL * QBLOCK / 2;
+/// Bytes of a record's 16 f16 scales (and of its minimums).
+const HALVES_BYTES: usize = PANEL * 2;
+
+/// What a block's quants are offset by.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Int4Offset {
+    /// `value = d * (q - 8)`.
+    Eight,
+    /// `value = d * q + m`, with `m` stored per block.
+    Min,
+}
+
+/// One output row's blocks as a checkpoint stores them: per block 16 bytes of nibbles in
+/// GGUF's order, an f16 scale and (with [`Int4Offset::Min`]) an f16 minimum.
+pub struct Int4Row {
+    pub nibbles: Vec<u8>,
+    pub scales: Vec<u16>,
+    pub mins: Vec<u16>,
+}
+
+impl Int4Row {
+    pub fn new(k: usize) -> Int4Row {
+        let blocks = k / QBLOCK;
+        Int4Row { nibbles: vec![0; blocks * QBLOCK / 2], scales: vec![0; blocks], mins: vec![0; blocks] }
+    }
+
+    /// Quantizes `row` block by block, as llama.cpp's reference quantizers of Q4_0 (the value
+    /// of largest magnitude maps to -8) and Q4_1 (the block's range over 0..=15) do.
+    pub fn quantize(&mut self, row: &[f32], offset: Int4Offset) {
+        for (b, values) in row.chunks_exact(QBLOCK).enumerate() {
+            let (d, m, q): (f32, f32, [u8; QBLOCK]) = match offset {
+                Int4Offset::Eight => {
+                    let extreme = values.iter().fold(0f32, |e, &v| if v.abs() > e.abs() { v } else { e });
+                    let d = extreme / -8.0;
+                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    (d, 0.0, std::array::from_fn(|j| ((values[j] * inv + 8.5) as i32).clamp(0, 15) as u8))
+                }
+                Int4Offset::Min => {
+                    let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
+                    let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                    let d = (hi - lo) / 15.0;
+                    let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
+                    (d, lo, std::array::from_fn(|j| (((values[j] - lo) * inv + 0.5) as i32).clamp(0, 15) as u8))
+                }
+            };
+            self.scales[b] = f32_to_f16(d);
+            self.mins[b] = f32_to_f16(m);
+            for j in 0..QBLOCK / 2 {
+                self.nibbles[b * QBLOCK / 2 + j] = q[j] | (q[j + 16] << 4);
+            }
+        }
+    }
+}
+
+pub struct Int4Weights {
+    /// Output rows.
+    pub n: usize,
+    /// Inner dimension, a multiple of [`QBLOCK`].
+    pub k: usize,
+    pub offset: Int4Offset,
+    /// `[panel][block]` records (rows past `n` in the last panel are zero).
+    pub data: Frozen<u8>,
+}
+
+impl Int4Weights {
+    /// Quantizes a row-major `[n, k]` float matrix (tests, and 16-bit checkpoints quantized at load).
+    pub fn quantize(w: &[f32], n: usize, k: usize, offset: Int4Offset) -> Int4Weights {
+        assert_eq!(w.len(), n * k, "quantize: weights must be [n, k]");
+        Self::pack_rows(n, k, offset, &ThreadPool::new(1, false), &|row, out| out.quantize(&w[row * k..(row + 1) * k], offset))
+    }
+
+    /// Packs an `[n, k]` matrix whose rows `read_row(row, out)` writes, panel by panel on the
+    /// threads of `pool`.
+    pub fn pack_rows(n: usize, k: usize, offset: Int4Offset, pool: &ThreadPool, read_row: &(dyn Fn(usize, &mut Int4Row) + Sync)) -> Int4Weights {
+        assert!(k % QBLOCK == 0, "4-bit weights need whole blocks of {QBLOCK} inputs, not {k}");
+        let layout = Int4Weights { n, k, offset, data: Frozen::from_slice(&[]) };
+        let (stride, record) = (layout.panel_stride(), layout.record_bytes());
+        let panels = layout.panels();
+        let data = Frozen::filled(panels * stride, |out: &mut [u8]| {
+            let dst = SendPtr(out.as_mut_ptr());
+            pool.for_ranges(panels, &|panels| {
+                let dst = dst;
+                let mut row = Int4Row::new(k);
+                for p in panels {
+                    // SAFETY: panel `p` owns its `stride` bytes.
+                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) };
+                    for o in 0..PANEL.min(n - p * PANEL) {
+                        read_row(p * PANEL + o, &mut row);
+                        for (b, rec) in packed.chunks_exact_mut(record).enumerate() {
+                            let nibbles = &row.nibbles[b * QBLOCK / 2..][..QBLOCK / 2];
+                            for (c, four) in nibbles.chunks_exact(4).enumerate() {
+                                rec[c * 64 + 4 * o..][..4].copy_from_slice(four);
+                            }
+                            rec[NIBBLE_BYTES + 2 * o..][..2].copy_from_slice(&row.scales[b].to_le_bytes());
+                            if offset == Int4Offset::Min {
+                                rec[NIBBLE_BYTES + HALVES_BYTES + 2 * o..][..2].copy_from_slice(&row.mins[b].to_le_bytes());
+                            }
+                        }
+                    }
+                }
+            });
+        });
+        Int4Weights { data, ..layout }
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.k / QBLOCK
+    }
+
+    pub fn panels(&self) -> usize {
+        self.n.div_ceil(PANEL)
+    }
+
+    /// Bytes of one block's record.
+    pub fn record_bytes(&self) -> usize {
+        NIBBLE_BYTES + HALVES_BYTES * if self.offset == Int4Offset::Min { 2 } else { 1 }
+    }
+
+    /// Bytes from one panel's start to the next.
+    pub fn panel_stride(&self) -> usize {
+        self.blocks() * self.record_bytes()
+    }
+
+    /// Bytes a pass over the weights reads (what bounds decode).
+    pub fn bytes(&self) -> usize {
+        self.data.len()
+    }
+
+    /// Block `b` of panel `p`: its record.
+    #[inline(always)]
+    pub fn record(&self, p: usize, b: usize) -> *const u8 {
+        // SAFETY (of callers' reads): records lie inside `data` for p < panels, b < blocks.
+        unsafe { self.data.as_ptr().add(p * self.panel_stride() + b * self.record_bytes()) }
+    }
+
+    /// Output `o`'s (scale, minimum) of a record (minimum 0 with the offset 8).
+    pub fn scale_min(&self, rec: &[u8], o: usize) -> (f32, f32) {
+        let half = |at: usize| f16_to_f32(u16::from_le_bytes([rec[at], rec[at + 1]]));
+        let m = if self.offset == Int4Offset::Min { half(NIBBLE_BYTES + HALVES_BYTES + 2 * o) } else { 0.0 };
+        (half(NIBBLE_BYTES + 2 * o), m)
+    }
+
+    /// Output `o`'s quant of input `j` (< 32) in a record.
+    pub fn quant(rec: &[u8], o: usize, j: usize) -> u8 {
+        let byte = rec[(j % 16 / 4) * 64 + 4 * o + j % 4];
+        if j < 16 {
+            byte & 0x0f
+        } else {
+            byte >> 4
+        }
+    }
+
+    /// Row `row` dequantized (embedding look-ups of a tied lm_head).
+    pub fn row(&self, row: usize) -> Vec<f32> {
+        assert!(row < self.n);
+        let (p, o) = (row / PANEL, row % PANEL);
+        let record = self.record_bytes();
+        let panel = &self.data[p * self.panel_stride()..][..self.panel_stride()];
+        panel
+            .chunks_exact(record)
+            .flat_map(|rec| {
+                let (d, m) = self.scale_min(rec, o);
+                (0..QBLOCK).map(move |j| {
+                    let q = Self::quant(rec, o, j) as f32;
+                    match self.offset {
+                        Int4Offset::Eight => (q - 8.0) * d,
+                        Int4Offset::Min => q * d + m,
+                    }
+                })
+            })
+            .collect()
+    }
+}
+
+/// One block's step of an output's sum (the scheme's float epilogue, which every path keeps):
+/// `s` the block's integer dot product, `t` the sum of its activation quants, `dx` their scale,
+/// `d` and `m` the weights' scale and minimum.
+#[inline(always)]
+pub fn accumulate_block(offset: Int4Offset, acc: f32, s: i32, t: i32, dx: f32, d: f32, m: f32) -> f32 {
+    match offset {
+        Int4Offset::Eight => ((s - 8 * t) as f32).mul_add(d * dx, acc),
+        Int4Offset::Min => m.mul_add(t as f32 * dx, (s as f32).mul_add(d * dx, acc)),
+    }
+}
+
+/// Activation rows quantized per block of [`QBLOCK`]: `[m][k]` int8, and per row and block the
+/// scale and the sum of the block's quants.
+#[derive(Default)]
+pub struct QuantizedBlocks {
+    pub m: usize,
+    pub k: usize,
+    pub q: Vec<i8>,
+    pub scales: Vec<f32>,
+    pub sums: Vec<i32>,
+}
+
+impl QuantizedBlocks {
+    /// Quantizes `x` (`[m, k]`, `k` whole blocks) in place of what `self` held, on the threads
+    /// of `pool` (a prefill's activations are megabytes).
+    pub fn quantize(&mut self, x: &[f32], k: usize, pool: &ThreadPool) {
+        assert!(k % QBLOCK == 0 && x.len() % k == 0, "quantize: x must be [m, {k}] with whole blocks");
+        self.m = x.len() / k;
+        self.k = k;
+        self.q.resize(x.len(), 0);
+        self.scales.resize(x.len() / QBLOCK, 0.0);
+        self.sums.resize(x.len() / QBLOCK, 0);
+        let blocks = k / QBLOCK;
+        let (scales, sums) = (SendPtr(self.scales.as_mut_ptr()), SendPtr(self.sums.as_mut_ptr()));
+        pool.for_chunks_mut(&mut self.q, k, &|i, q| {
+            let (scales, sums) = (scales, sums);
+            for (b, (values, q)) in x[i * k..(i + 1) * k].chunks_exact(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).enumerate() {
+                let max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+                q.iter_mut().zip(values).for_each(|(q, &v)| *q = quantize_value(v, scale));
+                // SAFETY: row `i` owns its `blocks` scales and sums.
+                unsafe {
+                    *scales.0.add(i * blocks + b) = scale;
+                    *sums.0.add(i * blocks + b) = q.iter().map(|&v| v as i32).sum();
+                }
+            }
+        });
+    }
+
+    pub fn blocks(&self) -> usize {
+        self.k / QBLOCK
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: f32) -> Vec<f32> {
+        (0..n).map(|i| ((i as f32 + seed) * 0.731).sin()).collect()
+    }
+
+    #[test]
+    fn rows_dequantize_within_their_steps() {
+        let (n, k) = (19, 64);
+        let w = values(n * k, 2.0);
+        for offset in [Int4Offset::Eight, Int4Offset::Min] {
+            let q = Int4Weights::quantize(&w, n, k, offset);
+            for r in 0..n {
+                for (b, (got, want)) in q.row(r).chunks(QBLOCK).zip(w[r * k..(r + 1) * k].chunks(QBLOCK)).enumerate() {
+                    let amax = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+                    let (lo, hi) = want.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
+                    // Q4_0 maps the extreme to -8, so the other side's end can be a whole step
+                    // off (its +8 does not exist); Q4_1 rounds to the nearest of 16 levels.
+                    let tol = match offset {
+                        Int4Offset::Eight => amax / 8.0,
+                        Int4Offset::Min => (hi - lo) / 15.0 * 0.5,
+                    } * 1.01 + 1e-3;
+                    for (g, v) in got.iter().zip(want) {
+                        assert!((g - v).abs() <= tol, "{offset:?} row {r} block {b}: {g} vs {v}");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn packed_quants_keep_ggufs_value_order() {
+        let mut row = Int4Row::new(32);
+        row.nibbles = (0..16u8).map(|j| (15 - j) << 4 | j).collect();
+        row.scales = vec![f32_to_f16(1.0)];
+        let w = Int4Weights::pack_rows(3, 32, Int4Offset::Eight, &ThreadPool::new(1, false), &|_, out| {
+            out.nibbles.copy_from_slice(&row.nibbles);
+            out.scales.copy_from_slice(&row.scales);
+        });
+        let want: Vec<f32> = (0..32).map(|j| if j < 16 { j as f32 - 8.0 } else { (31 - j) as f32 - 8.0 }).collect();
+        assert_eq!(w.row(2), want);
+    }
+
+    #[test]
+    fn activation_blocks_have_their_own_scales() {
+        let mut x: Vec<f32> = values(64, 1.0);
+        x[40] = 100.0;
+        let mut rows = QuantizedBlocks::default();
+        rows.quantize(&x, 64, &ThreadPool::new(1, false));
+        assert_eq!(rows.scales.len(), 2);
+        assert!(rows.scales[0] < 1.0 / 100.0 && rows.scales[1] == 100.0 / 127.0);
+        assert_eq!(rows.sums[0], rows.q[..32].iter().map(|&v| v as i32).sum::<i32>());
+    }
+}
