@@ -142,11 +142,8 @@ fn drain(mut stream: RequestStream) -> Result<usize, String> {
 
 /// Seconds from submitting one request per prompt, all at once, until the last one finishes.
 fn time_batch(engine: &Engine, prompts: &[Vec<u32>], new_tokens: usize) -> Result<f64, String> {
-    let requests = prompts
-        .iter()
-        .enumerate()
-        .map(|(i, p)| request(&format!("b{}-n{new_tokens}-{i}", prompts.len()), p, new_tokens))
-        .collect::<Result<Vec<_>, _>>()?;
+    let requests =
+        prompts.iter().enumerate().map(|(i, p)| request(&format!("b{}-n{new_tokens}-{i}", prompts.len()), p, new_tokens)).collect::<Result<Vec<_>, _>>()?;
     let start = Instant::now();
     let streams = requests.into_iter().map(|r| engine.submit(r).map_err(|e| e.to_string())).collect::<Result<Vec<_>, _>>()?;
     for stream in streams {
@@ -210,13 +207,7 @@ fn run_case(engine: &Engine, batch: usize, len: Lengths, vocab: usize, rng: &mut
     let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_prompt(rng, len.prompt, vocab)).collect();
     let ttft = time_batch(engine, &prompts, 1)?;
     let total = time_batch(engine, &prompts, len.generated)?;
-    Ok(CaseResult {
-        batch,
-        prompt_len: len.prompt,
-        ttft,
-        decode_seconds: total - ttft,
-        decoded_tokens: batch * (len.generated - 1),
-    })
+    Ok(CaseResult { batch, prompt_len: len.prompt, ttft, decode_seconds: total - ttft, decoded_tokens: batch * (len.generated - 1) })
 }
 
 fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
@@ -313,10 +304,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
 
     // Warm-up: pages, caches and the thread pool see one request before anything is timed.
     run_case(&engine, 1, Lengths { generated: 2, ..len }, vocab, &mut rng)?;
-    let results = batches
-        .iter()
-        .map(|&b| run_case(&engine, b, len, vocab, &mut rng))
-        .collect::<Result<Vec<_>, _>>()?;
+    let results = batches.iter().map(|&b| run_case(&engine, b, len, vocab, &mut rng)).collect::<Result<Vec<_>, _>>()?;
 
     let rows: Vec<Vec<String>> = results.iter().map(CaseResult::row).collect();
     print_table(&["batch", "TTFT ms", "prefill tok/s", "decode tok/s", "ms/step"], &rows);

@@ -90,11 +90,19 @@ struct PythonSeparators;
 
 impl serde_json::ser::Formatter for PythonSeparators {
     fn begin_array_value<W: ?Sized + io::Write>(&mut self, writer: &mut W, first: bool) -> io::Result<()> {
-        if first { Ok(()) } else { writer.write_all(b", ") }
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
     }
 
     fn begin_object_key<W: ?Sized + io::Write>(&mut self, writer: &mut W, first: bool) -> io::Result<()> {
-        if first { Ok(()) } else { writer.write_all(b", ") }
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
     }
 
     fn begin_object_value<W: ?Sized + io::Write>(&mut self, writer: &mut W) -> io::Result<()> {
@@ -398,10 +406,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
     );
 
     let mut walker = Walker { backend: &backend, tokenizer: &tokenizer, table: &table, eos, mask: Mask::new(table.len()), rng: Rng::new(SEED) };
-    let results = cases
-        .iter()
-        .map(|case| walker.measure(case).map_err(|e| format!("{} {}: {e}", case.kind.label(), case.name)))
-        .collect::<Result<Vec<_>, _>>()?;
+    let results =
+        cases.iter().map(|case| walker.measure(case).map_err(|e| format!("{} {}: {e}", case.kind.label(), case.name))).collect::<Result<Vec<_>, _>>()?;
 
     let of_kind = |kind: Kind| results.iter().filter(|r| r.kind == kind).collect::<Vec<_>>();
     let groups = [

@@ -9,7 +9,10 @@ use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
 use rsgl_kernels::portable::rope_tables;
-use rsgl_kernels::{kernels, linear, linear_i8, AttentionTask, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle, ThreadPool, WeightDtype};
+use rsgl_kernels::{
+    kernels, linear, linear_i8, AttentionTask, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle, ThreadPool,
+    WeightDtype,
+};
 use serde_json::{json, Value};
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -24,20 +27,51 @@ const PAGE: usize = 16;
 #[derive(Clone, Copy)]
 enum Op {
     /// `[m, k] · [n, k]ᵀ` with weights of `dtype`
-    Gemm { m: usize, n: usize, k: usize, dtype: WeightDtype },
+    Gemm {
+        m: usize,
+        n: usize,
+        k: usize,
+        dtype: WeightDtype,
+    },
     /// The same with W8A8 int8 weights (activations quantized per row inside the call)
-    GemmI8 { m: usize, n: usize, k: usize },
-    Dot { n: usize },
-    Axpy { n: usize },
-    AddRmsNorm { n: usize },
-    SiluMul { n: usize },
-    Softmax { n: usize },
-    Rope { heads: usize },
-    Argmax { n: usize },
-    TopK { n: usize, k: usize },
-    TokenMask { n: usize },
+    GemmI8 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    Dot {
+        n: usize,
+    },
+    Axpy {
+        n: usize,
+    },
+    AddRmsNorm {
+        n: usize,
+    },
+    SiluMul {
+        n: usize,
+    },
+    Softmax {
+        n: usize,
+    },
+    Rope {
+        heads: usize,
+    },
+    Argmax {
+        n: usize,
+    },
+    TopK {
+        n: usize,
+        k: usize,
+    },
+    TokenMask {
+        n: usize,
+    },
     /// One kv head's query group over `tokens` new tokens, the last at position `span - 1`.
-    Attention { tokens: usize, span: usize },
+    Attention {
+        tokens: usize,
+        span: usize,
+    },
 }
 
 /// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, 9 heads of 64.
@@ -118,7 +152,14 @@ impl Op {
             Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => (m * k, n * k),
             Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
             Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
-            Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TopK { n, .. } | Op::TokenMask { n } => (n, n),
+            Op::Dot { n }
+            | Op::Axpy { n }
+            | Op::AddRmsNorm { n }
+            | Op::SiluMul { n }
+            | Op::Softmax { n }
+            | Op::Argmax { n }
+            | Op::TopK { n, .. }
+            | Op::TokenMask { n } => (n, n),
         }
     }
 
@@ -168,7 +209,17 @@ impl Op {
             (Op::Attention { tokens, span }, Operand::Vector(kv)) => pool.run(&|_| {
                 let pages: Vec<u32> = (0..span.div_ceil(PAGE) as u32).collect();
                 let paged = PagedKv { keys: KvSlice::F32(kv), values: KvSlice::F32(kv), page_size: PAGE, kv_heads: 1, head_dim: HEAD_DIM };
-                let task = AttentionTask { kv: &paged, pages: &pages, kv_head: 0, group: GROUP, q: x, q_stride: GROUP * HEAD_DIM, tokens, first_pos: span - tokens, scale: 0.125 };
+                let task = AttentionTask {
+                    kv: &paged,
+                    pages: &pages,
+                    kv_head: 0,
+                    group: GROUP,
+                    q: x,
+                    q_stride: GROUP * HEAD_DIM,
+                    tokens,
+                    first_pos: span - tokens,
+                    scale: 0.125,
+                };
                 let mut out = vec![0.0; x_len];
                 for _ in 0..iters {
                     // SAFETY: `out` holds every row of the task and is this thread's own.

@@ -140,16 +140,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
     args.finish()?;
 
     let result = probe(threads, size_mb << 20, reps, small_pages);
-    println!(
-        "rsgl-bench membw: {} thread(s) read {} MiB in {pages} pages, {} loop, {reps} repetitions",
-        result.threads, size_mb, result.simd
-    );
-    let row = vec![
-        result.threads.to_string(),
-        size_mb.to_string(),
-        format!("{:.2}", result.best_gb_s()),
-        format!("{:.2}", result.median_gb_s()),
-    ];
+    println!("rsgl-bench membw: {} thread(s) read {} MiB in {pages} pages, {} loop, {reps} repetitions", result.threads, size_mb, result.simd);
+    let row = vec![result.threads.to_string(), size_mb.to_string(), format!("{:.2}", result.best_gb_s()), format!("{:.2}", result.median_gb_s())];
     print_table(&["threads", "MiB", "best GB/s", "median GB/s"], &[row]);
     if let Some(path) = json_path {
         let report = json!({

@@ -10,12 +10,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 /// Hugging Face model classes and the engine architecture each is.
-const ARCHITECTURE_BY_CLASS: &[(&str, &str)] = &[
-    ("LlamaForCausalLM", "llama"),
-    ("MistralForCausalLM", "mistral"),
-    ("Qwen2ForCausalLM", "qwen2"),
-    ("Qwen3ForCausalLM", "qwen3"),
-];
+const ARCHITECTURE_BY_CLASS: &[(&str, &str)] =
+    &[("LlamaForCausalLM", "llama"), ("MistralForCausalLM", "mistral"), ("Qwen2ForCausalLM", "qwen2"), ("Qwen3ForCausalLM", "qwen3")];
 const LLAMA3_ROPE_KEYS: &[&str] = &["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"];
 
 pub struct ModelDir {
@@ -43,10 +39,8 @@ pub fn load(dir: &Path) -> Result<ModelDir, String> {
 
 fn safetensors_paths(dir: &Path) -> Result<Vec<PathBuf>, String> {
     let entries = std::fs::read_dir(dir).map_err(|e| format!("cannot read the model directory {}: {e}", dir.display()))?;
-    let mut paths: Vec<PathBuf> = entries
-        .filter_map(|entry| entry.ok().map(|e| e.path()))
-        .filter(|path| path.extension().is_some_and(|ext| ext == "safetensors"))
-        .collect();
+    let mut paths: Vec<PathBuf> =
+        entries.filter_map(|entry| entry.ok().map(|e| e.path())).filter(|path| path.extension().is_some_and(|ext| ext == "safetensors")).collect();
     if paths.is_empty() {
         return Err(format!("{} has no *.safetensors file", dir.display()));
     }
@@ -103,11 +97,7 @@ fn architecture(raw: &Value) -> Result<&'static str, String> {
 fn rope(raw: &Value) -> Result<(f64, Value), String> {
     let parameters = raw.get("rope_parameters").filter(|p| p.is_object());
     let scaling = raw.get("rope_scaling").filter(|s| s.is_object()).or(parameters);
-    let theta = parameters
-        .and_then(|p| p.get("rope_theta"))
-        .or_else(|| raw.get("rope_theta"))
-        .and_then(Value::as_f64)
-        .unwrap_or(10000.0);
+    let theta = parameters.and_then(|p| p.get("rope_theta")).or_else(|| raw.get("rope_theta")).and_then(Value::as_f64).unwrap_or(10000.0);
     let Some(scaling) = scaling else { return Ok((theta, Value::Null)) };
     let kind = scaling.get("rope_type").or_else(|| scaling.get("type")).and_then(Value::as_str).unwrap_or("default");
     match kind {
@@ -177,7 +167,8 @@ mod tests {
 
     #[test]
     fn reads_llama3_rope_scaling_from_either_layout() {
-        let scaling = json!({ "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192 });
+        let scaling =
+            json!({ "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192 });
         let v4 = json!({ "rope_theta": 5e5, "rope_scaling": scaling });
         let v5 = json!({ "rope_parameters": { "rope_theta": 5e5, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192 } });
         assert_eq!(rope(&v4).unwrap(), (5e5, scaling.clone()));

@@ -5,9 +5,7 @@ use std::path::Path;
 
 /// Prints `rows` under `headers`, each column as wide as its widest cell (right-aligned).
 pub fn print_table(headers: &[&str], rows: &[Vec<String>]) {
-    let widths: Vec<usize> = (0..headers.len())
-        .map(|c| rows.iter().map(|r| r[c].len()).chain([headers[c].len()]).max().unwrap_or(0))
-        .collect();
+    let widths: Vec<usize> = (0..headers.len()).map(|c| rows.iter().map(|r| r[c].len()).chain([headers[c].len()]).max().unwrap_or(0)).collect();
     let header: Vec<String> = headers.iter().map(|h| h.to_string()).collect();
     let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();
     for row in [&header, &rule].into_iter().chain(rows) {

@@ -3,8 +3,8 @@
 
 use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
-use serde::{Deserialize, Serialize};
 use rsgl_kernels::WeightDtype;
+use serde::{Deserialize, Serialize};
 
 const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"];
 
@@ -48,29 +48,19 @@ pub struct MoeConfig {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum RopeScaling {
-    Llama3 {
-        factor: f64,
-        low_freq_factor: f64,
-        high_freq_factor: f64,
-        original_max_position_embeddings: f64,
-    },
+    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
 }
 
 impl ModelConfig {
     pub fn from_json(json: &str) -> Result<Self> {
-        let cfg: ModelConfig = serde_json::from_str(json)
-            .map_err(|e| EngineError::ModelLoad(format!("model config is not usable: {e}")))?;
+        let cfg: ModelConfig = serde_json::from_str(json).map_err(|e| EngineError::ModelLoad(format!("model config is not usable: {e}")))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
     fn validate(&self) -> Result<()> {
         if !SUPPORTED.contains(&self.architecture.as_str()) {
-            return Err(EngineError::UnsupportedModel(format!(
-                "architecture {:?} is not supported; rsgl runs {}",
-                self.architecture,
-                SUPPORTED.join(", ")
-            )));
+            return Err(EngineError::UnsupportedModel(format!("architecture {:?} is not supported; rsgl runs {}", self.architecture, SUPPORTED.join(", "))));
         }
         let positive = [
             ("hidden_size", self.hidden_size),
@@ -235,13 +225,9 @@ impl Default for EngineOptions {
 
 impl EngineOptions {
     pub fn from_json(json: &str) -> Result<Self> {
-        let opts: EngineOptions = serde_json::from_str(json)
-            .map_err(|e| EngineError::InvalidRequest(format!("engine options: {e}")))?;
-        let must_be_positive = [
-            ("page_size", opts.page_size),
-            ("max_running_requests", opts.max_running_requests),
-            ("chunked_prefill_size", opts.chunked_prefill_size),
-        ];
+        let opts: EngineOptions = serde_json::from_str(json).map_err(|e| EngineError::InvalidRequest(format!("engine options: {e}")))?;
+        let must_be_positive =
+            [("page_size", opts.page_size), ("max_running_requests", opts.max_running_requests), ("chunked_prefill_size", opts.chunked_prefill_size)];
         if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));
         }
@@ -257,9 +243,9 @@ impl EngineOptions {
 
     /// Number of KV pages the pool gets.
     pub fn kv_pages(&self, cfg: &ModelConfig) -> usize {
-        let tokens = self.max_total_tokens.unwrap_or_else(|| {
-            (self.kv_cache_memory_gb * (1u64 << 30) as f64 / cfg.kv_bytes_per_token(self.kv_cache_dtype) as f64) as usize
-        });
+        let tokens = self
+            .max_total_tokens
+            .unwrap_or_else(|| (self.kv_cache_memory_gb * (1u64 << 30) as f64 / cfg.kv_bytes_per_token(self.kv_cache_dtype) as f64) as usize);
         tokens.div_ceil(self.page_size)
     }
 }

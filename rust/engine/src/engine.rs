@@ -6,12 +6,12 @@ use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Constraint, Grammar, GrammarBackend, GrammarService, GrammarSpec, GrammarStats, LlgBackend};
 use crate::kv::{BlockPool, KvCache};
 use crate::model::{Compute, LlamaModel, Precision};
-use rsgl_kernels::ThreadPool;
 use crate::request::{validate, GenerateRequest, Output, OutputSink, Sequence, Waker};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
+use rsgl_kernels::ThreadPool;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
@@ -211,7 +211,16 @@ impl Engine {
                 worker.run(commands)
             })
             .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
-        Ok(Engine { inbox, thread: Mutex::new(Some(thread)), stats, vocab_size, context_length, has_tokenizer, max_total_tokens: num_pages * opts.page_size, grammars })
+        Ok(Engine {
+            inbox,
+            thread: Mutex::new(Some(thread)),
+            stats,
+            vocab_size,
+            context_length,
+            has_tokenizer,
+            max_total_tokens: num_pages * opts.page_size,
+            grammars,
+        })
     }
 
     /// Compiles a request's grammar now, on the calling thread, so a bad one is reported before
@@ -471,11 +480,7 @@ impl Worker {
         let mut finished = Vec::new();
         for (index, row) in sampling {
             let seq = &mut self.scheduler.running[index];
-            let out = if seq.max_new_tokens == 0 {
-                seq.finish_without_tokens(row)
-            } else {
-                seq.advance(&mut row.to_vec(), self.tokenizer.as_deref())
-            };
+            let out = if seq.max_new_tokens == 0 { seq.finish_without_tokens(row) } else { seq.advance(&mut row.to_vec(), self.tokenizer.as_deref()) };
             step.generated += out.token_ids.len();
             step.forced += out.token_ids.len().saturating_sub(1);
             if out.finished.is_some() {

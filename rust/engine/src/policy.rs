@@ -47,9 +47,7 @@ pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cac
             }
             // Pre-order of the tree with heavier siblings first is the lexicographic order of
             // root paths keyed by (-weight, id); a request sits at the end of its path.
-            let key = |i: usize| -> Vec<(std::cmp::Reverse<usize>, usize)> {
-                paths[i].iter().map(|n| (std::cmp::Reverse(weight[n]), *n)).collect()
-            };
+            let key = |i: usize| -> Vec<(std::cmp::Reverse<usize>, usize)> { paths[i].iter().map(|n| (std::cmp::Reverse(weight[n]), *n)).collect() };
             let mut order = fcfs;
             order.sort_by_cached_key(|&i| key(i));
             order

@@ -388,9 +388,7 @@ pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length:
         return Err(invalid(format!("input_ids: token {bad} is outside the vocabulary (size {vocab_size})")));
     }
     if n >= context_length {
-        return Err(invalid(format!(
-            "the prompt has {n} tokens but the context length is {context_length}; shorten the prompt or raise context_length"
-        )));
+        return Err(invalid(format!("the prompt has {n} tokens but the context length is {context_length}; shorten the prompt or raise context_length")));
     }
     if !has_tokenizer && !req.sampling_params.stop.is_empty() {
         return Err(invalid("stop strings need a tokenizer; this engine was started without one (use stop_token_ids)"));

@@ -9,13 +9,19 @@ use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone)]
 enum Op {
-    Start { ns: u64, tokens: Vec<u32> },
+    Start {
+        ns: u64,
+        tokens: Vec<u32>,
+    },
     /// Prefill chunk done: cache the request's whole pages so far and re-lock (chunked prefill).
     Chunk(usize),
     Finish(usize),
     Abort(usize),
     /// A bare lookup (as an LPM scheduler does): may split edges, must not change ownership.
-    Match { ns: u64, tokens: Vec<u32> },
+    Match {
+        ns: u64,
+        tokens: Vec<u32>,
+    },
     Evict(usize),
     Flush,
 }

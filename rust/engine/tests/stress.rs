@@ -44,9 +44,7 @@ fn five_hundred_requests_through_a_small_pool() {
     for policy in ["fcfs", "lpm", "dfs-weight"] {
         let outputs = run_all(&cases, policy);
         for c in cases.iter().filter(|c| outputs.contains_key(&c.rid)) {
-            let want = reference
-                .entry(c.rid.clone())
-                .or_insert_with(|| collect(alone.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).0);
+            let want = reference.entry(c.rid.clone()).or_insert_with(|| collect(alone.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).0);
             assert_eq!(want, &outputs[&c.rid], "{policy}: {} differs from its run alone", c.rid);
         }
     }
@@ -58,7 +56,9 @@ fn run_all(cases: &[Case], policy: &str) -> HashMap<String, Vec<u32>> {
     // 40 pages of 4 tokens: a handful of requests at a time, so decodes must retract others.
     let e = engine(
         "llama",
-        &format!(r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}"}}"#),
+        &format!(
+            r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}"}}"#
+        ),
     );
     let streams: Vec<_> = cases.iter().map(|c| e.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).collect();
     for c in cases.iter().filter(|c| c.abort) {

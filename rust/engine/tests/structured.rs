@@ -50,7 +50,8 @@ fn a_finished_grammar_allows_only_eos() {
 
 #[test]
 fn json_is_laid_out_compactly_with_a_space_after_separators() {
-    let schema = r#"{"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "boolean"}}, "required": ["x", "y"], "additionalProperties": false}"#;
+    let schema =
+        r#"{"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "boolean"}}, "required": ["x", "y"], "additionalProperties": false}"#;
     let mut g = backend(false).compile(&GrammarSpec::JsonSchema(schema.into())).unwrap();
     for (i, t) in ids(r#"{"x": 12, "y": true}"#).into_iter().enumerate() {
         assert!(allowed(&mut *g).contains(&t), "token {i} ({:?}) refused", ascii_text(&[t]));

@@ -15,11 +15,7 @@ fn batched_greedy_equals_one_at_a_time() {
         // A small prefill budget forces chunked prefills next to decodes.
         let e = engine(arch, &format!(r#"{{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": 2, {precision}}}"#));
         let prompts: Vec<Vec<u32>> = (0..6).map(|i| prompt(i, 1 + 7 * i as usize)).collect();
-        let alone: Vec<Vec<u32>> = prompts
-            .iter()
-            .enumerate()
-            .map(|(i, p)| collect(e.submit(request(&format!("a{i}"), p.clone(), 12)).unwrap()).0)
-            .collect();
+        let alone: Vec<Vec<u32>> = prompts.iter().enumerate().map(|(i, p)| collect(e.submit(request(&format!("a{i}"), p.clone(), 12)).unwrap()).0).collect();
         let streams: Vec<_> = prompts.iter().enumerate().map(|(i, p)| e.submit(request(&format!("b{i}"), p.clone(), 12)).unwrap()).collect();
         let together: Vec<Vec<u32>> = streams.into_iter().map(|s| collect(s).0).collect();
         assert_eq!(alone, together, "{arch} {precision}");

@@ -280,7 +280,8 @@ mod tests {
                     let tol = match offset {
                         Int4Offset::Eight => amax / 8.0,
                         Int4Offset::Min => (hi - lo) / 15.0 * 0.5,
-                    } * 1.01 + 1e-3;
+                    } * 1.01
+                        + 1e-3;
                     for (g, v) in got.iter().zip(want) {
                         assert!((g - v).abs() <= tol, "{offset:?} row {r} block {b}: {g} vs {v}");
                     }

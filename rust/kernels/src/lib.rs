@@ -31,5 +31,5 @@ pub use int8::{Int8Weights, QuantizedRows};
 pub use linear::{linear, linear_i8};
 pub use packed::{PackedWeights, WeightDtype};
 pub use paged::{AttentionTask, KvSlice, PagedKv};
-pub use portable::RopeStyle;
 pub use pool::ThreadPool;
+pub use portable::RopeStyle;

@@ -74,9 +74,7 @@ impl WeightStore {
 
     /// Every tensor's name, shape and storage type ("BF16", "Q4_K", "I8", ...).
     fn tensors(&self) -> PyResult<Vec<(String, Vec<usize>, &'static str)>> {
-        self.with(|s| {
-            Ok(s.names().into_iter().map(|n| (n.to_string(), s.shape(n).expect("listed").to_vec(), s.stored(n).expect("listed").name())).collect())
-        })
+        self.with(|s| Ok(s.names().into_iter().map(|n| (n.to_string(), s.shape(n).expect("listed").to_vec(), s.stored(n).expect("listed").name())).collect()))
     }
 
     /// One tensor as little-endian float32 bytes, in Hugging Face layout.
@@ -128,12 +126,8 @@ impl Engine {
     ) -> PyResult<Self> {
         let cfg = ModelConfig::from_json(config_json).map_err(to_py_err)?;
         let opts = EngineOptions::from_json(options_json).map_err(to_py_err)?;
-        let store = weights
-            .inner
-            .lock()
-            .expect("store lock")
-            .take()
-            .ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
+        let store =
+            weights.inner.lock().expect("store lock").take().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
         let tokenizer = token_bytes.map(|b| Tokenizer { table: TokenTable::new(b, special_token_ids), json: tokenizer_json });
         let engine = py.detach(|| rsgl_engine::Engine::start(cfg, store, tokenizer, eos_token_ids, opts)).map_err(to_py_err)?;
         Ok(Engine { inner: Mutex::new(Some(Arc::new(engine))) })
@@ -158,8 +152,8 @@ impl Engine {
     /// Compiles the grammar of `sampling_params` (JSON) now, raising InvalidRequestError with
     /// the grammar backend's message if it is invalid; the compiled grammar is cached.
     fn check_grammar(&self, py: Python<'_>, sampling_params_json: &str) -> PyResult<()> {
-        let params: SamplingParams = serde_json::from_str(sampling_params_json)
-            .map_err(|e| to_py_err(EngineError::InvalidRequest(format!("sampling_params: {e}"))))?;
+        let params: SamplingParams =
+            serde_json::from_str(sampling_params_json).map_err(|e| to_py_err(EngineError::InvalidRequest(format!("sampling_params: {e}"))))?;
         let engine = self.engine()?;
         py.detach(|| engine.check_grammar(&params)).map_err(to_py_err)
     }

@@ -35,10 +35,7 @@ impl LlgBackend {
         }
         let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, eos[0]), &words).with_eos_tokens(&eos);
         let hf = match tokenizer_json {
-            Some(json) => Some(
-                json.parse::<tokenizers::Tokenizer>()
-                    .map_err(|e| invalid(format!("cannot read the tokenizer for structured output: {e}")))?,
-            ),
+            Some(json) => Some(json.parse::<tokenizers::Tokenizer>().map_err(|e| invalid(format!("cannot read the tokenizer for structured output: {e}")))?),
             None => None,
         };
         let env: TokEnv = match hf {

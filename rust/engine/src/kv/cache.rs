@@ -75,6 +75,12 @@ impl KvCache {
 
     /// One layer's storage, for the attention kernels.
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        PagedKv { keys: self.keys[layer].slice(), values: self.values[layer].slice(), page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
+        PagedKv {
+            keys: self.keys[layer].slice(),
+            values: self.values[layer].slice(),
+            page_size: self.page_size,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
     }
 }

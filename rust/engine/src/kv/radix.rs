@@ -67,15 +67,7 @@ pub struct RadixCache {
 impl RadixCache {
     pub fn new(page_size: usize) -> Self {
         assert!(page_size > 0, "page_size must be positive");
-        RadixCache {
-            page_size,
-            nodes: Vec::new(),
-            free_slots: Vec::new(),
-            roots: HashMap::new(),
-            tick: 0,
-            evictable: 0,
-            protected: 0,
-        }
+        RadixCache { page_size, nodes: Vec::new(), free_slots: Vec::new(), roots: HashMap::new(), tick: 0, evictable: 0, protected: 0 }
     }
 
     pub fn page_size(&self) -> usize {
@@ -141,14 +133,8 @@ impl RadixCache {
         while pos < pages.len() {
             let rest = &tokens[pos * ps..];
             let Some(child) = self.child(node, &rest[..ps]) else {
-                let leaf = self.alloc_node(Node {
-                    key: rest.to_vec(),
-                    pages: pages[pos..].to_vec(),
-                    parent: node,
-                    last_access: now,
-                    namespace,
-                    ..Node::default()
-                });
+                let leaf =
+                    self.alloc_node(Node { key: rest.to_vec(), pages: pages[pos..].to_vec(), parent: node, last_access: now, namespace, ..Node::default() });
                 self.nodes[node].children.insert(rest[..ps].into(), leaf);
                 self.evictable += pages.len() - pos;
                 node = leaf;
@@ -297,7 +283,11 @@ impl RadixCache {
                 for p in &n.pages {
                     assert!(seen_pages.insert(*p), "page {p} held twice");
                 }
-                if n.lock_ref == 0 { evictable += n.pages.len() } else { protected += n.pages.len() }
+                if n.lock_ref == 0 {
+                    evictable += n.pages.len()
+                } else {
+                    protected += n.pages.len()
+                }
                 let mut child_locks = 0;
                 for (first, &c) in &n.children {
                     let cn = &self.nodes[c];

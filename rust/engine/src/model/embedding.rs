@@ -8,7 +8,10 @@ use rsgl_kernels::WeightDtype;
 pub enum Embedding {
     F32(Vec<f32>),
     /// bf16 or f16 bit patterns, as `dtype` says.
-    Half { bits: Vec<u16>, dtype: WeightDtype },
+    Half {
+        bits: Vec<u16>,
+        dtype: WeightDtype,
+    },
 }
 
 impl Embedding {

@@ -113,9 +113,8 @@ impl Linear {
             },
         };
         let weight = Weights::pack(&reader, out_features, in_features, dtype, quantization, pool);
-        let bias = parts.iter().any(|p| p.bias.is_some()).then(|| {
-            parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.weight.rows()])).collect()
-        });
+        let bias =
+            parts.iter().any(|p| p.bias.is_some()).then(|| parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.weight.rows()])).collect());
         Linear { weight, bias }
     }
 

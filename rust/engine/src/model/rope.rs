@@ -29,8 +29,7 @@ fn inv_frequencies(cfg: &ModelConfig) -> Vec<f64> {
                     } else if wavelen > low_wavelen {
                         f / factor
                     } else {
-                        let smooth = (original_max_position_embeddings / wavelen - low_freq_factor)
-                            / (high_freq_factor - low_freq_factor);
+                        let smooth = (original_max_position_embeddings / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
                         (1.0 - smooth) * f / factor + smooth * f
                     }
                 })

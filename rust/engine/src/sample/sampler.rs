@@ -79,7 +79,11 @@ pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[
     if p.min_p > 0.0 {
         // The most likely token has relative probability 1, so at least one survives.
         let floor = p.min_p as f64 * probs.iter().copied().fold(0.0, f64::max);
-        probs.iter_mut().for_each(|q| if *q < floor { *q = 0.0 });
+        probs.iter_mut().for_each(|q| {
+            if *q < floor {
+                *q = 0.0
+            }
+        });
     }
     let mut u = rng.next_f64() * probs.iter().sum::<f64>();
     for (q, c) in probs.iter().zip(&cand) {

@@ -1,5 +1,5 @@
-use super::*;
 use super::sampler::{apply_penalties, probabilities};
+use super::*;
 
 fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
     let mut p = SamplingParams::default();
@@ -93,7 +93,14 @@ fn penalties_push_seen_tokens_down() {
     apply_penalties(&mut logits, &params(|p| p.repetition_penalty = 2.0), &hist);
     assert_eq!(logits, vec![1.0, 1.0, 1.0]);
     let mut logits = vec![2.0, 2.0, 1.0];
-    apply_penalties(&mut logits, &params(|p| { p.frequency_penalty = 0.5; p.presence_penalty = 0.25 }), &hist);
+    apply_penalties(
+        &mut logits,
+        &params(|p| {
+            p.frequency_penalty = 0.5;
+            p.presence_penalty = 0.25
+        }),
+        &hist,
+    );
     assert_eq!(logits, vec![2.0, 0.75, 1.0]);
 }
 
@@ -104,7 +111,10 @@ fn validation_names_the_bad_field() {
         params(|p| p.top_p = 0.0),
         params(|p| p.top_k = 0),
         params(|p| p.min_p = 2.0),
-        params(|p| { p.max_new_tokens = 2; p.min_new_tokens = 3 }),
+        params(|p| {
+            p.max_new_tokens = 2;
+            p.min_new_tokens = 3
+        }),
         params(|p| p.stop_token_ids = vec![99]),
     ];
     for p in bad {

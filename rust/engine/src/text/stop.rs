@@ -21,11 +21,7 @@ impl StopText {
             from -= 1;
         }
         self.text.push_str(piece);
-        let (at, stop) = self
-            .stops
-            .iter()
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s)))
-            .min_by_key(|(i, _)| *i)?;
+        let (at, stop) = self.stops.iter().filter_map(|s| self.text[from..].find(s.as_str()).map(|i| (from + i, s))).min_by_key(|(i, _)| *i)?;
         let end = if self.keep_stop { at + stop.len() } else { at };
         let stop = stop.clone();
         self.text.truncate(end);

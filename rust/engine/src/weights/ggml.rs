@@ -204,11 +204,7 @@ fn q3_k(b: &[u8], y: &mut [f32]) {
 
 /// The 6-bit scale and minimum of sub-block `j` of a Q4_K / Q5_K super-block.
 fn scale_min_k4(j: usize, q: &[u8]) -> (f32, f32) {
-    let (d, m) = if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    };
+    let (d, m) = if j < 4 { (q[j] & 63, q[j + 4] & 63) } else { ((q[j + 4] & 0x0f) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4)) };
     (d as f32, m as f32)
 }
 

@@ -138,7 +138,9 @@ pub fn read_directory(bytes: &[u8]) -> Result<GgufDirectory, GgufError> {
     }
     let alignment = match metadata.get(ALIGNMENT_KEY) {
         None => DEFAULT_ALIGNMENT,
-        Some(value) => value.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| GgufError::Corrupt(format!("its alignment {value} is not a power of two")))? as usize,
+        Some(value) => {
+            value.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| GgufError::Corrupt(format!("its alignment {value} is not a power of two")))? as usize
+        }
     };
     let mut infos = Vec::with_capacity(tensor_count);
     for _ in 0..tensor_count {
@@ -194,7 +196,9 @@ mod tests {
         out.extend([string("general.name"), STRING.to_le_bytes().to_vec(), string("tiny")].concat());
         out.extend([string(ALIGNMENT_KEY), UINT32.to_le_bytes().to_vec(), alignment.to_le_bytes().to_vec()].concat());
         // An array of strings and an array of arrays of u8.
-        out.extend([string("tokens"), ARRAY.to_le_bytes().to_vec(), STRING.to_le_bytes().to_vec(), 2u64.to_le_bytes().to_vec(), string("a"), string("bc")].concat());
+        out.extend(
+            [string("tokens"), ARRAY.to_le_bytes().to_vec(), STRING.to_le_bytes().to_vec(), 2u64.to_le_bytes().to_vec(), string("a"), string("bc")].concat(),
+        );
         let inner = [0u32.to_le_bytes().to_vec(), 3u64.to_le_bytes().to_vec(), vec![1, 2, 3]].concat();
         out.extend([string("nested"), ARRAY.to_le_bytes().to_vec(), ARRAY.to_le_bytes().to_vec(), 2u64.to_le_bytes().to_vec(), inner.clone(), inner].concat());
         for (name, dims, offset) in [("a", vec![3u64], 0u64), ("b", vec![2, 2], alignment as u64)] {
@@ -220,9 +224,12 @@ mod tests {
             let names: Vec<&str> = directory.tensors.iter().map(|t| t.name.as_str()).collect();
             assert_eq!(names, ["a", "b"]);
             let metadata = Value::Object(directory.metadata);
-            assert_eq!(metadata, serde_json::json!({
-                "general.name": "tiny", "general.alignment": alignment, "tokens": ["a", "bc"], "nested": [[1, 2, 3], [1, 2, 3]],
-            }));
+            assert_eq!(
+                metadata,
+                serde_json::json!({
+                    "general.name": "tiny", "general.alignment": alignment, "tokens": ["a", "bc"], "nested": [[1, 2, 3], [1, 2, 3]],
+                })
+            );
             let b = &directory.tensors[1];
             assert_eq!((&b.dims[..], b.type_id, b.data.len()), (&[2, 2][..], 0, 16));
             assert_eq!(&file[b.data.clone()][..4], 10f32.to_le_bytes());

@@ -69,7 +69,8 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         })?;
         // The directory checked that rows are whole blocks.
         let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
-        let tensor = |name: String, shape: Vec<usize>, offset: usize, head_dim: Option<usize>| HfTensor { name, shape, kind, offset, interleaved_head_dim: head_dim };
+        let tensor =
+            |name: String, shape: Vec<usize>, offset: usize, head_dim: Option<usize>| HfTensor { name, shape, kind, offset, interleaved_head_dim: head_dim };
         let Some((layer, base, suffix)) = split_name(info) else {
             tensors.push(tensor(info.name.clone(), shape, info.data.start, None));
             continue;

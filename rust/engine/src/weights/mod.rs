@@ -53,7 +53,9 @@ impl Stored {
 enum RowOrder {
     Plain,
     /// llama.cpp's converter interleaves the two rotary halves of each q/k head of llama models.
-    Interleaved { head_dim: usize },
+    Interleaved {
+        head_dim: usize,
+    },
 }
 
 impl RowOrder {
@@ -74,7 +76,10 @@ enum Source {
     Memory(Vec<f32>),
     /// Uniform values in ±`scale`, made up row by row as they are read: random weights at any
     /// model size with no file and no float copy (benchmarks; values do not change speed).
-    Random { seed: u64, scale: f32 },
+    Random {
+        seed: u64,
+        scale: f32,
+    },
 }
 
 impl Source {

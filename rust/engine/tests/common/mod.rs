@@ -11,8 +11,12 @@ pub const VOCAB: usize = 97;
 /// shared expert).
 pub fn config(arch: &str) -> ModelConfig {
     let moe = match arch {
-        "mixtral" => r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 48, "norm_topk_prob": true, "shared_expert_intermediate_size": null}"#,
-        "qwen2_moe" => r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 24, "norm_topk_prob": false, "shared_expert_intermediate_size": 40}"#,
+        "mixtral" => {
+            r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 48, "norm_topk_prob": true, "shared_expert_intermediate_size": null}"#
+        }
+        "qwen2_moe" => {
+            r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 24, "norm_topk_prob": false, "shared_expert_intermediate_size": 40}"#
+        }
         _ => "null",
     };
     ModelConfig::from_json(&format!(
@@ -89,10 +93,8 @@ pub fn engine(arch: &str, opts: &str) -> Engine {
 }
 
 pub fn request(rid: &str, prompt: Vec<u32>, max_new: usize) -> GenerateRequest {
-    GenerateRequest::from_json(&format!(
-        r#"{{"rid": "{rid}", "input_ids": {prompt:?}, "sampling_params": {{"temperature": 0, "max_new_tokens": {max_new}}}}}"#
-    ))
-    .unwrap()
+    GenerateRequest::from_json(&format!(r#"{{"rid": "{rid}", "input_ids": {prompt:?}, "sampling_params": {{"temperature": 0, "max_new_tokens": {max_new}}}}}"#))
+        .unwrap()
 }
 
 pub fn collect(mut stream: rsgl_engine::RequestStream) -> (Vec<u32>, Output) {
@@ -146,8 +148,7 @@ pub fn ascii_tokenizer() -> rsgl_engine::Tokenizer {
     assert_eq!(bytes.len(), VOCAB);
     // Byte-level BPE spells a space as U+0120 and printable ASCII as itself.
     let spelling = |token: &[u8]| -> String { token.iter().map(|&b| if b == b' ' { '\u{120}' } else { b as char }).collect() };
-    let vocab: serde_json::Map<String, serde_json::Value> =
-        bytes.iter().enumerate().skip(1).map(|(id, token)| (spelling(token), id.into())).collect();
+    let vocab: serde_json::Map<String, serde_json::Value> = bytes.iter().enumerate().skip(1).map(|(id, token)| (spelling(token), id.into())).collect();
     let json = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null,
         "added_tokens": [{"id": 0, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],

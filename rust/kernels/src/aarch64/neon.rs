@@ -135,4 +135,3 @@ pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *
         }
     });
 }
-

@@ -85,11 +85,8 @@ pub(crate) mod tests {
         }
 
         fn kv(&self, bf16: bool) -> PagedKv<'_> {
-            let (keys, values) = if bf16 {
-                (KvSlice::Bf16(&self.keys_bf16), KvSlice::Bf16(&self.values_bf16))
-            } else {
-                (KvSlice::F32(&self.keys), KvSlice::F32(&self.values))
-            };
+            let (keys, values) =
+                if bf16 { (KvSlice::Bf16(&self.keys_bf16), KvSlice::Bf16(&self.values_bf16)) } else { (KvSlice::F32(&self.keys), KvSlice::F32(&self.values)) };
             PagedKv { keys, values, page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
         }
     }
@@ -128,9 +125,8 @@ pub(crate) mod tests {
             for head in 0..kv_heads * group {
                 let h = head / group;
                 let qv = &q[t * stride + head * hd..][..hd];
-                let scores: Vec<f64> = (0..=t)
-                    .map(|j| (0..hd).map(|d| qv[d] as f64 * f.dense_k[(h * tokens + j) * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt())
-                    .collect();
+                let scores: Vec<f64> =
+                    (0..=t).map(|j| (0..hd).map(|d| qv[d] as f64 * f.dense_k[(h * tokens + j) * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt()).collect();
                 let max = scores.iter().copied().fold(f64::MIN, f64::max);
                 let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
                 for d in 0..hd {

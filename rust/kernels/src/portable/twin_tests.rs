@@ -1,7 +1,7 @@
 use super::{rope_tables, RopeStyle};
 use crate::dispatch::GemmArgs;
-use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks};
+use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::{Int8Gemm, Int8Weights, Kernels, QuantizedRows, ThreadPool};
 
 pub(crate) fn data(n: usize, seed: f32) -> Vec<f32> {

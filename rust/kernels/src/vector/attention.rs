@@ -180,7 +180,7 @@ unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
                     }
                 };
             }
-            block!((1, 1) (1, 2) (1, 3) (1, 4) (2, 1) (2, 2) (2, 3) (2, 4) (3, 1) (3, 2) (3, 3) (3, 4) (4, 1) (4, 2) (4, 3) (4, 4));
+            block!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(4, 4));
         }
         // Head dimensions past the last whole register.
         for r in 0..n {

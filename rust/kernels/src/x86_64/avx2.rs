@@ -141,7 +141,7 @@ unsafe fn widen_panel(w: *const u16, k: usize, out: &mut [f32]) {
 /// Tiles of one or two rows span up to [`DECODE_PANELS`] / rows panels; taller tiles one panel.
 macro_rules! by_shape {
     ($rows:expr, $np:expr, $f:ident, $args:tt) => {
-        by_tile_shape!($rows, $np, $f, $args, [(3, 1) (4, 1) (5, 1) (6, 1)])
+        by_tile_shape!($rows, $np, $f, $args, [(3, 1)(4, 1)(5, 1)(6, 1)])
     };
 }
 
@@ -199,4 +199,3 @@ unsafe fn gemm_avx2(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: 
 pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     gemm_avx2(a, w, panels, out, ldo)
 }
-

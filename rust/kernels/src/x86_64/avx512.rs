@@ -137,7 +137,13 @@ unsafe fn tile_bf16_wide<const R: usize, const NP: usize>(x: *const f32, k: usiz
 /// Tiles of one or two rows span up to [`DECODE_PANELS`] / rows panels; taller tiles one or two.
 macro_rules! by_shape {
     ($rows:expr, $np:expr, $f:ident, $args:tt) => {
-        by_tile_shape!($rows, $np, $f, $args, [(3, 1) (3, 2) (4, 1) (4, 2) (5, 1) (5, 2) (6, 1) (6, 2) (7, 1) (7, 2) (8, 1) (8, 2) (9, 1) (9, 2) (10, 1) (10, 2) (11, 1) (11, 2) (12, 1) (12, 2)])
+        by_tile_shape!(
+            $rows,
+            $np,
+            $f,
+            $args,
+            [(3, 1)(3, 2)(4, 1)(4, 2)(5, 1)(5, 2)(6, 1)(6, 2)(7, 1)(7, 2)(8, 1)(8, 2)(9, 1)(9, 2)(10, 1)(10, 2)(11, 1)(11, 2)(12, 1)(12, 2)]
+        )
     };
 }
 

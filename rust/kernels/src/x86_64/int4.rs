@@ -154,16 +154,14 @@ unsafe fn tile_avx2<const R: usize, const NP: usize>(t: &Tile) {
 unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let (max_rows, panels_per_tile) = if x.m == 1 { (1, 4) } else { (4, 1) };
     for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
-        by_tile_shape!(rows, np, tile_vnni, (&Tile { x, w, row, panel, out, ldo }), [(3, 1) (4, 1)])
+        by_tile_shape!(rows, np, tile_vnni, (&Tile { x, w, row, panel, out, ldo }), [(3, 1)(4, 1)])
     });
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
-    for_each_tile(x.m, panels, 2, panels_per_tile, |row, rows, panel, np| {
-        by_tile_shape!(rows, np, tile_avx2, (&Tile { x, w, row, panel, out, ldo }), [])
-    });
+    for_each_tile(x.m, panels, 2, panels_per_tile, |row, rows, panel, np| by_tile_shape!(rows, np, tile_avx2, (&Tile { x, w, row, panel, out, ldo }), []));
 }
 
 /// # Safety
