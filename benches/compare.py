@@ -7,14 +7,16 @@ batch-1 decode, with each engine's load time and peak memory.
     python benches/compare.py --model PATH [--gguf PATH] [--w8a8] [--transformers] ...
 
 --model PATH (a GGUF file or Hugging Face folder, e.g. one written by benches/synth_model.py):
-rsgl loads PATH in bfloat16 (and, with --w8a8, quantized to W8A8 at load); llama.cpp runs the
-same GGUF file as it is (or --gguf PATH beside a folder); transformers only with
+rsgl loads PATH in bfloat16 (and, with --w8a8, quantized to W8A8 at load; a quantized GGUF
+file also as it is, its 4-bit blocks on the W4A8 kernels); llama.cpp runs the same GGUF file as
+it is (or --gguf PATH beside a folder); transformers only with
 --transformers (it holds float32 copies: too large past 1B here).
 
 Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included; KV
 pages in bfloat16 except beside float32 weights); transformers (eager PyTorch, no
-torch.compile, its default attention) in float32 and bfloat16; llama.cpp (llama-cpp-python) on
-the model written as F16 and Q8_0 GGUF (cached in ~/.cache/rsgl-bench). All get the same random
+torch.compile, its default attention) in float32 and bfloat16; rsgl and llama.cpp on the
+default model's own Q4_1 file as it is; llama.cpp (llama-cpp-python) on the model written as
+F16 and Q8_0 GGUF too (cached in ~/.cache/rsgl-bench). All get the same random
 token ids and run greedy with EOS ignored; each engine runs in a process of its own, so thread
 pools and memory do not overlap. Every time is the best of --repeats, after a warm-up.
 - decode b1: a 32-token prompt, 128 new tokens; tok/s over the time after the first token (the
@@ -64,6 +66,8 @@ CACHE = Path.home() / ".cache" / "rsgl-bench"
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_CPP_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36'
 LLAMA_CPP_TYPES = ("F16", "Q8_0")
+# GGUF types rsgl runs as they are stored (on its W4A8 kernels); others it packs in bfloat16.
+RSGL_NATIVE_TYPES = ("Q4_0", "Q4_1")
 # GGUF names of the tensors decode reads as matrices (the lm_head is added apart: tied models
 # read token_embd instead of output).
 GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -126,6 +130,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--gguf", type=Path, default=None, help="with a --model folder: the GGUF file llama.cpp runs")
     parser.add_argument("--w8a8", action="store_true", help="with --model: also rsgl W8A8 (quantized at load)")
     parser.add_argument("--transformers", action="store_true", help="with --model: also transformers (float32 and bfloat16)")
+    parser.add_argument(
+        "--llama-cpp-python",
+        type=Path,
+        default=None,
+        help="a folder llama-cpp-python was installed into with pip --target (e.g. built without AMX or AVX-512), used instead of the installed one",
+    )
     parser.add_argument("--json", default="bench-results/compare.json", help="where to write the results")
     parser.add_argument("--plot", default="bench-results/compare.png", help="where to draw the bar chart")
     return parser.parse_args()
@@ -330,7 +340,12 @@ def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workl
     finally:
         runner.close()
     system_info = llama_cpp.llama_print_system_info().decode()
-    info = {"llama_cpp_python": llama_cpp.__version__, "system_info": system_info.strip(), "extra_buffer_types": extra_buffer_types}
+    info = {
+        "llama_cpp_python": llama_cpp.__version__,
+        "llama_cpp_path": str(Path(llama_cpp.__file__).parent),
+        "system_info": system_info.strip(),
+        "extra_buffer_types": extra_buffer_types,
+    }
     return {**result, "load_s": load_s, "info": info}
 
 
@@ -400,11 +415,16 @@ def linear_parameters(config: dict) -> int:
     return config["num_hidden_layers"] * per_layer + config["vocab_size"] * hidden
 
 
-def gguf_linear_bytes(path: Path, config: dict) -> int:
-    """The same weights as `linear_parameters`, in the bytes this GGUF file stores them in."""
+def gguf_linear_bytes(path: Path, config: dict, packed_by_rsgl: bool = False) -> int:
+    """The same weights as `linear_parameters`, in the bytes this GGUF file stores them in (or,
+    with `packed_by_rsgl`, in what rsgl packs them into running the file as it is: the types it has
+    integer kernels for as stored, the rest in bfloat16)."""
     from gguf import GGUFReader
 
-    tensors = {t.name: t.n_bytes for t in GGUFReader(path).tensors}
+    def size(t) -> int:
+        return t.n_elements * 2 if packed_by_rsgl and t.tensor_type.name not in RSGL_NATIVE_TYPES else t.n_bytes
+
+    tensors = {t.name: size(t) for t in GGUFReader(path).tensors}
     moe = config["moe"]
     active = moe["experts_per_token"] / moe["num_experts"] if moe else 1.0
     layers = 0.0
@@ -486,6 +506,11 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
         (Row("rsgl", weights, size * params), partial(warm_then, model, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
         for weights, dtype, size, quantization in rsgl_rows
     ]
+    file_type = gguf_file_type(model) if model.is_file() else None
+    if file_type not in (None, "F16", "BF16", "ALL_F32"):
+        # A quantized file, run as it is (dtype auto), as llama.cpp runs it.
+        measure_one = partial(warm_then, model, measure_rsgl, str(model), "auto", t, prompts, work, probe)
+        runs.append((Row("rsgl", file_type, gguf_linear_bytes(model, config, packed_by_rsgl=True)), measure_one))
     if args.transformers if args.model else not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
             measure_one = partial(warm_then, model, measure_transformers, dtype, t, str(model), prompts, work, probe)
@@ -501,16 +526,20 @@ def llama_cpp_files(args: argparse.Namespace, model: Path, threads: int) -> dict
     """The GGUF files llama.cpp runs, by their weight type: the --model file (or --gguf) as it is,
     else the default model as F16 and Q8_0."""
     if not args.model:
-        return llama_cpp_models(model, threads)
+        return {**llama_cpp_models(model, threads), gguf_file_type(model): model}
     gguf_file = args.gguf or (model if model.is_file() else None)
     if gguf_file is None:
         log("llama.cpp left out: the model is a folder and no --gguf file was given")
         return {}
+    return {gguf_file_type(gguf_file): gguf_file}
+
+
+def gguf_file_type(path: Path) -> str:
+    """A GGUF file's type as llama.cpp names it (Q4_0, Q4_K_M, F16, ...), else the file's stem."""
     import gguf
 
-    file_type = gguf.GGUFReader(gguf_file).get_field(gguf.Keys.General.FILE_TYPE)
-    name = gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_") if file_type else gguf_file.stem
-    return {name: gguf_file}
+    file_type = gguf.GGUFReader(path).get_field(gguf.Keys.General.FILE_TYPE)
+    return gguf.LlamaFileType(file_type.contents()).name.removeprefix("MOSTLY_") if file_type else path.stem
 
 
 def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
@@ -596,6 +625,9 @@ def plot(path: str, model: str, rows: list[Row], work: Workload, threads: int) -
 
 def main() -> None:
     args = parse_args()
+    if args.llama_cpp_python:
+        # Spawned engine processes inherit sys.path.
+        sys.path.insert(0, str(args.llama_cpp_python.resolve()))
     if not args.skip_llamacpp:
         require_llama_cpp()
     work = QUICK if args.quick else FULL

@@ -2,7 +2,7 @@
 at sizes that matter without downloading anything.
 
     python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe \\
-        --format gguf-f16|gguf-q8_0|safetensors-bf16 [--layers N] [--out PATH] [--force]
+        --format gguf-f16|gguf-q8_0|gguf-q4_0|gguf-q4_k_m|safetensors-bf16 [--layers N] [--out PATH] [--force]
 
 Shapes (the vocabulary and tokenizer stay the default model's, 49,152 tokens):
 - llama-1b: Llama-3.2-1B (hidden 2048, 16 layers, 32 heads / 8 kv heads, ffn 8192, tied).
@@ -13,7 +13,9 @@ Shapes (the vocabulary and tokenizer stay the default model's, 49,152 tokens):
 GGUF files are written as llama.cpp's converter writes them (names, dimension order, q/k rows,
 stacked experts, the tokenizer's metadata copied from the default model's file); safetensors
 folders as transformers saves them (sharded at 5 GB, with config.json, tokenizer.json and the
-chat template). Weight values do not change speed: every value is drawn from one pool of normal
+chat template). The 4-bit GGUF files are the F16 file quantized by llama.cpp's own quantizer
+(llama-cpp-python), so they hold the tensor types llama.cpp picks for Q4_0 and Q4_K_M (an F16
+file is written first if missing). Weight values do not change speed: every value is drawn from one pool of normal
 numbers (std 0.02) at a random offset per tensor, written tensor by tensor, so a 16 GB file takes
 about a minute and little memory. Default output: ~/.cache/rsgl-bench/synth/<shape>-<format>.
 """
@@ -56,7 +58,9 @@ SHAPES = {
     "llama-8b": Shape("llama", 4096, 32, 32, 8, 128, 14336, False, 500000.0),
     "qwen3-moe": Shape("qwen3moe", 2048, 6, 32, 4, 128, 6144, False, 1000000.0, experts=128, experts_used=8, expert_ffn=768),
 }
-FORMATS = ("gguf-f16", "gguf-q8_0", "safetensors-bf16")
+# Formats llama.cpp's quantizer makes from the F16 file.
+LLAMA_CPP_QUANTIZED = ("gguf-q4_0", "gguf-q4_k_m")
+FORMATS = ("gguf-f16", "gguf-q8_0", *LLAMA_CPP_QUANTIZED, "safetensors-bf16")
 
 
 def tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
@@ -166,6 +170,20 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     writer.close()
 
 
+def quantize_with_llama_cpp(source: Path, kind: str, path: Path) -> None:
+    """`source` (F16) quantized by llama.cpp to `kind` (gguf-q4_0, gguf-q4_k_m)."""
+    import ctypes
+
+    import llama_cpp
+
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.removeprefix('gguf-').upper()}")
+    partial = path.with_suffix(".partial")
+    if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
+        raise RuntimeError(f"llama.cpp could not quantize {source} to {kind}")
+    partial.replace(path)
+
+
 def hf_name(gguf_name: str, shape: Shape) -> list[tuple[str, int | None]]:
     """The Hugging Face names of a GGUF tensor (per expert for stacked ones, with the index)."""
     globals_ = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
@@ -265,7 +283,12 @@ def main() -> None:
         return
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if args.format.startswith("gguf"):
+    if args.format in LLAMA_CPP_QUANTIZED:
+        source = output_path(args.shape, "gguf-f16", args.layers)
+        if not source.exists():
+            write_gguf(shape, "gguf-f16", source)
+        quantize_with_llama_cpp(source, args.format, out)
+    elif args.format.startswith("gguf"):
         write_gguf(shape, args.format, out)
     else:
         write_safetensors_folder(shape, out)

@@ -32,7 +32,7 @@ from rsgl.loader import load_model
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
-QUANTIZATIONS = (None, "w8a8_int8")
+QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf")
 KV_CACHE_DTYPES = ("float32", "bfloat16")
 
 logger = logging.getLogger("rsgl")
@@ -64,7 +64,9 @@ class Engine:
     (prompts times `n` of one call), `skip_tokenizer_init` (token ids in and out), `served_model_name`,
     `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
     sharing), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
-    load, one scale per output channel, activations quantized per token; None: weights in `dtype`),
+    load, one scale per output channel, activations quantized per token; "w4a8": to 4 bits in
+    groups of 32 with a scale and minimum each, activations quantized per group; "gguf": a
+    quantized GGUF file's blocks as they are, the default for such files; None: weights in `dtype`),
     `quantize_lm_head` (with `quantization`, the lm_head too; it stays in `dtype` by default),
     `progress` (loading progress bar),
     `disable_jump_forward` (constrained requests sample every token, even text their grammar

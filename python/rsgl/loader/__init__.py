@@ -64,8 +64,8 @@ class LoadedModel:
     # Weight precision: float32 for float32 checkpoints, else bfloat16, until
     # `load_model` applies `dtype=`.
     dtype: str
-    # The checkpoint's quantization ("w8a8_int8": the engine packs its int8 weights as they are),
-    # or None.
+    # The checkpoint's quantization, packed as it is by the engine ("w8a8_int8": int8 weights;
+    # "gguf": a GGUF file's quantized blocks), or None.
     quantization: str | None = None
     progress: bool = True  # a progress bar on stderr while the weights load
 
@@ -89,7 +89,8 @@ def load_model(
 
     Only the config, the tokenizer and the weight files' headers are read here; the engine maps
     the weights when it starts. `dtype` picks the weight precision the engine computes with
-    ("auto": float32 for float32 checkpoints, else bfloat16).
+    ("auto": float32 for float32 checkpoints, else bfloat16; a quantized GGUF file then runs in
+    its own quantization where rsgl has kernels for it, and any other dtype dequantizes it).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
@@ -110,6 +111,9 @@ def load_model(
     model.progress = progress
     if dtype != "auto":
         model.dtype = _DTYPE_ALIASES[dtype]
+        if model.quantization == "gguf":
+            # An explicit dtype asks for the file's quantized weights dequantized to it.
+            model.quantization = None
     return model
 
 

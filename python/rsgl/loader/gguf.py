@@ -29,6 +29,8 @@ from rsgl.loader.tokenizer import GgufVocabulary, special_token_ids, token_bytes
 # experts is a Mixtral).
 _MOE_ARCHITECTURES = {"qwen2moe": "qwen2_moe", "qwen3moe": "qwen3_moe"}
 _NATIVE_DTYPE = {"F32": "float32"}
+# Storage types whose weights are not quantized (a file of these runs in `dtype`).
+_FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
@@ -62,6 +64,9 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         # float32 files compute in float32; F16, BF16 and quantized ones in bfloat16, the fast 16-bit
         # path on CPUs (vLLM's CPU backend casts float16 to bfloat16 too); dtype="float16" keeps F16.
         dtype=_NATIVE_DTYPE.get(tensors[probe][1], "bfloat16"),
+        # A quantized file runs in its own quantization, as llama.cpp runs it: the core packs
+        # the blocks it has integer kernels for as they are, the rest in `dtype`.
+        quantization=None if tensors[probe][1] in _FLOAT_TYPES else "gguf",
         generation_config={},
         **_tokenizer_fields(metadata, config["vocab_size"], skip_tokenizer_init),
     )

@@ -156,6 +156,14 @@ pub enum Quantization {
     /// token, quantized on the fly (SGLang's `w8a8_int8`).
     #[serde(rename = "w8a8_int8")]
     W8A8Int8,
+    /// 4-bit weights in groups of 32 inputs with a scale and a minimum each, quantized at load
+    /// from 16- or 32-bit weights; int8 activations per group (see `rsgl_kernels::int4`).
+    #[serde(rename = "w4a8")]
+    W4A8,
+    /// A GGUF file's quantized blocks packed as they are for the integer kernels (Q4_0, Q4_1
+    /// as W4A8); a layer stored in a type without such kernels runs in `dtype` (vLLM's `gguf`).
+    #[serde(rename = "gguf")]
+    Gguf,
 }
 
 /// Engine options, named after SGLang's server arguments where one exists.

@@ -1,7 +1,8 @@
 //! Dense layers over the compute pool: `out = x · Wᵀ (+ bias)` with `W` pre-packed, in 16-bit
-//! or 32-bit floats ([`linear`]) or W8A8 int8 ([`linear_i8`]).
+//! or 32-bit floats ([`linear`]), W8A8 int8 ([`linear_i8`]) or W4A8 ([`linear_q4`]).
 
 use crate::dispatch::{GemmArgs, Kernels};
+use crate::int4::{Int4Weights, QuantizedBlocks};
 use crate::int8::{quantize_row, Int8Weights, QuantizedRows};
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::pool::{split, SendPtr, ThreadPool};
@@ -43,6 +44,19 @@ pub fn linear_i8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8Weights, 
         scale[0] = quantize_row(&x[i * w.k..(i + 1) * w.k], q);
     });
     let (rows, gemm) = (&*rows, kern.gemm_i8.gemm);
+    // SAFETY: as in `linear`.
+    split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+    add_bias(out, bias, w.n);
+}
+
+/// The W4A8 layer: `x` is quantized per block of 32 (into `rows`, kept by the caller), then
+/// multiplied by the 4-bit weights with integer sums per block.
+pub fn linear_q4(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int4Weights, bias: Option<&[f32]>, out: &mut [f32], rows: &mut QuantizedBlocks) {
+    if check_shapes(x, w.k, w.n, out) == 0 {
+        return;
+    }
+    rows.quantize(x, w.k, pool);
+    let (rows, gemm) = (&*rows, kern.gemm_i8.gemm_q4);
     // SAFETY: as in `linear`.
     split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
     add_bias(out, bias, w.n);

@@ -92,7 +92,8 @@ impl LlamaModel {
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
-        let lm_head_quantization = quantization.filter(|_| quantize_lm_head);
+        // A GGUF file chose its lm_head's type itself; a quantized-at-load lm_head is asked for.
+        let lm_head_quantization = quantization.filter(|q| quantize_lm_head || *q == Quantization::Gguf);
         let pack_lm_head = |weight| Linear::fused(vec![LinearParts { weight, bias: None }], dtype, lm_head_quantization, pool);
         let (embed, lm_head) = if cfg.tie_word_embeddings {
             // A tied checkpoint may still carry a copy of the embedding as lm_head.
