@@ -67,7 +67,7 @@ REPO = Path(__file__).resolve().parent.parent
 LLAMA_CPP_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36'
 LLAMA_CPP_TYPES = ("F16", "Q8_0")
 # GGUF types rsgl runs as they are stored (on its W4A8 kernels); others it packs in bfloat16.
-RSGL_NATIVE_TYPES = ("Q4_0", "Q4_1")
+RSGL_NATIVE_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 # GGUF names of the tensors decode reads as matrices (the lm_head is added apart: tied models
 # read token_embd instead of output).
 GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")

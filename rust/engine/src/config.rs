@@ -160,7 +160,7 @@ pub enum Quantization {
     /// from 16- or 32-bit weights; int8 activations per group (see `rsgl_kernels::int4`).
     #[serde(rename = "w4a8")]
     W4A8,
-    /// A GGUF file's quantized blocks packed as they are for the integer kernels (Q4_0, Q4_1
+    /// A GGUF file's quantized blocks packed as they are for the integer kernels (Q4_0, Q4_1, Q4_K
     /// as W4A8); a layer stored in a type without such kernels runs in `dtype` (vLLM's `gguf`).
     #[serde(rename = "gguf")]
     Gguf,

@@ -5,6 +5,7 @@
 
 use crate::int4::{Int4Weights, QuantizedBlocks};
 use crate::int8::{Int8Weights, QuantizedRows};
+use crate::int8_block::Int8BlockWeights;
 use crate::packed::PackedWeights;
 use crate::paged::AttentionTask;
 use crate::portable::RopeStyle;
@@ -30,7 +31,10 @@ pub type GemmI8Fn = unsafe fn(x: &QuantizedRows, w: &Int8Weights, panels: Range<
 /// The W4A8 GEMM over per-block quantized activations ([`crate::portable::gemm_q4::gemm_q4`]).
 pub type GemmQ4Fn = unsafe fn(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize);
 
-/// The GEMMs on int8 activations (W8A8 `gemm`, W4A8 `gemm_q4`) and the name of their path
+/// The 8-bit block GEMM over per-block quantized activations ([`crate::portable::gemm_q8::gemm_q8`]).
+pub type GemmQ8Fn = unsafe fn(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
+
+/// The GEMMs on int8 activations (W8A8 `gemm`, 4-bit and 8-bit blocks) and the name of their path
 /// ("portable", "avx2", "avx512-vnni", "neon", "dotprod", "i8mm"): chosen by the CPU's integer
 /// dot products.
 #[derive(Clone, Copy)]
@@ -38,11 +42,13 @@ pub struct Int8Gemm {
     pub isa: &'static str,
     pub gemm: GemmI8Fn,
     pub gemm_q4: GemmQ4Fn,
+    pub gemm_q8: GemmQ8Fn,
 }
 
 impl Int8Gemm {
     pub fn portable() -> Int8Gemm {
-        Int8Gemm { isa: "portable", gemm: crate::portable::gemm_i8::gemm_i8, gemm_q4: crate::portable::gemm_q4::gemm_q4 }
+        use crate::portable::{gemm_i8, gemm_q4, gemm_q8};
+        Int8Gemm { isa: "portable", gemm: gemm_i8::gemm_i8, gemm_q4: gemm_q4::gemm_q4, gemm_q8: gemm_q8::gemm_q8 }
     }
 
     /// The int8 paths this CPU supports, best first.

@@ -15,10 +15,11 @@
 //! `vpmaddubsw`.
 //!
 //! Every path computes the same bits: the integer sums are exact and the float steps fixed.
-//! Per block, with `s = Σ q_w q_x` (q_w in 0..=15), `t = Σ q_x` and `dx` the activation block's
-//! scale, each output's `acc` (from 0) takes
-//! - offset 8: `acc = fma((s - 8t) as f32, d * dx, acc)`;
-//! - minimum: `acc = fma(s as f32, d * dx, acc)`, then `acc = fma(m, t as f32 * dx, acc)`.
+//! Per block, with `s = Σ q_w q_x` (q_w in 0..=15), `dx` the activation block's scale and
+//! `tx = (Σ q_x) as f32 * dx` (computed once, when the activations are quantized), each
+//! output's `acc` (from 0) takes `acc = fma(m, tx, fma(s as f32, d * dx, acc))`, where the
+//! offset 8 is the minimum `m = -8 d` (exact). One form for both keeps the kernels' per-row
+//! work to a conversion, a multiply and two FMAs with operands broadcast from memory.
 
 use crate::int8::quantize_value;
 use crate::memory::Frozen;
@@ -164,11 +165,12 @@ impl Int4Weights {
         unsafe { self.data.as_ptr().add(p * self.panel_stride() + b * self.record_bytes()) }
     }
 
-    /// Output `o`'s (scale, minimum) of a record (minimum 0 with the offset 8).
+    /// Output `o`'s (scale, minimum) of a record (with the offset 8, the minimum is `-8 d`).
     pub fn scale_min(&self, rec: &[u8], o: usize) -> (f32, f32) {
         let half = |at: usize| f16_to_f32(u16::from_le_bytes([rec[at], rec[at + 1]]));
-        let m = if self.offset == Int4Offset::Min { half(NIBBLE_BYTES + HALVES_BYTES + 2 * o) } else { 0.0 };
-        (half(NIBBLE_BYTES + 2 * o), m)
+        let d = half(NIBBLE_BYTES + 2 * o);
+        let m = if self.offset == Int4Offset::Min { half(NIBBLE_BYTES + HALVES_BYTES + 2 * o) } else { -8.0 * d };
+        (d, m)
     }
 
     /// Output `o`'s quant of input `j` (< 32) in a record.
@@ -191,38 +193,31 @@ impl Int4Weights {
             .chunks_exact(record)
             .flat_map(|rec| {
                 let (d, m) = self.scale_min(rec, o);
-                (0..QBLOCK).map(move |j| {
-                    let q = Self::quant(rec, o, j) as f32;
-                    match self.offset {
-                        Int4Offset::Eight => (q - 8.0) * d,
-                        Int4Offset::Min => q * d + m,
-                    }
-                })
+                (0..QBLOCK).map(move |j| Self::quant(rec, o, j) as f32 * d + m)
             })
             .collect()
     }
 }
 
 /// One block's step of an output's sum (the scheme's float epilogue, which every path keeps):
-/// `s` the block's integer dot product, `t` the sum of its activation quants, `dx` their scale,
-/// `d` and `m` the weights' scale and minimum.
+/// `s` the block's integer dot product, `dx` the activations' scale and `tx` their scaled sum,
+/// `d` and `m` the weights' scale and minimum (`-8 d` with the offset 8).
 #[inline(always)]
-pub fn accumulate_block(offset: Int4Offset, acc: f32, s: i32, t: i32, dx: f32, d: f32, m: f32) -> f32 {
-    match offset {
-        Int4Offset::Eight => ((s - 8 * t) as f32).mul_add(d * dx, acc),
-        Int4Offset::Min => m.mul_add(t as f32 * dx, (s as f32).mul_add(d * dx, acc)),
-    }
+pub fn accumulate_block(acc: f32, s: i32, dx: f32, tx: f32, d: f32, m: f32) -> f32 {
+    m.mul_add(tx, (s as f32).mul_add(d * dx, acc))
 }
 
-/// Activation rows quantized per block of [`QBLOCK`]: `[m][k]` int8, and per row and block the
-/// scale and the sum of the block's quants.
+/// Activation rows quantized per block of [`QBLOCK`]: `[m][k]` int8; per row and block the
+/// scale and the sum of the quants times the scale; per row and half block (16 values) the sum
+/// of the quants (the 8-bit weight blocks have a scale per half).
 #[derive(Default)]
 pub struct QuantizedBlocks {
     pub m: usize,
     pub k: usize,
     pub q: Vec<i8>,
     pub scales: Vec<f32>,
-    pub sums: Vec<i32>,
+    pub scaled_sums: Vec<f32>,
+    pub half_sums: Vec<i32>,
 }
 
 impl QuantizedBlocks {
@@ -234,19 +229,24 @@ impl QuantizedBlocks {
         self.k = k;
         self.q.resize(x.len(), 0);
         self.scales.resize(x.len() / QBLOCK, 0.0);
-        self.sums.resize(x.len() / QBLOCK, 0);
+        self.scaled_sums.resize(x.len() / QBLOCK, 0.0);
+        self.half_sums.resize(2 * x.len() / QBLOCK, 0);
         let blocks = k / QBLOCK;
-        let (scales, sums) = (SendPtr(self.scales.as_mut_ptr()), SendPtr(self.sums.as_mut_ptr()));
+        let (scales, scaled, sums) = (SendPtr(self.scales.as_mut_ptr()), SendPtr(self.scaled_sums.as_mut_ptr()), SendPtr(self.half_sums.as_mut_ptr()));
         pool.for_chunks_mut(&mut self.q, k, &|i, q| {
-            let (scales, sums) = (scales, sums);
+            let (scales, scaled, sums) = (scales, scaled, sums);
             for (b, (values, q)) in x[i * k..(i + 1) * k].chunks_exact(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).enumerate() {
                 let max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
                 let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
                 q.iter_mut().zip(values).for_each(|(q, &v)| *q = quantize_value(v, scale));
-                // SAFETY: row `i` owns its `blocks` scales and sums.
+                let at = i * blocks + b;
+                // SAFETY: row `i` owns its `blocks` scales and scaled sums, `2 * blocks` sums.
                 unsafe {
-                    *scales.0.add(i * blocks + b) = scale;
-                    *sums.0.add(i * blocks + b) = q.iter().map(|&v| v as i32).sum();
+                    *scales.0.add(at) = scale;
+                    let [first, second] = [0, 1].map(|h: usize| q[h * QBLOCK / 2..(h + 1) * QBLOCK / 2].iter().map(|&v| v as i32).sum::<i32>());
+                    *sums.0.add(2 * at) = first;
+                    *sums.0.add(2 * at + 1) = second;
+                    *scaled.0.add(at) = (first + second) as f32 * scale;
                 }
             }
         });
@@ -254,6 +254,22 @@ impl QuantizedBlocks {
 
     pub fn blocks(&self) -> usize {
         self.k / QBLOCK
+    }
+
+    /// Row `i`'s block `b`: its quants, its scale, and the sums of its two halves' quants.
+    #[inline(always)]
+    pub fn block(&self, i: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
+        let at = i * self.blocks() + b;
+        (self.q[i * self.k + b * QBLOCK..].as_ptr(), self.scales[at], [self.half_sums[2 * at], self.half_sums[2 * at + 1]])
+    }
+
+    /// Row `i`'s block `b`: its quants, and pointers to its scale and its scaled sum (for SIMD
+    /// operands broadcast from memory).
+    #[inline(always)]
+    pub fn block_scales(&self, i: usize, b: usize) -> (*const i8, *const f32, *const f32) {
+        let at = i * self.blocks() + b;
+        // SAFETY (of callers' reads): `at` is inside both arrays for i < m, b < blocks.
+        unsafe { (self.q.as_ptr().add(i * self.k + b * QBLOCK), self.scales.as_ptr().add(at), self.scaled_sums.as_ptr().add(at)) }
     }
 }
 
@@ -311,6 +327,6 @@ mod tests {
         rows.quantize(&x, 64, &ThreadPool::new(1, false));
         assert_eq!(rows.scales.len(), 2);
         assert!(rows.scales[0] < 1.0 / 100.0 && rows.scales[1] == 100.0 / 127.0);
-        assert_eq!(rows.sums[0], rows.q[..32].iter().map(|&v| v as i32).sum::<i32>());
+        assert_eq!(rows.half_sums[1], rows.q[16..32].iter().map(|&v| v as i32).sum::<i32>());
     }
 }

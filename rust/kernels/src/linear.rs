@@ -1,9 +1,11 @@
 //! Dense layers over the compute pool: `out = x · Wᵀ (+ bias)` with `W` pre-packed, in 16-bit
-//! or 32-bit floats ([`linear`]), W8A8 int8 ([`linear_i8`]) or W4A8 ([`linear_q4`]).
+//! or 32-bit floats ([`linear`]), W8A8 int8 ([`linear_i8`]), 4-bit ([`linear_q4`]) or 8-bit
+//! ([`linear_q8`]) blocks.
 
 use crate::dispatch::{GemmArgs, Kernels};
 use crate::int4::{Int4Weights, QuantizedBlocks};
 use crate::int8::{quantize_row, Int8Weights, QuantizedRows};
+use crate::int8_block::Int8BlockWeights;
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::pool::{split, SendPtr, ThreadPool};
 use std::ops::Range;
@@ -57,6 +59,18 @@ pub fn linear_q4(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int4Weights, 
     }
     rows.quantize(x, w.k, pool);
     let (rows, gemm) = (&*rows, kern.gemm_i8.gemm_q4);
+    // SAFETY: as in `linear`.
+    split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+    add_bias(out, bias, w.n);
+}
+
+/// The 8-bit block layer, as [`linear_q4`].
+pub fn linear_q8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8BlockWeights, bias: Option<&[f32]>, out: &mut [f32], rows: &mut QuantizedBlocks) {
+    if check_shapes(x, w.k, w.n, out) == 0 {
+        return;
+    }
+    rows.quantize(x, w.k, pool);
+    let (rows, gemm) = (&*rows, kern.gemm_i8.gemm_q8);
     // SAFETY: as in `linear`.
     split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
     add_bias(out, bias, w.n);

@@ -1,11 +1,12 @@
-//! A dense layer `y = x Wᵀ + b`, its weights packed once for the kernels (16/32-bit floats, or
-//! W8A8 int8), and the compute context (kernel table + thread pool) every layer runs on.
+//! A dense layer `y = x Wᵀ + b`, its weights packed once for the kernels (16/32-bit floats,
+//! W8A8 int8, 4-bit or 8-bit blocks), and the compute context (kernel table + thread pool) every layer runs on.
 
 use crate::config::Quantization;
 use crate::weights::{MatrixRows, Stored};
 use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QuantizedBlocks, QBLOCK};
 use rsgl_kernels::int8::quantize_weight_row;
-use rsgl_kernels::{kernels, linear, linear_i8, linear_q4, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool, WeightDtype};
+use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights};
+use rsgl_kernels::{kernels, linear, linear_i8, linear_q4, linear_q8, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool, WeightDtype};
 use std::sync::Mutex;
 
 /// What a forward pass computes with: the kernels chosen for this CPU and the engine's pool.
@@ -35,30 +36,68 @@ pub enum Weights {
     Float(PackedWeights),
     Int8(Int8Weights),
     Int4(Int4Weights),
+    Int8Blocks(Int8BlockWeights),
+    /// Consecutive ranges of output rows held apart: a fused layer whose parts a GGUF file
+    /// stores in types of different kernels (Q4_K_M's q|k in Q4_K beside a Q6_K v).
+    Split(Vec<Weights>),
+}
+
+/// The format a matrix is packed in.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Format {
+    Float(WeightDtype),
+    /// W8A8, one scale per row.
+    Int8,
+    Int4(Int4Offset),
+    /// 8-bit blocks with quants offset by this.
+    Int8Blocks(u8),
+}
+
+impl Format {
+    /// The format of a matrix stored as `stored`, under `quantization`.
+    fn of(stored: Stored, cols: usize, dtype: WeightDtype, quantization: Option<Quantization>) -> Format {
+        match quantization {
+            None => Format::Float(dtype),
+            Some(Quantization::W8A8Int8) => Format::Int8,
+            // A layer whose inputs are not whole groups (never in real models) stays in floats.
+            Some(Quantization::W4A8) if cols % QBLOCK != 0 => Format::Float(dtype),
+            Some(Quantization::W4A8) => Format::Int4(Int4Offset::Min),
+            Some(Quantization::Gguf) => {
+                stored.int4_offset().map(Format::Int4).or(stored.int8_block_offset().map(Format::Int8Blocks)).unwrap_or(Format::Float(dtype))
+            }
+        }
+    }
+
+    /// One format all of `formats` can be packed in together, if there is one: 4-bit blocks
+    /// with and without minimums share the minimum form (Q4_0's is -8 times its scale).
+    fn shared(formats: &[Format]) -> Option<Format> {
+        formats.iter().try_fold(formats[0], |shared, &f| match (shared, f) {
+            (a, b) if a == b => Some(a),
+            (Format::Int4(_), Format::Int4(_)) => Some(Format::Int4(Int4Offset::Min)),
+            _ => None,
+        })
+    }
 }
 
 impl Weights {
-    /// Packs an `[n, k]` matrix read by rows in `dtype`, or quantized, on the threads of `pool`.
-    fn pack(rows: &RowReader, n: usize, k: usize, dtype: WeightDtype, quantization: Option<Quantization>, pool: &ThreadPool) -> Weights {
+    /// Packs an `[n, k]` matrix read by rows in `format`, on the threads of `pool`.
+    fn pack(rows: &RowReader, n: usize, k: usize, format: Format, pool: &ThreadPool) -> Weights {
         let floats = |row: usize| {
             let mut values = vec![0.0; k];
             (rows.read_f32)(row, &mut values);
             values
         };
-        match quantization {
-            None => Weights::Float(PackedWeights::pack_rows(n, k, dtype, pool, &|row, out| (rows.read_f32)(row, out))),
-            Some(Quantization::W8A8Int8) => {
+        match format {
+            Format::Float(dtype) => Weights::Float(PackedWeights::pack_rows(n, k, dtype, pool, &|row, out| (rows.read_f32)(row, out))),
+            Format::Int8 => {
                 Weights::Int8(Int8Weights::pack_rows(n, k, pool, &|row, q| (rows.read_i8)(row, q).unwrap_or_else(|| quantize_weight_row(&floats(row), q))))
             }
-            Some(Quantization::W4A8) if k % QBLOCK == 0 => {
-                Weights::Int4(Int4Weights::pack_rows(n, k, Int4Offset::Min, pool, &|row, out| out.quantize(&floats(row), Int4Offset::Min)))
-            }
-            Some(Quantization::Gguf) => match rows.stored_4bit {
-                Some(offset) => Weights::Int4(Int4Weights::pack_rows(n, k, offset, pool, &|row, out| (rows.read_q4)(row, out, offset))),
-                None => Self::pack(rows, n, k, dtype, None, pool),
-            },
-            // A layer whose inputs are not whole groups (never in real models) stays in floats.
-            Some(Quantization::W4A8) => Self::pack(rows, n, k, dtype, None, pool),
+            Format::Int4(offset) => Weights::Int4(Int4Weights::pack_rows(n, k, offset, pool, &|row, out| {
+                if !(rows.read_q4)(row, out, offset) {
+                    out.quantize(&floats(row), offset);
+                }
+            })),
+            Format::Int8Blocks(offset) => Weights::Int8Blocks(Int8BlockWeights::pack_rows(n, k, offset, pool, &|row, out| (rows.read_q8)(row, out))),
         }
     }
 
@@ -68,7 +107,23 @@ impl Weights {
             Weights::Float(w) => w.row(row),
             Weights::Int8(w) => w.row(row),
             Weights::Int4(w) => w.row(row),
+            Weights::Int8Blocks(w) => w.row(row),
+            Weights::Split(parts) => {
+                let (part, row) = Self::locate(parts, row);
+                part.row(row)
+            }
         }
+    }
+
+    /// The part holding output row `row` of split weights, and the row within it.
+    fn locate(parts: &[Weights], mut row: usize) -> (&Weights, usize) {
+        for part in parts {
+            if row < part.out_features() {
+                return (part, row);
+            }
+            row -= part.out_features();
+        }
+        panic!("row {row} past the last part")
     }
 
     pub fn out_features(&self) -> usize {
@@ -76,6 +131,8 @@ impl Weights {
             Weights::Float(w) => w.n,
             Weights::Int8(w) => w.n,
             Weights::Int4(w) => w.n,
+            Weights::Int8Blocks(w) => w.n,
+            Weights::Split(parts) => parts.iter().map(Weights::out_features).sum(),
         }
     }
 
@@ -84,6 +141,33 @@ impl Weights {
             Weights::Float(w) => w.k,
             Weights::Int8(w) => w.k,
             Weights::Int4(w) => w.k,
+            Weights::Int8Blocks(w) => w.k,
+            Weights::Split(parts) => parts[0].in_features(),
+        }
+    }
+
+    /// `out = x · Wᵀ (+ bias)`, `out` `[m, out_features]`.
+    fn forward(&self, c: &Compute, scratch: &mut Scratch, x: &[f32], bias: Option<&[f32]>, out: &mut [f32]) {
+        match self {
+            Weights::Float(w) => linear(c.kernels, &c.pool, x, w, bias, out, &mut scratch.bf16),
+            Weights::Int8(w) => linear_i8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8),
+            Weights::Int4(w) => linear_q4(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8_blocks),
+            Weights::Int8Blocks(w) => linear_q8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8_blocks),
+            Weights::Split(parts) => {
+                // Each part into a buffer of its own, then into its columns of `out`: a copy of
+                // the outputs, small beside the GEMMs.
+                let (n, m) = (self.out_features(), out.len() / self.out_features());
+                let mut first = 0;
+                for part in parts {
+                    let width = part.out_features();
+                    let mut part_out = vec![0.0; m * width];
+                    part.forward(c, scratch, x, bias.map(|b| &b[first..first + width]), &mut part_out);
+                    for (dst, src) in out.chunks_exact_mut(n).zip(part_out.chunks_exact(width)) {
+                        dst[first..first + width].copy_from_slice(src);
+                    }
+                    first += width;
+                }
+            }
         }
     }
 }
@@ -99,29 +183,34 @@ pub struct LinearParts {
     pub bias: Option<Vec<f32>>,
 }
 
-/// A matrix's rows as float32, as int8 with their scale where it is stored so, and as 4-bit
-/// blocks where every part is stored in a 4-bit type (`stored_4bit`: the offset they share).
+/// A matrix's rows as float32, and as they are stored where that is int8 (W8A8: returns the
+/// scale), 4-bit or 8-bit blocks (returns whether it was).
 struct RowReader<'a> {
     read_f32: &'a (dyn Fn(usize, &mut [f32]) + Sync),
     read_i8: &'a (dyn Fn(usize, &mut [i8]) -> Option<f32> + Sync),
-    read_q4: &'a (dyn Fn(usize, &mut Int4Row, Int4Offset) + Sync),
-    stored_4bit: Option<Int4Offset>,
-}
-
-/// The offset 4-bit blocks of these types share (Q4_0 alone: 8; with Q4_1: minimums, Q4_0's
-/// being -8 times its scale), or None if one is not a 4-bit type the kernels run.
-fn shared_4bit_offset(stored: impl Iterator<Item = Stored>) -> Option<Int4Offset> {
-    stored.map(|s| s.int4_offset()).try_fold(Int4Offset::Eight, |shared, offset| {
-        let offset = offset?;
-        Some(if shared == Int4Offset::Min || offset == Int4Offset::Min { Int4Offset::Min } else { Int4Offset::Eight })
-    })
+    read_q4: &'a (dyn Fn(usize, &mut Int4Row, Int4Offset) -> bool + Sync),
+    read_q8: &'a (dyn Fn(usize, &mut Int8BlockRow) + Sync),
 }
 
 impl Linear {
-    /// Packs layers that read the same input (q|k|v, gate|up) as one, so one call computes them.
+    /// Packs layers that read the same input (q|k|v, gate|up) as one, so one call computes them
+    /// (or, when a file stores them in types of different kernels, each in its own).
     pub fn fused(parts: Vec<LinearParts>, dtype: WeightDtype, quantization: Option<Quantization>, pool: &ThreadPool) -> Linear {
         let in_features = parts[0].weight.cols();
         assert!(parts.iter().all(|p| p.weight.cols() == in_features), "fused layers read the same input");
+        let formats: Vec<Format> = parts.iter().map(|p| Format::of(p.weight.stored(), in_features, dtype, quantization)).collect();
+        let weight = match Format::shared(&formats) {
+            Some(format) => Self::pack_together(&parts, format, pool),
+            None => Weights::Split(parts.iter().zip(formats).map(|(part, format)| Self::pack_together(std::slice::from_ref(part), format, pool)).collect()),
+        };
+        let bias =
+            parts.iter().any(|p| p.bias.is_some()).then(|| parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.weight.rows()])).collect());
+        Linear { weight, bias }
+    }
+
+    /// The parts' rows one after another as one matrix in `format`.
+    fn pack_together(parts: &[LinearParts], format: Format, pool: &ThreadPool) -> Weights {
+        let in_features = parts[0].weight.cols();
         // Output row -> (part, row in part).
         let starts: Vec<usize> = parts.iter().scan(0, |start, p| Some(std::mem::replace(start, *start + p.weight.rows()))).collect();
         let out_features: usize = parts.iter().map(|p| p.weight.rows()).sum();
@@ -140,14 +229,14 @@ impl Linear {
             },
             read_q4: &|row, out, offset| {
                 let (weight, row) = locate(row);
-                weight.read_q4(row, out, offset);
+                weight.read_q4(row, out, offset)
             },
-            stored_4bit: shared_4bit_offset(parts.iter().map(|p| p.weight.stored())),
+            read_q8: &|row, out| {
+                let (weight, row) = locate(row);
+                weight.read_q8(row, out);
+            },
         };
-        let weight = Weights::pack(&reader, out_features, in_features, dtype, quantization, pool);
-        let bias =
-            parts.iter().any(|p| p.bias.is_some()).then(|| parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.weight.rows()])).collect());
-        Linear { weight, bias }
+        Weights::pack(&reader, out_features, in_features, format, pool)
     }
 
     pub fn out_features(&self) -> usize {
@@ -162,12 +251,7 @@ impl Linear {
     pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
         let mut out = vec![0.0; x.len() / self.weight.in_features() * self.out_features()];
         let mut scratch = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let bias = self.bias.as_deref();
-        match &self.weight {
-            Weights::Float(w) => linear(c.kernels, &c.pool, x, w, bias, &mut out, &mut scratch.bf16),
-            Weights::Int8(w) => linear_i8(c.kernels, &c.pool, x, w, bias, &mut out, &mut scratch.int8),
-            Weights::Int4(w) => linear_q4(c.kernels, &c.pool, x, w, bias, &mut out, &mut scratch.int8_blocks),
-        }
+        self.weight.forward(c, &mut scratch, x, self.bias.as_deref(), &mut out);
         out
     }
 }

@@ -5,7 +5,9 @@
 //! Each value is computed as llama.cpp's reference dequantization computes it, in float32, in
 //! the same order of operations, so the results equal gguf-py's bit for bit.
 
-use rsgl_kernels::packed::{bf16_to_f32, f16_bytes_to_f32, f16_to_f32};
+use rsgl_kernels::int4::{Int4Offset, Int4Row, QBLOCK};
+use rsgl_kernels::int8_block::{Int8BlockRow, HALF_BLOCK};
+use rsgl_kernels::packed::{bf16_to_f32, f16_bytes_to_f32, f16_to_f32, f32_to_f16};
 
 /// A GGUF tensor's storage type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -105,6 +107,26 @@ impl GgmlType {
         }
     }
 
+    /// The offset of this type's 4-bit blocks as the W4A8 kernels take them ([`int4_blocks`]),
+    /// or None if it is not a 4-bit type they run.
+    pub fn int4_offset(self) -> Option<Int4Offset> {
+        match self {
+            GgmlType::Q4_0 => Some(Int4Offset::Eight),
+            GgmlType::Q4_1 | GgmlType::Q4K => Some(Int4Offset::Min),
+            _ => None,
+        }
+    }
+
+    /// The offset of this type's quants in the 8-bit block kernels' blocks ([`int8_blocks`]), or
+    /// None if it is not a type they run.
+    pub fn int8_block_offset(self) -> Option<u8> {
+        match self {
+            GgmlType::Q8_0 => Some(128),
+            GgmlType::Q6K => Some(32),
+            _ => None,
+        }
+    }
+
     /// Bytes of a row of `cols` values, or None when `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
         (cols % self.block_values() == 0).then(|| cols / self.block_values() * self.block_bytes())
@@ -136,6 +158,77 @@ pub fn dequantize_row(kind: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4K => blocks.for_each(|(b, y)| q4_k(b, y)),
         GgmlType::Q5K => blocks.for_each(|(b, y)| q5_k(b, y)),
         GgmlType::Q6K => blocks.for_each(|(b, y)| q6_k(b, y)),
+    }
+}
+
+/// A 4-bit row as the W4A8 kernels' blocks of 32 (`kind` has an [`GgmlType::int4_offset`]):
+/// - Q4_0 and Q4_1 blocks as they are (bytes copied); a Q4_0 block asked for with a minimum
+///   gets `-8 d`, exact in f16.
+/// - Q4_K: each 32-value sub-block with scale `d * sc` and minimum `-(dmin * m)`, products of
+///   an f16 and a 6-bit integer rounded to f16 (at most 2^-11 relative, far below the 4-bit
+///   step); the nibbles move to the classic order (byte `j`: values `j` and `j + 16`).
+pub fn int4_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int4Row, offset: Int4Offset) {
+    assert_eq!(Some(bytes.len()), kind.row_bytes(out.scales.len() * QBLOCK), "int4_blocks: {} bytes of {}", bytes.len(), kind.name());
+    let half_bits = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
+    let blocks = bytes.chunks_exact(kind.block_bytes());
+    match kind {
+        GgmlType::Q4_0 | GgmlType::Q4_1 => {
+            for (b, block) in blocks.enumerate() {
+                out.scales[b] = half_bits(block, 0);
+                out.nibbles[b * 16..][..16].copy_from_slice(&block[block.len() - 16..]);
+                out.mins[b] = match (kind, offset) {
+                    (GgmlType::Q4_1, _) => half_bits(block, 2),
+                    (_, Int4Offset::Min) => f32_to_f16(-8.0 * half(block, 0)),
+                    (_, Int4Offset::Eight) => 0,
+                };
+            }
+        }
+        GgmlType::Q4K => {
+            for (sb, block) in blocks.enumerate() {
+                let (d, min, scales, qs) = (half(block, 0), half(block, 2), &block[4..16], &block[16..144]);
+                for sub in 0..QK_K / QBLOCK {
+                    let b = sb * QK_K / QBLOCK + sub;
+                    let (sc, m) = scale_min_k4(sub, scales);
+                    out.scales[b] = f32_to_f16(d * sc);
+                    out.mins[b] = f32_to_f16(-(min * m));
+                    // Sub-block 2p + h is the low (h = 0) or high nibbles of bytes 32p..32p + 32.
+                    let value = |l: usize| (qs[sub / 2 * 32 + l] >> (4 * (sub % 2))) & 0x0f;
+                    for j in 0..16 {
+                        out.nibbles[b * 16 + j] = value(j) | (value(j + 16) << 4);
+                    }
+                }
+            }
+        }
+        other => panic!("int4_blocks: {} is not a 4-bit type the kernels run", other.name()),
+    }
+}
+
+/// A Q8_0 or Q6_K row as the 8-bit block kernels' blocks: Q8_0's quants plus 128 with its
+/// scale on both halves of each block; Q6_K's 6-bit quants as they are (offset 32) with each
+/// 16 values' scale `d * sc` rounded to f16 (at most 2^-11 relative).
+pub fn int8_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int8BlockRow) {
+    assert_eq!(Some(bytes.len()), kind.row_bytes(out.quants.len()), "int8_blocks: {} bytes of {}", bytes.len(), kind.name());
+    let blocks = bytes.chunks_exact(kind.block_bytes());
+    match kind {
+        GgmlType::Q8_0 => {
+            for (b, block) in blocks.enumerate() {
+                let scale = u16::from_le_bytes([block[0], block[1]]);
+                out.scales[2 * b..2 * b + 2].fill(scale);
+                for (q, &v) in out.quants[b * 32..][..32].iter_mut().zip(&block[2..34]) {
+                    *q = (v as i8 as i16 + 128) as u8;
+                }
+            }
+        }
+        GgmlType::Q6K => {
+            for (sb, block) in blocks.enumerate() {
+                let (scales, d) = (&block[192..208], half(block, 208));
+                for (sub, &sc) in scales.iter().enumerate() {
+                    out.scales[sb * QK_K / HALF_BLOCK + sub] = f32_to_f16(d * sc as i8 as f32);
+                }
+                q6_k_quants(block, |i, q| out.quants[sb * QK_K + i] = q);
+            }
+        }
+        other => panic!("int8_blocks: {} is not a type the 8-bit block kernels run", other.name()),
     }
 }
 
@@ -238,20 +331,24 @@ fn q5_k(b: &[u8], y: &mut [f32]) {
     }
 }
 
-/// Q6_K: 16 sub-blocks of 16 six-bit values (four low bits in `ql`, two high in `qh`), 8-bit
-/// signed scales.
+/// Q6_K: 16 sub-blocks of 16 six-bit values, each with an 8-bit signed scale.
 fn q6_k(b: &[u8], y: &mut [f32]) {
-    let (ql, qh, scales) = (&b[..128], &b[128..192], &b[192..208]);
-    let d = half(b, 208);
+    let (scales, d) = (&b[192..208], half(b, 208));
+    q6_k_quants(b, |i, q| y[i] = d * scales[i / 16] as i8 as f32 * (q as i8 - 32) as f32);
+}
+
+/// Calls `f(i, q)` with each of a Q6_K super-block's 256 quants (0..=63, offset 32): four low
+/// bits in `ql`, two high ones in `qh`; value `i` belongs to sub-block `i / 16`.
+fn q6_k_quants(b: &[u8], mut f: impl FnMut(usize, u8)) {
+    let (ql, qh) = (&b[..128], &b[128..192]);
     for n in 0..2 {
-        let (ql, qh, sc, y) = (&ql[n * 64..], &qh[n * 32..], &scales[n * 8..], &mut y[n * 128..]);
+        let (ql, qh) = (&ql[n * 64..], &qh[n * 32..]);
         for l in 0..32 {
-            let sub = l / 16;
-            let value = |low: u8, shift: u32| ((low | (((qh[l] >> shift) & 3) << 4)) as i8 - 32) as f32;
-            y[l] = d * sc[sub] as i8 as f32 * value(ql[l] & 0x0f, 0);
-            y[l + 32] = d * sc[sub + 2] as i8 as f32 * value(ql[l + 32] & 0x0f, 2);
-            y[l + 64] = d * sc[sub + 4] as i8 as f32 * value(ql[l] >> 4, 4);
-            y[l + 96] = d * sc[sub + 6] as i8 as f32 * value(ql[l + 32] >> 4, 6);
+            let quant = |low: u8, shift: u32| low | (((qh[l] >> shift) & 3) << 4);
+            f(n * 128 + l, quant(ql[l] & 0x0f, 0));
+            f(n * 128 + l + 32, quant(ql[l + 32] & 0x0f, 2));
+            f(n * 128 + l + 64, quant(ql[l] >> 4, 4));
+            f(n * 128 + l + 96, quant(ql[l + 32] >> 4, 6));
         }
     }
 }
@@ -268,6 +365,64 @@ mod tests {
         assert_eq!(GgmlType::from_id(12), Some(GgmlType::Q4K));
         assert_eq!((GgmlType::from_id(16), GgmlType::id_name(16), GgmlType::id_name(99)), (None, "IQ2_XXS".into(), "type 99".into()));
         assert_eq!(GgmlType::Q6K.name(), "Q6_K");
+    }
+
+    /// The 4-bit blocks of every type the kernels run give the values llama.cpp's dequantization
+    /// gives (Q4_K within its scales' f16 rounding).
+    #[test]
+    fn int4_blocks_hold_the_dequantized_values() {
+        let cols = 512;
+        for kind in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q4K] {
+            // Arbitrary bytes with small f16 scales: every bit pattern is a valid block.
+            let mut bytes: Vec<u8> = (0..kind.row_bytes(cols).unwrap()).map(|i| (i * 151 % 251) as u8).collect();
+            for block in bytes.chunks_exact_mut(kind.block_bytes()) {
+                let halves = if kind == GgmlType::Q4_0 { 1 } else { 2 };
+                for h in 0..halves {
+                    block[2 * h..2 * h + 2].copy_from_slice(&f32_to_f16(0.01 + 0.002 * h as f32).to_le_bytes());
+                }
+            }
+            let mut want = vec![0.0; cols];
+            dequantize_row(kind, &bytes, &mut want);
+            for offset in [Int4Offset::Eight, Int4Offset::Min] {
+                if offset == Int4Offset::Eight && kind.int4_offset() != Some(Int4Offset::Eight) {
+                    continue;
+                }
+                let mut row = Int4Row::new(cols);
+                int4_blocks(kind, &bytes, &mut row, offset);
+                for (i, want) in want.iter().enumerate() {
+                    let (b, j) = (i / QBLOCK, i % QBLOCK);
+                    let q = (row.nibbles[b * 16 + j % 16] >> (4 * (j / 16))) & 0x0f;
+                    let (d, m) = (f16_to_f32(row.scales[b]), f16_to_f32(row.mins[b]));
+                    let got = if offset == Int4Offset::Eight { d * (q as f32 - 8.0) } else { d * q as f32 + m };
+                    // Each f16-rounded scale or minimum is within 2^-11 of its product.
+                    let tol = ((d * q as f32).abs() + m.abs()) / 2048.0 + 1e-6;
+                    assert!((got - want).abs() <= tol, "{} {offset:?} value {i}: {got} vs {want}", kind.name());
+                }
+            }
+        }
+    }
+
+    /// The 8-bit blocks of Q8_0 and Q6_K give llama.cpp's dequantized values (Q6_K within its
+    /// scales' f16 rounding).
+    #[test]
+    fn int8_blocks_hold_the_dequantized_values() {
+        let cols = 512;
+        for kind in [GgmlType::Q8_0, GgmlType::Q6K] {
+            let mut bytes: Vec<u8> = (0..kind.row_bytes(cols).unwrap()).map(|i| (i * 151 % 251) as u8).collect();
+            for block in bytes.chunks_exact_mut(kind.block_bytes()) {
+                let at = if kind == GgmlType::Q8_0 { 0 } else { 208 };
+                block[at..at + 2].copy_from_slice(&f32_to_f16(0.01).to_le_bytes());
+            }
+            let mut want = vec![0.0; cols];
+            dequantize_row(kind, &bytes, &mut want);
+            let mut row = Int8BlockRow::new(cols);
+            int8_blocks(kind, &bytes, &mut row);
+            let offset = kind.int8_block_offset().unwrap() as f32;
+            for (i, want) in want.iter().enumerate() {
+                let got = (row.quants[i] as f32 - offset) * f16_to_f32(row.scales[i / HALF_BLOCK]);
+                assert!((got - want).abs() <= want.abs() / 2048.0 + 1e-6, "{} value {i}: {got} vs {want}", kind.name());
+            }
+        }
     }
 
     #[test]

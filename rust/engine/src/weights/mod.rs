@@ -20,7 +20,7 @@ pub use ggml::GgmlType;
 use mapped::MappedFile;
 use progress::Progress;
 use rsgl_kernels::int4::{Int4Offset, Int4Row};
-use rsgl_kernels::packed::{f16_to_f32, f32_to_f16};
+use rsgl_kernels::int8_block::Int8BlockRow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -53,9 +53,17 @@ impl Stored {
     /// not a 4-bit type they run.
     pub fn int4_offset(self) -> Option<Int4Offset> {
         match self {
-            Stored::Ggml(GgmlType::Q4_0) => Some(Int4Offset::Eight),
-            Stored::Ggml(GgmlType::Q4_1) => Some(Int4Offset::Min),
-            _ => None,
+            Stored::Ggml(kind) => kind.int4_offset(),
+            Stored::Int8 => None,
+        }
+    }
+
+    /// The offset of this type's quants in the 8-bit block kernels' blocks, or None if it is
+    /// not a type they run.
+    pub fn int8_block_offset(self) -> Option<u8> {
+        match self {
+            Stored::Ggml(kind) => kind.int8_block_offset(),
+            Stored::Int8 => None,
         }
     }
 }
@@ -402,24 +410,23 @@ impl MatrixRows {
         }
     }
 
-    /// Row `row`'s 4-bit blocks into `out` as they are stored (Q4_0 or Q4_1: see
-    /// [`Stored::int4_offset`]), with minimums when `offset` asks for them (Q4_0's are -8
-    /// times its scale, exact in f16).
-    pub fn read_q4(&self, row: usize, out: &mut Int4Row, offset: Int4Offset) {
-        let stored = self.stored().int4_offset().expect("read_q4 reads Q4_0 and Q4_1 tensors only");
-        let block_bytes = if stored == Int4Offset::Min { 20 } else { 18 };
-        let blocks = self.stored_row(row).chunks_exact(block_bytes);
-        for (b, block) in blocks.enumerate() {
-            let half = |at: usize| u16::from_le_bytes([block[at], block[at + 1]]);
-            out.scales[b] = half(0);
-            let nibbles = &block[block_bytes - 16..];
-            out.nibbles[b * 16..][..16].copy_from_slice(nibbles);
-            out.mins[b] = match (stored, offset) {
-                (Int4Offset::Min, _) => half(2),
-                (Int4Offset::Eight, Int4Offset::Min) => f32_to_f16(-8.0 * f16_to_f32(half(0))),
-                (Int4Offset::Eight, Int4Offset::Eight) => 0,
-            };
+    /// Row `row`'s 4-bit blocks into `out` (see [`ggml::int4_blocks`]), if the tensor is stored
+    /// in a type with an [`Stored::int4_offset`].
+    pub fn read_q4(&self, row: usize, out: &mut Int4Row, offset: Int4Offset) -> bool {
+        match self.stored() {
+            Stored::Ggml(kind) if kind.int4_offset().is_some() => {
+                ggml::int4_blocks(kind, self.stored_row(row), out, offset);
+                true
+            }
+            _ => false,
         }
+    }
+
+    /// Row `row`'s 8-bit blocks into `out` (see [`ggml::int8_blocks`]); the tensor must be stored
+    /// in a type with an [`Stored::int8_block_offset`].
+    pub fn read_q8(&self, row: usize, out: &mut Int8BlockRow) {
+        let Stored::Ggml(kind) = self.stored() else { panic!("read_q8 reads GGUF 8-bit block tensors only") };
+        ggml::int8_blocks(kind, self.stored_row(row), out);
     }
 
     /// Row `row`'s int8 values into `out` and its scale, if the tensor is stored as W8A8 int8.

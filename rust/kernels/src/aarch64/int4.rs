@@ -10,48 +10,53 @@
 //! block's sums go through the scheme's float steps: results match the portable twin bit for
 //! bit. f16 scales widen with `FCVTL` (base ARMv8, but Rust's intrinsic wants the f16 type).
 
-use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES, QBLOCK};
+use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile;
 use std::arch::aarch64::*;
 use std::arch::asm;
 use std::ops::Range;
 
-struct Tile<'a> {
-    x: &'a QuantizedBlocks,
-    w: &'a Int4Weights,
-    row: usize,
-    panel: usize,
-    out: *mut f32,
-    ldo: usize,
+/// Where a tile of a block-quantized GEMM reads and writes: rows from `row` of `x`, panels
+/// from `panel` of `w` (4-bit or 8-bit blocks).
+pub(super) struct Tile<'a, W> {
+    pub x: &'a QuantizedBlocks,
+    pub w: &'a W,
+    pub row: usize,
+    pub panel: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
 }
 
-impl Tile<'_> {
-    /// Row `r`'s activations of block `b`, and the block's scale and quant sum.
+impl<W> Tile<'_, W> {
+    /// Row `r`'s activations of block `b`, the block's scale and its halves' quant sums.
     #[inline(always)]
-    unsafe fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, i32) {
-        let i = (self.row + r) * self.x.blocks() + b;
-        (self.x.q.as_ptr().add((self.row + r) * self.x.k + b * QBLOCK), self.x.scales[i], self.x.sums[i])
+    pub fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
+        self.x.block(self.row + r, b)
+    }
+
+    /// Stores tile row `r`'s 16 outputs (four registers) of the tile's panel, its valid columns.
+    #[inline(always)]
+    pub unsafe fn store(&self, r: usize, n: usize, acc: &[float32x4_t; 4]) {
+        let first = self.panel * PANEL;
+        let mut values = [0f32; PANEL];
+        for (q, a) in acc.iter().enumerate() {
+            vst1q_f32(values.as_mut_ptr().add(4 * q), *a);
+        }
+        let dst = self.out.add((self.row + r) * self.ldo + first);
+        for (c, v) in values[..(n - first).min(PANEL)].iter().enumerate() {
+            *dst.add(c) = *v;
+        }
     }
 }
 
 /// Four f16 at `p` as f32.
 #[inline(always)]
-unsafe fn halves(p: *const u8) -> float32x4_t {
+pub(super) unsafe fn halves(p: *const u8) -> float32x4_t {
     let h = vreinterpret_u16_u8(vld1_u8(p));
     let mut out: float32x4_t;
     asm!("fcvtl {out:v}.4s, {h:v}.4h", out = lateout(vreg) out, h = in(vreg) h, options(pure, nomem, nostack, preserves_flags));
     out
-}
-
-/// `acc + w · x[group LANE]` per output, by element.
-macro_rules! sdot_lane {
-    ($acc:expr, $w:expr, $x:expr, $lane:literal) => {{
-        let mut acc: int32x4_t = $acc;
-        asm!(concat!("sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[", $lane, "]"), acc = inout(vreg) acc, w = in(vreg) $w, x = in(vreg) $x,
-             options(pure, nomem, nostack, preserves_flags));
-        acc
-    }};
 }
 
 /// The quarter `q` (outputs 4q..4q + 4) of a record, groups 0..4 then 4..8.
@@ -66,48 +71,27 @@ unsafe fn quarter(rec: *const u8, q: usize) -> [int8x16_t; 8] {
     w
 }
 
-/// The scheme's float step on 4 outputs.
-#[inline(always)]
-unsafe fn accumulate4(offset: Int4Offset, acc: float32x4_t, s: int32x4_t, t: i32, dx: f32, d: float32x4_t, m: float32x4_t) -> float32x4_t {
-    let ddx = vmulq_n_f32(d, dx);
-    match offset {
-        Int4Offset::Eight => vfmaq_f32(acc, vcvtq_f32_s32(vsubq_s32(s, vdupq_n_s32(8 * t))), ddx),
-        Int4Offset::Min => vfmaq_f32(vfmaq_f32(acc, vcvtq_f32_s32(s), ddx), m, vdupq_n_f32(t as f32 * dx)),
-    }
-}
-
 /// `R` rows by one panel, the sums of each quarter by `SDOT` (`DOT`) or widening multiplies,
-/// through the float steps; stores the panel's valid columns.
+/// through the float steps (`MIN`: the weights store minimums, else they are `-8 d`); stores
+/// the panel's valid columns.
 #[inline(always)]
-unsafe fn tile<const R: usize, const DOT: bool>(t: &Tile) {
-    let offset = t.w.offset;
+unsafe fn tile<const R: usize, const DOT: bool, const MIN: bool>(t: &Tile<Int4Weights>) {
     let mut acc = [[vdupq_n_f32(0.0); 4]; R];
     for b in 0..t.w.blocks() {
         let rec = t.w.record(t.panel, b);
         for q in 0..4 {
             let w = quarter(rec, q);
             let d = halves(rec.add(NIBBLE_BYTES + 8 * q));
-            let m = match offset {
-                Int4Offset::Min => halves(rec.add(NIBBLE_BYTES + 2 * PANEL + 8 * q)),
-                Int4Offset::Eight => vdupq_n_f32(0.0),
-            };
+            let m = if MIN { halves(rec.add(NIBBLE_BYTES + 2 * PANEL + 8 * q)) } else { vmulq_n_f32(d, -8.0) };
             for (r, acc) in acc.iter_mut().enumerate() {
-                let (x, dx, sum) = t.x_block(r, b);
-                let sums = if DOT { sums_sdot(x, &w) } else { sums_widening(x, &w) };
-                acc[q] = accumulate4(offset, acc[q], sums, sum, dx, d, m);
+                let (x, dx, tx) = t.x.block_scales(t.row + r, b);
+                let s = vcvtq_f32_s32(if DOT { sums_sdot(x, &w) } else { sums_widening(x, &w) });
+                acc[q] = vfmaq_f32(vfmaq_f32(acc[q], s, vmulq_n_f32(d, *dx)), m, vdupq_n_f32(*tx));
             }
         }
     }
-    let first = t.panel * PANEL;
     for (r, acc) in acc.iter().enumerate() {
-        let mut values = [0f32; PANEL];
-        for (q, a) in acc.iter().enumerate() {
-            vst1q_f32(values.as_mut_ptr().add(4 * q), *a);
-        }
-        let dst = t.out.add((t.row + r) * t.ldo + first);
-        for (c, v) in values[..(t.w.n - first).min(PANEL)].iter().enumerate() {
-            *dst.add(c) = *v;
-        }
+        t.store(r, t.w.n, acc);
     }
 }
 
@@ -127,11 +111,17 @@ unsafe fn sums_sdot(x: *const i8, w: &[int8x16_t; 8]) -> int32x4_t {
 
 #[inline(always)]
 unsafe fn sums_widening(x: *const i8, w: &[int8x16_t; 8]) -> int32x4_t {
-    // Per group, its 4 activations under each of the 4 outputs; products pairwise into
-    // (output, half) lanes: outputs 0-1 from the low half, 2-3 from the high one.
+    widening_groups(x, w, 0)
+}
+
+/// The sums of 4 outputs over `w.len()` groups of 4 inputs, activations from group `first`,
+/// by widening multiplies: per group, its 4 activations under each of the 4 outputs; products
+/// pairwise into (output, half) lanes, outputs 0-1 from the low half, 2-3 from the high one.
+#[inline(always)]
+pub(super) unsafe fn widening_groups(x: *const i8, w: &[int8x16_t], first: usize) -> int32x4_t {
     let (mut front, mut back) = (vdupq_n_s32(0), vdupq_n_s32(0));
     for (g, wg) in w.iter().enumerate() {
-        let xg = vreinterpretq_s8_s32(vdupq_n_s32((x.add(4 * g) as *const i32).read_unaligned()));
+        let xg = vreinterpretq_s8_s32(vdupq_n_s32((x.add(4 * (first + g)) as *const i32).read_unaligned()));
         front = vpadalq_s16(front, vmull_s8(vget_low_s8(*wg), vget_low_s8(xg)));
         back = vpadalq_s16(back, vmull_high_s8(*wg, xg));
     }
@@ -142,12 +132,16 @@ unsafe fn sums_widening(x: *const i8, w: &[int8x16_t; 8]) -> int32x4_t {
 unsafe fn gemm_dotprod(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile(x.m, panels, 4, 1, |row, rows, panel, _| {
         let t = Tile { x, w, row, panel, out, ldo };
-        match rows {
-            1 => tile::<1, true>(&t),
-            2 => tile::<2, true>(&t),
-            3 => tile::<3, true>(&t),
-            4 => tile::<4, true>(&t),
-            rows => unreachable!("no tile of {rows} rows"),
+        match (rows, w.offset == Int4Offset::Min) {
+            (1, true) => tile::<1, true, true>(&t),
+            (2, true) => tile::<2, true, true>(&t),
+            (3, true) => tile::<3, true, true>(&t),
+            (4, true) => tile::<4, true, true>(&t),
+            (1, false) => tile::<1, true, false>(&t),
+            (2, false) => tile::<2, true, false>(&t),
+            (3, false) => tile::<3, true, false>(&t),
+            (4, false) => tile::<4, true, false>(&t),
+            (rows, _) => unreachable!("no tile of {rows} rows"),
         }
     });
 }
@@ -156,10 +150,11 @@ unsafe fn gemm_dotprod(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize
 unsafe fn gemm_neon(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile(x.m, panels, 2, 1, |row, rows, panel, _| {
         let t = Tile { x, w, row, panel, out, ldo };
-        if rows == 2 {
-            tile::<2, false>(&t)
-        } else {
-            tile::<1, false>(&t)
+        match (rows, w.offset == Int4Offset::Min) {
+            (2, true) => tile::<2, false, true>(&t),
+            (2, false) => tile::<2, false, false>(&t),
+            (_, true) => tile::<1, false, true>(&t),
+            (_, false) => tile::<1, false, false>(&t),
         }
     });
 }

@@ -11,9 +11,20 @@ macro_rules! by_rows {
     };
 }
 
+/// `acc + w · x[group LANE]` per output, by element.
+macro_rules! sdot_lane {
+    ($acc:expr, $w:expr, $x:expr, $lane:literal) => {{
+        let mut acc: int32x4_t = $acc;
+        asm!(concat!("sdot {acc:v}.4s, {w:v}.16b, {x:v}.4b[", $lane, "]"), acc = inout(vreg) acc, w = in(vreg) $w, x = in(vreg) $x,
+             options(pure, nomem, nostack, preserves_flags));
+        acc
+    }};
+}
+
 pub mod bf16;
 pub mod int4;
 pub mod int8;
+pub mod int8_block;
 pub mod neon;
 pub mod sve;
 mod vec128;
@@ -46,12 +57,12 @@ pub fn int8_paths() -> Vec<Int8Gemm> {
     }
     let dotprod = is_aarch64_feature_detected!("dotprod");
     if dotprod && is_aarch64_feature_detected!("i8mm") {
-        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm, gemm_q4: int4::gemm_q4_dotprod });
+        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm, gemm_q4: int4::gemm_q4_dotprod, gemm_q8: int8_block::gemm_q8_dotprod });
     }
     if dotprod {
-        paths.push(Int8Gemm { isa: "dotprod", gemm: int8::gemm_i8_dotprod, gemm_q4: int4::gemm_q4_dotprod });
+        paths.push(Int8Gemm { isa: "dotprod", gemm: int8::gemm_i8_dotprod, gemm_q4: int4::gemm_q4_dotprod, gemm_q8: int8_block::gemm_q8_dotprod });
     }
-    paths.push(Int8Gemm { isa: "neon", gemm: int8::gemm_i8_neon, gemm_q4: int4::gemm_q4_neon });
+    paths.push(Int8Gemm { isa: "neon", gemm: int8::gemm_i8_neon, gemm_q4: int4::gemm_q4_neon, gemm_q8: int8_block::gemm_q8_neon });
     paths
 }
 
@@ -68,7 +79,7 @@ mod tests {
     fn every_int8_path_matches_portable_exactly() {
         for path in super::int8_paths() {
             crate::portable::twin_tests::check_int8_against_portable(&path);
-            crate::portable::twin_tests::check_int4_against_portable(&path);
+            crate::portable::twin_tests::check_blocks_paths_against_portable(&path);
         }
     }
 }

@@ -19,11 +19,12 @@ pub unsafe fn gemm_q4(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>
             for b in 0..blocks {
                 let rec = std::slice::from_raw_parts(w.record(p, b), record);
                 let xq = &x.q[i * x.k + b * QBLOCK..][..QBLOCK];
-                let (dx, t) = (x.scales[i * blocks + b], x.sums[i * blocks + b]);
+                let at = i * blocks + b;
+                let (dx, tx) = (x.scales[at], x.scaled_sums[at]);
                 for (o, a) in acc.iter_mut().enumerate() {
                     let s: i32 = xq.iter().enumerate().map(|(j, &v)| Int4Weights::quant(rec, o, j) as i32 * v as i32).sum();
                     let (d, m) = w.scale_min(rec, o);
-                    *a = accumulate_block(w.offset, *a, s, t, dx, d, m);
+                    *a = accumulate_block(*a, s, dx, tx, d, m);
                 }
             }
             for (c, v) in acc[..cols].iter().enumerate() {

@@ -5,6 +5,7 @@ pub mod attention;
 pub mod gemm;
 pub mod gemm_i8;
 pub mod gemm_q4;
+pub mod gemm_q8;
 
 /// Independent partial sums, so the compiler can vectorize the dot product.
 const LANES: usize = 8;

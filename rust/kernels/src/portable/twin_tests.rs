@@ -1,6 +1,7 @@
 use super::{rope_tables, RopeStyle};
 use crate::dispatch::GemmArgs;
 use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks};
+use crate::int8_block::Int8BlockWeights;
 use crate::packed::{activations_to_bf16, PackedWeights, WeightDtype};
 use crate::{Int8Gemm, Int8Weights, Kernels, QuantizedRows, ThreadPool};
 
@@ -166,39 +167,70 @@ pub fn check_int8_against_portable(simd: &Int8Gemm) {
     }
 }
 
-/// A W4A8 GEMM against the portable one, both offsets, odd row and output counts: the same
-/// bits, whatever the rows, the batch and the panel split.
-pub fn check_int4_against_portable(simd: &Int8Gemm) {
-    let run = |path: &Int8Gemm, x: &[f32], w: &Int4Weights, panels: std::ops::Range<usize>| {
+/// A block-quantized GEMM (`gemm(path, rows, panels, out)`, weights `[n, k]` built by
+/// `weights(n, k)`) against the portable path on odd row and output counts: the same bits,
+/// whatever the rows, the batch and the panel split.
+fn check_blocks_against_portable<W>(
+    simd: &Int8Gemm,
+    kind: &str,
+    weights: &dyn Fn(usize, usize) -> (W, usize),
+    gemm: &dyn Fn(&Int8Gemm, &QuantizedBlocks, &W, std::ops::Range<usize>, &mut [f32]),
+) {
+    let run = |path: &Int8Gemm, x: &[f32], w: &W, k: usize, n: usize, panels: std::ops::Range<usize>| {
         let mut rows = QuantizedBlocks::default();
-        rows.quantize(x, w.k, &ThreadPool::new(1, false));
-        let mut out = vec![f32::NAN; rows.m * w.n];
-        // SAFETY: `out` is [m, n] and this thread is its only user.
-        unsafe { (path.gemm_q4)(&rows, w, panels, out.as_mut_ptr(), w.n) };
+        rows.quantize(x, k, &ThreadPool::new(1, false));
+        let mut out = vec![f32::NAN; rows.m * n];
+        gemm(path, &rows, w, panels, &mut out);
         out
     };
     let reference = Int8Gemm::portable();
-    for offset in [Int4Offset::Eight, Int4Offset::Min] {
-        for k in [32, 96, 320] {
-            for (m, n) in [(1, 1), (1, 37), (1, 81), (2, 40), (3, 7), (5, 48), (13, 17), (14, 65)] {
-                // Values reaching both ends of the int8 range, an outlier, and a row of zeros.
-                let mut x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
-                x[k / 2] = 40.0;
-                let w = Int4Weights::quantize(&data(n * k, 2.0), n, k, offset);
-                let want = run(&reference, &x, &w, 0..w.panels());
-                let got = run(simd, &x, &w, 0..w.panels());
-                assert_eq!(want, got, "{} int4 {offset:?} k={k} m={m} n={n}", simd.isa);
-                for i in 0..m {
-                    let alone = run(simd, &x[i * k..(i + 1) * k], &w, 0..w.panels());
-                    assert_eq!(alone, got[i * n..(i + 1) * n], "{} int4: row {i} differs alone vs batched", simd.isa);
-                }
-                let cut = w.panels() / 2;
-                let (mut left, right) = (run(simd, &x, &w, 0..cut), run(simd, &x, &w, cut..w.panels()));
-                left.iter_mut().zip(&right).filter(|(l, _)| l.is_nan()).for_each(|(l, r)| *l = *r);
-                assert_eq!(left, got, "{} int4: split panel ranges differ", simd.isa);
+    for k in [32, 96, 320] {
+        for (m, n) in [(1, 1), (1, 37), (1, 81), (2, 40), (3, 7), (5, 48), (13, 17), (14, 65)] {
+            // Values reaching both ends of the int8 range, an outlier, and a row of zeros.
+            let mut x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
+            x[k / 2] = 40.0;
+            let (w, panels) = weights(n, k);
+            let want = run(&reference, &x, &w, k, n, 0..panels);
+            let got = run(simd, &x, &w, k, n, 0..panels);
+            assert_eq!(want, got, "{} {kind} k={k} m={m} n={n}", simd.isa);
+            for i in 0..m {
+                let alone = run(simd, &x[i * k..(i + 1) * k], &w, k, n, 0..panels);
+                assert_eq!(alone, got[i * n..(i + 1) * n], "{} {kind}: row {i} differs alone vs batched", simd.isa);
             }
+            let cut = panels / 2;
+            let (mut left, right) = (run(simd, &x, &w, k, n, 0..cut), run(simd, &x, &w, k, n, cut..panels));
+            left.iter_mut().zip(&right).filter(|(l, _)| l.is_nan()).for_each(|(l, r)| *l = *r);
+            assert_eq!(left, got, "{} {kind}: split panel ranges differ", simd.isa);
         }
     }
+}
+
+/// The W4A8 GEMM (both offsets) and the 8-bit block GEMM against the portable ones.
+pub fn check_blocks_paths_against_portable(simd: &Int8Gemm) {
+    for offset in [Int4Offset::Eight, Int4Offset::Min] {
+        check_blocks_against_portable(
+            simd,
+            &format!("int4 {offset:?}"),
+            &|n, k| {
+                let w = Int4Weights::quantize(&data(n * k, 2.0), n, k, offset);
+                let panels = w.panels();
+                (w, panels)
+            },
+            // SAFETY: `out` is [m, n] and this thread is its only user.
+            &|path, rows, w, panels, out| unsafe { (path.gemm_q4)(rows, w, panels, out.as_mut_ptr(), w.n) },
+        );
+    }
+    check_blocks_against_portable(
+        simd,
+        "int8 blocks",
+        &|n, k| {
+            let w = Int8BlockWeights::quantize(&data(n * k, 2.0), n, k);
+            let panels = w.panels();
+            (w, panels)
+        },
+        // SAFETY: as above.
+        &|path, rows, w, panels, out| unsafe { (path.gemm_q8)(rows, w, panels, out.as_mut_ptr(), w.n) },
+    );
 }
 
 /// The portable W4A8 GEMM against a float product of the dequantized weights.
@@ -225,8 +257,28 @@ fn portable_int4_is_the_dequantized_product() {
 }
 
 #[test]
-fn portable_int4_matches_itself() {
-    check_int4_against_portable(&Int8Gemm::portable());
+fn portable_block_gemms_are_batch_invariant() {
+    check_blocks_paths_against_portable(&Int8Gemm::portable());
+}
+
+/// The portable 8-bit block GEMM against a float product of the dequantized weights.
+#[test]
+fn portable_int8_blocks_are_the_dequantized_product() {
+    let (m, n, k) = (3, 21, 96);
+    let x = data(m * k, 1.0);
+    let w = Int8BlockWeights::quantize(&data(n * k, 2.0), n, k);
+    let mut rows = QuantizedBlocks::default();
+    rows.quantize(&x, k, &ThreadPool::new(1, false));
+    let mut out = vec![0.0; m * n];
+    // SAFETY: `out` is [m, n] and this thread is its only user.
+    unsafe { crate::portable::gemm_q8::gemm_q8(&rows, &w, 0..w.panels(), out.as_mut_ptr(), n) };
+    for i in 0..m {
+        for j in 0..n {
+            let want: f32 = w.row(j).iter().zip(&x[i * k..(i + 1) * k]).map(|(a, b)| a * b).sum();
+            let tol = x[i * k..(i + 1) * k].iter().fold(0f32, |a, v| a.max(v.abs())) / 254.0 * k as f32 * 0.6;
+            assert!((out[i * n + j] - want).abs() <= tol, "({i}, {j}): {} vs {want}", out[i * n + j]);
+        }
+    }
 }
 
 #[test]

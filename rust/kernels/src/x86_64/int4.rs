@@ -4,68 +4,79 @@
 //!
 //! - AVX-512 VNNI: a chunk's low and high nibbles are two registers of 16 outputs x 4 inputs;
 //!   each takes one `vpdpbusd` with the 4 activations broadcast, 8 per block, in two chains.
-//!   Tiles of up to 4 rows by one panel; decode takes 1 row by up to 4 panels.
+//!   Tiles of up to 6 rows by one panel; decode takes 1 row by up to 4 panels.
 //! - AVX2 (+ FMA, F16C): the same chunks in halves of 8 outputs; `vpmaddubsw` products (at most
 //!   2 x 15 x 127 per 16-bit lane, 8 groups summing to under 2^15) add in 16 bits, one
 //!   `vpmaddwd` per block widens them. Tiles of up to 2 rows by one panel, decode 1 by 2.
 //!
 //! Each block's sums go through the scheme's float steps, so results match the portable twin
-//! bit for bit.
+//! bit for bit. Tiles are compiled apart for weights with and without minimums, so no branch
+//! sits in the loops.
 
-use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES, QBLOCK};
+use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Where a tile reads and writes: rows from `row` of `x`, panels from `panel` of `w`.
-struct Tile<'a> {
-    x: &'a QuantizedBlocks,
-    w: &'a Int4Weights,
-    row: usize,
-    panel: usize,
-    out: *mut f32,
-    ldo: usize,
+/// Where a tile of a block-quantized GEMM reads and writes: rows from `row` of `x`, panels
+/// from `panel` of `w` (4-bit or 8-bit blocks).
+pub(super) struct Tile<'a, W> {
+    pub x: &'a QuantizedBlocks,
+    pub w: &'a W,
+    pub row: usize,
+    pub panel: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
 }
 
-impl Tile<'_> {
-    /// Row `r`'s activations of block `b`, and the block's scale and quant sum.
+impl<W> Tile<'_, W> {
+    /// Row `r`'s activations of block `b`, the block's scale and its halves' quant sums.
     #[inline(always)]
-    unsafe fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, i32) {
-        let i = (self.row + r) * self.x.blocks() + b;
-        (self.x.q.as_ptr().add((self.row + r) * self.x.k + b * QBLOCK), self.x.scales[i], self.x.sums[i])
+    pub fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
+        self.x.block(self.row + r, b)
     }
 
-    /// The activations' group `g` (inputs 4g..4g + 4) as one 32-bit lane.
+    /// Stores 16 outputs of tile row `r`, panel `p` (the panel's valid columns).
     #[inline(always)]
-    unsafe fn group(x: *const i8, g: usize) -> i32 {
-        (x.add(4 * g) as *const i32).read_unaligned()
+    pub unsafe fn store16(&self, r: usize, p: usize, n: usize, values: __m512) {
+        let first = (self.panel + p) * PANEL;
+        let valid = ((1u32 << (n - first).min(PANEL)) - 1) as u16;
+        _mm512_mask_storeu_ps(self.out.add((self.row + r) * self.ldo + first), valid, values);
+    }
+
+    /// Stores 16 outputs of tile row `r`, panel `p`, from two registers of 8.
+    #[inline(always)]
+    pub unsafe fn store8x2(&self, r: usize, p: usize, n: usize, halves: [__m256; 2]) {
+        let first = (self.panel + p) * PANEL;
+        let mut values = [0f32; PANEL];
+        _mm256_storeu_ps(values.as_mut_ptr(), halves[0]);
+        _mm256_storeu_ps(values.as_mut_ptr().add(8), halves[1]);
+        let dst = self.out.add((self.row + r) * self.ldo + first);
+        for (c, v) in values[..(n - first).min(PANEL)].iter().enumerate() {
+            *dst.add(c) = *v;
+        }
     }
 }
 
-/// The scheme's float step on 16 outputs: `s` sums, `t` the activation quants' sum.
+/// The activations' group `g` (inputs 4g..4g + 4) as one 32-bit lane.
 #[inline(always)]
-unsafe fn accumulate16(offset: Int4Offset, acc: __m512, s: __m512i, t: i32, dx: f32, d: __m512, m: __m512) -> __m512 {
-    let ddx = _mm512_mul_ps(d, _mm512_set1_ps(dx));
-    match offset {
-        Int4Offset::Eight => _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(s, _mm512_set1_epi32(8 * t))), ddx, acc),
-        Int4Offset::Min => _mm512_fmadd_ps(m, _mm512_set1_ps(t as f32 * dx), _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ddx, acc)),
-    }
+pub(super) unsafe fn group(x: *const i8, g: usize) -> i32 {
+    (x.add(4 * g) as *const i32).read_unaligned()
 }
 
-/// As [`accumulate16`] on 8 outputs.
+/// A record's 16 scales and minimums (`-8 d` without stored minimums) from `first` on, as
+/// 16-bit halves widened by `widen`.
 #[inline(always)]
-unsafe fn accumulate8(offset: Int4Offset, acc: __m256, s: __m256i, t: i32, dx: f32, d: __m256, m: __m256) -> __m256 {
-    let ddx = _mm256_mul_ps(d, _mm256_set1_ps(dx));
-    match offset {
-        Int4Offset::Eight => _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(s, _mm256_set1_epi32(8 * t))), ddx, acc),
-        Int4Offset::Min => _mm256_fmadd_ps(m, _mm256_set1_ps(t as f32 * dx), _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), ddx, acc)),
-    }
+unsafe fn scale_min<V: Copy, const MIN: bool>(rec: *const u8, first: usize, widen: impl Fn(*const u8) -> V, minus_eight: impl Fn(V) -> V) -> (V, V) {
+    let d = widen(rec.add(NIBBLE_BYTES + first));
+    (d, if MIN { widen(rec.add(NIBBLE_BYTES + 2 * PANEL + first)) } else { minus_eight(d) })
 }
 
+/// `R` rows by `NP` panels, `MIN`: the weights store minimums.
 #[inline(always)]
-unsafe fn tile_vnni<const R: usize, const NP: usize>(t: &Tile) {
-    let (offset, nibble) = (t.w.offset, _mm512_set1_epi8(0x0f));
+unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>) {
+    let nibble = _mm512_set1_epi8(0x0f);
     let mut acc = [[_mm512_setzero_ps(); NP]; R];
     for b in 0..t.w.blocks() {
         for p in 0..NP {
@@ -77,34 +88,30 @@ unsafe fn tile_vnni<const R: usize, const NP: usize>(t: &Tile) {
                 w[c] = _mm512_and_si512(v, nibble);
                 w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
             }
-            let d = _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(NIBBLE_BYTES) as *const _));
-            let m = match offset {
-                Int4Offset::Min => _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(NIBBLE_BYTES + 2 * PANEL) as *const _)),
-                Int4Offset::Eight => _mm512_setzero_ps(),
-            };
+            let (d, m) = scale_min::<_, MIN>(rec, 0, |at| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const _)), |d| _mm512_mul_ps(d, _mm512_set1_ps(-8.0)));
             for (r, acc) in acc.iter_mut().enumerate() {
-                let (x, dx, sum) = t.x_block(r, b);
+                let (x, dx, tx) = t.x.block_scales(t.row + r, b);
                 let (mut low, mut high) = (_mm512_setzero_si512(), _mm512_setzero_si512());
                 for g in 0..4 {
-                    low = _mm512_dpbusd_epi32(low, w[g], _mm512_set1_epi32(Tile::group(x, g)));
-                    high = _mm512_dpbusd_epi32(high, w[g + 4], _mm512_set1_epi32(Tile::group(x, g + 4)));
+                    low = _mm512_dpbusd_epi32(low, w[g], _mm512_set1_epi32(group(x, g)));
+                    high = _mm512_dpbusd_epi32(high, w[g + 4], _mm512_set1_epi32(group(x, g + 4)));
                 }
-                acc[p] = accumulate16(offset, acc[p], _mm512_add_epi32(low, high), sum, dx, d, m);
+                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(low, high));
+                let sum = _mm512_fmadd_ps(s, _mm512_mul_ps(d, _mm512_set1_ps(*dx)), acc[p]);
+                acc[p] = _mm512_fmadd_ps(m, _mm512_set1_ps(*tx), sum);
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
         for (p, a) in acc.iter().enumerate() {
-            let first = (t.panel + p) * PANEL;
-            let valid = ((1u32 << (t.w.n - first).min(PANEL)) - 1) as u16;
-            _mm512_mask_storeu_ps(t.out.add((t.row + r) * t.ldo + first), valid, *a);
+            t.store16(r, p, t.w.n, *a);
         }
     }
 }
 
 #[inline(always)]
-unsafe fn tile_avx2<const R: usize, const NP: usize>(t: &Tile) {
-    let (offset, nibble, ones) = (t.w.offset, _mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>) {
+    let (nibble, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
     let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
     for b in 0..t.w.blocks() {
         for p in 0..NP {
@@ -116,52 +123,67 @@ unsafe fn tile_avx2<const R: usize, const NP: usize>(t: &Tile) {
                     w[c] = _mm256_and_si256(v, nibble);
                     w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
                 }
-                let halves = |at: usize| _mm256_cvtph_ps(_mm_loadu_si128(rec.add(at + 16 * half) as *const _));
-                let d = halves(NIBBLE_BYTES);
-                let m = match offset {
-                    Int4Offset::Min => halves(NIBBLE_BYTES + 2 * PANEL),
-                    Int4Offset::Eight => _mm256_setzero_ps(),
-                };
+                let (d, m) =
+                    scale_min::<_, MIN>(rec, 16 * half, |at| _mm256_cvtph_ps(_mm_loadu_si128(at as *const _)), |d| _mm256_mul_ps(d, _mm256_set1_ps(-8.0)));
                 for (r, acc) in acc.iter_mut().enumerate() {
-                    let (x, dx, sum) = t.x_block(r, b);
-                    let product = |g: usize| _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(Tile::group(x, g)));
+                    let (x, dx, tx) = t.x.block_scales(t.row + r, b);
+                    let product = |g: usize| _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(group(x, g)));
                     let (mut even, mut odd) = (product(0), product(1));
                     for g in (2..8).step_by(2) {
                         even = _mm256_add_epi16(even, product(g));
                         odd = _mm256_add_epi16(odd, product(g + 1));
                     }
-                    let s = _mm256_madd_epi16(_mm256_add_epi16(even, odd), ones);
-                    acc[p][half] = accumulate8(offset, acc[p][half], s, sum, dx, d, m);
+                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(even, odd), ones));
+                    let sum = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(*dx)), acc[p][half]);
+                    acc[p][half] = _mm256_fmadd_ps(m, _mm256_set1_ps(*tx), sum);
                 }
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
         for (p, halves) in acc.iter().enumerate() {
-            let first = (t.panel + p) * PANEL;
-            let mut values = [0f32; PANEL];
-            _mm256_storeu_ps(values.as_mut_ptr(), halves[0]);
-            _mm256_storeu_ps(values.as_mut_ptr().add(8), halves[1]);
-            let dst = t.out.add((t.row + r) * t.ldo + first);
-            for (c, v) in values[..(t.w.n - first).min(PANEL)].iter().enumerate() {
-                *dst.add(c) = *v;
-            }
+            t.store8x2(r, p, t.w.n, *halves);
         }
     }
 }
 
+/// `tile::<R, NP, MIN>` for the weights' offset.
+macro_rules! with_offset {
+    ($tile:ident, $t:expr) => {
+        |row, rows, panel, np| {
+            let t = &Tile { row, panel, ..*$t };
+            match t.w.offset {
+                Int4Offset::Min => with_offset!(@shape $tile, t, rows, np, true),
+                Int4Offset::Eight => with_offset!(@shape $tile, t, rows, np, false),
+            }
+        }
+    };
+    (@shape $tile:ident, $t:expr, $rows:expr, $np:expr, $min:literal) => {
+        match ($rows, $np) {
+            (1, 1) => $tile::<1, 1, $min>($t),
+            (1, 2) => $tile::<1, 2, $min>($t),
+            (1, 3) => $tile::<1, 3, $min>($t),
+            (1, 4) => $tile::<1, 4, $min>($t),
+            (2, _) => $tile::<2, 1, $min>($t),
+            (3, _) => $tile::<3, 1, $min>($t),
+            (4, _) => $tile::<4, 1, $min>($t),
+            (5, _) => $tile::<5, 1, $min>($t),
+            (6, _) => $tile::<6, 1, $min>($t),
+            (rows, panels) => unreachable!("no 4-bit tile of {rows} rows by {panels} panels"),
+        }
+    };
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    let (max_rows, panels_per_tile) = if x.m == 1 { (1, 4) } else { (4, 1) };
-    for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
-        by_tile_shape!(rows, np, tile_vnni, (&Tile { x, w, row, panel, out, ldo }), [(3, 1)(4, 1)])
-    });
+    let (max_rows, panels_per_tile) = if x.m == 1 { (1, 4) } else { (6, 1) };
+    for_each_tile(x.m, panels, max_rows, panels_per_tile, with_offset!(tile_vnni, &Tile { x, w, row: 0, panel: 0, out, ldo }));
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
-    for_each_tile(x.m, panels, 2, panels_per_tile, |row, rows, panel, np| by_tile_shape!(rows, np, tile_avx2, (&Tile { x, w, row, panel, out, ldo }), []));
+    for_each_tile(x.m, panels, 2, panels_per_tile, with_offset!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }));
 }
 
 /// # Safety

@@ -24,6 +24,7 @@ pub mod avx512;
 pub mod convert;
 pub mod int4;
 pub mod int8;
+pub mod int8_block;
 mod vec256;
 mod vec512;
 
@@ -59,7 +60,7 @@ fn is_amd() -> bool {
 pub fn int8_paths() -> Vec<Int8Gemm> {
     let mut paths = Vec::new();
     if int8::vnni_detected() {
-        paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni, gemm_q4: int4::gemm_q4_vnni });
+        paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni, gemm_q4: int4::gemm_q4_vnni, gemm_q8: int8_block::gemm_q8_vnni });
     }
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
         paths.push(avx2_int8());
@@ -69,7 +70,7 @@ pub fn int8_paths() -> Vec<Int8Gemm> {
 
 /// The AVX2 GEMMs on int8 activations; only handed out after detecting avx2, fma and f16c.
 fn avx2_int8() -> Int8Gemm {
-    Int8Gemm { isa: "avx2", gemm: int8::gemm_i8_avx2, gemm_q4: int4::gemm_q4_avx2 }
+    Int8Gemm { isa: "avx2", gemm: int8::gemm_i8_avx2, gemm_q4: int4::gemm_q4_avx2, gemm_q8: int8_block::gemm_q8_avx2 }
 }
 
 #[cfg(test)]
@@ -85,7 +86,7 @@ mod tests {
     fn every_int8_path_matches_portable_exactly() {
         for path in super::int8_paths() {
             crate::portable::twin_tests::check_int8_against_portable(&path);
-            crate::portable::twin_tests::check_int4_against_portable(&path);
+            crate::portable::twin_tests::check_blocks_paths_against_portable(&path);
         }
     }
 }

@@ -1,0 +1,103 @@
+//! 8-bit block GEMMs on x86_64 (layout and epilogue in [`crate::int8_block`]).
+//!
+//! - AVX-512 VNNI: the stored quants are unsigned (`w + offset`), `vpdpbusd`'s unsigned operand:
+//!   4 per half block, then `offset x Σ q_x` of the half (summed when activations are
+//!   quantized) comes off. Tiles as the 4-bit GEMM's.
+//! - AVX2: the offset comes off the quants first (|w| <= 127), and `vpmaddubsw` takes |x| with
+//!   w carrying x's sign; each group's 16-bit pairs widen with `vpmaddwd` before they add.
+//!
+//! Integer sums are exact and the float steps fixed: results match the portable twin bit for bit.
+
+use super::int4::{group, Tile};
+use crate::int4::QuantizedBlocks;
+use crate::int8_block::{Int8BlockWeights, QUANT_BYTES};
+use crate::portable::gemm::for_each_tile;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+#[inline(always)]
+unsafe fn tile_vnni<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>) {
+    let offset = t.w.offset as i32;
+    let mut acc = [[_mm512_setzero_ps(); NP]; R];
+    for b in 0..t.w.blocks() {
+        for p in 0..NP {
+            let rec = t.w.record(t.panel + p, b);
+            let w: [__m512i; 8] = std::array::from_fn(|g| _mm512_loadu_si512(rec.add(64 * g) as *const _));
+            let d: [__m512; 2] = std::array::from_fn(|h| _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(QUANT_BYTES + 32 * h) as *const _)));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let (x, dx, sums) = t.x_block(r, b);
+                for h in 0..2 {
+                    let mut s = _mm512_setzero_si512();
+                    for g in 4 * h..4 * h + 4 {
+                        s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(group(x, g)));
+                    }
+                    let s = _mm512_sub_epi32(s, _mm512_set1_epi32(offset * sums[h]));
+                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d[h], _mm512_set1_ps(dx)), acc[p]);
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (p, a) in acc.iter().enumerate() {
+            t.store16(r, p, t.w.n, *a);
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn tile_avx2<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>) {
+    let (offset, ones) = (_mm256_set1_epi8(t.w.offset as i8), _mm256_set1_epi16(1));
+    let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
+    for b in 0..t.w.blocks() {
+        for p in 0..NP {
+            let rec = t.w.record(t.panel + p, b);
+            for half in 0..2 {
+                let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset));
+                let d: [__m256; 2] = std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * h + 16 * half) as *const _)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let (x, dx, _) = t.x_block(r, b);
+                    for (h, d) in d.iter().enumerate() {
+                        let mut s = _mm256_setzero_si256();
+                        for g in 4 * h..4 * h + 4 {
+                            let xg = _mm256_set1_epi32(group(x, g));
+                            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xg), _mm256_sign_epi8(w[g], xg));
+                            s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
+                        }
+                        acc[p][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(*d, _mm256_set1_ps(dx)), acc[p][half]);
+                    }
+                }
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (p, halves) in acc.iter().enumerate() {
+            t.store8x2(r, p, t.w.n, *halves);
+        }
+    }
+}
+
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let (max_rows, panels_per_tile) = if x.m == 1 { (1, 4) } else { (4, 1) };
+    for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
+        by_tile_shape!(rows, np, tile_vnni, (&Tile { x, w, row, panel, out, ldo }), [(3, 1)(4, 1)])
+    });
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let panels_per_tile = if x.m == 1 { 2 } else { 1 };
+    for_each_tile(x.m, panels, 2, panels_per_tile, |row, rows, panel, np| by_tile_shape!(rows, np, tile_avx2, (&Tile { x, w, row, panel, out, ldo }), []));
+}
+
+/// # Safety
+/// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after detecting VNNI.
+pub unsafe fn gemm_q8_vnni(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_vnni(x, w, panels, out, ldo)
+}
+
+/// # Safety
+/// As above, after detecting avx2, fma and f16c.
+pub unsafe fn gemm_q8_avx2(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_avx2(x, w, panels, out, ldo)
+}
