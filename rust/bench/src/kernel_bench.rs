@@ -8,10 +8,12 @@
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
+use rsgl_kernels::int4::{Int4Offset, Int4Weights, QuantizedBlocks};
+use rsgl_kernels::int8_block::Int8BlockWeights;
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::{
-    kernels, linear, linear_i8, AttentionTask, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle, ThreadPool,
-    WeightDtype,
+    kernels, linear, linear_i8, linear_q4, linear_q8, AttentionTask, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle,
+    ThreadPool, WeightDtype,
 };
 use serde_json::{json, Value};
 use std::hint::black_box;
@@ -35,6 +37,19 @@ enum Op {
     },
     /// The same with W8A8 int8 weights (activations quantized per row inside the call)
     GemmI8 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// The same with 4-bit block weights (Q4_1-like, with minimums; activations quantized per
+    /// block inside the call)
+    GemmQ4 {
+        m: usize,
+        n: usize,
+        k: usize,
+    },
+    /// The same with 8-bit block weights (Q8_0-like)
+    GemmQ8 {
         m: usize,
         n: usize,
         k: usize,
@@ -75,7 +90,8 @@ enum Op {
 }
 
 /// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, 9 heads of 64.
-/// m = 1 is decode, 16 a decode batch, 512 a prefill.
+/// m = 1 is decode, 16 a decode batch, 512 a prefill. The block-quantized GEMMs also run at
+/// Llama-3.2-1B's gate|up (hidden 2048, FFN 8192), the sizes 4-bit files come in.
 fn cases() -> Vec<Op> {
     let mut cases = Vec::new();
     let shapes = [(1, 3072, 576), (1, 49152, 576), (16, 3072, 576), (512, 3072, 576), (512, 576, 1536)];
@@ -83,6 +99,9 @@ fn cases() -> Vec<Op> {
         cases.extend(shapes.map(|(m, n, k)| Op::Gemm { m, n, k, dtype }));
     }
     cases.extend(shapes.map(|(m, n, k)| Op::GemmI8 { m, n, k }));
+    let block_shapes = [(1, 3072, 576), (16, 3072, 576), (512, 3072, 576), (1, 16384, 2048), (16, 16384, 2048), (128, 16384, 2048)];
+    cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k }));
+    cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k }));
     cases.extend([
         Op::Dot { n: 16384 },
         Op::Axpy { n: 16384 },
@@ -106,6 +125,8 @@ impl Op {
             Op::Gemm { dtype: WeightDtype::BF16, .. } => "gemm_bf16",
             Op::Gemm { dtype: WeightDtype::F16, .. } => "gemm_f16",
             Op::GemmI8 { .. } => "gemm_w8a8",
+            Op::GemmQ4 { .. } => "gemm_q4",
+            Op::GemmQ8 { .. } => "gemm_q8",
             Op::Dot { .. } => "dot",
             Op::Axpy { .. } => "axpy",
             Op::AddRmsNorm { .. } => "add_rmsnorm",
@@ -122,7 +143,7 @@ impl Op {
 
     fn shape(self) -> String {
         match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
             Op::Rope { heads } => format!("[{heads}x{HEAD_DIM}]"),
             Op::TopK { n, k } => format!("[{n}] k={k}"),
             Op::Attention { tokens, span } => format!("{tokens}x{GROUP} rows, {span} keys"),
@@ -136,6 +157,8 @@ impl Op {
         match self {
             Op::Gemm { m, n, k, dtype } => json!({ "m": m, "n": n, "k": k, "dtype": format!("{dtype:?}") }),
             Op::GemmI8 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "w8a8_int8" }),
+            Op::GemmQ4 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "q4_blocks" }),
+            Op::GemmQ8 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "q8_blocks" }),
             Op::Rope { heads } => json!({ "heads": heads, "head_dim": HEAD_DIM }),
             Op::TopK { n, k } => json!({ "n": n, "k": k }),
             Op::Attention { tokens, span } => json!({ "tokens": tokens, "span": span, "group": GROUP, "head_dim": HEAD_DIM, "page_size": PAGE }),
@@ -149,7 +172,7 @@ impl Op {
     /// queries are `x`), `x` and a second vector otherwise.
     fn operand_lens(self) -> (usize, usize) {
         match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => (m * k, n * k),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k } => (m * k, n * k),
             Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
             Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
             Op::Dot { n }
@@ -170,6 +193,8 @@ impl Op {
         let per_thread = match self {
             Op::Gemm { n, k, dtype, .. } => return (n * k * dtype.bytes()) as f64,
             Op::GemmI8 { n, k, .. } => return (n * k) as f64,
+            Op::GemmQ4 { n, k, .. } => return (n * k * 5 / 8) as f64,
+            Op::GemmQ8 { n, k, .. } => return (n * k * 9 / 8) as f64,
             Op::Attention { .. } => 2 * y * 4,
             Op::Softmax { .. } | Op::Argmax { .. } | Op::TopK { .. } | Op::TokenMask { .. } => x * 4,
             _ => (x + y) * 4,
@@ -179,7 +204,7 @@ impl Op {
 
     fn flops(self, threads: usize) -> f64 {
         let per_thread = match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } => return (2 * m * n * k) as f64,
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k } => return (2 * m * n * k) as f64,
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } => 2 * n,
             // Two products per key and dimension (scores, then values) for each row.
             Op::Attention { tokens, span } => 4 * tokens * GROUP * span * HEAD_DIM,
@@ -203,6 +228,20 @@ impl Op {
                 let (mut out, mut rows) = (vec![0.0; m * n], QuantizedRows::default());
                 for _ in 0..iters {
                     linear_i8(kern, pool, black_box(x), w, None, &mut out, &mut rows);
+                    black_box(&mut out);
+                }
+            }
+            (Op::GemmQ4 { m, n, .. }, Operand::Int4(w)) => {
+                let (mut out, mut rows) = (vec![0.0; m * n], QuantizedBlocks::default());
+                for _ in 0..iters {
+                    linear_q4(kern, pool, black_box(x), w, None, &mut out, &mut rows);
+                    black_box(&mut out);
+                }
+            }
+            (Op::GemmQ8 { m, n, .. }, Operand::Int8Blocks(w)) => {
+                let (mut out, mut rows) = (vec![0.0; m * n], QuantizedBlocks::default());
+                for _ in 0..iters {
+                    linear_q8(kern, pool, black_box(x), w, None, &mut out, &mut rows);
                     black_box(&mut out);
                 }
             }
@@ -248,7 +287,7 @@ impl Op {
                             mine.copy_from_slice(x);
                             (kern.apply_token_mask)(&mut mine, &mask)
                         }
-                        Op::Gemm { .. } | Op::GemmI8 { .. } | Op::Attention { .. } => unreachable!("handled above"),
+                        Op::Gemm { .. } | Op::GemmI8 { .. } | Op::GemmQ4 { .. } | Op::GemmQ8 { .. } | Op::Attention { .. } => unreachable!("handled above"),
                     }
                     black_box((&mut mine, &mut out, &mut best));
                 }
@@ -262,6 +301,8 @@ impl Op {
 enum Operand {
     Packed(PackedWeights),
     Int8(Int8Weights),
+    Int4(Int4Weights),
+    Int8Blocks(Int8BlockWeights),
     Vector(Vec<f32>),
 }
 
@@ -350,17 +391,19 @@ impl Measurement {
     }
 }
 
-fn measure_all(threads: usize) -> Vec<Measurement> {
+fn measure_all(threads: usize, only: Option<&str>) -> Vec<Measurement> {
     let mut rng = Rng::new(7);
     let pool = ThreadPool::new(threads, true);
     let mut results = Vec::new();
-    for op in cases() {
+    for op in cases().into_iter().filter(|op| only.is_none_or(|name| op.kernel().starts_with(name))) {
         // Every path reads the same operands, so the big weight matrix is built once.
         let (x_len, operand_len) = op.operand_lens();
         let (x, raw) = (random_vec(&mut rng, x_len), random_vec(&mut rng, operand_len));
         let operand = match op {
             Op::Gemm { n, k, dtype, .. } => Operand::Packed(PackedWeights::pack(&raw, n, k, dtype)),
             Op::GemmI8 { n, k, .. } => Operand::Int8(Int8Weights::quantize(&raw, n, k)),
+            Op::GemmQ4 { n, k, .. } => Operand::Int4(Int4Weights::quantize(&raw, n, k, Int4Offset::Min)),
+            Op::GemmQ8 { n, k, .. } => Operand::Int8Blocks(Int8BlockWeights::quantize(&raw, n, k)),
             Op::Rope { .. } => {
                 // cos | sin of one position, as the engine's tables hold them.
                 let angles: Vec<f64> = (0..HEAD_DIM / 2).map(|i| 300.0 * 1e-4f64.powf(i as f64 / 32.0)).collect();
@@ -371,7 +414,7 @@ fn measure_all(threads: usize) -> Vec<Measurement> {
             _ => Operand::Vector(raw),
         };
         let paths = match op {
-            Op::GemmI8 { .. } => int8_paths(),
+            Op::GemmI8 { .. } | Op::GemmQ4 { .. } | Op::GemmQ8 { .. } => int8_paths(),
             _ => kernel_paths(),
         };
         for kern in paths {
@@ -385,10 +428,11 @@ fn measure_all(threads: usize) -> Vec<Measurement> {
 pub fn run(mut args: Args) -> Result<(), String> {
     let threads = args.usize_or("threads", 1)?;
     let json_path = args.string("json");
+    let only = args.string("kernel");
     args.finish()?;
 
     println!("rsgl-bench kernels: dispatched path {}, {threads} thread(s)", kernels().isa);
-    let results = measure_all(threads);
+    let results = measure_all(threads, only.as_deref());
     let rows: Vec<Vec<String>> = results.iter().map(Measurement::row).collect();
     print_table(&["kernel", "shape", "path", "us/call", "GB/s", "GFLOP/s"], &rows);
     if let Some(path) = json_path {

@@ -68,3 +68,38 @@ pub fn for_each_tile(m: usize, panels: Range<usize>, max_rows: usize, panels_per
         }
     }
 }
+
+/// [`for_each_tile`] for the block-quantized GEMMs, with the inner dimension cut into chunks of
+/// `chunk` blocks: `tile(first_row, rows, first_panel, panels, blocks)` runs every row tile of a
+/// panel over one chunk before the next chunk, so the chunk of weights stays in L1 while the
+/// row tiles reuse it (a whole panel of a 2048-wide matrix and 8 activation rows overflow it).
+/// A tile continues the sums its columns hold in `out` after the first chunk; storing and
+/// reloading an f32 is exact, so the result is the same as in one pass.
+#[inline(always)]
+pub fn for_each_tile_in_chunks(
+    m: usize,
+    panels: Range<usize>,
+    max_rows: usize,
+    panels_per_tile: usize,
+    blocks: usize,
+    chunk: usize,
+    mut tile: impl FnMut(usize, usize, usize, usize, Range<usize>),
+) {
+    let row_block = max_rows * 8;
+    for block in (0..m).step_by(row_block) {
+        let block_end = (block + row_block).min(m);
+        let mut p = panels.start;
+        while p < panels.end {
+            let np = panels_per_tile.min(panels.end - p);
+            for first in (0..blocks).step_by(chunk.max(1)) {
+                let mut r = block;
+                while r < block_end {
+                    let rows = max_rows.min(block_end - r);
+                    tile(r, rows, p, np, first..(first + chunk).min(blocks));
+                    r += rows;
+                }
+            }
+            p += np;
+        }
+    }
+}

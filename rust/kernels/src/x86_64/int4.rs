@@ -4,7 +4,7 @@
 //!
 //! - AVX-512 VNNI: a chunk's low and high nibbles are two registers of 16 outputs x 4 inputs;
 //!   each takes one `vpdpbusd` with the 4 activations broadcast, 8 per block, in two chains.
-//!   Tiles of up to 6 rows by one panel; decode takes 1 row by up to 4 panels.
+//!   Tiles of up to 8 rows by one panel; decode takes 1 row by up to 4 panels.
 //! - AVX2 (+ FMA, F16C): the same chunks in halves of 8 outputs; `vpmaddubsw` products (at most
 //!   2 x 15 x 127 per 16-bit lane, 8 groups summing to under 2^15) add in 16 bits, one
 //!   `vpmaddwd` per block widens them. Tiles of up to 2 rows by one panel, decode 1 by 2.
@@ -15,7 +15,7 @@
 
 use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
-use crate::portable::gemm::for_each_tile;
+use crate::portable::gemm::for_each_tile_in_chunks;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -37,25 +37,75 @@ impl<W> Tile<'_, W> {
         self.x.block(self.row + r, b)
     }
 
+    /// Tile row `r`'s output columns of panel `p`, and the mask of the valid ones.
+    #[inline(always)]
+    unsafe fn columns(&self, r: usize, p: usize, n: usize) -> (*mut f32, usize) {
+        let first = (self.panel + p) * PANEL;
+        (self.out.add((self.row + r) * self.ldo + first), (n - first).min(PANEL))
+    }
+
+    /// The sums tile row `r`, panel `p` starts from: zero on the first chunk of blocks, else
+    /// what the previous chunk stored.
+    #[inline(always)]
+    pub unsafe fn load16(&self, r: usize, p: usize, n: usize, first_chunk: bool) -> __m512 {
+        if first_chunk {
+            return _mm512_setzero_ps();
+        }
+        let (dst, valid) = self.columns(r, p, n);
+        _mm512_maskz_loadu_ps(((1u32 << valid) - 1) as u16, dst)
+    }
+
     /// Stores 16 outputs of tile row `r`, panel `p` (the panel's valid columns).
     #[inline(always)]
     pub unsafe fn store16(&self, r: usize, p: usize, n: usize, values: __m512) {
-        let first = (self.panel + p) * PANEL;
-        let valid = ((1u32 << (n - first).min(PANEL)) - 1) as u16;
-        _mm512_mask_storeu_ps(self.out.add((self.row + r) * self.ldo + first), valid, values);
+        let (dst, valid) = self.columns(r, p, n);
+        _mm512_mask_storeu_ps(dst, ((1u32 << valid) - 1) as u16, values);
+    }
+
+    /// As [`Self::load16`], as two registers of 8.
+    #[inline(always)]
+    pub unsafe fn load8x2(&self, r: usize, p: usize, n: usize, first_chunk: bool) -> [__m256; 2] {
+        let mut values = [0f32; PANEL];
+        if !first_chunk {
+            let (dst, valid) = self.columns(r, p, n);
+            std::ptr::copy_nonoverlapping(dst, values.as_mut_ptr(), valid);
+        }
+        [_mm256_loadu_ps(values.as_ptr()), _mm256_loadu_ps(values.as_ptr().add(8))]
     }
 
     /// Stores 16 outputs of tile row `r`, panel `p`, from two registers of 8.
     #[inline(always)]
     pub unsafe fn store8x2(&self, r: usize, p: usize, n: usize, halves: [__m256; 2]) {
-        let first = (self.panel + p) * PANEL;
         let mut values = [0f32; PANEL];
         _mm256_storeu_ps(values.as_mut_ptr(), halves[0]);
         _mm256_storeu_ps(values.as_mut_ptr().add(8), halves[1]);
-        let dst = self.out.add((self.row + r) * self.ldo + first);
-        for (c, v) in values[..(n - first).min(PANEL)].iter().enumerate() {
-            *dst.add(c) = *v;
-        }
+        let (dst, valid) = self.columns(r, p, n);
+        std::ptr::copy_nonoverlapping(values.as_ptr(), dst, valid);
+    }
+}
+
+/// Blocks of the inner dimension a tile runs before the next row tile takes the same weights
+/// (see [`for_each_tile_in_chunks`]): 16 blocks of a panel are 4.5 KiB of 4-bit weights. A
+/// short panel (up to 32 blocks, 1024 inputs) runs whole: it fits beside its rows anyway.
+pub(super) fn chunk_blocks(blocks: usize) -> usize {
+    if blocks <= 32 {
+        blocks
+    } else {
+        16
+    }
+}
+
+/// How far ahead of a tile's reads its record's lines are requested: the hardware prefetcher
+/// stops at every 4 KiB page, and with block weights a tile computes long enough per line that
+/// its one stream per panel never gets ahead (16-sequence decode doubled its time per row
+/// over prefill's).
+pub(super) const PREFETCH_BYTES: usize = 2048;
+
+/// Requests the lines `PREFETCH_BYTES` past the `bytes` from `rec`.
+#[inline(always)]
+pub(super) unsafe fn prefetch_ahead(rec: *const u8, bytes: usize) {
+    for line in (0..bytes).step_by(64) {
+        _mm_prefetch::<_MM_HINT_T0>(rec.wrapping_add(PREFETCH_BYTES + line).cast());
     }
 }
 
@@ -75,12 +125,13 @@ unsafe fn scale_min<V: Copy, const MIN: bool>(rec: *const u8, first: usize, wide
 
 /// `R` rows by `NP` panels, `MIN`: the weights store minimums.
 #[inline(always)]
-unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>) {
+unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
     let nibble = _mm512_set1_epi8(0x0f);
-    let mut acc = [[_mm512_setzero_ps(); NP]; R];
-    for b in 0..t.w.blocks() {
+    let mut acc: [[__m512; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load16(r, p, t.w.n, blocks.start == 0)));
+    for b in blocks {
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
+            prefetch_ahead(rec, t.w.record_bytes());
             // Groups 0..4 in the low nibbles of the chunks, 4..8 in the high ones.
             let mut w = [_mm512_setzero_si512(); 8];
             for c in 0..4 {
@@ -110,12 +161,13 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<I
 }
 
 #[inline(always)]
-unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>) {
+unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
     let (nibble, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
-    let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
-    for b in 0..t.w.blocks() {
+    let mut acc: [[[__m256; 2]; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load8x2(r, p, t.w.n, blocks.start == 0)));
+    for b in blocks {
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
+            prefetch_ahead(rec, t.w.record_bytes());
             for half in 0..2 {
                 let mut w = [_mm256_setzero_si256(); 8];
                 for c in 0..4 {
@@ -147,43 +199,61 @@ unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<I
     }
 }
 
-/// `tile::<R, NP, MIN>` for the weights' offset.
-macro_rules! with_offset {
-    ($tile:ident, $t:expr) => {
-        |row, rows, panel, np| {
+/// The tile closure of [`for_each_tile_in_chunks`] calling `tile::<R, NP, MIN>` for the
+/// run-time shape and the weights' offset (`MIN`: they store minimums). Shared with the
+/// 8-bit block GEMMs, whose tiles take `MIN` and ignore it.
+macro_rules! block_tiles {
+    ($tile:ident, $t:expr, $min:expr) => {
+        |row, rows, panel, np, blocks| {
             let t = &Tile { row, panel, ..*$t };
-            match t.w.offset {
-                Int4Offset::Min => with_offset!(@shape $tile, t, rows, np, true),
-                Int4Offset::Eight => with_offset!(@shape $tile, t, rows, np, false),
+            if $min {
+                block_tiles!(@shape $tile, t, rows, np, true, blocks)
+            } else {
+                block_tiles!(@shape $tile, t, rows, np, false, blocks)
             }
         }
     };
-    (@shape $tile:ident, $t:expr, $rows:expr, $np:expr, $min:literal) => {
+    (@shape $tile:ident, $t:expr, $rows:expr, $np:expr, $min:literal, $blocks:expr) => {
         match ($rows, $np) {
-            (1, 1) => $tile::<1, 1, $min>($t),
-            (1, 2) => $tile::<1, 2, $min>($t),
-            (1, 3) => $tile::<1, 3, $min>($t),
-            (1, 4) => $tile::<1, 4, $min>($t),
-            (2, _) => $tile::<2, 1, $min>($t),
-            (3, _) => $tile::<3, 1, $min>($t),
-            (4, _) => $tile::<4, 1, $min>($t),
-            (5, _) => $tile::<5, 1, $min>($t),
-            (6, _) => $tile::<6, 1, $min>($t),
-            (rows, panels) => unreachable!("no 4-bit tile of {rows} rows by {panels} panels"),
+            (1, 1) => $tile::<1, 1, $min>($t, $blocks),
+            (1, 2) => $tile::<1, 2, $min>($t, $blocks),
+            (1, 3) => $tile::<1, 3, $min>($t, $blocks),
+            (1, 4) => $tile::<1, 4, $min>($t, $blocks),
+            (2, _) => $tile::<2, 1, $min>($t, $blocks),
+            (3, _) => $tile::<3, 1, $min>($t, $blocks),
+            (4, _) => $tile::<4, 1, $min>($t, $blocks),
+            (5, _) => $tile::<5, 1, $min>($t, $blocks),
+            (6, _) => $tile::<6, 1, $min>($t, $blocks),
+            (7, _) => $tile::<7, 1, $min>($t, $blocks),
+            (8, _) => $tile::<8, 1, $min>($t, $blocks),
+            (rows, panels) => unreachable!("no block tile of {rows} rows by {panels} panels"),
         }
     };
+}
+pub(super) use block_tiles;
+
+/// Tile shapes of the VNNI block GEMMs: decode takes 1 row by 4 panels (more weight streams
+/// in flight), batches 8 rows by one panel.
+pub(super) fn vnni_tiles(m: usize) -> (usize, usize) {
+    if m == 1 {
+        (1, 4)
+    } else {
+        (8, 1)
+    }
 }
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    let (max_rows, panels_per_tile) = if x.m == 1 { (1, 4) } else { (6, 1) };
-    for_each_tile(x.m, panels, max_rows, panels_per_tile, with_offset!(tile_vnni, &Tile { x, w, row: 0, panel: 0, out, ldo }));
+    let (max_rows, panels_per_tile) = vnni_tiles(x.m);
+    let tile = block_tiles!(tile_vnni, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset == Int4Offset::Min);
+    for_each_tile_in_chunks(x.m, panels, max_rows, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
-    for_each_tile(x.m, panels, 2, panels_per_tile, with_offset!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }));
+    let tile = block_tiles!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset == Int4Offset::Min);
+    for_each_tile_in_chunks(x.m, panels, 2, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 /// # Safety

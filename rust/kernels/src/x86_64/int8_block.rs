@@ -8,20 +8,21 @@
 //!
 //! Integer sums are exact and the float steps fixed: results match the portable twin bit for bit.
 
-use super::int4::{group, Tile};
+use super::int4::{block_tiles, chunk_blocks, group, prefetch_ahead, vnni_tiles, Tile};
 use crate::int4::QuantizedBlocks;
-use crate::int8_block::{Int8BlockWeights, QUANT_BYTES};
-use crate::portable::gemm::for_each_tile;
+use crate::int8_block::{Int8BlockWeights, QUANT_BYTES, RECORD_BYTES};
+use crate::portable::gemm::for_each_tile_in_chunks;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 #[inline(always)]
-unsafe fn tile_vnni<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>) {
+unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let offset = t.w.offset as i32;
-    let mut acc = [[_mm512_setzero_ps(); NP]; R];
-    for b in 0..t.w.blocks() {
+    let mut acc: [[__m512; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load16(r, p, t.w.n, blocks.start == 0)));
+    for b in blocks {
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
+            prefetch_ahead(rec, RECORD_BYTES);
             let w: [__m512i; 8] = std::array::from_fn(|g| _mm512_loadu_si512(rec.add(64 * g) as *const _));
             let d: [__m512; 2] = std::array::from_fn(|h| _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(QUANT_BYTES + 32 * h) as *const _)));
             for (r, acc) in acc.iter_mut().enumerate() {
@@ -45,12 +46,13 @@ unsafe fn tile_vnni<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>)
 }
 
 #[inline(always)]
-unsafe fn tile_avx2<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>) {
+unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let (offset, ones) = (_mm256_set1_epi8(t.w.offset as i8), _mm256_set1_epi16(1));
-    let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
-    for b in 0..t.w.blocks() {
+    let mut acc: [[[__m256; 2]; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load8x2(r, p, t.w.n, blocks.start == 0)));
+    for b in blocks {
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
+            prefetch_ahead(rec, RECORD_BYTES);
             for half in 0..2 {
                 let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset));
                 let d: [__m256; 2] = std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * h + 16 * half) as *const _)));
@@ -78,16 +80,16 @@ unsafe fn tile_avx2<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>)
 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    let (max_rows, panels_per_tile) = if x.m == 1 { (1, 4) } else { (4, 1) };
-    for_each_tile(x.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
-        by_tile_shape!(rows, np, tile_vnni, (&Tile { x, w, row, panel, out, ldo }), [(3, 1)(4, 1)])
-    });
+    let (max_rows, panels_per_tile) = vnni_tiles(x.m);
+    let tile = block_tiles!(tile_vnni, &Tile { x, w, row: 0, panel: 0, out, ldo }, false);
+    for_each_tile_in_chunks(x.m, panels, max_rows, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
-    for_each_tile(x.m, panels, 2, panels_per_tile, |row, rows, panel, np| by_tile_shape!(rows, np, tile_avx2, (&Tile { x, w, row, panel, out, ldo }), []));
+    let tile = block_tiles!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }, false);
+    for_each_tile_in_chunks(x.m, panels, 2, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 /// # Safety
