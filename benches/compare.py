@@ -66,8 +66,10 @@ CACHE = Path.home() / ".cache" / "rsgl-bench"
 REPO = Path(__file__).resolve().parent.parent
 LLAMA_CPP_INSTALL = 'CMAKE_ARGS="-DGGML_NATIVE=ON" pip install llama-cpp-python==0.3.36'
 LLAMA_CPP_TYPES = ("F16", "Q8_0")
-# GGUF types rsgl runs as they are stored (on its W4A8 kernels); others it packs in bfloat16.
-RSGL_NATIVE_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+# Bits per weight rsgl packs a GGUF type into when it runs the file as it is (its 4-bit and
+# 8-bit block kernels: an f16 scale per 32 inputs, and a minimum or a second scale); other
+# types it packs in bfloat16.
+RSGL_PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q4_K": 5.0, "Q8_0": 9.0, "Q6_K": 9.0}
 # GGUF names of the tensors decode reads as matrices (the lm_head is added apart: tied models
 # read token_embd instead of output).
 GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -129,6 +131,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=None, help="a GGUF file or HF folder to compare on (default: rsgl's default model)")
     parser.add_argument("--gguf", type=Path, default=None, help="with a --model folder: the GGUF file llama.cpp runs")
     parser.add_argument("--w8a8", action="store_true", help="with --model: also rsgl W8A8 (quantized at load)")
+    parser.add_argument("--as-stored-only", action="store_true", help="with a quantized --model GGUF: only rsgl and llama.cpp running it as it is")
     parser.add_argument("--transformers", action="store_true", help="with --model: also transformers (float32 and bfloat16)")
     parser.add_argument(
         "--llama-cpp-python",
@@ -422,7 +425,7 @@ def gguf_linear_bytes(path: Path, config: dict, packed_by_rsgl: bool = False) ->
     from gguf import GGUFReader
 
     def size(t) -> int:
-        return t.n_elements * 2 if packed_by_rsgl and t.tensor_type.name not in RSGL_NATIVE_TYPES else t.n_bytes
+        return int(t.n_elements * RSGL_PACKED_BITS.get(t.tensor_type.name, 16.0) / 8) if packed_by_rsgl else t.n_bytes
 
     tensors = {t.name: size(t) for t in GGUFReader(path).tensors}
     moe = config["moe"]
@@ -501,7 +504,7 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
     given = str(args.model) if args.model else None
     rsgl_rows = [("bf16", "bfloat16", 2, None), ("f32", "float32", 4, None), ("w8a8", "bfloat16", 1, "w8a8_int8")]
     if args.model:  # float32 copies of real-size models do not fit here
-        rsgl_rows = [row for row in rsgl_rows if row[0] == "bf16" or (row[0] == "w8a8" and args.w8a8)]
+        rsgl_rows = [row for row in rsgl_rows if (row[0] == "bf16" and not args.as_stored_only) or (row[0] == "w8a8" and args.w8a8)]
     runs = [
         (Row("rsgl", weights, size * params), partial(warm_then, model, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
         for weights, dtype, size, quantization in rsgl_rows

@@ -21,7 +21,7 @@
 //! offset 8 is the minimum `m = -8 d` (exact). One form for both keeps the kernels' per-row
 //! work to a conversion, a multiply and two FMAs with operands broadcast from memory.
 
-use crate::int8::quantize_value;
+use crate::int8::round_to_i8;
 use crate::memory::Frozen;
 use crate::packed::{f16_to_f32, f32_to_f16, PANEL};
 use crate::pool::{SendPtr, ThreadPool};
@@ -236,9 +236,16 @@ impl QuantizedBlocks {
         pool.for_chunks_mut(&mut self.q, k, &|i, q| {
             let (scales, scaled, sums) = (scales, scaled, sums);
             for (b, (values, q)) in x[i * k..(i + 1) * k].chunks_exact(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).enumerate() {
-                let max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+                // Eight lanes of maxima, so the compiler keeps them in vector registers.
+                let mut lanes = [0f32; 8];
+                for eight in values.chunks_exact(8) {
+                    lanes.iter_mut().zip(eight).for_each(|(m, v)| *m = m.max(v.abs()));
+                }
+                let max = lanes.iter().fold(0f32, |m, &v| m.max(v));
                 let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
-                q.iter_mut().zip(values).for_each(|(q, &v)| *q = quantize_value(v, scale));
+                // A multiply by the inverse, as llama.cpp quantizes its activations, not a divide.
+                let inverse = 1.0 / scale;
+                q.iter_mut().zip(values).for_each(|(q, &v)| *q = round_to_i8(v * inverse));
                 let at = i * blocks + b;
                 // SAFETY: row `i` owns its `blocks` scales and scaled sums, `2 * blocks` sums.
                 unsafe {

@@ -34,11 +34,17 @@ pub struct Int8Weights {
 /// The symmetric int8 of `v` with `scale` (`v / scale`, rounded half to even, clamped).
 #[inline]
 pub fn quantize_value(v: f32, scale: f32) -> i8 {
+    round_to_i8(v / scale)
+}
+
+/// `q` clamped to ±127 and rounded half to even.
+#[inline]
+pub fn round_to_i8(q: f32) -> i8 {
     // Adding and taking away 1.5 * 2^23 rounds to an integer, half to even, for |q| < 2^22:
     // the same as `round_ties_even`, which is a libm call where SSE4.1 is not assumed, while
     // this vectorizes everywhere.
     const ROUND: f32 = 12_582_912.0;
-    let q = (v / scale).clamp(-127.0, 127.0);
+    let q = q.clamp(-127.0, 127.0);
     ((q + ROUND) - ROUND) as i8
 }
 
