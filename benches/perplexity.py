@@ -75,6 +75,9 @@ def llamacpp_nll(model: str, chunks: list[list[int]], threads: int) -> list[floa
     set_verbose(False)
     llama_cpp.llama_backend_init()
     params = llama_cpp.llama_model_default_params()
+    # No extra buffer types: their AMX buffers die of SIGILL in VMs that report AMX without
+    # enabling it (this project's Intel machine); the plain CPU kernels compute the same sums.
+    params.use_extra_bufts = False
     lm = llama_cpp.llama_model_load_from_file(model.encode(), params)
     size = max(len(c) for c in chunks)
     cparams = llama_cpp.llama_context_default_params()
