@@ -207,6 +207,28 @@ pub fn accumulate_block(acc: f32, s: i32, dx: f32, tx: f32, d: f32, m: f32) -> f
     m.mul_add(tx, (s as f32).mul_add(d * dx, acc))
 }
 
+/// Where a tile of a block-quantized GEMM reads and writes: rows from `row` of `x`, panels
+/// from `panel` of `w` (4-bit or 8-bit blocks). Shared by the SIMD paths, which add their
+/// loads and stores of a tile's outputs.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+pub(crate) struct BlockTile<'a, W> {
+    pub x: &'a QuantizedBlocks,
+    pub w: &'a W,
+    pub row: usize,
+    pub panel: usize,
+    pub out: *mut f32,
+    pub ldo: usize,
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl<W> BlockTile<'_, W> {
+    /// Row `r`'s activations of block `b`, the block's scale and its halves' quant sums.
+    #[inline(always)]
+    pub fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
+        self.x.block(self.row + r, b)
+    }
+}
+
 /// Activation rows quantized per block of [`QBLOCK`]: `[m][k]` int8; per row and block the
 /// scale and the sum of the quants times the scale; per row and half block (16 values) the sum
 /// of the quants (the 8-bit weight blocks have a scale per half).

@@ -54,26 +54,36 @@ pub fn linear_i8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8Weights, 
 /// The W4A8 layer: `x` is quantized per block of 32 (into `rows`, kept by the caller), then
 /// multiplied by the 4-bit weights with integer sums per block.
 pub fn linear_q4(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int4Weights, bias: Option<&[f32]>, out: &mut [f32], rows: &mut QuantizedBlocks) {
-    if check_shapes(x, w.k, w.n, out) == 0 {
-        return;
-    }
-    rows.quantize(x, w.k, pool);
-    let (rows, gemm) = (&*rows, kern.gemm_i8.gemm_q4);
+    let gemm = kern.gemm_i8.gemm_q4;
     // SAFETY: as in `linear`.
-    split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
-    add_bias(out, bias, w.n);
+    linear_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, rows, &|rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
 }
 
 /// The 8-bit block layer, as [`linear_q4`].
 pub fn linear_q8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8BlockWeights, bias: Option<&[f32]>, out: &mut [f32], rows: &mut QuantizedBlocks) {
-    if check_shapes(x, w.k, w.n, out) == 0 {
+    let gemm = kern.gemm_i8.gemm_q8;
+    // SAFETY: as in `linear`.
+    linear_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, rows, &|rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+}
+
+/// A block-quantized layer of `(k, n, panels)`: quantizes `x` per block, then runs `gemm` on
+/// each thread's share of the panels (writing only those columns of `out`, `[m, n]`).
+fn linear_blocks(
+    pool: &ThreadPool,
+    x: &[f32],
+    (k, n, panels): (usize, usize, usize),
+    bias: Option<&[f32]>,
+    out: &mut [f32],
+    rows: &mut QuantizedBlocks,
+    gemm: &(dyn Fn(&QuantizedBlocks, Range<usize>, *mut f32) + Sync),
+) {
+    if check_shapes(x, k, n, out) == 0 {
         return;
     }
-    rows.quantize(x, w.k, pool);
-    let (rows, gemm) = (&*rows, kern.gemm_i8.gemm_q8);
-    // SAFETY: as in `linear`.
-    split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
-    add_bias(out, bias, w.n);
+    rows.quantize(x, k, pool);
+    let rows = &*rows;
+    split_panels(pool, panels, out, &|range, dst| gemm(rows, range, dst));
+    add_bias(out, bias, n);
 }
 
 /// Rows of `x`, after checking `x` is `[m, k]` and `out` `[m, n]`.

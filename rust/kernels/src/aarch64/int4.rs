@@ -10,31 +10,16 @@
 //! block's sums go through the scheme's float steps: results match the portable twin bit for
 //! bit. f16 scales widen with `FCVTL` (base ARMv8, but Rust's intrinsic wants the f16 type).
 
-use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
+use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile;
 use std::arch::aarch64::*;
 use std::arch::asm;
 use std::ops::Range;
 
-/// Where a tile of a block-quantized GEMM reads and writes: rows from `row` of `x`, panels
-/// from `panel` of `w` (4-bit or 8-bit blocks).
-pub(super) struct Tile<'a, W> {
-    pub x: &'a QuantizedBlocks,
-    pub w: &'a W,
-    pub row: usize,
-    pub panel: usize,
-    pub out: *mut f32,
-    pub ldo: usize,
-}
+pub(super) type Tile<'a, W> = BlockTile<'a, W>;
 
 impl<W> Tile<'_, W> {
-    /// Row `r`'s activations of block `b`, the block's scale and its halves' quant sums.
-    #[inline(always)]
-    pub fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
-        self.x.block(self.row + r, b)
-    }
-
     /// Stores tile row `r`'s 16 outputs (four registers) of the tile's panel, its valid columns.
     #[inline(always)]
     pub unsafe fn store(&self, r: usize, n: usize, acc: &[float32x4_t; 4]) {

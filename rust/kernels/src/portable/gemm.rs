@@ -52,21 +52,7 @@ fn widen_k_row(w: &PackedWeights, base: usize, kk: usize, row: &mut [f32; PANEL]
 /// activations a block reads stay in cache while the thread's weight panels stream past.
 #[inline(always)]
 pub fn for_each_tile(m: usize, panels: Range<usize>, max_rows: usize, panels_per_tile: usize, mut tile: impl FnMut(usize, usize, usize, usize)) {
-    let row_block = max_rows * 8;
-    for block in (0..m).step_by(row_block) {
-        let block_end = (block + row_block).min(m);
-        let mut p = panels.start;
-        while p < panels.end {
-            let np = panels_per_tile.min(panels.end - p);
-            let mut r = block;
-            while r < block_end {
-                let rows = max_rows.min(block_end - r);
-                tile(r, rows, p, np);
-                r += rows;
-            }
-            p += np;
-        }
-    }
+    for_each_tile_in_chunks(m, panels, max_rows, panels_per_tile, 1, 1, |row, rows, panel, np, _| tile(row, rows, panel, np));
 }
 
 /// [`for_each_tile`] for the block-quantized GEMMs, with the inner dimension cut into chunks of

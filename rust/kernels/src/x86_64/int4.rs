@@ -13,30 +13,15 @@
 //! bit for bit. Tiles are compiled apart for weights with and without minimums, so no branch
 //! sits in the loops.
 
-use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
+use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile_in_chunks;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-/// Where a tile of a block-quantized GEMM reads and writes: rows from `row` of `x`, panels
-/// from `panel` of `w` (4-bit or 8-bit blocks).
-pub(super) struct Tile<'a, W> {
-    pub x: &'a QuantizedBlocks,
-    pub w: &'a W,
-    pub row: usize,
-    pub panel: usize,
-    pub out: *mut f32,
-    pub ldo: usize,
-}
+pub(super) type Tile<'a, W> = BlockTile<'a, W>;
 
 impl<W> Tile<'_, W> {
-    /// Row `r`'s activations of block `b`, the block's scale and its halves' quant sums.
-    #[inline(always)]
-    pub fn x_block(&self, r: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
-        self.x.block(self.row + r, b)
-    }
-
     /// Tile row `r`'s output columns of panel `p`, and the mask of the valid ones.
     #[inline(always)]
     unsafe fn columns(&self, r: usize, p: usize, n: usize) -> (*mut f32, usize) {
