@@ -32,11 +32,12 @@ QUESTIONS = [
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory):
+    # The float path is the file dequantized to bfloat16 (as stored, it runs as 4-bit blocks).
     converted = tmp_path_factory.mktemp("w8a8") / "smollm2-w8a8"
     run = subprocess.run([sys.executable, "-m", "rsgl.quantize", "--output", str(converted), "--no-progress"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr
     results = {}
-    for name, path, options in (("float", None, {}), ("converted", str(converted), {}), ("on_load", None, {"quantization": "w8a8_int8"})):
+    for name, path, options in (("float", None, {"dtype": "bfloat16"}), ("converted", str(converted), {}), ("on_load", None, {"quantization": "w8a8_int8"})):
         with rsgl.Engine(path, threads=2, progress=False, **options) as llm:
             assert (llm.get_server_info()["quantization"] is None) == (name == "float")
             tokens, ppl = perplexity(llm, TEXT.read_text())
