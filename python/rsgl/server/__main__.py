@@ -47,11 +47,6 @@ ABORT_MARGIN_SECONDS = 2
 # Past the graceful timeout and that margin, a stop signal ends the process this much later whatever it is doing.
 EXIT_MARGIN_SECONDS = 3
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
-# Seconds an idle keep-alive connection stays open. uvicorn's default (5) equals httpx's and the
-# openai client's pool expiry, so a client could send a request on a connection the server was
-# closing at that instant ("Server disconnected without sending a response", seen once in the
-# thousand-stream load test); outlasting the clients' expiry leaves the closing to them.
-KEEP_ALIVE_SECONDS = 75
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -100,14 +95,7 @@ def main(argv: list[str] | None = None) -> None:
             watchdog_seconds=args.watchdog_timeout,
         )
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
-        config = uvicorn.Config(
-            app,
-            host=args.host,
-            port=args.port,
-            log_level=args.log_level,
-            timeout_graceful_shutdown=uvicorn_timeout,
-            timeout_keep_alive=KEEP_ALIVE_SECONDS,
-        )
+        config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)
         # Once shut down, uvicorn raises the signal that stopped it again, for the handler it replaced:
         # SIGTERM's default one would kill the process (exit code -15) after a clean shutdown.
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
