@@ -85,12 +85,17 @@ async def abandoned_completion(http: httpx.AsyncClient, result: Round, index: in
     result.left += 1
 
 
-async def probe_health(http: httpx.AsyncClient, result: Round, stop: asyncio.Event) -> None:
-    while not stop.is_set():
-        started = time.perf_counter()
-        assert (await http.get("/health")).status_code == 200
-        result.health_seconds.append(time.perf_counter() - started)
-        await asyncio.sleep(HEALTH_PERIOD_SECONDS)
+async def probe_health(url: str, result: Round, stop: asyncio.Event) -> None:
+    # A connection per probe, apart from the load's pool: reusing an idle pooled connection can
+    # race the server closing it (uvicorn's keep-alive timeout, 5 s, equals httpx's pool expiry),
+    # which a client sees as "Server disconnected" without the server having stalled.
+    limits = httpx.Limits(max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=ROUND_TIMEOUT_SECONDS, limits=limits) as http:
+        while not stop.is_set():
+            started = time.perf_counter()
+            assert (await http.get("/health")).status_code == 200
+            result.health_seconds.append(time.perf_counter() - started)
+            await asyncio.sleep(HEALTH_PERIOD_SECONDS)
 
 
 def client_mix(http: httpx.AsyncClient, result: Round, rng: random.Random, scale: int) -> list:
@@ -118,7 +123,7 @@ async def run_round(url: str, seed: int, scale: int = 1) -> Round:
     result, rng, stop = Round(), random.Random(seed), asyncio.Event()
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)  # the default caps at 100
     async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=ROUND_TIMEOUT_SECONDS, limits=limits) as http:
-        health = asyncio.create_task(probe_health(http, result, stop))
+        health = asyncio.create_task(probe_health(url, result, stop))
         try:
             await asyncio.wait_for(asyncio.gather(*client_mix(http, result, rng, scale)), ROUND_TIMEOUT_SECONDS)
         finally:
