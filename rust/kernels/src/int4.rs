@@ -288,8 +288,15 @@ impl QuantizedBlocks {
     /// Row `i`'s block `b`: its quants, its scale, and the sums of its two halves' quants.
     #[inline(always)]
     pub fn block(&self, i: usize, b: usize) -> (*const i8, f32, [i32; 2]) {
+        // One check for the four reads: per-slice bounds checks cost the 8-bit tiles' inner
+        // loops a third of their instructions.
+        assert!(i < self.m && b < self.blocks(), "block {b} of row {i} of a [{}, {}] batch", self.m, self.k);
         let at = i * self.blocks() + b;
-        (self.q[i * self.k + b * QBLOCK..].as_ptr(), self.scales[at], [self.half_sums[2 * at], self.half_sums[2 * at + 1]])
+        // SAFETY: `quantize` sized the arrays to m rows of `blocks()` blocks.
+        unsafe {
+            let sums = self.half_sums.as_ptr().add(2 * at);
+            (self.q.as_ptr().add(i * self.k + b * QBLOCK), *self.scales.get_unchecked(at), [*sums, *sums.add(1)])
+        }
     }
 
     /// Row `i`'s block `b`: its quants, and pointers to its scale and its scaled sum (for SIMD

@@ -2,97 +2,140 @@
 //! comes off the stored quants, then signed by signed. A chunk's quarter (16 bytes) is 4
 //! outputs x 4 inputs.
 //!
+//! - `i8mm`: `SMMLA` as the 4-bit path's ([`super::int4::tile_smmla`]): chunks `2j` and
+//!   `2j + 1` zipped by 32-bit lanes hold each output pair's inputs `8j..8j + 8`, and each half
+//!   block takes its own 2 `SMMLA`s per output pair. Single rows take the `dotprod` tile.
 //! - `dotprod`: `SDOT` by element, 4 per half block and quarter; tiles of up to 4 rows.
 //! - `neon`: widening multiplies (as the 4-bit path's).
 //!
 //! Integer sums are exact and the float steps fixed: results match the portable twin bit for bit.
 
-use super::int4::{halves, widening_groups, Tile};
+use super::int4::{chunk_quarters, half_sums, halves, pair_halves, pair_outputs, pair_sums, tile_smmla, PairedBlock, PairedQuarter, Tile, CHUNK_BLOCKS};
 use crate::int4::QuantizedBlocks;
 use crate::int8_block::{Int8BlockWeights, QUANT_BYTES};
-use crate::portable::gemm::for_each_tile;
+use crate::packed::PANEL;
+use crate::portable::gemm::for_each_tile_in_chunks;
 use std::arch::aarch64::*;
-use std::arch::asm;
 use std::ops::Range;
 
-/// Quarter `q` of the 8 chunks of a record, offset removed.
+/// Stored quants as weights: the offset off, as signed bytes.
+#[inline(always)]
+unsafe fn signed(quants: uint8x16_t, offset: uint8x16_t) -> int8x16_t {
+    vreinterpretq_s8_u8(vsubq_u8(quants, offset))
+}
+
+/// Quarter `q` of the 8 chunks of a record for `SDOT`, offset removed: groups 0..8.
 #[inline(always)]
 unsafe fn quarter(rec: *const u8, q: usize, offset: uint8x16_t) -> [int8x16_t; 8] {
-    std::array::from_fn(|g| vreinterpretq_s8_u8(vsubq_u8(vld1q_u8(rec.add(64 * g + 16 * q)), offset)))
+    chunk_quarters::<8>(rec, q).map(|c| signed(c, offset))
 }
 
-/// The sums of one quarter's 4 outputs over each half block: `SDOT` by element.
+/// Quarter `q` of a record for `SMMLA`, offset removed: chunks `2j` and `2j + 1` zipped give
+/// inputs `8j..8j + 8`.
 #[inline(always)]
-unsafe fn half_sums_sdot(x: *const i8, w: &[int8x16_t; 8]) -> [int32x4_t; 2] {
-    let (low, high) = (vld1q_s8(x), vld1q_s8(x.add(16)));
-    let mut first = sdot_lane!(vdupq_n_s32(0), w[0], low, 0);
-    let mut second = sdot_lane!(vdupq_n_s32(0), w[4], high, 0);
-    first = sdot_lane!(first, w[1], low, 1);
-    second = sdot_lane!(second, w[5], high, 1);
-    first = sdot_lane!(first, w[2], low, 2);
-    second = sdot_lane!(second, w[6], high, 2);
-    first = sdot_lane!(first, w[3], low, 3);
-    second = sdot_lane!(second, w[7], high, 3);
-    [first, second]
+unsafe fn paired_quarter(rec: *const u8, q: usize, offset: uint8x16_t) -> PairedQuarter {
+    let c = chunk_quarters::<8>(rec, q);
+    let eights: [[uint8x16_t; 2]; 4] = std::array::from_fn(|j| pair_outputs(c[2 * j], c[2 * j + 1]));
+    std::array::from_fn(|pair| std::array::from_fn(|j| signed(eights[j][pair], offset)))
 }
 
+/// The scales of each half block of the outputs from byte `at` of a record's scales, by `load`
+/// (`halves` or `pair_halves`).
 #[inline(always)]
-unsafe fn half_sums_widening(x: *const i8, w: &[int8x16_t; 8]) -> [int32x4_t; 2] {
-    [widening_groups(x, &w[..4], 0), widening_groups(x, &w[4..], 4)]
+unsafe fn half_scales(rec: *const u8, at: usize, load: impl Fn(*const u8) -> float32x4_t) -> [float32x4_t; 2] {
+    std::array::from_fn(|h| load(rec.add(QUANT_BYTES + 2 * PANEL * h + at)))
 }
 
-/// `R` rows by one panel, the half-block sums by `SDOT` (`DOT`) or widening multiplies.
+/// [`crate::int8_block::accumulate_half`] on 4 outputs, with `dx` broadcast.
 #[inline(always)]
-unsafe fn tile<const R: usize, const DOT: bool>(t: &Tile<Int8BlockWeights>) {
+unsafe fn accumulate_half(acc: float32x4_t, s: int32x4_t, d: float32x4_t, dx: float32x4_t) -> float32x4_t {
+    vfmaq_f32(acc, vcvtq_f32_s32(s), vmulq_f32(d, dx))
+}
+
+/// `R` rows by one panel over `blocks`, the half-block sums by `SDOT` (`DOT`) or widening
+/// multiplies.
+#[inline(always)]
+unsafe fn tile<const R: usize, const DOT: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let offset = vdupq_n_u8(t.w.offset);
-    let mut acc = [[vdupq_n_f32(0.0); 4]; R];
-    for b in 0..t.w.blocks() {
+    let mut acc: [[float32x4_t; 4]; R] = std::array::from_fn(|r| t.load_panel(r, t.w.n, blocks.start == 0));
+    for b in blocks {
         let rec = t.w.record(t.panel, b);
         for q in 0..4 {
             let w = quarter(rec, q, offset);
-            let d = [halves(rec.add(QUANT_BYTES + 8 * q)), halves(rec.add(QUANT_BYTES + 32 + 8 * q))];
+            let d = half_scales(rec, 8 * q, |p| halves(p));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let (x, dx, _) = t.x_block(r, b);
-                let sums = if DOT { half_sums_sdot(x, &w) } else { half_sums_widening(x, &w) };
-                for h in 0..2 {
-                    acc[q] = vfmaq_f32(acc[q], vcvtq_f32_s32(sums[h]), vmulq_n_f32(d[h], dx));
+                for (s, d) in half_sums::<DOT>(x, &w).iter().zip(&d) {
+                    acc[q] = accumulate_half(acc[q], *s, *d, vdupq_n_f32(dx));
                 }
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        t.store(r, t.w.n, acc);
+        t.store_panel(r, t.w.n, acc);
     }
+}
+
+#[target_feature(enable = "dotprod,i8mm")]
+unsafe fn gemm_i8mm(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    let offset = vdupq_n_u8(w.offset);
+    let weights = |panel: usize, b: usize, q: usize| {
+        let rec = w.record(panel, b);
+        let d: [_; 2] = std::array::from_fn(|pair| half_scales(rec, 8 * q + 4 * pair, |p| pair_halves(p)));
+        (paired_quarter(rec, q, offset), d)
+    };
+    let accumulate = |(w, d): &(PairedQuarter, [[float32x4_t; 2]; 2]), x: &PairedBlock, sums: &mut [float32x4_t; 2]| {
+        // Half by half (the order each output takes them), so fewer values are live at once.
+        for h in 0..2 {
+            for ((sums, s), d) in sums.iter_mut().zip(pair_sums(x, w, 2 * h..2 * h + 2)).zip(d) {
+                *sums = accumulate_half(*sums, s, d[h], x.dx);
+            }
+        }
+    };
+    for_each_tile_in_chunks(x.m, panels, 8, 1, w.blocks(), CHUNK_BLOCKS, |row, rows, panel, _, blocks| {
+        let t = Tile { x, w, row, panel, out, ldo };
+        if rows == 1 {
+            tile::<1, true>(&t, blocks)
+        } else {
+            by_rows!(rows.div_ceil(2), tile_smmla::<_, _>, (&t, w.n, rows, blocks, &weights, &accumulate), [1 2 3 4])
+        }
+    });
 }
 
 #[target_feature(enable = "dotprod")]
 unsafe fn gemm_dotprod(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    for_each_tile(x.m, panels, 4, 1, |row, rows, panel, _| {
-        let t = Tile { x, w, row, panel, out, ldo };
-        match rows {
-            1 => tile::<1, true>(&t),
-            2 => tile::<2, true>(&t),
-            3 => tile::<3, true>(&t),
-            4 => tile::<4, true>(&t),
-            rows => unreachable!("no tile of {rows} rows"),
-        }
-    });
+    for_each_tile_in_chunks(
+        x.m,
+        panels,
+        4,
+        1,
+        w.blocks(),
+        CHUNK_BLOCKS,
+        |row, rows, panel, _, blocks| by_rows!(rows, tile::<true>, (&Tile { x, w, row, panel, out, ldo }, blocks), [1 2 3 4]),
+    );
 }
 
 #[target_feature(enable = "neon")]
 unsafe fn gemm_neon(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    for_each_tile(x.m, panels, 2, 1, |row, rows, panel, _| {
-        let t = Tile { x, w, row, panel, out, ldo };
-        if rows == 2 {
-            tile::<2, false>(&t)
-        } else {
-            tile::<1, false>(&t)
-        }
-    });
+    for_each_tile_in_chunks(
+        x.m,
+        panels,
+        2,
+        1,
+        w.blocks(),
+        CHUNK_BLOCKS,
+        |row, rows, panel, _, blocks| by_rows!(rows, tile::<false>, (&Tile { x, w, row, panel, out, ldo }, blocks), [1 2]),
+    );
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after detecting dotprod.
+/// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after detecting i8mm and dotprod.
+pub unsafe fn gemm_q8_i8mm(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    gemm_i8mm(x, w, panels, out, ldo)
+}
+
+/// # Safety
+/// As above, after detecting dotprod.
 pub unsafe fn gemm_q8_dotprod(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     gemm_dotprod(x, w, panels, out, ldo)
 }

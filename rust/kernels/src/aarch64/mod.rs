@@ -1,13 +1,20 @@
 //! aarch64 kernels: NEON everywhere, `BFDOT` for bf16 weights where the CPU has FEAT_BF16, on SVE
 //! vectors of any length where it has SVE too; int8 GEMMs on `SMMLA`, `SDOT` or widening NEON.
 
-/// Calls `$f::<R>$args` with `R` = `$rows`, which must be one of the listed tile heights.
+/// Calls `$f::<R>$args` with `R` = `$rows`, which must be one of the listed tile heights
+/// (`$f::<G, ..>`: `$f::<R, G, ..>`).
 macro_rules! by_rows {
-    ($rows:expr, $f:ident, $args:tt, [$($r:literal)*]) => {
+    (@match $rows:expr, $f:ident, $generics:tt, $args:tt, [$($r:literal)*]) => {
         match $rows {
-            $($r => $f::<$r> $args,)*
+            $($r => by_rows!(@call $f, $r, $generics, $args),)*
             rows => unreachable!("no tile of {rows} rows"),
         }
+    };
+    (@call $f:ident, $r:literal, ($($g:tt)*), $args:tt) => {
+        $f::<$r $($g)*> $args
+    };
+    ($rows:expr, $f:ident $(::<$($g:tt),*>)?, $args:tt, [$($r:literal)*]) => {
+        by_rows!(@match $rows, $f, ($($(, $g)*)?), $args, [$($r)*])
     };
 }
 
@@ -49,6 +56,7 @@ pub fn paths() -> Vec<Kernels> {
     paths
 }
 
+// No SVE int8 GEMMs: SVE's SDOT/SMMLA work per 128-bit segment, NEON's width on N2/V2 and no faster on V1 (2x256-bit SVE = its 4x128-bit NEON pipes).
 /// The int8 GEMMs this CPU supports, best first.
 pub fn int8_paths() -> Vec<Int8Gemm> {
     let mut paths = Vec::new();
@@ -57,7 +65,7 @@ pub fn int8_paths() -> Vec<Int8Gemm> {
     }
     let dotprod = is_aarch64_feature_detected!("dotprod");
     if dotprod && is_aarch64_feature_detected!("i8mm") {
-        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm, gemm_q4: int4::gemm_q4_dotprod, gemm_q8: int8_block::gemm_q8_dotprod });
+        paths.push(Int8Gemm { isa: "i8mm", gemm: int8::gemm_i8_i8mm, gemm_q4: int4::gemm_q4_i8mm, gemm_q8: int8_block::gemm_q8_i8mm });
     }
     if dotprod {
         paths.push(Int8Gemm { isa: "dotprod", gemm: int8::gemm_i8_dotprod, gemm_q4: int4::gemm_q4_dotprod, gemm_q8: int8_block::gemm_q8_dotprod });
