@@ -13,8 +13,13 @@ class WeightStore:
     when it starts (the files are unmapped then)."""
 
     @staticmethod
-    def open_safetensors(paths: Sequence[str | os.PathLike]) -> WeightStore:
-        """Maps the safetensors files of a Hugging Face checkpoint (one file or its shards)."""
+    def open_safetensors(paths: Sequence[str | os.PathLike], packing: str | None = None, group_size: int | None = None) -> WeightStore:
+        """Maps the safetensors files of a Hugging Face checkpoint (one file or its shards). A grouped
+        4-bit checkpoint names its `packing` ("awq", "gptq" or "gptq_v2") and `group_size` (None: one
+        group over all of a layer's inputs); each layer's qweight, qzeros, scales and g_idx are then
+        listed as one tensor `X.weight` ("AWQ", "GPTQ" or "GPTQ_ACT_ORDER"), read dequantized.
+        `packing="ggml_q4_1"` reads rsgl's w4a8 checkpoints: uint8 rows of Q4_1 blocks, listed as
+        "Q4_1" tensors `[out, in]`."""
     @staticmethod
     def open_gguf(path: str | os.PathLike, architecture: str, heads: int, kv_heads: int) -> WeightStore:
         """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint."""
@@ -22,7 +27,7 @@ class WeightStore:
     def gguf_metadata_json(path: str | os.PathLike) -> str:
         """A GGUF file's metadata as a JSON object (key -> value)."""
     def tensors(self) -> list[tuple[str, list[int], str]]:
-        """(name, shape, storage type such as "BF16", "Q4_K" or "I8") of every tensor."""
+        """(name, shape, storage type such as "BF16", "Q4_K", "I8" or "AWQ") of every tensor."""
     def read(self, name: str) -> bytes:
         """One tensor as little-endian float32 bytes, in Hugging Face layout."""
     def show_progress(self, show: bool) -> None:

@@ -32,7 +32,7 @@ from rsgl.loader import load_model
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
-QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf")
+QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf", "awq", "gptq")
 KV_CACHE_DTYPES = ("float32", "bfloat16")
 
 logger = logging.getLogger("rsgl")
@@ -66,7 +66,9 @@ class Engine:
     sharing), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
     load, one scale per output channel, activations quantized per token; "w4a8": to 4 bits in
     groups of 32 with a scale and minimum each, activations quantized per group; "gguf": a
-    quantized GGUF file's blocks as they are, the default for such files; None: weights in `dtype`),
+    quantized GGUF file's blocks as they are, the default for such files; "awq", "gptq": a 4-bit
+    AWQ or GPTQ checkpoint's groups as they are, the default for such checkpoints; None: weights
+    in `dtype`),
     `quantize_lm_head` (with `quantization`, the lm_head too; it stays in `dtype` by default),
     `progress` (loading progress bar),
     `disable_jump_forward` (constrained requests sample every token, even text their grammar
@@ -116,6 +118,13 @@ class Engine:
         self.max_n = max_n
         self.max_sequences_per_call = max_sequences_per_call
         self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+        stored = self.model.stored_quantization
+        if quantization in ("awq", "gptq") and quantization != stored:
+            raise InvalidRequestError(
+                f"quantization={quantization!r} runs {quantization.upper()} checkpoints as they are stored, and "
+                f"{self.model.source} holds {f'{stored} weights' if stored else 'float weights'}. A 4-bit AWQ or GPTQ "
+                "checkpoint runs as stored without the option; to quantize float weights at load use 'w4a8' (4-bit) or 'w8a8_int8'."
+            )
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
         options = {
@@ -129,7 +138,7 @@ class Engine:
             "threads": threads or 0,
             "pin_threads": pin_threads,
             "dtype": self.model.dtype,
-            # A W8A8 checkpoint runs as W8A8 without being asked.
+            # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
             "quantization": quantization or self.model.quantization,
             "quantize_lm_head": quantize_lm_head,
             "random_seed": random_seed,

@@ -1,14 +1,23 @@
-"""`python -m rsgl.quantize`: converts a model's linear layers to int8 for W8A8 serving.
+"""`python -m rsgl.quantize`: converts a model's linear layers once, to int8 (W8A8) or 4 bits (W4A8).
 
-    python -m rsgl.quantize --model-path IN --output OUT [--scheme w8a8_int8] [--dtype bfloat16]
+    python -m rsgl.quantize --model-path IN --output OUT [--method w8a8_int8|w4a8|awq]
+                            [--group-size 128|64|32] [--dtype bfloat16] [--no-calibration]
 
 IN is a Hugging Face folder (float32 / float16 / bfloat16) or a GGUF file (dequantized first);
-OUT is a Hugging Face folder in the layout of SGLang's w8a8_int8 checkpoints: each linear
-layer's `weight` in int8 with a per-output-channel float32 `weight_scale` `[out, 1]` (symmetric:
-`weight ≈ int8 * scale`, the scale mapping the channel's largest magnitude to 127), config.json
-carrying `"quantization_config": {"quant_method": "w8a8_int8", ...}`. Embeddings, norms and the
-lm_head stay in `--dtype`. Activations are quantized per token at run time. rsgl.Engine and
-`python -m rsgl.server --model-path OUT` load it as W8A8 without further options.
+OUT is a Hugging Face folder. Embeddings, norms, MoE routers and the lm_head stay in `--dtype`;
+activations are quantized per token (w8a8_int8) or per block of 32 inputs (4 bits) at run time.
+rsgl.Engine and `python -m rsgl.server --model-path OUT` load each without further options.
+
+- w8a8_int8: SGLang's w8a8_int8 layout: each linear layer's `weight` in int8 with a per-output-
+  channel float32 `weight_scale` `[out, 1]` (symmetric: `weight ≈ int8 * scale`, the scale
+  mapping the channel's largest magnitude to 127), after SmoothQuant scaling.
+- w4a8: rsgl's 4-bit layout, llama.cpp's Q4_1 blocks of 32 inputs (a scale and a float minimum
+  each) as bytes, after AWQ's activation-aware scale search (rsgl.w4a8). The most accurate.
+- awq: AutoAWQ's "gemm" layout (groups of --group-size inputs with a scale and an integer zero
+  point), after the same search: the checkpoint vLLM and SGLang load too.
+
+Calibration runs the float model (transformers) over a short English text; --no-calibration
+quantizes the weights as they are.
 """
 
 from __future__ import annotations
@@ -20,11 +29,13 @@ from pathlib import Path
 
 import numpy as np
 
+from rsgl import w4a8
 from rsgl.errors import RsglError
 from rsgl.loader import expected_tensor_shapes, load_model
 from rsgl.loader.export import FLOAT_STORAGE, write_model_folder
 
-SCHEMES = ("w8a8_int8",)
+METHODS = ("w8a8_int8", "w4a8", "awq")
+GROUP_SIZES = (32, 64, 128)  # awq: inputs per group (w4a8's blocks are 32, the kernels' own)
 # The linear layers a decoder block runs; their weights are quantized.
 LINEAR_WEIGHT = re.compile(
     r"model\.layers\.\d+\.(self_attn\.[qkvo]_proj"
@@ -33,10 +44,10 @@ LINEAR_WEIGHT = re.compile(
 )
 
 
-def quantization_config(scheme: str) -> dict:
-    """What config.json says of the scheme (SGLang's w8a8_int8 shape)."""
+def quantization_config(method: str) -> dict:
+    """What config.json says of a w8a8_int8 checkpoint (SGLang's shape)."""
     return {
-        "quant_method": scheme,
+        "quant_method": method,
         "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel", "dynamic": False},
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
         "ignore": ["lm_head"],
@@ -59,9 +70,9 @@ SMOOTHING_ALPHA = 0.5
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 
 
-def activation_ranges(model_path: str | None, token_ids: list[int]) -> dict[str, np.ndarray]:
-    """Per layer input, the largest |activation| of each channel over `token_ids`, from a
-    transformers forward pass: `{layer prefix + ".attn" / ".mlp" / ".down": [channels]}`."""
+def calibration_inputs(model_path: str | None, token_ids: list[int]) -> dict:
+    """Per decoder layer, the float32 activations `[tokens, channels]` its linear layers read over
+    `token_ids`, from a transformers forward pass: `{layer prefix + ".attn" / ".mlp" / ".down"}`."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -74,11 +85,11 @@ def activation_ranges(model_path: str | None, token_ids: list[int]) -> dict[str,
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     else:
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    ranges: dict[str, np.ndarray] = {}
+    inputs: dict = {}
 
     def record(name):
         def hook(_module, args):
-            ranges[name] = args[0].detach().abs().amax(dim=(0, 1)).numpy()
+            inputs[name] = args[0].detach()[0].float()
         return hook
 
     for index, layer in enumerate(hf.model.layers):
@@ -88,54 +99,101 @@ def activation_ranges(model_path: str | None, token_ids: list[int]) -> dict[str,
         layer.mlp.down_proj.register_forward_pre_hook(record(prefix + ".down"))
     with torch.no_grad():
         hf(torch.tensor([token_ids]))
-    return ranges
+    return inputs
 
 
-def smooth(tensors: dict[str, np.ndarray], ranges: dict[str, np.ndarray], alpha: float = SMOOTHING_ALPHA) -> None:
-    """SmoothQuant: per input channel j of a GEMM, divides the activations by
-    `s_j = max|x_j|^alpha / max|w_j|^(1 - alpha)` and multiplies the weights' column j by it, so
-    activation outliers move into the weights, which are quantized per output channel and take
-    them better. The division is folded into what produces the input: the RMSNorm weight before
-    q/k/v and gate/up, the up projection's rows before down. The float model is unchanged."""
+def scaling_groups(tensors: dict[str, np.ndarray]):
+    """Per decoder layer, the linear layers that read one input, with what produces that input:
+    (inputs key, consumer weights, the RMSNorm weight before them or None, the weight whose rows
+    produce the input or None). Scaling input channel j of the consumers' columns by s_j and
+    dividing the producer by s_j leaves the float model unchanged."""
     layer = 0
     while f"model.layers.{layer}.input_layernorm.weight" in tensors:
         p = f"model.layers.{layer}"
-        groups = [
-            (ranges[p + ".attn"], [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"], f"{p}.input_layernorm.weight", None),
-            (ranges[p + ".mlp"], [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.post_attention_layernorm.weight", None),
-            (ranges[p + ".down"], [f"{p}.mlp.down_proj.weight"], None, f"{p}.mlp.up_proj.weight"),
-        ]
-        for act, consumers, norm, producer_rows in groups:
-            w_max = np.max([np.abs(tensors[name]).max(axis=0) for name in consumers], axis=0)
-            scale = (np.maximum(act, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)).astype(np.float32)
-            for name in consumers:
-                tensors[name] = tensors[name] * scale[None, :]
-            if norm is not None:
-                tensors[norm] = tensors[norm] / scale
-            else:
-                tensors[producer_rows] = tensors[producer_rows] / scale[:, None]
+        yield p + ".attn", [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"], f"{p}.input_layernorm.weight", None
+        yield p + ".mlp", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.post_attention_layernorm.weight", None
+        yield p + ".down", [f"{p}.mlp.down_proj.weight"], None, f"{p}.mlp.up_proj.weight"
         layer += 1
 
 
-def convert(model_path: str | None, output: Path, scheme: str, dtype: str, progress: bool = True, smoothing: bool = True) -> Path:
-    model = load_model(model_path, progress=False)
+def fold_scales(tensors: dict[str, np.ndarray], consumers: list[str], norm: str | None, producer_rows: str | None, scale: np.ndarray) -> None:
+    for name in consumers:
+        tensors[name] = tensors[name] * scale[None, :]
+    if norm is not None:
+        tensors[norm] = tensors[norm] / scale
+    else:
+        tensors[producer_rows] = tensors[producer_rows] / scale[:, None]
+
+
+def smooth(tensors: dict[str, np.ndarray], inputs: dict, alpha: float = SMOOTHING_ALPHA) -> None:
+    """SmoothQuant: per input channel j of a GEMM, divides the activations by
+    `s_j = max|x_j|^alpha / max|w_j|^(1 - alpha)` and multiplies the weights' column j by it, so
+    activation outliers move into the weights, which are quantized per output channel and take
+    them better."""
+    for key, consumers, norm, producer_rows in scaling_groups(tensors):
+        act = inputs[key].abs().amax(dim=0).numpy()
+        w_max = np.max([np.abs(tensors[name]).max(axis=0) for name in consumers], axis=0)
+        scale = (np.maximum(act, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)).astype(np.float32)
+        fold_scales(tensors, consumers, norm, producer_rows, scale)
+
+
+def scale_activation_aware(tensors: dict[str, np.ndarray], inputs: dict, roundtrip) -> None:
+    """AWQ's scaling (see rsgl.w4a8) of every layer group, judged through `roundtrip`."""
+    for key, consumers, norm, producer_rows in scaling_groups(tensors):
+        scale = w4a8.search_scales(inputs[key], [tensors[name] for name in consumers], roundtrip)
+        fold_scales(tensors, consumers, norm, producer_rows, scale)
+
+
+def check_group_size(floats: dict[str, np.ndarray], group_size: int) -> None:
+    """Every linear layer must be whole groups: the 4-bit layouts have no room for a partial one."""
+    shapes = {name: array.shape for name, array in floats.items() if LINEAR_WEIGHT.fullmatch(name)}
+    misfit = next((name for name, shape in shapes.items() if not w4a8.fits(shape, group_size)), None)
+    if misfit is not None:
+        fitting = [size for size in GROUP_SIZES if all(w4a8.fits(shape, size) for shape in shapes.values())]
+        advice = f"pass --group-size {fitting[-1]}" if fitting else "this model cannot be converted to 4 bits"
+        raise RsglError(f"{misfit} has shape {list(shapes[misfit])}: its inputs are not whole groups of {group_size}; {advice}.")
+
+
+def quantized_tensors(floats: dict[str, np.ndarray], method: str, group_size: int) -> dict[str, np.ndarray]:
+    """The checkpoint's tensors: linear weights in `method`'s layout, everything else as it is."""
     tensors: dict[str, np.ndarray] = {}
+    for name, array in floats.items():
+        if not LINEAR_WEIGHT.fullmatch(name):
+            tensors[name] = array
+        elif method == "w8a8_int8":
+            tensors[name], tensors[name + "_scale"] = quantize_per_channel(array)
+        elif method == "w4a8":
+            tensors[name] = w4a8.q4_1_tensor(array)
+        else:
+            tensors.update(w4a8.awq_tensors(name, array, group_size))
+    return tensors
+
+
+def convert(
+    model_path: str | None, output: Path, method: str, dtype: str, progress: bool = True, calibration: bool = True, group_size: int = 128
+) -> Path:
+    model = load_model(model_path, progress=False)
     stream = model.tensors()
     if progress:
         from tqdm import tqdm
 
-        stream = tqdm(stream, desc=f"quantizing to {scheme}", unit="tensor", total=len(expected_tensor_shapes(model.config)))
+        stream = tqdm(stream, desc=f"quantizing to {method}", unit="tensor", total=len(expected_tensor_shapes(model.config)))
     floats = dict(stream)
-    if smoothing and not model.config["moe"]:  # MoE: the norm also feeds the router; not smoothed
+    group_size = w4a8.QBLOCK if method == "w4a8" else group_size
+    if method != "w8a8_int8":
+        check_group_size(floats, group_size)
+    if calibration and not model.config["moe"]:  # MoE: the norm also feeds the router; not scaled
         if model.tokenizer is None:
-            raise RsglError("smoothing needs the model's tokenizer for its calibration text; pass --no-smoothing")
-        smooth(floats, activation_ranges(model_path, model.tokenizer.encode(CALIBRATION_TEXT.read_text()).ids))
-    for name, array in floats.items():
-        if LINEAR_WEIGHT.fullmatch(name):
-            tensors[name], tensors[name + "_scale"] = quantize_per_channel(array)
+            raise RsglError("calibration needs the model's tokenizer for its text; pass --no-calibration")
+        inputs = calibration_inputs(model_path, model.tokenizer.encode(CALIBRATION_TEXT.read_text()).ids)
+        if method == "w8a8_int8":
+            smooth(floats, inputs)
+        elif method == "w4a8":
+            scale_activation_aware(floats, inputs, w4a8.q4_1_roundtrip)
         else:
-            tensors[name] = array
-    write_model_folder(output, model, tensors, dtype, quantization_config(scheme))
+            scale_activation_aware(floats, inputs, lambda weight: w4a8.awq_roundtrip(weight, group_size))
+    config = {"w8a8_int8": quantization_config(method), "w4a8": w4a8.w4a8_config(), "awq": w4a8.awq_config(group_size)}[method]
+    write_model_folder(output, model, quantized_tensors(floats, method, group_size), dtype, config)
     return output
 
 
@@ -143,20 +201,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m rsgl.quantize", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", default=None, help="a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--output", type=Path, required=True, help="the folder to write")
-    parser.add_argument("--scheme", choices=SCHEMES, default="w8a8_int8")
+    parser.add_argument("--method", "--scheme", dest="method", choices=METHODS, default="w8a8_int8")
+    parser.add_argument("--group-size", type=int, choices=GROUP_SIZES, default=128, help="awq: inputs per 4-bit group (a scale and zero point each)")
     parser.add_argument("--dtype", choices=list(FLOAT_STORAGE), default="bfloat16", help="how the unquantized tensors are stored")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--no-smoothing", action="store_true", help="quantize the weights as they are (no SmoothQuant calibration)")
+    parser.add_argument(
+        "--no-calibration",
+        "--no-smoothing",
+        dest="no_calibration",
+        action="store_true",
+        help="quantize the weights as they are (no SmoothQuant / AWQ scaling from calibration activations)",
+    )
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
-        out = convert(args.model_path, args.output, args.scheme, args.dtype, progress=not args.no_progress, smoothing=not args.no_smoothing)
+        out = convert(
+            args.model_path, args.output, args.method, args.dtype, progress=not args.no_progress, calibration=not args.no_calibration, group_size=args.group_size
+        )
     except RsglError as error:
         sys.exit(f"rsgl.quantize: {error}")
-    print(f"wrote {out} ({args.scheme})")
+    print(f"wrote {out} ({args.method})")
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat1
 _ACCEPTED_DTYPES = ("auto", *_DTYPE_ALIASES)
 # A weight every supported model has, whose storage type stands for the checkpoint's.
 WEIGHT_DTYPE_PROBE = "model.layers.0.mlp.down_proj.weight"
+# Quantizations a checkpoint brings with it, run as stored (a layer of a type without integer
+# kernels in `dtype`); an explicit `dtype=` dequantizes the checkpoint instead.
+STORED_QUANTIZATIONS = ("gguf", "awq", "gptq")
 
 
 @dataclass
@@ -64,14 +67,17 @@ class LoadedModel:
     # Weight precision: float32 for float32 checkpoints, else bfloat16, until
     # `load_model` applies `dtype=`.
     dtype: str
-    # The checkpoint's quantization, packed as it is by the engine ("w8a8_int8": int8 weights;
-    # "gguf": a GGUF file's quantized blocks), or None.
+    # The quantization the engine runs the checkpoint in by default, packed as it is stored
+    # ("w8a8_int8": int8 weights; "gguf": a GGUF file's quantized blocks; "awq", "gptq": 4-bit
+    # groups), or None (`dtype`).
     quantization: str | None = None
+    # How the checkpoint stores its weights, whatever `dtype=` asked for (None: floats).
+    stored_quantization: str | None = None
     progress: bool = True  # a progress bar on stderr while the weights load
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor the engine needs, (Hugging Face name, float32 C-contiguous array), one at
-        a time (int8 weights scaled back to floats)."""
+        a time (int8 weights scaled back to floats, 4-bit ones dequantized)."""
         store = self.open_weights()
         shapes = {name: shape for name, shape, _ in store.tensors()}
         for name in with_progress(list(expected_tensor_shapes(self.config)), self.progress):
@@ -89,8 +95,9 @@ def load_model(
 
     Only the config, the tokenizer and the weight files' headers are read here; the engine maps
     the weights when it starts. `dtype` picks the weight precision the engine computes with
-    ("auto": float32 for float32 checkpoints, else bfloat16; a quantized GGUF file then runs in
-    its own quantization where rsgl has kernels for it, and any other dtype dequantizes it).
+    ("auto": float32 for float32 checkpoints, else bfloat16; a quantized GGUF file or an AWQ or
+    GPTQ checkpoint then runs in its own quantization where rsgl has kernels for it, and any
+    other dtype dequantizes it).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
@@ -109,9 +116,10 @@ def load_model(
 
         model = hf.load(path, skip_tokenizer_init=skip_tokenizer_init)
     model.progress = progress
+    model.stored_quantization = model.quantization
     if dtype != "auto":
         model.dtype = _DTYPE_ALIASES[dtype]
-        if model.quantization == "gguf":
+        if model.quantization in STORED_QUANTIZATIONS:
             # An explicit dtype asks for the file's quantized weights dequantized to it.
             model.quantization = None
     return model

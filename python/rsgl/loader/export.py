@@ -23,6 +23,8 @@ MODEL_CLASS = {
 }
 # How float arrays are stored, by the dtype name the loader uses.
 FLOAT_STORAGE = {"float32": "F32", "bfloat16": "BF16"}
+# Arrays stored in their own type whatever the float dtype: quantized weights, AWQ's float16 scales.
+EXACT_STORAGE = {np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.int32): "I32", np.dtype(np.float16): "F16"}
 
 
 def hf_config(model: LoadedModel, dtype: str, quantization_config: dict | None = None) -> dict:
@@ -73,12 +75,12 @@ def to_bf16_bits(values: np.ndarray) -> np.ndarray:
 
 
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: str) -> None:
-    """The safetensors layout: 8-byte little-endian header length, JSON header, raw data. Float
-    arrays are stored in `float_dtype`, int8 arrays as I8."""
+    """The safetensors layout: 8-byte little-endian header length, JSON header, raw data. float32
+    arrays are stored in `float_dtype`, the others in their own type (EXACT_STORAGE)."""
     stored = {}
     for name, array in tensors.items():
-        if array.dtype == np.int8:
-            stored[name] = ("I8", array)
+        if array.dtype in EXACT_STORAGE:
+            stored[name] = (EXACT_STORAGE[array.dtype], array)
         elif float_dtype == "bfloat16":
             stored[name] = ("BF16", to_bf16_bits(array))
         else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 from pathlib import Path
 
 from tokenizers import Tokenizer
@@ -40,6 +41,8 @@ _LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_
 # Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
+logger = logging.getLogger("rsgl")
+
 
 def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     config_path = folder / "config.json"
@@ -50,12 +53,14 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         )
     raw_config = _read_json(config_path)
     config = normalize_config(raw_config)  # before the weights: an unsupported model fails at once
-    quantization = _quantization(raw_config, folder)
-    open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder))
+    quantization, int4_layout = _quantization(raw_config, folder)
+    open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder), **int4_layout)
     tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
     if "lm_head.weight" not in tensors:
         config["tie_word_embeddings"] = True  # no lm_head: the output projection can only be the embedding
     _check_tensors(tensors, config, folder, quantization)
+    if quantization in ("awq", "gptq"):
+        _explain_float_layers(tensors, int4_layout["group_size"], folder)
     return LoadedModel(
         config=config,
         open_weights=open_weights,
@@ -169,7 +174,19 @@ def _required(raw: dict, key: str):
 # ---------------------------------------------------------------------------------------------
 
 # Quantization schemes whose checkpoints rsgl reads (`quantization_config.quant_method`).
-_QUANT_METHODS = ("w8a8_int8",)
+_QUANT_METHODS = ("w8a8_int8", "w4a8", "awq", "gptq")
+# What the core lists a packed 4-bit checkpoint's layers as, by method, and how they are stored
+# (GPTQ_ACT_ORDER: groups by g_idx, run in floats).
+_PACKED_LAYERS = {
+    "awq": (("AWQ",), "qweight, qzeros, scales"),
+    "gptq": (("GPTQ", "GPTQ_ACT_ORDER"), "qweight, qzeros, scales"),
+    "w4a8": (("Q4_1",), "uint8 rows of Q4_1 blocks"),
+}
+# The checkpoint formats of GPTQ quantization_configs -> the core's packing names (v1 stores each
+# zero point minus one, v2 as it is).
+_GPTQ_FORMATS = {"gptq": "gptq", "gptq_v2": "gptq_v2"}
+# Inputs per block of the W4A8 kernels: groups must be whole blocks to run as stored.
+_INT4_BLOCK = 32
 # Next to each int8 weight of a W8A8 checkpoint: its per-output-channel scales, [out, 1].
 _SCALE_SUFFIX = "_scale"
 # float16 checkpoints compute in bfloat16 unless dtype="float16" asks: it is the fast 16-bit path
@@ -197,26 +214,101 @@ def _checkpoint_paths(folder: Path) -> list[Path]:
 
 
 def _checkpoint_dtype(tensors: Tensors) -> str:
-    """The float type the checkpoint stores its weights in (a W8A8 one: its unquantized tensors)."""
-    usable = WEIGHT_DTYPE_PROBE in tensors and tensors[WEIGHT_DTYPE_PROBE][1] != "I8"
+    """The float type the checkpoint stores its weights in (a quantized one: its unquantized tensors)."""
+    usable = WEIGHT_DTYPE_PROBE in tensors and tensors[WEIGHT_DTYPE_PROBE][1] in _CHECKPOINT_DTYPE
     probe = WEIGHT_DTYPE_PROBE if usable else "model.embed_tokens.weight"  # MoE layers have no mlp.down_proj
     return _CHECKPOINT_DTYPE[tensors[probe][1]]
 
 
-def _quantization(raw_config: dict, folder: Path) -> str | None:
-    method = (raw_config.get("quantization_config") or {}).get("quant_method")
+def _quantization(raw_config: dict, folder: Path) -> tuple[str | None, dict]:
+    """The checkpoint's quantization method, and for a packed 4-bit one (AWQ, GPTQ, w4a8) the
+    keyword arguments of `WeightStore.open_safetensors` that read its layers (`packing`,
+    `group_size`), else {}."""
+    quantization_config = raw_config.get("quantization_config") or {}
+    method = quantization_config.get("quant_method")
     if method is not None and method not in _QUANT_METHODS:
         raise UnsupportedModelError(
             f"{folder} is quantized with {method!r}; rsgl reads {', '.join(_QUANT_METHODS)} checkpoints "
             "(make one with `python -m rsgl.quantize`) or unquantized ones."
         )
-    return method
+    if method in ("awq", "gptq"):
+        return method, _int4_layout(quantization_config, method, folder)
+    if method == "w4a8":
+        return method, {"packing": "ggml_q4_1"}
+    return method, {}
+
+
+def _int4_layout(quantization_config: dict, method: str, folder: Path) -> dict:
+    """How an AWQ or GPTQ checkpoint packs its layers, from its quantization_config (keys missing
+    take transformers' defaults; AutoAWQ's own names `w_bit` / `q_group_size` are read too)."""
+    name = method.upper()
+    bits = quantization_config.get("bits", quantization_config.get("w_bit", 4))
+    if bits != 4:
+        raise UnsupportedModelError(
+            f"{folder} is a {bits}-bit {name} checkpoint; rsgl runs 4-bit AWQ and GPTQ checkpoints (bits 4) on its "
+            "W4A8 kernels: load a 4-bit one, or the float model with quantization='w8a8_int8'."
+        )
+    group_size = quantization_config.get("group_size", quantization_config.get("q_group_size", 128))
+    if not isinstance(group_size, int) or group_size == 0 or group_size < -1:
+        raise ModelLoadError(f"{folder}: config.json's quantization_config has group_size {group_size!r}; it must be positive or -1. The config looks broken.")
+    if method == "awq":
+        version = str(quantization_config.get("version", "gemm")).lower()
+        if version != "gemm":
+            raise UnsupportedModelError(
+                f"{folder} is an AWQ checkpoint in AutoAWQ's {version!r} layout; rsgl reads the 'gemm' layout "
+                "(AutoAWQ's default, which vLLM and SGLang read too): quantize with version='gemm'."
+            )
+        if not quantization_config.get("zero_point", True):
+            raise UnsupportedModelError(
+                f"{folder} is an AWQ checkpoint without zero points (zero_point false); rsgl reads AWQ checkpoints "
+                "with zero points (zero_point true, AutoAWQ's default)."
+            )
+        packing = "awq"
+    else:
+        checkpoint_format = quantization_config.get("checkpoint_format", "marlin" if quantization_config.get("is_marlin_format") else "gptq")
+        if checkpoint_format not in _GPTQ_FORMATS:
+            raise UnsupportedModelError(
+                f"{folder} is a GPTQ checkpoint in the {checkpoint_format!r} format; rsgl reads the "
+                f"{' and '.join(map(repr, _GPTQ_FORMATS))} formats (GPTQModel and AutoGPTQ save 'gptq' by default)."
+            )
+        packing = _GPTQ_FORMATS[checkpoint_format]
+    return {"packing": packing, "group_size": None if group_size == -1 else group_size}
+
+
+def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path) -> None:
+    """Says once why layers of a 4-bit checkpoint will run dequantized (in floats, slower and
+    larger) rather than on the 4-bit kernels, and what to do about it."""
+    act_order = [name for name, (_, stored) in tensors.items() if stored == "GPTQ_ACT_ORDER"]
+    if act_order:
+        logger.warning(
+            "%s: %d GPTQ layer(s), e.g. %s, were quantized with act-order (desc_act): their groups are not runs of "
+            "consecutive inputs, which the 4-bit kernels need, so they run dequantized to floats (slower, more memory). "
+            "Re-quantize without desc_act (or with static_groups) to run them as 4-bit.",
+            folder,
+            len(act_order),
+            act_order[0],
+        )
+    if group_size is not None and group_size % _INT4_BLOCK:
+        logger.warning(
+            "%s: groups of %d inputs are not whole blocks of %d, which the 4-bit kernels need, so its 4-bit layers run "
+            "dequantized to floats (slower, more memory). Re-quantize with group_size 128 (or 32, 64) to run them as 4-bit.",
+            folder,
+            group_size,
+            _INT4_BLOCK,
+        )
 
 
 def _check_tensors(tensors: Tensors, config: dict, folder: Path, quantization: str | None) -> None:
     shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
     check_tensor_shapes(shapes, config, folder)
     expected = expected_tensor_shapes(config)
+    if quantization in _PACKED_LAYERS and not any(tensors[name][1] in _PACKED_LAYERS[quantization][0] for name in expected):
+        probe = WEIGHT_DTYPE_PROBE if WEIGHT_DTYPE_PROBE in expected else "model.layers.0.self_attn.q_proj.weight"
+        raise UnsupportedModelError(
+            f"{folder}'s config.json names {quantization!r} quantization, but no layer is stored that way "
+            f"({_PACKED_LAYERS[quantization][1]}): {probe} is {tensors[probe][1]}. rsgl reads AWQ, GPTQ and w4a8 4-bit "
+            "checkpoints, w8a8_int8 ones and unquantized ones: fix config.json's quantization_config."
+        )
     int8 = {name for name in expected if tensors[name][1] == "I8"}
     if int8 and not quantization:
         raise UnsupportedModelError(

@@ -164,6 +164,22 @@ pub enum Quantization {
     /// as W4A8); a layer stored in a type without such kernels runs in `dtype` (vLLM's `gguf`).
     #[serde(rename = "gguf")]
     Gguf,
+    /// An AWQ checkpoint's 4-bit groups (zero point and scale per group of inputs) packed as
+    /// they are for the W4A8 kernels (SGLang's `awq`).
+    #[serde(rename = "awq")]
+    Awq,
+    /// A GPTQ checkpoint's 4-bit groups packed as they are for the W4A8 kernels; act-order
+    /// layers, whose groups are not runs of inputs, run in `dtype` (SGLang's `gptq`).
+    #[serde(rename = "gptq")]
+    Gptq,
+}
+
+impl Quantization {
+    /// Whether the checkpoint chose each layer's format (GGUF, AWQ, GPTQ files): a layer runs as
+    /// stored where kernels take its type, in `dtype` elsewhere, the lm_head included.
+    pub fn as_stored(self) -> bool {
+        matches!(self, Quantization::Gguf | Quantization::Awq | Quantization::Gptq)
+    }
 }
 
 /// Engine options, named after SGLang's server arguments where one exists.

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use rsgl_engine::sample::SamplingParams;
 use rsgl_engine::text::TokenTable;
+use rsgl_engine::weights::{Int4Checkpoint, Int4Packing};
 use rsgl_engine::{EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
@@ -53,10 +54,29 @@ impl WeightStore {
 
 #[pymethods]
 impl WeightStore {
-    /// Maps the safetensors files of a Hugging Face checkpoint (one file or its shards).
+    /// Maps the safetensors files of a Hugging Face checkpoint (one file or its shards). A
+    /// checkpoint with packed 4-bit layers names their `packing`: "awq", "gptq" or "gptq_v2"
+    /// with their `group_size` (None: one group over all of a layer's inputs), or "ggml_q4_1"
+    /// (rsgl's w4a8: rows of Q4_1 blocks).
     #[staticmethod]
-    fn open_safetensors(py: Python<'_>, paths: Vec<PathBuf>) -> PyResult<Self> {
-        Self::wrap(py, || rsgl_engine::WeightStore::open_safetensors(&paths))
+    #[pyo3(signature = (paths, packing=None, group_size=None))]
+    fn open_safetensors(py: Python<'_>, paths: Vec<PathBuf>, packing: Option<&str>, group_size: Option<usize>) -> PyResult<Self> {
+        let packing = match packing {
+            None => return Self::wrap(py, || rsgl_engine::WeightStore::open_safetensors(&paths)),
+            Some("ggml_q4_1") => return Self::wrap(py, || rsgl_engine::WeightStore::open_q4_1_safetensors(&paths)),
+            Some("awq") => Int4Packing::Awq,
+            Some("gptq") => Int4Packing::Gptq,
+            Some("gptq_v2") => Int4Packing::GptqV2,
+            Some(other) => {
+                let message = format!("packing {other:?} is not one of \"awq\", \"gptq\", \"gptq_v2\", \"ggml_q4_1\"");
+                return Err(to_py_err(EngineError::InvalidRequest(message)));
+            }
+        };
+        if group_size == Some(0) {
+            return Err(to_py_err(EngineError::InvalidRequest("group_size must be positive (None: one group per layer)".into())));
+        }
+        let checkpoint = Int4Checkpoint { packing, group_size };
+        Self::wrap(py, || rsgl_engine::WeightStore::open_int4_safetensors(&paths, checkpoint))
     }
 
     /// Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint.
@@ -72,7 +92,7 @@ impl WeightStore {
         Ok(serde_json::Value::Object(metadata).to_string())
     }
 
-    /// Every tensor's name, shape and storage type ("BF16", "Q4_K", "I8", ...).
+    /// Every tensor's name, shape and storage type ("BF16", "Q4_K", "I8", "AWQ", "GPTQ", ...).
     fn tensors(&self) -> PyResult<Vec<(String, Vec<usize>, &'static str)>> {
         self.with(|s| Ok(s.names().into_iter().map(|n| (n.to_string(), s.shape(n).expect("listed").to_vec(), s.stored(n).expect("listed").name())).collect()))
     }

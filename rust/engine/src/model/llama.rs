@@ -92,8 +92,9 @@ impl LlamaModel {
             });
         }
         let norm = w.take("model.norm.weight", &[h])?;
-        // A GGUF file chose its lm_head's type itself; a quantized-at-load lm_head is asked for.
-        let lm_head_quantization = quantization.filter(|q| quantize_lm_head || *q == Quantization::Gguf);
+        // A GGUF, AWQ or GPTQ file chose its lm_head's type itself; a quantized-at-load lm_head
+        // is asked for.
+        let lm_head_quantization = quantization.filter(|q| quantize_lm_head || q.as_stored());
         let pack_lm_head = |weight| Linear::fused(vec![LinearParts { weight, bias: None }], dtype, lm_head_quantization, pool);
         let (embed, lm_head) = if cfg.tie_word_embeddings {
             // A tied checkpoint may still carry a copy of the embedding as lm_head.

@@ -10,6 +10,7 @@
 mod ggml;
 mod gguf;
 mod gguf_layout;
+mod grouped;
 mod mapped;
 mod progress;
 mod safetensors;
@@ -17,6 +18,8 @@ mod safetensors;
 use crate::error::{EngineError, Result};
 use crate::sample::Rng;
 pub use ggml::GgmlType;
+use grouped::GroupedTensor;
+pub use grouped::{GroupedInt4, Int4Checkpoint, Int4Packing};
 use mapped::MappedFile;
 use progress::Progress;
 use rsgl_kernels::int4::{Int4Offset, Int4Row};
@@ -32,6 +35,8 @@ pub enum Stored {
     Ggml(GgmlType),
     /// W8A8 int8, with one scale per row in the tensor `{name}_scale`.
     Int8,
+    /// 4-bit values in groups of inputs with a scale and zero point each (AWQ, GPTQ).
+    Grouped(GroupedInt4),
 }
 
 impl Stored {
@@ -39,6 +44,7 @@ impl Stored {
         match self {
             Stored::Ggml(kind) => kind.name(),
             Stored::Int8 => "I8",
+            Stored::Grouped(kind) => kind.name(),
         }
     }
 
@@ -46,6 +52,7 @@ impl Stored {
         match self {
             Stored::Ggml(kind) => kind.row_bytes(cols),
             Stored::Int8 => Some(cols),
+            Stored::Grouped(_) => (cols % 2 == 0).then_some(cols / 2),
         }
     }
 
@@ -55,6 +62,7 @@ impl Stored {
         match self {
             Stored::Ggml(kind) => kind.int4_offset(),
             Stored::Int8 => None,
+            Stored::Grouped(kind) => kind.whole_blocks.then_some(Int4Offset::Min),
         }
     }
 
@@ -63,7 +71,7 @@ impl Stored {
     pub fn int8_block_offset(self) -> Option<u8> {
         match self {
             Stored::Ggml(kind) => kind.int8_block_offset(),
-            Stored::Int8 => None,
+            Stored::Int8 | Stored::Grouped(_) => None,
         }
     }
 }
@@ -131,6 +139,8 @@ struct Entry {
     /// starts inside it).
     offset: usize,
     order: RowOrder,
+    /// A grouped 4-bit tensor's zero points, scales and groups (its qweight is at `offset`).
+    groups: Option<Arc<GroupedTensor>>,
 }
 
 impl Entry {
@@ -148,6 +158,11 @@ impl Entry {
 
     fn bytes(&self) -> std::ops::Range<usize> {
         self.offset..self.offset + self.rows() * self.row_bytes()
+    }
+
+    /// Bytes of the checkpoint the tensor takes, with a grouped tensor's side tensors.
+    fn byte_len(&self) -> usize {
+        self.bytes().len() + self.groups.as_ref().map_or(0, |g| g.side_bytes())
     }
 }
 
@@ -180,21 +195,63 @@ impl WeightStore {
 
     fn add_float(&mut self, name: &str, shape: Vec<usize>, source: Source) {
         self.sources.push(Arc::new(source));
-        let entry = Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain };
+        let entry = Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain, groups: None };
         self.add(name.to_string(), entry);
     }
 
     /// Maps the safetensors files of a Hugging Face checkpoint (one file or its shards).
     pub fn open_safetensors(paths: &[PathBuf]) -> Result<WeightStore> {
+        Self::map_safetensors(paths, None, false)
+    }
+
+    /// Maps the safetensors files of a grouped 4-bit checkpoint (AWQ, GPTQ): each layer's
+    /// `X.qweight`, `X.qzeros`, `X.scales` and `X.g_idx` (in any of the shards) are listed as
+    /// one tensor `X.weight`; its other tensors are read as in [`Self::open_safetensors`].
+    pub fn open_int4_safetensors(paths: &[PathBuf], int4: Int4Checkpoint) -> Result<WeightStore> {
+        Self::map_safetensors(paths, Some(int4), false)
+    }
+
+    /// Maps the safetensors files of an rsgl w4a8 checkpoint (`python -m rsgl.quantize --method
+    /// w4a8`): its U8 tensors are rows of llama.cpp's Q4_1 blocks, `[out, in / 32 * 20]`, listed
+    /// as Q4_1 tensors `[out, in]`; the others are read as in [`Self::open_safetensors`].
+    pub fn open_q4_1_safetensors(paths: &[PathBuf]) -> Result<WeightStore> {
+        Self::map_safetensors(paths, None, true)
+    }
+
+    fn map_safetensors(paths: &[PathBuf], int4: Option<Int4Checkpoint>, q4_1_rows: bool) -> Result<WeightStore> {
         let mut store = WeightStore::new();
+        let mut pieces = Vec::new();
         for path in paths {
             let file = MappedFile::open(path)?;
-            let tensors = safetensors::read_directory(&file)?;
-            store.sources.push(Arc::new(Source::Mapped(file)));
-            for (name, shape, stored, offset) in tensors {
-                let entry = Entry { source: store.sources.len() - 1, shape, stored, offset, order: RowOrder::Plain };
-                store.add(name, entry);
+            let source = store.sources.len();
+            for tensor in safetensors::read_directory(&file)? {
+                if int4.is_some() && grouped::is_piece(&tensor.name) {
+                    pieces.push((source, tensor));
+                    continue;
+                }
+                let (stored, shape) = match q4_1_rows && tensor.dtype == ::safetensors::Dtype::U8 {
+                    true => (Stored::Ggml(GgmlType::Q4_1), safetensors::q4_1_shape(&file, &tensor)?),
+                    false => (safetensors::stored(&file, &tensor)?, tensor.shape),
+                };
+                let entry = Entry { source, shape, stored, offset: tensor.bytes.start, order: RowOrder::Plain, groups: None };
+                store.add(tensor.name, entry);
             }
+            store.sources.push(Arc::new(Source::Mapped(file)));
+        }
+        let Some(int4) = int4 else { return Ok(store) };
+        for layer in grouped::assemble(pieces, int4, &store.sources)? {
+            if store.contains(&layer.name) {
+                return Err(EngineError::ModelLoad(format!(
+                    "{}: {} is stored both as floats and as 4-bit {}; the checkpoint is broken",
+                    store.sources[layer.source].describe(),
+                    layer.name,
+                    layer.tensor.kind.name()
+                )));
+            }
+            let stored = Stored::Grouped(layer.tensor.kind);
+            let groups = Some(Arc::new(layer.tensor));
+            let entry = Entry { source: layer.source, shape: layer.shape, stored, offset: layer.qweight.start, order: RowOrder::Plain, groups };
+            store.add(layer.name, entry);
         }
         Ok(store)
     }
@@ -209,7 +266,7 @@ impl WeightStore {
         store.sources.push(Arc::new(Source::Mapped(file)));
         for tensor in tensors {
             let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
-            let entry = Entry { source: 0, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order };
+            let entry = Entry { source: 0, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None };
             store.add(tensor.name, entry);
         }
         Ok(store)
@@ -221,7 +278,7 @@ impl WeightStore {
     }
 
     fn add(&mut self, name: String, entry: Entry) {
-        self.progress.add_total(entry.bytes().len());
+        self.progress.add_total(entry.byte_len());
         self.tensors.insert(name, entry);
     }
 
@@ -262,10 +319,9 @@ impl WeightStore {
         let entry = self.entry(name)?.clone();
         let scales = match entry.stored {
             Stored::Int8 => self.checked_scales(name, &entry, self.read(&scale_name(name))?)?,
-            Stored::Ggml(_) => Vec::new(),
+            Stored::Ggml(_) | Stored::Grouped(_) => Vec::new(),
         };
-        let rows = MatrixRows { source: self.sources[entry.source].clone(), row_bytes: entry.row_bytes(), entry, scales, taken: None };
-        Ok(rows.read_all())
+        Ok(self.matrix_rows(entry, scales, None).read_all())
     }
 
     /// Removes a tensor, checking its shape, and reads it whole as float32 (norms, biases,
@@ -304,10 +360,27 @@ impl WeightStore {
                 let scales = self.take(&scale_name, &scale_shape)?;
                 self.checked_scales(name, &entry, scales)?
             }
-            Stored::Ggml(_) => Vec::new(),
+            Stored::Ggml(_) | Stored::Grouped(_) => Vec::new(),
         };
         self.tensors.remove(name);
-        Ok(MatrixRows { source: self.sources[entry.source].clone(), row_bytes: entry.row_bytes(), entry, scales, taken: Some(self.progress.clone()) })
+        Ok(self.matrix_rows(entry, scales, Some(self.progress.clone())))
+    }
+
+    /// `entry` to be read by rows; a grouped 4-bit tensor is unpacked here, once (and the pages
+    /// of a taken one's qweight handed back at once: the rows are read from the unpacked copy).
+    fn matrix_rows(&self, entry: Entry, scales: Vec<f32>, taken: Option<Arc<Progress>>) -> MatrixRows {
+        let source = self.sources[entry.source].clone();
+        let unpacked = match &entry.groups {
+            Some(groups) => {
+                let unpacked = groups.unpack(&source.bytes()[entry.bytes()]);
+                if let (Source::Mapped(file), Some(_)) = (&*source, &taken) {
+                    file.release(entry.bytes());
+                }
+                unpacked
+            }
+            None => Vec::new(),
+        };
+        MatrixRows { source, row_bytes: entry.row_bytes(), entry, scales, unpacked, taken }
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
@@ -356,6 +429,8 @@ pub struct MatrixRows {
     row_bytes: usize,
     /// Per row, for int8 tensors.
     scales: Vec<f32>,
+    /// A grouped 4-bit tensor's values, row by row (see [`GroupedTensor::unpack`]).
+    unpacked: Vec<u32>,
     /// The store's progress, for a tensor taken out of it (whose pages go once it is read).
     taken: Option<Arc<Progress>>,
 }
@@ -382,14 +457,23 @@ impl MatrixRows {
             out.iter_mut().for_each(|v| *v = (rng.next_f64() as f32 * 2.0 - 1.0) * scale);
             return;
         }
-        let bytes = self.stored_row(row);
         match self.entry.stored {
-            Stored::Ggml(kind) => ggml::dequantize_row(kind, bytes, out),
+            Stored::Ggml(kind) => ggml::dequantize_row(kind, self.stored_row(row), out),
             Stored::Int8 => {
                 let scale = self.scales[row];
-                out.iter_mut().zip(bytes).for_each(|(o, &q)| *o = q as i8 as f32 * scale);
+                out.iter_mut().zip(self.stored_row(row)).for_each(|(o, &q)| *o = q as i8 as f32 * scale);
             }
+            Stored::Grouped(_) => self.groups().read_f32(self.unpacked_row(row), row, out),
         }
+    }
+
+    fn groups(&self) -> &GroupedTensor {
+        self.entry.groups.as_deref().expect("a grouped tensor has its groups")
+    }
+
+    fn unpacked_row(&self, row: usize) -> &[u32] {
+        let words = self.groups().row_words();
+        &self.unpacked[row * words..(row + 1) * words]
     }
 
     /// The whole tensor as float32.
@@ -410,12 +494,17 @@ impl MatrixRows {
         }
     }
 
-    /// Row `row`'s 4-bit blocks into `out` (see [`ggml::int4_blocks`]), if the tensor is stored
-    /// in a type with an [`Stored::int4_offset`].
+    /// Row `row`'s 4-bit blocks into `out` (see [`ggml::int4_blocks`], [`GroupedTensor::read_q4`]),
+    /// if the tensor is stored in a type with an [`Stored::int4_offset`] (grouped ones: in the
+    /// form with minimums).
     pub fn read_q4(&self, row: usize, out: &mut Int4Row, offset: Int4Offset) -> bool {
         match self.stored() {
             Stored::Ggml(kind) if kind.int4_offset().is_some() => {
                 ggml::int4_blocks(kind, self.stored_row(row), out, offset);
+                true
+            }
+            Stored::Grouped(kind) if kind.whole_blocks && offset == Int4Offset::Min => {
+                self.groups().read_q4(self.unpacked_row(row), row, out);
                 true
             }
             _ => false,
@@ -442,11 +531,13 @@ impl MatrixRows {
 impl Drop for MatrixRows {
     fn drop(&mut self) {
         let Some(progress) = &self.taken else { return };
-        let bytes = self.entry.bytes();
         if let Source::Mapped(file) = &*self.source {
-            file.release(bytes.clone());
+            file.release(self.entry.bytes());
         }
-        progress.advance(bytes.len());
+        if let Some(groups) = &self.entry.groups {
+            groups.release();
+        }
+        progress.advance(self.entry.byte_len());
     }
 }
 

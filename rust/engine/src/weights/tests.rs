@@ -1,4 +1,5 @@
 use super::*;
+use rsgl_kernels::packed::{f16_to_f32, f32_to_f16};
 use serde_json::{json, Map};
 
 /// A file under the temp dir, removed on drop.
@@ -200,4 +201,194 @@ fn in_memory_tensors_read_like_mapped_ones() {
     w.read_f32(1, &mut row);
     assert_eq!(row, [4.0, 5.0, 6.0]);
     assert!(store.is_empty());
+}
+
+/// A 4-bit layer quantized in groups, as a checkpoint would hold it before packing: quants
+/// `[out][in]`, zero points and f16 scales `[groups][out]`, and each input's group.
+struct GroupedLayerValues {
+    rows: usize,
+    cols: usize,
+    q: Vec<Vec<u8>>,
+    zeros: Vec<Vec<u8>>,
+    scales: Vec<Vec<u16>>,
+    g_idx: Vec<usize>,
+}
+
+impl GroupedLayerValues {
+    /// Arbitrary values; zero points in 1..=16 for GPTQ v1 (stored minus one), else 0..=15.
+    /// `act_order` scatters the inputs over the groups as GPTQ's desc_act does.
+    fn new(rows: usize, cols: usize, group_size: usize, packing: Int4Packing, act_order: bool) -> GroupedLayerValues {
+        let mut state = (rows * 31 + cols) as u64;
+        let mut next = move |n: u64| {
+            state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((state >> 33) % n) as u8
+        };
+        let groups = cols.div_ceil(group_size);
+        let zero_base = if packing == Int4Packing::Gptq { 1 } else { 0 };
+        let q = (0..rows).map(|_| (0..cols).map(|_| next(16)).collect()).collect();
+        let zeros = (0..groups).map(|_| (0..rows).map(|_| zero_base + next(16)).collect()).collect();
+        let scales = (0..groups).map(|_| (0..rows).map(|_| f32_to_f16(0.001 + next(200) as f32 * 0.0005)).collect()).collect();
+        let g_idx = (0..cols).map(|i| if act_order { (i * 7 + 3) % cols / group_size } else { i / group_size }).collect();
+        GroupedLayerValues { rows, cols, q, zeros, scales, g_idx }
+    }
+
+    fn value(&self, o: usize, i: usize) -> f32 {
+        let g = self.g_idx[i];
+        (self.q[o][i] as f32 - self.zeros[g][o] as f32) * f16_to_f32(self.scales[g][o])
+    }
+
+    /// Eight nibbles into a little-endian int32's bytes, nibble `n` from `nibble(n)`.
+    fn word(nibble: impl Fn(usize) -> u8) -> [u8; 4] {
+        (0..8).fold(0u32, |w, n| w | ((nibble(n) & 0x0f) as u32) << (4 * n)).to_le_bytes()
+    }
+
+    /// `(suffix, dtype, shape, bytes)` of the checkpoint's tensors in `packing`.
+    fn packed(&self, packing: Int4Packing) -> Vec<(&'static str, &'static str, Vec<usize>, Vec<u8>)> {
+        const AWQ_ORDER: [usize; 8] = [0, 2, 4, 6, 1, 3, 5, 7];
+        let (rows, cols, groups) = (self.rows, self.cols, self.zeros.len());
+        let zero_offset = if packing == Int4Packing::Gptq { 1 } else { 0 };
+        let output = |j: usize, n: usize| if packing == Int4Packing::Awq { 8 * j + AWQ_ORDER[n] } else { 8 * j + n };
+        let qzeros = (0..groups).flat_map(|g| (0..rows / 8).flat_map(move |j| Self::word(|n| self.zeros[g][output(j, n)] - zero_offset))).collect();
+        let scales = self.scales.iter().flat_map(|row| row.iter().flat_map(|s| s.to_le_bytes())).collect();
+        let (qweight_shape, qweight) = match packing {
+            Int4Packing::Awq => {
+                (vec![cols, rows / 8], (0..cols).flat_map(|i| (0..rows / 8).flat_map(move |j| Self::word(|n| self.q[output(j, n)][i]))).collect())
+            }
+            _ => (vec![cols / 8, rows], (0..cols / 8).flat_map(|r| (0..rows).flat_map(move |o| Self::word(|k| self.q[o][8 * r + k]))).collect()),
+        };
+        let mut tensors =
+            vec![("qweight", "I32", qweight_shape, qweight), ("qzeros", "I32", vec![groups, rows / 8], qzeros), ("scales", "F16", vec![groups, rows], scales)];
+        if packing != Int4Packing::Awq {
+            tensors.push(("g_idx", "I32", vec![cols], le_bytes(&self.g_idx.iter().map(|&g| g as i32).collect::<Vec<_>>(), i32::to_le_bytes)));
+        }
+        tensors
+    }
+}
+
+/// Each row read as floats is the scalar dequantization `(q - zero) * scale`, exactly; as 4-bit
+/// blocks (where groups are runs of whole blocks) it holds the same quants with `d = scale`,
+/// `m = -scale * zero` in f16, and packs for the W4A8 kernels into those values.
+#[test]
+fn grouped_int4_layers_read_as_their_dequantized_values() {
+    use rsgl_kernels::int4::{Int4Weights, QBLOCK};
+    use rsgl_kernels::ThreadPool;
+    let cases = [
+        // (packing, out, in, group size (None: all inputs), act-order); out = 40 is 2.5 panels of 16.
+        (Int4Packing::Awq, 48, 64, Some(32), false),
+        (Int4Packing::Awq, 40, 256, Some(128), false),
+        (Int4Packing::Gptq, 40, 256, Some(128), false),
+        (Int4Packing::Gptq, 24, 64, Some(32), true),
+        (Int4Packing::Gptq, 16, 96, None, false),
+        (Int4Packing::GptqV2, 8, 64, Some(32), false),
+    ];
+    for (packing, rows, cols, group_size, act_order) in cases {
+        let what = format!("{packing:?} [{rows}, {cols}] groups of {group_size:?}{}", if act_order { ", act-order" } else { "" });
+        let layer = GroupedLayerValues::new(rows, cols, group_size.unwrap_or(cols), packing, act_order);
+        let tensors = layer.packed(packing);
+        // The qweight in one shard, the rest in another: a layer may straddle shards.
+        let names: Vec<String> = tensors.iter().map(|(suffix, ..)| format!("model.layers.0.mlp.down_proj.{suffix}")).collect();
+        let shard = |range: std::ops::Range<usize>| {
+            safetensors(&range.map(|t| (names[t].as_str(), tensors[t].1, tensors[t].2.clone(), tensors[t].3.clone())).collect::<Vec<_>>())
+        };
+        let files = [TempFile::new("grouped-1.safetensors", &shard(0..1)), TempFile::new("grouped-2.safetensors", &shard(1..tensors.len()))];
+        let paths: Vec<PathBuf> = files.iter().map(|f| f.0.clone()).collect();
+        let mut store = WeightStore::open_int4_safetensors(&paths, Int4Checkpoint { packing, group_size }).unwrap();
+        let name = "model.layers.0.mlp.down_proj.weight";
+        assert_eq!(store.names(), [name], "{what}");
+        assert_eq!(store.shape(name), Some(&[rows, cols][..]), "{what}");
+        let stored = store.stored(name).unwrap();
+        let kind_name = match (packing, act_order) {
+            (_, true) => "GPTQ_ACT_ORDER",
+            (Int4Packing::Awq, false) => "AWQ",
+            _ => "GPTQ",
+        };
+        assert_eq!(stored.name(), kind_name, "{what}");
+        assert_eq!(stored.int4_offset(), (!act_order).then_some(Int4Offset::Min), "{what}");
+
+        let want: Vec<f32> = (0..rows).flat_map(|o| (0..cols).map(move |i| (o, i))).map(|(o, i)| layer.value(o, i)).collect();
+        assert_eq!(store.read(name).unwrap(), want, "{what}: read");
+        let matrix = store.take_matrix(name, rows, cols).unwrap();
+        let mut row = vec![0.0; cols];
+        let mut blocks = Int4Row::new(cols);
+        for o in 0..rows {
+            matrix.read_f32(o, &mut row);
+            assert_eq!(row, want[o * cols..(o + 1) * cols], "{what}: row {o}");
+            assert_eq!(matrix.read_q4(o, &mut blocks, Int4Offset::Min), !act_order, "{what}: act-order rows are floats only");
+            if act_order {
+                continue;
+            }
+            for b in 0..cols / QBLOCK {
+                let g = layer.g_idx[b * QBLOCK];
+                let (scale, zero) = (layer.scales[g][o], layer.zeros[g][o]);
+                assert_eq!((blocks.scales[b], blocks.mins[b]), (scale, f32_to_f16(-f16_to_f32(scale) * zero as f32)), "{what}: row {o} block {b}");
+                for j in 0..QBLOCK {
+                    let q = (blocks.nibbles[b * 16 + j % 16] >> (4 * (j / 16))) & 0x0f;
+                    assert_eq!(q, layer.q[o][b * QBLOCK + j], "{what}: row {o} input {}", b * QBLOCK + j);
+                }
+            }
+        }
+        if !act_order {
+            let packed =
+                Int4Weights::pack_rows(rows, cols, Int4Offset::Min, &ThreadPool::new(2, false), &|o, out| assert!(matrix.read_q4(o, out, Int4Offset::Min)));
+            for o in 0..rows {
+                for (i, (got, want)) in packed.row(o).iter().zip(&want[o * cols..]).enumerate() {
+                    // Only the minimum's rounding to f16 (2^-11 of scale * zero) separates them.
+                    let tol = (f16_to_f32(layer.scales[layer.g_idx[i]][o]) * 16.0) / 2048.0;
+                    assert!((got - want).abs() <= tol, "{what}: packed row {o} input {i}: {got} vs {want}");
+                }
+            }
+        }
+        drop(matrix);
+        assert!(store.is_empty());
+    }
+}
+
+#[test]
+fn broken_grouped_int4_layers_name_the_tensor() {
+    let layer = GroupedLayerValues::new(16, 64, 32, Int4Packing::Gptq, false);
+    let tensors = layer.packed(Int4Packing::Gptq);
+    let gptq = Int4Checkpoint { packing: Int4Packing::Gptq, group_size: Some(32) };
+    let open = |file_name: &str, keep: &dyn Fn(&str) -> bool, checkpoint: Int4Checkpoint| {
+        let kept: Vec<(String, &str, Vec<usize>, Vec<u8>)> = tensors
+            .iter()
+            .filter(|(suffix, ..)| keep(suffix))
+            .map(|(suffix, dtype, shape, bytes)| (format!("l.{suffix}"), *dtype, shape.clone(), bytes.clone()))
+            .collect();
+        let kept: Vec<(&str, &str, Vec<usize>, Vec<u8>)> = kept.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.clone(), b.clone())).collect();
+        let file = TempFile::new(file_name, &safetensors(&kept));
+        error_text(WeightStore::open_int4_safetensors(std::slice::from_ref(&file.0), checkpoint))
+    };
+    let text = open("no-zeros.safetensors", &|suffix| suffix != "qzeros", gptq);
+    assert!(text.contains("no-zeros.safetensors: l.qweight has no l.qzeros beside it") && text.contains("download it again"), "{text}");
+    let text = open("no-qweight.safetensors", &|suffix| suffix != "qweight", gptq);
+    assert!(text.contains("l.qzeros has no l.qweight beside it"), "{text}");
+    let text = open("group-64.safetensors", &|_| true, Int4Checkpoint { packing: Int4Packing::Gptq, group_size: Some(64) });
+    assert!(text.contains("do not make a 4-bit GPTQ layer in groups of 64 inputs") && text.contains("quantization_config"), "{text}");
+    let text = open("awq-g-idx.safetensors", &|_| true, Int4Checkpoint { packing: Int4Packing::Awq, group_size: Some(32) });
+    assert!(text.contains("l.g_idx is GPTQ's, but config.json says the checkpoint is AWQ"), "{text}");
+    // Without the checkpoint's quantization, the int32 tensors are not weights rsgl reads.
+    let file = TempFile::new("unnamed.safetensors", &safetensors(&[("l.qweight", "I32", vec![8, 16], vec![0; 512])]));
+    let text = error_text(WeightStore::open_safetensors(std::slice::from_ref(&file.0)));
+    assert!(text.contains("tensor l.qweight is stored as I32") && text.contains("AWQ and GPTQ"), "{text}");
+}
+
+#[test]
+fn w4a8_checkpoints_list_their_byte_rows_as_q4_1_tensors() {
+    // Two rows of two Q4_1 blocks: d = 0.5 and m = -1 for every block, q = input index mod 16.
+    let block = |_: usize| [f32_to_f16(0.5).to_le_bytes(), f32_to_f16(-1.0).to_le_bytes()].concat().into_iter().chain((0..16u8).map(|j| j | (j << 4)));
+    let rows: Vec<u8> = (0..4).flat_map(block).collect();
+    let norm = le_bytes(&[1.0f32; 2], f32::to_le_bytes);
+    let file = TempFile::new("w4a8.safetensors", &safetensors(&[("w.weight", "U8", vec![2, 40], rows.clone()), ("n.weight", "F32", vec![2], norm)]));
+    let mut store = WeightStore::open_q4_1_safetensors(std::slice::from_ref(&file.0)).unwrap();
+    assert_eq!(store.stored("w.weight"), Some(Stored::Ggml(GgmlType::Q4_1)));
+    let matrix = store.take_matrix("w.weight", 2, 64).unwrap();
+    let mut values = vec![0.0; 64];
+    matrix.read_f32(1, &mut values);
+    assert!(values.iter().enumerate().all(|(i, &v)| v == 0.5 * (i % 16) as f32 - 1.0), "{values:?}");
+    assert!(matrix.read_q4(0, &mut Int4Row::new(64), Int4Offset::Min));
+    assert_eq!(store.take("n.weight", &[2]).unwrap(), vec![1.0; 2]);
+
+    let broken = TempFile::new("w4a8-broken.safetensors", &safetensors(&[("w.weight", "U8", vec![2, 39], rows[..78].to_vec())]));
+    let text = error_text(WeightStore::open_q4_1_safetensors(std::slice::from_ref(&broken.0)));
+    assert!(text.contains("w.weight") && text.contains("Q4_1"), "{text}");
 }
