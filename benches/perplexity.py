@@ -2,8 +2,8 @@
 much a quantization scheme (rsgl running a file's 4-bit blocks on its W4A8 kernels, or its
 `w4a8` conversion) costs in accuracy, against llama.cpp running the same file.
 
-    python benches/perplexity.py [--model PATH.gguf] [--text FILE] [--window 512]
-                                 [--rsgl-quantization gguf|w4a8|none] [--skip-llamacpp]
+    python benches/perplexity.py [--model PATH.gguf|FOLDER] [--text FILE] [--window 512]
+                                 [--rsgl-quantization gguf|w4a8|none|auto] [--skip-llamacpp]
                                  [--json bench-results/perplexity.json]
 
 The text (default: tests/data/lighthouse_keepers.txt) is tokenized once by rsgl's tokenizer and
@@ -33,15 +33,18 @@ DEFAULT_TEXT = REPO / "tests" / "data" / "lighthouse_keepers.txt"
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=None, help="a GGUF file (default: rsgl's default model)")
+    parser.add_argument(
+        "--model", type=Path, default=None, help="a GGUF file (default: rsgl's default model), or a Hugging Face folder with --skip-llamacpp"
+    )
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="the text to score")
     parser.add_argument("--window", type=int, default=512, help="tokens per window")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument(
         "--rsgl-quantization",
         default="gguf",
-        choices=["gguf", "w4a8", "none"],
-        help="gguf: the file's blocks as they are (default); w4a8: dequantized then quantized at load; none: bfloat16",
+        choices=["gguf", "w4a8", "none", "auto"],
+        help="gguf: the file's blocks as they are (default); w4a8: dequantized then quantized at load; none: bfloat16; "
+        "auto: as the model says (a checkpoint converted by python -m rsgl.quantize: its own quantization)",
     )
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--json", default="bench-results/perplexity.json")
@@ -55,7 +58,7 @@ def windows(ids: list[int], size: int) -> list[list[int]]:
 def rsgl_nll(model: str, chunks: list[list[int]], quantization: str, threads: int) -> list[float]:
     import rsgl
 
-    options = {"dtype": "bfloat16"} if quantization == "none" else {"quantization": quantization}
+    options = {"none": {"dtype": "bfloat16"}, "auto": {}}.get(quantization, {"quantization": quantization})
     if quantization == "w4a8":
         options["dtype"] = "bfloat16"  # dequantize the file's blocks, then quantize them to w4a8
     with rsgl.Engine(model, threads=threads, progress=False, disable_radix_cache=True, **options) as llm:

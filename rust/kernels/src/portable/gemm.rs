@@ -55,6 +55,25 @@ pub fn for_each_tile(m: usize, panels: Range<usize>, max_rows: usize, panels_per
     for_each_tile_in_chunks(m, panels, max_rows, panels_per_tile, 1, 1, |row, rows, panel, np, _| tile(row, rows, panel, np));
 }
 
+/// Runs `body` with `r` = 0, ..., R - 1 (R a const of at most 8) as straight-line code, so each
+/// row index is a constant and a tile's per-row accumulators stay in registers: LLVM does not
+/// unroll a loop over 8 rows of a block tile and keeps its accumulator array on the stack (with
+/// the 8-bit block tiles it then spills their weights too). A macro, not a function taking a
+/// closure: closures do not inherit `#[target_feature]`, so the intrinsics in one would not inline.
+macro_rules! for_each_row {
+    ($rows:expr, |$r:ident| $body:block) => {{
+        const { assert!($rows <= 8, "for_each_row unrolls at most 8 rows") };
+        for_each_row!(@each $rows, $r, $body, 0 1 2 3 4 5 6 7);
+    }};
+    (@each $rows:expr, $r:ident, $body:block, $($n:literal)*) => {{
+        $(if $n < $rows {
+            let $r: usize = $n;
+            $body
+        })*
+    }};
+}
+pub(crate) use for_each_row;
+
 /// [`for_each_tile`] for the block-quantized GEMMs, with the inner dimension cut into chunks of
 /// `chunk` blocks: `tile(first_row, rows, first_panel, panels, blocks)` runs every row tile of a
 /// panel over one chunk before the next chunk, so the chunk of weights stays in L1 while the

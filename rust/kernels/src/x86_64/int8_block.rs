@@ -11,7 +11,7 @@
 use super::int4::{block_tiles, chunk_blocks, group, prefetch_ahead, vnni_tiles, Tile};
 use crate::int4::QuantizedBlocks;
 use crate::int8_block::{Int8BlockWeights, QUANT_BYTES, RECORD_BYTES};
-use crate::portable::gemm::for_each_tile_in_chunks;
+use crate::portable::gemm::{for_each_row, for_each_tile_in_chunks};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -25,17 +25,17 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool>(t: &Til
             prefetch_ahead(rec, RECORD_BYTES);
             let w: [__m512i; 8] = std::array::from_fn(|g| _mm512_loadu_si512(rec.add(64 * g) as *const _));
             let d: [__m512; 2] = std::array::from_fn(|h| _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(QUANT_BYTES + 32 * h) as *const _)));
-            for (r, acc) in acc.iter_mut().enumerate() {
+            for_each_row!(R, |r| {
                 let (x, dx, sums) = t.x_block(r, b);
                 for h in 0..2 {
-                    let mut s = _mm512_setzero_si512();
+                    // The quants' offset comes off first: integer sums, so the order is free.
+                    let mut s = _mm512_set1_epi32(-offset * sums[h]);
                     for g in 4 * h..4 * h + 4 {
                         s = _mm512_dpbusd_epi32(s, w[g], _mm512_set1_epi32(group(x, g)));
                     }
-                    let s = _mm512_sub_epi32(s, _mm512_set1_epi32(offset * sums[h]));
-                    acc[p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d[h], _mm512_set1_ps(dx)), acc[p]);
+                    acc[r][p] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(d[h], _mm512_set1_ps(dx)), acc[r][p]);
                 }
-            }
+            });
         }
     }
     for (r, acc) in acc.iter().enumerate() {
@@ -56,7 +56,7 @@ unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool>(t: &Til
             for half in 0..2 {
                 let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset));
                 let d: [__m256; 2] = std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * h + 16 * half) as *const _)));
-                for (r, acc) in acc.iter_mut().enumerate() {
+                for_each_row!(R, |r| {
                     let (x, dx, _) = t.x_block(r, b);
                     for (h, d) in d.iter().enumerate() {
                         let mut s = _mm256_setzero_si256();
@@ -65,9 +65,9 @@ unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool>(t: &Til
                             let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xg), _mm256_sign_epi8(w[g], xg));
                             s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
                         }
-                        acc[p][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(*d, _mm256_set1_ps(dx)), acc[p][half]);
+                        acc[r][p][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(*d, _mm256_set1_ps(dx)), acc[r][p][half]);
                     }
-                }
+                });
             }
         }
     }
