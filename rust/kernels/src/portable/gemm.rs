@@ -60,6 +60,8 @@ pub fn for_each_tile(m: usize, panels: Range<usize>, max_rows: usize, panels_per
 /// unroll a loop over 8 rows of a block tile and keeps its accumulator array on the stack (with
 /// the 8-bit block tiles it then spills their weights too). A macro, not a function taking a
 /// closure: closures do not inherit `#[target_feature]`, so the intrinsics in one would not inline.
+/// (x86_64's 8-bit block tiles use it; aarch64's tiles are at most 4 rows or paired by SMMLA.)
+#[cfg(target_arch = "x86_64")]
 macro_rules! for_each_row {
     ($rows:expr, |$r:ident| $body:block) => {{
         const { assert!($rows <= 8, "for_each_row unrolls at most 8 rows") };
@@ -72,6 +74,7 @@ macro_rules! for_each_row {
         })*
     }};
 }
+#[cfg(target_arch = "x86_64")]
 pub(crate) use for_each_row;
 
 /// [`for_each_tile`] for the block-quantized GEMMs, with the inner dimension cut into chunks of
