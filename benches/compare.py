@@ -134,6 +134,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--as-stored-only", action="store_true", help="with a quantized --model GGUF: only rsgl and llama.cpp running it as it is")
     parser.add_argument("--transformers", action="store_true", help="with --model: also transformers (float32 and bfloat16)")
     parser.add_argument(
+        "--activation-bits-16", action="store_true", help="with a quantized GGUF: also rsgl running it with 16-bit activations (activation_bits=16)"
+    )
+    parser.add_argument(
         "--llama-cpp-python",
         type=Path,
         default=None,
@@ -222,7 +225,9 @@ def with_peak_rss(fn: Callable[..., dict], *args) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def measure_rsgl(model: str | None, dtype: str, threads: int, prompts: Prompts, work: Workload, probe: Probe, quantization: str | None = None) -> dict:
+def measure_rsgl(
+    model: str | None, dtype: str, threads: int, prompts: Prompts, work: Workload, probe: Probe, quantization: str | None = None, activation_bits: int = 8
+) -> dict:
     import rsgl
 
     # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
@@ -231,7 +236,9 @@ def measure_rsgl(model: str | None, dtype: str, threads: int, prompts: Prompts, 
     precision = {"quantization": quantization, "quantize_lm_head": True} if quantization else {}
     kv_cache_dtype = "float32" if dtype == "float32" else "bfloat16"
     started = time.perf_counter()
-    with rsgl.Engine(model, dtype=dtype, threads=threads, kv_cache_dtype=kv_cache_dtype, disable_radix_cache=True, progress=False, **precision) as llm:
+    with rsgl.Engine(
+        model, dtype=dtype, threads=threads, kv_cache_dtype=kv_cache_dtype, activation_bits=activation_bits, disable_radix_cache=True, progress=False, **precision
+    ) as llm:
         load_s = time.perf_counter() - started
 
         def generate(batch: list[list[int]], new_tokens: int) -> None:
@@ -241,7 +248,8 @@ def measure_rsgl(model: str | None, dtype: str, threads: int, prompts: Prompts, 
 
         result = measure(generate, prompts, work, probe)
         info = llm.get_server_info()
-    return {**result, "load_s": load_s, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in ("kernels", "int8_kernels", "threads", "dtype", "quantization") if k in info}}}
+    kept = ("kernels", "int8_kernels", "threads", "dtype", "quantization", "activation_bits")
+    return {**result, "load_s": load_s, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in kept if k in info}}}
 
 
 def measure_transformers(dtype: str, threads: int, model_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:
@@ -512,8 +520,10 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
     file_type = gguf_file_type(model) if model.is_file() else None
     if file_type not in (None, "F16", "BF16", "ALL_F32"):
         # A quantized file, run as it is (dtype auto), as llama.cpp runs it.
-        measure_one = partial(warm_then, model, measure_rsgl, str(model), "auto", t, prompts, work, probe)
-        runs.append((Row("rsgl", file_type, gguf_linear_bytes(model, config, packed_by_rsgl=True)), measure_one))
+        packed_bytes = gguf_linear_bytes(model, config, packed_by_rsgl=True)
+        for bits in (8, 16) if args.activation_bits_16 else (8,):
+            measure_one = partial(warm_then, model, measure_rsgl, str(model), "auto", t, prompts, work, probe, None, bits)
+            runs.append((Row("rsgl", file_type if bits == 8 else f"{file_type} a16", packed_bytes), measure_one))
     if args.transformers if args.model else not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
             measure_one = partial(warm_then, model, measure_transformers, dtype, t, str(model), prompts, work, probe)

@@ -1,6 +1,7 @@
 """Greedy answers to simple factual questions from a model run as its file stores it (a 4-bit GGUF
-on rsgl's W4A8 kernels) and dequantized to bfloat16: a question the 16-bit model answers right
-should stay right. Every question is reported, right or wrong in either, beside llama.cpp's
+on rsgl's W4A8 kernels, with 8-bit activations, the default, and with 16-bit ones,
+`activation_bits=16`) and dequantized to bfloat16: a question the 16-bit model answers right
+should stay right. Every question is reported, right or wrong in each, beside llama.cpp's
 answer from the same file (which quantizes activations to 8 bits for its 4-bit dot products too).
 
     python benches/factual_questions.py [--model PATH.gguf] [--skip-llamacpp] [--json bench-results/factual.json]
@@ -54,11 +55,11 @@ QUESTIONS = [
 NEW_TOKENS = 48
 
 
-def answers(model: str | None, dtype: str) -> tuple[list[list[int]], list[str]]:
+def answers(model: str | None, dtype: str, activation_bits: int = 8) -> tuple[list[list[int]], list[str]]:
     """rsgl's prompt ids and answers."""
     import rsgl
 
-    with rsgl.Engine(model, dtype=dtype, threads=2, progress=False) as llm:
+    with rsgl.Engine(model, dtype=dtype, activation_bits=activation_bits, threads=2, progress=False) as llm:
         prompts = [llm.encode(llm.apply_chat_template([{"role": "user", "content": q}])) for q, _ in QUESTIONS]
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
         return prompts, [out["text"] for out in llm.generate(input_ids=prompts, sampling_params=params)]
@@ -131,25 +132,29 @@ def main() -> None:
     model_path = args.model or str(default_model_path())
     loaded = load_model(model_path, progress=False)
     prompts, stored = isolated(answers, model_path, "auto")
+    _, stored_16 = isolated(answers, model_path, "auto", 16)
     _, bf16 = isolated(answers, model_path, "bfloat16")
     llama = [None] * len(QUESTIONS)
     if not args.skip_llamacpp:
         llama = [loaded.tokenizer.decode(ids) for ids in isolated(llamacpp_answers, model_path, prompts, loaded.eos_token_ids)]
+    keys = ("bf16", "as_stored", "as_stored_16", "llama_cpp")
     rows = []
-    for (question, expected), a_stored, a_bf16, a_llama in zip(QUESTIONS, stored, bf16, llama):
-        row = {"question": question, "expected": expected, "bf16": a_bf16, "as_stored": a_stored, "llama_cpp": a_llama}
-        row.update({f"{key}_right": right(row[key], expected) for key in ("bf16", "as_stored", "llama_cpp") if row[key] is not None})
+    for (question, expected), *found in zip(QUESTIONS, bf16, stored, stored_16, llama):
+        row = {"question": question, "expected": expected, **dict(zip(keys, found))}
+        row.update({f"{key}_right": right(row[key], expected) for key in keys if row[key] is not None})
         rows.append(row)
-        marks = " | ".join(f"{verdict(row[f'{key}_right']):>5} {key}" for key in ("bf16", "as_stored", "llama_cpp") if f"{key}_right" in row)
+        marks = " | ".join(f"{verdict(row[f'{key}_right']):>5} {key}" for key in keys if f"{key}_right" in row)
         print(f"{marks} | {question}")
-        for key in ("bf16", "as_stored", "llama_cpp"):
+        for key in keys:
             if row[key] is not None:
-                print(f"      {key + ':':<11}{row[key].strip()[:100]!r}")
-    counts = {key: sum(r[f"{key}_right"] for r in rows) for key in ("bf16", "as_stored", "llama_cpp") if f"{key}_right" in rows[0]}
-    lost = [r["question"] for r in rows if r["bf16_right"] and not r["as_stored_right"]]
-    print(", ".join(f"{key} right {n}/{len(rows)}" for key, n in counts.items()) + f"; right in bf16, wrong as stored: {lost}")
+                print(f"      {key + ':':<14}{row[key].strip()[:100]!r}")
+    counts = {key: sum(r[f"{key}_right"] for r in rows) for key in keys if f"{key}_right" in rows[0]}
+    lost = {key: [r["question"] for r in rows if r["bf16_right"] and not r[f"{key}_right"]] for key in keys[1:] if key in counts}
+    print(", ".join(f"{key} right {n}/{len(rows)}" for key, n in counts.items()))
+    for key, questions in lost.items():
+        print(f"right in bf16, wrong in {key}: {questions}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    report = {"bench": "factual_questions", "model": model_path, "right": counts, "lost_as_stored": lost, "questions": rows}
+    report = {"bench": "factual_questions", "model": model_path, "right": counts, "lost": lost, "questions": rows}
     Path(args.json).write_text(json.dumps(report, indent=2))
     print(f"wrote {args.json}", file=sys.stderr)
 

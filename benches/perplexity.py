@@ -3,7 +3,8 @@ much a quantization scheme (rsgl running a file's 4-bit blocks on its W4A8 kerne
 `w4a8` conversion) costs in accuracy, against llama.cpp running the same file.
 
     python benches/perplexity.py [--model PATH.gguf|FOLDER] [--text FILE] [--window 512]
-                                 [--rsgl-quantization gguf|w4a8|none|auto] [--skip-llamacpp]
+                                 [--rsgl-quantization gguf|w4a8|none|auto] [--activation-bits 8|16]
+                                 [--skip-llamacpp]
                                  [--json bench-results/perplexity.json]
 
 The text (default: tests/data/lighthouse_keepers.txt) is tokenized once by rsgl's tokenizer and
@@ -46,6 +47,7 @@ def parse_args() -> argparse.Namespace:
         help="gguf: the file's blocks as they are (default); w4a8: dequantized then quantized at load; none: bfloat16; "
         "auto: as the model says (a checkpoint converted by python -m rsgl.quantize: its own quantization)",
     )
+    parser.add_argument("--activation-bits", type=int, default=8, choices=[8, 16], help="rsgl's activations of quantized layers")
     parser.add_argument("--skip-llamacpp", action="store_true")
     parser.add_argument("--json", default="bench-results/perplexity.json")
     return parser.parse_args()
@@ -55,10 +57,11 @@ def windows(ids: list[int], size: int) -> list[list[int]]:
     return [ids[i : i + size] for i in range(0, len(ids) - 1, size) if len(ids[i : i + size]) > 1]
 
 
-def rsgl_nll(model: str, chunks: list[list[int]], quantization: str, threads: int) -> list[float]:
+def rsgl_nll(model: str, chunks: list[list[int]], quantization: str, activation_bits: int, threads: int) -> list[float]:
     import rsgl
 
     options = {"none": {"dtype": "bfloat16"}, "auto": {}}.get(quantization, {"quantization": quantization})
+    options["activation_bits"] = activation_bits
     if quantization == "w4a8":
         options["dtype"] = "bfloat16"  # dequantize the file's blocks, then quantize them to w4a8
     with rsgl.Engine(model, threads=threads, progress=False, disable_radix_cache=True, **options) as llm:
@@ -124,8 +127,8 @@ def main() -> None:
     scored = sum(len(c) - 1 for c in chunks)
     print(f"{len(ids)} tokens, {len(chunks)} windows of up to {args.window}, {scored} scored", file=sys.stderr)
     results = {}
-    label = f"rsgl ({args.rsgl_quantization})"
-    results[label] = isolated(rsgl_nll, model, chunks, args.rsgl_quantization, args.threads)
+    label = f"rsgl ({args.rsgl_quantization}{', 16-bit activations' if args.activation_bits == 16 else ''})"
+    results[label] = isolated(rsgl_nll, model, chunks, args.rsgl_quantization, args.activation_bits, args.threads)
     if not args.skip_llamacpp:
         results["llama.cpp"] = isolated(llamacpp_nll, model, chunks, args.threads)
     report = {"bench": "perplexity", "model": model, "text": str(args.text), "window": args.window, "scored_tokens": scored, "results": {}}

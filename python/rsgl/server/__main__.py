@@ -36,6 +36,12 @@ ENGINE_OPTIONS = {
         "files and 4-bit AWQ / GPTQ checkpoints): their weights as they are stored",
     },
     "--quantize-lm-head": {"action": "store_true", "default": None, "help": "with --quantization, quantize the lm_head too"},
+    "--activation-bits": {
+        "type": int,
+        "choices": [8, 16],
+        "help": "activations of 4-bit and 8-bit quantized layers: 8 (int8 per group of 32, as llama.cpp; default) "
+        "or 16 (int8 plus its rounding residual: closer to float answers, slower prefill)",
+    },
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
     "--disable-jump-forward": {"action": "store_true", "default": None, "help": "sample every token of constrained output, even forced text"},

@@ -71,11 +71,13 @@ fn random_weights(cfg: &ModelConfig, rng: &mut Rng) -> Result<WeightStore, Strin
     Ok(store)
 }
 
-/// How the engine holds the weights: `--dtype`, `--quantization`, `--quantize-lm-head 1`.
+/// How the engine holds the weights: `--dtype`, `--quantization`, `--quantize-lm-head 1`,
+/// `--activation-bits 16`.
 struct Precision {
     dtype: String,
     quantization: Option<String>,
     quantize_lm_head: bool,
+    activation_bits: usize,
     kv_cache_dtype: String,
 }
 
@@ -85,7 +87,8 @@ impl Precision {
             None => self.dtype.clone(),
             Some(q) => format!("{q} ({} lm_head)", if self.quantize_lm_head { "int8".to_string() } else { self.dtype.clone() }),
         };
-        format!("{weights}, KV cache {}", self.kv_cache_dtype)
+        let activations = if self.activation_bits == 16 { ", 16-bit block activations" } else { "" };
+        format!("{weights}{activations}, KV cache {}", self.kv_cache_dtype)
     }
 }
 
@@ -104,6 +107,7 @@ fn engine_options(len: Lengths, max_batch: usize, threads: usize, precision: &Pr
         "dtype": precision.dtype,
         "quantization": precision.quantization,
         "quantize_lm_head": precision.quantize_lm_head,
+        "activation_bits": precision.activation_bits,
         "page_size": PAGE_SIZE,
         "kv_cache_dtype": precision.kv_cache_dtype,
         "context_length": len.prompt + len.generated,
@@ -272,6 +276,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
         dtype: args.string("dtype").unwrap_or_else(|| "float32".into()),
         quantization: args.string("quantization"),
         quantize_lm_head: args.string("quantize-lm-head").is_some_and(|v| v == "1" || v == "true"),
+        activation_bits: args.usize_or("activation-bits", 8)?,
         kv_cache_dtype: args.string("kv-cache-dtype").unwrap_or_else(|| "float32".into()),
     };
     let json_path = args.string("json");

@@ -8,11 +8,11 @@
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
-use rsgl_kernels::int4::{Int4Offset, Int4Weights, QuantizedBlocks};
+use rsgl_kernels::int4::{Int4Offset, Int4Weights};
 use rsgl_kernels::int8_block::Int8BlockWeights;
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::{
-    kernels, linear, linear_i8, linear_q4, linear_q8, AttentionTask, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle,
+    kernels, linear, linear_i8, linear_q4, linear_q8, AttentionTask, BlockActivations, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle,
     ThreadPool, WeightDtype,
 };
 use serde_json::{json, Value};
@@ -232,14 +232,14 @@ impl Op {
                 }
             }
             (Op::GemmQ4 { m, n, .. }, Operand::Int4(w)) => {
-                let (mut out, mut rows) = (vec![0.0; m * n], QuantizedBlocks::default());
+                let (mut out, mut rows) = (vec![0.0; m * n], BlockActivations::default());
                 for _ in 0..iters {
                     linear_q4(kern, pool, black_box(x), w, None, &mut out, &mut rows);
                     black_box(&mut out);
                 }
             }
             (Op::GemmQ8 { m, n, .. }, Operand::Int8Blocks(w)) => {
-                let (mut out, mut rows) = (vec![0.0; m * n], QuantizedBlocks::default());
+                let (mut out, mut rows) = (vec![0.0; m * n], BlockActivations::default());
                 for _ in 0..iters {
                     linear_q8(kern, pool, black_box(x), w, None, &mut out, &mut rows);
                     black_box(&mut out);

@@ -3,7 +3,7 @@
 
 use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
-use rsgl_kernels::WeightDtype;
+use rsgl_kernels::{ActivationBits, WeightDtype};
 use serde::{Deserialize, Serialize};
 
 const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"];
@@ -211,6 +211,10 @@ pub struct EngineOptions {
     pub quantization: Option<Quantization>,
     /// With `quantization`, quantizes the lm_head too (and a tied embedding with it).
     pub quantize_lm_head: bool,
+    /// Bits of the activations of the 4-bit and 8-bit block layers: 8 (int8 per block, as
+    /// llama.cpp) or 16 (int8 plus its rounding residual: closer to 16-bit floats, prefill
+    /// slower; see `rsgl_kernels::ActivationBits`).
+    pub activation_bits: u8,
     /// Seed of the per-request seeds of requests that give none.
     pub random_seed: u64,
     /// Order of admission: fcfs, lpm or dfs-weight.
@@ -238,6 +242,7 @@ impl Default for EngineOptions {
             dtype: Dtype::Float32,
             quantization: None,
             quantize_lm_head: false,
+            activation_bits: 8,
             random_seed: 0,
             schedule_policy: SchedulePolicy::Fcfs,
             disable_radix_cache: false,
@@ -258,7 +263,19 @@ impl EngineOptions {
         if !(opts.kv_cache_memory_gb > 0.0) {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
         }
+        if ![8, 16].contains(&opts.activation_bits) {
+            return Err(EngineError::InvalidRequest(format!("engine option activation_bits must be 8 or 16, not {}", opts.activation_bits)));
+        }
         Ok(opts)
+    }
+
+    /// How finely the block layers quantize their activations.
+    pub fn activation_bits(&self) -> ActivationBits {
+        if self.activation_bits == 16 {
+            ActivationBits::Sixteen
+        } else {
+            ActivationBits::Eight
+        }
     }
 
     pub fn context_length(&self, cfg: &ModelConfig) -> usize {

@@ -47,6 +47,8 @@ pub struct EngineStats {
     pub dtype: Dtype,
     /// Weight quantization of the linear layers, if any.
     pub quantization: Option<Quantization>,
+    /// Bits of the quantized block layers' activations (8 or 16).
+    pub activation_bits: u8,
     pub running_requests: usize,
     pub waiting_requests: usize,
     pub kv_pages_total: usize,
@@ -157,7 +159,7 @@ impl Engine {
             return Err(invalid("context_length must be at least 1"));
         }
         let threads = if opts.threads == 0 { rsgl_kernels::pool::physical_cores() } else { opts.threads };
-        let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads));
+        let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads), opts.activation_bits());
         let vocab_size = cfg.vocab_size;
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
         let model = LlamaModel::new(cfg, weights, context_length, precision, compute)?;
@@ -170,6 +172,7 @@ impl Engine {
             threads,
             dtype: opts.dtype,
             quantization: opts.quantization,
+            activation_bits: opts.activation_bits,
             kv_pages_total: num_pages,
             kv_pages_free: num_pages,
             radix_cache: !opts.disable_radix_cache,

@@ -246,36 +246,50 @@ impl QuantizedBlocks {
     /// Quantizes `x` (`[m, k]`, `k` whole blocks) in place of what `self` held, on the threads
     /// of `pool` (a prefill's activations are megabytes).
     pub fn quantize(&mut self, x: &[f32], k: usize, pool: &ThreadPool) {
+        self.quantize_rows(x, k, false, pool);
+    }
+
+    /// Quantizes `x` as [`quantize`](Self::quantize) into rows `0..m`, and what that rounding
+    /// left out (each value minus its quant times its scale) into rows `m..2m`: the two rows'
+    /// products with the same weights add up to about 16-bit activations (the residual's scale
+    /// is at most 1/254 of the value's).
+    pub fn quantize_with_residuals(&mut self, x: &[f32], k: usize, pool: &ThreadPool) {
+        self.quantize_rows(x, k, true, pool);
+    }
+
+    fn quantize_rows(&mut self, x: &[f32], k: usize, residuals: bool, pool: &ThreadPool) {
         assert!(k % QBLOCK == 0 && x.len() % k == 0, "quantize: x must be [m, {k}] with whole blocks");
-        self.m = x.len() / k;
+        let m = x.len() / k;
+        let rows = if residuals { 2 * m } else { m };
+        self.m = rows;
         self.k = k;
-        self.q.resize(x.len(), 0);
-        self.scales.resize(x.len() / QBLOCK, 0.0);
-        self.scaled_sums.resize(x.len() / QBLOCK, 0.0);
-        self.half_sums.resize(2 * x.len() / QBLOCK, 0);
+        self.q.resize(rows * k, 0);
+        self.scales.resize(rows * k / QBLOCK, 0.0);
+        self.scaled_sums.resize(rows * k / QBLOCK, 0.0);
+        self.half_sums.resize(2 * rows * k / QBLOCK, 0);
         let blocks = k / QBLOCK;
+        let (values_q, residual_q) = self.q.split_at_mut(m * k);
+        let residual_q = SendPtr(residual_q.as_mut_ptr());
         let (scales, scaled, sums) = (SendPtr(self.scales.as_mut_ptr()), SendPtr(self.scaled_sums.as_mut_ptr()), SendPtr(self.half_sums.as_mut_ptr()));
-        pool.for_chunks_mut(&mut self.q, k, &|i, q| {
-            let (scales, scaled, sums) = (scales, scaled, sums);
+        pool.for_chunks_mut(values_q, k, &|i, q| {
+            let (residual_q, scales, scaled, sums) = (residual_q, scales, scaled, sums);
+            // SAFETY: row `i` owns its `blocks` scales and scaled sums and `2 * blocks` sums,
+            // and with residuals row `m + i`'s quants and the same of its blocks.
+            let write = |at: usize, (scale, [first, second]): (f32, [i32; 2])| unsafe {
+                *scales.0.add(at) = scale;
+                *sums.0.add(2 * at) = first;
+                *sums.0.add(2 * at + 1) = second;
+                *scaled.0.add(at) = (first + second) as f32 * scale;
+            };
             for (b, (values, q)) in x[i * k..(i + 1) * k].chunks_exact(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).enumerate() {
-                // Eight lanes of maxima, so the compiler keeps them in vector registers.
-                let mut lanes = [0f32; 8];
-                for eight in values.chunks_exact(8) {
-                    lanes.iter_mut().zip(eight).for_each(|(m, v)| *m = m.max(v.abs()));
-                }
-                let max = lanes.iter().fold(0f32, |m, &v| m.max(v));
-                let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
-                // A multiply by the inverse, as llama.cpp quantizes its activations, not a divide.
-                let inverse = 1.0 / scale;
-                q.iter_mut().zip(values).for_each(|(q, &v)| *q = round_to_i8(v * inverse));
-                let at = i * blocks + b;
-                // SAFETY: row `i` owns its `blocks` scales and scaled sums, `2 * blocks` sums.
-                unsafe {
-                    *scales.0.add(at) = scale;
-                    let [first, second] = [0, 1].map(|h: usize| q[h * QBLOCK / 2..(h + 1) * QBLOCK / 2].iter().map(|&v| v as i32).sum::<i32>());
-                    *sums.0.add(2 * at) = first;
-                    *sums.0.add(2 * at + 1) = second;
-                    *scaled.0.add(at) = (first + second) as f32 * scale;
+                let block = quantize_block(values, q);
+                write(i * blocks + b, block);
+                if residuals {
+                    let mut rest = [0f32; QBLOCK];
+                    rest.iter_mut().zip(values.iter().zip(q.iter())).for_each(|(r, (&v, &q))| *r = v - q as f32 * block.0);
+                    // SAFETY: as above, row `m + i`'s block `b`.
+                    let rest_q = unsafe { std::slice::from_raw_parts_mut(residual_q.0.add(i * k + b * QBLOCK), QBLOCK) };
+                    write((m + i) * blocks + b, quantize_block(&rest, rest_q));
                 }
             }
         });
@@ -307,6 +321,22 @@ impl QuantizedBlocks {
         // SAFETY (of callers' reads): `at` is inside both arrays for i < m, b < blocks.
         unsafe { (self.q.as_ptr().add(i * self.k + b * QBLOCK), self.scales.as_ptr().add(at), self.scaled_sums.as_ptr().add(at)) }
     }
+}
+
+/// Quantizes one block of activations into `q`: its scale and the sums of its halves' quants.
+fn quantize_block(values: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+    // Eight lanes of maxima, so the compiler keeps them in vector registers.
+    let mut lanes = [0f32; 8];
+    for eight in values.chunks_exact(8) {
+        lanes.iter_mut().zip(eight).for_each(|(m, v)| *m = m.max(v.abs()));
+    }
+    let max = lanes.iter().fold(0f32, |m, &v| m.max(v));
+    let scale = if max > 0.0 { max / 127.0 } else { 1.0 };
+    // A multiply by the inverse, as llama.cpp quantizes its activations, not a divide.
+    let inverse = 1.0 / scale;
+    q.iter_mut().zip(values).for_each(|(q, &v)| *q = round_to_i8(v * inverse));
+    let half = |h: usize| q[h * QBLOCK / 2..(h + 1) * QBLOCK / 2].iter().map(|&v| v as i32).sum::<i32>();
+    (scale, [half(0), half(1)])
 }
 
 #[cfg(test)]
@@ -364,5 +394,30 @@ mod tests {
         assert_eq!(rows.scales.len(), 2);
         assert!(rows.scales[0] < 1.0 / 100.0 && rows.scales[1] == 100.0 / 127.0);
         assert_eq!(rows.half_sums[1], rows.q[16..32].iter().map(|&v| v as i32).sum::<i32>());
+    }
+
+    #[test]
+    fn residual_rows_hold_what_the_first_rounding_left_out() {
+        let (m, k) = (3, 64);
+        let x: Vec<f32> = values(m * k, 3.0).iter().map(|v| v * 7.0).collect();
+        let pool = ThreadPool::new(2, false);
+        let (mut once, mut twice) = (QuantizedBlocks::default(), QuantizedBlocks::default());
+        once.quantize(&x, k, &pool);
+        twice.quantize_with_residuals(&x, k, &pool);
+        assert_eq!(twice.m, 2 * m);
+        assert_eq!((&twice.q[..m * k], &twice.scales[..m * 2]), (&once.q[..], &once.scales[..]));
+        for i in 0..m {
+            for b in 0..2 {
+                let ((value_q, value_scale, _), (rest_q, rest_scale, rest_sums)) = (twice.block(i, b), twice.block(m + i, b));
+                assert!(rest_scale <= value_scale / 254.0 * 1.001, "row {i} block {b}: residual step {rest_scale} vs {value_scale}");
+                // SAFETY: `block` points at QBLOCK quants of each row.
+                let (value_q, rest_q) = unsafe { (std::slice::from_raw_parts(value_q, QBLOCK), std::slice::from_raw_parts(rest_q, QBLOCK)) };
+                assert_eq!(rest_sums[0], rest_q[..QBLOCK / 2].iter().map(|&v| v as i32).sum::<i32>());
+                for j in 0..QBLOCK {
+                    let got = value_q[j] as f32 * value_scale + rest_q[j] as f32 * rest_scale;
+                    assert!((got - x[i * k + b * QBLOCK + j]).abs() <= rest_scale * 0.51, "row {i} value {j}");
+                }
+            }
+        }
     }
 }

@@ -3,10 +3,10 @@
 
 use crate::config::Quantization;
 use crate::weights::{MatrixRows, Stored};
-use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QuantizedBlocks, QBLOCK};
+use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QBLOCK};
 use rsgl_kernels::int8::quantize_weight_row;
 use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights};
-use rsgl_kernels::{kernels, linear, linear_i8, linear_q4, linear_q8, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool, WeightDtype};
+use rsgl_kernels::{kernels, linear, linear_i8, linear_q4, linear_q8, ActivationBits, BlockActivations, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool, WeightDtype};
 use std::sync::Mutex;
 
 /// What a forward pass computes with: the kernels chosen for this CPU and the engine's pool.
@@ -22,12 +22,13 @@ pub struct Compute {
 struct Scratch {
     bf16: Vec<u16>,
     int8: QuantizedRows,
-    int8_blocks: QuantizedBlocks,
+    blocks: BlockActivations,
 }
 
 impl Compute {
-    pub fn new(pool: ThreadPool) -> Compute {
-        Compute { kernels: kernels(), pool, scratch: Mutex::new(Scratch::default()) }
+    pub fn new(pool: ThreadPool, activation_bits: ActivationBits) -> Compute {
+        let scratch = Scratch { blocks: BlockActivations::new(activation_bits), ..Scratch::default() };
+        Compute { kernels: kernels(), pool, scratch: Mutex::new(scratch) }
     }
 }
 
@@ -151,8 +152,8 @@ impl Weights {
         match self {
             Weights::Float(w) => linear(c.kernels, &c.pool, x, w, bias, out, &mut scratch.bf16),
             Weights::Int8(w) => linear_i8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8),
-            Weights::Int4(w) => linear_q4(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8_blocks),
-            Weights::Int8Blocks(w) => linear_q8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8_blocks),
+            Weights::Int4(w) => linear_q4(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Int8Blocks(w) => linear_q8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
             Weights::Split(parts) => {
                 // Each part into a buffer of its own, then into its columns of `out`: a copy of
                 // the outputs, small beside the GEMMs.
