@@ -73,8 +73,8 @@ def measure(generate: Generate, short_prompts: list[list[int]], long_prompt: lis
     results = {}
     for batch in BATCH_SIZES:
         prompts = short_prompts[:batch]
-        full = best_seconds(lambda: generate(prompts, NEW_TOKENS), repeats)
-        first_token = best_seconds(lambda: generate(prompts, 1), repeats)
+        full = best_seconds(lambda prompts=prompts: generate(prompts, NEW_TOKENS), repeats)
+        first_token = best_seconds(lambda prompts=prompts: generate(prompts, 1), repeats)
         results[f"decode_batch{batch}_tok_s"] = batch * (NEW_TOKENS - 1) / (full - first_token)
     prefill = best_seconds(lambda: generate([long_prompt], 1), repeats)
     results["prefill_tok_s"] = len(long_prompt) / prefill

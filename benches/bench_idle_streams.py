@@ -24,7 +24,6 @@ from pathlib import Path
 
 import httpx
 import orjson
-
 from rsgl.bench_serving import launched_server
 
 # Requests the engine runs at once: the long "blockers" hold both slots, so the rest wait.

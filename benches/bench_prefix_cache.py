@@ -239,11 +239,22 @@ def print_table(results: dict[str, dict]) -> None:
     for name, modes in results.items():
         for mode in ("cache_on", "cache_off"):
             r = modes[mode]
-            rows.append([
-                name, mode, f"{r['wall_seconds']:.2f}", r["requests"], r["prompt_tokens"], r["generated_tokens"],
-                f"{r['tok_per_s']:.1f}", f"{r['req_per_s']:.2f}", fmt(r["hit_rate"], ".1%"), fmt(r["stats_hit_rate"], ".1%"),
-                fmt(r["outside_forward"], ".1%"), f"{modes['speedup']:.2f}x" if mode == "cache_on" else "",
-            ])
+            rows.append(
+                [
+                    name,
+                    mode,
+                    f"{r['wall_seconds']:.2f}",
+                    r["requests"],
+                    r["prompt_tokens"],
+                    r["generated_tokens"],
+                    f"{r['tok_per_s']:.1f}",
+                    f"{r['req_per_s']:.2f}",
+                    fmt(r["hit_rate"], ".1%"),
+                    fmt(r["stats_hit_rate"], ".1%"),
+                    fmt(r["outside_forward"], ".1%"),
+                    f"{modes['speedup']:.2f}x" if mode == "cache_on" else "",
+                ]
+            )
     widths = [max(len(str(row[c])) for row in [columns, *rows]) for c in range(len(columns))]
     for row in [columns, ["-" * w for w in widths], *rows]:
         print("  ".join(str(cell).rjust(w) for cell, w in zip(row, widths)))

@@ -14,7 +14,6 @@ import argparse
 import time
 
 import numpy as np
-
 from bench_report import machine_fields, write_json
 
 PROMPT_TOKENS = 32
@@ -61,13 +60,16 @@ def main() -> None:
     for name in MODES:
         cells = "".join(f"  {best[b, name]:>14.1f}  {best[b, name] / best[b, 'greedy']:>9.2f}" for b in BATCH_SIZES)
         print(f"{name:>16}{cells}")
-    write_json(args.json, {
-        "bench": "sampling",
-        **machine_fields(args.threads, info.get("kernels")),
-        "prompt_tokens": PROMPT_TOKENS,
-        "new_tokens": NEW_TOKENS,
-        "results": [{"batch": b, "mode": name, "params": MODES[name], "tok_s": best[b, name]} for b in BATCH_SIZES for name in MODES],
-    })
+    write_json(
+        args.json,
+        {
+            "bench": "sampling",
+            **machine_fields(args.threads, info.get("kernels")),
+            "prompt_tokens": PROMPT_TOKENS,
+            "new_tokens": NEW_TOKENS,
+            "results": [{"batch": b, "mode": name, "params": MODES[name], "tok_s": best[b, name]} for b in BATCH_SIZES for name in MODES],
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -267,10 +267,7 @@ def jump_forward_part(engines: dict, args, validator) -> dict:
 
 
 def mixed_part(llm, args) -> dict:
-    prompts = [
-        llm.apply_chat_template([{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}])
-        for i in range(args.batch)
-    ]
+    prompts = [llm.apply_chat_template([{"role": "user", "content": f"Write a long story about {TOPICS[i % len(TOPICS)]}."}]) for i in range(args.batch)]
     constrained = args.batch // 2
 
     def params(variant: str) -> list[dict]:
@@ -278,17 +275,14 @@ def mixed_part(llm, args) -> dict:
         base = {**sampling, "max_new_tokens": args.mixed_tokens, "min_new_tokens": args.mixed_tokens, "ignore_eos": True}
         grammar = MIXED_VARIANTS[variant]
         # The constrained half interleaved with the free half (odd positions constrained).
-        return [
-            {**base, **(grammar if grammar and i % 2 == 1 else {})}
-            for i in range(args.batch)
-        ]
+        return [{**base, **(grammar if grammar and i % 2 == 1 else {})} for i in range(args.batch)]
 
     for variant in MIXED_VARIANTS:  # warm-up: compiles the grammars, first-batch allocations
         llm.generate(prompts, [{**p, "max_new_tokens": 4, "min_new_tokens": 4} for p in params(variant)])
     per_round: dict[str, list[dict]] = {v: [] for v in MIXED_VARIANTS}
     names = list(MIXED_VARIANTS)
     for rnd in range(args.mixed_rounds):
-        order = names[rnd % len(names):] + names[: rnd % len(names)]  # rotate who goes first
+        order = names[rnd % len(names) :] + names[: rnd % len(names)]  # rotate who goes first
         for variant in order:
             before = llm.get_server_info()
             start = time.perf_counter()
@@ -331,9 +325,9 @@ def mixed_part(llm, args) -> dict:
         # the same shapes). Free of the forward pass's noise, but also of any effect the grammar
         # work has on the forward pass (compare fwd ms/step).
         r["step_time_loss"] = (outside_ms(r["stats"]) - outside_ms(plain["stats"])) / plain_step
-        r["step_time_loss_per_round"] = spread([
-            (outside_ms(a["stats"]) - outside_ms(b["stats"])) / step_ms(b["stats"]) for a, b in zip(per_round[variant], per_round["plain"])
-        ])
+        r["step_time_loss_per_round"] = spread(
+            [(outside_ms(a["stats"]) - outside_ms(b["stats"])) / step_ms(b["stats"]) for a, b in zip(per_round[variant], per_round["plain"])]
+        )
         r["loss"] = 1 - r["tok_per_s"] / plain["tok_per_s"]
         r["loss_per_round"] = spread([1 - (a["tokens"] / a["wall"]) / (b["tokens"] / b["wall"]) for a, b in zip(per_round[variant], per_round["plain"])])
     return results
@@ -357,24 +351,49 @@ def print_report(results: dict) -> list[tuple[str, bool]]:
         for case, s in results["jump_forward"].items():
             for variant in ("jf_on", "jf_off"):
                 r = s[variant]
-                rows.append([
-                    case, variant, r["requests"], r["valid"], r["completion_tokens"], f"{r['completion_tokens'] / r['requests']:.1f}",
-                    r["decode_steps"], f"{r['steps_per_token']:.3f}", r["forced_tokens"], f"{r['mean_latency']:.3f}",
-                    f"{r['p50_latency']:.3f}", f"{r['wall_seconds']:.2f}", f"{r['tok_per_s']:.1f}",
-                ])
+                rows.append(
+                    [
+                        case,
+                        variant,
+                        r["requests"],
+                        r["valid"],
+                        r["completion_tokens"],
+                        f"{r['completion_tokens'] / r['requests']:.1f}",
+                        r["decode_steps"],
+                        f"{r['steps_per_token']:.3f}",
+                        r["forced_tokens"],
+                        f"{r['mean_latency']:.3f}",
+                        f"{r['p50_latency']:.3f}",
+                        f"{r['wall_seconds']:.2f}",
+                        f"{r['tok_per_s']:.1f}",
+                    ]
+                )
         print_rows(columns, rows)
         print()
         columns = ["case", "steps/tok on/off", "mean lat speedup", "p50 lat speedup", "tok/s on/off", "lat speedup per round", "tok/s ratio per round"]
         rows = []
         for case, s in results["jump_forward"].items():
             q = s["ratios"]
-            rows.append([
-                case, f"{q['steps_per_token_on_over_off']:.3f}", f"{q['mean_latency_speedup']:.2f}x", f"{q['p50_latency_speedup']:.2f}x",
-                f"{q['tok_per_s_on_over_off']:.2f}x", fmt_spread(q["mean_latency_speedup_per_round"], ".2f", "x"),
-                fmt_spread(q["tok_per_s_on_over_off_per_round"], ".2f", "x"),
-            ])
-            checks.append((f"{case}: jf_on steps/token {s['jf_on']['steps_per_token']:.3f} <= {TARGET_STEPS_PER_TOKEN}", s["jf_on"]["steps_per_token"] <= TARGET_STEPS_PER_TOKEN))
-            checks.append((f"{case}: latency speedup (mean) {q['mean_latency_speedup']:.2f}x >= {TARGET_SPEEDUP}x", q["mean_latency_speedup"] >= TARGET_SPEEDUP))
+            rows.append(
+                [
+                    case,
+                    f"{q['steps_per_token_on_over_off']:.3f}",
+                    f"{q['mean_latency_speedup']:.2f}x",
+                    f"{q['p50_latency_speedup']:.2f}x",
+                    f"{q['tok_per_s_on_over_off']:.2f}x",
+                    fmt_spread(q["mean_latency_speedup_per_round"], ".2f", "x"),
+                    fmt_spread(q["tok_per_s_on_over_off_per_round"], ".2f", "x"),
+                ]
+            )
+            checks.append(
+                (
+                    f"{case}: jf_on steps/token {s['jf_on']['steps_per_token']:.3f} <= {TARGET_STEPS_PER_TOKEN}",
+                    s["jf_on"]["steps_per_token"] <= TARGET_STEPS_PER_TOKEN,
+                )
+            )
+            checks.append(
+                (f"{case}: latency speedup (mean) {q['mean_latency_speedup']:.2f}x >= {TARGET_SPEEDUP}x", q["mean_latency_speedup"] >= TARGET_SPEEDUP)
+            )
             for variant in ("jf_on", "jf_off"):
                 r = s[variant]
                 checks.append((f"{case}: {variant} outputs valid against the schema {r['valid']}/{r['requests']}", r["valid"] == r["requests"]))
@@ -383,17 +402,43 @@ def print_report(results: dict) -> list[tuple[str, bool]]:
         m = results["mixed"]
         print(f"\nmixed batch (jump-forward off, {results['mixed_sampling']} sampling): free requests vs half of them constrained")
         columns = [
-            "variant", "reqs", "constrained", "out tok", "not at len", "wall s", "tok/s", "loss (wall)", "loss per round",
-            "loss outside fwd", "per round", "grammar share", "sample share", "ms/step", "fwd ms/step",
+            "variant",
+            "reqs",
+            "constrained",
+            "out tok",
+            "not at len",
+            "wall s",
+            "tok/s",
+            "loss (wall)",
+            "loss per round",
+            "loss outside fwd",
+            "per round",
+            "grammar share",
+            "sample share",
+            "ms/step",
+            "fwd ms/step",
         ]
         rows = []
         for variant, r in m.items():
-            rows.append([
-                variant, r["requests"], r["constrained_requests"], r["completion_tokens"], r["requests_not_at_length"], f"{r['wall_seconds']:.2f}",
-                f"{r['tok_per_s']:.1f}", fmt(r.get("loss"), ".1%"), fmt_spread(r.get("loss_per_round"), ".1%"),
-                fmt(r.get("step_time_loss"), ".1%"), fmt_spread(r.get("step_time_loss_per_round"), ".1%"), fmt(r["grammar_share"], ".2%"),
-                fmt(r["sample_share"], ".1%"), fmt(r["ms_per_step"], ".2f"), fmt(r["forward_ms_per_step"], ".2f"),
-            ])
+            rows.append(
+                [
+                    variant,
+                    r["requests"],
+                    r["constrained_requests"],
+                    r["completion_tokens"],
+                    r["requests_not_at_length"],
+                    f"{r['wall_seconds']:.2f}",
+                    f"{r['tok_per_s']:.1f}",
+                    fmt(r.get("loss"), ".1%"),
+                    fmt_spread(r.get("loss_per_round"), ".1%"),
+                    fmt(r.get("step_time_loss"), ".1%"),
+                    fmt_spread(r.get("step_time_loss_per_round"), ".1%"),
+                    fmt(r["grammar_share"], ".2%"),
+                    fmt(r["sample_share"], ".1%"),
+                    fmt(r["ms_per_step"], ".2f"),
+                    fmt(r["forward_ms_per_step"], ".2f"),
+                ]
+            )
             if "loss" in r:
                 wall = r["loss_per_round"]["median"]
                 checks.append((f"mixed {variant}: throughput loss (median of rounds) {wall:.1%} <= {TARGET_MIXED_LOSS:.0%}", wall <= TARGET_MIXED_LOSS))

@@ -31,7 +31,11 @@ def main() -> None:
         converted = Path(scratch) / "w8a8"
         subprocess.run([sys.executable, "-m", "rsgl.quantize", "--output", str(converted), "--no-progress"], check=True)
         rows, kernels = [], None
-        for name, path, options in (("float", None, {"dtype": "bfloat16"}), ("converted", str(converted), {}), ("on_load", None, {"quantization": "w8a8_int8"})):
+        for name, path, options in (
+            ("float", None, {"dtype": "bfloat16"}),
+            ("converted", str(converted), {}),
+            ("on_load", None, {"quantization": "w8a8_int8"}),
+        ):
             with rsgl.Engine(path, threads=args.threads, progress=False, **options) as llm:
                 tokens, ppl = perplexity(llm, TEXT.read_text())
                 kernels = llm.get_server_info()["kernels"]

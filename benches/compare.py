@@ -59,7 +59,6 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
-
 from bench_report import machine_fields, write_json
 
 CACHE = Path.home() / ".cache" / "rsgl-bench"
@@ -237,7 +236,14 @@ def measure_rsgl(
     kv_cache_dtype = "float32" if dtype == "float32" else "bfloat16"
     started = time.perf_counter()
     with rsgl.Engine(
-        model, dtype=dtype, threads=threads, kv_cache_dtype=kv_cache_dtype, activation_bits=activation_bits, disable_radix_cache=True, progress=False, **precision
+        model,
+        dtype=dtype,
+        threads=threads,
+        kv_cache_dtype=kv_cache_dtype,
+        activation_bits=activation_bits,
+        disable_radix_cache=True,
+        progress=False,
+        **precision,
     ) as llm:
         load_s = time.perf_counter() - started
 
@@ -281,7 +287,11 @@ def measure_transformers(dtype: str, threads: int, model_path: str, prompts: Pro
         assert out.shape[1] == ids.shape[1] + new_tokens
 
     result = measure(generate, prompts, work, probe)
-    return {**result, "load_s": load_s, "info": {"torch": torch.__version__, "transformers": transformers.__version__, "attention": model.config._attn_implementation}}
+    return {
+        **result,
+        "load_s": load_s,
+        "info": {"torch": torch.__version__, "transformers": transformers.__version__, "attention": model.config._attn_implementation},
+    }
 
 
 class LlamaCppRunner:
@@ -576,8 +586,17 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
 
 def headers(work: Workload) -> list[str]:
     return [
-        "engine", "weights", "decode b1 tok/s", f"prefill {work.prefill_tokens} tok/s",
-        f"{work.sequences} seqs tok/s", "MB/token", "probe GB/s", "b1 limit tok/s", "% of limit", "load s", "peak RSS GB",
+        "engine",
+        "weights",
+        "decode b1 tok/s",
+        f"prefill {work.prefill_tokens} tok/s",
+        f"{work.sequences} seqs tok/s",
+        "MB/token",
+        "probe GB/s",
+        "b1 limit tok/s",
+        "% of limit",
+        "load s",
+        "peak RSS GB",
     ]
 
 
@@ -589,11 +608,21 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
     for row in rows:
         limit = row.limit_tok_s()
         share = None if row.decode_tok_s is None or limit is None else 100 * row.decode_tok_s / limit
-        out.append([
-            row.engine, row.weights, cell(row.decode_tok_s), cell(row.prefill_tok_s), cell(row.parallel_tok_s),
-            f"{row.bytes_per_token / 1e6:.0f}", cell(row.bandwidth_gb_s), cell(limit), cell(share),
-            "-" if row.load_s is None else f"{row.load_s:.2f}", "-" if row.peak_rss_gb is None else f"{row.peak_rss_gb:.2f}",
-        ])
+        out.append(
+            [
+                row.engine,
+                row.weights,
+                cell(row.decode_tok_s),
+                cell(row.prefill_tok_s),
+                cell(row.parallel_tok_s),
+                f"{row.bytes_per_token / 1e6:.0f}",
+                cell(row.bandwidth_gb_s),
+                cell(limit),
+                cell(share),
+                "-" if row.load_s is None else f"{row.load_s:.2f}",
+                "-" if row.peak_rss_gb is None else f"{row.peak_rss_gb:.2f}",
+            ]
+        )
     return out
 
 

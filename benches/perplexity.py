@@ -34,9 +34,7 @@ DEFAULT_TEXT = REPO / "tests" / "data" / "lighthouse_keepers.txt"
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--model", type=Path, default=None, help="a GGUF file (default: rsgl's default model), or a Hugging Face folder with --skip-llamacpp"
-    )
+    parser.add_argument("--model", type=Path, default=None, help="a GGUF file (default: rsgl's default model), or a Hugging Face folder with --skip-llamacpp")
     parser.add_argument("--text", type=Path, default=DEFAULT_TEXT, help="the text to score")
     parser.add_argument("--window", type=int, default=512, help="tokens per window")
     parser.add_argument("--threads", type=int, default=2)

@@ -213,7 +213,15 @@ def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict:
     }  # fmt: skip
     if shape.experts:
         moe = {"num_experts": shape.experts, "num_experts_per_tok": shape.experts_used, "moe_intermediate_size": shape.expert_ffn}
-        return {"architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", **config, **moe, "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}
+        return {
+            "architectures": ["Qwen3MoeForCausalLM"],
+            "model_type": "qwen3_moe",
+            **config,
+            **moe,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config}
 
 

@@ -39,7 +39,14 @@ def build_tiny(arch: str, path, **overrides):
     """Saves a random model of one of DENSE_ARCHS or MOE_ARCHS to `path`; returns the transformers model."""
     import transformers
 
-    llama3_rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 500000.0}
+    llama3_rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "rope_theta": 500000.0,
+    }
     classes = {
         "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"rope_theta": 10000.0}),
         # Short original context so the 64-token prompts reach the scaled frequencies.

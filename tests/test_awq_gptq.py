@@ -13,12 +13,11 @@ import logging
 
 import numpy as np
 import pytest
-import torch
-from safetensors.torch import save_file
-
 import rsgl
+import torch
 from conftest import build_tiny
 from rsgl.loader import load_model
+from safetensors.torch import save_file
 from test_parity import GREEDY, hf_greedy, hf_last_logits, prompt
 
 # Wide enough for groups of 128 inputs in every layer (hidden 128, intermediate 256).

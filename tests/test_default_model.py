@@ -8,9 +8,8 @@ import os
 
 import numpy as np
 import pytest
-import torch
-
 import rsgl
+import torch
 from rsgl.loader.default_model import default_model_path
 
 PROMPTS = [
@@ -37,7 +36,7 @@ def llm():
 def hf_greedy(hf_model, ids: list[int]) -> list[int]:
     with torch.no_grad():
         out = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    return out[0, len(ids) :].tolist()
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)

@@ -8,7 +8,6 @@ import threading
 import time
 
 import pytest
-
 import rsgl
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}

@@ -10,7 +10,6 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-
 import rsgl
 from rsgl.errors import InvalidRequestError
 from rsgl.lang import backends

@@ -7,14 +7,18 @@ import os
 import shutil
 from pathlib import Path
 
+import gguf
 import numpy as np
 import pytest
 import torch
-
-torch.set_num_threads(1)
-
-import gguf
 from gguf.quants import dequantize, quantize
+from rsgl import _core
+from rsgl.chat_template import render_chat
+from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
+from rsgl.loader import load_model
+from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model
+from rsgl.loader.hf import normalize_config
+from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
     AutoTokenizer,
@@ -26,13 +30,7 @@ from transformers import (
     Qwen3ForCausalLM,
 )
 
-from rsgl import _core
-from rsgl.chat_template import render_chat
-from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
-from rsgl.loader import load_model
-from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model
-from rsgl.loader.hf import normalize_config
-from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf
+torch.set_num_threads(1)
 
 TINY = dict(
     hidden_size=64,
@@ -576,9 +574,7 @@ def test_default_model_download(tmp_path):
 
 def test_render_chat_without_template_is_chatml():
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
-    assert render_chat(None, messages) == (
-        "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
-    )
+    assert render_chat(None, messages) == ("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert render_chat(None, messages, add_generation_prompt=False).endswith("hi<|im_end|>\n")
 
 
@@ -608,7 +604,14 @@ def test_moe_configs_are_normalized():
         "norm_topk_prob": True,
         "shared_expert_intermediate_size": None,
     }
-    qwen = {**BASE_CONFIG, "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40}
+    qwen = {
+        **BASE_CONFIG,
+        "architectures": ["Qwen2MoeForCausalLM"],
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "shared_expert_intermediate_size": 40,
+    }
     normalized = normalize_config(qwen)
     assert normalized["attention_bias"] and normalized["moe"]["shared_expert_intermediate_size"] == 40
     assert normalized["moe"]["norm_topk_prob"] is False

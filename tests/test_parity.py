@@ -10,9 +10,8 @@ import copy
 
 import numpy as np
 import pytest
-import torch
-
 import rsgl
+import torch
 from conftest import DENSE_ARCHS, MOE_ARCHS
 
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
@@ -32,7 +31,7 @@ def hf_greedy(model, ids: list[int], n: int) -> list[int]:
     seq = list(ids)
     for _ in range(n):
         seq.append(int(hf_last_logits(model, seq).argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 @pytest.fixture(scope="module", params=DENSE_ARCHS + MOE_ARCHS)

@@ -11,10 +11,9 @@ import sys
 
 import numpy as np
 import pytest
-from safetensors.numpy import load_file
-
 import rsgl
 from rsgl import w4a8
+from safetensors.numpy import load_file
 
 
 # qwen2: q/k/v biases stay float next to int8 weights; the MoE ones: experts (and Qwen2-MoE's
@@ -27,7 +26,9 @@ def converted(request, tiny_models, tmp_path_factory):
         # The tiny models have no tokenizer to calibrate with, and unsmoothed weights must equal
         # quantizing at load.
         [sys.executable, "-m", "rsgl.quantize", "--model-path", str(source), "--output", str(out), "--dtype", "float32", "--no-smoothing"],
-        capture_output=True, text=True, timeout=300,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert run.returncode == 0, run.stderr
     return source, out
@@ -121,7 +122,9 @@ def test_awq_checkpoints_have_autoawqs_layout_and_serve_what_they_store(tiny_mod
     assert weights[prefix + ".qzeros"].shape == (2, 96 // 8) and weights[prefix + ".scales"].shape == (2, 96)
     assert weights[prefix + ".scales"].dtype == np.float16
     # transformers' model with its weights as the AWQ quantizer rounds them is what rsgl serves.
-    reference = {name: torch.from_numpy(w4a8.awq_roundtrip(param.detach().numpy(), 32)) for name, param in model.named_parameters() if name.endswith("proj.weight")}
+    reference = {
+        name: torch.from_numpy(w4a8.awq_roundtrip(param.detach().numpy(), 32)) for name, param in model.named_parameters() if name.endswith("proj.weight")
+    }
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name in reference:

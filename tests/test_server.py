@@ -335,6 +335,7 @@ def test_prompt_longer_than_the_context_is_a_400_counted_as_an_error(http: httpx
 
 # ---- admission control and shutdown ---------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory: pytest.TempPathFactory):
     """A client of a server admitting 2 generation requests at a time and bodies up to 4 KiB."""

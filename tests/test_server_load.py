@@ -175,5 +175,7 @@ def test_a_thousand_streams_and_everything_else_then_a_drain(server, baseline, r
     assert threads <= base_threads * (1 + TOLERANCE), (threads, base_threads)
     assert rss <= base_rss * (1 + TOLERANCE), (rss / 1e6, base_rss / 1e6)
     worst = max(result.health_seconds)
-    print(f"round {round_index}: {len(result.complete)} complete, {result.left} left; /health worst {worst * 1e3:.0f} ms "
-          f"over {len(result.health_seconds)} probes; RSS {rss / 1e6:.0f} MB (baseline {base_rss / 1e6:.0f}), threads {threads} ({base_threads})")
+    print(
+        f"round {round_index}: {len(result.complete)} complete, {result.left} left; /health worst {worst * 1e3:.0f} ms "
+        f"over {len(result.health_seconds)} probes; RSS {rss / 1e6:.0f} MB (baseline {base_rss / 1e6:.0f}), threads {threads} ({base_threads})"
+    )

@@ -14,7 +14,6 @@ import httpx
 import jsonschema
 import openai
 import pytest
-
 import rsgl
 from rsgl.errors import InvalidRequestError
 from server_helpers import API_KEY, assert_openai_error
@@ -244,7 +243,10 @@ def test_equal_constrained_prompts_sample_apart_unless_seeded(llm, llm_without_j
 def test_equal_prompts_with_choices_sample_several_unless_seeded(llm):
     # Samples of a few choices coincide by chance, but not all 32 (the model gives its favourite
     # about 3 in 4 here: all alike would happen once in 10,000 runs).
-    choices = [f" option {word}" for word in "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango".split()]
+    choices = [
+        f" option {word}"
+        for word in "alpha bravo charlie delta echo foxtrot golf hotel india juliet kilo lima mike november oscar papa quebec romeo sierra tango".split()
+    ]
     prompt = "Pick one at random:"
     texts = [out["text"] for out in llm.generate(prompt, {"temperature": 1.0, "n": 32, "max_new_tokens": 8}, choices=choices)]
     assert len(set(texts)) >= 2, texts

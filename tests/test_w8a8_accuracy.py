@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 import rsgl
 from rsgl.evaluate import perplexity
 

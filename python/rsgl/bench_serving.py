@@ -189,7 +189,7 @@ async def words_of_length(rng: random.Random, target: int, counter: TokenCounter
         if tokens < target:
             words += rng.choices(VOCABULARY, k=target - tokens)
         else:
-            del words[max(1, len(words) - (tokens - target)):]
+            del words[max(1, len(words) - (tokens - target)) :]
         tokens = await counter.count(" ".join(words))
     return " ".join(words), tokens
 
@@ -202,9 +202,7 @@ async def random_dataset(rng: random.Random, counter: TokenCounter, num_prompts:
     return prompts
 
 
-async def shared_prefix_dataset(
-    rng: random.Random, counter: TokenCounter, num_prompts: int, input_len: int, prefix_len: int, num_groups: int
-) -> list[Prompt]:
+async def shared_prefix_dataset(rng: random.Random, counter: TokenCounter, num_prompts: int, input_len: int, prefix_len: int, num_groups: int) -> list[Prompt]:
     """`num_groups` long system prefixes; each prompt is one of them followed by its own question of
     `input_len` tokens. Prompts are dealt round-robin to the groups, then shuffled."""
     prefixes = [await words_of_length(rng, prefix_len, counter) for _ in range(num_groups)]
@@ -276,7 +274,7 @@ async def sse_payloads(response: httpx.Response) -> AsyncIterator[dict]:
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue
-        data = line[len("data:"):].strip()
+        data = line[len("data:") :].strip()
         if data == "[DONE]":
             return
         payload = json.loads(data)
@@ -344,9 +342,7 @@ async def flush_cache(client: httpx.AsyncClient) -> bool:
         return False
 
 
-async def run_rate(
-    client: httpx.AsyncClient, args: argparse.Namespace, model: str | None, prompts: list[Prompt], rate: float
-) -> RunSummary:
+async def run_rate(client: httpx.AsyncClient, args: argparse.Namespace, model: str | None, prompts: list[Prompt], rate: float) -> RunSummary:
     cache_flushed = await flush_cache(client)
     arrivals = arrival_times(len(prompts), rate, args.seed)
     start = time.perf_counter()
@@ -374,9 +370,7 @@ async def served_model(client: httpx.AsyncClient) -> str | None:
 async def benchmark(args: argparse.Namespace, base_url: str) -> dict:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=args.num_prompts + 16, max_keepalive_connections=args.num_prompts + 16)
-    async with httpx.AsyncClient(
-        base_url=base_url, headers=headers, limits=limits, timeout=args.request_timeout, trust_env=False
-    ) as client:
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=args.request_timeout, trust_env=False) as client:
         try:
             await client.get("/health")
         except httpx.HTTPError as exc:
@@ -387,9 +381,7 @@ async def benchmark(args: argparse.Namespace, base_url: str) -> dict:
         if args.dataset == "random":
             prompts = await random_dataset(rng, counter, args.num_prompts, args.input_len)
         else:
-            prompts = await shared_prefix_dataset(
-                rng, counter, args.num_prompts, args.input_len, args.shared_prefix_len, args.num_groups
-            )
+            prompts = await shared_prefix_dataset(rng, counter, args.num_prompts, args.input_len, args.shared_prefix_len, args.num_groups)
         print(
             f"model {model or '(unknown)'} at {base_url}, backend {args.backend}, dataset {args.dataset}: "
             f"{len(prompts)} prompts of {np.mean([p.tokens for p in prompts]):.0f} tokens on average "

@@ -41,9 +41,7 @@ def render_chat(
     (including the template's own `raise_exception(...)`) raises InvalidRequestError.
     """
     # Unset special tokens stay undefined, which Jinja renders as "" (passing None would print "None").
-    special_tokens = {
-        name: value for name, value in (("bos_token", bos_token), ("eos_token", eos_token)) if value is not None
-    }
+    special_tokens = {name: value for name, value in (("bos_token", bos_token), ("eos_token", eos_token)) if value is not None}
     try:
         return _compile(template or CHATML_TEMPLATE).render(
             messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **special_tokens, **extra
@@ -63,9 +61,7 @@ def _compile(template: str) -> jinja2.Template:
 
 @functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
-    environment = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
-    )
+    environment = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols])
     environment.filters["tojson"] = _tojson
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now

@@ -164,9 +164,7 @@ class Engine:
         )
         self._loop_wakeups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWakeups] = weakref.WeakKeyDictionary()
         self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
-        self._sampling_defaults = {
-            k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None
-        }
+        self._sampling_defaults = {k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None}
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -195,7 +193,9 @@ class Engine:
         `json_schema` (a dict or JSON text), `regex`, `ebnf` (a Lark grammar) or `choices`
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
         grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
-        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar)
+        requests, single = self._build_requests(
+            prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar
+        )
         if stream:
             request = self._only(requests)
             # Compiled here so a bad grammar raises before the caller starts reading the stream.
@@ -225,7 +225,9 @@ class Engine:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
         grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
-        requests, single = self._build_requests(prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar)
+        requests, single = self._build_requests(
+            prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar
+        )
         wakeups = self._wakeups()
         if stream:
             request = self._only(requests)
@@ -318,7 +320,9 @@ class Engine:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
 
-    def _build_requests(self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None, grammar=None):
+    def _build_requests(
+        self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None, grammar=None
+    ):
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
         batch = prompt if prompt is not None else input_ids
@@ -352,18 +356,20 @@ class Engine:
                 sample = dict(p)
                 if n > 1 and sample.get("seed") is not None:
                     sample["seed"] += i  # distinct but reproducible samples
-                requests.append({
-                    "rid": base if n == 1 else f"{base}-{i}",
-                    "group": None if n == 1 else base,
-                    "input_ids": ids,
-                    "sampling_params": sample,
-                    "return_logprob": bool(return_logprob),
-                    "top_logprobs_num": int(top_logprobs_num or 0),
-                    "return_prompt_logits": bool(return_prompt_logits),
-                    # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
-                    "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
-                    "think_end_token_ids": self._think_end_ids if _has_grammar(sample) else None,
-                })
+                requests.append(
+                    {
+                        "rid": base if n == 1 else f"{base}-{i}",
+                        "group": None if n == 1 else base,
+                        "input_ids": ids,
+                        "sampling_params": sample,
+                        "return_logprob": bool(return_logprob),
+                        "top_logprobs_num": int(top_logprobs_num or 0),
+                        "return_prompt_logits": bool(return_prompt_logits),
+                        # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
+                        "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
+                        "think_end_token_ids": self._think_end_ids if _has_grammar(sample) else None,
+                    }
+                )
         return requests, single and len(requests) == 1
 
     def _too_many_sequences(self) -> InvalidRequestError:

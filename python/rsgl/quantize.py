@@ -90,6 +90,7 @@ def calibration_inputs(model_path: str | None, token_ids: list[int]) -> dict:
     def record(name):
         def hook(_module, args):
             inputs[name] = args[0].detach()[0].float()
+
         return hook
 
     for index, layer in enumerate(hf.model.layers):
@@ -169,9 +170,7 @@ def quantized_tensors(floats: dict[str, np.ndarray], method: str, group_size: in
     return tensors
 
 
-def convert(
-    model_path: str | None, output: Path, method: str, dtype: str, progress: bool = True, calibration: bool = True, group_size: int = 128
-) -> Path:
+def convert(model_path: str | None, output: Path, method: str, dtype: str, progress: bool = True, calibration: bool = True, group_size: int = 128) -> Path:
     model = load_model(model_path, progress=False)
     stream = model.tensors()
     if progress:
@@ -219,7 +218,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     try:
         out = convert(
-            args.model_path, args.output, args.method, args.dtype, progress=not args.no_progress, calibration=not args.no_calibration, group_size=args.group_size
+            args.model_path,
+            args.output,
+            args.method,
+            args.dtype,
+            progress=not args.no_progress,
+            calibration=not args.no_calibration,
+            group_size=args.group_size,
         )
     except RsglError as error:
         sys.exit(f"rsgl.quantize: {error}")

@@ -54,6 +54,7 @@ def as_backend(backend: Backend | Engine | None) -> Backend:
 def role_markers(template: str | None, bos_token: str | None, eos_token: str | None) -> dict[str, tuple[str, str]]:
     """Each role's (prefix, suffix) in `template`: a message rendered after a system message,
     minus that system message alone (so a template's default system prompt stays out)."""
+
     def render(messages: list[dict]) -> str:
         return render_chat(template, messages, add_generation_prompt=False, bos_token=bos_token, eos_token=eos_token)
 
@@ -126,13 +127,9 @@ class RuntimeEndpoint:
         starts = [continuation_start(prompt_ids, ids) for ids in full_ids]
         # One batch scored from the earliest start; each choice keeps its own tokens' values.
         first = min(starts)
-        body = {"input_ids": full_ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0},
-                "return_logprob": True, "logprob_start_len": first}
+        body = {"input_ids": full_ids, "sampling_params": {"max_new_tokens": 0, "temperature": 0}, "return_logprob": True, "logprob_start_len": first}
         results = self._request("POST", "/generate", body)
-        token_logprobs = [
-            [lp for lp, _, _ in result["meta_info"]["input_token_logprobs"][start - first:]]
-            for result, start in zip(results, starts)
-        ]
+        token_logprobs = [[lp for lp, _, _ in result["meta_info"]["input_token_logprobs"][start - first :]] for result, start in zip(results, starts)]
         return rank_choices(choices, token_logprobs)
 
     def role_markers(self, role: str) -> tuple[str, str]:

@@ -4,7 +4,7 @@ one of several continuations by log-probability) and role blocks."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from rsgl.errors import InvalidRequestError
 
@@ -27,7 +27,7 @@ class Role:
     content: tuple[Expression, ...] = field(default=())
 
 
-Expression = Union[str, Gen, Select, Role]
+Expression = str | Gen | Select | Role
 
 
 def gen(
@@ -45,8 +45,16 @@ def gen(
     """Generates text into the variable `name` (read it back with `s[name]`). The arguments are
     SGLang's sampling parameters (`max_tokens` is `max_new_tokens`); `regex`, `json_schema` or
     `choices` constrain the output. Unset ones keep the backend's defaults."""
-    named = {"max_new_tokens": max_tokens, "stop": stop, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-             "regex": regex, "json_schema": json_schema, "choices": choices}
+    named = {
+        "max_new_tokens": max_tokens,
+        "stop": stop,
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "regex": regex,
+        "json_schema": json_schema,
+        "choices": choices,
+    }
     return Gen(name, {k: v for k, v in {**named, **sampling_params}.items() if v is not None})
 
 
@@ -63,10 +71,7 @@ def _role(role: str):
         return Role(role, content)
 
     block.__name__ = role
-    block.__doc__ = (
-        f"A {role} turn rendered with the model's chat template: `s += {role}(\"text\", gen(...))`, "
-        f"or `with s.{role}(): ...`."
-    )
+    block.__doc__ = f'A {role} turn rendered with the model\'s chat template: `s += {role}("text", gen(...))`, or `with s.{role}(): ...`.'
     return block
 
 

@@ -49,6 +49,7 @@ class Program:
         resolved = as_backend(backend)
         threads = num_threads or min(DEFAULT_BATCH_THREADS, max(1, len(batch_kwargs)))
         with ThreadPoolExecutor(max_workers=threads) as pool, tqdm(total=len(batch_kwargs), disable=not progress_bar, desc=self.__name__) as bar:
+
             def one(kwargs: dict[str, Any]) -> ProgramState:
                 state = ProgramState(resolved)
                 self._execute(state, (), kwargs)

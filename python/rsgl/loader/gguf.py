@@ -17,8 +17,8 @@ from rsgl._core import WeightStore
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
     SUPPORTED_ARCHITECTURES,
-    LoadedModel,
     WEIGHT_DTYPE_PROBE,
+    LoadedModel,
     check_tensor_shapes,
     make_config,
     unique_ints,
@@ -46,8 +46,7 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
     if "rope_freqs.weight" in tensors:
         raise UnsupportedModelError(
-            f"{path} bakes llama3 RoPE scaling into a rope_freqs tensor, which rsgl does not read yet; "
-            "load the model's Hugging Face folder instead."
+            f"{path} bakes llama3 RoPE scaling into a rope_freqs tensor, which rsgl does not read yet; load the model's Hugging Face folder instead."
         )
     config = _config(metadata, gguf_architecture, architecture, tensors, path)
     shapes = {name: shape for name, (shape, _) in tensors.items()}
@@ -84,9 +83,7 @@ class _Metadata:
     def require(self, key: str, source: Path):
         value = self.get(key)
         if value is None:
-            raise ModelLoadError(
-                f"{source} lacks the GGUF metadata key {key!r}; the file looks broken: download it again."
-            )
+            raise ModelLoadError(f"{source} lacks the GGUF metadata key {key!r}; the file looks broken: download it again.")
         return value
 
 

@@ -19,9 +19,9 @@ from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
     MOE_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
+    WEIGHT_DTYPE_PROBE,
     LoadedModel,
     check_tensor_shapes,
-    WEIGHT_DTYPE_PROBE,
     expected_tensor_shapes,
     make_config,
     unique_ints,
@@ -48,8 +48,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise ModelLoadError(
-            f"{folder} has no config.json; pass a complete Hugging Face model folder "
-            "(config.json, *.safetensors, tokenizer.json) or a .gguf file."
+            f"{folder} has no config.json; pass a complete Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
         )
     raw_config = _read_json(config_path)
     config = normalize_config(raw_config)  # before the weights: an unsupported model fails at once
@@ -112,7 +111,9 @@ def _moe(raw: dict, architecture: str) -> dict | None:
     if architecture not in MOE_ARCHITECTURES:
         return None
     if architecture != "mixtral" and (raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers")):
-        raise UnsupportedModelError("this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse.")
+        raise UnsupportedModelError(
+            "this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse."
+        )
     return {
         # transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as num_experts.
         "num_experts": raw.get("num_local_experts") or _required(raw, "num_experts"),
@@ -322,7 +323,8 @@ def _check_tensors(tensors: Tensors, config: dict, folder: Path, quantization: s
     unused = [
         name
         for name in tensors
-        if name not in expected and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
+        if name not in expected
+        and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
         and not (name.endswith(_SCALE_SUFFIX) and name.removesuffix(_SCALE_SUFFIX) in int8)
         and not (name == "lm_head.weight" and config["tie_word_embeddings"])  # tied: transformers ignores it too
     ]
@@ -345,15 +347,11 @@ def _tokenizer_fields(folder: Path, raw_config: dict, vocab_size: int, skip_toke
     bos_token = _token_text(tokenizer_config.get("bos_token"))
     eos_token = _token_text(tokenizer_config.get("eos_token"))
     bos_token_id = _token_id(tokenizer, bos_token, raw_config.get("bos_token_id"))
-    eos_token_ids = unique_ints(
-        generation_config.get("eos_token_id"), raw_config.get("eos_token_id"), _token_id(tokenizer, eos_token, None)
-    )
+    eos_token_ids = unique_ints(generation_config.get("eos_token_id"), raw_config.get("eos_token_id"), _token_id(tokenizer, eos_token, None))
     if tokenizer is not None:  # a template may need the texts even when tokenizer_config.json lacks them
         bos_token = bos_token or _token_at(tokenizer, bos_token_id)
         eos_token = eos_token or _token_at(tokenizer, eos_token_ids[0] if eos_token_ids else None)
-    tokenizer_adds_bos = (
-        tokenizer is not None and bos_token_id is not None and encoding_prepends(tokenizer, bos_token_id)
-    )
+    tokenizer_adds_bos = tokenizer is not None and bos_token_id is not None and encoding_prepends(tokenizer, bos_token_id)
     return {
         "tokenizer": tokenizer,
         "chat_template": _chat_template(folder, tokenizer_config),

@@ -176,8 +176,7 @@ def _byte_level_bpe(vocabulary: GgufVocabulary) -> Tokenizer:
     alphabet = set(spelling.values())
     # A few files store a token as plain text (e.g. with a real space): respell it in the byte alphabet.
     vocab = {
-        token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8")): index
-        for index, token in enumerate(vocabulary.tokens)
+        token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8")): index for index, token in enumerate(vocabulary.tokens)
     }
     merges = [tuple(merge.split(" ", 1)) for merge in vocabulary.merges]
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
@@ -212,9 +211,7 @@ def _sentencepiece_bpe(vocabulary: GgufVocabulary) -> Tokenizer:
     vocab = {token: index for index, token in enumerate(vocabulary.tokens)}
     tokenizer = Tokenizer(models.BPE(vocab, merges, unk_token=unknown, fuse_unk=True, byte_fallback=True))
     prepend = "first" if vocabulary.add_space_prefix else "never"
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(
-        replacement=_SENTENCEPIECE_SPACE, prepend_scheme=prepend, split=False
-    )
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=_SENTENCEPIECE_SPACE, prepend_scheme=prepend, split=False)
     steps = [decoders.Replace(_SENTENCEPIECE_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     if vocabulary.add_space_prefix:
         steps.append(decoders.Strip(" ", 1, 0))  # drop the space the pre-tokenizer prepended

@@ -57,17 +57,13 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m rsgl.server", description="Serve a model with OpenAI-compatible and SGLang-native HTTP APIs."
-    )
+    parser = argparse.ArgumentParser(prog="python -m rsgl.server", description="Serve a model with OpenAI-compatible and SGLang-native HTTP APIs.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every request but /health")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     limits = parser.add_argument_group("limits")
-    limits.add_argument(
-        "--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS, help="generation requests in flight (more: 503)"
-    )
+    limits.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS, help="generation requests in flight (more: 503)")
     limits.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, help="request body size (larger: 413)")
     limits.add_argument("--graceful-shutdown-timeout", type=float, default=5, help="seconds to finish requests on SIGTERM, then abort")
     limits.add_argument(

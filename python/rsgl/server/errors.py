@@ -18,9 +18,7 @@ INVALID_REQUEST = "invalid_request_error"
 class APIError(Exception):
     """An error response to send: HTTP status plus OpenAI's error fields."""
 
-    def __init__(
-        self, status_code: int, message: str, type: str = INVALID_REQUEST, param: str | None = None, code: str | None = None
-    ) -> None:
+    def __init__(self, status_code: int, message: str, type: str = INVALID_REQUEST, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message

@@ -164,14 +164,16 @@ async def get_model_info(request: Request) -> Response:
     engine = engine_of(request)
     model = engine.model
     # The chat template and its special tokens let clients (rsgl.lang) render role blocks as the server would.
-    return json_response({
-        "model_path": model.source,
-        "served_model_name": engine.served_model_name,
-        "is_generation": True,
-        "chat_template": model.chat_template,
-        "bos_token": model.bos_token,
-        "eos_token": model.eos_token,
-    })
+    return json_response(
+        {
+            "model_path": model.source,
+            "served_model_name": engine.served_model_name,
+            "is_generation": True,
+            "chat_template": model.chat_template,
+            "bos_token": model.bos_token,
+            "eos_token": model.eos_token,
+        }
+    )
 
 
 async def get_server_info(request: Request) -> Response:

@@ -99,7 +99,7 @@ def structured_output(body: dict) -> dict:
     if response_format is None:
         return grammar
     if not isinstance(response_format, dict):
-        raise bad_request("response_format must be an object such as {\"type\": \"json_object\"}", "response_format")
+        raise bad_request('response_format must be an object such as {"type": "json_object"}', "response_format")
     kind = response_format.get("type", "text")
     if kind == "text":
         return grammar
@@ -314,7 +314,7 @@ async def stream_chunks(
     async for last in stream:
         meta = last["meta_info"]
         finish_reason = finish_reason_of(meta)
-        new_text = last["text"][len(sent_text):]
+        new_text = last["text"][len(sent_text) :]
         if not new_text and finish_reason is None:
             continue  # text held back (a partial character or a possible stop string): its tokens go with the next chunk
         logprobs = shape.logprobs(engine, meta, sent_tokens, len(sent_text)) if return_logprob else None

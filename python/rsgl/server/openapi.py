@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rsgl import __version__
 from rsgl.server.native_api import json_response
 from rsgl.server.openai_api import CHAT_ROLES
 
@@ -84,7 +85,11 @@ COMPLETION_REQUEST = obj("prompt", prompt=any_of(WORDS, array(WORDS), PROMPT_ID_
 TEXT_PART = obj("type", "text", type=STRING, text=STRING)
 CHAT_MESSAGE = obj("role", role={**STRING, "enum": list(CHAT_ROLES)}, content=nullable(any_of(STRING, array(TEXT_PART))))
 CHAT_REQUEST = obj(
-    "messages", messages={**array(CHAT_MESSAGE), "minItems": 1}, max_completion_tokens=COUNT, logprobs=BOOLEAN, top_logprobs=TOP_LOGPROBS,
+    "messages",
+    messages={**array(CHAT_MESSAGE), "minItems": 1},
+    max_completion_tokens=COUNT,
+    logprobs=BOOLEAN,
+    top_logprobs=TOP_LOGPROBS,
     **OPENAI_FIELDS,
 )
 OPENAI_CHOICE = obj(index=INTEGER, finish_reason=nullable(STRING))
@@ -94,9 +99,7 @@ OPENAI_RESPONSE = obj(
 )  # fmt: skip
 
 MODEL_INFO = obj(model_path=STRING, served_model_name=STRING, is_generation=BOOLEAN)
-SERVER_INFO = obj(
-    **typed(INTEGER, "running_requests waiting_requests kv_pages_total kv_pages_free cached_pages prompt_tokens generated_tokens")
-)
+SERVER_INFO = obj(**typed(INTEGER, "running_requests waiting_requests kv_pages_total kv_pages_free cached_pages prompt_tokens generated_tokens"))
 MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING)))
 TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
 TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
@@ -149,7 +152,7 @@ def openapi_document() -> dict:
         paths.setdefault(operation.path, {})[operation.method.lower()] = operation_object(operation)
     return {
         "openapi": "3.0.3",
-        "info": {"title": "rsgl", "version": "0.1.0", "description": "OpenAI-compatible and SGLang-native APIs served by rsgl."},
+        "info": {"title": "rsgl", "version": __version__, "description": "OpenAI-compatible and SGLang-native APIs served by rsgl."},
         "paths": paths,
         "components": {"securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
         "security": [{"apiKey": []}],  # only enforced when the server runs with --api-key

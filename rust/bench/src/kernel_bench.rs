@@ -12,8 +12,8 @@ use rsgl_kernels::int4::{Int4Offset, Int4Weights};
 use rsgl_kernels::int8_block::Int8BlockWeights;
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::{
-    kernels, linear, linear_i8, linear_q4, linear_q8, AttentionTask, BlockActivations, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows, RopeStyle,
-    ThreadPool, WeightDtype,
+    kernels, linear, linear_i8, linear_q4, linear_q8, AttentionTask, BlockActivations, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv,
+    QuantizedRows, RopeStyle, ThreadPool, WeightDtype,
 };
 use serde_json::{json, Value};
 use std::hint::black_box;

@@ -6,7 +6,10 @@ use crate::weights::{MatrixRows, Stored};
 use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QBLOCK};
 use rsgl_kernels::int8::quantize_weight_row;
 use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights};
-use rsgl_kernels::{kernels, linear, linear_i8, linear_q4, linear_q8, ActivationBits, BlockActivations, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool, WeightDtype};
+use rsgl_kernels::{
+    kernels, linear, linear_i8, linear_q4, linear_q8, ActivationBits, BlockActivations, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool,
+    WeightDtype,
+};
 use std::sync::Mutex;
 
 /// What a forward pass computes with: the kernels chosen for this CPU and the engine's pool.
