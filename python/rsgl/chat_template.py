@@ -10,11 +10,14 @@ from __future__ import annotations
 import functools
 import json
 from datetime import datetime
+from typing import Any, NoReturn
 
 import jinja2
 from jinja2.ext import Extension, loopcontrols
+from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError
 
 CHATML_TEMPLATE = (
@@ -27,13 +30,13 @@ CHATML_TEMPLATE = (
 
 def render_chat(
     template: str | None,
-    messages: list[dict],
+    messages: list[JsonObject],
     *,
     add_generation_prompt: bool = True,
     bos_token: str | None = None,
     eos_token: str | None = None,
-    tools: list[dict] | None = None,
-    **extra,
+    tools: list[JsonObject] | None = None,
+    **extra: Any,
 ) -> str:
     """The prompt text for `messages`, rendered with `template` (None: `CHATML_TEMPLATE`).
 
@@ -68,12 +71,12 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return environment
 
 
-def _tojson(value, ensure_ascii=False, indent=None, separators=None, sort_keys=False) -> str:
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | str | None = None, separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
     # Jinja's own tojson escapes HTML characters (<, >, &), which would change the prompt.
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _raise_exception(message: str):
+def _raise_exception(message: str) -> NoReturn:
     raise jinja2.exceptions.TemplateError(message)
 
 
@@ -87,7 +90,7 @@ class _GenerationTag(Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser):
+    def parse(self, parser: Parser) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.Scope(body, lineno=lineno)

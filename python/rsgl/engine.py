@@ -13,19 +13,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-import json
 import logging
 import secrets
 import time
 import uuid
 import weakref
-from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from typing import Any, Literal, TypedDict, Unpack, cast, overload
 
 import orjson
+from tokenizers import Tokenizer
 
 from rsgl import _core
+from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
+from rsgl.core_types import EngineOptions, GenerateRequest, Output, SamplingParams
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import load_model
 
@@ -47,6 +49,26 @@ _GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
 
 # Defaults a model's generation_config.json may set, as SGLang applies them.
 _MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+# SGLang-shaped results: {"text", "output_ids", "meta_info"}; one per prompt and sample.
+Result = JsonObject
+# What `sampling_params` takes: SGLang's keys, plus `n` (checked and taken off by the engine).
+SamplingArgument = JsonObject | list[JsonObject] | None
+
+
+class GenerateOptions(TypedDict, total=False):
+    """`generate`'s keyword options after `prompt` and `sampling_params` (see `generate`)."""
+
+    input_ids: list[int] | list[list[int]] | None
+    return_logprob: bool
+    top_logprobs_num: int
+    rid: str | list[str] | None
+    return_prompt_logits: bool
+    logprob_start_len: int | None
+    json_schema: JsonObject | str | None
+    regex: str | None
+    ebnf: str | None
+    choices: list[str] | None
 
 
 class Engine:
@@ -131,7 +153,7 @@ class Engine:
             )
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
-        options = {
+        options: JsonObject = {
             "context_length": context_length,
             "page_size": page_size,
             "max_total_tokens": max_total_tokens,
@@ -154,9 +176,9 @@ class Engine:
         store = self.model.open_weights()
         store.show_progress(progress)
         self._core = _core.Engine(
-            json.dumps(self.model.config),
+            self.model.config,
             store,
-            json.dumps(options),
+            cast(EngineOptions, options),  # checked by the engine, which names a bad value
             self.model.eos_token_ids,
             token_bytes=None if self.tokenizer is None else self.model.token_bytes,
             special_token_ids=self.model.special_token_ids,
@@ -168,10 +190,25 @@ class Engine:
 
     # ---- generation -------------------------------------------------------------------------
 
+    @overload
+    def generate(
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, *, stream: Literal[True], **options: Unpack[GenerateOptions]
+    ) -> Generator[Result, None, None]: ...
+
+    @overload
     def generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict | list[dict] | None = None,
+        sampling_params: SamplingArgument = None,
+        *,
+        stream: Literal[False] = False,
+        **options: Unpack[GenerateOptions],
+    ) -> Result | list[Result]: ...
+
+    def generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: SamplingArgument = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
@@ -179,11 +216,11 @@ class Engine:
         rid: str | list[str] | None = None,
         return_prompt_logits: bool = False,
         logprob_start_len: int | None = None,
-        json_schema: dict | str | None = None,
+        json_schema: JsonObject | str | None = None,
         regex: str | None = None,
         ebnf: str | None = None,
         choices: list[str] | None = None,
-    ) -> dict | list[dict] | Iterator[dict]:
+    ) -> Result | list[Result] | Generator[Result, None, None]:
         """Generates for one prompt (a dict back) or a list of prompts (a list back, run as one
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
         `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
@@ -206,10 +243,25 @@ class Engine:
         results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
         return results[0] if single else results
 
+    @overload
+    async def async_generate(
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, *, stream: Literal[True], **options: Unpack[GenerateOptions]
+    ) -> AsyncGenerator[Result, None]: ...
+
+    @overload
     async def async_generate(
         self,
         prompt: str | list[str] | None = None,
-        sampling_params: dict | list[dict] | None = None,
+        sampling_params: SamplingArgument = None,
+        *,
+        stream: Literal[False] = False,
+        **options: Unpack[GenerateOptions],
+    ) -> Result | list[Result]: ...
+
+    async def async_generate(
+        self,
+        prompt: str | list[str] | None = None,
+        sampling_params: SamplingArgument = None,
         input_ids: list[int] | list[list[int]] | None = None,
         return_logprob: bool = False,
         top_logprobs_num: int = 0,
@@ -217,11 +269,11 @@ class Engine:
         rid: str | list[str] | None = None,
         return_prompt_logits: bool = False,
         logprob_start_len: int | None = None,
-        json_schema: dict | str | None = None,
+        json_schema: JsonObject | str | None = None,
         regex: str | None = None,
         ebnf: str | None = None,
         choices: list[str] | None = None,
-    ) -> dict | list[dict] | AsyncIterator[dict]:
+    ) -> Result | list[Result] | AsyncGenerator[Result, None]:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
         grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
@@ -241,14 +293,14 @@ class Engine:
         results = await asyncio.gather(*(self._acollect(r, h, started) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
 
-    def select(self, prompt: str, choices: Sequence[str], normalize: bool = True) -> dict:
+    def select(self, prompt: str, choices: Sequence[str], normalize: bool = True) -> JsonObject:
         """Which of `choices` the model finds likeliest after `prompt`, as SGLang's `select`: each
         continuation is scored by its tokens' log-probabilities (their mean, or with
         `normalize=False` their sum), all scored in one batch sharing the prompt's cached KV.
         Returns `{"text", "index", "logprobs", "normalized_logprobs"}` (one score per choice)."""
         check_choices(prompt, choices)
         prompt_ids = self.encode(prompt)
-        requests = []
+        requests: list[GenerateRequest] = []
         for choice in choices:
             ids = self.encode(prompt + choice)
             sampling = {"max_new_tokens": 0, "temperature": 0}
@@ -258,17 +310,17 @@ class Engine:
         results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
         return rank_choices(choices, [[lp for lp, _, _ in r["meta_info"]["input_token_logprobs"]] for r in results], normalize)
 
-    def check_grammar(self, sampling_params: dict) -> None:
+    def check_grammar(self, sampling_params: SamplingParams | JsonObject) -> None:
         """Compiles the grammar in `sampling_params` (regex, json_schema, ebnf or choices) now,
         raising InvalidRequestError with the grammar backend's message if it is invalid. The
         compiled grammar is cached, so a request using it next starts without compiling."""
-        self._core.check_grammar(orjson.dumps(sampling_params).decode())
+        self._core.check_grammar(cast(SamplingParams, sampling_params))
 
-    def chat(self, messages: list[dict], sampling_params: dict | None = None, **kwargs: Any) -> dict | Iterator[dict]:
+    def chat(self, messages: list[JsonObject], sampling_params: JsonObject | None = None, **kwargs: Any) -> Result | list[Result] | Iterator[Result]:
         """Generates a reply to `messages` rendered with the model's chat template."""
-        return self.generate(prompt=self.apply_chat_template(messages), sampling_params=sampling_params, **kwargs)
+        return self.generate(prompt=self.apply_chat_template(messages), sampling_params=sampling_params, **kwargs)  # type: ignore[no-any-return]
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **extra: Any) -> str:
+    def apply_chat_template(self, messages: list[JsonObject], add_generation_prompt: bool = True, **extra: Any) -> str:
         self._need_tokenizer("chat")
         return render_chat(
             self.model.chat_template,
@@ -280,16 +332,17 @@ class Engine:
         )
 
     def encode(self, text: str) -> list[int]:
-        self._need_tokenizer("text prompts")
-        ids = self.tokenizer.encode(text).ids
+        tokenizer = self._need_tokenizer("text prompts")
+        ids: list[int] = tokenizer.encode(text).ids
         bos = self.model.bos_token_id
         if self.model.add_bos_token and bos is not None and ids[:1] != [bos]:
             ids = [bos, *ids]
         return ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        self._need_tokenizer("decoding")
-        return self.tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        tokenizer = self._need_tokenizer("decoding")
+        text: str = tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        return text
 
     def abort_request(self, rid: str) -> None:
         """Aborts a request (for n > 1, every sample of it) wherever it is."""
@@ -301,8 +354,8 @@ class Engine:
 
     # ---- information and life cycle ------------------------------------------------------------
 
-    def get_server_info(self) -> dict:
-        stats = orjson.loads(self._core.stats_json())
+    def get_server_info(self) -> JsonObject:
+        stats = self._core.stats()
         return {"model_path": self.model.source, "served_model_name": self.served_model_name, **stats}
 
     def shutdown(self) -> None:
@@ -316,34 +369,46 @@ class Engine:
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _need_tokenizer(self, what: str) -> None:
+    def _need_tokenizer(self, what: str) -> Tokenizer:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
+        return self.tokenizer
 
     def _build_requests(
-        self, prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len=None, grammar=None
-    ):
+        self,
+        prompt: str | list[str] | None,
+        input_ids: list[int] | list[list[int]] | None,
+        sampling_params: SamplingArgument,
+        rid: str | list[str] | None,
+        return_logprob: bool,
+        top_logprobs_num: int,
+        return_prompt_logits: bool,
+        logprob_start_len: int | None = None,
+        grammar: JsonObject | None = None,
+    ) -> tuple[list[GenerateRequest], bool]:
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
         batch = prompt if prompt is not None else input_ids
         if isinstance(batch, list) and len(batch) > self.max_sequences_per_call and not isinstance(batch[0], int):
             raise self._too_many_sequences()
+        id_lists: list[list[int]]
         if prompt is not None:
             single = isinstance(prompt, str)
-            prompts = [prompt] if single else list(prompt)
+            prompts: list[str] = [prompt] if isinstance(prompt, str) else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidRequestError("prompt must be a string or a list of strings")
             id_lists = [self.encode(p) for p in prompts]
         else:
+            assert input_ids is not None
             single = not input_ids or isinstance(input_ids[0], int)
-            id_lists = [list(input_ids)] if single else [list(ids) for ids in input_ids]
+            id_lists = [cast(list[int], list(input_ids))] if single else [list(cast(list[int], ids)) for ids in input_ids]
             if not all(isinstance(t, int) and not isinstance(t, bool) for ids in id_lists for t in ids):
                 raise InvalidRequestError("input_ids must be a list of ints or a list of lists of ints")
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(id_lists)
         if len(params) != len(id_lists):
             raise InvalidRequestError("sampling_params must be one dict or one per prompt")
         rids = rid if isinstance(rid, list) else [rid] * len(id_lists)
-        requests = []
+        requests: list[GenerateRequest] = []
         for ids, p, r in zip(id_lists, params, rids):
             p = self._normalize_params(p, grammar)
             n = p.pop("n", 1)
@@ -361,7 +426,7 @@ class Engine:
                         "rid": base if n == 1 else f"{base}-{i}",
                         "group": None if n == 1 else base,
                         "input_ids": ids,
-                        "sampling_params": sample,
+                        "sampling_params": cast(SamplingParams, sample),
                         "return_logprob": bool(return_logprob),
                         "top_logprobs_num": int(top_logprobs_num or 0),
                         "return_prompt_logits": bool(return_prompt_logits),
@@ -375,7 +440,7 @@ class Engine:
     def _too_many_sequences(self) -> InvalidRequestError:
         return InvalidRequestError(f"one call may start at most {self.max_sequences_per_call} sequences (prompts times n); split the batch")
 
-    def _normalize_params(self, params: dict | None, grammar: dict | None = None) -> dict:
+    def _normalize_params(self, params: JsonObject | None, grammar: JsonObject | None = None) -> JsonObject:
         if params is not None and not isinstance(params, dict):
             raise InvalidRequestError("sampling_params must be a dict")
         p = {**self._sampling_defaults, **(params or {}), **{k: v for k, v in (grammar or {}).items() if v is not None}}
@@ -390,36 +455,35 @@ class Engine:
             p["json_schema"] = orjson.dumps(p["json_schema"]).decode()
         return p
 
-    def _submit(self, request: dict) -> _core.RequestStream:
-        return self._core.submit(orjson.dumps(request).decode())
+    def _submit(self, request: GenerateRequest) -> _core.RequestStream:
+        return self._core.submit(request)
 
     @staticmethod
-    def _only(requests: list[dict]) -> dict:
+    def _only(requests: list[GenerateRequest]) -> GenerateRequest:
         if len(requests) != 1:
             raise InvalidRequestError("stream=True takes one prompt with n=1")
         return requests[0]
 
-    def _outputs(self, request: dict, handle: _core.RequestStream | None) -> Iterator[dict]:
+    def _outputs(self, request: GenerateRequest, handle: _core.RequestStream | None) -> Generator[Output, None, None]:
         """The engine's outputs for `request`; a caller that stops early aborts it (freeing its KV)."""
         handle = handle or self._submit(request)
         try:
             while True:
-                raw = handle.next_json(_POLL_SECONDS)
-                if raw is not None:
-                    yield orjson.loads(raw)
+                out = handle.next(_POLL_SECONDS)
+                if out is not None:
+                    yield out
                     if handle.done:
                         return
         finally:
             if not handle.done:
                 self._core.abort(request["rid"])
 
-    async def _aoutputs(self, request: dict, handle: _AsyncHandle) -> AsyncIterator[dict]:
+    async def _aoutputs(self, request: GenerateRequest, handle: _AsyncHandle) -> AsyncGenerator[Output, None]:
         """`_outputs` for asyncio: waits on the event loop, with no thread; a cancelled waiter
         aborts the request too."""
         try:
             while True:
-                raw = await handle.next_json()
-                yield orjson.loads(raw)
+                yield await handle.next()
                 if handle.stream.done:
                     return
         finally:
@@ -433,34 +497,34 @@ class Engine:
             wakeups = self._loop_wakeups[loop] = _LoopWakeups(loop)
         return wakeups
 
-    def _stream(self, request: dict, handle: _core.RequestStream | None = None) -> Iterator[dict]:
+    def _stream(self, request: GenerateRequest, handle: _core.RequestStream | None = None) -> Generator[Result, None, None]:
         result = _Result(request)
         with contextlib.closing(self._outputs(request, handle)) as outputs:
             for out in outputs:
                 result.add(out)
                 yield result.snapshot()
 
-    async def _astream(self, request: dict, handle: _AsyncHandle) -> AsyncIterator[dict]:
+    async def _astream(self, request: GenerateRequest, handle: _AsyncHandle) -> AsyncGenerator[Result, None]:
         result = _Result(request)
         async with contextlib.aclosing(self._aoutputs(request, handle)) as outputs:
             async for out in outputs:
                 result.add(out)
                 yield result.snapshot()
 
-    def _collect(self, request: dict, handle: _core.RequestStream, started: float) -> dict:
+    def _collect(self, request: GenerateRequest, handle: _core.RequestStream, started: float) -> Result:
         result = _Result(request, started)
         for out in self._outputs(request, handle):
             result.add(out)
         return result.snapshot()
 
-    async def _acollect(self, request: dict, handle: _AsyncHandle, started: float) -> dict:
+    async def _acollect(self, request: GenerateRequest, handle: _AsyncHandle, started: float) -> Result:
         result = _Result(request, started)
         async for out in self._aoutputs(request, handle):
             result.add(out)
         return result.snapshot()
 
 
-def _has_grammar(params: dict) -> bool:
+def _has_grammar(params: SamplingParams | JsonObject) -> bool:
     """Whether normalized sampling params (None values dropped) constrain the output."""
     return any(key in params for key in _GRAMMAR_KEYS)
 
@@ -478,9 +542,9 @@ class _LoopWakeups:
         # Notifier) outlives the watch; the engine forgets the loop once it is gone.
         loop.add_reader(self._notifier.fileno(), self._wake)
 
-    def submit(self, core: _core.Engine, request: dict) -> _AsyncHandle:
+    def submit(self, core: _core.Engine, request: GenerateRequest) -> _AsyncHandle:
         key = next(self._keys)
-        stream = core.submit(orjson.dumps(request).decode(), self._notifier, key)
+        stream = core.submit(request, self._notifier, key)
         ready = self._ready[key] = asyncio.Event()
         return _AsyncHandle(stream, ready)
 
@@ -497,30 +561,31 @@ class _AsyncHandle:
         self.stream = stream
         self._ready = ready
 
-    async def next_json(self) -> str:
-        while (raw := self.stream.try_next_json()) is None:
+    async def next(self) -> Output:
+        while (out := self.stream.try_next()) is None:
             # No await between the empty read and clear(): a wake-up cannot fall in between.
             self._ready.clear()
             await self._ready.wait()
-        return raw
+        return out
 
 
 class _Result:
     """Folds a request's outputs into SGLang's result shape."""
 
-    def __init__(self, request: dict, started: float | None = None) -> None:
+    def __init__(self, request: GenerateRequest, started: float | None = None) -> None:
         self.request = request
         # From submission: requests of one batch are collected one after another.
         self.started = time.perf_counter() if started is None else started
         self.text = ""
         self.ids: list[int] = []
-        self.logprobs: list[tuple] = []
-        self.top_logprobs: list[list[tuple]] = []
+        # SGLang's (logprob, token_id, text) triples; text is None (not detokenized per token).
+        self.logprobs: list[tuple[float, int, None]] = []
+        self.top_logprobs: list[list[tuple[float, int, None]]] = []
         self.prompt_logits: list[float] | None = None
-        self.input_logprobs: list[tuple] | None = None
-        self.finished: dict = {}
+        self.input_logprobs: list[tuple[float | None, int, None]] | None = None
+        self.finished: JsonObject = {}
 
-    def add(self, out: dict) -> None:
+    def add(self, out: Output) -> None:
         self.text += out["text"]
         self.ids.extend(out["token_ids"])
         for lp in out.get("logprobs", ()):
@@ -528,13 +593,13 @@ class _Result:
             self.top_logprobs.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
         self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
         if "input_token_logprobs" in out:
-            ids, start = self.request["input_ids"], self.request["logprob_start_len"]
-            first = [(None, ids[0], None)] if start == 0 else []
+            ids, start = self.request["input_ids"], self.request.get("logprob_start_len") or 0
+            first: list[tuple[float | None, int, None]] = [(None, ids[0], None)] if start == 0 else []
             from_pos = max(start, 1)
             self.input_logprobs = first + [(lp, ids[from_pos + i], None) for i, lp in enumerate(out["input_token_logprobs"])]
-        self.finished = out.get("finished", {})
+        self.finished = dict(out.get("finished", {}))
 
-    def snapshot(self) -> dict:
+    def snapshot(self) -> Result:
         """The result so far (copies, so a streamed chunk does not change under its reader)."""
         meta = {
             "id": self.request["rid"],
@@ -545,7 +610,7 @@ class _Result:
             "e2e_latency": time.perf_counter() - self.started,
             **self.finished,
         }
-        if self.request["return_logprob"]:
+        if self.request.get("return_logprob"):
             meta["output_token_logprobs"] = list(self.logprobs)
             meta["output_top_logprobs"] = list(self.top_logprobs)
         if self.prompt_logits is not None:
@@ -571,7 +636,7 @@ def continuation_start(prompt_ids: list[int], ids: list[int]) -> int:
     return min(max(start, 1), len(ids) - 1)
 
 
-def rank_choices(choices: Sequence[str], token_logprobs: list[list[float]], normalize: bool = True) -> dict:
+def rank_choices(choices: Sequence[str], token_logprobs: list[list[float]], normalize: bool = True) -> JsonObject:
     """`{"text", "index", "logprobs", "normalized_logprobs"}`: the best choice by the mean (or,
     without `normalize`, the sum) of its tokens' log-probabilities, and every choice's scores."""
     sums = [sum(lps) for lps in token_logprobs]

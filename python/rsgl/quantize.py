@@ -25,14 +25,20 @@ from __future__ import annotations
 import argparse
 import re
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
 from rsgl import w4a8
+from rsgl._typing import JsonObject
 from rsgl.errors import RsglError
 from rsgl.loader import expected_tensor_shapes, load_model
 from rsgl.loader.export import FLOAT_STORAGE, write_model_folder
+
+if TYPE_CHECKING:
+    import torch
 
 METHODS = ("w8a8_int8", "w4a8", "awq")
 GROUP_SIZES = (32, 64, 128)  # awq: inputs per group (w4a8's blocks are 32, the kernels' own)
@@ -44,7 +50,7 @@ LINEAR_WEIGHT = re.compile(
 )
 
 
-def quantization_config(method: str) -> dict:
+def quantization_config(method: str) -> JsonObject:
     """What config.json says of a w8a8_int8 checkpoint (SGLang's shape)."""
     return {
         "quant_method": method,
@@ -70,7 +76,7 @@ SMOOTHING_ALPHA = 0.5
 CALIBRATION_TEXT = Path(__file__).with_name("calibration.txt")
 
 
-def calibration_inputs(model_path: str | None, token_ids: list[int]) -> dict:
+def calibration_inputs(model_path: str | None, token_ids: list[int]) -> dict[str, torch.Tensor]:
     """Per decoder layer, the float32 activations `[tokens, channels]` its linear layers read over
     `token_ids`, from a transformers forward pass: `{layer prefix + ".attn" / ".mlp" / ".down"}`."""
     import torch
@@ -85,10 +91,10 @@ def calibration_inputs(model_path: str | None, token_ids: list[int]) -> dict:
         hf = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
     else:
         hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    inputs: dict = {}
+    inputs: dict[str, torch.Tensor] = {}
 
-    def record(name):
-        def hook(_module, args):
+    def record(name: str) -> Callable[[torch.nn.Module, tuple[torch.Tensor, ...]], None]:
+        def hook(_module: torch.nn.Module, args: tuple[torch.Tensor, ...]) -> None:
             inputs[name] = args[0].detach()[0].float()
 
         return hook
@@ -103,17 +109,24 @@ def calibration_inputs(model_path: str | None, token_ids: list[int]) -> dict:
     return inputs
 
 
-def scaling_groups(tensors: dict[str, np.ndarray]):
-    """Per decoder layer, the linear layers that read one input, with what produces that input:
-    (inputs key, consumer weights, the RMSNorm weight before them or None, the weight whose rows
-    produce the input or None). Scaling input channel j of the consumers' columns by s_j and
-    dividing the producer by s_j leaves the float model unchanged."""
+class ScalingGroup(NamedTuple):
+    """Linear layers that read one input, with what produces that input (a norm or a weight's rows)."""
+
+    inputs_key: str
+    consumers: list[str]
+    norm: str | None  # the RMSNorm weight before them
+    producer_rows: str | None  # the weight whose rows produce the input
+
+
+def scaling_groups(tensors: dict[str, np.ndarray]) -> Iterator[ScalingGroup]:
+    """Per decoder layer, its scaling groups. Scaling input channel j of the consumers' columns by
+    s_j and dividing the producer by s_j leaves the float model unchanged."""
     layer = 0
     while f"model.layers.{layer}.input_layernorm.weight" in tensors:
         p = f"model.layers.{layer}"
-        yield p + ".attn", [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"], f"{p}.input_layernorm.weight", None
-        yield p + ".mlp", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.post_attention_layernorm.weight", None
-        yield p + ".down", [f"{p}.mlp.down_proj.weight"], None, f"{p}.mlp.up_proj.weight"
+        yield ScalingGroup(p + ".attn", [f"{p}.self_attn.{x}_proj.weight" for x in "qkv"], f"{p}.input_layernorm.weight", None)
+        yield ScalingGroup(p + ".mlp", [f"{p}.mlp.gate_proj.weight", f"{p}.mlp.up_proj.weight"], f"{p}.post_attention_layernorm.weight", None)
+        yield ScalingGroup(p + ".down", [f"{p}.mlp.down_proj.weight"], None, f"{p}.mlp.up_proj.weight")
         layer += 1
 
 
@@ -122,11 +135,11 @@ def fold_scales(tensors: dict[str, np.ndarray], consumers: list[str], norm: str 
         tensors[name] = tensors[name] * scale[None, :]
     if norm is not None:
         tensors[norm] = tensors[norm] / scale
-    else:
+    elif producer_rows is not None:
         tensors[producer_rows] = tensors[producer_rows] / scale[:, None]
 
 
-def smooth(tensors: dict[str, np.ndarray], inputs: dict, alpha: float = SMOOTHING_ALPHA) -> None:
+def smooth(tensors: dict[str, np.ndarray], inputs: dict[str, torch.Tensor], alpha: float = SMOOTHING_ALPHA) -> None:
     """SmoothQuant: per input channel j of a GEMM, divides the activations by
     `s_j = max|x_j|^alpha / max|w_j|^(1 - alpha)` and multiplies the weights' column j by it, so
     activation outliers move into the weights, which are quantized per output channel and take
@@ -138,7 +151,7 @@ def smooth(tensors: dict[str, np.ndarray], inputs: dict, alpha: float = SMOOTHIN
         fold_scales(tensors, consumers, norm, producer_rows, scale)
 
 
-def scale_activation_aware(tensors: dict[str, np.ndarray], inputs: dict, roundtrip) -> None:
+def scale_activation_aware(tensors: dict[str, np.ndarray], inputs: dict[str, torch.Tensor], roundtrip: Callable[[np.ndarray], np.ndarray]) -> None:
     """AWQ's scaling (see rsgl.w4a8) of every layer group, judged through `roundtrip`."""
     for key, consumers, norm, producer_rows in scaling_groups(tensors):
         scale = w4a8.search_scales(inputs[key], [tensors[name] for name in consumers], roundtrip)
@@ -196,8 +209,8 @@ def convert(model_path: str | None, output: Path, method: str, dtype: str, progr
     return output
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m rsgl.quantize", description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None, prog: str = "python -m rsgl.quantize") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-path", default=None, help="a Hugging Face folder or a .gguf file (default: SmolLM2-135M-Instruct)")
     parser.add_argument("--output", type=Path, required=True, help="the folder to write")
     parser.add_argument("--method", "--scheme", dest="method", choices=METHODS, default="w8a8_int8")
@@ -214,8 +227,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m rsgl.quantize") -> None:
+    args = parse_args(argv, prog)
     try:
         out = convert(
             args.model_path,

@@ -19,8 +19,14 @@ search never does worse on them.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+from rsgl._typing import JsonObject
+
+if TYPE_CHECKING:
+    import torch
 
 QBLOCK = 32  # inputs per Q4_1 block, the kernels' block
 Q4_1_BYTES = 20  # float16 d, float16 m, 16 bytes of nibbles
@@ -33,7 +39,7 @@ ALPHA_GRID = tuple(i / 20 for i in range(20))
 SEARCH_TOKENS = 256
 
 
-def w4a8_config() -> dict:
+def w4a8_config() -> JsonObject:
     """config.json's quantization_config of an rsgl w4a8 checkpoint."""
     return {
         "quant_method": "w4a8",
@@ -43,7 +49,7 @@ def w4a8_config() -> dict:
     }
 
 
-def awq_config(group_size: int) -> dict:
+def awq_config(group_size: int) -> JsonObject:
     """config.json's quantization_config of an AWQ checkpoint (AutoAWQ's fields)."""
     return {"quant_method": "awq", "bits": 4, "group_size": group_size, "zero_point": True, "version": "gemm", "modules_to_not_convert": None}
 
@@ -94,7 +100,8 @@ def awq_quantize(weight: np.ndarray, group_size: int) -> tuple[np.ndarray, np.nd
 def awq_roundtrip(weight: np.ndarray, group_size: int) -> np.ndarray:
     q, zeros, scales = awq_quantize(weight, group_size)
     groups = q.astype(np.float32).reshape(weight.shape[0], -1, group_size)
-    return ((groups - zeros.T[..., None]) * scales.T.astype(np.float32)[..., None]).reshape(weight.shape)
+    restored: np.ndarray = ((groups - zeros.T[..., None]) * scales.T.astype(np.float32)[..., None]).reshape(weight.shape)
+    return restored
 
 
 def pack_awq(nibbles: np.ndarray) -> np.ndarray:
@@ -122,7 +129,7 @@ def fits(shape: tuple[int, ...], group_size: int) -> bool:
     return out_features % 8 == 0 and in_features % group_size == 0
 
 
-def search_scales(inputs, weights: list[np.ndarray], roundtrip: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+def search_scales(inputs: torch.Tensor, weights: list[np.ndarray], roundtrip: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
     """AWQ's per-input-channel scales for the layers `weights` (`[out, in]` each) that all read
     `inputs` (a torch `[tokens, in]`): the alpha of ALPHA_GRID whose outputs, with the weights
     through `roundtrip` (quantized and back), are closest to the float ones."""

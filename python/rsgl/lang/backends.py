@@ -5,12 +5,14 @@ either."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Any, Protocol
 
+from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
 from rsgl.engine import Engine, check_choices, continuation_start, rank_choices
 from rsgl.errors import InvalidRequestError, RsglError
@@ -21,13 +23,13 @@ _CONTENT = "\x00rsgl-content\x00"
 
 
 class Backend(Protocol):
-    def generate(self, text: str, sampling_params: dict) -> dict:
+    def generate(self, text: str, sampling_params: JsonObject) -> JsonObject:
         """SGLang's result: {"text", "meta_info"}."""
 
-    def generate_stream(self, text: str, sampling_params: dict) -> Iterator[str]:
+    def generate_stream(self, text: str, sampling_params: JsonObject) -> Iterator[str]:
         """The generated text so far, growing chunk by chunk."""
 
-    def select(self, text: str, choices: list[str]) -> dict:
+    def select(self, text: str, choices: list[str]) -> JsonObject:
         """`Engine.select`'s result: {"text", "index", "logprobs", "normalized_logprobs"}."""
 
     def role_markers(self, role: str) -> tuple[str, str]:
@@ -55,10 +57,10 @@ def role_markers(template: str | None, bos_token: str | None, eos_token: str | N
     """Each role's (prefix, suffix) in `template`: a message rendered after a system message,
     minus that system message alone (so a template's default system prompt stays out)."""
 
-    def render(messages: list[dict]) -> str:
+    def render(messages: list[JsonObject]) -> str:
         return render_chat(template, messages, add_generation_prompt=False, bos_token=bos_token, eos_token=eos_token)
 
-    markers = {}
+    markers: dict[str, tuple[str, str]] = {}
     first = {"role": "system", "content": "x"}
     for role in ROLES:
         if role == "system":
@@ -80,14 +82,17 @@ class EngineBackend:
         model = engine.model
         self._markers = role_markers(model.chat_template, model.bos_token, model.eos_token)
 
-    def generate(self, text: str, sampling_params: dict) -> dict:
-        return self.engine.generate(text, dict(sampling_params))
+    def generate(self, text: str, sampling_params: JsonObject) -> JsonObject:
+        out = self.engine.generate(text, dict(sampling_params))
+        if not isinstance(out, dict):
+            raise InvalidRequestError("a program's gen takes n=1 (one sample per call)")
+        return out
 
-    def generate_stream(self, text: str, sampling_params: dict) -> Iterator[str]:
+    def generate_stream(self, text: str, sampling_params: JsonObject) -> Iterator[str]:
         for chunk in self.engine.generate(text, dict(sampling_params), stream=True):
             yield chunk["text"]
 
-    def select(self, text: str, choices: list[str]) -> dict:
+    def select(self, text: str, choices: list[str]) -> JsonObject:
         return self.engine.select(text, choices)
 
     def role_markers(self, role: str) -> tuple[str, str]:
@@ -105,10 +110,11 @@ class RuntimeEndpoint:
         info = self._request("GET", "/get_model_info")
         self._markers = role_markers(info.get("chat_template"), info.get("bos_token"), info.get("eos_token"))
 
-    def generate(self, text: str, sampling_params: dict) -> dict:
-        return self._request("POST", "/generate", {"text": text, "sampling_params": sampling_params})
+    def generate(self, text: str, sampling_params: JsonObject) -> JsonObject:
+        result: JsonObject = self._request("POST", "/generate", {"text": text, "sampling_params": sampling_params})
+        return result
 
-    def generate_stream(self, text: str, sampling_params: dict) -> Iterator[str]:
+    def generate_stream(self, text: str, sampling_params: JsonObject) -> Iterator[str]:
         body = {"text": text, "sampling_params": sampling_params, "stream": True}
         with self._open("POST", "/generate", body) as response:
             for line in response:
@@ -120,7 +126,7 @@ class RuntimeEndpoint:
                     raise RsglError(chunk["error"].get("message", "the server ended the stream with an error"))
                 yield chunk["text"]
 
-    def select(self, text: str, choices: list[str]) -> dict:
+    def select(self, text: str, choices: list[str]) -> JsonObject:
         check_choices(text, choices)
         prompt_ids = self._request("POST", "/tokenize", {"prompt": text})["tokens"]
         full_ids = self._request("POST", "/tokenize", {"prompt": [text + c for c in choices]})["tokens"]
@@ -135,15 +141,17 @@ class RuntimeEndpoint:
     def role_markers(self, role: str) -> tuple[str, str]:
         return self._markers[role]
 
-    def _request(self, method: str, path: str, body: dict | None = None) -> dict | list:
+    def _request(self, method: str, path: str, body: JsonObject | None = None) -> Any:
+        """The server's JSON answer (an object, or a list of them for a batch)."""
         with self._open(method, path, body) as response:
             return json.loads(response.read())
 
-    def _open(self, method: str, path: str, body: dict | None):
+    def _open(self, method: str, path: str, body: JsonObject | None) -> http.client.HTTPResponse:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(self.base_url + path, data=data, headers=self.headers, method=method)
         try:
-            return urllib.request.urlopen(request, timeout=self.timeout)
+            response: http.client.HTTPResponse = urllib.request.urlopen(request, timeout=self.timeout)
+            return response
         except urllib.error.HTTPError as error:
             message = _error_message(error)
             if error.code == 400:
@@ -155,6 +163,6 @@ class RuntimeEndpoint:
 
 def _error_message(error: urllib.error.HTTPError) -> str:
     try:
-        return json.loads(error.read())["error"]["message"]
+        return str(json.loads(error.read())["error"]["message"])
     except (ValueError, KeyError, TypeError):
         return error.reason

@@ -3,16 +3,18 @@ one of several continuations by log-probability) and role blocks."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError
 
 
 @dataclass(frozen=True)
 class Gen:
     name: str | None
-    sampling_params: dict
+    sampling_params: JsonObject
 
 
 @dataclass(frozen=True)
@@ -38,7 +40,7 @@ def gen(
     top_p: float | None = None,
     top_k: int | None = None,
     regex: str | None = None,
-    json_schema: dict | str | None = None,
+    json_schema: JsonObject | str | None = None,
     choices: list[str] | None = None,
     **sampling_params: Any,
 ) -> Gen:
@@ -66,7 +68,7 @@ def select(name: str | None = None, choices: list[str] | None = None) -> Select:
     return Select(name, tuple(choices))
 
 
-def _role(role: str):
+def _role(role: str) -> Callable[..., Role]:
     def block(*content: Expression) -> Role:
         return Role(role, content)
 

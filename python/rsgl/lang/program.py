@@ -48,7 +48,7 @@ class Program:
         their requests; returns the states in order (a failed program's state raises on reading)."""
         resolved = as_backend(backend)
         threads = num_threads or min(DEFAULT_BATCH_THREADS, max(1, len(batch_kwargs)))
-        with ThreadPoolExecutor(max_workers=threads) as pool, tqdm(total=len(batch_kwargs), disable=not progress_bar, desc=self.__name__) as bar:
+        with ThreadPoolExecutor(max_workers=threads) as pool, tqdm(total=len(batch_kwargs), disable=not progress_bar, desc=self.body.__name__) as bar:
 
             def one(kwargs: dict[str, Any]) -> ProgramState:
                 state = ProgramState(resolved)
@@ -61,7 +61,7 @@ class Program:
     def __call__(self, *args: Any, **kwargs: Any) -> ProgramState:
         return self.run(*args, **kwargs)
 
-    def _execute(self, state: ProgramState, args: tuple, kwargs: dict[str, Any]) -> None:
+    def _execute(self, state: ProgramState, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         try:
             self.body(state, *args, **kwargs)
         except BaseException as error:  # kept for whoever reads the state

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError
 from rsgl.lang.backends import Backend
 from rsgl.lang.expressions import Expression, Gen, Role, Select
@@ -22,7 +24,7 @@ class ProgramState:
         self.stream = stream
         self._text = ""
         self._variables: dict[str, Any] = {}
-        self._meta: dict[str, dict] = {}
+        self._meta: dict[str, JsonObject] = {}
         # Streaming: what each variable has received so far, and which are complete.
         self._changed = threading.Condition()
         self._partial: dict[str, str] = {}
@@ -47,14 +49,14 @@ class ProgramState:
             raise InvalidRequestError(f"a program state takes text, gen, select or a role block, not {type(expression).__name__}")
         return self
 
-    def system(self) -> contextlib.AbstractContextManager:
+    def system(self) -> contextlib.AbstractContextManager[None]:
         """`with s.system(): s += ...` is `s += system(...)`."""
         return self._role("system")
 
-    def user(self) -> contextlib.AbstractContextManager:
+    def user(self) -> contextlib.AbstractContextManager[None]:
         return self._role("user")
 
-    def assistant(self) -> contextlib.AbstractContextManager:
+    def assistant(self) -> contextlib.AbstractContextManager[None]:
         return self._role("assistant")
 
     @contextlib.contextmanager
@@ -101,7 +103,7 @@ class ProgramState:
         self.sync()
         return self._text
 
-    def get_meta_info(self, name: str) -> dict:
+    def get_meta_info(self, name: str) -> JsonObject:
         """The backend's meta_info of the `gen` that set `name` (token counts, finish reason...),
         or the choice scores of a `select`."""
         self.sync()
@@ -133,7 +135,7 @@ class ProgramState:
         sent = 0
         while True:
             with self._changed:
-                self._changed.wait_for(lambda sent=sent: len(self._partial.get(name, "")) > sent or name in self._complete or self._finished)
+                self._changed.wait_for(functools.partial(self._has_news, name, sent))
                 value, complete, finished = self._partial.get(name, ""), name in self._complete, self._finished
             if len(value) > sent:
                 yield value[sent:]
@@ -142,6 +144,10 @@ class ProgramState:
                 if self._error is not None:
                     raise self._error
                 return
+
+    def _has_news(self, name: str, sent: int) -> bool:
+        """Whether variable `name` has grown past `sent` characters, completed, or the program ended."""
+        return len(self._partial.get(name, "")) > sent or name in self._complete or self._finished
 
     def sync(self) -> None:
         """Waits for a streamed program to finish; raises the error it failed with, if any."""

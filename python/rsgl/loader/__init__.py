@@ -19,14 +19,16 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 from tokenizers import Tokenizer
 
 from rsgl._core import WeightStore
+from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
 
-__all__ = ["LoadedModel", "load_model", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["LoadedModel", "ModelConfig", "load_model", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
 # Mixture-of-experts variants, from Hugging Face folders (dense attention, sparse MLPs).
@@ -40,6 +42,64 @@ WEIGHT_DTYPE_PROBE = "model.layers.0.mlp.down_proj.weight"
 # Quantizations a checkpoint brings with it, run as stored (a layer of a type without integer
 # kernels in `dtype`); an explicit `dtype=` dequantizes the checkpoint instead.
 STORED_QUANTIZATIONS = ("gguf", "awq", "gptq")
+# (shape, storage type) of each tensor of a checkpoint, by name.
+Tensors = dict[str, tuple[tuple[int, ...], str]]
+
+
+class RopeScaling(TypedDict):
+    """Llama 3's RoPE scaling, the only kind the core runs."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+
+class MoeConfig(TypedDict):
+    """The sparse MLP of a mixture-of-experts model (every layer sparse)."""
+
+    num_experts: int
+    experts_per_token: int
+    expert_intermediate_size: int
+    norm_topk_prob: bool
+    shared_expert_intermediate_size: int | None
+
+
+class ModelConfig(TypedDict):
+    """The config the Rust core reads (as JSON), built by `make_config`."""
+
+    architecture: str
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: RopeScaling | None
+    attention_bias: bool
+    qk_norm: bool
+    tie_word_embeddings: bool
+    max_position_embeddings: int
+    moe: MoeConfig | None
+
+
+class TokenizerFields(TypedDict):
+    """The `LoadedModel` fields a format's loader reads from its tokenizer files or metadata."""
+
+    tokenizer: Tokenizer | None
+    chat_template: str | None
+    bos_token: str | None
+    eos_token: str | None
+    add_bos_token: bool
+    bos_token_id: int | None
+    eos_token_ids: list[int]
+    generation_config: JsonObject
+    token_bytes: list[bytes] | None
+    special_token_ids: list[int]
 
 
 @dataclass
@@ -50,7 +110,7 @@ class LoadedModel:
     `add_bos_token` is False when the tokenizer's own post-processor already adds BOS.
     """
 
-    config: dict  # normalized, see `make_config`
+    config: ModelConfig
     open_weights: Callable[[], WeightStore]  # maps the weight files (cheap: only headers are read)
     tokenizer: Tokenizer | None
     chat_template: str | None
@@ -59,7 +119,7 @@ class LoadedModel:
     add_bos_token: bool
     bos_token_id: int | None
     eos_token_ids: list[int]
-    generation_config: dict
+    generation_config: JsonObject
     token_bytes: list[bytes] | None  # per model vocab id: the bytes it adds to decoded text
     special_token_ids: list[int]
     source: str  # the path loaded
@@ -85,7 +145,7 @@ class LoadedModel:
 
 
 def load_model(
-    model_path: str | os.PathLike | None,
+    model_path: str | os.PathLike[str] | None,
     *,
     dtype: str = "auto",
     skip_tokenizer_init: bool = False,
@@ -154,13 +214,13 @@ def make_config(
     vocab_size: int,
     rms_norm_eps: float,
     rope_theta: float,
-    rope_scaling: dict | None,
+    rope_scaling: RopeScaling | None,
     attention_bias: bool,
     qk_norm: bool,
     tie_word_embeddings: bool,
     max_position_embeddings: int,
-    moe: dict | None = None,
-) -> dict:
+    moe: MoeConfig | None = None,
+) -> ModelConfig:
     """The config the Rust core reads (as JSON): exactly these keys, plain JSON types."""
     return {
         "architecture": architecture,
@@ -182,13 +242,13 @@ def make_config(
     }
 
 
-def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
+def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape."""
     hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     head_dim = config["head_dim"]
     q_rows = config["num_attention_heads"] * head_dim
     kv_rows = config["num_key_value_heads"] * head_dim
-    shapes = {"model.embed_tokens.weight": (vocab, hidden)}
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         shapes[prefix + "input_layernorm.weight"] = (hidden,)
@@ -201,8 +261,8 @@ def expected_tensor_shapes(config: dict) -> dict[str, tuple[int, ...]]:
             shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
             shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
         shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
-        if config.get("moe"):
-            shapes.update(_moe_shapes(prefix, config))
+        if config["moe"]:
+            shapes.update(_moe_shapes(prefix, config["moe"], config))
         else:
             shapes.update(_swiglu_shapes(prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"), hidden, ffn))
     shapes["model.norm.weight"] = (hidden,)
@@ -216,13 +276,13 @@ def _swiglu_shapes(prefix: str, names: tuple[str, str, str], hidden: int, inner:
     return {f"{prefix}{gate}.weight": (inner, hidden), f"{prefix}{up}.weight": (inner, hidden), f"{prefix}{down}.weight": (hidden, inner)}
 
 
-def _moe_shapes(prefix: str, config: dict) -> dict[str, tuple[int, ...]]:
+def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig) -> dict[str, tuple[int, ...]]:
     """A sparse MLP's tensors, as Mixtral (`block_sparse_moe`, w1/w3/w2) or Qwen MoE checkpoints
     (`mlp`, gate/up/down_proj, and Qwen2-MoE's shared expert) name them."""
-    moe, hidden = config["moe"], config["hidden_size"]
+    hidden = config["hidden_size"]
     mixtral = config["architecture"] == "mixtral"
     block, names = (prefix + "block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else (prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"))
-    shapes = {block + "gate.weight": (moe["num_experts"], hidden)}
+    shapes: dict[str, tuple[int, ...]] = {block + "gate.weight": (moe["num_experts"], hidden)}
     for expert in range(moe["num_experts"]):
         shapes.update(_swiglu_shapes(f"{block}experts.{expert}.", names, hidden, moe["expert_intermediate_size"]))
     if moe["shared_expert_intermediate_size"]:
@@ -231,7 +291,7 @@ def _moe_shapes(prefix: str, config: dict) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: dict, source: Path) -> None:
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, source: Path) -> None:
     """Fail before loading when the files lack a tensor the config needs, or hold it in another shape."""
     expected = expected_tensor_shapes(config)
     missing = [name for name in expected if name not in found]
@@ -252,10 +312,11 @@ def with_progress(names: list[str], enabled: bool) -> Iterable[str]:
     """`names`, with a progress bar on stderr while the tensors they name load."""
     from tqdm import tqdm
 
-    return tqdm(names, desc="Loading weights", unit="tensor", file=sys.stderr, disable=not enabled)
+    bar: Iterable[str] = tqdm(names, desc="Loading weights", unit="tensor", file=sys.stderr, disable=not enabled)
+    return bar
 
 
-def unique_ints(*groups) -> list[int]:
+def unique_ints(*groups: int | list[int] | tuple[int, ...] | None) -> list[int]:
     """The ints in these values (each None, an int or a list of ints), once each, in order."""
     seen: list[int] = []
     for group in groups:

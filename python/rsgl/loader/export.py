@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rsgl.loader import LoadedModel
+from rsgl._typing import JsonObject
+from rsgl.loader import LoadedModel, MoeConfig
 
 # The Hugging Face class for each architecture the loader normalizes to.
 MODEL_CLASS = {
@@ -27,9 +28,9 @@ FLOAT_STORAGE = {"float32": "F32", "bfloat16": "BF16"}
 EXACT_STORAGE = {np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.int32): "I32", np.dtype(np.float16): "F16"}
 
 
-def hf_config(model: LoadedModel, dtype: str, quantization_config: dict | None = None) -> dict:
+def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | None = None) -> JsonObject:
     """A transformers config.json from the loader's normalized config."""
-    config = dict(model.config)
+    config: JsonObject = dict(model.config)
     architecture = config.pop("architecture")
     config.pop("qk_norm")  # implied by the architecture (qwen3)
     moe = config.pop("moe")
@@ -50,11 +51,11 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: dict | None =
     return hf
 
 
-def _hf_moe_fields(architecture: str, moe: dict) -> dict:
+def _hf_moe_fields(architecture: str, moe: MoeConfig) -> JsonObject:
     """The sparse MLP in the config keys of its transformers class."""
     if architecture == "mixtral":
         return {"num_local_experts": moe["num_experts"], "num_experts_per_tok": moe["experts_per_token"], "intermediate_size": moe["expert_intermediate_size"]}
-    fields = {
+    fields: JsonObject = {
         "num_experts": moe["num_experts"],
         "num_experts_per_tok": moe["experts_per_token"],
         "moe_intermediate_size": moe["expert_intermediate_size"],
@@ -77,7 +78,7 @@ def to_bf16_bits(values: np.ndarray) -> np.ndarray:
 def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: str) -> None:
     """The safetensors layout: 8-byte little-endian header length, JSON header, raw data. float32
     arrays are stored in `float_dtype`, the others in their own type (EXACT_STORAGE)."""
-    stored = {}
+    stored: dict[str, tuple[str, np.ndarray]] = {}
     for name, array in tensors.items():
         if array.dtype in EXACT_STORAGE:
             stored[name] = (EXACT_STORAGE[array.dtype], array)
@@ -85,7 +86,8 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: s
             stored[name] = ("BF16", to_bf16_bits(array))
         else:
             stored[name] = ("F32", array.astype("<f4"))
-    header, offset = {"__metadata__": {"format": "pt"}}, 0
+    header: JsonObject = {"__metadata__": {"format": "pt"}}
+    offset = 0
     for name, (kind, array) in stored.items():
         header[name] = {"dtype": kind, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
         offset += array.nbytes
@@ -98,7 +100,7 @@ def write_safetensors(path: Path, tensors: dict[str, np.ndarray], float_dtype: s
             file.write(np.ascontiguousarray(array).tobytes())
 
 
-def write_model_folder(out: Path, model: LoadedModel, tensors: dict[str, np.ndarray], float_dtype: str, quantization_config: dict | None = None) -> None:
+def write_model_folder(out: Path, model: LoadedModel, tensors: dict[str, np.ndarray], float_dtype: str, quantization_config: JsonObject | None = None) -> None:
     """The whole folder; model.safetensors lands last, so its presence means a complete folder."""
     out.mkdir(parents=True, exist_ok=True)
     partial = out / "model.safetensors.partial"

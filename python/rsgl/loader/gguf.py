@@ -8,8 +8,9 @@ models and stacks the experts of mixture-of-experts layers) and dequantizes them
 from __future__ import annotations
 
 import functools
-import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import gguf
 
@@ -19,6 +20,10 @@ from rsgl.loader import (
     SUPPORTED_ARCHITECTURES,
     WEIGHT_DTYPE_PROBE,
     LoadedModel,
+    ModelConfig,
+    MoeConfig,
+    Tensors,
+    TokenizerFields,
     check_tensor_shapes,
     make_config,
     unique_ints,
@@ -34,7 +39,7 @@ _FLOAT_TYPES = ("F32", "F16", "BF16")
 
 
 def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
-    metadata = _Metadata(json.loads(WeightStore.gguf_metadata_json(str(path))))
+    metadata = _Metadata(WeightStore.gguf_metadata(str(path)))
     gguf_architecture = metadata.require("general.architecture", path)
     if gguf_architecture not in (*SUPPORTED_ARCHITECTURES, *_MOE_ARCHITECTURES):
         supported = ", ".join((*SUPPORTED_ARCHITECTURES, *_MOE_ARCHITECTURES))
@@ -43,7 +48,7 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     heads = metadata.require(f"{gguf_architecture}.attention.head_count", path)
     kv_heads = metadata.get(f"{gguf_architecture}.attention.head_count_kv", heads)
     open_weights = functools.partial(WeightStore.open_gguf, str(path), architecture, int(heads), int(kv_heads))
-    tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
+    tensors: Tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
     if "rope_freqs.weight" in tensors:
         raise UnsupportedModelError(
             f"{path} bakes llama3 RoPE scaling into a rope_freqs tensor, which rsgl does not read yet; load the model's Hugging Face folder instead."
@@ -66,7 +71,6 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         # A quantized file runs in its own quantization, as llama.cpp runs it: the core packs
         # the blocks it has integer kernels for as they are, the rest in `dtype`.
         quantization=None if tensors[probe][1] in _FLOAT_TYPES else "gguf",
-        generation_config={},
         **_tokenizer_fields(metadata, config["vocab_size"], skip_tokenizer_init),
     )
 
@@ -74,13 +78,13 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
 class _Metadata:
     """The GGUF key/value metadata."""
 
-    def __init__(self, fields: dict):
+    def __init__(self, fields: dict[str, Any]) -> None:
         self._fields = fields
 
-    def get(self, key: str, default=None):
+    def get(self, key: str, default: Any = None) -> Any:
         return self._fields.get(key, default)
 
-    def require(self, key: str, source: Path):
+    def require(self, key: str, source: Path) -> Any:
         value = self.get(key)
         if value is None:
             raise ModelLoadError(f"{source} lacks the GGUF metadata key {key!r}; the file looks broken: download it again.")
@@ -94,11 +98,11 @@ def _architecture(metadata: _Metadata, gguf_architecture: str) -> str:
     return "mixtral" if gguf_architecture == "llama" and experts else gguf_architecture
 
 
-def _config(metadata: _Metadata, gguf_architecture: str, architecture: str, tensors: dict, path: Path) -> dict:
-    def arch_key(key, default=None):
+def _config(metadata: _Metadata, gguf_architecture: str, architecture: str, tensors: Tensors, path: Path) -> ModelConfig:
+    def arch_key(key: str, default: Any = None) -> Any:
         return metadata.get(f"{gguf_architecture}.{key}", default)
 
-    def required(key):
+    def required(key: str) -> Any:
         return metadata.require(f"{gguf_architecture}.{key}", path)
 
     scaling = arch_key("rope.scaling.type", "none")
@@ -125,7 +129,7 @@ def _config(metadata: _Metadata, gguf_architecture: str, architecture: str, tens
     )
 
 
-def _moe(arch_key, architecture: str) -> dict | None:
+def _moe(arch_key: Callable[..., Any], architecture: str) -> MoeConfig | None:
     """The sparse MLP of a mixture-of-experts file (every layer sparse), or None."""
     experts = arch_key("expert_count", 0)
     if not experts:
@@ -140,7 +144,7 @@ def _moe(arch_key, architecture: str) -> dict | None:
     }
 
 
-def _tokenizer_fields(metadata: _Metadata, vocab_size: int, skip_tokenizer_init: bool) -> dict:
+def _tokenizer_fields(metadata: _Metadata, vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
     tokens = metadata.get("tokenizer.ggml.tokens")
     roles = ("bos", "eos", "eot", "unknown", "padding")
     ids = {role: metadata.get(f"tokenizer.ggml.{role}_token_id") for role in roles}
@@ -161,18 +165,19 @@ def _tokenizer_fields(metadata: _Metadata, vocab_size: int, skip_tokenizer_init:
             )
         )
 
-    def text_of(token_id):
+    def text_of(token_id: int | None) -> str | None:
         return tokens[token_id] if tokens is not None and token_id is not None else None
 
-    return {
-        "tokenizer": tokenizer,
-        "chat_template": metadata.get("tokenizer.chat_template"),
-        "bos_token": text_of(ids["bos"]),
-        "eos_token": text_of(ids["eos"]),
+    return TokenizerFields(
+        tokenizer=tokenizer,
+        chat_template=metadata.get("tokenizer.chat_template"),
+        bos_token=text_of(ids["bos"]),
+        eos_token=text_of(ids["eos"]),
         # llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
-        "add_bos_token": bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama")),
-        "bos_token_id": ids["bos"],
-        "eos_token_ids": unique_ints(ids["eos"], ids["eot"]),
-        "token_bytes": None if tokenizer is None else token_bytes(tokenizer, vocab_size),
-        "special_token_ids": [] if tokenizer is None else special_token_ids(tokenizer),
-    }
+        add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama")),
+        bos_token_id=ids["bos"],
+        eos_token_ids=unique_ints(ids["eos"], ids["eot"]),
+        generation_config={},
+        token_bytes=None if tokenizer is None else token_bytes(tokenizer, vocab_size),
+        special_token_ids=[] if tokenizer is None else special_token_ids(tokenizer),
+    )

@@ -11,16 +11,23 @@ import functools
 import json
 import logging
 from pathlib import Path
+from typing import Any, TypedDict
 
 from tokenizers import Tokenizer
 
 from rsgl._core import WeightStore
+from rsgl._typing import JsonObject
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
     MOE_ARCHITECTURES,
     SUPPORTED_ARCHITECTURES,
     WEIGHT_DTYPE_PROBE,
     LoadedModel,
+    ModelConfig,
+    MoeConfig,
+    RopeScaling,
+    Tensors,
+    TokenizerFields,
     check_tensor_shapes,
     expected_tensor_shapes,
     make_config,
@@ -76,7 +83,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
 # ---------------------------------------------------------------------------------------------
 
 
-def normalize_config(raw: dict) -> dict:
+def normalize_config(raw: JsonObject) -> ModelConfig:
     """The Rust core's config from a transformers config.json (4.x or 5.x layout)."""
     architecture = _architecture(raw)
     if raw.get("hidden_act", "silu") != "silu":
@@ -106,7 +113,7 @@ def normalize_config(raw: dict) -> dict:
     )
 
 
-def _moe(raw: dict, architecture: str) -> dict | None:
+def _moe(raw: JsonObject, architecture: str) -> MoeConfig | None:
     """The sparse MLP of a mixture-of-experts config (every layer sparse), or None."""
     if architecture not in MOE_ARCHITECTURES:
         return None
@@ -125,34 +132,34 @@ def _moe(raw: dict, architecture: str) -> dict | None:
     }
 
 
-def _context_limit(raw: dict, architecture: str) -> int:
+def _context_limit(raw: JsonObject, architecture: str) -> int:
     """The model's context, capped at its sliding window where one applies: the runner attends to
     every position, which equals sliding-window attention only while a sequence fits the window."""
-    limit = _required(raw, "max_position_embeddings")
+    limit = int(_required(raw, "max_position_embeddings"))
     window = raw.get("sliding_window")
     applies = architecture in ("mistral", "mixtral") or raw.get("use_sliding_window", False)
-    return min(limit, window) if window and applies else limit
+    return min(limit, int(window)) if window and applies else limit
 
 
-def _architecture(raw: dict) -> str:
+def _architecture(raw: JsonObject) -> str:
     classes = raw.get("architectures") or []
     if classes:
         if classes[0] in _ARCHITECTURE_BY_CLASS:
             return _ARCHITECTURE_BY_CLASS[classes[0]]
         name = classes[0]
     elif raw.get("model_type") in SUPPORTED_ARCHITECTURES:
-        return raw["model_type"]
+        return str(raw["model_type"])
     else:
         name = raw.get("model_type", "unknown")
     supported = ", ".join(_ARCHITECTURE_BY_CLASS)
     raise UnsupportedModelError(f"rsgl does not support the {name} architecture; it runs {supported}.")
 
 
-def _rope(raw: dict) -> tuple[float, dict | None]:
+def _rope(raw: JsonObject) -> tuple[float, RopeScaling | None]:
     """(rope_theta, rope_scaling): transformers 4.x keeps them top-level, 5.x in `rope_parameters`."""
-    parameters = raw.get("rope_parameters") or {}
-    scaling = raw.get("rope_scaling") or parameters
-    theta = parameters.get("rope_theta", raw.get("rope_theta", 10000.0))
+    parameters: JsonObject = raw.get("rope_parameters") or {}
+    scaling: JsonObject = raw.get("rope_scaling") or parameters
+    theta = parameters["rope_theta"] if "rope_theta" in parameters else raw.get("rope_theta", 10000.0)
     kind = scaling.get("rope_type", scaling.get("type", "default"))
     if kind == "default":
         return theta, None
@@ -161,10 +168,16 @@ def _rope(raw: dict) -> tuple[float, dict | None]:
     missing = [key for key in _LLAMA3_ROPE_KEYS if key not in scaling]
     if missing:
         raise ModelLoadError(f"config.json: llama3 RoPE scaling lacks {', '.join(missing)}; the config looks broken.")
-    return theta, {"rope_type": "llama3", **{key: scaling[key] for key in _LLAMA3_ROPE_KEYS}}
+    return theta, RopeScaling(
+        rope_type="llama3",
+        factor=scaling["factor"],
+        low_freq_factor=scaling["low_freq_factor"],
+        high_freq_factor=scaling["high_freq_factor"],
+        original_max_position_embeddings=scaling["original_max_position_embeddings"],
+    )
 
 
-def _required(raw: dict, key: str):
+def _required(raw: JsonObject, key: str) -> Any:
     if raw.get(key) is None:
         raise ModelLoadError(f"config.json has no {key!r}; the config looks broken: download the model again.")
     return raw[key]
@@ -193,8 +206,13 @@ _SCALE_SUFFIX = "_scale"
 # float16 checkpoints compute in bfloat16 unless dtype="float16" asks: it is the fast 16-bit path
 # on CPUs (vLLM's CPU backend casts float16 to bfloat16 too).
 _CHECKPOINT_DTYPE = {"F32": "float32", "F16": "bfloat16", "BF16": "bfloat16"}
-# (shape, storage type) of each tensor of a checkpoint, by name.
-Tensors = dict[str, tuple[tuple[int, ...], str]]
+
+
+class Int4Layout(TypedDict, total=False):
+    """The keyword arguments of `WeightStore.open_safetensors` that read a packed 4-bit checkpoint."""
+
+    packing: str
+    group_size: int | None
 
 
 def _checkpoint_paths(folder: Path) -> list[Path]:
@@ -221,7 +239,7 @@ def _checkpoint_dtype(tensors: Tensors) -> str:
     return _CHECKPOINT_DTYPE[tensors[probe][1]]
 
 
-def _quantization(raw_config: dict, folder: Path) -> tuple[str | None, dict]:
+def _quantization(raw_config: JsonObject, folder: Path) -> tuple[str | None, Int4Layout]:
     """The checkpoint's quantization method, and for a packed 4-bit one (AWQ, GPTQ, w4a8) the
     keyword arguments of `WeightStore.open_safetensors` that read its layers (`packing`,
     `group_size`), else {}."""
@@ -235,11 +253,11 @@ def _quantization(raw_config: dict, folder: Path) -> tuple[str | None, dict]:
     if method in ("awq", "gptq"):
         return method, _int4_layout(quantization_config, method, folder)
     if method == "w4a8":
-        return method, {"packing": "ggml_q4_1"}
-    return method, {}
+        return method, Int4Layout(packing="ggml_q4_1")
+    return method, Int4Layout()
 
 
-def _int4_layout(quantization_config: dict, method: str, folder: Path) -> dict:
+def _int4_layout(quantization_config: JsonObject, method: str, folder: Path) -> Int4Layout:
     """How an AWQ or GPTQ checkpoint packs its layers, from its quantization_config (keys missing
     take transformers' defaults; AutoAWQ's own names `w_bit` / `q_group_size` are read too)."""
     name = method.upper()
@@ -273,7 +291,7 @@ def _int4_layout(quantization_config: dict, method: str, folder: Path) -> dict:
                 f"{' and '.join(map(repr, _GPTQ_FORMATS))} formats (GPTQModel and AutoGPTQ save 'gptq' by default)."
             )
         packing = _GPTQ_FORMATS[checkpoint_format]
-    return {"packing": packing, "group_size": None if group_size == -1 else group_size}
+    return Int4Layout(packing=packing, group_size=None if group_size == -1 else group_size)
 
 
 def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path) -> None:
@@ -299,7 +317,7 @@ def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path
         )
 
 
-def _check_tensors(tensors: Tensors, config: dict, folder: Path, quantization: str | None) -> None:
+def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantization: str | None) -> None:
     shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
     check_tensor_shapes(shapes, config, folder)
     expected = expected_tensor_shapes(config)
@@ -340,7 +358,7 @@ def _check_tensors(tensors: Tensors, config: dict, folder: Path, quantization: s
 # ---------------------------------------------------------------------------------------------
 
 
-def _tokenizer_fields(folder: Path, raw_config: dict, vocab_size: int, skip_tokenizer_init: bool) -> dict:
+def _tokenizer_fields(folder: Path, raw_config: JsonObject, vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
     tokenizer_config = _read_optional_json(folder / "tokenizer_config.json")
     generation_config = _read_optional_json(folder / "generation_config.json")
     tokenizer = None if skip_tokenizer_init else _read_tokenizer(folder / "tokenizer.json")
@@ -352,18 +370,18 @@ def _tokenizer_fields(folder: Path, raw_config: dict, vocab_size: int, skip_toke
         bos_token = bos_token or _token_at(tokenizer, bos_token_id)
         eos_token = eos_token or _token_at(tokenizer, eos_token_ids[0] if eos_token_ids else None)
     tokenizer_adds_bos = tokenizer is not None and bos_token_id is not None and encoding_prepends(tokenizer, bos_token_id)
-    return {
-        "tokenizer": tokenizer,
-        "chat_template": _chat_template(folder, tokenizer_config),
-        "bos_token": bos_token,
-        "eos_token": eos_token,
-        "add_bos_token": bool(tokenizer_config.get("add_bos_token", False)) and not tokenizer_adds_bos,
-        "bos_token_id": bos_token_id,
-        "eos_token_ids": eos_token_ids,
-        "generation_config": generation_config,
-        "token_bytes": None if tokenizer is None else token_bytes(tokenizer, vocab_size),
-        "special_token_ids": [] if tokenizer is None else special_token_ids(tokenizer),
-    }
+    return TokenizerFields(
+        tokenizer=tokenizer,
+        chat_template=_chat_template(folder, tokenizer_config),
+        bos_token=bos_token,
+        eos_token=eos_token,
+        add_bos_token=bool(tokenizer_config.get("add_bos_token", False)) and not tokenizer_adds_bos,
+        bos_token_id=bos_token_id,
+        eos_token_ids=eos_token_ids,
+        generation_config=generation_config,
+        token_bytes=None if tokenizer is None else token_bytes(tokenizer, vocab_size),
+        special_token_ids=[] if tokenizer is None else special_token_ids(tokenizer),
+    )
 
 
 def _read_tokenizer(path: Path) -> Tokenizer | None:
@@ -375,7 +393,7 @@ def _read_tokenizer(path: Path) -> Tokenizer | None:
         raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
 
 
-def _chat_template(folder: Path, tokenizer_config: dict) -> str | None:
+def _chat_template(folder: Path, tokenizer_config: JsonObject) -> str | None:
     """transformers 5.x writes `chat_template.jinja`; older folders keep it in tokenizer_config.json,
     as a string or as a list of named templates."""
     template_file = folder / "chat_template.jinja"
@@ -387,12 +405,12 @@ def _chat_template(folder: Path, tokenizer_config: dict) -> str | None:
     return template
 
 
-def _token_text(value) -> str | None:
+def _token_text(value: str | JsonObject | None) -> str | None:
     """tokenizer_config.json spells a special token as a string or as {"content": ...}."""
     return value.get("content") if isinstance(value, dict) else value
 
 
-def _token_id(tokenizer: Tokenizer | None, text: str | None, fallback) -> int | None:
+def _token_id(tokenizer: Tokenizer | None, text: str | None, fallback: int | list[int] | None) -> int | None:
     if tokenizer is not None and text is not None and tokenizer.token_to_id(text) is not None:
         return tokenizer.token_to_id(text)
     ids = unique_ints(fallback)
@@ -403,12 +421,15 @@ def _token_at(tokenizer: Tokenizer, token_id: int | None) -> str | None:
     return None if token_id is None else tokenizer.id_to_token(token_id)
 
 
-def _read_json(path: Path) -> dict:
+def _read_json(path: Path) -> JsonObject:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError) as error:
         raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} holds no JSON object; download it again.")
+    return data
 
 
-def _read_optional_json(path: Path) -> dict:
+def _read_optional_json(path: Path) -> JsonObject:
     return _read_json(path) if path.is_file() else {}

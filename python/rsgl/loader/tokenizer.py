@@ -11,7 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -89,7 +91,7 @@ def encoding_prepends(tokenizer: Tokenizer, token_id: int) -> bool:
     return bool(ids) and ids[0] == token_id
 
 
-def _token_to_bytes_function(tokenizer: Tokenizer):
+def _token_to_bytes_function(tokenizer: Tokenizer) -> Callable[[str], bytes]:
     decoder_types = _decoder_types(tokenizer)
     if "ByteLevel" in decoder_types:
         return _byte_level_token_bytes
@@ -106,11 +108,11 @@ def _decoder_types(tokenizer: Tokenizer) -> set[str]:
     """Every decoder `type` in the tokenizer's decoder, nested Sequences included."""
     if tokenizer.decoder is None:
         return set()
-    found = set()
+    found: set[str] = set()
 
-    def visit(node):
+    def visit(node: Any) -> None:
         if isinstance(node, dict):
-            found.add(node.get("type"))
+            found.add(node["type"])
             for child in node.get("decoders", ()):
                 visit(child)
 
@@ -178,15 +180,20 @@ def _byte_level_bpe(vocabulary: GgufVocabulary) -> Tokenizer:
     vocab = {
         token if set(token) <= alphabet else "".join(spelling[byte] for byte in token.encode("utf-8")): index for index, token in enumerate(vocabulary.tokens)
     }
-    merges = [tuple(merge.split(" ", 1)) for merge in vocabulary.merges]
+    merges = [_merge_pair(merge) for merge in vocabulary.merges]
     tokenizer = Tokenizer(models.BPE(vocab, merges, fuse_unk=False))
     tokenizer.pre_tokenizer = _byte_level_pre_tokenizer(vocabulary.pre)
     tokenizer.decoder = decoders.ByteLevel()
     return tokenizer
 
 
-def _byte_level_pre_tokenizer(pre: str | None):
-    split = _SPLIT_REGEX_BY_PRE.get(pre)
+def _merge_pair(merge: str) -> tuple[str, str]:
+    left, right = merge.split(" ", 1)
+    return left, right
+
+
+def _byte_level_pre_tokenizer(pre: str | None) -> pre_tokenizers.PreTokenizer:
+    split = _SPLIT_REGEX_BY_PRE.get(pre or "")
     if split is not None:
         return pre_tokenizers.Sequence(
             [
@@ -202,7 +209,7 @@ def _byte_level_pre_tokenizer(pre: str | None):
 
 def _sentencepiece_bpe(vocabulary: GgufVocabulary) -> Tokenizer:
     if vocabulary.merges is not None:
-        merges = [tuple(merge.split(" ", 1)) for merge in vocabulary.merges]
+        merges = [_merge_pair(merge) for merge in vocabulary.merges]
     elif vocabulary.scores is not None:
         merges = _merges_from_scores(vocabulary.tokens, vocabulary.scores)
     else:
@@ -223,7 +230,7 @@ def _merges_from_scores(tokens: list[str], scores: list[float]) -> list[tuple[st
     """SentencePiece files list no merges: every token that splits into two known tokens is one,
     ranked by the token's score (best first), as llama.cpp and transformers do it."""
     index = {token: position for position, token in enumerate(tokens)}
-    ranked = []
+    ranked: list[tuple[str, str, float]] = []
     for token, score in dict(zip(tokens, scores)).items():
         pairs = [(token[:cut], token[cut:]) for cut in range(1, len(token))]
         known = sorted(

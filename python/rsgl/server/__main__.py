@@ -4,21 +4,25 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import logging
 import resource
 import signal
 import socket
 import sys
+from types import FrameType
+from typing import Any
 
 import uvicorn
 
 from rsgl.engine import Engine
 from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
+from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, startup_summary
 from rsgl.server.watchdog import exit_after
 
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
-ENGINE_OPTIONS = {
+ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "--model-path": {"help": "a .gguf file or a Hugging Face model folder (default: SmolLM2-135M-Instruct)"},
     "--served-model-name": {"help": "the model name in the API (default: derived from the model path)"},
     "--context-length": {"type": int, "help": "the longest prompt + completion, in tokens (default: the model's)"},
@@ -56,12 +60,19 @@ EXIT_MARGIN_SECONDS = 3
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m rsgl.server", description="Serve a model with OpenAI-compatible and SGLang-native HTTP APIs.")
+def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog=prog, description="Serve a model with OpenAI-compatible and SGLang-native HTTP APIs.")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every request but /health")
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
+    parser.add_argument("--log-requests", action="store_true", help="log each generation request's id, token counts, finish reason and latency")
+    parser.add_argument(
+        "--log-interval",
+        type=float,
+        default=DEFAULT_LOG_INTERVAL_SECONDS,
+        help="seconds between the prefill / decode throughput lines logged while requests run (0: none; default %(default)s)",
+    )
     limits = parser.add_argument_group("limits")
     limits.add_argument("--max-queued-requests", type=int, default=DEFAULT_MAX_QUEUED_REQUESTS, help="generation requests in flight (more: 503)")
     limits.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES, help="request body size (larger: 413)")
@@ -75,27 +86,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def engine_options(args: argparse.Namespace) -> dict:
+def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     names = (flag.removeprefix("--").replace("-", "_") for flag in ENGINE_OPTIONS)
     return {name: value for name in names if (value := getattr(args, name)) is not None}
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> None:
+    args = parse_args(argv, prog)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    options = engine_options(args)
     try:
-        engine = Engine(**engine_options(args))
+        engine = Engine(**options)
     except RsglError as exc:
         sys.exit(f"rsgl.server: could not start the engine: {exc}")
     raise_open_files_limit()
     with engine:  # the app shuts the engine down too; this covers a server that fails to start (port taken...)
-        logging.getLogger("rsgl.server").info("loaded %s; starting the server on http://%s:%d", engine.served_model_name, args.host, args.port)
+        logger = logging.getLogger("rsgl.server")
+        # The engine's statistics do not name the KV cache's element type: the option, or Engine's default.
+        kv_cache_dtype = options.get("kv_cache_dtype", inspect.signature(Engine).parameters["kv_cache_dtype"].default)
+        for line in startup_summary(engine.get_server_info(), kv_cache_dtype):
+            logger.info(line)
+        logger.info("starting the server on http://%s:%d", args.host, args.port)
         app = build_app(
             engine,
             args.api_key,
             max_queued_requests=args.max_queued_requests,
             max_request_bytes=args.max_request_bytes,
             watchdog_seconds=args.watchdog_timeout,
+            log_interval=args.log_interval,
+            log_requests=args.log_requests,
         )
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)
@@ -124,7 +143,7 @@ class GracefulServer(uvicorn.Server):
         self.graceful_timeout = graceful_timeout
         self.exit_deadline_set = False
 
-    def handle_exit(self, sig: int, frame: object) -> None:
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.exit_deadline_set:
             exit_after(self.graceful_timeout + ABORT_MARGIN_SECONDS + EXIT_MARGIN_SECONDS)
             self.exit_deadline_set = True

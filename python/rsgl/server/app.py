@@ -19,6 +19,7 @@ from rsgl.engine import Engine
 from rsgl.server import native_api, openai_api, openapi
 from rsgl.server.admission import AdmissionMiddleware
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
+from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, log_request, log_steps
 from rsgl.server.metrics import ServerMetrics
 from rsgl.server.watchdog import LoopWatchdog
 
@@ -39,11 +40,14 @@ def build_app(
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     watchdog_seconds: float = DEFAULT_WATCHDOG_SECONDS,
+    log_interval: float = DEFAULT_LOG_INTERVAL_SECONDS,
+    log_requests: bool = False,
 ) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
     requests need `Authorization: Bearer <api_key>`. Beyond `max_queued_requests` generation
     requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413. An event loop
-    blocked for `watchdog_seconds` has every thread's stack logged."""
+    blocked for `watchdog_seconds` has every thread's stack logged. Every `log_interval` seconds
+    (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end."""
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
@@ -53,9 +57,10 @@ def build_app(
         lifespan=_lifespan,
     )
     app.state.engine = engine
-    app.state.metrics = ServerMetrics()
+    app.state.metrics = ServerMetrics(request_ended=log_request if log_requests else None)
     app.state.created = int(time.time())
     app.state.watchdog_seconds = watchdog_seconds
+    app.state.log_interval = log_interval
     return app
 
 
@@ -74,7 +79,11 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
     loop.set_default_executor(started_executor(BLOCKING_THREADS))
     watchdog = LoopWatchdog(loop, app.state.watchdog_seconds)
     watchdog.start()
+    engine: Engine = app.state.engine
+    step_log = asyncio.create_task(log_steps(engine.get_server_info, app.state.log_interval)) if app.state.log_interval > 0 else None
     yield
+    if step_log is not None:
+        step_log.cancel()
     watchdog.stop()
     # Aborts the requests still running, so stopping the server does not wait for their generations.
     app.state.engine.shutdown()

@@ -3,13 +3,16 @@ and the small validators that turn a malformed request body into one of them (a 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeGuard, overload
 
 import orjson
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import HTTPExceptionHandler
 
+from rsgl._typing import JsonObject
 from rsgl.errors import EngineClosedError, InvalidRequestError
 
 INVALID_REQUEST = "invalid_request_error"
@@ -26,10 +29,10 @@ class APIError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> dict:
+    def body(self) -> JsonObject:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self, headers: dict[str, str] | None = None) -> Response:
+    def response(self, headers: Mapping[str, str] | None = None) -> Response:
         return Response(orjson.dumps(self.body()), status_code=self.status_code, headers=headers, media_type="application/json")
 
 
@@ -60,13 +63,14 @@ async def handle_exception(request: Request, exc: Exception) -> Response:
     return as_api_error(exc).response()
 
 
-async def handle_http_exception(request: Request, exc: HTTPException) -> Response:
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
     """Starlette's own errors: unknown route (404), wrong method (405, with its Allow header)."""
+    assert isinstance(exc, HTTPException)  # registered for HTTPException only
     error = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
     return error.response(exc.headers)
 
 
-EXCEPTION_HANDLERS = {
+EXCEPTION_HANDLERS: dict[type[Exception], HTTPExceptionHandler] = {
     HTTPException: handle_http_exception,
     **{exc: handle_exception for exc in (APIError, InvalidRequestError, EngineClosedError, Exception)},
 }
@@ -75,7 +79,7 @@ EXCEPTION_HANDLERS = {
 # ---- request body validation ------------------------------------------------------------------
 
 
-async def read_json_object(request: Request) -> dict:
+async def read_json_object(request: Request) -> JsonObject:
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError as exc:
@@ -85,20 +89,20 @@ async def read_json_object(request: Request) -> dict:
     return body
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)  # JSON true is not a number
 
 
-def is_str_list(value: Any) -> bool:
+def is_str_list(value: Any) -> TypeGuard[list[str]]:
     return isinstance(value, list) and bool(value) and all(isinstance(v, str) for v in value)
 
 
-def is_text(value: Any) -> bool:
+def is_text(value: Any) -> TypeGuard[str | list[str]]:
     """One prompt as text or a batch of them."""
     return isinstance(value, str) or is_str_list(value)
 
 
-def is_token_ids(value: Any) -> bool:
+def is_token_ids(value: Any) -> TypeGuard[list[int] | list[list[int]]]:
     """One prompt as token ids (a non-empty list of ints) or a batch of them."""
     if not isinstance(value, list) or not value:
         return False
@@ -106,7 +110,11 @@ def is_token_ids(value: Any) -> bool:
     return all(isinstance(row, list) and row and all(is_int(t) for t in row) for row in rows)
 
 
-def optional_int(body: dict, name: str, default: int | None = None, minimum: int | None = None, maximum: int | None = None) -> int | None:
+@overload
+def optional_int(body: JsonObject, name: str, default: int, minimum: int | None = None, maximum: int | None = None) -> int: ...
+@overload
+def optional_int(body: JsonObject, name: str, default: int | None = None, minimum: int | None = None, maximum: int | None = None) -> int | None: ...
+def optional_int(body: JsonObject, name: str, default: int | None = None, minimum: int | None = None, maximum: int | None = None) -> int | None:
     value = body.get(name)
     if value is None:
         return default
@@ -115,7 +123,11 @@ def optional_int(body: dict, name: str, default: int | None = None, minimum: int
     return value
 
 
-def optional_float(body: dict, name: str, default: float | None = None) -> float | None:
+@overload
+def optional_float(body: JsonObject, name: str, default: float) -> float: ...
+@overload
+def optional_float(body: JsonObject, name: str, default: float | None = None) -> float | None: ...
+def optional_float(body: JsonObject, name: str, default: float | None = None) -> float | None:
     # Ranges are checked by the engine, which knows each sampling parameter's valid values.
     value = body.get(name)
     if value is None:
@@ -125,7 +137,7 @@ def optional_float(body: dict, name: str, default: float | None = None) -> float
     return float(value)
 
 
-def optional_bool(body: dict, name: str, default: bool = False) -> bool:
+def optional_bool(body: JsonObject, name: str, default: bool = False) -> bool:
     value = body.get(name)
     if value is None:
         return default
@@ -134,7 +146,7 @@ def optional_bool(body: dict, name: str, default: bool = False) -> bool:
     return value
 
 
-def optional_dict(body: dict, name: str) -> dict:
+def optional_dict(body: JsonObject, name: str) -> JsonObject:
     value = body.get(name)
     if value is None:
         return {}
@@ -143,7 +155,7 @@ def optional_dict(body: dict, name: str) -> dict:
     return value
 
 
-def optional_stop(body: dict) -> list[str] | None:
+def optional_stop(body: JsonObject) -> list[str] | None:
     stop = body.get("stop")
     if stop is None:
         return None

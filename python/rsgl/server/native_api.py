@@ -10,7 +10,7 @@ import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from functools import partial
-from typing import Any
+from typing import Any, TypedDict
 
 import orjson
 from starlette.requests import Request
@@ -18,6 +18,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from rsgl._typing import JsonObject
 from rsgl.engine import Engine
 from rsgl.server.errors import (
     APIError,
@@ -44,27 +45,41 @@ def json_response(content: Any) -> Response:
 
 
 def engine_of(request: Request) -> Engine:
-    return request.app.state.engine
+    engine: Engine = request.app.state.engine
+    return engine
 
 
 def metrics_of(request: Request) -> ServerMetrics:
-    return request.app.state.metrics
+    metrics: ServerMetrics = request.app.state.metrics
+    return metrics
+
+
+class GenerateArguments(TypedDict, total=False):
+    """`Engine.generate` keyword arguments an endpoint passes on."""
+
+    prompt: str | list[str] | None
+    input_ids: list[int] | list[list[int]] | None
+    sampling_params: JsonObject | list[JsonObject] | None
+    return_logprob: bool
+    top_logprobs_num: int
+    logprob_start_len: int | None
+    rid: str | list[str] | None
 
 
 class EngineStream:
     """The chunks of one streaming request, awaited on the event loop (no thread per stream).
     `aclose()` aborts the request if it has not finished."""
 
-    def __init__(self, chunks: AsyncGenerator[dict, None], tracker: RequestTracker) -> None:
+    def __init__(self, chunks: AsyncGenerator[JsonObject, None], tracker: RequestTracker) -> None:
         self._chunks = chunks
         self._tracker = tracker
 
     @classmethod
-    async def start(cls, request: Request, **generate_kwargs: Any) -> EngineStream:
+    async def start(cls, request: Request, arguments: GenerateArguments) -> EngineStream:
         """Submits the request; a bad one raises here, before the response has started."""
         tracker = metrics_of(request).track()
         try:
-            chunks = await engine_of(request).async_generate(stream=True, **generate_kwargs)
+            chunks = await engine_of(request).async_generate(stream=True, **arguments)
         except BaseException as exc:
             tracker.end(exc)
             raise
@@ -73,7 +88,7 @@ class EngineStream:
     def __aiter__(self) -> EngineStream:
         return self
 
-    async def __anext__(self) -> dict:
+    async def __anext__(self) -> JsonObject:
         try:
             chunk = await anext(self._chunks)
         except StopAsyncIteration:
@@ -89,11 +104,11 @@ class EngineStream:
         await self._chunks.aclose()
 
 
-async def generate_whole(request: Request, **generate_kwargs: Any) -> dict | list[dict]:
+async def generate_whole(request: Request, arguments: GenerateArguments) -> JsonObject | list[JsonObject]:
     """`Engine.async_generate` (not streamed), counted and timed in the metrics. A client that
     leaves before the answer is ready has its request aborted."""
     with metrics_of(request).track() as tracker:
-        outputs = await _unless_client_leaves(request, engine_of(request).async_generate(**generate_kwargs))
+        outputs: JsonObject | list[JsonObject] = await _unless_client_leaves(request, engine_of(request).async_generate(**arguments))
         tracker.note_outputs(outputs if isinstance(outputs, list) else [outputs])
     return outputs
 
@@ -126,7 +141,7 @@ class EventStreamResponse(StreamingResponse):
     However the response ends (finished, failed, or cancelled by Starlette because the client went
     away), the engine stream gets closed, which aborts an unfinished request."""
 
-    def __init__(self, payloads: AsyncIterator[dict], stream: EngineStream) -> None:
+    def __init__(self, payloads: AsyncIterator[JsonObject], stream: EngineStream) -> None:
         super().__init__(_sse_events(payloads), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._stream = stream
 
@@ -141,7 +156,7 @@ def sse_event(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _sse_events(payloads: AsyncIterator[dict]) -> AsyncIterator[bytes]:
+async def _sse_events(payloads: AsyncIterator[JsonObject]) -> AsyncIterator[bytes]:
     try:
         async for payload in payloads:
             yield sse_event(payload)
@@ -189,9 +204,11 @@ async def flush_cache(request: Request) -> Response:
 
 async def health_generate(request: Request) -> Response:
     """200 when the engine generates a token, 503 otherwise: unlike /health, this exercises the model."""
-    probe = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0}, "rid": f"health-generate-{uuid.uuid4().hex}"}
     try:
-        await asyncio.wait_for(engine_of(request).async_generate(**probe), HEALTH_GENERATE_TIMEOUT_SECONDS)
+        probe = engine_of(request).async_generate(
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"health-generate-{uuid.uuid4().hex}"
+        )
+        await asyncio.wait_for(probe, HEALTH_GENERATE_TIMEOUT_SECONDS)
     except Exception as exc:
         logger.warning("/health_generate failed: %r", exc)
         raise APIError(503, "The engine did not generate a token; see the server log.", type="service_unavailable") from None
@@ -251,12 +268,12 @@ async def generate(request: Request) -> Response:
     body = await read_json_object(request)
     arguments = generate_arguments(body)
     if optional_bool(body, "stream"):
-        stream = await EngineStream.start(request, **arguments)
+        stream = await EngineStream.start(request, arguments)
         return EventStreamResponse(stream, stream)
-    return json_response(await generate_whole(request, **arguments))
+    return json_response(await generate_whole(request, arguments))
 
 
-def generate_arguments(body: dict) -> dict:
+def generate_arguments(body: JsonObject) -> GenerateArguments:
     """`Engine.generate` keyword arguments from a /generate body, type-checked (values by the engine)."""
     text, input_ids = body.get("text"), body.get("input_ids")
     if (text is None) == (input_ids is None):
@@ -271,22 +288,22 @@ def generate_arguments(body: dict) -> dict:
     rid = body.get("rid")
     if not (rid is None or isinstance(rid, str) or is_str_list(rid)):
         raise bad_request("rid must be a string or a list of strings (one per prompt)", "rid")
-    return {
-        "prompt": text,
-        "input_ids": input_ids,
-        "sampling_params": sampling_params,
-        "return_logprob": optional_bool(body, "return_logprob"),
-        "top_logprobs_num": optional_int(body, "top_logprobs_num", 0, minimum=0),
-        "logprob_start_len": optional_int(body, "logprob_start_len", None, minimum=-1),
-        "rid": rid,
-    }
+    return GenerateArguments(
+        prompt=text,
+        input_ids=input_ids,
+        sampling_params=sampling_params,
+        return_logprob=optional_bool(body, "return_logprob"),
+        top_logprobs_num=optional_int(body, "top_logprobs_num", 0, minimum=0),
+        logprob_start_len=optional_int(body, "logprob_start_len", None, minimum=-1),
+        rid=rid,
+    )
 
 
 def _is_dict_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, dict) for v in value)
 
 
-def token_rows(token_ids: list) -> list[list[int]]:
+def token_rows(token_ids: list[Any]) -> list[list[int]]:
     """One prompt's token ids or a batch of them (as checked by is_token_ids), as a batch."""
     return token_ids if isinstance(token_ids[0], list) else [token_ids]
 

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from rsgl._typing import JsonObject
 from rsgl.engine import Engine
 from rsgl.server.errors import (
     APIError,
@@ -26,7 +27,7 @@ from rsgl.server.errors import (
     optional_stop,
     read_json_object,
 )
-from rsgl.server.native_api import EngineStream, EventStreamResponse, engine_of, generate_whole, json_response
+from rsgl.server.native_api import EngineStream, EventStreamResponse, GenerateArguments, engine_of, generate_whole, json_response
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20
@@ -45,13 +46,9 @@ async def create_completion(request: Request) -> Response:
     body = await read_json_object(request)
     reject_unsupported(body, ("echo", "suffix", "logit_bias"))
     logprobs = optional_int(body, "logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
-    arguments = {
-        **prompt_arguments(body),
-        "sampling_params": sampling_params(body, optional_int(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, minimum=0)),
-        "return_logprob": logprobs is not None,
-        "top_logprobs_num": logprobs or 0,
-    }
-    return await respond(request, body, COMPLETION, arguments)
+    params = sampling_params(body, optional_int(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, minimum=0))
+    arguments = GenerateArguments(**prompt_arguments(body), sampling_params=params, return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0)
+    return await respond(request, body, COMPLETION, arguments, params["n"])
 
 
 async def create_chat_completion(request: Request) -> Response:
@@ -63,13 +60,15 @@ async def create_chat_completion(request: Request) -> Response:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     # max_completion_tokens is OpenAI's newer name; None lets the engine pick its default.
     max_tokens = optional_int(body, "max_completion_tokens", optional_int(body, "max_tokens", minimum=0), minimum=0)
-    arguments = {
-        "prompt": engine_of(request).apply_chat_template(chat_messages(body)),
-        "sampling_params": sampling_params(body, max_tokens),
-        "return_logprob": return_logprob,
-        "top_logprobs_num": top_logprobs,
-    }
-    return await respond(request, body, CHAT, arguments)
+    prompt = engine_of(request).apply_chat_template(chat_messages(body))
+    params = sampling_params(body, max_tokens)
+    arguments = GenerateArguments(
+        prompt=prompt,
+        sampling_params=params,
+        return_logprob=return_logprob,
+        top_logprobs_num=top_logprobs,
+    )
+    return await respond(request, body, CHAT, arguments, params["n"])
 
 
 ROUTES = [
@@ -82,13 +81,13 @@ ROUTES = [
 # ---- request parsing ----------------------------------------------------------------------------
 
 
-def reject_unsupported(body: dict, names: tuple[str, ...]) -> None:
+def reject_unsupported(body: JsonObject, names: tuple[str, ...]) -> None:
     for name in names:
         if body.get(name):  # absent, null, false or empty all mean "not used"
             raise bad_request(f"{name} is not supported by this server yet", name)
 
 
-def structured_output(body: dict) -> dict:
+def structured_output(body: JsonObject) -> JsonObject:
     """The grammar sampling_params for OpenAI's `response_format` (text, json_object, json_schema)
     or SGLang's extra fields `regex`, `ebnf` and `json_schema` (JSON text); at most one of them."""
     grammar = {name: body[name] for name in ("regex", "ebnf", "json_schema") if body.get(name) is not None}
@@ -116,23 +115,23 @@ def structured_output(body: dict) -> dict:
     raise bad_request(f"response_format type {kind!r} is not supported; use text, json_object or json_schema", "response_format")
 
 
-def check_model(body: dict, engine: Engine) -> None:
+def check_model(body: JsonObject, engine: Engine) -> None:
     model = body.get("model")
     if model is not None and model != engine.served_model_name:
         message = f"The model {model!r} does not exist; this server serves {engine.served_model_name!r} (see GET /v1/models)."
         raise APIError(400, message, param="model", code="model_not_found")
 
 
-def prompt_arguments(body: dict) -> dict:
+def prompt_arguments(body: JsonObject) -> GenerateArguments:
     prompt = body.get("prompt")
     if is_text(prompt):
-        return {"prompt": prompt}
+        return GenerateArguments(prompt=prompt)
     if is_token_ids(prompt):
-        return {"input_ids": prompt}
+        return GenerateArguments(input_ids=prompt)
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists", "prompt")
 
 
-def sampling_params(body: dict, max_tokens: int | None) -> dict:
+def sampling_params(body: JsonObject, max_tokens: int | None) -> JsonObject:
     """The engine's sampling_params from OpenAI's fields (plus SGLang's extras: top_k, min_p,
     repetition_penalty, ignore_eos). Types are checked here, value ranges by the engine."""
     return {
@@ -152,14 +151,14 @@ def sampling_params(body: dict, max_tokens: int | None) -> dict:
     }
 
 
-def chat_messages(body: dict) -> list[dict]:
+def chat_messages(body: JsonObject) -> list[JsonObject]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages must be a non-empty list", "messages")
     return [chat_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
 
 
-def chat_message(message: Any, param: str) -> dict:
+def chat_message(message: Any, param: str) -> JsonObject:
     if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
         raise bad_request(f"{param} must be an object whose role is one of {', '.join(CHAT_ROLES)}", param)
     role = "system" if message["role"] == "developer" else message["role"]  # "developer" is OpenAI's newer "system"
@@ -183,15 +182,15 @@ def is_text_part(part: Any) -> bool:
 # ---- response shapes ----------------------------------------------------------------------------
 
 
-def completion_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+def completion_choice(index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+def chat_choice(index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
     return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-def chat_chunk_choice(index: int, text: str, logprobs: dict | None, finish_reason: str | None) -> dict:
+def chat_chunk_choice(index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
     return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
@@ -199,7 +198,7 @@ def token_text(engine: Engine, token_id: int) -> str:
     return engine.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(engine: Engine, meta: dict, start: int, text_offset: int) -> dict:
+def completion_logprobs(engine: Engine, meta: JsonObject, start: int, text_offset: int) -> JsonObject:
     """Logprobs of the tokens from `start` on, in /v1/completions' shape; `text_offset` is where the
     first of them begins in the generated text."""
     tokens = [token_text(engine, token_id) for _, token_id, _ in meta["output_token_logprobs"][start:]]
@@ -215,7 +214,7 @@ def completion_logprobs(engine: Engine, meta: dict, start: int, text_offset: int
     }
 
 
-def chat_logprobs(engine: Engine, meta: dict, start: int, text_offset: int) -> dict:
+def chat_logprobs(engine: Engine, meta: JsonObject, start: int, text_offset: int) -> JsonObject:
     """Logprobs of the tokens from `start` on, in /v1/chat/completions' shape (`text_offset` is unused)."""
     chosen = meta["output_token_logprobs"][start:]
     tops = meta["output_top_logprobs"][start:]
@@ -227,7 +226,7 @@ def chat_logprobs(engine: Engine, meta: dict, start: int, text_offset: int) -> d
     }
 
 
-def chat_token(engine: Engine, logprob: float, token_id: int) -> dict:
+def chat_token(engine: Engine, logprob: float, token_id: int) -> JsonObject:
     token = token_text(engine, token_id)
     return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
 
@@ -239,10 +238,10 @@ class ResponseShape:
     id_prefix: str
     object: str
     chunk_object: str
-    choice: Callable[..., dict]
-    chunk_choice: Callable[..., dict]
-    logprobs: Callable[[Engine, dict, int, int], dict]
-    opening_chunk_choice: dict | None = None  # sent before any text when streaming
+    choice: Callable[..., JsonObject]
+    chunk_choice: Callable[..., JsonObject]
+    logprobs: Callable[[Engine, JsonObject, int, int], JsonObject]
+    opening_chunk_choice: JsonObject | None = None  # sent before any text when streaming
 
 
 COMPLETION = ResponseShape("cmpl-", "text_completion", "text_completion", completion_choice, completion_choice, completion_logprobs)
@@ -257,7 +256,7 @@ CHAT = ResponseShape(
 )
 
 
-def finish_reason_of(meta: dict) -> str | None:
+def finish_reason_of(meta: JsonObject) -> str | None:
     finish = meta["finish_reason"]
     if finish is None:
         return None
@@ -266,7 +265,7 @@ def finish_reason_of(meta: dict) -> str | None:
     return "length" if finish["type"] == "length" else "stop"
 
 
-def usage_of(outputs: list[dict], n: int) -> dict:
+def usage_of(outputs: list[JsonObject], n: int) -> JsonObject:
     prompt_tokens = sum(out["meta_info"]["prompt_tokens"] for out in outputs[::n])  # each prompt once, not once per sample
     completion_tokens = sum(out["meta_info"]["completion_tokens"] for out in outputs)
     return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens}
@@ -275,8 +274,8 @@ def usage_of(outputs: list[dict], n: int) -> dict:
 # ---- answering ----------------------------------------------------------------------------------
 
 
-async def respond(request: Request, body: dict, shape: ResponseShape, arguments: dict) -> Response:
-    """Runs `arguments` (Engine.generate's) and answers in `shape`, streamed or whole."""
+async def respond(request: Request, body: JsonObject, shape: ResponseShape, arguments: GenerateArguments, n: int) -> Response:
+    """Runs `arguments` (Engine.generate's, `n` samples per prompt) and answers in `shape`, streamed or whole."""
     engine = engine_of(request)
     check_model(body, engine)
     header = {
@@ -285,26 +284,26 @@ async def respond(request: Request, body: dict, shape: ResponseShape, arguments:
         "created": int(time.time()),
         "model": engine.served_model_name,
     }
-    return_logprob = arguments["return_logprob"]
+    return_logprob = arguments.get("return_logprob", False)
     if optional_bool(body, "stream"):
         include_usage = optional_bool(optional_dict(body, "stream_options"), "include_usage")
-        stream = await EngineStream.start(request, **arguments)
+        stream = await EngineStream.start(request, arguments)
         return EventStreamResponse(stream_chunks(engine, stream, shape, header, return_logprob, include_usage), stream)
-    outputs = await generate_whole(request, **arguments)
-    outputs = outputs if isinstance(outputs, list) else [outputs]
+    whole = await generate_whole(request, arguments)
+    outputs = whole if isinstance(whole, list) else [whole]
     choices = [whole_choice(engine, shape, i, out, return_logprob) for i, out in enumerate(outputs)]
-    return json_response({**header, "choices": choices, "usage": usage_of(outputs, arguments["sampling_params"]["n"])})
+    return json_response({**header, "choices": choices, "usage": usage_of(outputs, n)})
 
 
-def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: dict, return_logprob: bool) -> dict:
+def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: JsonObject, return_logprob: bool) -> JsonObject:
     meta = output["meta_info"]
     logprobs = shape.logprobs(engine, meta, 0, 0) if return_logprob else None
     return shape.choice(index, output["text"], logprobs, finish_reason_of(meta))
 
 
 async def stream_chunks(
-    engine: Engine, stream: EngineStream, shape: ResponseShape, header: dict, return_logprob: bool, include_usage: bool
-) -> AsyncIterator[dict]:
+    engine: Engine, stream: EngineStream, shape: ResponseShape, header: JsonObject, return_logprob: bool, include_usage: bool
+) -> AsyncIterator[JsonObject]:
     """OpenAI's chunks for one streaming choice. The engine's chunks carry the whole text so far;
     each OpenAI chunk carries what is new (text and the logprobs of the tokens behind it)."""
     header = {**header, "object": shape.chunk_object}

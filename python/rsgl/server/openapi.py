@@ -11,36 +11,37 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rsgl import __version__
+from rsgl._typing import JsonObject
 from rsgl.server.native_api import json_response
 from rsgl.server.openai_api import CHAT_ROLES
 
 STRING, INTEGER, NUMBER, BOOLEAN = ({"type": kind} for kind in ("string", "integer", "number", "boolean"))
 
 
-def obj(*required: str, **properties: dict) -> dict:
+def obj(*required: str, **properties: JsonObject) -> JsonObject:
     return {"type": "object", "properties": properties, **({"required": list(required)} if required else {})}
 
 
-def array(items: dict) -> dict:
+def array(items: JsonObject) -> JsonObject:
     return {"type": "array", "items": items}
 
 
-def any_of(*schemas: dict) -> dict:
+def any_of(*schemas: JsonObject) -> JsonObject:
     # anyOf, not oneOf: the branches overlap ([] is both a list of ids and a list of lists).
     return {"anyOf": list(schemas)}
 
 
-def nullable(schema: dict) -> dict:
+def nullable(schema: JsonObject) -> JsonObject:
     return {**schema, "nullable": True}
 
 
-def bounded(kind: dict, minimum: float, maximum: float | None = None, exclusive_minimum: bool = False) -> dict:
+def bounded(kind: JsonObject, minimum: float, maximum: float | None = None, exclusive_minimum: bool = False) -> JsonObject:
     """`kind` within the range the endpoints accept, so generated valid requests are valid."""
     limits = {"minimum": minimum, **({"maximum": maximum} if maximum is not None else {})}
     return {**kind, **limits, **({"exclusiveMinimum": True} if exclusive_minimum else {})}
 
 
-def typed(kind: dict, names: str) -> dict:
+def typed(kind: JsonObject, names: str) -> JsonObject:
     """{name: kind} for each of the space-separated `names`."""
     return dict.fromkeys(names.split(), kind)
 
@@ -106,7 +107,7 @@ TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGE
 DETOKENIZE_REQUEST = obj("tokens", tokens=PROMPT_ID_ROWS, skip_special_tokens=BOOLEAN)
 
 
-def as_json(schema: dict) -> dict:
+def as_json(schema: JsonObject) -> JsonObject:
     return {"application/json": schema}
 
 
@@ -121,8 +122,8 @@ class Operation:
     method: str
     path: str
     summary: str
-    request: dict | None = None  # JSON body schema
-    response: dict | None = None  # 200 content: media type -> schema; None for an empty body
+    request: JsonObject | None = None  # JSON body schema
+    response: JsonObject | None = None  # 200 content: media type -> schema; None for an empty body
     needs_key: bool = True  # when the server runs with --api-key
 
 
@@ -146,8 +147,8 @@ OPERATIONS = (
 
 
 @functools.cache
-def openapi_document() -> dict:
-    paths: dict[str, dict] = {}
+def openapi_document() -> JsonObject:
+    paths: dict[str, JsonObject] = {}
     for operation in OPERATIONS:
         paths.setdefault(operation.path, {})[operation.method.lower()] = operation_object(operation)
     return {
@@ -159,11 +160,11 @@ def openapi_document() -> dict:
     }
 
 
-def operation_object(operation: Operation) -> dict:
-    ok = {"description": "OK"}
+def operation_object(operation: Operation) -> JsonObject:
+    ok: JsonObject = {"description": "OK"}
     if operation.response:
         ok["content"] = {media_type: {"schema": schema} for media_type, schema in operation.response.items()}
-    result = {
+    result: JsonObject = {
         "summary": operation.summary,
         "responses": {"200": ok, "default": {"description": "Error", "content": {"application/json": {"schema": ERROR}}}},
     }

@@ -3,8 +3,9 @@
 
 use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
+use crate::request::deserialize_with_path;
 use rsgl_kernels::{ActivationBits, WeightDtype};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"];
 
@@ -53,7 +54,12 @@ pub enum RopeScaling {
 
 impl ModelConfig {
     pub fn from_json(json: &str) -> Result<Self> {
-        let cfg: ModelConfig = serde_json::from_str(json).map_err(|e| EngineError::ModelLoad(format!("model config is not usable: {e}")))?;
+        Self::deserialize_from(&mut serde_json::Deserializer::from_str(json))
+    }
+
+    /// From any serde source: JSON text, or the Python objects the binding passes.
+    pub fn deserialize_from<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
+        let cfg: ModelConfig = deserialize_with_path(de).map_err(|e| EngineError::ModelLoad(format!("model config is not usable: {e}")))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -75,7 +81,7 @@ impl ModelConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::ModelLoad(format!("model config: {name} must be positive")));
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(EngineError::ModelLoad(format!(
                 "model config: num_attention_heads ({}) must be a multiple of num_key_value_heads ({})",
                 self.num_attention_heads, self.num_key_value_heads
@@ -89,7 +95,7 @@ impl ModelConfig {
                 )));
             }
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(EngineError::ModelLoad("model config: head_dim must be even for rope".into()));
         }
         Ok(())
@@ -254,13 +260,18 @@ impl Default for EngineOptions {
 
 impl EngineOptions {
     pub fn from_json(json: &str) -> Result<Self> {
-        let opts: EngineOptions = serde_json::from_str(json).map_err(|e| EngineError::InvalidRequest(format!("engine options: {e}")))?;
+        Self::deserialize_from(&mut serde_json::Deserializer::from_str(json))
+    }
+
+    /// From any serde source: JSON text, or the Python objects the binding passes.
+    pub fn deserialize_from<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
+        let opts: EngineOptions = deserialize_with_path(de).map_err(|e| EngineError::InvalidRequest(format!("engine options: {e}")))?;
         let must_be_positive =
             [("page_size", opts.page_size), ("max_running_requests", opts.max_running_requests), ("chunked_prefill_size", opts.chunked_prefill_size)];
         if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));
         }
-        if !(opts.kv_cache_memory_gb > 0.0) {
+        if opts.kv_cache_memory_gb.is_nan() || opts.kv_cache_memory_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
         }
         if ![8, 16].contains(&opts.activation_bits) {

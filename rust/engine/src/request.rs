@@ -5,7 +5,7 @@ use crate::grammar::{Constraint, GrammarSpec};
 use crate::kv::NodeId;
 use crate::sample::{log_softmax, sample, top_n, History, Rng, SamplingParams, TokenLogprob};
 use crate::text::{Detokenizer, StopText, TokenTable};
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
@@ -41,10 +41,19 @@ pub struct GenerateRequest {
 
 impl GenerateRequest {
     pub fn from_json(json: &str) -> Result<Self> {
-        // The path names the offending field, e.g. "sampling_params.max_new_tokens: invalid value".
-        let de = &mut serde_json::Deserializer::from_str(json);
-        serde_path_to_error::deserialize(de).map_err(|e| invalid(format!("{}: {}", e.path(), e.inner())))
+        Self::deserialize_from(&mut serde_json::Deserializer::from_str(json))
     }
+
+    /// From any serde source: JSON text, or the Python objects the binding passes.
+    pub fn deserialize_from<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
+        deserialize_with_path(de).map_err(invalid)
+    }
+}
+
+/// Deserializes a `T`, an error naming the offending field's path, e.g.
+/// "sampling_params.max_new_tokens: invalid value".
+pub fn deserialize_with_path<'de, T: Deserialize<'de>, D: Deserializer<'de>>(de: D) -> std::result::Result<T, String> {
+    serde_path_to_error::deserialize(de).map_err(|e| format!("{}: {}", e.path(), e.inner()))
 }
 
 /// One step's worth of a request's output; the last one carries `finished`.

@@ -26,9 +26,9 @@ fn cases(count: usize) -> Vec<Case> {
         tokens.extend(prompt(n as u64, 1 + (rng.next_u64() % 20) as usize));
         let max_new = 1 + (rng.next_u64() % 24) as usize;
         // n > 1: the same prompt sampled several times (greedy here, so the samples agree).
-        let samples = if rng.next_u64() % 5 == 0 { 3 } else { 1 };
+        let samples = if rng.next_u64().is_multiple_of(5) { 3 } else { 1 };
         for s in 0..samples {
-            let abort = rng.next_u64() % 10 == 0;
+            let abort = rng.next_u64().is_multiple_of(10);
             out.push(Case { rid: format!("r{n}-{s}"), prompt: tokens.clone(), max_new, abort });
         }
     }

@@ -155,28 +155,58 @@ impl Kernels {
             other => Self::simd_paths().into_iter().find(|k| k.isa == other),
         }
     }
+
+    /// The table for `RSGL_KERNELS=wanted`: [`Self::by_name`], or portable with a warning.
+    fn forced(wanted: &str) -> Kernels {
+        Self::by_name(wanted).unwrap_or_else(|| {
+            eprintln!("rsgl: kernel path {wanted:?} is not available on this CPU; using portable");
+            Self::portable()
+        })
+    }
 }
 
 /// The process-wide kernel table (honours `RSGL_KERNELS`).
 pub fn kernels() -> &'static Kernels {
     static CHOSEN: OnceLock<Kernels> = OnceLock::new();
-    CHOSEN.get_or_init(|| {
-        let wanted = std::env::var("RSGL_KERNELS").unwrap_or_default();
-        Kernels::by_name(&wanted).unwrap_or_else(|| {
-            eprintln!("rsgl: kernel path {wanted:?} is not available on this CPU; using portable");
-            Kernels::portable()
-        })
-    })
+    CHOSEN.get_or_init(|| Kernels::forced(&std::env::var("RSGL_KERNELS").unwrap_or_default()))
 }
 
 #[cfg(test)]
 mod tests {
-    /// Test lanes that force a path (scripts/aarch64-test.sh) must get it, not a silent fallback.
+    use super::{kernels, Kernels};
+
+    /// Every path name the module doc lists.
+    const NAMES: [&str; 7] = ["portable", "avx2", "avx512", "avx512-bf16", "neon", "neon-bf16", "sve-bf16"];
+
+    fn best() -> &'static str {
+        Kernels::simd_paths().first().map_or("portable", |k| k.isa)
+    }
+
+    /// Test lanes that force a path (scripts/aarch64-test.sh) must get it, not a silent fallback;
+    /// without `RSGL_KERNELS` the table is the best path.
     #[test]
     fn a_forced_path_is_the_one_used() {
         let wanted = std::env::var("RSGL_KERNELS").unwrap_or_default();
-        if !matches!(wanted.as_str(), "" | "auto") {
-            assert_eq!(super::kernels().isa, wanted);
+        let expected = if matches!(wanted.as_str(), "" | "auto") { best() } else { wanted.as_str() };
+        assert_eq!(kernels().isa, expected);
+    }
+
+    #[test]
+    fn every_supported_path_can_be_forced_by_name() {
+        let supported: Vec<&str> = Kernels::simd_paths().iter().map(|k| k.isa).collect();
+        assert!(supported.iter().all(|isa| NAMES.contains(isa)), "undocumented path in {supported:?}");
+        for name in NAMES {
+            if name == "portable" || supported.contains(&name) {
+                assert_eq!(Kernels::forced(name).isa, name);
+            } else {
+                assert!(Kernels::by_name(name).is_none(), "{name} is not supported here");
+                assert_eq!(Kernels::forced(name).isa, "portable", "{name} must fall back to portable");
+            }
         }
+        for auto in ["auto", ""] {
+            assert_eq!(Kernels::forced(auto).isa, best());
+        }
+        assert!(Kernels::by_name("avx1024").is_none());
+        assert_eq!(Kernels::forced("avx1024").isa, "portable");
     }
 }

@@ -104,18 +104,17 @@ impl Int4Weights {
     /// Packs an `[n, k]` matrix whose rows `read_row(row, out)` writes, panel by panel on the
     /// threads of `pool`.
     pub fn pack_rows(n: usize, k: usize, offset: Int4Offset, pool: &ThreadPool, read_row: &(dyn Fn(usize, &mut Int4Row) + Sync)) -> Int4Weights {
-        assert!(k % QBLOCK == 0, "4-bit weights need whole blocks of {QBLOCK} inputs, not {k}");
+        assert!(k.is_multiple_of(QBLOCK), "4-bit weights need whole blocks of {QBLOCK} inputs, not {k}");
         let layout = Int4Weights { n, k, offset, data: Frozen::from_slice(&[]) };
         let (stride, record) = (layout.panel_stride(), layout.record_bytes());
         let panels = layout.panels();
         let data = Frozen::filled(panels * stride, |out: &mut [u8]| {
             let dst = SendPtr(out.as_mut_ptr());
             pool.for_ranges(panels, &|panels| {
-                let dst = dst;
                 let mut row = Int4Row::new(k);
                 for p in panels {
                     // SAFETY: panel `p` owns its `stride` bytes.
-                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) };
+                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.get().add(p * stride), stride) };
                     for o in 0..PANEL.min(n - p * PANEL) {
                         read_row(p * PANEL + o, &mut row);
                         for (b, rec) in packed.chunks_exact_mut(record).enumerate() {
@@ -258,7 +257,7 @@ impl QuantizedBlocks {
     }
 
     fn quantize_rows(&mut self, x: &[f32], k: usize, residuals: bool, pool: &ThreadPool) {
-        assert!(k % QBLOCK == 0 && x.len() % k == 0, "quantize: x must be [m, {k}] with whole blocks");
+        assert!(k.is_multiple_of(QBLOCK) && x.len().is_multiple_of(k), "quantize: x must be [m, {k}] with whole blocks");
         let m = x.len() / k;
         let rows = if residuals { 2 * m } else { m };
         self.m = rows;
@@ -272,14 +271,13 @@ impl QuantizedBlocks {
         let residual_q = SendPtr(residual_q.as_mut_ptr());
         let (scales, scaled, sums) = (SendPtr(self.scales.as_mut_ptr()), SendPtr(self.scaled_sums.as_mut_ptr()), SendPtr(self.half_sums.as_mut_ptr()));
         pool.for_chunks_mut(values_q, k, &|i, q| {
-            let (residual_q, scales, scaled, sums) = (residual_q, scales, scaled, sums);
             // SAFETY: row `i` owns its `blocks` scales and scaled sums and `2 * blocks` sums,
             // and with residuals row `m + i`'s quants and the same of its blocks.
             let write = |at: usize, (scale, [first, second]): (f32, [i32; 2])| unsafe {
-                *scales.0.add(at) = scale;
-                *sums.0.add(2 * at) = first;
-                *sums.0.add(2 * at + 1) = second;
-                *scaled.0.add(at) = (first + second) as f32 * scale;
+                *scales.get().add(at) = scale;
+                *sums.get().add(2 * at) = first;
+                *sums.get().add(2 * at + 1) = second;
+                *scaled.get().add(at) = (first + second) as f32 * scale;
             };
             for (b, (values, q)) in x[i * k..(i + 1) * k].chunks_exact(QBLOCK).zip(q.chunks_exact_mut(QBLOCK)).enumerate() {
                 let block = quantize_block(values, q);
@@ -288,7 +286,7 @@ impl QuantizedBlocks {
                     let mut rest = [0f32; QBLOCK];
                     rest.iter_mut().zip(values.iter().zip(q.iter())).for_each(|(r, (&v, &q))| *r = v - q as f32 * block.0);
                     // SAFETY: as above, row `m + i`'s block `b`.
-                    let rest_q = unsafe { std::slice::from_raw_parts_mut(residual_q.0.add(i * k + b * QBLOCK), QBLOCK) };
+                    let rest_q = unsafe { std::slice::from_raw_parts_mut(residual_q.get().add(i * k + b * QBLOCK), QBLOCK) };
                     write((m + i) * blocks + b, quantize_block(&rest, rest_q));
                 }
             }

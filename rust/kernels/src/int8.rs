@@ -94,17 +94,16 @@ impl Int8Weights {
         let data = Frozen::filled(panels * stride, |out: &mut [i8]| {
             let dst = SendPtr(out.as_mut_ptr());
             pool.for_ranges(panels, &|panels| {
-                let (dst, scales_out, sums_out) = (dst, scales_out, sums_out);
                 let mut row = vec![0i8; k_padded];
                 for p in panels {
                     // SAFETY: panel `p` owns its `stride` packed bytes and its PANEL scales and sums.
-                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) };
+                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.get().add(p * stride), stride) };
                     for r in 0..PANEL.min(n - p * PANEL) {
                         let output = p * PANEL + r;
                         let scale = read_row(output, &mut row[..k]);
                         unsafe {
-                            *scales_out.0.add(output) = scale;
-                            *sums_out.0.add(output) = row[..k].iter().map(|&v| v as i32).sum();
+                            *scales_out.get().add(output) = scale;
+                            *sums_out.get().add(output) = row[..k].iter().map(|&v| v as i32).sum();
                         }
                         for (block, values) in row.chunks_exact(K_BLOCK).enumerate() {
                             packed[(block * PANEL + r) * K_BLOCK..][..K_BLOCK].copy_from_slice(values);

@@ -69,7 +69,7 @@ impl Int8BlockWeights {
     /// Packs an `[n, k]` matrix whose rows `read_row(row, out)` writes (quants offset by
     /// `offset`), panel by panel on the threads of `pool`.
     pub fn pack_rows(n: usize, k: usize, offset: u8, pool: &ThreadPool, read_row: &(dyn Fn(usize, &mut Int8BlockRow) + Sync)) -> Int8BlockWeights {
-        assert!(k % QBLOCK == 0, "8-bit block weights need whole blocks of {QBLOCK} inputs, not {k}");
+        assert!(k.is_multiple_of(QBLOCK), "8-bit block weights need whole blocks of {QBLOCK} inputs, not {k}");
         let layout = Int8BlockWeights { n, k, offset, data: Frozen::from_slice(&[]) };
         let (stride, panels) = (layout.panel_stride(), layout.panels());
         // Quants below `offset - 127` would be weights under -127 (see the module doc).
@@ -77,11 +77,10 @@ impl Int8BlockWeights {
         let data = Frozen::filled(panels * stride, |out: &mut [u8]| {
             let dst = SendPtr(out.as_mut_ptr());
             pool.for_ranges(panels, &|panels| {
-                let dst = dst;
                 let mut row = Int8BlockRow::new(k);
                 for p in panels {
                     // SAFETY: panel `p` owns its `stride` bytes.
-                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) };
+                    let packed = unsafe { std::slice::from_raw_parts_mut(dst.get().add(p * stride), stride) };
                     for rec in packed.chunks_exact_mut(RECORD_BYTES) {
                         // Rows past `n` hold zero weights: quants at the offset.
                         rec[..QUANT_BYTES].fill(offset);

@@ -150,8 +150,7 @@ fn split_panels(pool: &ThreadPool, panels: usize, out: &mut [f32], gemm: &(dyn F
             return;
         }
         let units = split(units, shares, share);
-        let dst = dst;
-        gemm(units.start * PANEL_UNIT..(units.end * PANEL_UNIT).min(panels), dst.0);
+        gemm(units.start * PANEL_UNIT..(units.end * PANEL_UNIT).min(panels), dst.get());
     });
 }
 

@@ -142,7 +142,6 @@ impl PanelRows<'_> {
         Frozen::filled(self.panels * stride, |out: &mut [T]| {
             let dst = SendPtr(out.as_mut_ptr());
             self.pool.for_ranges(self.panels, &|panels| {
-                let dst = dst;
                 let mut rows = vec![0.0f32; PANEL * k];
                 for p in panels {
                     let live = PANEL.min(n - p * PANEL);
@@ -151,7 +150,7 @@ impl PanelRows<'_> {
                         (self.read_row)(p * PANEL + r, row);
                     }
                     // SAFETY: panel `p` owns elements `p * stride..(p + 1) * stride` of `out`.
-                    write(&rows, unsafe { std::slice::from_raw_parts_mut(dst.0.add(p * stride), stride) });
+                    write(&rows, unsafe { std::slice::from_raw_parts_mut(dst.get().add(p * stride), stride) });
                 }
             });
         })

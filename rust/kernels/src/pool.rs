@@ -160,37 +160,31 @@ impl ThreadPool {
     pub fn for_chunks_mut<T: Send>(&self, data: &mut [T], chunk: usize, job: &(dyn Fn(usize, &mut [T]) + Sync)) {
         let (len, base) = (data.len(), SendPtr(data.as_mut_ptr()));
         self.for_ranges(len.div_ceil(chunk), &|pieces| {
-            let base = base;
             for i in pieces {
                 let start = i * chunk;
                 // SAFETY: pieces are disjoint and `data` outlives this call.
-                let piece = unsafe { std::slice::from_raw_parts_mut(base.0.add(start), chunk.min(len - start)) };
+                let piece = unsafe { std::slice::from_raw_parts_mut(base.get().add(start), chunk.min(len - start)) };
                 job(i, piece);
             }
         });
     }
     /// Like [`Self::for_chunks_mut`] over two slices cut into the same number of pieces
     /// (`a` by `chunk_a`, `b` by `chunk_b`): `job(index, piece_of_a, piece_of_b)`.
-    pub fn for_chunk_pairs_mut<A: Send, B: Send>(
-        &self,
-        a: &mut [A],
-        chunk_a: usize,
-        b: &mut [B],
-        chunk_b: usize,
-        job: &(dyn Fn(usize, &mut [A], &mut [B]) + Sync),
-    ) {
+    pub fn for_chunk_pairs_mut<A: Send, B: Send>(&self, a: &mut [A], chunk_a: usize, b: &mut [B], chunk_b: usize, job: &ChunkPairJob<'_, A, B>) {
         let pieces = a.len().div_ceil(chunk_a);
         assert_eq!(pieces, b.len().div_ceil(chunk_b), "for_chunk_pairs_mut: piece counts differ");
         let (len_b, base_b) = (b.len(), SendPtr(b.as_mut_ptr()));
         self.for_chunks_mut(a, chunk_a, &|i, piece_a| {
-            let base_b = base_b;
             let start = i * chunk_b;
             // SAFETY: as in `for_chunks_mut`: piece `i` of `b` is touched by this job alone.
-            let piece_b = unsafe { std::slice::from_raw_parts_mut(base_b.0.add(start), chunk_b.min(len_b - start)) };
+            let piece_b = unsafe { std::slice::from_raw_parts_mut(base_b.get().add(start), chunk_b.min(len_b - start)) };
             job(i, piece_a, piece_b);
         });
     }
 }
+
+/// The job of [`ThreadPool::for_chunk_pairs_mut`].
+pub type ChunkPairJob<'a, A, B> = dyn Fn(usize, &mut [A], &mut [B]) + Sync + 'a;
 
 /// A pointer handed to the shares of one call, each touching its own elements.
 pub struct SendPtr<T>(pub *mut T);
@@ -200,6 +194,13 @@ impl<T> Clone for SendPtr<T> {
     }
 }
 impl<T> Copy for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// Closures call this rather than read `.0`, which would capture the bare, non-`Send` pointer.
+    #[inline(always)]
+    pub fn get(self) -> *mut T {
+        self.0
+    }
+}
 // SAFETY: shares access disjoint elements, and the call outlives them.
 unsafe impl<T: Send> Send for SendPtr<T> {}
 unsafe impl<T: Send> Sync for SendPtr<T> {}
@@ -239,7 +240,7 @@ fn worker_loop(s: &Shared, index: usize) {
                 break;
             }
             spins = spins.wrapping_add(1);
-            if spins % 64 != 0 || idle_since.elapsed() < SPIN {
+            if !spins.is_multiple_of(64) || idle_since.elapsed() < SPIN {
                 std::hint::spin_loop();
                 continue;
             }

@@ -1,9 +1,13 @@
 //! `rsgl._core`: thin bindings over rsgl-engine. Each method converts its arguments, releases
 //! the GIL while the engine works, and maps engine errors onto `rsgl.errors` exceptions.
+//! Structured values cross as Python objects read and built by the engine's own serde types
+//! (pythonize), so the schema is written once, in Rust, and no JSON text crosses per output.
 
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
+use pythonize::{pythonize, Depythonizer};
+use rsgl_engine::request::deserialize_with_path;
 use rsgl_engine::sample::SamplingParams;
 use rsgl_engine::text::TokenTable;
 use rsgl_engine::weights::{Int4Checkpoint, Int4Packing};
@@ -16,21 +20,20 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+// The exception classes of `rsgl.errors`, imported once and cached by pyo3.
+pyo3::import_exception!(rsgl.errors, ModelLoadError);
+pyo3::import_exception!(rsgl.errors, UnsupportedModelError);
+pyo3::import_exception!(rsgl.errors, InvalidRequestError);
+pyo3::import_exception!(rsgl.errors, EngineClosedError);
+
 fn to_py_err(e: EngineError) -> PyErr {
-    let class = match e {
-        EngineError::ModelLoad(_) => "ModelLoadError",
-        EngineError::UnsupportedModel(_) => "UnsupportedModelError",
-        EngineError::InvalidRequest(_) => "InvalidRequestError",
-        EngineError::Closed => "EngineClosedError",
-    };
     let msg = e.to_string();
-    Python::attach(|py| {
-        py.import("rsgl.errors")
-            .and_then(|m| m.getattr(class))
-            .and_then(|cls| cls.call1((msg.clone(),)))
-            .map(PyErr::from_value)
-            .unwrap_or_else(|_| PyRuntimeError::new_err(msg))
-    })
+    match e {
+        EngineError::ModelLoad(_) => ModelLoadError::new_err(msg),
+        EngineError::UnsupportedModel(_) => UnsupportedModelError::new_err(msg),
+        EngineError::InvalidRequest(_) => InvalidRequestError::new_err(msg),
+        EngineError::Closed => EngineClosedError::new_err(msg),
+    }
 }
 
 /// A checkpoint's tensors, mapped by the core (safetensors files or a GGUF file) under Hugging
@@ -85,11 +88,11 @@ impl WeightStore {
         Self::wrap(py, || rsgl_engine::WeightStore::open_gguf(&path, architecture, heads, kv_heads))
     }
 
-    /// A GGUF file's metadata as a JSON object (key -> value).
+    /// A GGUF file's metadata (key -> value).
     #[staticmethod]
-    fn gguf_metadata_json(py: Python<'_>, path: PathBuf) -> PyResult<String> {
+    fn gguf_metadata<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {
         let metadata = py.detach(|| rsgl_engine::WeightStore::gguf_metadata(&path)).map_err(to_py_err)?;
-        Ok(serde_json::Value::Object(metadata).to_string())
+        to_python(py, &metadata)
     }
 
     /// Every tensor's name, shape and storage type ("BF16", "Q4_K", "I8", "AWQ", "GPTQ", ...).
@@ -133,19 +136,21 @@ impl Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    #[pyo3(signature = (config_json, weights, options_json, eos_token_ids, token_bytes=None, special_token_ids=Vec::new(), tokenizer_json=None))]
+    // Python's keyword arguments, one per value the engine needs.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (config, weights, options, eos_token_ids, token_bytes=None, special_token_ids=Vec::new(), tokenizer_json=None))]
     fn new(
         py: Python<'_>,
-        config_json: &str,
+        config: &Bound<'_, PyAny>,
         weights: &WeightStore,
-        options_json: &str,
+        options: &Bound<'_, PyAny>,
         eos_token_ids: Vec<u32>,
         token_bytes: Option<Vec<Vec<u8>>>,
         special_token_ids: Vec<u32>,
         tokenizer_json: Option<String>,
     ) -> PyResult<Self> {
-        let cfg = ModelConfig::from_json(config_json).map_err(to_py_err)?;
-        let opts = EngineOptions::from_json(options_json).map_err(to_py_err)?;
+        let cfg = ModelConfig::deserialize_from(&mut Depythonizer::from_object(config)).map_err(to_py_err)?;
+        let opts = EngineOptions::deserialize_from(&mut Depythonizer::from_object(options)).map_err(to_py_err)?;
         let store =
             weights.inner.lock().expect("store lock").take().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
         let tokenizer = token_bytes.map(|b| Tokenizer { table: TokenTable::new(b, special_token_ids), json: tokenizer_json });
@@ -153,11 +158,11 @@ impl Engine {
         Ok(Engine { inner: Mutex::new(Some(Arc::new(engine))) })
     }
 
-    /// Queues a request given as JSON (`rid`, `input_ids`, `sampling_params`, ...). With a
+    /// Queues a request (a dict: `rid`, `input_ids`, `sampling_params`, ...). With a
     /// `notifier`, each of the request's outputs pushes `key` onto it.
-    #[pyo3(signature = (request_json, notifier=None, key=0))]
-    fn submit(&self, request_json: &str, notifier: Option<&Notifier>, key: u64) -> PyResult<RequestStream> {
-        let req = GenerateRequest::from_json(request_json).map_err(to_py_err)?;
+    #[pyo3(signature = (request, notifier=None, key=0))]
+    fn submit(&self, request: &Bound<'_, PyAny>, notifier: Option<&Notifier>, key: u64) -> PyResult<RequestStream> {
+        let req = GenerateRequest::deserialize_from(&mut Depythonizer::from_object(request)).map_err(to_py_err)?;
         let engine = self.engine()?;
         let stream = match notifier {
             Some(notifier) => {
@@ -169,11 +174,11 @@ impl Engine {
         Ok(RequestStream { inner: Mutex::new(stream.map_err(to_py_err)?), done: AtomicBool::new(false) })
     }
 
-    /// Compiles the grammar of `sampling_params` (JSON) now, raising InvalidRequestError with
-    /// the grammar backend's message if it is invalid; the compiled grammar is cached.
-    fn check_grammar(&self, py: Python<'_>, sampling_params_json: &str) -> PyResult<()> {
-        let params: SamplingParams =
-            serde_json::from_str(sampling_params_json).map_err(|e| to_py_err(EngineError::InvalidRequest(format!("sampling_params: {e}"))))?;
+    /// Compiles the grammar of `sampling_params` now, raising InvalidRequestError with the
+    /// grammar backend's message if it is invalid; the compiled grammar is cached.
+    fn check_grammar(&self, py: Python<'_>, sampling_params: &Bound<'_, PyAny>) -> PyResult<()> {
+        let params: SamplingParams = deserialize_with_path(&mut Depythonizer::from_object(sampling_params))
+            .map_err(|e| to_py_err(EngineError::InvalidRequest(format!("sampling_params.{e}"))))?;
         let engine = self.engine()?;
         py.detach(|| engine.check_grammar(&params)).map_err(to_py_err)
     }
@@ -189,9 +194,9 @@ impl Engine {
         py.detach(|| engine.flush_cache()).map_err(to_py_err)
     }
 
-    /// Engine counters as JSON.
-    fn stats_json(&self) -> PyResult<String> {
-        Ok(serde_json::to_string(&self.engine()?.stats()).expect("stats serialize"))
+    /// Engine counters.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.engine()?.stats())
     }
 
     fn is_running(&self) -> bool {
@@ -216,28 +221,28 @@ struct RequestStream {
 }
 
 impl RequestStream {
-    fn answer(&self, out: Result<Option<rsgl_engine::Output>, EngineError>) -> PyResult<Option<String>> {
+    fn answer<'py>(&self, py: Python<'py>, out: Result<Option<rsgl_engine::Output>, EngineError>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let out = out.inspect_err(|_| self.done.store(true, Ordering::Release)).map_err(to_py_err)?;
         if out.as_ref().is_some_and(|o| o.finished.is_some()) {
             self.done.store(true, Ordering::Release);
         }
-        Ok(out.map(|o| serde_json::to_string(&o).expect("output serialize")))
+        out.map(|o| to_python(py, &o)).transpose()
     }
 }
 
 #[pymethods]
 impl RequestStream {
-    /// The next output as JSON, or None when `timeout` seconds passed first.
-    fn next_json(&self, py: Python<'_>, timeout: f64) -> PyResult<Option<String>> {
+    /// The next output, or None when `timeout` seconds passed first.
+    fn next<'py>(&self, py: Python<'py>, timeout: f64) -> PyResult<Option<Bound<'py, PyAny>>> {
         let wait = Duration::from_secs_f64(timeout.max(0.0));
         let out = py.detach(|| self.inner.lock().expect("stream lock").next(wait));
-        self.answer(out)
+        self.answer(py, out)
     }
 
-    /// The next output as JSON if there is one now, else None (for callers woken by a Notifier).
-    fn try_next_json(&self, py: Python<'_>) -> PyResult<Option<String>> {
+    /// The next output if there is one now, else None (for callers woken by a Notifier).
+    fn try_next<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let out = py.detach(|| self.inner.lock().expect("stream lock").try_next());
-        self.answer(out)
+        self.answer(py, out)
     }
 
     #[getter]
@@ -298,6 +303,11 @@ impl Notifier {
         while matches!((&self.reader).read(&mut bytes), Ok(n) if n > 0) {}
         std::mem::take(&mut *self.ready.keys.lock().expect("ready keys lock"))
     }
+}
+
+/// A value of the engine's as the Python objects its serde form names (dicts, lists, str, ...).
+fn to_python<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bound<'py, PyAny>> {
+    pythonize(py, value).map_err(|e| PyRuntimeError::new_err(format!("rsgl could not convert an engine value to Python: {e}")))
 }
 
 #[pyfunction]

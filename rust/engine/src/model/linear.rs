@@ -64,7 +64,7 @@ impl Format {
             None => Format::Float(dtype),
             Some(Quantization::W8A8Int8) => Format::Int8,
             // A layer whose inputs are not whole groups (never in real models) stays in floats.
-            Some(Quantization::W4A8) if cols % QBLOCK != 0 => Format::Float(dtype),
+            Some(Quantization::W4A8) if !cols.is_multiple_of(QBLOCK) => Format::Float(dtype),
             Some(Quantization::W4A8) => Format::Int4(Int4Offset::Min),
             Some(Quantization::Gguf | Quantization::Awq | Quantization::Gptq) => {
                 stored.int4_offset().map(Format::Int4).or(stored.int8_block_offset().map(Format::Int8Blocks)).unwrap_or(Format::Float(dtype))

@@ -248,9 +248,8 @@ impl LlamaModel {
                 first_pos,
                 scale,
             };
-            let dst = dst;
             // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
-            unsafe { (kern.attention)(&task, dst.0.add(t * qs + h * group * hd), qs) };
+            unsafe { (kern.attention)(&task, dst.get().add(t * qs + h * group * hd), qs) };
         });
         out
     }

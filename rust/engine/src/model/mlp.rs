@@ -52,6 +52,8 @@ pub struct Experts {
     shared: Option<(SwiGlu, Linear)>,
 }
 
+// One per layer, built once: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Mlp {
     Dense(SwiGlu),
     Moe(Experts),

@@ -107,18 +107,28 @@ fn penalties_push_seen_tokens_down() {
 #[test]
 fn validation_names_the_bad_field() {
     let bad = [
-        params(|p| p.temperature = -1.0),
-        params(|p| p.top_p = 0.0),
-        params(|p| p.top_k = 0),
-        params(|p| p.min_p = 2.0),
-        params(|p| {
-            p.max_new_tokens = 2;
-            p.min_new_tokens = 3
-        }),
-        params(|p| p.stop_token_ids = vec![99]),
+        ("temperature", params(|p| p.temperature = -1.0)),
+        ("top_p", params(|p| p.top_p = 0.0)),
+        ("top_k", params(|p| p.top_k = 0)),
+        ("min_p", params(|p| p.min_p = 2.0)),
+        ("repetition_penalty", params(|p| p.repetition_penalty = 0.0)),
+        ("frequency_penalty", params(|p| p.frequency_penalty = 3.0)),
+        ("presence_penalty", params(|p| p.presence_penalty = -3.0)),
+        (
+            "min_new_tokens",
+            params(|p| {
+                p.max_new_tokens = 2;
+                p.min_new_tokens = 3
+            }),
+        ),
+        ("stop", params(|p| p.stop = vec![String::new()])),
+        ("stop_token_ids", params(|p| p.stop_token_ids = vec![99])),
     ];
-    for p in bad {
-        assert!(p.validate(10).is_err(), "{p:?}");
+    for (field, p) in bad {
+        let msg = p.validate(10).expect_err(field).to_string();
+        // The message leads with the whole field name ("stop", not "stop_token_ids").
+        let rest = msg.strip_prefix(field).unwrap_or_else(|| panic!("{field}: {msg:?}"));
+        assert!(!rest.starts_with(|c: char| c == '_' || c.is_alphanumeric()), "{field}: {msg:?}");
     }
     assert!(SamplingParams::default().validate(10).is_ok());
 }

@@ -129,7 +129,7 @@ impl GgmlType {
 
     /// Bytes of a row of `cols` values, or None when `cols` is not a whole number of blocks.
     pub fn row_bytes(self, cols: usize) -> Option<usize> {
-        (cols % self.block_values() == 0).then(|| cols / self.block_values() * self.block_bytes())
+        cols.is_multiple_of(self.block_values()).then(|| cols / self.block_values() * self.block_bytes())
     }
 }
 

@@ -239,7 +239,7 @@ fn assemble_layer(layer: &str, parts: [Option<(usize, RawTensor)>; 4], checkpoin
         None => None,
     };
     let act_order = act_order_groups.is_some();
-    let kind = GroupedInt4 { packing, act_order, whole_blocks: !act_order && group_size % QBLOCK == 0 && cols % QBLOCK == 0 };
+    let kind = GroupedInt4 { packing, act_order, whole_blocks: !act_order && group_size.is_multiple_of(QBLOCK) && cols.is_multiple_of(QBLOCK) };
     let tensor = GroupedTensor { kind, rows, cols, group_size, qzeros: piece(qzeros), scales: piece(scales), scale_type, g_idx, act_order_groups };
     Ok(GroupedLayer { name: format!("{layer}.weight"), shape: vec![rows, cols], source, qweight: qweight.bytes, tensor })
 }

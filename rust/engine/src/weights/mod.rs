@@ -52,7 +52,7 @@ impl Stored {
         match self {
             Stored::Ggml(kind) => kind.row_bytes(cols),
             Stored::Int8 => Some(cols),
-            Stored::Grouped(_) => (cols % 2 == 0).then_some(cols / 2),
+            Stored::Grouped(_) => cols.is_multiple_of(2).then_some(cols / 2),
         }
     }
 

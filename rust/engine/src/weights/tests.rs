@@ -179,7 +179,7 @@ fn gguf_tensors_come_out_in_hugging_face_names_and_layout() {
 #[test]
 fn broken_gguf_files_name_the_file_and_tensor() {
     let tensor = ("blk.0.attn_q.weight", vec![32u64, 2], 8u32, vec![0u8; 2 * 34]); // Q8_0: 34 bytes a block
-    let good = gguf(&[tensor.clone()]);
+    let good = gguf(std::slice::from_ref(&tensor));
     let truncated = TempFile::new("truncated.gguf", &good[..good.len() - 40]);
     let text = error_text(WeightStore::open_gguf(&truncated.0, "llama", 1, 1));
     assert!(text.contains("truncated.gguf is corrupt, truncated or not a GGUF file") && text.contains("blk.0.attn_q.weight"), "{text}");

@@ -76,18 +76,30 @@ pub fn int8_paths() -> Vec<Int8Gemm> {
 
 #[cfg(test)]
 mod tests {
+    use crate::portable::twin_tests::{assert_paths_ran, check_against_portable, check_blocks_paths_against_portable, check_int8_against_portable};
+    use std::arch::is_aarch64_feature_detected;
+
+    // NEON is in the aarch64 baseline, so its paths are always expected: the lists are never empty.
     #[test]
     fn every_path_matches_portable_on_odd_sizes() {
+        let mut ran = Vec::new();
         for k in super::paths() {
-            crate::portable::twin_tests::check_against_portable(&k);
+            check_against_portable(&k);
+            ran.push(k.isa);
         }
+        let bf16 = is_aarch64_feature_detected!("bf16");
+        assert_paths_ran("SIMD", &ran, &[("sve-bf16", bf16 && is_aarch64_feature_detected!("sve")), ("neon-bf16", bf16), ("neon", true)]);
     }
 
     #[test]
     fn every_int8_path_matches_portable_exactly() {
+        let mut ran = Vec::new();
         for path in super::int8_paths() {
-            crate::portable::twin_tests::check_int8_against_portable(&path);
-            crate::portable::twin_tests::check_blocks_paths_against_portable(&path);
+            check_int8_against_portable(&path);
+            check_blocks_paths_against_portable(&path);
+            ran.push(path.isa);
         }
+        let dotprod = is_aarch64_feature_detected!("dotprod");
+        assert_paths_ran("int8", &ran, &[("i8mm", dotprod && is_aarch64_feature_detected!("i8mm")), ("dotprod", dotprod), ("neon", true)]);
     }
 }

@@ -94,7 +94,7 @@ impl RopeStyle {
 /// are the same elementwise product.
 pub fn rope(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
     let d = cos.len();
-    assert!(sin.len() == d && d % 2 == 0 && heads.len() % d == 0);
+    assert!(sin.len() == d && d.is_multiple_of(2) && heads.len().is_multiple_of(d));
     let mut rotated = vec![0f32; d];
     for head in heads.chunks_exact_mut(d) {
         for (i, r) in rotated.iter_mut().enumerate() {

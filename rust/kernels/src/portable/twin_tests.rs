@@ -133,6 +133,17 @@ fn check_rows(simd: &Kernels) {
     }
 }
 
+/// Says which paths a twin test compared with portable, and asserts they are exactly those
+/// feature detection gives this CPU (`detected`: name, present), so none is skipped unseen.
+pub fn assert_paths_ran(kind: &str, ran: &[&str], detected: &[(&str, bool)]) {
+    eprintln!("{kind} paths compared with portable: {ran:?}");
+    let mut expected: Vec<&str> = detected.iter().filter(|(_, present)| *present).map(|(name, _)| *name).collect();
+    let mut ran = ran.to_vec();
+    expected.sort_unstable();
+    ran.sort_unstable();
+    assert_eq!(ran, expected, "{kind}: the paths compared are not the ones this CPU supports");
+}
+
 pub fn check_against_portable(simd: &Kernels) {
     check_gemm(simd);
     check_rows(simd);
@@ -167,15 +178,13 @@ pub fn check_int8_against_portable(simd: &Int8Gemm) {
     }
 }
 
+/// A block GEMM run on a path: `gemm(path, rows, weights, panels, out)`.
+type BlockGemm<'a, W> = dyn Fn(&Int8Gemm, &QuantizedBlocks, &W, std::ops::Range<usize>, &mut [f32]) + 'a;
+
 /// A block-quantized GEMM (`gemm(path, rows, panels, out)`, weights `[n, k]` built by
 /// `weights(n, k)`) against the portable path on odd row and output counts: the same bits,
 /// whatever the rows, the batch and the panel split.
-fn check_blocks_against_portable<W>(
-    simd: &Int8Gemm,
-    kind: &str,
-    weights: &dyn Fn(usize, usize) -> (W, usize),
-    gemm: &dyn Fn(&Int8Gemm, &QuantizedBlocks, &W, std::ops::Range<usize>, &mut [f32]),
-) {
+fn check_blocks_against_portable<W>(simd: &Int8Gemm, kind: &str, weights: &dyn Fn(usize, usize) -> (W, usize), gemm: &BlockGemm<'_, W>) {
     let run = |path: &Int8Gemm, x: &[f32], w: &W, k: usize, n: usize, panels: std::ops::Range<usize>| {
         let mut rows = QuantizedBlocks::default();
         rows.quantize(x, k, &ThreadPool::new(1, false));

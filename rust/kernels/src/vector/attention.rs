@@ -125,6 +125,8 @@ unsafe fn scores<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
 
 /// Scores of `R` query rows from `first` against the keys at `k` (one page's keys from a slot,
 /// `[head_dim][page_size]`), `lanes` of them valid; written at `dst`, rows `width` apart.
+// `acc[r]` and `q[r]` are register rows walked in lockstep; the unrolled index loop is the kernel.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn score_block<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, lanes: usize, dst: *mut f32, width: usize) {
     let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
@@ -204,6 +206,8 @@ unsafe fn value<E>(task: &AttentionTask, pages: &Pages<E>, j: usize) -> *const E
 }
 
 /// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]`.
+// The accumulator tile is indexed in lockstep with the value registers and output rows.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usize>(
     task: &AttentionTask,

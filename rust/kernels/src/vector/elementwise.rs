@@ -126,7 +126,7 @@ pub unsafe fn softmax<V: F32Vector>(x: &mut [f32]) {
 #[inline(always)]
 pub unsafe fn rope<V: F32Vector>(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
     let d = cos.len();
-    assert!(sin.len() == d && d % 2 == 0 && heads.len() % d == 0);
+    assert!(sin.len() == d && d.is_multiple_of(2) && heads.len().is_multiple_of(d));
     let (c, s, l) = (cos.as_ptr(), sin.as_ptr(), V::LANES);
     for head in heads.chunks_exact_mut(d) {
         let h = head.as_mut_ptr();

@@ -15,6 +15,8 @@ use crate::portable::gemm::{for_each_row, for_each_tile_in_chunks};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
+// Panels and weight groups index the accumulator tile, the records and the activations in lockstep.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let offset = t.w.offset as i32;
@@ -45,6 +47,8 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool>(t: &Til
     }
 }
 
+// As in `tile_vnni`, plus the two halves of each record.
+#[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let (offset, ones) = (_mm256_set1_epi8(t.w.offset as i8), _mm256_set1_epi16(1));

@@ -75,18 +75,36 @@ fn avx2_int8() -> Int8Gemm {
 
 #[cfg(test)]
 mod tests {
+    use crate::portable::twin_tests::{assert_paths_ran, check_against_portable, check_blocks_paths_against_portable, check_int8_against_portable};
+
+    fn has_avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+    }
+
     #[test]
     fn every_path_matches_portable_on_odd_sizes() {
+        let mut ran = Vec::new();
         for k in super::paths() {
-            crate::portable::twin_tests::check_against_portable(&k);
+            check_against_portable(&k);
+            ran.push(k.isa);
         }
+        let avx512 = has_avx2()
+            && is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512bf16");
+        assert_paths_ran("SIMD", &ran, &[("avx512", avx512), ("avx512-bf16", avx512), ("avx2", has_avx2())]);
     }
 
     #[test]
     fn every_int8_path_matches_portable_exactly() {
+        let mut ran = Vec::new();
         for path in super::int8_paths() {
-            crate::portable::twin_tests::check_int8_against_portable(&path);
-            crate::portable::twin_tests::check_blocks_paths_against_portable(&path);
+            check_int8_against_portable(&path);
+            check_blocks_paths_against_portable(&path);
+            ran.push(path.isa);
         }
+        let vnni = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni");
+        assert_paths_ran("int8", &ran, &[("avx512-vnni", vnni), ("avx2", has_avx2())]);
     }
 }

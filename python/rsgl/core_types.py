@@ -1,0 +1,150 @@
+"""The values that cross between Python and the Rust core (`rsgl._core`), as the engine's serde
+types read and build them: plain dicts whose keys these TypedDicts name.
+`tests/test_core_stubs.py` checks them against the engine (an unknown key is refused there, and
+the refusal lists the known ones; outputs and statistics carry no key left out here)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, NotRequired, TypedDict
+
+
+class SamplingParams(TypedDict, total=False):
+    """SGLang's `sampling_params`; every key is optional."""
+
+    max_new_tokens: int
+    min_new_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    min_p: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    stop: list[str]
+    stop_token_ids: list[int]
+    ignore_eos: bool
+    skip_special_tokens: bool
+    no_stop_trim: bool
+    seed: int | None
+    regex: str | None
+    json_schema: str | dict[str, Any] | None
+    ebnf: str | None
+    choices: list[str] | None
+
+
+class GenerateRequest(TypedDict):
+    rid: str
+    input_ids: list[int]
+    sampling_params: NotRequired[SamplingParams]
+    return_logprob: NotRequired[bool]
+    top_logprobs_num: NotRequired[int]
+    return_prompt_logits: NotRequired[bool]
+    logprob_start_len: NotRequired[int | None]
+    cache_salt: NotRequired[str | None]
+    group: NotRequired[str | None]
+    think_end_token_ids: NotRequired[list[int] | None]
+
+
+class EngineOptions(TypedDict, total=False):
+    """Engine options, named after SGLang's server arguments; every key is optional."""
+
+    context_length: int | None
+    page_size: int
+    max_total_tokens: int | None
+    kv_cache_memory_gb: float
+    kv_cache_dtype: Literal["float32", "bfloat16"]
+    max_running_requests: int
+    chunked_prefill_size: int
+    threads: int
+    pin_threads: bool
+    dtype: Literal["float32", "bfloat16", "float16"]
+    quantization: Literal["w8a8_int8", "w4a8", "gguf", "awq", "gptq"] | None
+    quantize_lm_head: bool
+    activation_bits: Literal[8, 16]
+    random_seed: int
+    schedule_policy: Literal["fcfs", "lpm", "dfs-weight"]
+    disable_radix_cache: bool
+    disable_jump_forward: bool
+    grammar_compile_threads: int
+
+
+class TopLogprob(TypedDict):
+    token_id: int
+    logprob: float
+
+
+class TokenLogprob(TypedDict):
+    token_id: int
+    logprob: float
+    top: list[TopLogprob]
+
+
+class FinishReason(TypedDict):
+    """SGLang's `meta_info.finish_reason`: "stop" carries `matched` (a token id, a stop string,
+    or None when a grammar completed), "length" `length`, "abort" `message`."""
+
+    type: Literal["stop", "length", "abort"]
+    matched: NotRequired[int | str | None]
+    length: NotRequired[int]
+    message: NotRequired[str]
+
+
+class Finished(TypedDict):
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    decode_steps: int
+
+
+class Output(TypedDict):
+    """One step's worth of a request's output; the last one carries `finished`."""
+
+    token_ids: list[int]
+    text: str
+    logprobs: NotRequired[list[TokenLogprob]]
+    prompt_logits: NotRequired[list[float]]
+    input_token_logprobs: NotRequired[list[float]]
+    finished: NotRequired[Finished]
+
+
+class GrammarStats(TypedDict):
+    compiled: int
+    cache_hits: int
+    compile_seconds: float
+
+
+class EngineStats(TypedDict):
+    """Counters the engine publishes after every step."""
+
+    kernels: str
+    int8_kernels: str
+    threads: int
+    dtype: str
+    quantization: str | None
+    activation_bits: int
+    running_requests: int
+    waiting_requests: int
+    kv_pages_total: int
+    kv_pages_free: int
+    page_size: int
+    max_total_tokens: int
+    context_length: int
+    radix_cache: bool
+    cached_pages: int
+    prompt_tokens: int
+    cache_hit_tokens: int
+    cache_hit_rate: float
+    computed_prompt_tokens: int
+    generated_tokens: int
+    retracted_requests: int
+    grammar_waiting_requests: int
+    forced_tokens: int
+    grammar: GrammarStats | None
+    steps: int
+    last_step_tokens: int
+    schedule_seconds: float
+    forward_seconds: float
+    sample_seconds: float
+    grammar_seconds: float
+    last_step_seconds: float

@@ -1,0 +1,254 @@
+//! The engine thread and its handle. The thread owns the model, the KV cache and every request;
+//! callers talk to it through channels, so no lock is held while the model runs.
+
+mod stats;
+mod worker;
+
+pub use stats::EngineStats;
+
+use crate::config::{EngineOptions, ModelConfig};
+use crate::error::{invalid, EngineError, Result};
+use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSpec, LlgBackend};
+use crate::kv::{BlockPool, KvCache};
+use crate::model::{Compute, LlamaModel, Precision};
+use crate::request::{validate, GenerateRequest, Output, OutputSink, Waker};
+use crate::sample::Rng;
+use crate::scheduler::Scheduler;
+use crate::text::TokenTable;
+use crate::weights::WeightStore;
+use rsgl_kernels::ThreadPool;
+use std::collections::HashSet;
+use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use worker::Worker;
+
+/// What the engine knows of the tokenizer: each token's bytes (for text), and the tokenizer
+/// itself as `tokenizer.json` text, which structured output uses to tokenize forced text.
+pub struct Tokenizer {
+    pub table: TokenTable,
+    pub json: Option<String>,
+}
+
+enum Command {
+    Submit(Box<GenerateRequest>, OutputSink),
+    /// A grammar compiled for the requests parked waiting for it.
+    GrammarReady(GrammarSpec, Result<Box<dyn Grammar>>),
+    Abort(String),
+    /// Empty the prefix cache; answers whether it could (only when no request is in flight).
+    FlushCache(Sender<bool>),
+    Shutdown,
+}
+
+pub struct Engine {
+    inbox: Sender<Command>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+    stats: Arc<Mutex<EngineStats>>,
+    vocab_size: usize,
+    context_length: usize,
+    has_tokenizer: bool,
+    max_total_tokens: usize,
+    grammars: Option<Arc<GrammarService>>,
+}
+
+/// The outputs of one request, in order; ends after the output carrying `finished`.
+pub struct RequestStream {
+    pub rid: String,
+    rx: Receiver<Result<Output>>,
+    done: bool,
+}
+
+impl RequestStream {
+    /// The next output; `Ok(None)` when `timeout` passed first. After the final output (or an
+    /// error) every call returns `Err(Closed)`.
+    pub fn next(&mut self, timeout: Duration) -> Result<Option<Output>> {
+        if self.done {
+            return Err(EngineError::Closed);
+        }
+        let received = match self.rx.recv_timeout(timeout) {
+            Ok(out) => Some(out),
+            Err(RecvTimeoutError::Timeout) => None,
+            Err(RecvTimeoutError::Disconnected) => Some(Err(EngineError::Closed)),
+        };
+        self.take(received)
+    }
+
+    /// The next output if there is one now (for callers woken by the request's [`Waker`]).
+    pub fn try_next(&mut self) -> Result<Option<Output>> {
+        if self.done {
+            return Err(EngineError::Closed);
+        }
+        let received = match self.rx.try_recv() {
+            Ok(out) => Some(out),
+            Err(TryRecvError::Empty) => None,
+            Err(TryRecvError::Disconnected) => Some(Err(EngineError::Closed)),
+        };
+        self.take(received)
+    }
+
+    fn take(&mut self, received: Option<Result<Output>>) -> Result<Option<Output>> {
+        match received {
+            Some(Ok(out)) => {
+                self.done = out.finished.is_some();
+                Ok(Some(out))
+            }
+            Some(Err(e)) => {
+                self.done = true;
+                Err(e)
+            }
+            None => Ok(None),
+        }
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+}
+
+impl Engine {
+    /// Builds the model from `weights` (moved, so they live in memory once) and starts the thread.
+    pub fn start(cfg: ModelConfig, weights: WeightStore, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>, opts: EngineOptions) -> Result<Engine> {
+        let context_length = opts.context_length(&cfg);
+        if context_length == 0 {
+            return Err(invalid("context_length must be at least 1"));
+        }
+        let threads = if opts.threads == 0 { rsgl_kernels::pool::physical_cores() } else { opts.threads };
+        let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads), opts.activation_bits());
+        let vocab_size = cfg.vocab_size;
+        let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
+        let model = LlamaModel::new(cfg, weights, context_length, precision, compute)?;
+        let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
+        let num_pages = opts.kv_pages(model.config());
+        let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype);
+        let stats = Arc::new(Mutex::new(EngineStats {
+            kernels: rsgl_kernels::kernels().isa,
+            int8_kernels: rsgl_kernels::kernels().gemm_i8.isa,
+            threads,
+            dtype: opts.dtype,
+            quantization: opts.quantization,
+            activation_bits: opts.activation_bits,
+            kv_pages_total: num_pages,
+            kv_pages_free: num_pages,
+            radix_cache: !opts.disable_radix_cache,
+            page_size: opts.page_size,
+            max_total_tokens: num_pages * opts.page_size,
+            context_length,
+            ..Default::default()
+        }));
+        let (inbox, commands) = channel();
+        let has_tokenizer = tokenizer.is_some();
+        let table = tokenizer.as_ref().map(|t| Arc::new(t.table.clone()));
+        let grammars = tokenizer.map(|t| {
+            let (table, eos) = (table.clone().expect("present with the tokenizer"), eos_token_ids.clone());
+            let build = move || LlgBackend::new(&table, t.json.as_deref(), &eos).map(|b| Arc::new(b) as Arc<dyn GrammarBackend>);
+            Arc::new(GrammarService::new(opts.grammar_compile_threads, build))
+        });
+        let worker = Worker {
+            model,
+            kv,
+            scheduler: Scheduler::new(BlockPool::new(num_pages, opts.page_size), &opts),
+            tokenizer: table,
+            grammars: grammars.clone(),
+            grammar_queue: Vec::new(),
+            jump_forward: !opts.disable_jump_forward,
+            inbox: inbox.clone(),
+            eos_token_ids,
+            context_length,
+            stats: stats.clone(),
+            active: HashSet::new(),
+            seeds: Rng::new(opts.random_seed),
+        };
+        let thread = std::thread::Builder::new()
+            .name("rsgl-engine".into())
+            .spawn(move || {
+                // The engine thread runs share 0 of every parallel operation.
+                if let Some(cpu) = pin_engine_thread {
+                    rsgl_kernels::pool::pin_current_thread(cpu);
+                }
+                worker.run(commands)
+            })
+            .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
+        Ok(Engine {
+            inbox,
+            thread: Mutex::new(Some(thread)),
+            stats,
+            vocab_size,
+            context_length,
+            has_tokenizer,
+            max_total_tokens: num_pages * opts.page_size,
+            grammars,
+        })
+    }
+
+    /// Compiles a request's grammar now, on the calling thread, so a bad one is reported before
+    /// the request is submitted (the compiled grammar is cached for the request).
+    pub fn check_grammar(&self, params: &crate::sample::SamplingParams) -> Result<()> {
+        match (params.grammar()?, &self.grammars) {
+            (None, _) => Ok(()),
+            (Some(spec), Some(grammars)) => grammars.compile(&spec).map(drop),
+            (Some(_), None) => Err(crate::grammar::needs_tokenizer()),
+        }
+    }
+
+    /// Queues a request; errors in the request itself are returned here, at once.
+    pub fn submit(&self, req: GenerateRequest) -> Result<RequestStream> {
+        self.enqueue(req, None)
+    }
+
+    /// [`Self::submit`], calling `waker` after each output the request gets.
+    pub fn submit_with_waker(&self, req: GenerateRequest, waker: Waker) -> Result<RequestStream> {
+        self.enqueue(req, Some(waker))
+    }
+
+    fn enqueue(&self, req: GenerateRequest, waker: Option<Waker>) -> Result<RequestStream> {
+        validate(&req, self.vocab_size, self.context_length, self.has_tokenizer)?;
+        let need = req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len());
+        if need > self.max_total_tokens {
+            return Err(invalid(format!(
+                "the request needs {need} KV tokens (prompt + max_new_tokens) but the pool holds {}; lower max_new_tokens or raise max_total_tokens / kv_cache_memory_gb",
+                self.max_total_tokens
+            )));
+        }
+        let (tx, rx) = channel();
+        let rid = req.rid.clone();
+        self.inbox.send(Command::Submit(Box::new(req), OutputSink::new(tx, waker))).map_err(|_| EngineError::Closed)?;
+        Ok(RequestStream { rid, rx, done: false })
+    }
+
+    /// Empties the prefix cache. Returns false (and does nothing) while requests are in flight.
+    pub fn flush_cache(&self) -> Result<bool> {
+        let (tx, rx) = channel();
+        self.inbox.send(Command::FlushCache(tx)).map_err(|_| EngineError::Closed)?;
+        rx.recv().map_err(|_| EngineError::Closed)
+    }
+
+    /// Ends a request wherever it is (and every sample of it, for n > 1); its stream gets a
+    /// final output with an abort reason.
+    pub fn abort(&self, rid: &str) {
+        let _ = self.inbox.send(Command::Abort(rid.to_string()));
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        self.stats.lock().expect("stats lock").clone()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.thread.lock().expect("thread lock").as_ref().is_some_and(|t| !t.is_finished())
+    }
+
+    /// Stops the thread; requests still in flight end with an `Aborted` finish.
+    pub fn shutdown(&self) {
+        let _ = self.inbox.send(Command::Shutdown);
+        let thread = self.thread.lock().expect("thread lock").take();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}

@@ -1,0 +1,85 @@
+//! What the engine publishes about itself after every step.
+
+use crate::config::{Dtype, Quantization};
+use crate::grammar::GrammarStats;
+use serde::Serialize;
+use std::time::Duration;
+
+/// Counters the engine publishes after every step.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    pub kernels: &'static str,
+    /// The int8 GEMM's path (what W8A8 layers run on).
+    pub int8_kernels: &'static str,
+    pub threads: usize,
+    /// Weight precision.
+    pub dtype: Dtype,
+    /// Weight quantization of the linear layers, if any.
+    pub quantization: Option<Quantization>,
+    /// Bits of the quantized block layers' activations (8 or 16).
+    pub activation_bits: u8,
+    pub running_requests: usize,
+    pub waiting_requests: usize,
+    pub kv_pages_total: usize,
+    pub kv_pages_free: usize,
+    pub page_size: usize,
+    pub max_total_tokens: usize,
+    pub context_length: usize,
+    pub radix_cache: bool,
+    pub cached_pages: usize,
+    /// Prompt tokens of admitted requests, and how many of them came from the cache.
+    pub prompt_tokens: u64,
+    pub cache_hit_tokens: u64,
+    pub cache_hit_rate: f64,
+    /// Prompt tokens actually run through the model (misses, and recomputation after retraction).
+    pub computed_prompt_tokens: u64,
+    pub generated_tokens: u64,
+    pub retracted_requests: u64,
+    /// Constrained requests waiting for their grammar to compile.
+    pub grammar_waiting_requests: usize,
+    /// Tokens appended without sampling because the grammar forced them (jump-forward).
+    pub forced_tokens: u64,
+    /// Grammar compilations, when the engine has a tokenizer.
+    pub grammar: Option<GrammarStats>,
+    pub steps: u64,
+    pub last_step_tokens: usize,
+    /// Seconds spent, over all steps, choosing the batch, in the forward pass, and sampling
+    /// (with detokenizing and handing outputs over).
+    pub schedule_seconds: f64,
+    pub forward_seconds: f64,
+    pub sample_seconds: f64,
+    /// Of the sampling time, the part spent filling token masks before sampling, in parallel
+    /// (requests with top-k/top-p/min-p; the others fill one only when the grammar refuses the
+    /// token they sampled, counted in the rest of the sampling time).
+    pub grammar_seconds: f64,
+    pub last_step_seconds: f64,
+}
+
+/// What one step did, for the statistics.
+#[derive(Default)]
+pub(super) struct StepCounts {
+    pub(super) tokens: usize,
+    pub(super) prompt_tokens: usize,
+    pub(super) generated: usize,
+    pub(super) forced: usize,
+    pub(super) schedule: Duration,
+    pub(super) forward: Duration,
+    pub(super) sample: Duration,
+    pub(super) grammar: Duration,
+}
+
+impl EngineStats {
+    /// Adds one step's counts and times.
+    pub(super) fn record_step(&mut self, step: &StepCounts) {
+        self.steps += 1;
+        self.last_step_tokens = step.tokens;
+        self.computed_prompt_tokens += step.prompt_tokens as u64;
+        self.generated_tokens += step.generated as u64;
+        self.schedule_seconds += step.schedule.as_secs_f64();
+        self.forward_seconds += step.forward.as_secs_f64();
+        self.sample_seconds += step.sample.as_secs_f64();
+        self.grammar_seconds += step.grammar.as_secs_f64();
+        self.forced_tokens += step.forced as u64;
+        self.last_step_seconds = (step.schedule + step.forward + step.sample).as_secs_f64();
+    }
+}

@@ -1,0 +1,261 @@
+//! The engine thread's loop: it takes commands, parks constrained requests until their
+//! grammar compiles, runs scheduler steps and publishes statistics.
+
+use super::stats::{EngineStats, StepCounts};
+use super::Command;
+use crate::error::{invalid, Result};
+use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSpec};
+use crate::kv::KvCache;
+use crate::model::LlamaModel;
+use crate::request::{GenerateRequest, OutputSink, Sequence};
+use crate::sample::Rng;
+use crate::scheduler::Scheduler;
+use crate::text::TokenTable;
+use std::collections::HashSet;
+use std::sync::mpsc::{Receiver, Sender};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+pub(super) struct Worker {
+    pub(super) model: LlamaModel,
+    pub(super) kv: KvCache,
+    pub(super) scheduler: Scheduler,
+    pub(super) tokenizer: Option<Arc<TokenTable>>,
+    pub(super) grammars: Option<Arc<GrammarService>>,
+    /// Constrained requests waiting for their grammar to compile.
+    pub(super) grammar_queue: Vec<(GrammarSpec, Sequence)>,
+    pub(super) jump_forward: bool,
+    /// For compile threads to hand grammars back.
+    pub(super) inbox: Sender<Command>,
+    pub(super) eos_token_ids: Vec<u32>,
+    pub(super) context_length: usize,
+    pub(super) stats: Arc<Mutex<EngineStats>>,
+    pub(super) active: HashSet<String>,
+    /// Draws each request's seed (requests that give none sample from it).
+    pub(super) seeds: Rng,
+}
+
+impl Worker {
+    pub(super) fn run(mut self, commands: Receiver<Command>) {
+        loop {
+            // Block while idle (no spinning); otherwise take whatever has arrived and step.
+            let first = if self.scheduler.is_idle() { commands.recv().ok() } else { commands.try_recv().ok() };
+            let mut shutdown = first.is_none() && self.scheduler.is_idle();
+            for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
+                match cmd {
+                    Command::Submit(req, out) => self.accept(*req, out),
+                    Command::GrammarReady(spec, grammar) => self.grammar_ready(&spec, grammar),
+                    Command::Abort(rid) => self.abort_group(&rid),
+                    Command::FlushCache(reply) => {
+                        let flushed = self.scheduler.flush_cache();
+                        self.publish(None);
+                        let _ = reply.send(flushed);
+                    }
+                    Command::Shutdown => shutdown = true,
+                }
+            }
+            if shutdown {
+                let rids: Vec<String> = self.active.iter().cloned().collect();
+                rids.iter().for_each(|rid| self.abort(rid, "the engine shut down"));
+                self.publish(None);
+                return;
+            }
+            if self.scheduler.is_idle() {
+                self.publish(None);
+            } else {
+                self.step();
+            }
+        }
+    }
+
+    fn accept(&mut self, req: GenerateRequest, out: OutputSink) {
+        if !self.active.insert(req.rid.clone()) {
+            let _ = out.send(Err(invalid(format!("request id {:?} is already running; ids must be unique", req.rid))));
+            return;
+        }
+        let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
+        let Some(spec) = seq.grammar_spec.take() else {
+            self.scheduler.waiting.push_back(seq);
+            return;
+        };
+        let grammars = self.grammars.as_ref().expect("submit refuses constrained requests without a tokenizer");
+        if let Some(grammar) = grammars.cached(&spec) {
+            return self.start_constrained(seq, grammar);
+        }
+        // Park the request; a compile thread sends the grammar back through the inbox. Requests
+        // arriving with a grammar already being compiled (n > 1, a batch) wait for that one.
+        if !self.grammar_queue.iter().any(|(s, _)| *s == spec) {
+            let (inbox, compiled) = (self.inbox.clone(), spec.clone());
+            grammars.compile_later(spec.clone(), Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(compiled, grammar)))));
+        }
+        self.grammar_queue.push((spec, seq));
+        self.publish(None);
+    }
+
+    /// Starts every request parked waiting for `spec` (none if they were all aborted meanwhile).
+    fn grammar_ready(&mut self, spec: &GrammarSpec, grammar: Result<Box<dyn Grammar>>) {
+        let (ready, waiting) = std::mem::take(&mut self.grammar_queue).into_iter().partition(|(s, _)| s == spec);
+        self.grammar_queue = waiting;
+        for (_, seq) in ready {
+            let own = grammar.as_ref().map(|g| g.fork()).map_err(Clone::clone);
+            self.start_constrained(seq, own);
+        }
+    }
+
+    /// Queues a request with its compiled grammar, or ends it with the compile error.
+    fn start_constrained(&mut self, mut seq: Sequence, grammar: Result<Box<dyn Grammar>>) {
+        match grammar {
+            Ok(grammar) => {
+                // Forced tokens have no sampled log-probabilities: requests asking for them sample every token.
+                let can_jump = self.grammars.as_ref().is_some_and(|g| g.can_jump_forward());
+                let jump_forward = self.jump_forward && can_jump && !seq.return_logprob;
+                let vocab = self.model.config().vocab_size;
+                let mask_on_refusal = seq.params.sampling_commutes_with_masks(vocab);
+                seq.constraint = Some(Constraint::new(grammar, vocab, seq.think_end_token_ids.take(), jump_forward, mask_on_refusal));
+                self.scheduler.waiting.push_back(seq);
+            }
+            Err(e) => {
+                self.active.remove(&seq.rid);
+                let _ = seq.out.send(Err(e));
+            }
+        }
+        self.publish(None);
+    }
+
+    /// Aborts `rid` and the samples grouped under it.
+    fn abort_group(&mut self, rid: &str) {
+        let in_group = |s: &Sequence| s.rid == rid || s.group.as_deref() == Some(rid);
+        let sched = &self.scheduler;
+        let parked = self.grammar_queue.iter().map(|(_, s)| s);
+        let rids: Vec<String> = sched.waiting.iter().chain(&sched.running).chain(parked).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
+        for r in rids {
+            self.abort(&r, "aborted by request");
+        }
+    }
+
+    fn abort(&mut self, rid: &str, why: &str) {
+        let mut seq = if let Some(i) = self.scheduler.waiting.iter().position(|s| s.rid == rid) {
+            self.scheduler.waiting.remove(i).expect("index exists")
+        } else if let Some(i) = self.scheduler.running.iter().position(|s| s.rid == rid) {
+            self.scheduler.retire(i)
+        } else if let Some(i) = self.grammar_queue.iter().position(|(_, s)| s.rid == rid) {
+            self.grammar_queue.swap_remove(i).1
+        } else {
+            return;
+        };
+        self.active.remove(rid);
+        self.publish(None);
+        let out = seq.abort_output(why);
+        let _ = seq.out.send(Ok(out));
+    }
+
+    fn step(&mut self) {
+        let started = Instant::now();
+        let plan = self.scheduler.plan();
+        if plan.is_empty() {
+            return;
+        }
+        let scheduled = Instant::now();
+        let logits = {
+            let chunks = self.scheduler.chunks(&plan);
+            self.model.forward(&chunks, &mut self.kv)
+        };
+        let forwarded = Instant::now();
+        let vocab = self.model.config().vocab_size;
+        let mut rows = logits.chunks_exact(vocab);
+        let mut step = StepCounts::default();
+        // Requests sampling this step, with their logits row.
+        let mut sampling: Vec<(usize, &[f32])> = Vec::new();
+        for p in &plan {
+            let seq = &mut self.scheduler.running[p.index];
+            step.tokens += p.end - p.start;
+            if p.start < seq.prompt_len {
+                step.prompt_tokens += p.end - p.start;
+            } else {
+                seq.decode_steps += 1;
+            }
+            let extending = !seq.is_decoding();
+            seq.computed = p.end;
+            if extending {
+                // Share the pages at once (not only when the request ends): requests waiting
+                // on the same prefix are admitted next step and find it here.
+                self.scheduler.cache_progress(p.index);
+            }
+            let seq = &mut self.scheduler.running[p.index];
+            // The model returned a row per token of chunks scoring the prompt, else one row for a
+            // chunk that completes its sequence.
+            let completes = p.end == seq.tokens.len();
+            let scores_prompt = seq.wants_chunk_logits(p.start);
+            let taken = if scores_prompt { p.end - p.start } else { usize::from(completes) };
+            let chunk_rows: Vec<&[f32]> = rows.by_ref().take(taken).collect();
+            if scores_prompt {
+                seq.record_input_logprobs(p.start, &chunk_rows);
+            }
+            if completes {
+                sampling.push((p.index, chunk_rows.last().expect("a completed chunk has its logits row")));
+            }
+        }
+        let masked = Instant::now();
+        self.fill_masks_ahead(&sampling);
+        step.grammar = masked.elapsed();
+        let mut finished = Vec::new();
+        for (index, row) in sampling {
+            let seq = &mut self.scheduler.running[index];
+            let out = if seq.max_new_tokens == 0 { seq.finish_without_tokens(row) } else { seq.advance(&mut row.to_vec(), self.tokenizer.as_deref()) };
+            step.generated += out.token_ids.len();
+            step.forced += out.token_ids.len().saturating_sub(1);
+            if out.finished.is_some() {
+                finished.push((index, Some(out)));
+            } else if seq.out.send(Ok(out)).is_err() {
+                // The caller went away (dropped its stream): end the request.
+                finished.push((index, None));
+            }
+        }
+        // Highest index first: retiring swaps the last request into the freed slot.
+        finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
+        let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.scheduler.retire(i), out)).collect();
+        step.schedule = scheduled - started;
+        step.forward = forwarded - scheduled;
+        step.sample = forwarded.elapsed();
+        // Publish before the final outputs go out, so a caller that sees its request finish
+        // also sees its pages back in the pool.
+        self.publish(Some(&step));
+        for (seq, out) in finals {
+            self.active.remove(&seq.rid);
+            if let Some(out) = out {
+                let _ = seq.out.send(Ok(out));
+            }
+        }
+    }
+
+    /// Fills the token masks the requests sampling this step need before sampling, on the
+    /// compute threads (idle between forward passes, pinned, and parked when done, so nothing
+    /// spins into the next forward pass).
+    fn fill_masks_ahead(&mut self, sampling: &[(usize, &[f32])]) {
+        let mut samples = vec![false; self.scheduler.running.len()];
+        sampling.iter().for_each(|&(index, _)| samples[index] = true);
+        let mut pending: Vec<&mut Constraint> = (self.scheduler.running.iter_mut().zip(samples))
+            .filter(|(seq, samples)| *samples && seq.max_new_tokens > 0)
+            .filter_map(|(seq, _)| seq.constraint.as_mut().filter(|c| c.needs_mask_first()))
+            .collect();
+        self.model.pool().for_chunks_mut(&mut pending, 1, &|_, one| one[0].fill_mask_ahead());
+    }
+
+    fn publish(&self, step: Option<&StepCounts>) {
+        let mut s = self.stats.lock().expect("stats lock");
+        let sched = &self.scheduler;
+        s.running_requests = sched.running.len();
+        s.waiting_requests = sched.waiting.len();
+        s.kv_pages_free = sched.pool.free_pages();
+        s.cached_pages = sched.cached_pages();
+        s.prompt_tokens = sched.admitted_prompt_tokens;
+        s.cache_hit_tokens = sched.cache_hit_tokens;
+        s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
+        s.retracted_requests = sched.retractions;
+        s.grammar_waiting_requests = self.grammar_queue.len();
+        s.grammar = self.grammars.as_ref().map(|g| g.stats());
+        if let Some(step) = step {
+            s.record_step(step);
+        }
+    }
+}

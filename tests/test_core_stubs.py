@@ -1,0 +1,80 @@
+"""rsgl.core_types against the engine: the TypedDicts that type what crosses the binding must
+name exactly the keys the Rust core reads and writes. Inputs: the engine refuses an unknown key
+and lists the ones it knows; outputs and statistics: every key they carry is declared, and
+every declared key shows up."""
+
+from __future__ import annotations
+
+import re
+import typing
+
+import pytest
+import rsgl
+from rsgl import _core, core_types
+from rsgl.loader import load_model
+
+
+def declared(typed_dict: type) -> set[str]:
+    return set(typing.get_type_hints(typed_dict))
+
+
+def known_keys(refusal: Exception) -> set[str]:
+    """The keys serde lists when it refuses an unknown one."""
+    match = re.search(r"expected one of (.*)$", str(refusal))
+    assert match, f"not an unknown-key refusal: {refusal}"
+    return set(re.findall(r"`(\w+)`", match.group(1)))
+
+
+@pytest.fixture(scope="module")
+def llm():
+    with rsgl.Engine(threads=2, progress=False) as engine:
+        yield engine
+
+
+def test_request_and_sampling_params_keys_are_the_engines(llm):
+    with pytest.raises(rsgl.InvalidRequestError) as refused:
+        llm._core.submit({"rid": "r", "input_ids": [1], "no_such_key": 1})
+    assert known_keys(refused.value) == declared(core_types.GenerateRequest)
+    with pytest.raises(rsgl.InvalidRequestError) as refused:
+        llm._core.check_grammar({"no_such_key": 1})
+    assert known_keys(refused.value) == declared(core_types.SamplingParams)
+
+
+def test_engine_options_keys_are_the_engines():
+    model = load_model(None, progress=False)
+    with pytest.raises(rsgl.InvalidRequestError) as refused:
+        _core.Engine(model.config, model.open_weights(), {"no_such_option": 1}, model.eos_token_ids)
+    assert known_keys(refused.value) == declared(core_types.EngineOptions)
+
+
+def test_output_keys_are_declared_and_all_appear(llm):
+    ids = llm.encode("The capital of France is")
+    request = {
+        "rid": "stub-check",
+        "input_ids": ids,
+        "sampling_params": {"temperature": 0, "max_new_tokens": 3},
+        "return_logprob": True,
+        "top_logprobs_num": 2,
+        "return_prompt_logits": True,
+        "logprob_start_len": 0,
+    }
+    stream = llm._core.submit(request)
+    outputs = []
+    while not stream.done:
+        out = stream.next(10.0)
+        assert out is not None, "no output within 10 s"
+        outputs.append(out)
+    seen = set().union(*outputs)
+    assert seen == declared(core_types.Output)
+    finished = outputs[-1]["finished"]
+    assert set(finished) == declared(core_types.Finished)
+    assert set(finished["finish_reason"]) <= declared(core_types.FinishReason)
+    logprob = outputs[0]["logprobs"][0]
+    assert set(logprob) == declared(core_types.TokenLogprob) and set(logprob["top"][0]) == declared(core_types.TopLogprob)
+
+
+def test_stats_keys_are_declared(llm):
+    llm.check_grammar({"regex": "[ab]+"})
+    stats = llm._core.stats()
+    assert set(stats) == declared(core_types.EngineStats)
+    assert set(stats["grammar"]) == declared(core_types.GrammarStats)
