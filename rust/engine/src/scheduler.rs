@@ -7,7 +7,7 @@
 //! decoding request, then prompt chunks within the token budget.
 
 use crate::config::EngineOptions;
-use crate::kv::{BlockPool, RadixCache};
+use crate::kv::{PagePool, RadixCache};
 use crate::model::SeqChunk;
 use crate::policy::{admission_order, SchedulePolicy};
 use crate::request::Sequence;
@@ -16,7 +16,7 @@ use std::collections::VecDeque;
 pub(crate) struct Scheduler {
     pub waiting: VecDeque<Sequence>,
     pub running: Vec<Sequence>,
-    pub pool: BlockPool,
+    pub pool: PagePool,
     /// `None` when the radix cache is disabled.
     pub cache: Option<RadixCache>,
     policy: SchedulePolicy,
@@ -36,7 +36,7 @@ pub(crate) struct Planned {
 }
 
 impl Scheduler {
-    pub fn new(pool: BlockPool, opts: &EngineOptions) -> Self {
+    pub fn new(pool: PagePool, opts: &EngineOptions) -> Self {
         let cache = (!opts.disable_radix_cache).then(|| RadixCache::new(pool.page_size()));
         Scheduler {
             waiting: VecDeque::new(),

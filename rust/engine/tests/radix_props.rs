@@ -1,10 +1,10 @@
-//! Property tests of the radix prefix cache driven like the engine drives it (a `BlockPool` plus a
+//! Property tests of the radix prefix cache driven like the engine drives it (a `PagePool` plus a
 //! `RadixCache`, requests that match, lock, allocate, re-insert after chunks, finish or abort),
 //! checked against a plain reference model: the set of cached whole-page prefixes, and a content
 //! tag per page (the namespace and token prefix its KV was written for).
 
 use proptest::prelude::*;
-use rsgl_engine::kv::{BlockPool, NodeId, RadixCache};
+use rsgl_engine::kv::{NodeId, PagePool, RadixCache};
 use std::collections::{HashMap, HashSet};
 
 #[derive(Debug, Clone)]
@@ -63,7 +63,7 @@ struct Req {
 
 struct Sim {
     ps: usize,
-    pool: BlockPool,
+    pool: PagePool,
     tree: RadixCache,
     owner: Vec<Owner>,
     tag: HashMap<u32, Tag>,
@@ -75,7 +75,7 @@ impl Sim {
     fn new(num_pages: usize, ps: usize) -> Self {
         Sim {
             ps,
-            pool: BlockPool::new(num_pages, ps),
+            pool: PagePool::new(num_pages, ps),
             tree: RadixCache::new(ps),
             owner: vec![Owner::Free; num_pages],
             tag: HashMap::new(),

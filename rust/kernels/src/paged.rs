@@ -66,7 +66,7 @@ impl PagedKv<'_> {
 /// are already in the pages.
 pub struct AttentionTask<'a> {
     pub kv: &'a PagedKv<'a>,
-    /// The sequence's block table.
+    /// The sequence's page table.
     pub pages: &'a [u32],
     pub kv_head: usize,
     pub group: usize,
@@ -90,7 +90,7 @@ impl AttentionTask<'_> {
         let (kv, hd) = (self.kv, self.kv.head_dim);
         assert!(self.kv_head < kv.kv_heads, "attention: kv head {} of {}", self.kv_head, kv.kv_heads);
         assert!(self.tokens > 0 && self.group > 0);
-        assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the block table is too short");
+        assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the page table is too short");
         let last = (self.tokens - 1) * self.q_stride + self.group * hd;
         assert!(self.q.len() >= last, "attention: q is too short");
         let end = self.pages.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::block(kv.page_size, hd);

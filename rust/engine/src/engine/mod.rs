@@ -9,7 +9,7 @@ pub use stats::EngineStats;
 use crate::config::{EngineOptions, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSpec, LlgBackend};
-use crate::kv::{BlockPool, KvCache};
+use crate::kv::{KvCache, PagePool};
 use crate::model::{Compute, LlamaModel, Precision};
 use crate::request::{validate, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
@@ -147,7 +147,7 @@ impl Engine {
         let worker = Worker {
             model,
             kv,
-            scheduler: Scheduler::new(BlockPool::new(num_pages, opts.page_size), &opts),
+            scheduler: Scheduler::new(PagePool::new(num_pages, opts.page_size), &opts),
             tokenizer: table,
             grammars: grammars.clone(),
             grammar_queue: Vec::new(),

@@ -61,7 +61,7 @@ impl KvCache {
     }
 
     /// Stores one token's K and V (`[kv_head][head_dim]` each) at position `pos` of the sequence
-    /// whose block table is `pages`.
+    /// whose page table is `pages`.
     pub fn write(&mut self, layer: usize, pages: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let (ps, hd) = (self.page_size, self.head_dim);
         let (page, slot) = (pages[pos / ps], pos % ps);

@@ -1,9 +1,9 @@
-//! The paged KV cache: a pool of fixed-size pages ([`BlockPool`]) and their storage ([`KvCache`]).
+//! The paged KV cache: a pool of fixed-size pages ([`PagePool`]) and their storage ([`KvCache`]).
 
-mod block_pool;
 mod cache;
+mod page_pool;
 mod radix;
 
-pub use block_pool::BlockPool;
 pub use cache::KvCache;
+pub use page_pool::PagePool;
 pub use radix::{NodeId, PrefixMatch, RadixCache};

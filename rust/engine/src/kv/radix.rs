@@ -2,9 +2,9 @@
 //! KV pages that hold them (after SGLang's RadixCache).
 //!
 //! Only whole pages are stored: every edge is a token run whose length is a multiple of
-//! `page_size`, with one page id per `page_size` tokens, because a page is the unit a block table
+//! `page_size`, with one page id per `page_size` tokens, because a page is the unit a page table
 //! can share. Pages referenced by the tree belong to the tree (they are not free in the
-//! [`BlockPool`](super::BlockPool)) until [`RadixCache::evict`] or [`RadixCache::flush`] hands
+//! [`PagePool`](super::PagePool)) until [`RadixCache::evict`] or [`RadixCache::flush`] hands
 //! them back to the caller, who releases them into the pool.
 //!
 //! Requests pin the path they use with [`RadixCache::lock`]: a locked node (and so every node up

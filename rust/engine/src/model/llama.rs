@@ -31,7 +31,7 @@ pub struct SeqChunk<'a> {
     pub tokens: &'a [u32],
     /// Position of `tokens[0]`; earlier positions are already in the KV pages.
     pub start_pos: usize,
-    /// The sequence's block table, covering at least `start_pos + tokens.len()` positions.
+    /// The sequence's page table, covering at least `start_pos + tokens.len()` positions.
     pub pages: &'a [u32],
     /// Whether the logits after the last token are wanted (false mid-prompt when chunking).
     pub want_logits: bool,

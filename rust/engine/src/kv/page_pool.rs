@@ -1,17 +1,17 @@
-//! Allocator of KV pages: a free list over page ids. A request owns a block table (the pages
+//! Allocator of KV pages: a free list over page ids. A request owns a page table (the pages
 //! holding its tokens in order); token `i` lives in page `table[i / page_size]`.
 
 #[derive(Debug)]
-pub struct BlockPool {
+pub struct PagePool {
     page_size: usize,
     num_pages: usize,
     free: Vec<u32>,
 }
 
-impl BlockPool {
+impl PagePool {
     pub fn new(num_pages: usize, page_size: usize) -> Self {
         // Reversed so pages are handed out in ascending order (easier to read in traces).
-        BlockPool { page_size, num_pages, free: (0..num_pages as u32).rev().collect() }
+        PagePool { page_size, num_pages, free: (0..num_pages as u32).rev().collect() }
     }
 
     pub fn page_size(&self) -> usize {
@@ -55,7 +55,7 @@ mod tests {
 
     #[test]
     fn alloc_release_accounting() {
-        let mut pool = BlockPool::new(10, 4);
+        let mut pool = PagePool::new(10, 4);
         assert_eq!(pool.pages_for(9), 3);
         let mut a = pool.alloc(3).unwrap();
         let mut b = pool.alloc(7).unwrap();
