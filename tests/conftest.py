@@ -4,6 +4,8 @@ runs; and a server per test module that asks for one, with its clients."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -80,7 +82,13 @@ def tiny_models(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server_url(tmp_path_factory: pytest.TempPathFactory):
+def server_started_at() -> float:
+    """time.time() just before the module's server is launched (server_url depends on it)."""
+    return time.time()
+
+
+@pytest.fixture(scope="module")
+def server_url(tmp_path_factory: pytest.TempPathFactory, server_started_at: float):
     with running_server(tmp_path_factory.mktemp("server")) as (url, _):
         yield url
 

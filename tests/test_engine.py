@@ -11,6 +11,7 @@ import pytest
 import rsgl
 
 GREEDY = {"temperature": 0, "max_new_tokens": 24}
+SAMPLES_START_SECONDS = 30  # for the 3 samples of an n=3 request to be running
 
 
 @pytest.fixture(scope="module")
@@ -294,9 +295,14 @@ def test_abort_request_stops_every_sample_of_n(llm):
     params = {"max_new_tokens": 2000, "ignore_eos": True, "n": 3}
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         future = pool.submit(llm.generate, "Tell me a long story.", params, rid="story")
-        while llm.get_server_info()["running_requests"] < 3:
-            time.sleep(0.02)
-        llm.abort_request("story")
+        deadline = time.monotonic() + SAMPLES_START_SECONDS
+        try:
+            while (running := llm.get_server_info()["running_requests"]) < 3:
+                assert not future.done(), f"the request ended before its 3 samples all ran: {future.result()}"
+                assert time.monotonic() < deadline, f"{running} of the 3 samples running after {SAMPLES_START_SECONDS} s"
+                time.sleep(0.02)
+        finally:
+            llm.abort_request("story")  # also on failure, or leaving the pool would wait for 2000 tokens
         outs = future.result(timeout=10)
     assert [o["meta_info"]["finish_reason"]["type"] for o in outs] == ["abort"] * 3
     assert [o["meta_info"]["id"] for o in outs] == ["story-0", "story-1", "story-2"]

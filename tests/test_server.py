@@ -55,10 +55,18 @@ def test_health_needs_no_api_key(server_url: str):
     assert response.status_code == 200 and response.text == ""
 
 
-def test_models_and_model_info(http: httpx.Client, model: str):
+def assert_created_since(created, since: float) -> None:
+    """An OpenAI `created`: whole Unix seconds, no earlier than `since` and no later than now."""
+    assert type(created) is int and int(since) <= created <= time.time(), (created, since)
+
+
+def test_models_and_model_info(http: httpx.Client, model: str, server_started_at: float):
     models = http.get("/v1/models").json()
     assert models["object"] == "list"
-    assert models["data"] == [{"id": model, "object": "model", "created": models["data"][0]["created"], "owned_by": "rsgl"}]
+    [entry] = models["data"]
+    created = entry.pop("created")
+    assert entry == {"id": model, "object": "model", "owned_by": "rsgl"}
+    assert_created_since(created, server_started_at)  # when the server started
     info = http.get("/get_model_info").json()
     assert info["served_model_name"] == model and info["is_generation"] is True and info["model_path"]
     server_info = http.get("/get_server_info").json()
@@ -69,8 +77,10 @@ def test_models_and_model_info(http: httpx.Client, model: str):
 
 
 def test_completion_greedy_says_paris_with_real_token_counts(client: openai.OpenAI, http: httpx.Client, model: str):
+    requested_at = time.time()
     completion = client.completions.create(model=model, prompt=PROMPT, max_tokens=4, temperature=0, logprobs=2)
     assert completion.id.startswith("cmpl-") and completion.object == "text_completion" and completion.model == model
+    assert_created_since(completion.created, requested_at)
     [choice] = completion.choices
     assert choice.index == 0 and choice.text.startswith(" Paris") and choice.finish_reason == "length"
     assert "".join(choice.logprobs.tokens) == choice.text
@@ -91,9 +101,12 @@ def test_completion_from_token_ids(client: openai.OpenAI, http: httpx.Client, mo
 def test_completion_stream_matches_whole_answer(client: openai.OpenAI, model: str):
     request = {"model": model, "prompt": PROMPT, "max_tokens": 6, "temperature": 0}
     whole = client.completions.create(**request)
+    requested_at = time.time()
     chunks = list(client.completions.create(**request, stream=True, stream_options={"include_usage": True}))
     *text_chunks, usage_chunk = chunks
     assert all(chunk.id == chunks[0].id and chunk.object == "text_completion" for chunk in chunks)
+    assert all(chunk.created == chunks[0].created for chunk in chunks)
+    assert_created_since(chunks[0].created, requested_at)
     assert chunks[0].id.startswith("cmpl-")
     assert "".join(chunk.choices[0].text for chunk in text_chunks) == whole.choices[0].text
     assert text_chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason == "length"

@@ -1,7 +1,8 @@
 """Soak and load: rounds of 1,000 concurrent streaming clients, a third of which leave at random
 points, mixed with non-streamed, constrained, n > 1 and abandoned requests, each round followed by a
-drain. Every client that stayed gets a complete, well-formed answer; the engine ends idle with every
-KV page back; the server's thread count and resident memory return to their level after a warm-up
+drain. Every client that stayed gets a complete, well-formed answer; the server's /metrics count
+each request it received once, with no error, and those whose client stayed as finished; the
+engine ends idle with every KV page back; the server's thread count and resident memory return to their level after a warm-up
 round; /health answers throughout. Three rounds in a row on one server, so what leaks adds up."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import dataclass, field
 import httpx
 import orjson
 import pytest
-from server_helpers import AUTH, drained, process_usage, running_server
+from server_helpers import AUTH, SETTLE_SECONDS, drained, metric_values, process_usage, running_server
 
 STREAMS = 1000
 LEAVING_SHARE = 3  # one streaming client in LEAVING_SHARE leaves early
@@ -32,6 +33,7 @@ HEALTH_PERIOD_SECONDS = 0.1
 TOLERANCE = 0.05
 SERVER_OPTIONS = ("--max-total-tokens", "4096", "--kv-cache-dtype", "bfloat16", "--random-seed", "7")
 SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": False}
+REQUEST_STATUSES = ("finished", "aborted", "error")
 
 
 @pytest.fixture(scope="module")
@@ -51,12 +53,18 @@ class Round:
     """What one round's clients saw."""
 
     complete: list = field(default_factory=list)  # (kind, payload) of clients that stayed
-    left: int = 0
+    left_streams: int = 0  # streaming clients that left mid-stream
+    left_after_the_end: int = 0  # of those, the ones that had already read their request's last token
+    abandoned: int = 0  # non-streamed clients that gave up before the answer
     health_seconds: list = field(default_factory=list)
 
 
 def sse_payloads(lines: list[str]) -> list:
     return [line[6:] if line == "data: [DONE]" else orjson.loads(line[6:]) for line in lines if line]
+
+
+def has_finish_reason(payload) -> bool:
+    return payload != "[DONE]" and any(choice["finish_reason"] for choice in payload["choices"])
 
 
 async def stream_completion(http: httpx.AsyncClient, result: Round, index: int, leave_after: int | None, extra: dict) -> None:
@@ -68,7 +76,8 @@ async def stream_completion(http: httpx.AsyncClient, result: Round, index: int, 
         async for line in response.aiter_lines():
             lines.append(line)
             if leave_after is not None and len(lines) > leave_after:
-                result.left += 1
+                result.left_streams += 1
+                result.left_after_the_end += any(has_finish_reason(payload) for payload in sse_payloads(lines))
                 return  # closing the response drops the connection mid-stream
     result.complete.append(("stream", sse_payloads(lines)))
 
@@ -84,7 +93,7 @@ async def abandoned_completion(http: httpx.AsyncClient, result: Round, index: in
     body = {"prompt": f"A long story {index}:", "max_tokens": 200, "ignore_eos": True}
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(http.post("/v1/completions", json=body), rng.uniform(0.05, 1.0))
-    result.left += 1
+    result.abandoned += 1
 
 
 async def probe_health(url: str, result: Round, stop: asyncio.Event) -> None:
@@ -147,6 +156,23 @@ def assert_well_formed(kind: str, payload) -> None:
     assert all(chunk["choices"][0]["finish_reason"] is None for chunk in text_chunks[:-1])
 
 
+def request_counts(url: str) -> dict[str, int]:
+    """The server's count of generation requests by how they ended, from /metrics."""
+    values = metric_values(httpx.get(f"{url}/metrics", headers=AUTH, timeout=30).text)
+    return {status: int(values[f'rsgl:requests_total{{status="{status}"}}']) for status in REQUEST_STATUSES}
+
+
+def counted_since(url: str, before: dict[str, int], at_least: int) -> dict[str, int]:
+    """The requests counted since `before`, once there are `at_least` (or after SETTLE_SECONDS): a
+    request is counted when its handler ends, which can trail the engine's finishing it."""
+    deadline = time.monotonic() + SETTLE_SECONDS
+    while True:
+        grown = {status: count - before[status] for status, count in request_counts(url).items()}
+        if sum(grown.values()) >= at_least or time.monotonic() > deadline:
+            return grown
+        time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
 def baseline(server) -> tuple[int, int]:
     """The server's resident memory and threads after a full warm-up round."""
@@ -159,14 +185,21 @@ def baseline(server) -> tuple[int, int]:
 @pytest.mark.parametrize("round_index", range(3))
 def test_a_thousand_streams_and_everything_else_then_a_drain(server, baseline, round_index: int):
     url, pid = server
+    before = request_counts(url)
     result = asyncio.run(run_round(url, seed=round_index + 1))
-    expected_clients = STREAMS + WHOLE + CONSTRAINED + SAMPLED + ABANDONED
-    assert len(result.complete) + result.left == expected_clients
-    assert result.left >= ABANDONED + STREAMS // LEAVING_SHARE // 2
+    assert result.left_streams >= STREAMS // LEAVING_SHARE // 2
     for kind, payload in result.complete:
         assert_well_formed(kind, payload)
 
     info = drained(url)
+    # The server counts each request it received once, by how it ended: every request answered with
+    # a status, and an abandoned one only if a handler read it before its client gave up.
+    answered = len(result.complete) + result.left_streams
+    grown = counted_since(url, before, answered)
+    assert grown["error"] == 0, grown
+    assert answered <= grown["finished"] + grown["aborted"] <= answered + result.abandoned, (grown, answered)
+    # A client that stayed, or read its last token before leaving, saw its request finish.
+    assert grown["finished"] >= len(result.complete) + result.left_after_the_end, (grown, len(result.complete), result.left_after_the_end)
     assert info["running_requests"] == info["waiting_requests"] == info["grammar_waiting_requests"] == 0
     assert info["kv_pages_free"] + info["cached_pages"] == info["kv_pages_total"]  # no request holds KV
     assert info["kv_pages_used"] == 0
@@ -176,6 +209,7 @@ def test_a_thousand_streams_and_everything_else_then_a_drain(server, baseline, r
     assert rss <= base_rss * (1 + TOLERANCE), (rss / 1e6, base_rss / 1e6)
     worst = max(result.health_seconds)
     print(
-        f"round {round_index}: {len(result.complete)} complete, {result.left} left; /health worst {worst * 1e3:.0f} ms "
+        f"round {round_index}: {len(result.complete)} complete, {result.left_streams} left mid-stream ({result.left_after_the_end} after the end), "
+        f"{result.abandoned} abandoned; server counted {grown}; /health worst {worst * 1e3:.0f} ms "
         f"over {len(result.health_seconds)} probes; RSS {rss / 1e6:.0f} MB (baseline {base_rss / 1e6:.0f}), threads {threads} ({base_threads})"
     )

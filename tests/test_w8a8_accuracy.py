@@ -4,9 +4,13 @@ different text) and simple factual questions.
 
 Measured when this was written: perplexity 28.19 (bfloat16); W8A8 from `python -m rsgl.quantize`
 (SmoothQuant-calibrated) 28.49 (+1.1%) with the AVX-512 kernels, 28.61 (+1.5%) with the AVX2
-ones; W8A8 quantized at load (no calibration) 28.96 (+2.7%) and 29.17 (+3.5%). Of the factual
-questions the float path answers right, "What is the capital of France?" is the one W8A8 gets
-wrong, smoothed or not; it is left out below and recorded in the project's notes."""
+ones; W8A8 quantized at load (no calibration) 28.96 (+2.7%) and 29.17 (+3.5%).
+
+The float path answers every factual question right. Of those answers the converted model keeps
+all, with either kernels; W8A8 quantized at load misses "What is the capital of France?" with the
+AVX-512 kernels (it answers in French) and none with the AVX2 ones. A variant may miss
+ALLOWED_MISSES[variant] of the float path's right answers; every answer is reported (pytest -s,
+and in a failure's message)."""
 
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from rsgl.evaluate import perplexity
 
 TEXT = Path(__file__).parent / "data" / "lighthouse_keepers.txt"
 QUESTIONS = [
+    ("What is the capital of France?", "paris"),
     ("What is the capital of Japan?", "tokyo"),
     ("How many days are in a week?", r"\b7\b|seven"),
     ("What is the largest ocean on Earth?", "pacific"),
@@ -56,8 +61,34 @@ def test_w8a8_quantized_at_load_stays_within_4_percent(measured):
     assert measured["on_load"][1] <= 1.04 * measured["float"][1]
 
 
-@pytest.mark.parametrize("variant", ["float", "converted", "on_load"])
-def test_factual_answers_are_right(measured, variant):
-    answers = measured[variant][2]
-    wrong = [(q, a) for (q, pattern), a in zip(QUESTIONS, answers) if not re.search(pattern, a.lower())]
-    assert not wrong, wrong
+# Questions the float path answers right that a W8A8 variant may answer wrong (see above).
+ALLOWED_MISSES = {"converted": 0, "on_load": 1}
+
+
+def right(answers: list[str]) -> list[bool]:
+    return [bool(re.search(pattern, answer.lower())) for (_, pattern), answer in zip(QUESTIONS, answers)]
+
+
+def answer_report(measured) -> str:
+    """Every question, right or wrong in every variant, with its answers."""
+    marks = {name: right(answers) for name, (_, _, answers) in measured.items()}
+    lines = []
+    for i, (question, _) in enumerate(QUESTIONS):
+        lines.append(repr(question))
+        lines += [f"  {name:>9} {'right' if marks[name][i] else 'WRONG'}: {answers[i]!r}" for name, (_, _, answers) in measured.items()]
+    return "\n".join(lines)
+
+
+def test_float_path_answers_every_question_right(measured):
+    report = answer_report(measured)
+    print(report)
+    assert all(right(measured["float"][2])), report
+
+
+@pytest.mark.parametrize("variant", ["converted", "on_load"])
+def test_w8a8_keeps_the_float_paths_right_answers(measured, variant):
+    report = answer_report(measured)
+    print(report)
+    missed = [q for (q, _), f, v in zip(QUESTIONS, right(measured["float"][2]), right(measured[variant][2])) if f and not v]
+    allowed = ALLOWED_MISSES[variant]
+    assert len(missed) <= allowed, f"{variant} misses {missed}, more than {allowed} of the float path's right answers:\n{report}"
