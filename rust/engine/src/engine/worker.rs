@@ -156,9 +156,12 @@ impl Worker {
             return;
         }
         let scheduled = Instant::now();
-        let logits = {
+        // Per chunk: how many logits rows the model returns for it, and whether it completes
+        // its sequence (then its last row is sampled from).
+        let (logits, returned): (Vec<f32>, Vec<(usize, bool)>) = {
             let chunks = self.scheduler.chunks(&plan);
-            self.model.forward(&chunks, &mut self.kv)
+            let returned = chunks.iter().map(|c| (c.logits_positions().len(), c.want_logits)).collect();
+            (self.model.forward(&chunks, &mut self.kv), returned)
         };
         let forwarded = Instant::now();
         let vocab = self.model.config().vocab_size;
@@ -166,7 +169,7 @@ impl Worker {
         let mut step = StepCounts::default();
         // Requests sampling this step, with their logits row.
         let mut sampling: Vec<(usize, &[f32])> = Vec::new();
-        for p in &plan {
+        for (p, &(taken, completes)) in plan.iter().zip(&returned) {
             let seq = &mut self.scheduler.running[p.index];
             step.tokens += p.end - p.start;
             if p.start < seq.prompt_len {
@@ -182,13 +185,8 @@ impl Worker {
                 self.scheduler.cache_progress(p.index);
             }
             let seq = &mut self.scheduler.running[p.index];
-            // The model returned a row per token of chunks scoring the prompt, else one row for a
-            // chunk that completes its sequence.
-            let completes = p.end == seq.tokens.len();
-            let scores_prompt = seq.wants_chunk_logits(p.start);
-            let taken = if scores_prompt { p.end - p.start } else { usize::from(completes) };
             let chunk_rows: Vec<&[f32]> = rows.by_ref().take(taken).collect();
-            if scores_prompt {
+            if seq.wants_chunk_logits(p.start) {
                 seq.record_input_logprobs(p.start, &chunk_rows);
             }
             if completes {

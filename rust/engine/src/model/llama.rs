@@ -12,6 +12,7 @@ use crate::kv::KvCache;
 use crate::weights::WeightStore;
 use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::{AttentionTask, RopeStyle, WeightDtype};
+use std::ops::Range;
 
 /// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
 /// key page across rows, few enough that a prefill splits into many tasks to balance.
@@ -37,6 +38,22 @@ pub struct SeqChunk<'a> {
     pub want_logits: bool,
     /// Whether the logits after every token are wanted (prompt log-probabilities).
     pub all_logits: bool,
+}
+
+impl SeqChunk<'_> {
+    /// The tokens of this chunk after which the model returns logits, one row each in batch
+    /// order: every token when scoring the prompt, else the last when `want_logits`. The one
+    /// rule the model and the engine read the logits by.
+    pub fn logits_positions(&self) -> Range<usize> {
+        let n = self.tokens.len();
+        if self.all_logits {
+            0..n
+        } else if self.want_logits {
+            n - 1..n
+        } else {
+            n..n
+        }
+    }
 }
 
 struct Layer {
@@ -126,8 +143,7 @@ impl LlamaModel {
     }
 
     /// Runs the batch, writing new K/V into the cache; returns the logits `[n, vocab]` after
-    /// every token of the chunks with `all_logits` and after the last token of those with
-    /// `want_logits`, in batch order.
+    /// each chunk's [`SeqChunk::logits_positions`], in batch order.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
         let cfg = &self.cfg;
         let h = cfg.hidden_size;
@@ -168,13 +184,9 @@ impl LlamaModel {
         let mut last_rows = Vec::new();
         let mut t0 = 0;
         for chunk in seqs {
-            let end = t0 + chunk.tokens.len();
-            if chunk.all_logits {
-                last_rows.extend_from_slice(&x[t0 * h..end * h]);
-            } else if chunk.want_logits {
-                last_rows.extend_from_slice(&x[(end - 1) * h..end * h]);
-            }
-            t0 = end;
+            let rows = chunk.logits_positions();
+            last_rows.extend_from_slice(&x[(t0 + rows.start) * h..(t0 + rows.end) * h]);
+            t0 += chunk.tokens.len();
         }
         let normed = self.add_and_norm(&mut last_rows, None, &self.norm);
         self.lm_head.forward(c, &normed)
