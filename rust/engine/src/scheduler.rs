@@ -14,18 +14,29 @@ use crate::request::Sequence;
 use std::collections::VecDeque;
 
 pub(crate) struct Scheduler {
-    pub waiting: VecDeque<Sequence>,
-    pub running: Vec<Sequence>,
-    pub pool: PagePool,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    pool: PagePool,
     /// `None` when the radix cache is disabled.
-    pub cache: Option<RadixCache>,
+    cache: Option<RadixCache>,
     policy: SchedulePolicy,
     max_running: usize,
     token_budget: usize,
-    pub retractions: u64,
+    retractions: u64,
     /// Prompt tokens of admitted requests, and how many of them the cache supplied.
+    admitted_prompt_tokens: u64,
+    cache_hit_tokens: u64,
+}
+
+/// The scheduler's counters, for the engine's statistics.
+pub(crate) struct SchedulerCounts {
+    pub running: usize,
+    pub waiting: usize,
+    pub free_pages: usize,
+    pub cached_pages: usize,
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
+    pub retractions: u64,
 }
 
 /// Which tokens of `running[index]` go into this step.
@@ -54,6 +65,42 @@ impl Scheduler {
 
     pub fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Queues a request for admission.
+    pub fn enqueue(&mut self, seq: Sequence) {
+        self.waiting.push_back(seq);
+    }
+
+    /// Takes request `rid` out, queued or running (its pages go back as when it finishes).
+    pub fn remove(&mut self, rid: &str) -> Option<Sequence> {
+        if let Some(i) = self.waiting.iter().position(|s| s.rid == rid) {
+            return self.waiting.remove(i);
+        }
+        let i = self.running.iter().position(|s| s.rid == rid)?;
+        Some(self.retire(i))
+    }
+
+    /// Every request, queued then running.
+    pub fn requests(&self) -> impl Iterator<Item = &Sequence> {
+        self.waiting.iter().chain(&self.running)
+    }
+
+    /// The running requests, indexed as in this step's plan.
+    pub fn running_mut(&mut self) -> &mut [Sequence] {
+        &mut self.running
+    }
+
+    pub fn counts(&self) -> SchedulerCounts {
+        SchedulerCounts {
+            running: self.running.len(),
+            waiting: self.waiting.len(),
+            free_pages: self.pool.free_pages(),
+            cached_pages: self.cached_pages(),
+            admitted_prompt_tokens: self.admitted_prompt_tokens,
+            cache_hit_tokens: self.cache_hit_tokens,
+            retractions: self.retractions,
+        }
     }
 
     /// Prepares this step's work.
@@ -259,7 +306,7 @@ impl Scheduler {
         true
     }
 
-    pub fn cached_pages(&self) -> usize {
+    fn cached_pages(&self) -> usize {
         self.cache.as_ref().map_or(0, |c| c.cached_pages())
     }
 }

@@ -75,7 +75,7 @@ impl Worker {
         }
         let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
         let Some(spec) = seq.grammar_spec.take() else {
-            self.scheduler.waiting.push_back(seq);
+            self.scheduler.enqueue(seq);
             return;
         };
         let grammars = self.grammars.as_ref().expect("submit refuses constrained requests without a tokenizer");
@@ -112,7 +112,7 @@ impl Worker {
                 let vocab = self.model.config().vocab_size;
                 let mask_on_refusal = seq.params.sampling_commutes_with_masks(vocab);
                 seq.constraint = Some(Constraint::new(grammar, vocab, seq.think_end_token_ids.take(), jump_forward, mask_on_refusal));
-                self.scheduler.waiting.push_back(seq);
+                self.scheduler.enqueue(seq);
             }
             Err(e) => {
                 self.active.remove(&seq.rid);
@@ -125,19 +125,16 @@ impl Worker {
     /// Aborts `rid` and the samples grouped under it.
     fn abort_group(&mut self, rid: &str) {
         let in_group = |s: &Sequence| s.rid == rid || s.group.as_deref() == Some(rid);
-        let sched = &self.scheduler;
         let parked = self.grammar_queue.iter().map(|(_, s)| s);
-        let rids: Vec<String> = sched.waiting.iter().chain(&sched.running).chain(parked).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
+        let rids: Vec<String> = self.scheduler.requests().chain(parked).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
         for r in rids {
             self.abort(&r, "aborted by request");
         }
     }
 
     fn abort(&mut self, rid: &str, why: &str) {
-        let mut seq = if let Some(i) = self.scheduler.waiting.iter().position(|s| s.rid == rid) {
-            self.scheduler.waiting.remove(i).expect("index exists")
-        } else if let Some(i) = self.scheduler.running.iter().position(|s| s.rid == rid) {
-            self.scheduler.retire(i)
+        let mut seq = if let Some(seq) = self.scheduler.remove(rid) {
+            seq
         } else if let Some(i) = self.grammar_queue.iter().position(|(_, s)| s.rid == rid) {
             self.grammar_queue.swap_remove(i).1
         } else {
@@ -170,7 +167,7 @@ impl Worker {
         // Requests sampling this step, with their logits row.
         let mut sampling: Vec<(usize, &[f32])> = Vec::new();
         for (p, &(taken, completes)) in plan.iter().zip(&returned) {
-            let seq = &mut self.scheduler.running[p.index];
+            let seq = &mut self.scheduler.running_mut()[p.index];
             step.tokens += p.end - p.start;
             if p.start < seq.prompt_len {
                 step.prompt_tokens += p.end - p.start;
@@ -184,7 +181,7 @@ impl Worker {
                 // on the same prefix are admitted next step and find it here.
                 self.scheduler.cache_progress(p.index);
             }
-            let seq = &mut self.scheduler.running[p.index];
+            let seq = &mut self.scheduler.running_mut()[p.index];
             let chunk_rows: Vec<&[f32]> = rows.by_ref().take(taken).collect();
             if seq.wants_chunk_logits(p.start) {
                 seq.record_input_logprobs(p.start, &chunk_rows);
@@ -198,7 +195,7 @@ impl Worker {
         step.grammar = masked.elapsed();
         let mut finished = Vec::new();
         for (index, row) in sampling {
-            let seq = &mut self.scheduler.running[index];
+            let seq = &mut self.scheduler.running_mut()[index];
             let out = if seq.max_new_tokens == 0 { seq.finish_without_tokens(row) } else { seq.advance(&mut row.to_vec(), self.tokenizer.as_deref()) };
             step.generated += out.token_ids.len();
             step.forced += out.token_ids.len().saturating_sub(1);
@@ -230,9 +227,9 @@ impl Worker {
     /// compute threads (idle between forward passes, pinned, and parked when done, so nothing
     /// spins into the next forward pass).
     fn fill_masks_ahead(&mut self, sampling: &[(usize, &[f32])]) {
-        let mut samples = vec![false; self.scheduler.running.len()];
+        let mut samples = vec![false; self.scheduler.running_mut().len()];
         sampling.iter().for_each(|&(index, _)| samples[index] = true);
-        let mut pending: Vec<&mut Constraint> = (self.scheduler.running.iter_mut().zip(samples))
+        let mut pending: Vec<&mut Constraint> = (self.scheduler.running_mut().iter_mut().zip(samples))
             .filter(|(seq, samples)| *samples && seq.max_new_tokens > 0)
             .filter_map(|(seq, _)| seq.constraint.as_mut().filter(|c| c.needs_mask_first()))
             .collect();
@@ -241,15 +238,15 @@ impl Worker {
 
     fn publish(&self, step: Option<&StepCounts>) {
         let mut s = self.stats.lock().expect("stats lock");
-        let sched = &self.scheduler;
-        s.running_requests = sched.running.len();
-        s.waiting_requests = sched.waiting.len();
-        s.kv_pages_free = sched.pool.free_pages();
-        s.cached_pages = sched.cached_pages();
-        s.prompt_tokens = sched.admitted_prompt_tokens;
-        s.cache_hit_tokens = sched.cache_hit_tokens;
+        let counts = self.scheduler.counts();
+        s.running_requests = counts.running;
+        s.waiting_requests = counts.waiting;
+        s.kv_pages_free = counts.free_pages;
+        s.cached_pages = counts.cached_pages;
+        s.prompt_tokens = counts.admitted_prompt_tokens;
+        s.cache_hit_tokens = counts.cache_hit_tokens;
         s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
-        s.retracted_requests = sched.retractions;
+        s.retracted_requests = counts.retractions;
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
         if let Some(step) = step {
