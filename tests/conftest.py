@@ -11,23 +11,9 @@ import openai
 import pytest
 import torch
 from server_helpers import API_KEY, AUTH, running_server
+from tiny_models import TINY
 
 torch.set_num_threads(1)
-
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    # Larger than the usual 0.02 so logits are far apart and greedy choices are not coin flips.
-    initializer_range=0.15,
-    bos_token_id=1,
-    eos_token_id=2,
-)
 
 
 DENSE_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")

@@ -9,28 +9,18 @@ transformers' logits at every position of a fixed prompt (logits.json).
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import torch
 import transformers
 from rsgl.loader.hf import normalize_config
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_models
+from tiny_models import TINY  # noqa: E402
+
 OUTPUT = Path(__file__).resolve().parents[2] / "rust" / "engine" / "tests" / "data" / "tiny-llama"
-CONFIG = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    vocab_size=256,
-    max_position_embeddings=256,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    # Larger than the usual 0.02 so the logits are spread out, not all near zero.
-    initializer_range=0.15,
-    bos_token_id=1,
-    eos_token_id=2,
-)
+CONFIG = {**TINY, "rope_theta": 10000.0}
 PROMPT = [1, 17, 200, 43, 5, 255, 88, 3, 121, 64, 9, 230, 77, 150, 31, 4]
 
 
