@@ -206,20 +206,7 @@ class Engine:
     ) -> Result | list[Result]: ...
 
     def generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: SamplingArgument = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        return_prompt_logits: bool = False,
-        logprob_start_len: int | None = None,
-        json_schema: JsonObject | str | None = None,
-        regex: str | None = None,
-        ebnf: str | None = None,
-        choices: list[str] | None = None,
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, *, stream: bool = False, **options: Unpack[GenerateOptions]
     ) -> Result | list[Result] | Generator[Result, None, None]:
         """Generates for one prompt (a dict back) or a list of prompts (a list back, run as one
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
@@ -229,10 +216,7 @@ class Engine:
         `(logprob, token_id, None)` for each prompt token from that position (None for position 0).
         `json_schema` (a dict or JSON text), `regex`, `ebnf` (a Lark grammar) or `choices`
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
-        grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
-        requests, single = self._build_requests(
-            prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar
-        )
+        requests, single = self._build_requests(prompt, sampling_params, options)
         if stream:
             request = self._only(requests)
             # Compiled here so a bad grammar raises before the caller starts reading the stream.
@@ -259,27 +243,11 @@ class Engine:
     ) -> Result | list[Result]: ...
 
     async def async_generate(
-        self,
-        prompt: str | list[str] | None = None,
-        sampling_params: SamplingArgument = None,
-        input_ids: list[int] | list[list[int]] | None = None,
-        return_logprob: bool = False,
-        top_logprobs_num: int = 0,
-        stream: bool = False,
-        rid: str | list[str] | None = None,
-        return_prompt_logits: bool = False,
-        logprob_start_len: int | None = None,
-        json_schema: JsonObject | str | None = None,
-        regex: str | None = None,
-        ebnf: str | None = None,
-        choices: list[str] | None = None,
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, *, stream: bool = False, **options: Unpack[GenerateOptions]
     ) -> Result | list[Result] | AsyncGenerator[Result, None]:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
-        grammar = {"json_schema": json_schema, "regex": regex, "ebnf": ebnf, "choices": choices}
-        requests, single = self._build_requests(
-            prompt, input_ids, sampling_params, rid, return_logprob, top_logprobs_num, return_prompt_logits, logprob_start_len, grammar
-        )
+        requests, single = self._build_requests(prompt, sampling_params, options)
         wakeups = self._wakeups()
         if stream:
             request = self._only(requests)
@@ -304,7 +272,8 @@ class Engine:
         for choice in choices:
             ids = self.encode(prompt + choice)
             sampling = {"max_new_tokens": 0, "temperature": 0}
-            requests += self._build_requests(None, ids, sampling, None, True, 0, False, continuation_start(prompt_ids, ids))[0]
+            scoring: GenerateOptions = {"input_ids": ids, "return_logprob": True, "logprob_start_len": continuation_start(prompt_ids, ids)}
+            requests += self._build_requests(None, sampling, scoring)[0]
         started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
         results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
@@ -375,17 +344,14 @@ class Engine:
         return self.tokenizer
 
     def _build_requests(
-        self,
-        prompt: str | list[str] | None,
-        input_ids: list[int] | list[list[int]] | None,
-        sampling_params: SamplingArgument,
-        rid: str | list[str] | None,
-        return_logprob: bool,
-        top_logprobs_num: int,
-        return_prompt_logits: bool,
-        logprob_start_len: int | None = None,
-        grammar: JsonObject | None = None,
+        self, prompt: str | list[str] | None, sampling_params: SamplingArgument, options: GenerateOptions
     ) -> tuple[list[GenerateRequest], bool]:
+        unknown = set(options) - set(GenerateOptions.__annotations__)
+        if unknown:
+            raise TypeError(f"generate() got unexpected keyword arguments: {', '.join(sorted(unknown))}")
+        input_ids, rid = options.get("input_ids"), options.get("rid")
+        return_logprob, logprob_start_len = options.get("return_logprob", False), options.get("logprob_start_len")
+        grammar: JsonObject = {key: options.get(key) for key in ("json_schema", "regex", "ebnf", "choices")}
         if (prompt is None) == (input_ids is None):
             raise InvalidRequestError("give exactly one of prompt or input_ids")
         batch = prompt if prompt is not None else input_ids
@@ -428,8 +394,8 @@ class Engine:
                         "input_ids": ids,
                         "sampling_params": cast(SamplingParams, sample),
                         "return_logprob": bool(return_logprob),
-                        "top_logprobs_num": int(top_logprobs_num or 0),
-                        "return_prompt_logits": bool(return_prompt_logits),
+                        "top_logprobs_num": int(options.get("top_logprobs_num") or 0),
+                        "return_prompt_logits": bool(options.get("return_prompt_logits", False)),
                         # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
                         "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
                         "think_end_token_ids": self._think_end_ids if _has_grammar(sample) else None,

@@ -7,6 +7,7 @@
 //! the detokenizer ([`text`]) turns them into text with stop strings applied. Constrained
 //! requests ([`grammar`]) sample from a token mask and skip over text their grammar forces.
 
+mod batch;
 pub mod config;
 pub mod engine;
 pub mod error;
@@ -17,6 +18,7 @@ pub mod policy;
 pub mod request;
 pub mod sample;
 mod scheduler;
+mod sequence;
 pub mod text;
 pub mod weights;
 

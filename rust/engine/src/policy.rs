@@ -1,7 +1,7 @@
 //! The order in which waiting requests are considered for admission.
 
-use crate::kv::RadixCache;
-use crate::request::Sequence;
+use crate::kv::PrefixCache;
+use crate::sequence::Sequence;
 use serde::Deserialize;
 use std::collections::HashMap;
 
@@ -22,22 +22,21 @@ pub enum SchedulePolicy {
 const PREFIX_POLICY_MAX_QUEUE: usize = 128;
 
 /// Indices into `waiting`, in the order to consider them.
-pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cache: Option<&mut RadixCache>) -> Vec<usize> {
+pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cache: &mut dyn PrefixCache) -> Vec<usize> {
     let fcfs: Vec<usize> = (0..waiting.len()).collect();
-    let Some(cache) = cache else { return fcfs };
-    if waiting.len() > PREFIX_POLICY_MAX_QUEUE {
+    if !cache.keeps_prefixes() || waiting.len() > PREFIX_POLICY_MAX_QUEUE {
         return fcfs;
     }
     match policy {
         SchedulePolicy::Fcfs => fcfs,
         SchedulePolicy::Lpm => {
-            let matched: Vec<usize> = waiting.iter().map(|s| cache.match_prefix(s.namespace, s.prefill_key()).pages.len()).collect();
+            let matched: Vec<usize> = waiting.iter().map(|s| cache.match_prefix(s.kv.namespace, s.prefill_key()).pages.len()).collect();
             let mut order = fcfs;
             order.sort_by_key(|&i| std::cmp::Reverse(matched[i]));
             order
         }
         SchedulePolicy::DfsWeight => {
-            let nodes: Vec<_> = waiting.iter().map(|s| cache.match_prefix(s.namespace, s.prefill_key()).node).collect();
+            let nodes: Vec<_> = waiting.iter().map(|s| cache.match_prefix(s.kv.namespace, s.prefill_key()).node).collect();
             let paths: Vec<Vec<usize>> = nodes.iter().map(|&n| cache.path_from_root(n)).collect();
             let mut weight: HashMap<usize, usize> = HashMap::new();
             for path in &paths {
@@ -58,6 +57,7 @@ pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cac
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::kv::{NoPrefixCache, RadixCache};
     use crate::request::{GenerateRequest, OutputSink};
 
     fn seq(tokens: &[u32]) -> Sequence {
@@ -70,7 +70,7 @@ mod tests {
         cache.insert(0, &[1, 2, 3, 4, 5, 6], &[0, 1, 2]);
         cache.insert(0, &[1, 2, 9, 9], &[0, 3]);
         let waiting = [seq(&[7, 7, 7]), seq(&[1, 2, 9, 9, 0]), seq(&[1, 2, 3, 4, 5, 6, 0]), seq(&[1, 2, 3, 4, 8])];
-        admission_order(policy, &waiting.iter().collect::<Vec<_>>(), Some(&mut cache))
+        admission_order(policy, &waiting.iter().collect::<Vec<_>>(), &mut cache)
     }
 
     #[test]
@@ -83,5 +83,13 @@ mod tests {
     fn dfs_weight_walks_heavier_subtrees_first() {
         // [1,2] holds three requests: [3,4] (two: d at it, c below it) goes before [9,9] (one).
         assert_eq!(order(SchedulePolicy::DfsWeight), vec![0, 3, 2, 1]);
+    }
+
+    #[test]
+    fn without_a_prefix_cache_every_policy_is_arrival_order() {
+        let waiting = [seq(&[1, 2, 3, 4, 5]), seq(&[7, 7, 7]), seq(&[1, 2, 3, 4, 8])];
+        for policy in [SchedulePolicy::Fcfs, SchedulePolicy::Lpm, SchedulePolicy::DfsWeight] {
+            assert_eq!(admission_order(policy, &waiting.iter().collect::<Vec<_>>(), &mut NoPrefixCache), vec![0, 1, 2]);
+        }
     }
 }

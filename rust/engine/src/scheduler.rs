@@ -6,19 +6,18 @@
 //! admitted in this step so that prefix is computed once), then plan the step: one token per
 //! decoding request, then prompt chunks within the token budget.
 
+use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
-use crate::kv::{PagePool, RadixCache};
-use crate::model::SeqChunk;
+use crate::kv::{NoPrefixCache, PagePool, PrefixCache, RadixCache};
 use crate::policy::{admission_order, SchedulePolicy};
-use crate::request::Sequence;
+use crate::sequence::Sequence;
 use std::collections::VecDeque;
 
 pub(crate) struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     pool: PagePool,
-    /// `None` when the radix cache is disabled.
-    cache: Option<RadixCache>,
+    cache: Box<dyn PrefixCache>,
     policy: SchedulePolicy,
     max_running: usize,
     token_budget: usize,
@@ -39,16 +38,9 @@ pub(crate) struct SchedulerCounts {
     pub retractions: u64,
 }
 
-/// Which tokens of `running[index]` go into this step.
-pub(crate) struct Planned {
-    pub index: usize,
-    pub start: usize,
-    pub end: usize,
-}
-
 impl Scheduler {
     pub fn new(pool: PagePool, opts: &EngineOptions) -> Self {
-        let cache = (!opts.disable_radix_cache).then(|| RadixCache::new(pool.page_size()));
+        let cache: Box<dyn PrefixCache> = if opts.disable_radix_cache { Box::new(NoPrefixCache) } else { Box::new(RadixCache::new(pool.page_size())) };
         Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
@@ -86,7 +78,11 @@ impl Scheduler {
         self.waiting.iter().chain(&self.running)
     }
 
-    /// The running requests, indexed as in this step's plan.
+    /// The running requests, indexed as in this step's batch.
+    pub fn running(&self) -> &[Sequence] {
+        &self.running
+    }
+
     pub fn running_mut(&mut self) -> &mut [Sequence] {
         &mut self.running
     }
@@ -96,58 +92,43 @@ impl Scheduler {
             running: self.running.len(),
             waiting: self.waiting.len(),
             free_pages: self.pool.free_pages(),
-            cached_pages: self.cached_pages(),
+            cached_pages: self.cache.cached_pages(),
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
         }
     }
 
-    /// Prepares this step's work.
-    pub fn plan(&mut self) -> Vec<Planned> {
+    /// Prepares this step's batch: one token per decoding request, then prompt chunks within
+    /// the token budget.
+    pub fn plan(&mut self) -> Batch {
         self.grow_pages();
         self.admit();
-        let mut plan = Vec::new();
+        let mut batch = Batch::default();
         let mut budget = self.token_budget;
         for (index, seq) in self.running.iter().enumerate() {
             if seq.is_decoding() {
-                plan.push(Planned { index, start: seq.computed, end: seq.tokens.len() });
+                batch.push(BatchEntry::new(index, seq, seq.kv.computed, seq.tokens.len()));
                 budget = budget.saturating_sub(1);
             }
         }
         for (index, seq) in self.running.iter().enumerate() {
+            let start = seq.kv.computed;
             if !seq.is_decoding() && budget > 0 {
-                let end = seq.tokens.len().min(seq.computed + budget);
-                budget -= end - seq.computed;
-                plan.push(Planned { index, start: seq.computed, end });
+                let end = seq.tokens.len().min(start + budget);
+                budget -= end - start;
+                batch.push(BatchEntry::new(index, seq, start, end));
             }
         }
-        plan
-    }
-
-    pub fn chunks<'a>(&'a self, plan: &[Planned]) -> Vec<SeqChunk<'a>> {
-        plan.iter()
-            .map(|p| {
-                let seq = &self.running[p.index];
-                SeqChunk {
-                    tokens: &seq.tokens[p.start..p.end],
-                    start_pos: p.start,
-                    pages: &seq.pages,
-                    want_logits: p.end == seq.tokens.len(),
-                    all_logits: seq.wants_chunk_logits(p.start),
-                }
-            })
-            .collect()
+        batch
     }
 
     /// Evicts cached prefixes until `n` pages are free (or nothing evictable is left).
     fn make_room(&mut self, n: usize) -> bool {
         let short = n.saturating_sub(self.pool.free_pages());
         if short > 0 {
-            if let Some(cache) = self.cache.as_mut() {
-                let mut freed = cache.evict(short);
-                self.pool.release(&mut freed);
-            }
+            let mut freed = self.cache.evict(short);
+            self.pool.release(&mut freed);
         }
         self.pool.free_pages() >= n
     }
@@ -163,13 +144,13 @@ impl Scheduler {
     fn grow_pages(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
-            let need = self.pool.pages_for(self.running[i].tokens.len()).saturating_sub(self.running[i].pages.len());
+            let need = self.pool.pages_for(self.running[i].tokens.len()).saturating_sub(self.running[i].kv.pages.len());
             if need == 0 {
                 i += 1;
                 continue;
             }
             if let Some(pages) = self.take_pages(need) {
-                self.running[i].pages.extend(pages);
+                self.running[i].kv.pages.extend(pages);
                 i += 1;
             } else {
                 // Submit checked that one request fits the whole pool, so retracting others ends this loop.
@@ -199,33 +180,23 @@ impl Scheduler {
                 break;
             }
             let seq = slots[i].as_mut().expect("each index once");
-            let (shared, node) = match self.cache.as_mut() {
-                Some(cache) => {
-                    let m = cache.match_prefix(seq.namespace, seq.prefill_key());
-                    (m.pages, Some(m.node))
-                }
-                None => (Vec::new(), None),
-            };
-            let matched = shared.len() * self.pool.page_size();
-            if self.cache.is_some() && self.shares_uncached_prefix(seq, matched, first_admitted) {
+            let cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
+            let matched = cached.pages.len() * self.pool.page_size();
+            if self.cache.keeps_prefixes() && self.shares_uncached_prefix(seq, matched, first_admitted) {
                 continue; // computed once by the other request, then found in the cache
             }
-            if let (Some(cache), Some(node)) = (self.cache.as_mut(), node) {
-                cache.lock(node); // before evicting for our own pages
-            }
-            let need = self.pool.pages_for(seq.tokens.len()) - shared.len();
+            self.cache.lock(cached.node); // before evicting for our own pages
+            let need = self.pool.pages_for(seq.tokens.len()) - cached.pages.len();
             // Leave a page per running request for its next decode page, so admitting does
             // not force a retraction right away (an empty batch always admits: progress).
             let headroom = self.running.len();
             let own = if self.make_room(need + headroom) { self.pool.alloc(need) } else { None };
             let Some(own) = own else {
-                if let (Some(cache), Some(node)) = (self.cache.as_mut(), node) {
-                    cache.unlock(node);
-                }
+                self.cache.unlock(cached.node);
                 break; // no room: later requests wait too rather than overtake
             };
             let mut seq = slots[i].take().expect("present");
-            if seq.admit(shared, own, node, matched) {
+            if seq.kv.admit(cached.pages, own, cached.node, matched) {
                 self.admitted_prompt_tokens += seq.prompt_len as u64;
                 self.cache_hit_tokens += matched as u64;
             }
@@ -241,30 +212,27 @@ impl Scheduler {
         let page = self.pool.page_size();
         self.running[first_admitted..].iter().any(|other| {
             let common = other.tokens.iter().zip(seq.prefill_key()).take_while(|(a, b)| a == b).count();
-            other.namespace == seq.namespace && common / page * page > matched
+            other.kv.namespace == seq.kv.namespace && common / page * page > matched
         })
     }
 
     /// Caches the whole pages a running request has computed so far (after a prefill chunk),
     /// so requests admitted later can share them.
     pub fn cache_progress(&mut self, index: usize) {
-        let Some(cache) = self.cache.as_mut() else { return };
+        let page = self.pool.page_size();
         let seq = &mut self.running[index];
-        let full = seq.computed / self.pool.page_size();
-        if full <= seq.shared_pages {
+        let full = seq.kv.computed / page;
+        if full <= seq.kv.shared_pages {
             return;
         }
-        let key = &seq.tokens[..full * self.pool.page_size()];
-        let (mut duplicates, _) = cache.insert(seq.namespace, key, &seq.pages[..full]);
-        // Point at the tree's pages (an earlier copy of the same tokens may have won), lock them.
-        let m = cache.match_prefix(seq.namespace, key);
-        cache.lock(m.node);
-        if let Some(old) = seq.cache_node.replace(m.node) {
-            cache.unlock(old);
+        let (shared, mut redundant) = self.cache.share(seq.kv.namespace, &seq.tokens[..full * page], &seq.kv.pages[..full]);
+        self.cache.lock(shared.node);
+        if let Some(old) = seq.kv.cache_node.replace(shared.node) {
+            self.cache.unlock(old);
         }
-        seq.pages[..full].copy_from_slice(&m.pages);
-        seq.shared_pages = full;
-        self.pool.release(&mut duplicates);
+        seq.kv.pages[..full].copy_from_slice(&shared.pages);
+        seq.kv.shared_pages = full;
+        self.pool.release(&mut redundant);
     }
 
     /// Removes a running request for good, caching its computed pages.
@@ -277,21 +245,15 @@ impl Scheduler {
     /// Hands a request's pages back: whole computed pages to the cache, the rest to the pool.
     fn release(&mut self, seq: &mut Sequence) {
         let page = self.pool.page_size();
-        if let Some(cache) = self.cache.as_mut() {
-            let full = seq.computed / page;
-            if full > 0 {
-                let (mut duplicates, _) = cache.insert(seq.namespace, &seq.tokens[..full * page], &seq.pages[..full]);
-                self.pool.release(&mut duplicates);
-            }
-            let mut tail = seq.pages.split_off(full.min(seq.pages.len()));
-            self.pool.release(&mut tail);
-            if let Some(node) = seq.cache_node.take() {
-                cache.unlock(node);
-            }
-        } else {
-            self.pool.release(&mut seq.pages);
+        let full = (seq.kv.computed / page).min(seq.kv.pages.len());
+        let mut tail = seq.kv.pages.split_off(full);
+        let mut unkept = self.cache.adopt(seq.kv.namespace, &seq.tokens[..full * page], &seq.kv.pages);
+        self.pool.release(&mut unkept);
+        self.pool.release(&mut tail);
+        if let Some(node) = seq.kv.cache_node.take() {
+            self.cache.unlock(node);
         }
-        seq.reset_kv();
+        seq.kv.reset();
     }
 
     /// Empties the prefix cache; refused (false) while requests are queued or running.
@@ -299,14 +261,8 @@ impl Scheduler {
         if !self.is_idle() {
             return false;
         }
-        if let Some(cache) = self.cache.as_mut() {
-            let mut pages = cache.flush().expect("no request holds a lock when idle");
-            self.pool.release(&mut pages);
-        }
+        let mut pages = self.cache.flush().expect("no request holds a lock when idle");
+        self.pool.release(&mut pages);
         true
-    }
-
-    fn cached_pages(&self) -> usize {
-        self.cache.as_ref().map_or(0, |c| c.cached_pages())
     }
 }

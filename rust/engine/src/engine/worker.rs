@@ -7,9 +7,10 @@ use crate::error::{invalid, Result};
 use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSpec};
 use crate::kv::KvCache;
 use crate::model::LlamaModel;
-use crate::request::{GenerateRequest, OutputSink, Sequence};
+use crate::request::{GenerateRequest, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
+use crate::sequence::Sequence;
 use crate::text::TokenTable;
 use std::collections::HashSet;
 use std::sync::mpsc::{Receiver, Sender};
@@ -22,8 +23,8 @@ pub(super) struct Worker {
     pub(super) scheduler: Scheduler,
     pub(super) tokenizer: Option<Arc<TokenTable>>,
     pub(super) grammars: Option<Arc<GrammarService>>,
-    /// Constrained requests waiting for their grammar to compile.
-    pub(super) grammar_queue: Vec<(GrammarSpec, Sequence)>,
+    /// Constrained requests waiting for their grammar (their `pending_grammar`) to compile.
+    pub(super) grammar_queue: Vec<Sequence>,
     pub(super) jump_forward: bool,
     /// For compile threads to hand grammars back.
     pub(super) inbox: Sender<Command>,
@@ -73,8 +74,8 @@ impl Worker {
             let _ = out.send(Err(invalid(format!("request id {:?} is already running; ids must be unique", req.rid))));
             return;
         }
-        let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
-        let Some(spec) = seq.grammar_spec.take() else {
+        let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
+        let Some(spec) = seq.pending_grammar.as_ref().map(|g| g.spec.clone()) else {
             self.scheduler.enqueue(seq);
             return;
         };
@@ -84,19 +85,19 @@ impl Worker {
         }
         // Park the request; a compile thread sends the grammar back through the inbox. Requests
         // arriving with a grammar already being compiled (n > 1, a batch) wait for that one.
-        if !self.grammar_queue.iter().any(|(s, _)| *s == spec) {
+        if !self.grammar_queue.iter().any(|s| waits_for(s, &spec)) {
             let (inbox, compiled) = (self.inbox.clone(), spec.clone());
-            grammars.compile_later(spec.clone(), Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(compiled, grammar)))));
+            grammars.compile_later(spec, Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(compiled, grammar)))));
         }
-        self.grammar_queue.push((spec, seq));
+        self.grammar_queue.push(seq);
         self.publish(None);
     }
 
     /// Starts every request parked waiting for `spec` (none if they were all aborted meanwhile).
     fn grammar_ready(&mut self, spec: &GrammarSpec, grammar: Result<Box<dyn Grammar>>) {
-        let (ready, waiting) = std::mem::take(&mut self.grammar_queue).into_iter().partition(|(s, _)| s == spec);
+        let (ready, waiting) = std::mem::take(&mut self.grammar_queue).into_iter().partition(|s| waits_for(s, spec));
         self.grammar_queue = waiting;
-        for (_, seq) in ready {
+        for seq in ready {
             let own = grammar.as_ref().map(|g| g.fork()).map_err(Clone::clone);
             self.start_constrained(seq, own);
         }
@@ -108,10 +109,11 @@ impl Worker {
             Ok(grammar) => {
                 // Forced tokens have no sampled log-probabilities: requests asking for them sample every token.
                 let can_jump = self.grammars.as_ref().is_some_and(|g| g.can_jump_forward());
-                let jump_forward = self.jump_forward && can_jump && !seq.return_logprob;
+                let jump_forward = self.jump_forward && can_jump && !seq.report.return_logprob;
                 let vocab = self.model.config().vocab_size;
-                let mask_on_refusal = seq.params.sampling_commutes_with_masks(vocab);
-                seq.constraint = Some(Constraint::new(grammar, vocab, seq.think_end_token_ids.take(), jump_forward, mask_on_refusal));
+                let mask_on_refusal = seq.picker.params.sampling_commutes_with_masks(vocab);
+                let think_end = seq.pending_grammar.take().and_then(|g| g.think_end_token_ids);
+                seq.constraint = Some(Constraint::new(grammar, vocab, think_end, jump_forward, mask_on_refusal));
                 self.scheduler.enqueue(seq);
             }
             Err(e) => {
@@ -125,7 +127,7 @@ impl Worker {
     /// Aborts `rid` and the samples grouped under it.
     fn abort_group(&mut self, rid: &str) {
         let in_group = |s: &Sequence| s.rid == rid || s.group.as_deref() == Some(rid);
-        let parked = self.grammar_queue.iter().map(|(_, s)| s);
+        let parked = self.grammar_queue.iter();
         let rids: Vec<String> = self.scheduler.requests().chain(parked).filter(|s| in_group(s)).map(|s| s.rid.clone()).collect();
         for r in rids {
             self.abort(&r, "aborted by request");
@@ -135,8 +137,8 @@ impl Worker {
     fn abort(&mut self, rid: &str, why: &str) {
         let mut seq = if let Some(seq) = self.scheduler.remove(rid) {
             seq
-        } else if let Some(i) = self.grammar_queue.iter().position(|(_, s)| s.rid == rid) {
-            self.grammar_queue.swap_remove(i).1
+        } else if let Some(i) = self.grammar_queue.iter().position(|s| s.rid == rid) {
+            self.grammar_queue.swap_remove(i)
         } else {
             return;
         };
@@ -148,46 +150,36 @@ impl Worker {
 
     fn step(&mut self) {
         let started = Instant::now();
-        let plan = self.scheduler.plan();
-        if plan.is_empty() {
+        let batch = self.scheduler.plan();
+        if batch.is_empty() {
             return;
         }
         let scheduled = Instant::now();
-        // Per chunk: how many logits rows the model returns for it, and whether it completes
-        // its sequence (then its last row is sampled from).
-        let (logits, returned): (Vec<f32>, Vec<(usize, bool)>) = {
-            let chunks = self.scheduler.chunks(&plan);
-            let returned = chunks.iter().map(|c| (c.logits_positions().len(), c.want_logits)).collect();
-            (self.model.forward(&chunks, &mut self.kv), returned)
-        };
+        let logits = self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv);
         let forwarded = Instant::now();
-        let vocab = self.model.config().vocab_size;
-        let mut rows = logits.chunks_exact(vocab);
         let mut step = StepCounts::default();
         // Requests sampling this step, with their logits row.
         let mut sampling: Vec<(usize, &[f32])> = Vec::new();
-        for (p, &(taken, completes)) in plan.iter().zip(&returned) {
-            let seq = &mut self.scheduler.running_mut()[p.index];
-            step.tokens += p.end - p.start;
-            if p.start < seq.prompt_len {
-                step.prompt_tokens += p.end - p.start;
+        for (entry, rows) in batch.entries().iter().zip(batch.split_logits(&logits, self.model.config().vocab_size)) {
+            let seq = &mut self.scheduler.running_mut()[entry.index];
+            step.tokens += entry.end - entry.start;
+            if entry.start < seq.prompt_len {
+                step.prompt_tokens += entry.end - entry.start;
             } else {
                 seq.decode_steps += 1;
             }
             let extending = !seq.is_decoding();
-            seq.computed = p.end;
+            seq.kv.computed = entry.end;
+            if seq.wants_chunk_logits(entry.start) {
+                seq.record_input_logprobs(entry.start, &rows);
+            }
             if extending {
                 // Share the pages at once (not only when the request ends): requests waiting
                 // on the same prefix are admitted next step and find it here.
-                self.scheduler.cache_progress(p.index);
+                self.scheduler.cache_progress(entry.index);
             }
-            let seq = &mut self.scheduler.running_mut()[p.index];
-            let chunk_rows: Vec<&[f32]> = rows.by_ref().take(taken).collect();
-            if seq.wants_chunk_logits(p.start) {
-                seq.record_input_logprobs(p.start, &chunk_rows);
-            }
-            if completes {
-                sampling.push((p.index, chunk_rows.last().expect("a completed chunk has its logits row")));
+            if entry.completes {
+                sampling.push((entry.index, rows.last().expect("a completing entry has its logits row")));
             }
         }
         let masked = Instant::now();
@@ -253,4 +245,9 @@ impl Worker {
             s.record_step(step);
         }
     }
+}
+
+/// Whether a parked request waits for the grammar `spec`.
+fn waits_for(seq: &Sequence, spec: &GrammarSpec) -> bool {
+    seq.pending_grammar.as_ref().is_some_and(|g| g.spec == *spec)
 }

@@ -2,8 +2,10 @@
 
 mod cache;
 mod page_pool;
+mod prefix_cache;
 mod radix;
 
 pub use cache::KvCache;
 pub use page_pool::PagePool;
+pub(crate) use prefix_cache::{NoPrefixCache, PrefixCache};
 pub use radix::{NodeId, PrefixMatch, RadixCache};

@@ -34,26 +34,9 @@ pub struct SeqChunk<'a> {
     pub start_pos: usize,
     /// The sequence's page table, covering at least `start_pos + tokens.len()` positions.
     pub pages: &'a [u32],
-    /// Whether the logits after the last token are wanted (false mid-prompt when chunking).
-    pub want_logits: bool,
-    /// Whether the logits after every token are wanted (prompt log-probabilities).
-    pub all_logits: bool,
-}
-
-impl SeqChunk<'_> {
-    /// The tokens of this chunk after which the model returns logits, one row each in batch
-    /// order: every token when scoring the prompt, else the last when `want_logits`. The one
-    /// rule the model and the engine read the logits by.
-    pub fn logits_positions(&self) -> Range<usize> {
-        let n = self.tokens.len();
-        if self.all_logits {
-            0..n
-        } else if self.want_logits {
-            n - 1..n
-        } else {
-            n..n
-        }
-    }
+    /// The tokens (counted from `tokens[0]`) after which logits are returned, one row each in
+    /// batch order (the batch decides: see `BatchEntry::new`).
+    pub logits: Range<usize>,
 }
 
 struct Layer {
@@ -143,7 +126,7 @@ impl LlamaModel {
     }
 
     /// Runs the batch, writing new K/V into the cache; returns the logits `[n, vocab]` after
-    /// each chunk's [`SeqChunk::logits_positions`], in batch order.
+    /// each chunk's [`SeqChunk::logits`] tokens, in batch order.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
         let cfg = &self.cfg;
         let h = cfg.hidden_size;
@@ -184,7 +167,7 @@ impl LlamaModel {
         let mut last_rows = Vec::new();
         let mut t0 = 0;
         for chunk in seqs {
-            let rows = chunk.logits_positions();
+            let rows = &chunk.logits;
             last_rows.extend_from_slice(&x[(t0 + rows.start) * h..(t0 + rows.end) * h]);
             t0 += chunk.tokens.len();
         }

@@ -1,0 +1,75 @@
+//! One step's batch: which tokens of which running requests go through the model, and which
+//! logits rows come back for each. The model and the engine both read the rows by this plan.
+
+use crate::model::SeqChunk;
+use crate::sequence::Sequence;
+use std::ops::Range;
+
+/// Tokens `start..end` of the running request at `index`, computed in this step.
+pub(crate) struct BatchEntry {
+    pub index: usize,
+    pub start: usize,
+    pub end: usize,
+    /// Whether the entry reaches the request's last known token: the next token is sampled
+    /// from its last logits row.
+    pub completes: bool,
+    /// The entry's tokens (counted from `start`) after which logits come back, one row each.
+    logits: Range<usize>,
+}
+
+impl BatchEntry {
+    /// The logits-row rule: a row after every token of a prompt being scored, else one after the
+    /// last token when the entry completes its request, else none (a prompt chunk midway).
+    pub fn new(index: usize, seq: &Sequence, start: usize, end: usize) -> Self {
+        let n = end - start;
+        let completes = end == seq.tokens.len();
+        let logits = if seq.wants_chunk_logits(start) {
+            0..n
+        } else if completes {
+            n - 1..n
+        } else {
+            n..n
+        };
+        BatchEntry { index, start, end, completes, logits }
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Batch {
+    entries: Vec<BatchEntry>,
+}
+
+impl Batch {
+    pub fn push(&mut self, entry: BatchEntry) {
+        self.entries.push(entry);
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn entries(&self) -> &[BatchEntry] {
+        &self.entries
+    }
+
+    /// What the model runs, in entry order; `running` is the scheduler's running list the
+    /// entries index.
+    pub fn chunks<'a>(&self, running: &'a [Sequence]) -> Vec<SeqChunk<'a>> {
+        self.entries
+            .iter()
+            .map(|e| {
+                let seq = &running[e.index];
+                SeqChunk { tokens: &seq.tokens[e.start..e.end], start_pos: e.start, pages: &seq.kv.pages, logits: e.logits.clone() }
+            })
+            .collect()
+    }
+
+    /// The model's logits (`[rows, vocab]`, as [`Self::chunks`] asked for them) split into
+    /// each entry's rows, in entry order.
+    pub fn split_logits<'l>(&self, logits: &'l [f32], vocab: usize) -> Vec<Vec<&'l [f32]>> {
+        let mut rows = logits.chunks_exact(vocab);
+        let split: Vec<Vec<&[f32]>> = self.entries.iter().map(|e| rows.by_ref().take(e.logits.len()).collect()).collect();
+        debug_assert!(rows.next().is_none(), "the model returned more logits rows than the batch asked for");
+        split
+    }
+}

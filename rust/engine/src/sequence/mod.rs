@@ -1,0 +1,188 @@
+//! A request inside the engine: its tokens and budget, and handles to where its KV lives
+//! ([`SeqKv`]), how it picks tokens ([`Picker`]), its grammar, its text ([`OutputText`]) and
+//! what else it reports ([`Report`]).
+
+mod kv;
+mod picker;
+mod report;
+mod text;
+
+use crate::grammar::{Constraint, GrammarSpec};
+use crate::request::{FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
+use crate::sample::log_softmax;
+use crate::text::TokenTable;
+pub(crate) use kv::SeqKv;
+use picker::Picker;
+use report::Report;
+use text::OutputText;
+
+/// A grammar a request waits for: compiled before the request runs.
+#[derive(Clone)]
+pub(crate) struct PendingGrammar {
+    pub spec: GrammarSpec,
+    /// The tokens ending the model's reasoning (`</think>`), after which the grammar applies.
+    pub think_end_token_ids: Option<Vec<u32>>,
+}
+
+pub(crate) struct Sequence {
+    pub rid: String,
+    pub group: Option<String>,
+    pub out: OutputSink,
+    /// Prompt then generated tokens.
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    /// Output budget after clamping to the context.
+    pub max_new_tokens: usize,
+    /// Forward passes over output tokens so far.
+    pub decode_steps: usize,
+    pub kv: SeqKv,
+    pub picker: Picker,
+    /// The grammar to compile before the request can run (taken when it is queued for compiling).
+    pub pending_grammar: Option<PendingGrammar>,
+    /// The compiled grammar's state, once it is ready.
+    pub constraint: Option<Constraint>,
+    pub report: Report,
+    text: OutputText,
+}
+
+impl Sequence {
+    pub fn new(req: GenerateRequest, out: OutputSink, eos: &[u32], context_length: usize, seed: u64) -> Self {
+        let prompt_len = req.input_ids.len();
+        let report = Report::new(&req);
+        let p = req.sampling_params;
+        Sequence {
+            pending_grammar: p.grammar().unwrap_or_default().map(|spec| PendingGrammar { spec, think_end_token_ids: req.think_end_token_ids }),
+            constraint: None,
+            decode_steps: 0,
+            rid: req.rid,
+            group: req.group,
+            max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
+            kv: SeqKv::new(req.cache_salt.as_deref()),
+            text: OutputText::new(p.stop.clone(), p.no_stop_trim),
+            picker: Picker::new(p, &req.input_ids, eos, seed),
+            report,
+            out,
+            tokens: req.input_ids,
+            prompt_len,
+        }
+    }
+
+    /// Tokens whose KV may come from the cache: all but the last, which must be computed for
+    /// its logits, and none whose logits give a wanted prompt log-probability.
+    pub fn prefill_key(&self) -> &[u32] {
+        &self.tokens[..self.report.cacheable_len(self.tokens.len()) - 1]
+    }
+
+    /// Whether a chunk of this request from `start` needs the logits of every one of its tokens.
+    pub fn wants_chunk_logits(&self, start: usize) -> bool {
+        self.report.wants_chunk_logits(start, self.prompt_len)
+    }
+
+    /// Records the prompt log-probabilities the logits rows of positions `start..` give.
+    pub fn record_input_logprobs(&mut self, start: usize, rows: &[&[f32]]) {
+        self.report.record_input_logprobs(&self.tokens, self.prompt_len, start, rows);
+    }
+
+    /// Decoding: only the last sampled token lacks KV.
+    pub fn is_decoding(&self) -> bool {
+        self.kv.computed + 1 == self.tokens.len() && self.kv.computed >= self.prompt_len
+    }
+
+    pub fn output_len(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+
+    fn finished(&self, reason: FinishReason) -> Finished {
+        Finished {
+            finish_reason: reason,
+            prompt_tokens: self.prompt_len,
+            completion_tokens: self.output_len(),
+            cached_tokens: self.kv.cached_tokens,
+            decode_steps: self.decode_steps,
+        }
+    }
+
+    /// Output for a request that ends without sampling (max_new_tokens = 0).
+    pub fn finish_without_tokens(&mut self, logits: &[f32]) -> Output {
+        Output {
+            token_ids: Vec::new(),
+            text: String::new(),
+            logprobs: Vec::new(),
+            prompt_logits: self.report.prompt_logits(logits),
+            input_token_logprobs: self.report.take_input_logprobs(),
+            finished: Some(self.finished(FinishReason::Length { length: 0 })),
+        }
+    }
+
+    pub fn abort_output(&mut self, message: &str) -> Output {
+        Output {
+            token_ids: Vec::new(),
+            text: self.text.take_ready(true),
+            logprobs: Vec::new(),
+            prompt_logits: None,
+            input_token_logprobs: None,
+            finished: Some(self.finished(FinishReason::Abort { message: message.to_string() })),
+        }
+    }
+
+    /// Samples the next token from `logits` (within the grammar's mask, if constrained),
+    /// appends it and any tokens the grammar then forces, and says what to send back.
+    pub fn advance(&mut self, logits: &mut [f32], table: Option<&TokenTable>) -> Output {
+        let first = self.output_len() == 0;
+        let prompt_logits = if first { self.report.prompt_logits(logits) } else { None };
+        let input_token_logprobs = if first { self.report.take_input_logprobs() } else { None };
+        let raw_logprobs = self.report.return_logprob.then(|| log_softmax(logits));
+        let hold_back_stops = self.output_len() < self.picker.params.min_new_tokens;
+        let token = match self.picker.pick(logits, self.constraint.as_mut(), hold_back_stops) {
+            Ok(token) => token,
+            Err(e) => return self.abort_output(&e.to_string()),
+        };
+        let mut token_ids = vec![token];
+        let mut reason = self.append(token, table);
+        if reason.is_none() {
+            let room = self.max_new_tokens - self.output_len();
+            let forced = self.constraint.as_mut().map(|c| c.forced_tokens(room)).unwrap_or_default();
+            for t in forced {
+                token_ids.push(t);
+                reason = self.append(t, table);
+                if reason.is_some() {
+                    break;
+                }
+            }
+        }
+        if reason.is_some() && !matches!(reason, Some(FinishReason::Stop { matched: StopMatch::Text(_) })) {
+            self.text.flush();
+        }
+        Output {
+            token_ids,
+            text: self.text.take_ready(reason.is_some()),
+            logprobs: self.report.token_logprobs(raw_logprobs.as_deref(), token),
+            prompt_logits,
+            input_token_logprobs,
+            finished: reason.map(|r| self.finished(r)),
+        }
+    }
+
+    /// Appends one output token; returns why the request ends with it, if it does.
+    fn append(&mut self, token: u32, table: Option<&TokenTable>) -> Option<FinishReason> {
+        self.tokens.push(token);
+        let mut reason = self.picker.record(token).then_some(FinishReason::Stop { matched: StopMatch::Token(token) });
+        if let Some(table) = table {
+            if let Some(hit) = self.text.push(table, token, self.picker.params.skip_special_tokens) {
+                reason = reason.or(Some(FinishReason::Stop { matched: StopMatch::Text(hit) }));
+            }
+        }
+        if let (None, Some(c)) = (&reason, self.constraint.as_mut()) {
+            let output = &self.tokens[self.prompt_len..];
+            if let Err(e) = c.follow(output) {
+                reason = Some(FinishReason::Abort { message: e.to_string() });
+            } else if c.is_finished() {
+                reason = Some(FinishReason::Stop { matched: StopMatch::Grammar });
+            }
+        }
+        if reason.is_none() && self.output_len() >= self.max_new_tokens {
+            reason = Some(FinishReason::Length { length: self.output_len() });
+        }
+        reason
+    }
+}
