@@ -43,20 +43,20 @@ pub struct PagedKv<'a> {
 
 /// Where kv head `head` of `page` starts in a layer's `keys` and in its `values`.
 #[inline]
-pub fn block_start(page: u32, head: usize, kv_heads: usize, page_size: usize, head_dim: usize) -> usize {
+pub fn page_head_start(page: u32, head: usize, kv_heads: usize, page_size: usize, head_dim: usize) -> usize {
     (page as usize * kv_heads + head) * page_size * head_dim
 }
 
 impl PagedKv<'_> {
     /// Floats of one kv head in one page (the same for K and V).
-    pub fn block(page_size: usize, head_dim: usize) -> usize {
+    pub fn page_head_len(page_size: usize, head_dim: usize) -> usize {
         page_size * head_dim
     }
 
     /// Where kv head `head` of `page` starts, in `keys` and in `values`.
     #[inline]
     pub fn offset(&self, page: u32, head: usize) -> usize {
-        block_start(page, head, self.kv_heads, self.page_size, self.head_dim)
+        page_head_start(page, head, self.kv_heads, self.page_size, self.head_dim)
     }
 }
 
@@ -93,7 +93,7 @@ impl AttentionTask<'_> {
         assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the page table is too short");
         let last = (self.tokens - 1) * self.q_stride + self.group * hd;
         assert!(self.q.len() >= last, "attention: q is too short");
-        let end = self.pages.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::block(kv.page_size, hd);
+        let end = self.pages.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::page_head_len(kv.page_size, hd);
         assert!(kv.keys.len() >= end && kv.values.len() >= end, "attention: a page lies outside the storage");
     }
 }

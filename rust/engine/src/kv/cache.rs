@@ -5,7 +5,7 @@
 use crate::config::{KvCacheDtype, ModelConfig};
 use rsgl_kernels::memory::HugePageBuffer;
 use rsgl_kernels::packed::f32_to_bf16;
-use rsgl_kernels::paged::block_start;
+use rsgl_kernels::paged::page_head_start;
 use rsgl_kernels::{KvSlice, PagedKv};
 
 /// One layer's K or V elements, in the pool's element type.
@@ -67,7 +67,7 @@ impl KvCache {
         let (page, slot) = (pages[pos / ps], pos % ps);
         let (keys, values) = (&mut self.keys[layer], &mut self.values[layer]);
         for h in 0..self.kv_heads {
-            let base = block_start(page, h, self.kv_heads, ps, hd);
+            let base = page_head_start(page, h, self.kv_heads, ps, hd);
             keys.write(base + slot, ps, &k[h * hd..(h + 1) * hd]);
             values.write(base + slot * hd, 1, &v[h * hd..(h + 1) * hd]);
         }

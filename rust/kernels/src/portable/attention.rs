@@ -45,7 +45,7 @@ pub(crate) mod tests {
     use crate::portable::twin_tests::data;
     use crate::Kernels;
 
-    /// A pool of `pages` pages holding `keys` positions of one sequence under a scrambled block
+    /// A pool of `pages` pages holding `keys` positions of one sequence under a scrambled page
     /// table, plus the same keys and values unpaged (`[kv_head][pos][dim]`).
     struct Fixture {
         page_size: usize,
