@@ -11,7 +11,7 @@ import typing
 import pytest
 import rsgl
 from rsgl import _core, core_types
-from rsgl.loader import load_model
+from rsgl.loader import ModelConfig, MoeConfig, RopeScaling, load_model
 
 
 def declared(typed_dict: type) -> set[str]:
@@ -78,3 +78,21 @@ def test_stats_keys_are_declared(llm):
     stats = llm._core.stats()
     assert set(stats) == declared(core_types.EngineStats)
     assert set(stats["grammar"]) == declared(core_types.GrammarStats)
+
+
+def test_model_config_keys_are_the_engines():
+    mixtral = {
+        "architectures": ["MixtralForCausalLM"],
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 4,
+        "vocab_size": 32,
+        "max_position_embeddings": 64,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    }
+    config = _core.normalize_hf_config(mixtral)
+    assert set(config) == declared(ModelConfig)
+    assert set(config["moe"] or {}) == declared(MoeConfig) and set(config["rope_scaling"] or {}) == declared(RopeScaling)

@@ -13,11 +13,11 @@ import pytest
 import torch
 from gguf.quants import dequantize, quantize
 from rsgl import _core
+from rsgl._core import normalize_hf_config
 from rsgl.chat_template import render_chat
 from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rsgl.loader import load_model
 from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model
-from rsgl.loader.hf import normalize_config
 from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import (
@@ -213,25 +213,25 @@ def test_transformers_4_and_5_rope_layouts_normalize_alike():
     v4 = {**BASE_CONFIG, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3_SCALING}}
     v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3_SCALING}}
     del v5["rope_theta"]
-    normalized = normalize_config(v4)
-    assert normalized == normalize_config(v5)
+    normalized = normalize_hf_config(v4)
+    assert normalized == normalize_hf_config(v5)
     assert normalized["rope_theta"] == 500000.0
     assert normalized["rope_scaling"] == {"rope_type": "llama3", **LLAMA3_SCALING}
 
     plain_v4 = {**BASE_CONFIG, "rope_scaling": None}
     plain_v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}
-    assert normalize_config(plain_v4) == normalize_config(plain_v5)
+    assert normalize_hf_config(plain_v4) == normalize_hf_config(plain_v5)
 
     with pytest.raises(UnsupportedModelError, match="'yarn' RoPE scaling"):
-        normalize_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+        normalize_hf_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
 
 
 def test_sliding_window_caps_the_context():
     mistral = {**BASE_CONFIG, "architectures": ["MistralForCausalLM"], "max_position_embeddings": 32768}
-    assert normalize_config({**mistral, "sliding_window": 4096})["max_position_embeddings"] == 4096
-    assert normalize_config({**mistral, "sliding_window": None})["max_position_embeddings"] == 32768
+    assert normalize_hf_config({**mistral, "sliding_window": 4096})["max_position_embeddings"] == 4096
+    assert normalize_hf_config({**mistral, "sliding_window": None})["max_position_embeddings"] == 32768
     qwen2 = {**BASE_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}
-    assert normalize_config(qwen2)["max_position_embeddings"] == BASE_CONFIG["max_position_embeddings"]
+    assert normalize_hf_config(qwen2)["max_position_embeddings"] == BASE_CONFIG["max_position_embeddings"]
 
 
 def train_byte_level_tokenizer(vocab_size=300) -> Tokenizer:
@@ -407,7 +407,7 @@ def test_gguf_tensors_unpermute_to_hf_layout(tiny_gguf):
     loaded = load(path)
     assert_tensors_equal(loaded_tensors(loaded), expected)
     assert loaded.config == {
-        **normalize_config({**BASE_CONFIG, "vocab_size": len(spm_vocabulary()[0])}),
+        **normalize_hf_config({**BASE_CONFIG, "vocab_size": len(spm_vocabulary()[0])}),
         "rms_norm_eps": pytest.approx(1e-5),
     }
     assert loaded.model_name == "tiny-llama"
@@ -473,6 +473,23 @@ def test_truncated_gguf_is_a_load_error(tiny_gguf, tmp_path):
     broken.write_bytes(tiny_gguf[0].read_bytes()[:-1000])
     with pytest.raises(ModelLoadError, match="download it again"):
         load(broken)
+
+
+def test_gguf_of_an_unsupported_architecture_or_without_a_config_key_is_refused(tmp_path):
+    def gguf_file(architecture: str) -> Path:
+        path = tmp_path / f"{architecture}.gguf"
+        writer = gguf.GGUFWriter(path, architecture)
+        writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+        writer.write_header_to_file()
+        writer.write_kv_data_to_file()
+        writer.write_tensors_to_file()
+        writer.close()
+        return path
+
+    with pytest.raises(UnsupportedModelError, match="holds a 'gpt2' model; rsgl runs llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe GGUF files"):
+        load(gguf_file("gpt2"))
+    with pytest.raises(ModelLoadError, match="has no 'llama.attention.head_count'; the file looks broken"):
+        load(gguf_file("llama"))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -598,7 +615,7 @@ def test_render_chat_errors_are_invalid_requests():
 
 def test_moe_configs_are_normalized():
     mixtral = {**BASE_CONFIG, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "num_experts_per_tok": 2}
-    assert normalize_config(mixtral)["moe"] == {
+    assert normalize_hf_config(mixtral)["moe"] == {
         "num_experts": 8,
         "experts_per_token": 2,
         "expert_intermediate_size": BASE_CONFIG["intermediate_size"],
@@ -613,11 +630,11 @@ def test_moe_configs_are_normalized():
         "moe_intermediate_size": 24,
         "shared_expert_intermediate_size": 40,
     }
-    normalized = normalize_config(qwen)
+    normalized = normalize_hf_config(qwen)
     assert normalized["attention_bias"] and normalized["moe"]["shared_expert_intermediate_size"] == 40
     assert normalized["moe"]["norm_topk_prob"] is False
     with pytest.raises(UnsupportedModelError, match="dense and sparse"):
-        normalize_config({**qwen, "mlp_only_layers": [0]})
+        normalize_hf_config({**qwen, "mlp_only_layers": [0]})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,20 +1,34 @@
 """Type stubs of the Rust extension `rsgl._core` (thin bindings of the rsgl-engine crate),
 checked against the built module by `python -m mypy.stubtest rsgl._core` in CI. Structured
 values cross as plain Python objects read and built by the engine's serde types; their keys
-are named in rsgl.core_types."""
+are named in rsgl.core_types (the model config's in rsgl.loader)."""
 
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
 from rsgl.core_types import EngineOptions, EngineStats, GenerateRequest, Output, SamplingParams
+from rsgl.loader import ModelConfig
 
-__all__ = ["WeightStore", "Engine", "RequestStream", "Notifier", "kernel_isa", "__version__"]
+__all__ = ["WeightStore", "Engine", "RequestStream", "Notifier", "kernel_isa", "architectures", "normalize_hf_config", "gguf_config", "__version__"]
 
 __version__: str
 
 def kernel_isa() -> str:
     """The kernel path chosen for this CPU: "avx512", "avx512-bf16", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
+
+def architectures() -> list[dict[str, Any]]:
+    """The architectures the engine runs, one dict each: `name` (rsgl's, the transformers
+    model_type), `hf_class`, `gguf_name`, `attention_bias`, `qk_norm`, `sliding_window` and `moe`
+    (None for dense MLPs)."""
+
+def normalize_hf_config(config: Mapping[str, Any]) -> ModelConfig:
+    """The normalized model config of a transformers config.json (4.x or 5.x layout); raises
+    UnsupportedModelError for a model rsgl does not run, ModelLoadError for a broken config."""
+
+def gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
+    """The normalized model config of a GGUF file, from its metadata and tensors; raises
+    UnsupportedModelError or ModelLoadError as `normalize_hf_config` does."""
 
 @final
 class WeightStore:

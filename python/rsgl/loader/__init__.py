@@ -6,10 +6,11 @@
     for name, array in model.tensors(): ...               # Hugging Face names, float32, one at a time
 
 Two formats: a Hugging Face folder (config.json + *.safetensors + tokenizer.json) and a GGUF file.
-Both come out the same: a normalized config, and tensors under Hugging Face names. Python reads
-the config and the tokenizer; the Rust core maps the weight files itself (`WeightStore`) and the
-engine packs each tensor straight from the mapping, so no weight passes through Python when
-serving. `tensors()` (float32 copies, one at a time) is for the converter and the tests.
+Both come out the same: a normalized config, and tensors under Hugging Face names. The Rust core
+normalizes the config (over its table of architectures, `_core.architectures()`) and maps the
+weight files itself (`WeightStore`), and the engine packs each tensor straight from the mapping,
+so no weight passes through Python when serving; Python reads the tokenizer. `tensors()`
+(float32 copies, one at a time) is for the converter and the tests.
 """
 
 from __future__ import annotations
@@ -24,15 +25,13 @@ from typing import TypedDict
 import numpy as np
 from tokenizers import Tokenizer
 
-from rsgl._core import WeightStore
+from rsgl._core import WeightStore, architectures
 from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
 
 __all__ = ["LoadedModel", "ModelConfig", "load_model", "SUPPORTED_ARCHITECTURES"]
 
-SUPPORTED_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
-# Mixture-of-experts variants, from Hugging Face folders (dense attention, sparse MLPs).
-MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
+SUPPORTED_ARCHITECTURES = tuple(architecture["name"] for architecture in architectures())
 
 # `dtype=` names (as in vLLM / SGLang) -> the weight precision the Rust core packs.
 _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
@@ -53,7 +52,7 @@ class RopeScaling(TypedDict):
     factor: float
     low_freq_factor: float
     high_freq_factor: float
-    original_max_position_embeddings: int
+    original_max_position_embeddings: float
 
 
 class MoeConfig(TypedDict):
@@ -67,7 +66,8 @@ class MoeConfig(TypedDict):
 
 
 class ModelConfig(TypedDict):
-    """The config the Rust core reads (as JSON), built by `make_config`."""
+    """The config the Rust core reads, as it normalizes a checkpoint's (`_core.normalize_hf_config`,
+    `_core.gguf_config`)."""
 
     architecture: str
     hidden_size: int
@@ -87,7 +87,8 @@ class ModelConfig(TypedDict):
     moe: MoeConfig | None
 
 
-class TokenizerFields(TypedDict):
+@dataclass
+class TokenizerFields:
     """The `LoadedModel` fields a format's loader reads from its tokenizer files or metadata."""
 
     tokenizer: Tokenizer | None
@@ -98,12 +99,12 @@ class TokenizerFields(TypedDict):
     bos_token_id: int | None
     eos_token_ids: list[int]
     generation_config: JsonObject
-    token_bytes: list[bytes] | None
+    token_bytes: list[bytes] | None  # per model vocab id: the bytes it adds to decoded text
     special_token_ids: list[int]
 
 
 @dataclass
-class LoadedModel:
+class LoadedModel(TokenizerFields):
     """Everything the engine needs from a model's files.
 
     Prompt ids are `([bos_token_id] if add_bos_token else []) + tokenizer.encode(text).ids`:
@@ -112,16 +113,6 @@ class LoadedModel:
 
     config: ModelConfig
     open_weights: Callable[[], WeightStore]  # maps the weight files (cheap: only headers are read)
-    tokenizer: Tokenizer | None
-    chat_template: str | None
-    bos_token: str | None
-    eos_token: str | None
-    add_bos_token: bool
-    bos_token_id: int | None
-    eos_token_ids: list[int]
-    generation_config: JsonObject
-    token_bytes: list[bytes] | None  # per model vocab id: the bytes it adds to decoded text
-    special_token_ids: list[int]
     source: str  # the path loaded
     model_name: str  # the name to serve it under
     # Weight precision: float32 for float32 checkpoints, else bfloat16, until
@@ -200,46 +191,6 @@ def gguf_file_in(path: Path) -> Path | None:
         names = ", ".join(file.name for file in ggufs)
         raise ModelLoadError(f"{path} holds several .gguf files ({names}); pass the path of the one to load.")
     return ggufs[0]
-
-
-def make_config(
-    *,
-    architecture: str,
-    hidden_size: int,
-    intermediate_size: int,
-    num_hidden_layers: int,
-    num_attention_heads: int,
-    num_key_value_heads: int,
-    head_dim: int,
-    vocab_size: int,
-    rms_norm_eps: float,
-    rope_theta: float,
-    rope_scaling: RopeScaling | None,
-    attention_bias: bool,
-    qk_norm: bool,
-    tie_word_embeddings: bool,
-    max_position_embeddings: int,
-    moe: MoeConfig | None = None,
-) -> ModelConfig:
-    """The config the Rust core reads (as JSON): exactly these keys, plain JSON types."""
-    return {
-        "architecture": architecture,
-        "hidden_size": int(hidden_size),
-        "intermediate_size": int(intermediate_size),
-        "num_hidden_layers": int(num_hidden_layers),
-        "num_attention_heads": int(num_attention_heads),
-        "num_key_value_heads": int(num_key_value_heads),
-        "head_dim": int(head_dim),
-        "vocab_size": int(vocab_size),
-        "rms_norm_eps": float(rms_norm_eps),
-        "rope_theta": float(rope_theta),
-        "rope_scaling": rope_scaling,
-        "attention_bias": bool(attention_bias),
-        "qk_norm": bool(qk_norm),
-        "tie_word_embeddings": bool(tie_word_embeddings),
-        "max_position_embeddings": int(max_position_embeddings),
-        "moe": moe,
-    }
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

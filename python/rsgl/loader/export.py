@@ -9,19 +9,12 @@ from pathlib import Path
 
 import numpy as np
 
+from rsgl._core import architectures
 from rsgl._typing import JsonObject
 from rsgl.loader import LoadedModel, MoeConfig
 
 # The Hugging Face class for each architecture the loader normalizes to.
-MODEL_CLASS = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-    "mixtral": "MixtralForCausalLM",
-    "qwen2_moe": "Qwen2MoeForCausalLM",
-    "qwen3_moe": "Qwen3MoeForCausalLM",
-}
+MODEL_CLASS = {architecture["name"]: architecture["hf_class"] for architecture in architectures()}
 # How float arrays are stored, by the dtype name the loader uses.
 FLOAT_STORAGE = {"float32": "F32", "bfloat16": "BF16"}
 # Arrays stored in their own type whatever the float dtype: quantized weights, AWQ's float16 scales.
@@ -32,14 +25,13 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     """A transformers config.json from the loader's normalized config."""
     config: JsonObject = dict(model.config)
     architecture = config.pop("architecture")
-    config.pop("qk_norm")  # implied by the architecture (qwen3)
+    config.pop("qk_norm")  # implied by the architecture (qwen3, qwen3_moe)
     moe = config.pop("moe")
     hf = {
         "architectures": [MODEL_CLASS[architecture]],
         "model_type": architecture,
         "hidden_act": "silu",
         **config,
-        "rms_norm_eps": float(str(np.float32(config["rms_norm_eps"]))),  # GGUF stores it as float32: 1e-05, not 9.99999e-06
         "bos_token_id": model.bos_token_id,
         "eos_token_id": model.eos_token_ids[0] if len(model.eos_token_ids) == 1 else model.eos_token_ids,
         "torch_dtype": dtype,

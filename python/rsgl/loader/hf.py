@@ -1,8 +1,8 @@
 """Hugging Face model folders: config.json, *.safetensors (one file or shards), tokenizer files.
 
-The safetensors files are mapped by the Rust core (`rsgl._core.WeightStore`), which checks every
-header against its file's size here, before loading starts; their tensors never pass through
-Python when serving.
+The Rust core normalizes config.json (`rsgl._core.normalize_hf_config`) and maps the safetensors
+files (`rsgl._core.WeightStore`), checking every header against its file's size here, before
+loading starts; their tensors never pass through Python when serving.
 """
 
 from __future__ import annotations
@@ -11,40 +11,25 @@ import functools
 import json
 import logging
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import TypedDict
 
 from tokenizers import Tokenizer
 
-from rsgl._core import WeightStore
+from rsgl._core import WeightStore, normalize_hf_config
 from rsgl._typing import JsonObject
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
-    MOE_ARCHITECTURES,
-    SUPPORTED_ARCHITECTURES,
     WEIGHT_DTYPE_PROBE,
     LoadedModel,
     ModelConfig,
-    MoeConfig,
-    RopeScaling,
     Tensors,
     TokenizerFields,
     check_tensor_shapes,
     expected_tensor_shapes,
-    make_config,
     unique_ints,
 )
 from rsgl.loader.tokenizer import encoding_prepends, special_token_ids, token_bytes
 
-_ARCHITECTURE_BY_CLASS = {
-    "LlamaForCausalLM": "llama",
-    "MistralForCausalLM": "mistral",
-    "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3",
-    "MixtralForCausalLM": "mixtral",
-    "Qwen2MoeForCausalLM": "qwen2_moe",
-    "Qwen3MoeForCausalLM": "qwen3_moe",
-}
-_LLAMA3_ROPE_KEYS = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
 # Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -58,7 +43,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
             f"{folder} has no config.json; pass a complete Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
         )
     raw_config = _read_json(config_path)
-    config = normalize_config(raw_config)  # before the weights: an unsupported model fails at once
+    config = normalize_hf_config(raw_config)  # before the weights: an unsupported model fails at once
     quantization, int4_layout = _quantization(raw_config, folder)
     open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder), **int4_layout)
     tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
@@ -74,113 +59,8 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         model_name=folder.resolve().name,
         dtype=_checkpoint_dtype(tensors),
         quantization=quantization,
-        **_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init),
+        **vars(_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init)),
     )
-
-
-# ---------------------------------------------------------------------------------------------
-# config.json
-# ---------------------------------------------------------------------------------------------
-
-
-def normalize_config(raw: JsonObject) -> ModelConfig:
-    """The Rust core's config from a transformers config.json (4.x or 5.x layout)."""
-    architecture = _architecture(raw)
-    if raw.get("hidden_act", "silu") != "silu":
-        activation = raw["hidden_act"]
-        raise UnsupportedModelError(f"this model uses the {activation!r} activation; rsgl runs SiLU models only.")
-    if raw.get("mlp_bias"):
-        raise UnsupportedModelError("this model has MLP biases (mlp_bias=true), which rsgl does not support yet.")
-    rope_theta, rope_scaling = _rope(raw)
-    hidden, heads = _required(raw, "hidden_size"), _required(raw, "num_attention_heads")
-    return make_config(
-        architecture=architecture,
-        hidden_size=hidden,
-        intermediate_size=_required(raw, "intermediate_size"),
-        num_hidden_layers=_required(raw, "num_hidden_layers"),
-        num_attention_heads=heads,
-        num_key_value_heads=raw.get("num_key_value_heads") or heads,
-        head_dim=raw.get("head_dim") or hidden // heads,
-        vocab_size=_required(raw, "vocab_size"),
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6),
-        rope_theta=rope_theta,
-        rope_scaling=rope_scaling,
-        attention_bias=architecture in ("qwen2", "qwen2_moe") or raw.get("attention_bias", False),
-        qk_norm=architecture in ("qwen3", "qwen3_moe"),
-        tie_word_embeddings=raw.get("tie_word_embeddings", False),
-        max_position_embeddings=_context_limit(raw, architecture),
-        moe=_moe(raw, architecture),
-    )
-
-
-def _moe(raw: JsonObject, architecture: str) -> MoeConfig | None:
-    """The sparse MLP of a mixture-of-experts config (every layer sparse), or None."""
-    if architecture not in MOE_ARCHITECTURES:
-        return None
-    if architecture != "mixtral" and (raw.get("decoder_sparse_step", 1) != 1 or raw.get("mlp_only_layers")):
-        raise UnsupportedModelError(
-            "this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse."
-        )
-    return {
-        # transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as num_experts.
-        "num_experts": raw.get("num_local_experts") or _required(raw, "num_experts"),
-        "experts_per_token": _required(raw, "num_experts_per_tok"),
-        "expert_intermediate_size": _required(raw, "intermediate_size" if architecture == "mixtral" else "moe_intermediate_size"),
-        # Mixtral always renormalizes the top-k routing weights.
-        "norm_topk_prob": architecture == "mixtral" or bool(raw.get("norm_topk_prob", False)),
-        "shared_expert_intermediate_size": raw.get("shared_expert_intermediate_size") or None,
-    }
-
-
-def _context_limit(raw: JsonObject, architecture: str) -> int:
-    """The model's context, capped at its sliding window where one applies: the runner attends to
-    every position, which equals sliding-window attention only while a sequence fits the window."""
-    limit = int(_required(raw, "max_position_embeddings"))
-    window = raw.get("sliding_window")
-    applies = architecture in ("mistral", "mixtral") or raw.get("use_sliding_window", False)
-    return min(limit, int(window)) if window and applies else limit
-
-
-def _architecture(raw: JsonObject) -> str:
-    classes = raw.get("architectures") or []
-    if classes:
-        if classes[0] in _ARCHITECTURE_BY_CLASS:
-            return _ARCHITECTURE_BY_CLASS[classes[0]]
-        name = classes[0]
-    elif raw.get("model_type") in SUPPORTED_ARCHITECTURES:
-        return str(raw["model_type"])
-    else:
-        name = raw.get("model_type", "unknown")
-    supported = ", ".join(_ARCHITECTURE_BY_CLASS)
-    raise UnsupportedModelError(f"rsgl does not support the {name} architecture; it runs {supported}.")
-
-
-def _rope(raw: JsonObject) -> tuple[float, RopeScaling | None]:
-    """(rope_theta, rope_scaling): transformers 4.x keeps them top-level, 5.x in `rope_parameters`."""
-    parameters: JsonObject = raw.get("rope_parameters") or {}
-    scaling: JsonObject = raw.get("rope_scaling") or parameters
-    theta = parameters["rope_theta"] if "rope_theta" in parameters else raw.get("rope_theta", 10000.0)
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return theta, None
-    if kind != "llama3":
-        raise UnsupportedModelError(f"rsgl does not support {kind!r} RoPE scaling yet; it supports 'llama3' scaling.")
-    missing = [key for key in _LLAMA3_ROPE_KEYS if key not in scaling]
-    if missing:
-        raise ModelLoadError(f"config.json: llama3 RoPE scaling lacks {', '.join(missing)}; the config looks broken.")
-    return theta, RopeScaling(
-        rope_type="llama3",
-        factor=scaling["factor"],
-        low_freq_factor=scaling["low_freq_factor"],
-        high_freq_factor=scaling["high_freq_factor"],
-        original_max_position_embeddings=scaling["original_max_position_embeddings"],
-    )
-
-
-def _required(raw: JsonObject, key: str) -> Any:
-    if raw.get(key) is None:
-        raise ModelLoadError(f"config.json has no {key!r}; the config looks broken: download the model again.")
-    return raw[key]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,15 +1,23 @@
-//! The normalized model config (the Python loader maps Hugging Face / GGUF layouts onto it) and
-//! the engine's options.
+//! The normalized model config, mapped from a checkpoint's own over the table of architectures
+//! (transformers' config.json by `ModelConfig::from_hf_config`, a GGUF file's metadata by
+//! `ModelConfig::from_gguf`), and the engine's options.
+
+mod architecture;
+mod gguf;
+mod hf;
+mod keys;
+
+pub use architecture::{Architecture, MoeFacts, ARCHITECTURES};
 
 use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
 use crate::request::deserialize_with_path;
 use rsgl_kernels::{ActivationBits, WeightDtype};
-use serde::{Deserialize, Deserializer, Serialize};
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-const SUPPORTED: &[&str] = &["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe", "qwen3_moe"];
-
-#[derive(Debug, Clone, Deserialize)]
+/// The model as the runner sees it; its serde form is the normalized config the Python loader
+/// holds and hands back to the engine.
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelConfig {
     pub architecture: String,
@@ -20,6 +28,7 @@ pub struct ModelConfig {
     pub num_key_value_heads: usize,
     pub head_dim: usize,
     pub vocab_size: usize,
+    #[serde(serialize_with = "as_written")]
     pub rms_norm_eps: f32,
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
@@ -35,7 +44,7 @@ pub struct ModelConfig {
 /// A sparse MLP: a router picks `experts_per_token` of `num_experts` SwiGLU experts per token
 /// (softmax over all experts, then the top k, renormalized when `norm_topk_prob`); Qwen2-MoE
 /// adds a shared expert scaled by a sigmoid gate.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MoeConfig {
     pub num_experts: usize,
@@ -46,7 +55,7 @@ pub struct MoeConfig {
 }
 
 /// Rope frequency scaling schemes the runner implements.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum RopeScaling {
     Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
@@ -65,8 +74,9 @@ impl ModelConfig {
     }
 
     fn validate(&self) -> Result<()> {
-        if !SUPPORTED.contains(&self.architecture.as_str()) {
-            return Err(EngineError::UnsupportedModel(format!("architecture {:?} is not supported; rsgl runs {}", self.architecture, SUPPORTED.join(", "))));
+        if Architecture::named(&self.architecture).is_none() {
+            let supported = Architecture::list(|a| a.name);
+            return Err(EngineError::UnsupportedModel(format!("architecture {:?} is not supported; rsgl runs {supported}", self.architecture)));
         }
         let positive = [
             ("hidden_size", self.hidden_size),
@@ -113,6 +123,12 @@ impl ModelConfig {
     pub fn kv_bytes_per_token(&self, dtype: KvCacheDtype) -> usize {
         2 * self.num_hidden_layers * self.kv_size() * dtype.bytes()
     }
+}
+
+/// An f32 as the shortest decimal that reads back as it, the way config files write it (1e-5,
+/// not the 9.99999974e-6 its widening to f64 gives).
+fn as_written<S: Serializer>(value: &f32, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    serializer.serialize_f64(value.to_string().parse().expect("a float's text parses"))
 }
 
 /// Weight precision. Activations stay f32 (kernels with bf16 dot products round them to bf16).

@@ -315,6 +315,27 @@ fn kernel_isa() -> &'static str {
     rsgl_engine::kernels_isa()
 }
 
+/// The architectures the engine runs: their names in each checkpoint format and the facts the
+/// config readers take from them.
+#[pyfunction]
+fn architectures(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    to_python(py, &rsgl_engine::config::ARCHITECTURES)
+}
+
+/// The normalized model config of a transformers config.json (a dict).
+#[pyfunction]
+fn normalize_hf_config<'py>(py: Python<'py>, config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    let normalized = ModelConfig::from_hf_config(&mut Depythonizer::from_object(config)).map_err(to_py_err)?;
+    to_python(py, &normalized)
+}
+
+/// The normalized model config of a GGUF file, from its metadata and tensors.
+#[pyfunction]
+fn gguf_config(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
+    let config = py.detach(|| ModelConfig::from_gguf(&path)).map_err(to_py_err)?;
+    to_python(py, &config)
+}
+
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<WeightStore>()?;
@@ -322,6 +343,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<RequestStream>()?;
     m.add_class::<Notifier>()?;
     m.add_function(wrap_pyfunction!(kernel_isa, m)?)?;
+    m.add_function(wrap_pyfunction!(architectures, m)?)?;
+    m.add_function(wrap_pyfunction!(normalize_hf_config, m)?)?;
+    m.add_function(wrap_pyfunction!(gguf_config, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -1,0 +1,116 @@
+//! The architectures rsgl runs, one row each: what every checkpoint format calls it, and the
+//! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
+//! binding and the Python loader all take them from here.
+
+use serde::Serialize;
+
+#[derive(Debug, Serialize)]
+pub struct Architecture {
+    /// rsgl's name, which is also the transformers `model_type`.
+    pub name: &'static str,
+    /// The transformers model class (config.json's `architectures`).
+    pub hf_class: &'static str,
+    /// GGUF's `general.architecture` (llama.cpp files a Mixtral as a llama with experts).
+    pub gguf_name: &'static str,
+    /// q/k/v projections with biases, whatever config.json's `attention_bias` says.
+    pub attention_bias: bool,
+    /// An RMS norm over each head of q and k.
+    pub qk_norm: bool,
+    /// config.json's `sliding_window` applies even without `use_sliding_window`.
+    pub sliding_window: bool,
+    /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
+    pub moe: Option<MoeFacts>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MoeFacts {
+    /// The config.json key of each expert's FFN size.
+    pub expert_ffn_key: &'static str,
+    /// transformers always renormalizes the top-k routing weights (else config.json's
+    /// `norm_topk_prob` says).
+    pub renormalizes_top_k: bool,
+    /// llama.cpp renormalizes them where a GGUF file has no `expert_weights_norm`.
+    pub gguf_renormalizes_top_k: bool,
+}
+
+/// A dense architecture without biases, q/k norms or a sliding window; each row says how it differs.
+const PLAIN: Architecture = Architecture { name: "", hf_class: "", gguf_name: "", attention_bias: false, qk_norm: false, sliding_window: false, moe: None };
+
+pub const ARCHITECTURES: &[Architecture] = &[
+    Architecture { name: "llama", hf_class: "LlamaForCausalLM", gguf_name: "llama", ..PLAIN },
+    Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: "mistral", sliding_window: true, ..PLAIN },
+    Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: "qwen2", attention_bias: true, ..PLAIN },
+    Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: "qwen3", qk_norm: true, ..PLAIN },
+    Architecture {
+        name: "mixtral",
+        hf_class: "MixtralForCausalLM",
+        gguf_name: "llama",
+        sliding_window: true,
+        moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
+        ..PLAIN
+    },
+    Architecture {
+        name: "qwen2_moe",
+        hf_class: "Qwen2MoeForCausalLM",
+        gguf_name: "qwen2moe",
+        attention_bias: true,
+        moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: false }),
+        ..PLAIN
+    },
+    Architecture {
+        name: "qwen3_moe",
+        hf_class: "Qwen3MoeForCausalLM",
+        gguf_name: "qwen3moe",
+        qk_norm: true,
+        moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
+        ..PLAIN
+    },
+];
+
+impl Architecture {
+    pub fn named(name: &str) -> Option<&'static Architecture> {
+        ARCHITECTURES.iter().find(|a| a.name == name)
+    }
+
+    pub fn with_hf_class(class: &str) -> Option<&'static Architecture> {
+        ARCHITECTURES.iter().find(|a| a.hf_class == class)
+    }
+
+    /// The architecture of a GGUF file named `gguf_name`, with or without experts (llama.cpp
+    /// files a Mixtral as a llama with experts).
+    pub fn of_gguf(gguf_name: &str, has_experts: bool) -> Option<&'static Architecture> {
+        let named = || ARCHITECTURES.iter().filter(move |a| a.gguf_name == gguf_name);
+        named().find(|a| a.moe.is_some() == has_experts).or_else(|| named().next())
+    }
+
+    /// One name of every architecture, for messages saying what rsgl runs: "llama, mistral, ...".
+    pub fn list(name: fn(&Architecture) -> &'static str) -> String {
+        let mut names: Vec<&str> = Vec::new();
+        for listed in ARCHITECTURES.iter().map(name) {
+            if !names.contains(&listed) {
+                names.push(listed); // GGUF names repeat: llama.cpp files a Mixtral as a llama
+            }
+        }
+        names.join(", ")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_in_each_format() {
+        let unique = |name: fn(&Architecture) -> &'static str| {
+            let mut names: Vec<&str> = ARCHITECTURES.iter().map(name).collect();
+            names.sort();
+            names.windows(2).all(|pair| pair[0] != pair[1])
+        };
+        assert!(unique(|a| a.name) && unique(|a| a.hf_class));
+        assert_eq!(Architecture::named("qwen2_moe").map(|a| a.hf_class), Some("Qwen2MoeForCausalLM"));
+        assert_eq!(Architecture::with_hf_class("MixtralForCausalLM").map(|a| a.name), Some("mixtral"));
+        let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
+        assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
+        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe");
+    }
+}

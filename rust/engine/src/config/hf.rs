@@ -1,0 +1,208 @@
+//! A transformers config.json (4.x or 5.x layout) mapped onto the normalized config, refusing
+//! the variants the runner does not implement.
+
+use super::architecture::{Architecture, MoeFacts};
+use super::keys::{quoted, Keys};
+use super::{ModelConfig, MoeConfig, RopeScaling};
+use crate::error::{EngineError, Result};
+use serde::{Deserialize, Deserializer};
+use serde_json::{Map, Value};
+
+const LLAMA3_ROPE_KEYS: [&str; 4] = ["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"];
+const REMEDY: &str = "the config looks broken: download the model again";
+
+impl ModelConfig {
+    /// The normalized config of a transformers config.json, from its JSON text, a parsed
+    /// `serde_json::Value` or the dict the binding passes.
+    pub fn from_hf_config<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
+        let raw = Map::<String, Value>::deserialize(de)
+            .map_err(|e| EngineError::ModelLoad(format!("config.json holds no JSON object ({e}); download the model again.")))?;
+        let hf = Keys::new(&raw, "config.json".into(), REMEDY);
+        let architecture = architecture(&hf)?;
+        if let Some(activation) = hf.get("hidden_act").filter(|act| act.as_str() != Some("silu")) {
+            return Err(EngineError::UnsupportedModel(format!("this model uses the {} activation; rsgl runs SiLU models only.", quoted(activation))));
+        }
+        if hf.flag("mlp_bias") {
+            return Err(EngineError::UnsupportedModel("this model has MLP biases (mlp_bias=true), which rsgl does not support yet.".into()));
+        }
+        let (rope_theta, rope_scaling) = rope(&hf)?;
+        let hidden_size = hf.count("hidden_size")?;
+        let num_attention_heads = hf.count("num_attention_heads")?;
+        let config = ModelConfig {
+            architecture: architecture.name.into(),
+            hidden_size,
+            intermediate_size: hf.count("intermediate_size")?,
+            num_hidden_layers: hf.count("num_hidden_layers")?,
+            num_attention_heads,
+            num_key_value_heads: hf.optional_count("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            // Zero heads: validate() says so.
+            head_dim: hf.optional_count("head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0)),
+            vocab_size: hf.count("vocab_size")?,
+            rms_norm_eps: hf.number("rms_norm_eps")?.unwrap_or(1e-6) as f32,
+            rope_theta,
+            rope_scaling,
+            attention_bias: architecture.attention_bias || hf.flag("attention_bias"),
+            qk_norm: architecture.qk_norm,
+            tie_word_embeddings: hf.flag("tie_word_embeddings"),
+            max_position_embeddings: context_limit(&hf, architecture)?,
+            moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?,
+        };
+        config.validate()?;
+        Ok(config)
+    }
+}
+
+fn architecture(hf: &Keys) -> Result<&'static Architecture> {
+    let class = hf.set("architectures").and_then(|classes| classes.get(0));
+    let model_type = hf.get("model_type");
+    let found = match class {
+        Some(class) => class.as_str().and_then(Architecture::with_hf_class),
+        None => model_type.and_then(Value::as_str).and_then(Architecture::named),
+    };
+    found.ok_or_else(|| {
+        let named = class.or(model_type).map_or_else(|| "an unnamed architecture".into(), |name| format!("the {} architecture", quoted(name)));
+        EngineError::UnsupportedModel(format!("rsgl does not support {named}; it runs {}.", Architecture::list(|a| a.hf_class)))
+    })
+}
+
+/// (rope_theta, rope_scaling): transformers 4.x keeps them top-level, 5.x in `rope_parameters`.
+fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
+    let parameters = hf.set("rope_parameters").and_then(Value::as_object);
+    let theta = match parameters {
+        Some(parameters) if parameters.contains_key("rope_theta") => {
+            Keys::new(parameters, "config.json's rope_parameters".into(), REMEDY).required_number("rope_theta")?
+        }
+        _ => hf.number("rope_theta")?.unwrap_or(10000.0),
+    };
+    let Some(scaling) = hf.set("rope_scaling").and_then(Value::as_object).or(parameters) else { return Ok((theta, None)) };
+    match scaling.get("rope_type").or_else(|| scaling.get("type")).filter(|kind| !kind.is_null()) {
+        None => Ok((theta, None)),
+        Some(kind) if kind == "default" => Ok((theta, None)),
+        Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, scaling)?))),
+        Some(kind) => Err(EngineError::UnsupportedModel(format!("rsgl does not support {} RoPE scaling yet; it supports 'llama3' scaling.", quoted(kind)))),
+    }
+}
+
+fn llama3_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScaling> {
+    let values = LLAMA3_ROPE_KEYS.map(|key| scaling.get(key).and_then(Value::as_f64));
+    let [Some(factor), Some(low_freq_factor), Some(high_freq_factor), Some(original_max_position_embeddings)] = values else {
+        let missing: Vec<&str> = LLAMA3_ROPE_KEYS.iter().zip(values).filter(|(_, value)| value.is_none()).map(|(key, _)| *key).collect();
+        return Err(hf.broken(format!("config.json: llama3 RoPE scaling lacks {}", missing.join(", "))));
+    };
+    Ok(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings })
+}
+
+/// The model's context, capped at its sliding window where one applies: the runner attends to
+/// every position, which equals sliding-window attention only while a sequence fits the window.
+fn context_limit(hf: &Keys, architecture: &Architecture) -> Result<usize> {
+    let limit = hf.count("max_position_embeddings")?;
+    let window = if architecture.sliding_window || hf.flag("use_sliding_window") { hf.optional_count("sliding_window")? } else { None };
+    Ok(window.map_or(limit, |window| limit.min(window)))
+}
+
+/// The sparse MLP, which the runner puts in every layer: Qwen MoE configs that make some
+/// layers dense are refused.
+fn moe(hf: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {
+    if hf.get("decoder_sparse_step").is_some_and(|step| step.as_u64() != Some(1)) || hf.flag("mlp_only_layers") {
+        return Err(EngineError::UnsupportedModel(
+            "this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse.".into(),
+        ));
+    }
+    Ok(MoeConfig {
+        // transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as num_experts.
+        num_experts: hf.first_count(&["num_local_experts", "num_experts"])?,
+        experts_per_token: hf.count("num_experts_per_tok")?,
+        expert_intermediate_size: hf.count(facts.expert_ffn_key)?,
+        norm_topk_prob: facts.renormalizes_top_k || hf.flag("norm_topk_prob"),
+        shared_expert_intermediate_size: hf.optional_count("shared_expert_intermediate_size")?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn llama(extra: Value) -> Value {
+        let mut raw = json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+            "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+            "vocab_size": 49152, "rms_norm_eps": 1e-5, "rope_theta": 100000.0,
+            "max_position_embeddings": 8192, "tie_word_embeddings": true, "hidden_act": "silu",
+        });
+        raw.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        raw
+    }
+
+    fn message(raw: Value) -> String {
+        ModelConfig::from_hf_config(&raw).unwrap_err().to_string()
+    }
+
+    #[test]
+    fn normalizes_a_llama_config() {
+        let cfg = ModelConfig::from_hf_config(llama(json!({}))).unwrap();
+        assert_eq!((cfg.architecture.as_str(), cfg.head_dim, cfg.num_key_value_heads), ("llama", 64, 3));
+        assert_eq!((cfg.rope_theta, cfg.rope_scaling.is_none(), cfg.tie_word_embeddings), (1e5, true, true));
+        let from_text = ModelConfig::from_hf_config(&mut serde_json::Deserializer::from_str(&llama(json!({})).to_string())).unwrap();
+        assert_eq!(from_text.max_position_embeddings, 8192);
+    }
+
+    #[test]
+    fn reads_llama3_rope_scaling_from_either_layout() {
+        let scaling = json!({ "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192 });
+        let mut v5_parameters = json!({ "rope_type": "llama3", "rope_theta": 5e5 });
+        v5_parameters.as_object_mut().unwrap().extend(scaling.as_object().unwrap().clone());
+        let mut v4_scaling = json!({ "type": "llama3" });
+        v4_scaling.as_object_mut().unwrap().extend(scaling.as_object().unwrap().clone());
+        for raw in [llama(json!({ "rope_theta": 5e5, "rope_scaling": v4_scaling })), llama(json!({ "rope_theta": null, "rope_parameters": v5_parameters }))] {
+            let cfg = ModelConfig::from_hf_config(&raw).unwrap();
+            assert_eq!(cfg.rope_theta, 5e5);
+            let Some(RopeScaling::Llama3 { factor, original_max_position_embeddings, .. }) = cfg.rope_scaling else { panic!("no llama3 scaling") };
+            assert_eq!((factor, original_max_position_embeddings), (8.0, 8192.0));
+        }
+        assert!(message(llama(json!({ "rope_scaling": { "rope_type": "yarn" } }))).contains("'yarn' RoPE scaling"));
+        assert!(
+            message(llama(json!({ "rope_scaling": { "rope_type": "llama3", "factor": 8.0 } }))).contains("lacks low_freq_factor, high_freq_factor, original")
+        );
+    }
+
+    #[test]
+    fn caps_the_context_at_a_sliding_window_that_applies() {
+        let context = |raw: Value| ModelConfig::from_hf_config(&raw).unwrap().max_position_embeddings;
+        assert_eq!(context(llama(json!({ "architectures": ["MistralForCausalLM"], "sliding_window": 4096 }))), 4096);
+        assert_eq!(context(llama(json!({ "architectures": ["MistralForCausalLM"], "sliding_window": null }))), 8192);
+        assert_eq!(context(llama(json!({ "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": false }))), 8192);
+        assert_eq!(context(llama(json!({ "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": true }))), 16);
+    }
+
+    #[test]
+    fn normalizes_moe_configs() {
+        let mixtral = ModelConfig::from_hf_config(llama(json!({ "architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "num_experts_per_tok": 2 })));
+        let moe = mixtral.unwrap().moe.unwrap();
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size, moe.norm_topk_prob), (8, 2, 1536, true));
+        let qwen = llama(json!({
+            "architectures": ["Qwen2MoeForCausalLM"], "num_experts": 4, "num_experts_per_tok": 2,
+            "moe_intermediate_size": 24, "shared_expert_intermediate_size": 40,
+        }));
+        let cfg = ModelConfig::from_hf_config(&qwen).unwrap();
+        let moe = cfg.moe.as_ref().unwrap();
+        assert!(cfg.attention_bias && !moe.norm_topk_prob);
+        assert_eq!((moe.expert_intermediate_size, moe.shared_expert_intermediate_size), (24, Some(40)));
+        let mut mixed = qwen;
+        mixed["mlp_only_layers"] = json!([0]);
+        assert!(message(mixed).contains("dense and sparse"));
+    }
+
+    #[test]
+    fn refuses_what_the_runner_does_not_implement_and_broken_configs() {
+        let refusal = |raw: Value| ModelConfig::from_hf_config(&raw).unwrap_err();
+        assert!(
+            matches!(refusal(llama(json!({ "architectures": ["GPT2LMHeadModel"] }))), EngineError::UnsupportedModel(m) if m.contains("'GPT2LMHeadModel' architecture; it runs LlamaForCausalLM"))
+        );
+        assert!(matches!(refusal(llama(json!({ "hidden_act": "gelu" }))), EngineError::UnsupportedModel(m) if m.contains("'gelu' activation")));
+        assert!(matches!(refusal(llama(json!({ "mlp_bias": true }))), EngineError::UnsupportedModel(_)));
+        assert!(matches!(refusal(llama(json!({ "vocab_size": null }))), EngineError::ModelLoad(m) if m.starts_with("config.json has no 'vocab_size'")));
+        assert!(matches!(refusal(llama(json!({ "hidden_size": "576" }))), EngineError::ModelLoad(m) if m.contains("not a whole number")));
+        assert!(matches!(refusal(json!([1])), EngineError::ModelLoad(m) if m.contains("no JSON object")));
+    }
+}
