@@ -249,13 +249,19 @@ def test_unknown_route_and_wrong_method(http: httpx.Client):
     [
         ("max_tokens", {"max_tokens": -1}),
         ("temperature", {"temperature": -1}),
-        ("model", {"model": "no-such-model"}),
     ],
 )
 def test_invalid_values_are_400_with_a_message(client: openai.OpenAI, model: str, field: str, request_body: dict):
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(**{"model": model, "prompt": PROMPT, **request_body})
     assert field in error.value.body["message"]
+
+
+def test_an_unknown_model_is_a_404_and_default_names_the_served_one(client: openai.OpenAI, model: str):
+    with pytest.raises(openai.NotFoundError) as error:
+        client.completions.create(model="no-such-model", prompt=PROMPT, max_tokens=1)
+    assert repr(model) in error.value.body["message"] and "'default'" in error.value.body["message"]
+    assert client.completions.create(model="default", prompt=PROMPT, max_tokens=1).model == model
 
 
 def test_server_still_answers_after_errors(client: openai.OpenAI, model: str):

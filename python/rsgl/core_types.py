@@ -26,6 +26,8 @@ class SamplingParams(TypedDict, total=False):
     skip_special_tokens: bool
     no_stop_trim: bool
     seed: int | None
+    # Token id (an int, or a string of digits as JSON keys are) -> bias added to its logit, in [-100, 100].
+    logit_bias: dict[int, float] | dict[str, float] | None
     regex: str | None
     json_schema: str | dict[str, Any] | None
     ebnf: str | None

@@ -12,31 +12,42 @@ from typing import Any
 from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError
 from rsgl.lang.backends import Backend
-from rsgl.lang.expressions import Expression, Gen, Role, Select
+from rsgl.lang.expressions import Concat, Expression, Gen, Role, Select
+
+# The key under which the whole text streams, beside the variables.
+WHOLE_TEXT = None
 
 
 class ProgramState:
     """`s += "text"` appends text; `s += gen(...)` / `select(...)` run on the backend at once with
-    the text so far as the prompt; `s[name]` reads a variable; `s.fork(n)` branches."""
+    the text so far as the prompt; `s[name]` reads a variable; `s.fork(n)` branches.
+    `default_sampling_params` apply to every `gen` that leaves them unset."""
 
-    def __init__(self, backend: Backend, stream: bool = False) -> None:
+    def __init__(self, backend: Backend, stream: bool = False, default_sampling_params: JsonObject | None = None) -> None:
         self.backend = backend
         self.stream = stream
+        self.default_sampling_params = default_sampling_params or {}
         self._text = ""
         self._variables: dict[str, Any] = {}
         self._meta: dict[str, JsonObject] = {}
-        # Streaming: what each variable has received so far, and which are complete.
+        self._messages: list[JsonObject] = []
+        # Streaming: what each variable (and the whole text) has received so far, and which are complete.
         self._changed = threading.Condition()
-        self._partial: dict[str, str] = {}
+        self._partial: dict[str | None, str] = {}
         self._complete: set[str] = set()
         self._finished = False
         self._error: BaseException | None = None
+        # The thread running the program: it reads its own state without waiting for the end.
+        self._program_thread: int | None = None
 
     # ---- building the program's text ------------------------------------------------------------
 
     def __iadd__(self, expression: Expression) -> ProgramState:
         if isinstance(expression, str):
-            self._text += expression
+            self._append(expression)
+        elif isinstance(expression, Concat):
+            for part in expression.parts:
+                self += part
         elif isinstance(expression, Gen):
             self._gen(expression)
         elif isinstance(expression, Select):
@@ -62,28 +73,37 @@ class ProgramState:
     @contextlib.contextmanager
     def _role(self, role: str) -> Iterator[None]:
         before, after = self.backend.role_markers(role)
-        self._text += before
+        self._append(before)
+        start = len(self._text)
         yield
-        self._text += after
+        self._messages.append({"role": role, "content": self._text[start:]})
+        self._append(after)
+
+    def _append(self, text: str) -> None:
+        self._text += text
+        self._publish(WHOLE_TEXT, self._text, complete=False)
 
     def _gen(self, expression: Gen) -> None:
         name = expression.name
-        if self.stream and name is not None:
+        params = {**self.default_sampling_params, **expression.sampling_params}
+        if self.stream:
             value = ""
-            for value in self.backend.generate_stream(self._text, expression.sampling_params):
-                self._publish(name, value, complete=False)
+            for value in self.backend.generate_stream(self._text, params):
+                self._publish(WHOLE_TEXT, self._text + value, complete=False)
+                if name is not None:
+                    self._publish(name, value, complete=False)
         else:
-            result = self.backend.generate(self._text, expression.sampling_params)
+            result = self.backend.generate(self._text, params)
             value = result["text"]
             if name is not None:
                 self._meta[name] = result["meta_info"]
-        self._text += value
+        self._append(value)
         if name is not None:
             self._set(name, value)
 
     def _select(self, expression: Select) -> None:
         result = self.backend.select(self._text, list(expression.choices))
-        self._text += result["text"]
+        self._append(result["text"])
         if expression.name is not None:
             self._meta[expression.name] = result
             self._set(expression.name, result["text"])
@@ -113,6 +133,11 @@ class ProgramState:
         self.sync()
         return dict(self._variables)
 
+    def messages(self) -> list[JsonObject]:
+        """The role blocks so far, as chat messages: [{"role": "user", "content": ...}, ...]."""
+        self.sync()
+        return [dict(message) for message in self._messages]
+
     # ---- branching --------------------------------------------------------------------------------
 
     def fork(self, n: int) -> ForkGroup:
@@ -122,16 +147,18 @@ class ProgramState:
             raise InvalidRequestError("fork takes a positive number of branches")
         branches = []
         for _ in range(n):
-            branch = ProgramState(self.backend)
+            branch = ProgramState(self.backend, default_sampling_params=self.default_sampling_params)
             branch._text = self._text
             branch._variables = dict(self._variables)
+            branch._messages = list(self._messages)
             branches.append(branch)
         return ForkGroup(self, branches)
 
     # ---- streaming --------------------------------------------------------------------------------
 
-    def text_iter(self, name: str) -> Iterator[str]:
-        """The pieces of variable `name` as they are generated (with `run(..., stream=True)`)."""
+    def text_iter(self, name: str | None = None) -> Iterator[str]:
+        """The pieces of variable `name` as they are generated (with `run(..., stream=True)`); with
+        no name, of the whole text."""
         sent = 0
         while True:
             with self._changed:
@@ -145,26 +172,33 @@ class ProgramState:
                     raise self._error
                 return
 
-    def _has_news(self, name: str, sent: int) -> bool:
+    def _has_news(self, name: str | None, sent: int) -> bool:
         """Whether variable `name` has grown past `sent` characters, completed, or the program ended."""
         return len(self._partial.get(name, "")) > sent or name in self._complete or self._finished
 
     def sync(self) -> None:
-        """Waits for a streamed program to finish; raises the error it failed with, if any."""
+        """Waits for a streamed program to finish; raises the error it failed with, if any. The
+        program itself reads its state as it is (`if s["tool"] == ...`)."""
+        if threading.get_ident() == self._program_thread:
+            return
         with self._changed:
             self._changed.wait_for(lambda: self._finished)
         if self._error is not None:
             raise self._error
 
-    def _publish(self, name: str, value: str, complete: bool) -> None:
+    def _publish(self, name: str | None, value: str, complete: bool) -> None:
         with self._changed:
             self._partial[name] = value
-            if complete:
+            if complete and name is not None:
                 self._complete.add(name)
             self._changed.notify_all()
 
+    def _begin(self) -> None:
+        self._program_thread = threading.get_ident()
+
     def _finish(self, error: BaseException | None = None) -> None:
         with self._changed:
+            self._program_thread = None
             self._error = error
             self._finished = True
             self._changed.notify_all()

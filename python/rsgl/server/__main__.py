@@ -24,7 +24,6 @@ from rsgl.server.watchdog import exit_after
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "--model-path": {"help": "a .gguf file or a Hugging Face model folder (default: SmolLM2-135M-Instruct)"},
-    "--served-model-name": {"help": "the model name in the API (default: derived from the model path)"},
     "--context-length": {"type": int, "help": "the longest prompt + completion, in tokens (default: the model's)"},
     "--max-running-requests": {"type": int, "help": "requests decoded together in one batch"},
     "--chunked-prefill-size": {"type": int, "help": "prompt tokens prefilled per step"},
@@ -65,6 +64,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--api-key", help="require 'Authorization: Bearer <key>' on every request but /health")
+    parser.add_argument(
+        "--served-model-name",
+        type=model_names,
+        default=[],
+        help="the model's name in the API, or several comma-separated: the first is the name answers carry, the others "
+        "are aliases requests may use too, as is 'default' (default: derived from the model path)",
+    )
     parser.add_argument("--log-level", default="info", choices=LOG_LEVELS)
     parser.add_argument("--log-requests", action="store_true", help="log each generation request's id, token counts, finish reason and latency")
     parser.add_argument(
@@ -86,9 +92,19 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
     return parser.parse_args(argv)
 
 
+def model_names(value: str) -> list[str]:
+    names = [name.strip() for name in value.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{value!r} has an empty model name")
+    return names
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     names = (flag.removeprefix("--").replace("-", "_") for flag in ENGINE_OPTIONS)
-    return {name: value for name in names if (value := getattr(args, name)) is not None}
+    options = {name: value for name in names if (value := getattr(args, name)) is not None}
+    if args.served_model_name:
+        options["served_model_name"] = args.served_model_name[0]
+    return options
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> None:
@@ -115,6 +131,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> 
             watchdog_seconds=args.watchdog_timeout,
             log_interval=args.log_interval,
             log_requests=args.log_requests,
+            model_aliases=args.served_model_name[1:],
         )
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)

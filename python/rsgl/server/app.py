@@ -6,7 +6,7 @@ import asyncio
 import secrets
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 
@@ -42,12 +42,14 @@ def build_app(
     watchdog_seconds: float = DEFAULT_WATCHDOG_SECONDS,
     log_interval: float = DEFAULT_LOG_INTERVAL_SECONDS,
     log_requests: bool = False,
+    model_aliases: Sequence[str] = (),
 ) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
     requests need `Authorization: Bearer <api_key>`. Beyond `max_queued_requests` generation
     requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413. An event loop
     blocked for `watchdog_seconds` has every thread's stack logged. Every `log_interval` seconds
-    (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end."""
+    (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end.
+    The OpenAI API takes the engine's served model name, `model_aliases` and "default" as `model`."""
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
@@ -61,6 +63,7 @@ def build_app(
     app.state.created = int(time.time())
     app.state.watchdog_seconds = watchdog_seconds
     app.state.log_interval = log_interval
+    app.state.model_aliases = list(model_aliases)
     return app
 
 

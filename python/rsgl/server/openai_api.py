@@ -31,6 +31,8 @@ from rsgl.server.native_api import EngineStream, EventStreamResponse, GenerateAr
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20
+MAX_LOGIT_BIAS = 100  # OpenAI's bound: a bias of ±100 bans or forces a token
+DEFAULT_MODEL_NAME = "default"  # accepted whatever the served model's name, as SGLang does
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -38,22 +40,26 @@ CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 async def list_models(request: Request) -> Response:
-    model = {"id": engine_of(request).served_model_name, "object": "model", "created": request.app.state.created, "owned_by": "rsgl"}
-    return json_response({"object": "list", "data": [model]})
+    created = request.app.state.created
+    models = [{"id": name, "object": "model", "created": created, "owned_by": "rsgl"} for name in served_model_names(request)]
+    return json_response({"object": "list", "data": models})
 
 
 async def create_completion(request: Request) -> Response:
     body = await read_json_object(request)
-    reject_unsupported(body, ("echo", "suffix", "logit_bias"))
+    reject_unsupported(body, ("suffix",))
     logprobs = optional_int(body, "logprobs", minimum=0, maximum=MAX_TOP_LOGPROBS)
-    params = sampling_params(body, optional_int(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, minimum=0))
+    echo = optional_bool(body, "echo")
+    params = sampling_params(body, optional_int(body, "max_tokens", COMPLETION_DEFAULT_MAX_TOKENS, minimum=0), engine_of(request))
     arguments = GenerateArguments(**prompt_arguments(body), sampling_params=params, return_logprob=logprobs is not None, top_logprobs_num=logprobs or 0)
-    return await respond(request, body, COMPLETION, arguments, params["n"])
+    if echo and logprobs is not None:
+        arguments["logprob_start_len"] = 0  # the prompt's tokens' log-probabilities, echoed before the completion's
+    return await respond(request, body, COMPLETION, arguments, params["n"], echo)
 
 
 async def create_chat_completion(request: Request) -> Response:
     body = await read_json_object(request)
-    reject_unsupported(body, ("tools", "logit_bias"))
+    reject_unsupported(body, ("tools",))
     return_logprob = optional_bool(body, "logprobs")
     top_logprobs = optional_int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top_logprobs and not return_logprob:
@@ -61,7 +67,7 @@ async def create_chat_completion(request: Request) -> Response:
     # max_completion_tokens is OpenAI's newer name; None lets the engine pick its default.
     max_tokens = optional_int(body, "max_completion_tokens", optional_int(body, "max_tokens", minimum=0), minimum=0)
     prompt = engine_of(request).apply_chat_template(chat_messages(body))
-    params = sampling_params(body, max_tokens)
+    params = sampling_params(body, max_tokens, engine_of(request))
     arguments = GenerateArguments(
         prompt=prompt,
         sampling_params=params,
@@ -115,11 +121,19 @@ def structured_output(body: JsonObject) -> JsonObject:
     raise bad_request(f"response_format type {kind!r} is not supported; use text, json_object or json_schema", "response_format")
 
 
-def check_model(body: JsonObject, engine: Engine) -> None:
+def served_model_names(request: Request) -> list[str]:
+    """The names /v1/models lists: the engine's served model name, then its aliases."""
+    return [engine_of(request).served_model_name, *request.app.state.model_aliases]
+
+
+def check_model(body: JsonObject, request: Request) -> None:
+    """A request may name the served model, an alias, or "default" (as SGLang takes it); others get a 404."""
     model = body.get("model")
-    if model is not None and model != engine.served_model_name:
-        message = f"The model {model!r} does not exist; this server serves {engine.served_model_name!r} (see GET /v1/models)."
-        raise APIError(400, message, param="model", code="model_not_found")
+    accepted = [*served_model_names(request), DEFAULT_MODEL_NAME]
+    if model is not None and model not in accepted:
+        names = ", ".join(repr(name) for name in accepted)
+        message = f"The model {model!r} does not exist; this server's model answers to {names} (see GET /v1/models)."
+        raise APIError(404, message, param="model", code="model_not_found")
 
 
 def prompt_arguments(body: JsonObject) -> GenerateArguments:
@@ -131,9 +145,9 @@ def prompt_arguments(body: JsonObject) -> GenerateArguments:
     raise bad_request("prompt must be a string, a list of strings, a list of token ids or a list of such lists", "prompt")
 
 
-def sampling_params(body: JsonObject, max_tokens: int | None) -> JsonObject:
+def sampling_params(body: JsonObject, max_tokens: int | None, engine: Engine) -> JsonObject:
     """The engine's sampling_params from OpenAI's fields (plus SGLang's extras: top_k, min_p,
-    repetition_penalty, ignore_eos). Types are checked here, value ranges by the engine."""
+    repetition_penalty, ignore_eos). Types are checked here, most value ranges by the engine."""
     return {
         "max_new_tokens": max_tokens,
         "temperature": optional_float(body, "temperature", 1.0),  # OpenAI's default, not the model's
@@ -147,8 +161,23 @@ def sampling_params(body: JsonObject, max_tokens: int | None) -> JsonObject:
         "stop": optional_stop(body),
         "ignore_eos": optional_bool(body, "ignore_eos"),
         "n": optional_int(body, "n", 1, minimum=1),
+        "logit_bias": logit_bias(body, engine.model.config["vocab_size"]),
         **structured_output(body),
     }
+
+
+def logit_bias(body: JsonObject, vocab_size: int) -> dict[int, float] | None:
+    """OpenAI's `logit_bias`: token ids (as JSON object keys, so strings) to biases in [-100, 100]."""
+    bias = optional_dict(body, "logit_bias")
+    parsed = {}
+    for key, value in bias.items():
+        token = int(key) if key.isdecimal() else -1
+        if not 0 <= token < vocab_size:
+            raise bad_request(f"logit_bias: {key!r} is not a token id of this model (0 to {vocab_size - 1})", "logit_bias")
+        if not isinstance(value, int | float) or isinstance(value, bool) or not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+            raise bad_request(f"logit_bias: the bias of token {key} must be a number from -100 to 100, got {value!r}", "logit_bias")
+        parsed[token] = float(value)
+    return parsed or None
 
 
 def chat_messages(body: JsonObject) -> list[JsonObject]:
@@ -209,7 +238,7 @@ def completion_logprobs(engine: Engine, meta: JsonObject, start: int, text_offse
     return {
         "tokens": tokens,
         "token_logprobs": [logprob for logprob, _, _ in meta["output_token_logprobs"][start:]],
-        "top_logprobs": [{token_text(engine, t): lp for lp, t, _ in top} for top in meta["output_top_logprobs"][start:]],
+        "top_logprobs": [None if top is None else {token_text(engine, t): lp for lp, t, _ in top} for top in meta["output_top_logprobs"][start:]],
         "text_offset": offsets,
     }
 
@@ -274,10 +303,12 @@ def usage_of(outputs: list[JsonObject], n: int) -> JsonObject:
 # ---- answering ----------------------------------------------------------------------------------
 
 
-async def respond(request: Request, body: JsonObject, shape: ResponseShape, arguments: GenerateArguments, n: int) -> Response:
-    """Runs `arguments` (Engine.generate's, `n` samples per prompt) and answers in `shape`, streamed or whole."""
+async def respond(request: Request, body: JsonObject, shape: ResponseShape, arguments: GenerateArguments, n: int, echo: bool = False) -> Response:
+    """Runs `arguments` (Engine.generate's, `n` samples per prompt) and answers in `shape`, streamed
+    or whole; with `echo`, each answer starts with its prompt (decoded once the engine has
+    accepted the request, so token ids are known to be valid)."""
     engine = engine_of(request)
-    check_model(body, engine)
+    check_model(body, request)
     header = {
         "id": shape.id_prefix + uuid.uuid4().hex,
         "object": shape.object,
@@ -288,11 +319,43 @@ async def respond(request: Request, body: JsonObject, shape: ResponseShape, argu
     if optional_bool(body, "stream"):
         include_usage = optional_bool(optional_dict(body, "stream_options"), "include_usage")
         stream = await EngineStream.start(request, arguments)
-        return EventStreamResponse(stream_chunks(engine, stream, shape, header, return_logprob, include_usage), stream)
+        chunks = echo_stream(stream, echoed_prompts(engine, arguments)[0]) if echo else stream
+        return EventStreamResponse(stream_chunks(engine, chunks, shape, header, return_logprob, include_usage), stream)
     whole = await generate_whole(request, arguments)
     outputs = whole if isinstance(whole, list) else [whole]
+    if echo:
+        prompts = echoed_prompts(engine, arguments)
+        outputs = [with_prompt(output, prompts[i // n]) for i, output in enumerate(outputs)]
     choices = [whole_choice(engine, shape, i, out, return_logprob) for i, out in enumerate(outputs)]
     return json_response({**header, "choices": choices, "usage": usage_of(outputs, n)})
+
+
+def echoed_prompts(engine: Engine, arguments: GenerateArguments) -> list[str]:
+    """The text of each prompt, for `echo` (token-id prompts decoded)."""
+    prompt, input_ids = arguments.get("prompt"), arguments.get("input_ids")
+    if prompt is not None:
+        return [prompt] if isinstance(prompt, str) else prompt
+    assert input_ids is not None
+    return [engine.decode(ids) for ids in (input_ids if isinstance(input_ids[0], list) else [input_ids])]
+
+
+def with_prompt(output: JsonObject, prompt: str) -> JsonObject:
+    """`output` as if its prompt had been generated too (OpenAI's `echo`): the prompt's text first,
+    and, with logprobs, its tokens' log-probabilities first (the first token has none, and prompt
+    tokens have no top alternatives). Token counts keep to what was generated."""
+    meta = dict(output["meta_info"])
+    echoed = {**output, "text": prompt + output["text"], "meta_info": meta}
+    prompt_logprobs = meta.get("input_token_logprobs")
+    if prompt_logprobs is not None:
+        echoed["output_ids"] = [token_id for _, token_id, _ in prompt_logprobs] + output["output_ids"]
+        meta["output_token_logprobs"] = prompt_logprobs + meta["output_token_logprobs"]
+        meta["output_top_logprobs"] = [None] * len(prompt_logprobs) + meta["output_top_logprobs"]
+    return echoed
+
+
+async def echo_stream(stream: EngineStream, prompt: str) -> AsyncIterator[JsonObject]:
+    async for chunk in stream:
+        yield with_prompt(chunk, prompt)
 
 
 def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: JsonObject, return_logprob: bool) -> JsonObject:
@@ -302,7 +365,7 @@ def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: JsonO
 
 
 async def stream_chunks(
-    engine: Engine, stream: EngineStream, shape: ResponseShape, header: JsonObject, return_logprob: bool, include_usage: bool
+    engine: Engine, stream: AsyncIterator[JsonObject], shape: ResponseShape, header: JsonObject, return_logprob: bool, include_usage: bool
 ) -> AsyncIterator[JsonObject]:
     """OpenAI's chunks for one streaming choice. The engine's chunks carry the whole text so far;
     each OpenAI chunk carries what is new (text and the logprobs of the tokens behind it)."""

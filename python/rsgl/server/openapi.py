@@ -62,10 +62,13 @@ SAMPLING_NUMBERS = {
     "frequency_penalty": bounded(NUMBER, -2, 2), "presence_penalty": bounded(NUMBER, -2, 2),
 }  # fmt: skip
 SAMPLES = bounded(INTEGER, 1)  # n; the server's --max-n bounds it above
+# Token id (a string of digits, below the vocabulary size; OpenAPI 3.0 cannot say so) -> bias added to its logit.
+LOGIT_BIAS = {"type": "object", "additionalProperties": bounded(NUMBER, -100, 100)}
 
 SAMPLING_PARAMS = obj(
     **typed(COUNT, "max_new_tokens min_new_tokens seed"), top_k=bounded(INTEGER, -1), n=SAMPLES,
     **typed(BOOLEAN, "ignore_eos skip_special_tokens"), **SAMPLING_NUMBERS, stop=STOP, stop_token_ids=TOKEN_IDS,
+    logit_bias=LOGIT_BIAS,
 )  # fmt: skip
 GENERATE_REQUEST = {
     **obj(
@@ -81,8 +84,9 @@ GENERATE_RESPONSE = any_of(GENERATE_OUTPUT, array(GENERATE_OUTPUT))
 OPENAI_FIELDS = {
     "model": STRING, "stop": STOP, "stream_options": obj(include_usage=BOOLEAN), **SAMPLING_NUMBERS,
     **typed(COUNT, "max_tokens seed"), "top_k": bounded(INTEGER, -1), "n": SAMPLES, **typed(BOOLEAN, "ignore_eos stream"),
+    "logit_bias": LOGIT_BIAS,
 }  # fmt: skip
-COMPLETION_REQUEST = obj("prompt", prompt=any_of(WORDS, array(WORDS), PROMPT_ID_ROWS), logprobs=TOP_LOGPROBS, **OPENAI_FIELDS)
+COMPLETION_REQUEST = obj("prompt", prompt=any_of(WORDS, array(WORDS), PROMPT_ID_ROWS), logprobs=TOP_LOGPROBS, echo=BOOLEAN, **OPENAI_FIELDS)
 TEXT_PART = obj("type", "text", type=STRING, text=STRING)
 CHAT_MESSAGE = obj("role", role={**STRING, "enum": list(CHAT_ROLES)}, content=nullable(any_of(STRING, array(TEXT_PART))))
 CHAT_REQUEST = obj(

@@ -2,7 +2,11 @@
 
 use crate::error::{invalid, Result};
 use crate::grammar::GrammarSpec;
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer};
+use std::collections::HashMap;
+
+/// The largest bias `logit_bias` may add or take away (OpenAI's bound: ±100 bans or forces a token).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields, default)]
@@ -26,6 +30,10 @@ pub struct SamplingParams {
     pub no_stop_trim: bool,
     /// Makes sampling reproducible; requests without one get a fresh seed.
     pub seed: Option<u64>,
+    /// Added to the logits of these token ids before sampling (after the penalties). JSON keys
+    /// are strings, so ids are read from strings as well as from integers.
+    #[serde(deserialize_with = "token_id_map")]
+    pub logit_bias: HashMap<u32, f32>,
     /// Structured output, at most one of these: the output matches the regular expression, is
     /// JSON valid against the schema (given as JSON text, as SGLang takes it, or as an object),
     /// follows the Lark grammar, or is one of the choices. A grammar decides when the output
@@ -54,6 +62,7 @@ impl Default for SamplingParams {
             skip_special_tokens: true,
             no_stop_trim: false,
             seed: None,
+            logit_bias: HashMap::new(),
             regex: None,
             json_schema: None,
             ebnf: None,
@@ -84,6 +93,12 @@ impl SamplingParams {
         self.grammar()?;
         if let Some(bad) = self.stop_token_ids.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(invalid(format!("stop_token_ids: {bad} is outside the vocabulary (size {vocab_size})")));
+        }
+        if let Some(bad) = self.logit_bias.keys().filter(|&&t| t as usize >= vocab_size).min() {
+            return Err(invalid(format!("logit_bias: token {bad} is outside the vocabulary (size {vocab_size})")));
+        }
+        if let Some((token, bias)) = self.logit_bias.iter().find(|(_, b)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(*b)) {
+            return Err(invalid(format!("logit_bias: the bias of token {token} is {bias}; it must be in [-100, 100]")));
         }
         Ok(())
     }
@@ -127,4 +142,36 @@ impl SamplingParams {
     pub fn is_greedy(&self) -> bool {
         self.temperature == 0.0 || self.top_k == 1
     }
+}
+
+/// A map from token ids, written as integers or as decimal strings (JSON object keys), to
+/// biases; `null` is an empty map.
+fn token_id_map<'de, D: Deserializer<'de>>(deserializer: D) -> std::result::Result<HashMap<u32, f32>, D::Error> {
+    #[derive(PartialEq, Eq, Hash)]
+    struct TokenId(u32);
+
+    impl<'de> Deserialize<'de> for TokenId {
+        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+            struct Visitor;
+            impl serde::de::Visitor<'_> for Visitor {
+                type Value = TokenId;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a token id (an integer, or a string of digits)")
+                }
+                fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<TokenId, E> {
+                    u32::try_from(v).map(TokenId).map_err(|_| E::custom(format!("token id {v} is out of range")))
+                }
+                fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<TokenId, E> {
+                    u32::try_from(v).map(TokenId).map_err(|_| E::custom(format!("token id {v} is out of range")))
+                }
+                fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<TokenId, E> {
+                    v.parse().map(TokenId).map_err(|_| E::custom(format!("{v:?} is not a token id")))
+                }
+            }
+            deserializer.deserialize_any(Visitor)
+        }
+    }
+
+    let map = Option::<HashMap<TokenId, f32>>::deserialize(deserializer)?.unwrap_or_default();
+    Ok(map.into_iter().map(|(TokenId(id), bias)| (id, bias)).collect())
 }

@@ -34,9 +34,15 @@ pub(super) fn apply_penalties(logits: &mut [f32], p: &SamplingParams, hist: &His
 }
 
 /// Picks the next token. `banned` tokens (EOS and stop ids before `min_new_tokens`) are never
-/// chosen. `logits` is overwritten (penalties, temperature, then probabilities).
+/// chosen. `logits` is overwritten (penalties, logit bias, temperature, then probabilities).
+/// The bias is a fixed shift per token, so a grammar's refusal step (sample freely, mask and
+/// sample again on refusal) still draws from exactly the masked, biased distribution; and a
+/// token masked to -inf stays there whatever its bias.
 pub fn sample(logits: &mut [f32], p: &SamplingParams, hist: &History, banned: &[u32], rng: &mut Rng) -> u32 {
     apply_penalties(logits, p, hist);
+    for (&token, &bias) in &p.logit_bias {
+        logits[token as usize] += bias;
+    }
     for &t in banned {
         logits[t as usize] = f32::NEG_INFINITY;
     }

@@ -123,6 +123,9 @@ fn validation_names_the_bad_field() {
         ),
         ("stop", params(|p| p.stop = vec![String::new()])),
         ("stop_token_ids", params(|p| p.stop_token_ids = vec![99])),
+        ("logit_bias", params(|p| p.logit_bias = [(99, 1.0)].into())),
+        ("logit_bias", params(|p| p.logit_bias = [(1, 101.0)].into())),
+        ("logit_bias", params(|p| p.logit_bias = [(1, f32::NAN)].into())),
     ];
     for (field, p) in bad {
         let msg = p.validate(10).expect_err(field).to_string();
@@ -153,4 +156,33 @@ fn neighbouring_seeds_give_unrelated_streams() {
     for other in [draws(6), draws(5u64.wrapping_add(0x9E37_79B9_7F4A_7C15))] {
         assert!(first.iter().all(|x| !other.contains(x)));
     }
+}
+
+#[test]
+fn logit_bias_shifts_the_logits_it_names() {
+    let greedy = params(|p| {
+        p.temperature = 0.0;
+        p.logit_bias = [(2, 5.0), (0, -100.0)].into();
+    });
+    assert_eq!(sample(&mut [3.0, 1.0, 0.0], &greedy, &History::default(), &[], &mut Rng::new(0)), 2);
+    // Sampling at temperature 1: logits [0, ln 3] biased by ln 3 on token 0 give even odds.
+    let even = params(|p| p.logit_bias = [(0, (3.0f32).ln())].into());
+    let counts = draw_counts(&[0.0, (3.0f32).ln()], &even, 8000);
+    assert!((counts[0] as f64 / 8000.0 - 0.5).abs() < 0.03, "{counts:?}");
+    // A banned token stays banned whatever its bias.
+    let banned = params(|p| {
+        p.temperature = 0.0;
+        p.logit_bias = [(1, 100.0)].into();
+    });
+    assert_eq!(sample(&mut [1.0, 0.0], &banned, &History::default(), &[1], &mut Rng::new(0)), 0);
+}
+
+#[test]
+fn logit_bias_reads_token_ids_from_json_keys_or_integers() {
+    let from_json: SamplingParams = serde_json::from_str(r#"{"logit_bias": {"7": -100, "12": 2.5}}"#).unwrap();
+    assert_eq!(from_json.logit_bias, [(7, -100.0), (12, 2.5)].into());
+    let null: SamplingParams = serde_json::from_str(r#"{"logit_bias": null}"#).unwrap();
+    assert!(null.logit_bias.is_empty());
+    let refused = serde_json::from_str::<SamplingParams>(r#"{"logit_bias": {"seven": 1}}"#).unwrap_err();
+    assert!(refused.to_string().contains("\"seven\" is not a token id"), "{refused}");
 }
