@@ -10,12 +10,27 @@ from typing import Any, final
 from rsgl.core_types import EngineOptions, EngineStats, GenerateRequest, Output, SamplingParams
 from rsgl.loader import ModelConfig
 
-__all__ = ["WeightStore", "Engine", "RequestStream", "Notifier", "kernel_isa", "architectures", "normalize_hf_config", "gguf_config", "__version__"]
+__all__ = [
+    "WeightStore",
+    "Engine",
+    "RequestStream",
+    "Notifier",
+    "kernel_isa",
+    "architectures",
+    "normalize_hf_config",
+    "gguf_config",
+    "json_schema_relaxations",
+    "__version__",
+]
 
 __version__: str
 
 def kernel_isa() -> str:
     """The kernel path chosen for this CPU: "avx512", "avx512-bf16", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
+
+def json_schema_relaxations(schema: str) -> list[dict[str, str]]:
+    """What the grammar relaxes in a JSON schema (JSON text) it cannot enforce exactly: one
+    `{"keyword", "pointer", "action"}` dict each; raises InvalidRequestError on invalid JSON."""
 
 def architectures() -> list[dict[str, Any]]:
     """The architectures the engine runs, one dict each: `name` (rsgl's, the transformers

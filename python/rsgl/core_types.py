@@ -32,6 +32,8 @@ class SamplingParams(TypedDict, total=False):
     json_schema: str | dict[str, Any] | None
     ebnf: str | None
     choices: list[str] | None
+    # Refuse (400) a json_schema the grammar would relax, instead of reporting the relaxations.
+    strict_json_schema: bool
 
 
 class GenerateRequest(TypedDict):

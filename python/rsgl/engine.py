@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import itertools
 import logging
 import secrets
@@ -98,7 +99,9 @@ class Engine:
     `progress` (loading progress bar),
     `disable_jump_forward` (constrained requests sample every token, even text their grammar
     forces), `think_end_token` (for reasoning models, e.g. "</think>": a grammar applies only
-    after the output contains it, so the model thinks freely first).
+    after the output contains it, so the model thinks freely first), `strict_json_schema` (refuse
+    a JSON schema with keywords the grammar relaxes, instead of reporting them in `meta_info`'s
+    `json_schema_warnings`; a request's own `strict_json_schema` sampling param overrides it).
 
     Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
     same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks
@@ -132,6 +135,7 @@ class Engine:
         progress: bool = True,
         disable_jump_forward: bool = False,
         think_end_token: str | None = None,
+        strict_json_schema: bool = False,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -187,6 +191,9 @@ class Engine:
         self._loop_wakeups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWakeups] = weakref.WeakKeyDictionary()
         self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
         self._sampling_defaults = {k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None}
+        if strict_json_schema:
+            # A server-wide default; a request's own strict_json_schema overrides it.
+            self._sampling_defaults["strict_json_schema"] = True
 
     # ---- generation -------------------------------------------------------------------------
 
@@ -490,6 +497,16 @@ class Engine:
         return result.snapshot()
 
 
+@functools.lru_cache(maxsize=512)
+def json_schema_warnings(schema: str) -> tuple[dict[str, str], ...]:
+    """What the grammar relaxes in `schema` (JSON text): `{"keyword", "pointer", "action"}` each,
+    logged once per schema while it stays in this cache (the engine caches as many grammars)."""
+    warnings = tuple(_core.json_schema_relaxations(schema))
+    for w in warnings:
+        logger.warning("json_schema: `%s` at %s: %s", w["keyword"], w["pointer"] or "the root", w["action"])
+    return warnings
+
+
 def _has_grammar(params: SamplingParams | JsonObject) -> bool:
     """Whether normalized sampling params (None values dropped) constrain the output."""
     return any(key in params for key in _GRAMMAR_KEYS)
@@ -550,6 +567,8 @@ class _Result:
         self.prompt_logits: list[float] | None = None
         self.input_logprobs: list[tuple[float | None, int, None]] | None = None
         self.finished: JsonObject = {}
+        schema = request["sampling_params"].get("json_schema")
+        self.schema_warnings = json_schema_warnings(schema) if isinstance(schema, str) else ()
 
     def add(self, out: Output) -> None:
         self.text += out["text"]
@@ -583,6 +602,8 @@ class _Result:
             meta["prompt_logits"] = self.prompt_logits
         if self.input_logprobs is not None:
             meta["input_token_logprobs"] = list(self.input_logprobs)
+        if self.schema_warnings:
+            meta["json_schema_warnings"] = [dict(w) for w in self.schema_warnings]
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
 
 

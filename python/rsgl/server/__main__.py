@@ -18,8 +18,12 @@ import uvicorn
 from rsgl.engine import Engine
 from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
+from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, startup_summary
+from rsgl.server.openai_api import use_chat_parsers
+from rsgl.server.reasoning import REASONING_PARSERS, THINK_END
 from rsgl.server.watchdog import exit_after
+from rsgl.tools import FORMATS
 
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
@@ -50,6 +54,12 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "--disable-jump-forward": {"action": "store_true", "default": None, "help": "sample every token of constrained output, even forced text"},
     "--random-seed": {"type": int, "help": "seed of the requests that give none (default: drawn at start-up and logged)"},
     "--max-n": {"type": int, "help": "the largest n (samples per prompt) a request may ask for (default 128, as OpenAI)"},
+    "--strict-json-schema": {
+        "action": "store_true",
+        "default": None,
+        "help": "refuse (400) JSON schemas with keywords the grammar can only relax (oneOf that may overlap, uniqueItems, not, "
+        "unknown formats...) instead of accepting them with warnings; requests may set strict_json_schema themselves",
+    },
     "--think-end-token": {"help": "for reasoning models (e.g. '</think>'): grammars apply only after the model outputs this"},
 }
 # uvicorn cancels what still runs this long after the engine aborted it: time for its last events.
@@ -86,6 +96,19 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
     limits.add_argument(
         "--watchdog-timeout", type=float, default=DEFAULT_WATCHDOG_SECONDS, help="log every thread's stack when the event loop is blocked this long"
     )
+    chat = parser.add_argument_group("chat output")
+    chat.add_argument(
+        "--tool-call-parser",
+        choices=sorted(FORMATS),
+        help="how the model writes tool calls: hermes / qwen25 (<tool_call> JSON), llama3 (JSON), mistral ([TOOL_CALLS]), "
+        "pythonic ([f(a=1)]) (default: guessed from the chat template; hermes for templates that do not render tools)",
+    )
+    chat.add_argument(
+        "--reasoning-parser",
+        choices=sorted(REASONING_PARSERS),
+        help="split <think>...</think> into reasoning_content (deepseek-r1: the output starts inside it; qwen3: when it opens "
+        "one); sets --think-end-token to </think> unless given, so structured output and forced tool calls apply after it",
+    )
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
         engine_group.add_argument(flag, **options)
@@ -104,6 +127,8 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     options = {name: value for name in names if (value := getattr(args, name)) is not None}
     if args.served_model_name:
         options["served_model_name"] = args.served_model_name[0]
+    if args.reasoning_parser and args.think_end_token is None:
+        options["think_end_token"] = THINK_END
     return options
 
 
@@ -133,6 +158,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> 
             log_requests=args.log_requests,
             model_aliases=args.served_model_name[1:],
         )
+        use_chat_parsers(app, ChatParsers(args.tool_call_parser, args.reasoning_parser))
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)
         # Once shut down, uvicorn raises the signal that stopped it again, for the handler it replaced:

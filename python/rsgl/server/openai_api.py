@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -9,12 +10,15 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from rsgl._typing import JsonObject
-from rsgl.engine import Engine
+from rsgl.engine import Engine, json_schema_warnings
+from rsgl.server.chat_reader import ChatReader
+from rsgl.server.chat_tools import ChatParsers, prepare_chat
 from rsgl.server.errors import (
     APIError,
     bad_request,
@@ -28,12 +32,14 @@ from rsgl.server.errors import (
     read_json_object,
 )
 from rsgl.server.native_api import EngineStream, EventStreamResponse, GenerateArguments, engine_of, generate_whole, json_response
+from rsgl.server.tool_request import check_past_calls, tool_request
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100  # OpenAI's bound: a bias of ±100 bans or forces a token
 DEFAULT_MODEL_NAME = "default"  # accepted whatever the served model's name, as SGLang does
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+GRAMMAR_FIELDS = ("regex", "ebnf", "json_schema")
 
 
 # ---- endpoints ----------------------------------------------------------------------------------
@@ -59,22 +65,34 @@ async def create_completion(request: Request) -> Response:
 
 async def create_chat_completion(request: Request) -> Response:
     body = await read_json_object(request)
-    reject_unsupported(body, ("tools",))
     return_logprob = optional_bool(body, "logprobs")
     top_logprobs = optional_int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top_logprobs and not return_logprob:
         raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
     # max_completion_tokens is OpenAI's newer name; None lets the engine pick its default.
     max_tokens = optional_int(body, "max_completion_tokens", optional_int(body, "max_tokens", minimum=0), minimum=0)
-    prompt = engine_of(request).apply_chat_template(chat_messages(body))
     params = sampling_params(body, max_tokens, engine_of(request))
+    tools = tool_request(body)
+    if tools.forced is not None and any(name in params for name in GRAMMAR_FIELDS):
+        raise bad_request("a forced tool call (tool_choice) cannot be combined with response_format, regex, ebnf or json_schema", "tool_choice")
+    chat = await prepare_chat(engine_of(request), chat_messages(body), tools, chat_parsers(request))
     arguments = GenerateArguments(
-        prompt=prompt,
-        sampling_params=params,
+        prompt=chat.prompt,
+        sampling_params={**params, **chat.constraint, **chat.sampling_overrides},
         return_logprob=return_logprob,
         top_logprobs_num=top_logprobs,
     )
-    return await respond(request, body, CHAT, arguments, params["n"])
+    return await respond(request, body, chat_shape(chat.reader), arguments, params["n"])
+
+
+def use_chat_parsers(app: Starlette, parsers: ChatParsers) -> None:
+    """Sets the server's tool-call and reasoning parsers (by default: guessed, and none)."""
+    app.state.chat_parsers = parsers
+
+
+def chat_parsers(request: Request) -> ChatParsers:
+    parsers: ChatParsers = getattr(request.app.state, "chat_parsers", ChatParsers())
+    return parsers
 
 
 ROUTES = [
@@ -96,7 +114,7 @@ def reject_unsupported(body: JsonObject, names: tuple[str, ...]) -> None:
 def structured_output(body: JsonObject) -> JsonObject:
     """The grammar sampling_params for OpenAI's `response_format` (text, json_object, json_schema)
     or SGLang's extra fields `regex`, `ebnf` and `json_schema` (JSON text); at most one of them."""
-    grammar = {name: body[name] for name in ("regex", "ebnf", "json_schema") if body.get(name) is not None}
+    grammar = {name: body[name] for name in GRAMMAR_FIELDS if body.get(name) is not None}
     for name, value in grammar.items():
         if not isinstance(value, str):
             raise bad_request(f"{name} must be a string", name)
@@ -191,6 +209,7 @@ def chat_message(message: Any, param: str) -> JsonObject:
     if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
         raise bad_request(f"{param} must be an object whose role is one of {', '.join(CHAT_ROLES)}", param)
     role = "system" if message["role"] == "developer" else message["role"]  # "developer" is OpenAI's newer "system"
+    check_past_calls(message, param)
     return {**message, "role": role, "content": message_text(message.get("content"), f"{param}.content")}
 
 
@@ -213,14 +232,6 @@ def is_text_part(part: Any) -> bool:
 
 def completion_choice(index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def chat_choice(index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
-    return {"index": index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason}
-
-
-def chat_chunk_choice(index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
-    return {"index": index, "delta": {"content": text} if text else {}, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
 def token_text(engine: Engine, token_id: int) -> str:
@@ -274,15 +285,19 @@ class ResponseShape:
 
 
 COMPLETION = ResponseShape("cmpl-", "text_completion", "text_completion", completion_choice, completion_choice, completion_logprobs)
-CHAT = ResponseShape(
-    "chatcmpl-",
-    "chat.completion",
-    "chat.completion.chunk",
-    chat_choice,
-    chat_chunk_choice,
-    chat_logprobs,
-    opening_chunk_choice={"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
-)
+
+
+def chat_shape(reader: ChatReader) -> ResponseShape:
+    """Chat's layout for one request: `reader` turns its text into message fields (a stream is one choice)."""
+    return ResponseShape(
+        "chatcmpl-",
+        "chat.completion",
+        "chat.completion.chunk",
+        reader.choice,
+        reader.deltas().chunk_choice,
+        chat_logprobs,
+        opening_chunk_choice={"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+    )
 
 
 def finish_reason_of(meta: JsonObject) -> str | None:
@@ -320,14 +335,24 @@ async def respond(request: Request, body: JsonObject, shape: ResponseShape, argu
         include_usage = optional_bool(optional_dict(body, "stream_options"), "include_usage")
         stream = await EngineStream.start(request, arguments)
         chunks = echo_stream(stream, echoed_prompts(engine, arguments)[0]) if echo else stream
-        return EventStreamResponse(stream_chunks(engine, chunks, shape, header, return_logprob, include_usage), stream)
+        return with_schema_warnings(EventStreamResponse(stream_chunks(engine, chunks, shape, header, return_logprob, include_usage), stream), arguments)
     whole = await generate_whole(request, arguments)
     outputs = whole if isinstance(whole, list) else [whole]
     if echo:
         prompts = echoed_prompts(engine, arguments)
         outputs = [with_prompt(output, prompts[i // n]) for i, output in enumerate(outputs)]
     choices = [whole_choice(engine, shape, i, out, return_logprob) for i, out in enumerate(outputs)]
-    return json_response({**header, "choices": choices, "usage": usage_of(outputs, n)})
+    return with_schema_warnings(json_response({**header, "choices": choices, "usage": usage_of(outputs, n)}), arguments)
+
+
+def with_schema_warnings(response: Response, arguments: GenerateArguments) -> Response:
+    """Adds the `x-rsgl-schema-warnings` header, a JSON list of what the grammar relaxes in the
+    request's json_schema (`{"keyword", "pointer", "action"}` each), when it relaxes anything."""
+    params = arguments.get("sampling_params")
+    schema = params.get("json_schema") if isinstance(params, dict) else None
+    if isinstance(schema, str) and (warnings := json_schema_warnings(schema)):
+        response.headers["x-rsgl-schema-warnings"] = json.dumps(warnings)  # ASCII-escaped, as headers must be
+    return response
 
 
 def echoed_prompts(engine: Engine, arguments: GenerateArguments) -> list[str]:

@@ -88,16 +88,31 @@ OPENAI_FIELDS = {
 }  # fmt: skip
 COMPLETION_REQUEST = obj("prompt", prompt=any_of(WORDS, array(WORDS), PROMPT_ID_ROWS), logprobs=TOP_LOGPROBS, echo=BOOLEAN, **OPENAI_FIELDS)
 TEXT_PART = obj("type", "text", type=STRING, text=STRING)
-CHAT_MESSAGE = obj("role", role={**STRING, "enum": list(CHAT_ROLES)}, content=nullable(any_of(STRING, array(TEXT_PART))))
+FUNCTION_TYPE = {**STRING, "enum": ["function"]}
+# A call's arguments are JSON text of an object (OpenAPI 3.0 cannot say so).
+TOOL_CALL = obj("function", id=STRING, type=FUNCTION_TYPE, function=obj("name", "arguments", name=STRING, arguments=STRING))
+CHAT_MESSAGE = obj(
+    "role", role={**STRING, "enum": list(CHAT_ROLES)}, content=nullable(any_of(STRING, array(TEXT_PART))),
+    tool_calls=array(TOOL_CALL), tool_call_id=STRING, name=STRING,
+)  # fmt: skip
+FUNCTION_NAME = {**STRING, "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+# `parameters` is the arguments' JSON schema; with tool_choice "required" or a named function, the grammar engine enforces it.
+TOOL = obj("type", "function", type=FUNCTION_TYPE, function=obj("name", name=FUNCTION_NAME, description=STRING, parameters=obj()))
+TOOL_CHOICE = any_of({**STRING, "enum": ["none", "auto", "required"]}, obj("type", "function", type=FUNCTION_TYPE, function=obj("name", name=STRING)))
 CHAT_REQUEST = obj(
     "messages",
     messages={**array(CHAT_MESSAGE), "minItems": 1},
     max_completion_tokens=COUNT,
     logprobs=BOOLEAN,
     top_logprobs=TOP_LOGPROBS,
+    tools=array(TOOL),
+    tool_choice=TOOL_CHOICE,
+    parallel_tool_calls=BOOLEAN,
     **OPENAI_FIELDS,
 )
-OPENAI_CHOICE = obj(index=INTEGER, finish_reason=nullable(STRING))
+# reasoning_content: with --reasoning-parser; tool_calls: when the model called tools (finish_reason "tool_calls").
+CHAT_ANSWER = obj(role=STRING, content=nullable(STRING), reasoning_content=nullable(STRING), tool_calls=array(TOOL_CALL))
+OPENAI_CHOICE = obj(index=INTEGER, finish_reason=nullable(STRING), message=CHAT_ANSWER)
 OPENAI_RESPONSE = obj(
     id=STRING, object=STRING, created=INTEGER, model=STRING, choices=array(OPENAI_CHOICE),
     usage=obj(**typed(INTEGER, "prompt_tokens completion_tokens total_tokens")),

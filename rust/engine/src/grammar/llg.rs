@@ -70,6 +70,8 @@ fn top_level_grammar(spec: &GrammarSpec) -> std::result::Result<TopLevelGrammar,
     Ok(match spec {
         GrammarSpec::JsonSchema(text) => {
             let mut schema: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
+            // The relaxations are reported where the request is read (`relaxations_of`).
+            super::relax(&mut schema);
             if let Some(object) = schema.as_object_mut() {
                 object.entry("x-guidance").or_insert_with(|| serde_json::from_str(JSON_LAYOUT).expect("valid JSON"));
             } else if !schema.is_boolean() {

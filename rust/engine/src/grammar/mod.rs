@@ -4,14 +4,17 @@
 //! token bitmask, follows the tokens the request commits, rolls back, and says which tokens the
 //! grammar forces next (jump-forward). [`GrammarService`] puts a cache of compiled grammars and
 //! compile threads in front of a backend, so the engine thread never compiles; [`Constraint`]
-//! is one request's grammar state.
+//! is one request's grammar state. JSON schemas go through [`schema_policy`] first: what
+//! llguidance cannot enforce is rewritten, dropped or refused (strict mode).
 
 mod constraint;
 mod llg;
+mod schema_policy;
 mod service;
 
 pub(crate) use constraint::Constraint;
 pub use llg::LlgBackend;
+pub use schema_policy::{refuse_relaxed, relax, relaxations_of, Relaxation};
 pub use service::{GrammarService, GrammarStats};
 
 use crate::error::{invalid, EngineError, Result};

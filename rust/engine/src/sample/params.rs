@@ -42,6 +42,9 @@ pub struct SamplingParams {
     pub json_schema: Option<serde_json::Value>,
     pub ebnf: Option<String>,
     pub choices: Option<Vec<String>>,
+    /// Refuse a `json_schema` the grammar would only approximate (see `grammar::relax`)
+    /// instead of accepting it with the relaxations reported.
+    pub strict_json_schema: bool,
 }
 
 impl Default for SamplingParams {
@@ -67,6 +70,7 @@ impl Default for SamplingParams {
             json_schema: None,
             ebnf: None,
             choices: None,
+            strict_json_schema: false,
         }
     }
 }
@@ -115,6 +119,9 @@ impl SamplingParams {
                 serde_json::Value::String(text) => text.clone(),
                 other => other.to_string(),
             };
+            if self.strict_json_schema {
+                crate::grammar::refuse_relaxed(&crate::grammar::relaxations_of(&text)?)?;
+            }
             specs.push(GrammarSpec::JsonSchema(text));
         }
         if let Some(grammar) = &self.ebnf {

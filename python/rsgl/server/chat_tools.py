@@ -1,0 +1,58 @@
+"""What tools and reasoning change in a chat request: the prompt (tools rendered), the grammar
+that forces calls, and how the answer is read back."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from rsgl._typing import JsonObject
+from rsgl.engine import Engine
+from rsgl.errors import InvalidRequestError
+from rsgl.server.chat_reader import ChatReader
+from rsgl.server.errors import bad_request
+from rsgl.server.reasoning import ReasoningSplitter
+from rsgl.server.tool_request import ToolRequest
+from rsgl.tools import FORMATS, ToolCallFormat, format_for_template, messages_for_template, template_renders_tools
+
+
+@dataclass(frozen=True)
+class ChatParsers:
+    """The server's `--tool-call-parser` (None: guessed from the chat template) and
+    `--reasoning-parser` (None: reasoning stays in the content)."""
+
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+
+    def call_format(self, template: str | None) -> ToolCallFormat:
+        return FORMATS[self.tool_call_parser] if self.tool_call_parser else format_for_template(template)
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    prompt: str
+    constraint: JsonObject  # grammar sampling params forcing the calls; empty unless they are forced
+    sampling_overrides: JsonObject  # e.g. keeping special tokens that mark calls
+    reader: ChatReader
+
+
+async def prepare_chat(engine: Engine, messages: list[JsonObject], tools: ToolRequest, parsers: ChatParsers) -> PreparedChat:
+    template = engine.model.chat_template
+    call_format = parsers.call_format(template)
+    messages, tools_variable = messages_for_template(messages, tools.offered, call_format, template_renders_tools(template))
+    prompt = engine.apply_chat_template(messages, tools=tools_variable)
+    constraint = {} if tools.forced is None else call_format.constraint(tools.forced, tools.parallel)
+    if constraint:
+        await check_compiles(engine, constraint)
+    overrides = {"skip_special_tokens": False} if tools.offered and call_format.keeps_special_tokens else {}
+    reasoning = ReasoningSplitter.for_prompt(parsers.reasoning_parser, prompt) if parsers.reasoning_parser else None
+    return PreparedChat(prompt, constraint, overrides, ChatReader(call_format if tools.offered else None, reasoning))
+
+
+async def check_compiles(engine: Engine, constraint: JsonObject) -> None:
+    """Compiles the forced-call grammar off the event loop (cached for the request), so a parameters
+    schema the grammar engine refuses is the client's error about `tools`."""
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, engine.check_grammar, constraint)
+    except InvalidRequestError as exc:
+        raise bad_request(f"the tools' parameters schemas cannot be enforced: {exc}", "tools") from None

@@ -1,0 +1,100 @@
+"""What every model family's tool-call format provides, and the marker logic they share."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+
+import orjson
+
+from rsgl._typing import JsonObject
+from rsgl.tools.calls import Function, ToolCall
+
+# The layout the engine gives `json_schema` output (JSON_LAYOUT in rust/engine/src/grammar/llg.rs).
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+class ToolCallFormat(ABC):
+    """How one model family writes tool calls: the text that opens them (`markers`), anywhere in
+    the output or only at its start (`markers_anywhere`), how to read them back, how to write them
+    (for past turns and instructions) and the grammar that forces them."""
+
+    name: str
+    markers: tuple[str, ...]
+    markers_anywhere: bool
+    keeps_special_tokens = False  # the marker is a special token, which decoding must keep
+
+    @abstractmethod
+    def parse_calls(self, text: str) -> list[ToolCall] | None:
+        """The calls in `text` (which starts with a marker), or None if it does not parse."""
+
+    @abstractmethod
+    def write(self, calls: list[ToolCall]) -> str:
+        """`calls` as this model family writes them."""
+
+    @abstractmethod
+    def constraint(self, functions: list[Function], parallel: bool) -> JsonObject:
+        """Grammar sampling params (`ebnf`: a Lark grammar) forcing one call of `functions` (one or
+        more with `parallel`), its arguments matching the function's parameters schema."""
+
+    def calls_start(self, text: str) -> int | None:
+        """Where the calls begin in `text`, if they do."""
+        if self.markers_anywhere:
+            found = [index for marker in self.markers if (index := text.find(marker)) >= 0]
+            return min(found, default=None)
+        start = len(text) - len(text.lstrip())
+        return start if text.startswith(self.markers, start) else None
+
+    def content_end(self, text: str) -> int:
+        """How much of a partial output is surely content: it stops where calls begin, or before a
+        tail that could still become a marker."""
+        start = self.calls_start(text)
+        if start is not None:
+            return start
+        if not self.markers_anywhere:
+            head = text.lstrip()
+            return 0 if any(marker.startswith(head) for marker in self.markers) else len(text)
+        return len(text) - partial_marker_length(text, self.markers)
+
+    def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of a whole output; output whose calls do not parse is all content."""
+        start = self.calls_start(text)
+        calls = None if start is None else self.parse_calls(text[start:])
+        if start is None or not calls:
+            return text, []
+        return text[:start], calls
+
+
+def partial_marker_length(text: str, markers: tuple[str, ...]) -> int:
+    """The length of the longest end of `text` that begins some marker (without being all of it)."""
+    longest = min(len(text), max(map(len, markers)) - 1)
+    return next((k for k in range(longest, 0, -1) if any(marker.startswith(text[-k:]) for marker in markers)), 0)
+
+
+def lark_literal(text: str) -> str:
+    return orjson.dumps(text).decode()
+
+
+def lark_json(schema: JsonObject) -> str:
+    """A JSON schema inlined in a Lark grammar, laid out as the engine lays out `json_schema` output
+    (no free whitespace, so a model cannot pad forever)."""
+    return "%json " + orjson.dumps({**schema, "x-guidance": JSON_LAYOUT}).decode()
+
+
+def json_sequence(text: str, separator: str) -> tuple[list[object], str]:
+    """The JSON values at the start of `text`, `separator` (and whitespace) between them, and the
+    text after the last one: empty if they were all of it; starting with `separator` if what follows
+    it does not parse (as when the output was cut short in the middle of a value)."""
+    decoder = json.JSONDecoder()
+    values: list[object] = []
+    rest = candidate = text.lstrip()
+    while True:
+        try:
+            value, end = decoder.raw_decode(candidate)
+        except ValueError:
+            return values, rest
+        values.append(value)
+        rest = candidate[end:].lstrip()
+        if not separator or not rest.startswith(separator):
+            return values, rest
+        candidate = rest[len(separator) :].lstrip()

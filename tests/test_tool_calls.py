@@ -1,0 +1,344 @@
+"""Tool calls and reasoning on /v1/chat/completions, through the `openai` client against real
+servers: the default model (whose ChatML template does not render tools, so rsgl describes them)
+and a tiny random model whose template does (Qwen-style `<tool_call>` blocks)."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+from conftest import build_tiny
+from rsgl.chat_template import render_chat
+from rsgl.server.chat_reader import ChatReader
+from rsgl.server.reasoning import ReasoningSplitter
+from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
+from server_helpers import API_KEY, AUTH, assert_openai_error, running_server
+from test_loader import train_byte_level_tokenizer
+
+jsonschema = pytest.importorskip("jsonschema")
+
+WEATHER = {
+    "type": "object",
+    "properties": {
+        # Bounded, so a random model's arguments end within the token budget.
+        "city": {"type": "string", "maxLength": 12},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 14},
+    },
+    "required": ["city", "unit"],
+}
+TIME = {"type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "PST"]}}, "required": ["zone"]}
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "The weather forecast for a city.", "parameters": WEATHER}},
+    {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone.", "parameters": TIME}},
+]
+SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+UNCOMPILABLE_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}
+QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
+PAST_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
+HISTORY = [
+    *QUESTION,
+    {"role": "assistant", "content": None, "tool_calls": [PAST_CALL]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temperature": 21}'},
+]
+# A Qwen-style template that renders tools, past calls and tool results.
+TOOLS_TEMPLATE = """{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{% for tool in tools %}{{ tool | tojson }}
+{% endfor %}</tools>
+Call a function as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}
+{%- if message.role == 'tool' %}<|im_start|>user
+<tool_response>
+{{ message.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ message.role }}
+{{ message.content }}{% for call in message.tool_calls or [] %}<tool_call>
+{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}
+</tool_call>{% endfor %}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% endif %}"""
+
+
+# ---- servers ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_tools_model(tmp_path_factory) -> str:
+    """A tiny random Qwen2 with a byte-level tokenizer and TOOLS_TEMPLATE."""
+    path = tmp_path_factory.mktemp("tiny-tools")
+    build_tiny("qwen2", path, vocab_size=320, max_position_embeddings=2048)
+    tokenizer = train_byte_level_tokenizer()
+    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": TOOLS_TEMPLATE}))
+    return str(path)
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY)
+
+
+@pytest.fixture(scope="module")
+def default_server(tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("default")) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory, tiny_tools_model: str):
+    with running_server(tmp_path_factory.mktemp("tiny"), "--model-path", tiny_tools_model) as (url, _):
+        yield url
+
+
+@pytest.fixture(scope="module", params=["default", "tiny"])
+def server(request) -> str:
+    """Each server in turn: the tests that follow hold for both."""
+    return request.getfixturevalue(f"{request.param}_server")
+
+
+# ---- forced calls: parseable, matching the schema, whole and streamed ------------------------------
+
+
+def assert_valid_calls(calls, names=tuple(SCHEMAS)) -> None:
+    assert calls, "no tool calls"
+    for call in calls:
+        assert call.type == "function" and call.id and call.function.name in names
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+
+
+def assert_finished_with_calls(finish_reason: str, parallel: bool) -> None:
+    """One call ends within the budget; parallel calls may go on until max_tokens cuts them short
+    (a random model's do), when the calls completed before the cut stand."""
+    assert finish_reason in (("tool_calls", "length") if parallel else ("tool_calls",)), finish_reason
+
+
+def streamed_answer(stream) -> tuple[str, str, list[dict], str | None]:
+    """(content, reasoning, calls, finish_reason) of a chat completion stream, calls as OpenAI's dicts."""
+    content, reasoning, calls, finish_reason = "", "", {}, None
+    for chunk in stream:
+        choice = chunk.choices[0]
+        content += choice.delta.content or ""
+        reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+        for delta in choice.delta.tool_calls or []:
+            call = calls.setdefault(delta.index, {"id": delta.id, "type": delta.type, "name": "", "arguments": ""})
+            call["name"] += delta.function.name or ""
+            call["arguments"] += delta.function.arguments or ""
+        finish_reason = choice.finish_reason or finish_reason
+    return content, reasoning, [calls[i] for i in sorted(calls)], finish_reason
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_forced_calls_parse_and_match_the_schema(server: str, tool_choice, parallel: bool):
+    client = openai_client(server)
+    names = ("get_time",) if isinstance(tool_choice, dict) else tuple(SCHEMAS)
+    for seed in range(3):
+        answer = client.chat.completions.create(
+            model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, parallel_tool_calls=parallel, max_tokens=120, seed=seed
+        )
+        choice = answer.choices[0]
+        assert_finished_with_calls(choice.finish_reason, parallel)
+        assert_valid_calls(choice.message.tool_calls, names)
+        assert parallel or len(choice.message.tool_calls) == 1
+
+
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_calls_stream_as_tool_call_deltas(server: str, tool_choice):
+    client = openai_client(server)
+    stream = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=120, seed=1, stream=True)
+    content, _, calls, finish_reason = streamed_answer(stream)
+    assert_finished_with_calls(finish_reason, parallel=True)
+    assert calls and not content.strip()
+    for call in calls:
+        assert call["type"] == "function" and call["id"].startswith("call_")
+        jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    whole = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=120, seed=1)
+    assert [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls] == [(c["name"], c["arguments"]) for c in calls]
+
+
+def test_auto_answers_with_text_or_calls(server: str):
+    client = openai_client(server)
+    for seed in range(3):
+        choice = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, max_tokens=60, seed=seed).choices[0]
+        if choice.message.tool_calls:
+            assert choice.finish_reason == "tool_calls"
+            assert all(call.function.name in SCHEMAS and isinstance(json.loads(call.function.arguments), dict) for call in choice.message.tool_calls)
+        else:
+            assert choice.finish_reason in ("stop", "length") and isinstance(choice.message.content, str)
+
+
+def test_none_renders_no_tools(server: str):
+    client = openai_client(server)
+    with_tools = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, max_tokens=1)
+    without = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, tool_choice="none", max_tokens=1)
+    plain = client.chat.completions.create(model="default", messages=QUESTION, max_tokens=1)
+    assert without.usage.prompt_tokens == plain.usage.prompt_tokens < with_tools.usage.prompt_tokens
+    assert without.choices[0].message.tool_calls is None
+
+
+def test_tool_results_go_back_through_the_template(server: str):
+    client = openai_client(server)
+    before = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, max_tokens=1).usage.prompt_tokens
+    answer = client.chat.completions.create(model="default", messages=HISTORY, tools=TOOLS, max_tokens=8)
+    assert answer.usage.prompt_tokens > before
+
+
+def test_default_model_calls_the_weather_tool(default_server: str):
+    """The default model reads the tools rsgl describes for it and picks the fitting one."""
+    choice = (
+        openai_client(default_server)
+        .chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=0)
+        .choices[0]
+    )
+    [call] = choice.message.tool_calls
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+
+
+@pytest.fixture(scope="module", params=["llama3", "mistral", "pythonic"])
+def parser_server(request, tmp_path_factory, tiny_tools_model: str):
+    """The tiny model served with each other --tool-call-parser: the grammar forces that format."""
+    options = ("--model-path", tiny_tools_model, "--tool-call-parser", request.param)
+    with running_server(tmp_path_factory.mktemp(request.param), *options) as (url, _):
+        yield url
+
+
+def test_each_parser_forces_calls_that_parse(parser_server: str):
+    client = openai_client(parser_server)
+    request = {"model": "default", "messages": QUESTION, "tools": TOOLS, "tool_choice": "required", "max_tokens": 120, "seed": 0}
+    for parallel in (False, True):
+        choice = client.chat.completions.create(**request, parallel_tool_calls=parallel).choices[0]
+        assert_finished_with_calls(choice.finish_reason, parallel)
+        assert_valid_calls(choice.message.tool_calls)
+        _, _, streamed, finish_reason = streamed_answer(client.chat.completions.create(**request, parallel_tool_calls=parallel, stream=True))
+        assert finish_reason == choice.finish_reason
+        assert [(call["name"], call["arguments"]) for call in streamed] == [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+
+
+# ---- reasoning ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def reasoning_server(tmp_path_factory, tiny_tools_model: str):
+    """With deepseek-r1's parser, output is reasoning until `</think>` (which a random model never writes)."""
+    options = ("--model-path", tiny_tools_model, "--reasoning-parser", "deepseek-r1")
+    with running_server(tmp_path_factory.mktemp("reasoning"), *options) as (url, _):
+        yield url
+
+
+def test_reasoning_content_whole_and_streamed(reasoning_server: str):
+    client = openai_client(reasoning_server)
+    request = {"model": "default", "messages": QUESTION, "max_tokens": 12, "seed": 3, "logit_bias": {"2": -100}}
+    message = client.chat.completions.create(**request).choices[0].message
+    assert message.content == "" and message.reasoning_content
+    content, reasoning, calls, finish_reason = streamed_answer(client.chat.completions.create(**request, stream=True))
+    assert (content, reasoning, calls, finish_reason) == ("", message.reasoning_content, [], "length")
+
+
+# ---- bad requests -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fields, param",
+    [
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "get_stock"}}}, "tool_choice"),
+        ({"tools": TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"parameters": WEATHER}}]}, "tools[0]"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": "city"}}]}, "tools[0]"),
+        ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
+        ({"tools": [UNCOMPILABLE_TOOL], "tool_choice": "required"}, "tools"),
+        ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}, "messages[0]"),
+    ],
+)  # fmt: skip
+def test_bad_tool_requests_get_a_400(default_server: str, fields: dict, param: str):
+    with httpx.Client(base_url=default_server, headers=AUTH, timeout=60) as http:
+        response = http.post("/v1/chat/completions", json={"model": "default", "messages": QUESTION, "max_tokens": 4, **fields})
+    assert_openai_error(response, 400)
+    assert response.json()["error"]["param"] == param
+
+
+# ---- LangChain --------------------------------------------------------------------------------------
+
+
+def test_langchain_bind_tools_round_trip(default_server: str):
+    langchain_openai = pytest.importorskip("langchain_openai")
+    from langchain_core.messages import HumanMessage, ToolMessage
+
+    llm = langchain_openai.ChatOpenAI(base_url=f"{default_server}/v1", api_key=API_KEY, model="default", temperature=0, max_tokens=120)
+    with_tools = llm.bind_tools(TOOLS, tool_choice="get_weather", parallel_tool_calls=False)
+    question = HumanMessage("What is the weather in Paris?")
+    asked = with_tools.invoke([question])
+    [call] = asked.tool_calls
+    assert call["name"] == "get_weather"
+    jsonschema.validate(call["args"], WEATHER)
+    answer = llm.bind_tools(TOOLS).invoke([question, asked, ToolMessage('{"temperature": 21}', tool_call_id=call["id"])])
+    assert isinstance(answer.content, str)
+
+
+# ---- rendering, parsing and reasoning, without a server ------------------------------------------
+
+
+def test_templates_with_tools_get_them_and_past_calls_as_objects():
+    functions = [Function(tool["function"]["name"], tool["function"]["parameters"]) for tool in TOOLS]
+    call_format = format_for_template(TOOLS_TEMPLATE)
+    assert call_format.name == "hermes"
+    messages, tools = messages_for_template(HISTORY, functions, call_format, renders_tools=True)
+    prompt = render_chat(TOOLS_TEMPLATE, messages, tools=tools)
+    assert '{"name": "get_time"' in prompt.split("</tools>")[0]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "unit": "celsius"}}\n</tool_call>' in prompt
+    assert '<tool_response>\n{"temperature": 21}\n</tool_response>' in prompt
+
+
+def test_templates_without_tools_get_them_described_by_rsgl():
+    functions = [Function("get_weather", WEATHER, "The weather forecast for a city.")]
+    messages, tools = messages_for_template(HISTORY, functions, FORMATS["hermes"], renders_tools=False)
+    assert tools is None and [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert '"name":"get_weather"' in messages[0]["content"] and "<tool_call>" in messages[0]["content"]
+    assert messages[2]["content"] == '<tool_call>\n{"name":"get_weather","arguments":{"city":"Paris","unit":"celsius"}}\n</tool_call>'
+    assert messages[3]["content"] == '<tool_response>\n{"temperature": 21}\n</tool_response>'
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "pythonic"])
+def test_each_format_reads_back_what_it_writes(name: str):
+    call_format = FORMATS[name]
+    calls = [ToolCall("get_weather", '{"city":"Paris","days":[1,true,null]}'), ToolCall("get_time", "{}")]
+    written = call_format.write(calls)
+    text = "Let me check. " + written if call_format.markers_anywhere else written
+    content, parsed = call_format.parse(text)
+    assert [(call.name, call.arguments) for call in parsed] == [(call.name, call.arguments) for call in calls]
+    assert content == text[: len(text) - len(written)]
+    assert call_format.parse("Paris is sunny.") == ("Paris is sunny.", [])
+    # Cut short (by max_tokens) inside the second call: the first stands.
+    assert [call.name for call in call_format.parse(written[: written.rindex("get_time") + 4])[1]] == ["get_weather"]
+    # Streaming holds back exactly what may still become a call.
+    for end in range(len(text) + 1):
+        assert call_format.content_end(text[:end]) <= len(content)
+
+
+def test_pythonic_calls_read_json_constants_as_forced_calls_write_them():
+    [call] = FORMATS["pythonic"].parse("[f(a=true, b=null, c=[1.5])]")[1]
+    assert (call.name, call.arguments) == ("f", '{"a":true,"b":null,"c":[1.5]}')
+
+
+def test_reasoning_splits_off_and_streams_in_order():
+    text = "<think>\nThe user wants Paris.</think>\n\nIt is sunny."
+    for splitter in (ReasoningSplitter(starts_inside=False), ReasoningSplitter.for_prompt("deepseek-r1", "...")):
+        assert splitter.split(text, finished=True) == ("The user wants Paris.", "It is sunny.")
+    assert ReasoningSplitter.for_prompt("deepseek-r1", "").split("Hmm.</think>Yes.", True) == ("Hmm.", "Yes.")
+    assert ReasoningSplitter.for_prompt("qwen3", "").split("Yes.", True) == ("", "Yes.")
+    assert ReasoningSplitter.for_prompt("qwen3", "<|im_start|>assistant\n<think>\n").split("Hmm.</think>Yes.", True) == ("Hmm.", "Yes.")
+    assert ReasoningSplitter.for_prompt("deepseek-r1", "<think>\n\n</think>\n\n").split("Yes.", True) == ("", "Yes.")
+    deltas = ChatReader(FORMATS["hermes"], ReasoningSplitter(starts_inside=False)).deltas()
+    answer = text + '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
+    chunks = [deltas.chunk_choice(0, answer[i : i + 3], None, None if i + 3 < len(answer) else "stop") for i in range(0, len(answer), 3)]
+    assert "".join(c["delta"].get("reasoning_content", "") for c in chunks) == "The user wants Paris."
+    assert "".join(c["delta"].get("content", "") for c in chunks) == "It is sunny."
+    assert chunks[-1]["finish_reason"] == "tool_calls" and chunks[-1]["delta"]["tool_calls"][0]["function"]["name"] == "get_time"
