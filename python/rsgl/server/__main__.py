@@ -20,7 +20,6 @@ from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
 from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, startup_summary
-from rsgl.server.openai_api import use_chat_parsers
 from rsgl.server.reasoning import REASONING_PARSERS, THINK_END
 from rsgl.server.watchdog import exit_after
 from rsgl.tools import FORMATS
@@ -157,8 +156,8 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> 
             log_interval=args.log_interval,
             log_requests=args.log_requests,
             model_aliases=args.served_model_name[1:],
+            chat_parsers=ChatParsers(args.tool_call_parser, args.reasoning_parser),
         )
-        use_chat_parsers(app, ChatParsers(args.tool_call_parser, args.reasoning_parser))
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)
         # Once shut down, uvicorn raises the signal that stopped it again, for the handler it replaced:

@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rsgl.engine import Engine
 from rsgl.server import native_api, openai_api, openapi
 from rsgl.server.admission import AdmissionMiddleware
+from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
 from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, log_request, log_steps
 from rsgl.server.metrics import ServerMetrics
@@ -43,13 +44,16 @@ def build_app(
     log_interval: float = DEFAULT_LOG_INTERVAL_SECONDS,
     log_requests: bool = False,
     model_aliases: Sequence[str] = (),
+    chat_parsers: ChatParsers | None = None,
 ) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
     requests need `Authorization: Bearer <api_key>`. Beyond `max_queued_requests` generation
     requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413. An event loop
     blocked for `watchdog_seconds` has every thread's stack logged. Every `log_interval` seconds
     (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end.
-    The OpenAI API takes the engine's served model name, `model_aliases` and "default" as `model`."""
+    The OpenAI API takes the engine's served model name, `model_aliases` and "default" as `model`;
+    `chat_parsers` names its tool-call and reasoning parsers (default: the tool-call format guessed
+    from the template, no reasoning parser)."""
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
@@ -64,6 +68,7 @@ def build_app(
     app.state.watchdog_seconds = watchdog_seconds
     app.state.log_interval = log_interval
     app.state.model_aliases = list(model_aliases)
+    app.state.chat_parsers = chat_parsers or ChatParsers()
     return app
 
 

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -85,13 +84,8 @@ async def create_chat_completion(request: Request) -> Response:
     return await respond(request, body, chat_shape(chat.reader), arguments, params["n"])
 
 
-def use_chat_parsers(app: Starlette, parsers: ChatParsers) -> None:
-    """Sets the server's tool-call and reasoning parsers (by default: guessed, and none)."""
-    app.state.chat_parsers = parsers
-
-
 def chat_parsers(request: Request) -> ChatParsers:
-    parsers: ChatParsers = getattr(request.app.state, "chat_parsers", ChatParsers())
+    parsers: ChatParsers = request.app.state.chat_parsers
     return parsers
 
 
