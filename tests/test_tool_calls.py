@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 
 import httpx
+import jsonschema
+import langchain_openai
 import openai
 import pytest
 from conftest import build_tiny
@@ -16,8 +18,6 @@ from rsgl.server.reasoning import ReasoningSplitter
 from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
 from server_helpers import API_KEY, AUTH, assert_openai_error, running_server
 from test_loader import train_byte_level_tokenizer
-
-jsonschema = pytest.importorskip("jsonschema")
 
 WEATHER = {
     "type": "object",
@@ -269,7 +269,6 @@ def test_bad_tool_requests_get_a_400(default_server: str, fields: dict, param: s
 
 
 def test_langchain_bind_tools_round_trip(default_server: str):
-    langchain_openai = pytest.importorskip("langchain_openai")
     from langchain_core.messages import HumanMessage, ToolMessage
 
     llm = langchain_openai.ChatOpenAI(base_url=f"{default_server}/v1", api_key=API_KEY, model="default", temperature=0, max_tokens=120)
