@@ -118,6 +118,9 @@ def test_echo_puts_the_prompt_and_its_logprobs_first_as_transformers_computes_th
     expected = log_softmax_rows(model, ids)
     for position in range(1, len(ids)):
         assert logprobs.token_logprobs[position] == pytest.approx(expected[position - 1, ids[position]].item(), abs=TOLERANCE)
+        best = torch.topk(expected[position - 1], 2)
+        want = {tokenizer.decode([t], skip_special_tokens=False): lp for lp, t in zip(best.values.tolist(), best.indices.tolist())}
+        assert logprobs.top_logprobs[position] == pytest.approx(want, abs=TOLERANCE)
     # The completion's own tokens follow, as without echo.
     assert logprobs.tokens[len(ids) :] == plain.logprobs.tokens
     assert logprobs.token_logprobs[len(ids) :] == pytest.approx(plain.logprobs.token_logprobs, abs=TOLERANCE)

@@ -67,6 +67,9 @@ def test_a_request_can_ask_for_strict_mode(lenient: httpx.Client):
     response = lenient.post("/generate", json={"text": "A record:", "sampling_params": params})
     assert response.status_code == 200, response.text
     assert "json_schema_warnings" not in response.json()["meta_info"]
+    # The same as an extra field of an OpenAI request.
+    strict_chat = {**CHAT, "response_format": RESPONSE_FORMAT, "strict_json_schema": True}
+    assert "`uniqueItems` at /properties/tags" in assert_openai_error(lenient.post("/v1/chat/completions", json=strict_chat), 400)
 
 
 def test_strict_servers_refuse_relaxed_schemas_with_a_400(tmp_path: pytest.TempPathFactory):
@@ -77,3 +80,5 @@ def test_strict_servers_refuse_relaxed_schemas_with_a_400(tmp_path: pytest.TempP
             # A request may still accept the relaxations.
             params = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 4, "strict_json_schema": False}
             assert http.post("/generate", json={"text": "A record:", "sampling_params": params}).status_code == 200
+            lenient_chat = {**CHAT, "max_tokens": 4, "response_format": RESPONSE_FORMAT, "strict_json_schema": False}
+            assert http.post("/v1/chat/completions", json=lenient_chat).status_code == 200

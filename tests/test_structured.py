@@ -205,8 +205,12 @@ def test_the_grammar_applies_after_the_end_of_thinking():
     # sentence end, three digits after it.
     with rsgl.Engine(threads=2, progress=False, think_end_token=".") as engine:
         out = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 40}, regex="[0-9]{3}")
+        # A prompt that closes the thinking itself (as templates with thinking turned off do): the
+        # grammar applies from the first token.
+        closed = engine.generate("The capital of France is Paris. \n", {"temperature": 0, "max_new_tokens": 40}, regex="[0-9]{3}")
     thought, _, answer = out["text"].partition(".")
     assert thought.strip() == "Paris" and re.fullmatch("[0-9]{3}", answer), out["text"]
+    assert re.fullmatch("[0-9]{3}", closed["text"]), closed["text"]
 
 
 # Free text inside each constraint, so independent samples at temperature 1.0 practically never

@@ -63,7 +63,11 @@ Call a function as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_en
 {% endif %}
 {%- endfor %}
 {%- if add_generation_prompt %}<|im_start|>assistant
-{% endif %}"""
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""
 
 
 # ---- servers ------------------------------------------------------------------------------------
@@ -241,6 +245,21 @@ def test_reasoning_content_whole_and_streamed(reasoning_server: str):
     assert (content, reasoning, calls, finish_reason) == ("", message.reasoning_content, [], "length")
 
 
+def test_thinking_turned_off_in_the_template_leaves_the_answer_to_the_grammar(reasoning_server: str):
+    # Qwen3's templates close the thinking in the prompt when chat_template_kwargs turn it off:
+    # the output is then all answer, constrained from its first token.
+    client = openai_client(reasoning_server)
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"], "additionalProperties": False}
+    request = {"model": "default", "messages": QUESTION, "max_tokens": 12, "seed": 3, "logit_bias": {"2": -100}}
+    response_format = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+    thinking = client.chat.completions.create(**request, response_format=response_format).choices[0]
+    assert thinking.message.content == "" and thinking.finish_reason == "length"
+    kwargs = {"chat_template_kwargs": {"enable_thinking": False}}
+    answer = client.chat.completions.create(**request, response_format=response_format, extra_body=kwargs).choices[0]
+    assert not answer.message.reasoning_content and answer.finish_reason == "stop"
+    jsonschema.validate(json.loads(answer.message.content), schema)
+
+
 # ---- bad requests -------------------------------------------------------------------------------
 
 
@@ -255,6 +274,7 @@ def test_reasoning_content_whole_and_streamed(reasoning_server: str):
         ({"tools": [TOOLS[0], TOOLS[0]]}, "tools"),
         ({"tools": [UNCOMPILABLE_TOOL], "tool_choice": "required"}, "tools"),
         ({"tools": TOOLS, "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"chat_template_kwargs": {"messages": []}}, "chat_template_kwargs"),
         ({"messages": [{"role": "assistant", "content": None, "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]}, "messages[0]"),
     ],
 )  # fmt: skip

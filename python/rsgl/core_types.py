@@ -108,7 +108,7 @@ class Output(TypedDict):
     text: str
     logprobs: NotRequired[list[TokenLogprob]]
     prompt_logits: NotRequired[list[float]]
-    input_token_logprobs: NotRequired[list[float]]
+    input_token_logprobs: NotRequired[list[TokenLogprob]]
     finished: NotRequired[Finished]
 
 

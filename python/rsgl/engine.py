@@ -28,7 +28,7 @@ from tokenizers import Tokenizer
 from rsgl import _core
 from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
-from rsgl.core_types import EngineOptions, GenerateRequest, Output, SamplingParams
+from rsgl.core_types import EngineOptions, GenerateRequest, Output, SamplingParams, TokenLogprob
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import load_model
 
@@ -44,6 +44,9 @@ logger = logging.getLogger("rsgl")
 DEFAULT_MAX_N = 128
 # Sequences one call may start (prompts times n), so a single request cannot fill the server.
 DEFAULT_MAX_SEQUENCES_PER_CALL = 1024
+
+# Enough prompt tokens to hold a think-end token and the whitespace a template puts after it.
+THINK_END_TAIL_TOKENS = 16
 
 # The sampling_params that constrain the output (at most one per request).
 _GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
@@ -99,7 +102,8 @@ class Engine:
     `progress` (loading progress bar),
     `disable_jump_forward` (constrained requests sample every token, even text their grammar
     forces), `think_end_token` (for reasoning models, e.g. "</think>": a grammar applies only
-    after the output contains it, so the model thinks freely first), `strict_json_schema` (refuse
+    after the output contains it, so the model thinks freely first; at once if the prompt ends with
+    it, as templates with thinking turned off close it there), `strict_json_schema` (refuse
     a JSON schema with keywords the grammar relaxes, instead of reporting them in `meta_info`'s
     `json_schema_warnings`; a request's own `strict_json_schema` sampling param overrides it).
 
@@ -189,6 +193,7 @@ class Engine:
             tokenizer_json=None if self.tokenizer is None else self.tokenizer.to_str(),
         )
         self._loop_wakeups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWakeups] = weakref.WeakKeyDictionary()
+        self._think_end_token = think_end_token if self.tokenizer else None
         self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
         self._sampling_defaults = {k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None}
         if strict_json_schema:
@@ -220,7 +225,8 @@ class Engine:
         `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
         `return_prompt_logits` adds the logits after the last prompt token to `meta_info`;
         `logprob_start_len` (with `return_logprob`) adds `input_token_logprobs`, SGLang's
-        `(logprob, token_id, None)` for each prompt token from that position (None for position 0).
+        `(logprob, token_id, None)` for each prompt token from that position (None for position 0),
+        and with `top_logprobs_num` also `input_top_logprobs`, the best alternatives at each.
         `json_schema` (a dict or JSON text), `regex`, `ebnf` (a Lark grammar) or `choices`
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
         requests, single = self._build_requests(prompt, sampling_params, options)
@@ -405,10 +411,18 @@ class Engine:
                         "return_prompt_logits": bool(options.get("return_prompt_logits", False)),
                         # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
                         "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
-                        "think_end_token_ids": self._think_end_ids if _has_grammar(sample) else None,
+                        "think_end_token_ids": self._think_end_ids if _has_grammar(sample) and not self._prompt_ends_thinking(ids) else None,
                     }
                 )
         return requests, single and len(requests) == 1
+
+    def _prompt_ends_thinking(self, ids: list[int]) -> bool:
+        """Whether the prompt ends with the think-end token (then whitespace). Compared as text:
+        inside a prompt the token's text may be split into tokens differently than on its own."""
+        if not self._think_end_token:
+            return False
+        tail = self.decode(ids[-THINK_END_TAIL_TOKENS:], skip_special_tokens=False)
+        return tail.rstrip().endswith(self._think_end_token)
 
     def _too_many_sequences(self) -> InvalidRequestError:
         return InvalidRequestError(f"one call may start at most {self.max_sequences_per_call} sequences (prompts times n); split the batch")
@@ -416,14 +430,10 @@ class Engine:
     def _normalize_params(self, params: JsonObject | None, grammar: JsonObject | None = None) -> JsonObject:
         if params is not None and not isinstance(params, dict):
             raise InvalidRequestError("sampling_params must be a dict")
-        p = {**self._sampling_defaults, **(params or {}), **{k: v for k, v in (grammar or {}).items() if v is not None}}
-        stop = p.get("stop")
-        if isinstance(stop, str):
-            p["stop"] = [stop]
-        elif stop is None:
-            p.pop("stop", None)
-        for key in [k for k, v in p.items() if v is None]:
-            del p[key]  # None means "default", as in SGLang
+        # None means "default", as in SGLang: the model's or the server's if it sets one.
+        p = {**self._sampling_defaults, **_given(params), **_given(grammar)}
+        if isinstance(p.get("stop"), str):
+            p["stop"] = [p["stop"]]
         if isinstance(p.get("json_schema"), dict):
             p["json_schema"] = orjson.dumps(p["json_schema"]).decode()
         return p
@@ -507,6 +517,14 @@ def json_schema_warnings(schema: str) -> tuple[dict[str, str], ...]:
     return warnings
 
 
+def _top_triples(scored: TokenLogprob) -> list[tuple[float, int, None]]:
+    return [(top["logprob"], top["token_id"], None) for top in scored["top"]]
+
+
+def _given(params: JsonObject | None) -> JsonObject:
+    return {key: value for key, value in (params or {}).items() if value is not None}
+
+
 def _has_grammar(params: SamplingParams | JsonObject) -> bool:
     """Whether normalized sampling params (None values dropped) constrain the output."""
     return any(key in params for key in _GRAMMAR_KEYS)
@@ -566,6 +584,7 @@ class _Result:
         self.top_logprobs: list[list[tuple[float, int, None]]] = []
         self.prompt_logits: list[float] | None = None
         self.input_logprobs: list[tuple[float | None, int, None]] | None = None
+        self.input_top_logprobs: list[list[tuple[float, int, None]] | None] = []
         self.finished: JsonObject = {}
         schema = request["sampling_params"].get("json_schema")
         self.schema_warnings = json_schema_warnings(schema) if isinstance(schema, str) else ()
@@ -575,13 +594,14 @@ class _Result:
         self.ids.extend(out["token_ids"])
         for lp in out.get("logprobs", ()):
             self.logprobs.append((lp["logprob"], lp["token_id"], None))
-            self.top_logprobs.append([(t["logprob"], t["token_id"], None) for t in lp["top"]])
+            self.top_logprobs.append(_top_triples(lp))
         self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
         if "input_token_logprobs" in out:
-            ids, start = self.request["input_ids"], self.request.get("logprob_start_len") or 0
-            first: list[tuple[float | None, int, None]] = [(None, ids[0], None)] if start == 0 else []
-            from_pos = max(start, 1)
-            self.input_logprobs = first + [(lp, ids[from_pos + i], None) for i, lp in enumerate(out["input_token_logprobs"])]
+            scored = out["input_token_logprobs"]
+            # Position 0 has no log-probability; SGLang lists it with None.
+            first: list[tuple[float | None, int, None]] = [(None, self.request["input_ids"][0], None)] if not self.request.get("logprob_start_len") else []
+            self.input_logprobs = first + [(lp["logprob"], lp["token_id"], None) for lp in scored]
+            self.input_top_logprobs = [None] * len(first) + [_top_triples(lp) for lp in scored]
         self.finished = dict(out.get("finished", {}))
 
     def snapshot(self) -> Result:
@@ -602,6 +622,8 @@ class _Result:
             meta["prompt_logits"] = self.prompt_logits
         if self.input_logprobs is not None:
             meta["input_token_logprobs"] = list(self.input_logprobs)
+            if self.request.get("top_logprobs_num"):
+                meta["input_top_logprobs"] = list(self.input_top_logprobs)
         if self.schema_warnings:
             meta["json_schema_warnings"] = [dict(w) for w in self.schema_warnings]
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}

@@ -36,11 +36,11 @@ class PreparedChat:
     reader: ChatReader
 
 
-async def prepare_chat(engine: Engine, messages: list[JsonObject], tools: ToolRequest, parsers: ChatParsers) -> PreparedChat:
+async def prepare_chat(engine: Engine, messages: list[JsonObject], tools: ToolRequest, parsers: ChatParsers, template_kwargs: JsonObject) -> PreparedChat:
     template = engine.model.chat_template
     call_format = parsers.call_format(template)
     messages, tools_variable = messages_for_template(messages, tools.offered, call_format, template_renders_tools(template))
-    prompt = engine.apply_chat_template(messages, tools=tools_variable)
+    prompt = engine.apply_chat_template(messages, tools=tools_variable, **template_kwargs)
     constraint = {} if tools.forced is None else call_format.constraint(tools.forced, tools.parallel)
     if constraint:
         await check_compiles(engine, constraint)

@@ -137,7 +137,11 @@ def optional_float(body: JsonObject, name: str, default: float | None = None) ->
     return float(value)
 
 
-def optional_bool(body: JsonObject, name: str, default: bool = False) -> bool:
+@overload
+def optional_bool(body: JsonObject, name: str, default: bool = False) -> bool: ...
+@overload
+def optional_bool(body: JsonObject, name: str, default: None) -> bool | None: ...
+def optional_bool(body: JsonObject, name: str, default: bool | None = False) -> bool | None:
     value = body.get(name)
     if value is None:
         return default

@@ -39,6 +39,7 @@ MAX_LOGIT_BIAS = 100  # OpenAI's bound: a bias of ±100 bans or forces a token
 DEFAULT_MODEL_NAME = "default"  # accepted whatever the served model's name, as SGLang does
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 GRAMMAR_FIELDS = ("regex", "ebnf", "json_schema")
+TEMPLATE_VARIABLES = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 
 
 # ---- endpoints ----------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ async def create_chat_completion(request: Request) -> Response:
     tools = tool_request(body)
     if tools.forced is not None and any(name in params for name in GRAMMAR_FIELDS):
         raise bad_request("a forced tool call (tool_choice) cannot be combined with response_format, regex, ebnf or json_schema", "tool_choice")
-    chat = await prepare_chat(engine_of(request), chat_messages(body), tools, chat_parsers(request))
+    chat = await prepare_chat(engine_of(request), chat_messages(body), tools, chat_parsers(request), chat_template_kwargs(body))
     arguments = GenerateArguments(
         prompt=chat.prompt,
         sampling_params={**params, **chat.constraint, **chat.sampling_overrides},
@@ -97,6 +98,15 @@ ROUTES = [
 
 
 # ---- request parsing ----------------------------------------------------------------------------
+
+
+def chat_template_kwargs(body: JsonObject) -> JsonObject:
+    """SGLang's and vLLM's `chat_template_kwargs`: more variables for the chat template (such as
+    Qwen3's `enable_thinking`), which may not replace the ones the server sets."""
+    kwargs = optional_dict(body, "chat_template_kwargs")
+    if taken := sorted(TEMPLATE_VARIABLES.intersection(kwargs)):
+        raise bad_request(f"chat_template_kwargs cannot set {', '.join(taken)}: the server sets them from the request", "chat_template_kwargs")
+    return kwargs
 
 
 def reject_unsupported(body: JsonObject, names: tuple[str, ...]) -> None:
@@ -174,6 +184,7 @@ def sampling_params(body: JsonObject, max_tokens: int | None, engine: Engine) ->
         "ignore_eos": optional_bool(body, "ignore_eos"),
         "n": optional_int(body, "n", 1, minimum=1),
         "logit_bias": logit_bias(body, engine.model.config["vocab_size"]),
+        "strict_json_schema": optional_bool(body, "strict_json_schema", None),  # None: the server's --strict-json-schema
         **structured_output(body),
     }
 
@@ -360,15 +371,15 @@ def echoed_prompts(engine: Engine, arguments: GenerateArguments) -> list[str]:
 
 def with_prompt(output: JsonObject, prompt: str) -> JsonObject:
     """`output` as if its prompt had been generated too (OpenAI's `echo`): the prompt's text first,
-    and, with logprobs, its tokens' log-probabilities first (the first token has none, and prompt
-    tokens have no top alternatives). Token counts keep to what was generated."""
+    and, with logprobs, its tokens' log-probabilities and top alternatives first (the first token
+    has none). Token counts keep to what was generated."""
     meta = dict(output["meta_info"])
     echoed = {**output, "text": prompt + output["text"], "meta_info": meta}
     prompt_logprobs = meta.get("input_token_logprobs")
     if prompt_logprobs is not None:
         echoed["output_ids"] = [token_id for _, token_id, _ in prompt_logprobs] + output["output_ids"]
         meta["output_token_logprobs"] = prompt_logprobs + meta["output_token_logprobs"]
-        meta["output_top_logprobs"] = [None] * len(prompt_logprobs) + meta["output_top_logprobs"]
+        meta["output_top_logprobs"] = meta.get("input_top_logprobs", [None] * len(prompt_logprobs)) + meta["output_top_logprobs"]
     return echoed
 
 

@@ -64,9 +64,10 @@ pub struct Output {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub prompt_logits: Option<Vec<f32>>,
     /// With `logprob_start_len`, in the first output: log P(prompt[i] | prompt[..i]) for each
-    /// position `i` from `max(logprob_start_len, 1)` to the prompt's end.
+    /// position `i` from `max(logprob_start_len, 1)` to the prompt's end, with the top
+    /// alternatives at each (`top_logprobs_num` of them).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub input_token_logprobs: Option<Vec<f32>>,
+    pub input_token_logprobs: Option<Vec<TokenLogprob>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished: Option<Finished>,
 }

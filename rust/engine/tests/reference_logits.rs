@@ -78,7 +78,9 @@ fn prompt_logprobs_match_transformers() {
     let request = format!(r#"{{"rid": "all", "input_ids": {prompt:?}, "sampling_params": {{"max_new_tokens": 0}}, "logprob_start_len": 0}}"#);
     let got = run(&e, &request).input_token_logprobs.expect("prompt log-probabilities returned");
     assert_eq!(got.len(), prompt.len() - 1);
-    for (i, &logprob) in got.iter().enumerate() {
+    for (i, scored) in got.iter().enumerate() {
+        assert_eq!(scored.token_id, prompt[i + 1]);
+        let logprob = scored.logprob;
         let reference = log_softmax(&want[i]);
         let scale = reference.iter().fold(0.0f64, |m, v| m.max(v.abs()));
         let error = (f64::from(logprob) - reference[prompt[i + 1] as usize]).abs() / scale;

@@ -10,8 +10,8 @@ pub(crate) struct Report {
     return_prompt_logits: bool,
     /// First prompt position whose log-probability is wanted, if any (at least 1).
     input_logprobs_from: Option<usize>,
-    /// Those log-probabilities so far, in position order.
-    input_logprobs: Vec<f32>,
+    /// Those log-probabilities so far (with the top alternatives asked for), in position order.
+    input_logprobs: Vec<TokenLogprob>,
 }
 
 impl Report {
@@ -45,13 +45,14 @@ impl Report {
         for (row, pos) in rows.iter().zip(start..) {
             let next = pos + 1;
             if next >= from && next < prompt_len && next - from == self.input_logprobs.len() {
-                self.input_logprobs.push(log_softmax(row)[tokens[next] as usize]);
+                let scored = self.token_logprobs(Some(&log_softmax(row)), tokens[next]);
+                self.input_logprobs.extend(scored);
             }
         }
     }
 
     /// The recorded prompt log-probabilities, handed over once (in the first output).
-    pub fn take_input_logprobs(&mut self) -> Option<Vec<f32>> {
+    pub fn take_input_logprobs(&mut self) -> Option<Vec<TokenLogprob>> {
         self.input_logprobs_from.map(|_| std::mem::take(&mut self.input_logprobs))
     }
 
@@ -60,7 +61,7 @@ impl Report {
         self.return_prompt_logits.then(|| logits.to_vec())
     }
 
-    /// The sampled token's log-probability and the top alternatives, when asked for.
+    /// The token's log-probability and the top alternatives, when asked for.
     pub fn token_logprobs(&self, log_probs: Option<&[f32]>, token: u32) -> Vec<TokenLogprob> {
         log_probs.map(|lp| vec![TokenLogprob { token_id: token, logprob: lp[token as usize], top: top_n(lp, self.top_logprobs_num) }]).unwrap_or_default()
     }
