@@ -51,6 +51,10 @@ _GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
 # Defaults a model's generation_config.json may set, as SGLang applies them.
 _MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
+# SGLang sampling params with nothing to do here: SGLang's frontend sends spaces_between_special_tokens
+# with every gen, and it only affects slow (Python) tokenizers' decoding, which rsgl never uses.
+_IGNORED_SAMPLING_KEYS = ("spaces_between_special_tokens",)
+
 # SGLang-shaped results: {"text", "output_ids", "meta_info"}; one per prompt and sample.
 Result = JsonObject
 # What `sampling_params` takes: SGLang's keys, plus `n` (checked and taken off by the engine).
@@ -417,6 +421,11 @@ class Engine:
         if params is not None and not isinstance(params, dict):
             raise InvalidRequestError("sampling_params must be a dict")
         p = {**self._sampling_defaults, **(params or {}), **{k: v for k, v in (grammar or {}).items() if v is not None}}
+        for key in _IGNORED_SAMPLING_KEYS:
+            p.pop(key, None)
+        if p.get("stop_regex"):
+            raise InvalidRequestError("sampling_params.stop_regex is not supported: give stop strings, or constrain the output with regex")
+        p.pop("stop_regex", None)  # SGLang's frontend sends an empty one with every gen
         stop = p.get("stop")
         if isinstance(stop, str):
             p["stop"] = [stop]
@@ -598,10 +607,10 @@ class _Result:
         if self.request.get("return_logprob"):
             meta["output_token_logprobs"] = list(self.logprobs)
             meta["output_top_logprobs"] = list(self.top_logprobs)
+            # Empty without logprob_start_len, as SGLang answers (its frontend reads the key).
+            meta["input_token_logprobs"] = list(self.input_logprobs or ())
         if self.prompt_logits is not None:
             meta["prompt_logits"] = self.prompt_logits
-        if self.input_logprobs is not None:
-            meta["input_token_logprobs"] = list(self.input_logprobs)
         if self.schema_warnings:
             meta["json_schema_warnings"] = [dict(w) for w in self.schema_warnings]
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
