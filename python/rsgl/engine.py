@@ -223,8 +223,9 @@ class Engine:
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
         `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
         `return_prompt_logits` adds the logits after the last prompt token to `meta_info`;
-        `logprob_start_len` (with `return_logprob`) adds `input_token_logprobs`, SGLang's
-        `(logprob, token_id, None)` for each prompt token from that position (None for position 0).
+        `logprob_start_len` (with `return_logprob`) fills `input_token_logprobs`, SGLang's
+        `(logprob, token_id, None)` for each prompt token from that position (None for position 0;
+        empty without it).
         `json_schema` (a dict or JSON text), `regex`, `ebnf` (a Lark grammar) or `choices`
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
         requests, single = self._build_requests(prompt, sampling_params, options)
