@@ -293,3 +293,15 @@ def test_server_calls_of_the_frontend(endpoint, http):
     assert http.get("/get_server_info").json()["cache_hit_tokens"] > hits_before
     info = sglang.get_server_info(endpoint)
     assert info["radix_cache"] is True and info["running_requests"] == 0
+
+
+# SGLang's interpreter warns with the traceback of a failed call before the state reports it.
+@pytest.mark.filterwarnings("ignore:Error in stream_executor")
+def test_what_rsgl_cannot_do_is_refused_with_a_reason(endpoint):
+    @sglang.function
+    def stop_at_a_digit(s):
+        s += "Count: one, two, 3"
+        s += sglang.gen("rest", max_tokens=8, stop_regex=r"\d")
+
+    state = stop_at_a_digit.run(backend=endpoint)
+    assert "stop_regex is not supported" in str(state.error())
