@@ -17,6 +17,7 @@ import rsgl as sgl
 from rsgl.errors import InvalidRequestError
 from rsgl.lang import backends
 from server_helpers import API_KEY
+from sglang_programs import CAPITAL_SCHEMA, CHARACTER_REGEX, IP_REGEX, QUESTIONS, define_programs
 
 spec = importlib.util.spec_from_file_location("lang_examples", Path(__file__).parents[1] / "docs" / "lang_examples.py")
 examples = importlib.util.module_from_spec(spec)
@@ -124,97 +125,9 @@ def test_default_backend_and_errors(engine, backend_of):
         rsgl.select("x", choices=[])
 
 
-# ---- SGLang's documented programs, written as in its docs, with `import rsgl as sgl` -----------------
-# (budgets cut to keep the tests short; everything else as SGLang's frontend examples write it)
+# ---- SGLang's documented programs (tests/sglang_programs.py) with `import rsgl as sgl` -----------------
 
-CHARACTER_REGEX = (
-    r"""\{\n"""
-    + r"""    "name": "[\w\d\s]{1,16}",\n"""
-    + r"""    "house": "(Gryffindor|Slytherin|Ravenclaw|Hufflepuff)",\n"""
-    + r"""    "blood status": "(Pure-blood|Half-blood|Muggle-born)",\n"""
-    + r"""    "wand": \{\n"""
-    + r"""        "wood": "[\w\d\s]{1,16}",\n"""
-    + r"""        "length": [0-9]{1,2}\.[0-9]{0,2}\n"""
-    + r"""    \},\n"""
-    + r"""    "alive": "(Alive|Deceased)"\n"""
-    + r"""\}"""
-)
-IP_REGEX = r"((25[0-5]|2[0-4]\d|[01]?\d\d?).){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
-CAPITAL_SCHEMA = {
-    "type": "object",
-    "properties": {"name": {"type": "string", "maxLength": 20}, "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
-    "required": ["name", "population"],
-    "additionalProperties": False,
-}
-
-
-@sgl.function
-def few_shot_qa(s, question):
-    s += """The following are questions with answers.
-Q: What is the capital of France?
-A: Paris
-Q: What is the capital of Germany?
-A: Berlin
-Q: What is the capital of Italy?
-A: Rome
-"""
-    s += "Q: " + question + "\n"
-    s += "A:" + sgl.gen("answer", stop="\n", temperature=0)
-
-
-@sgl.function
-def multi_turn_question(s, question_1, question_2):
-    s += sgl.system("You are a helpful assistant.")
-    s += sgl.user(question_1)
-    s += sgl.assistant(sgl.gen("answer_1", max_tokens=24))
-    s += sgl.user(question_2)
-    s += sgl.assistant(sgl.gen("answer_2", max_tokens=24))
-
-
-@sgl.function
-def tip_suggestion(s):
-    s += "Here are two tips for staying healthy: 1. Balanced Diet. 2. Regular Exercise.\n\n"
-    forks = s.fork(2)
-    for i, f in enumerate(forks):
-        f += f"Now, expand tip {i + 1} into a paragraph:\n"
-        f += sgl.gen("detailed_tip", max_tokens=16, stop="\n\n")
-    s += "Tip 1:" + forks[0]["detailed_tip"] + "\n"
-    s += "Tip 2:" + forks[1]["detailed_tip"] + "\n"
-    s += "In summary" + sgl.gen("summary", max_tokens=8)
-
-
-@sgl.function
-def tool_use(s, question):
-    s += "To answer this question: " + question + ". "
-    s += "I need to use a " + sgl.gen("tool", choices=["calculator", "search engine"]) + ". "
-    if s["tool"] == "calculator":
-        s += "The math expression is" + sgl.gen("expression", max_tokens=8)
-    elif s["tool"] == "search engine":
-        s += "The key word to search is" + sgl.gen("word", max_tokens=8)
-
-
-@sgl.function
-def regular_expression_gen(s):
-    s += "Q: What is the IP address of the Google DNS servers?\n"
-    s += "A: " + sgl.gen("answer", temperature=0, regex=IP_REGEX)
-
-
-@sgl.function
-def character_gen(s, name):
-    s += name + " is a character in Harry Potter. Please fill in the following information about this character.\n"
-    s += sgl.gen("json_output", max_tokens=160, regex=CHARACTER_REGEX)
-
-
-@sgl.function
-def capital_json(s, country):
-    s += sgl.user("Describe the capital of " + country + " as JSON.")
-    s += sgl.assistant(sgl.gen("json", max_tokens=48, json_schema=CAPITAL_SCHEMA))
-
-
-@sgl.function
-def text_qa(s, question):
-    s += "Q: " + question + "\n"
-    s += "A:" + sgl.gen("answer", stop="\n", max_tokens=16)
+PROGRAMS = define_programs(sgl)
 
 
 @pytest.fixture(scope="module")
@@ -225,24 +138,16 @@ def sglang_results(backend_of):
         sgl.set_default_backend(backend)
         try:
             return {
-                "few_shot": few_shot_qa.run(question="What is the capital of the United States?"),
-                "multi_turn": multi_turn_question.run(
+                "few_shot": PROGRAMS.few_shot_qa.run(question="What is the capital of the United States?"),
+                "multi_turn": PROGRAMS.multi_turn_question.run(
                     question_1="What is the capital of the United States?", question_2="List two local attractions.", temperature=0
                 ),
-                "tips": tip_suggestion.run(temperature=0),
-                "tool": tool_use.run(question="What is 12 times 7", temperature=0),
-                "regex": regular_expression_gen.run(),
-                "character": character_gen.run(name="Hermione Granger", temperature=0),
-                "json": capital_json.run(country="France", temperature=0),
-                "batch": text_qa.run_batch(
-                    [
-                        {"question": "What is the capital of the United Kingdom?"},
-                        {"question": "What is the capital of France?"},
-                        {"question": "What is the capital of Japan?"},
-                    ],
-                    progress_bar=True,
-                    temperature=0,
-                ),
+                "tips": PROGRAMS.tip_suggestion.run(temperature=0),
+                "tool": PROGRAMS.tool_use.run(question="What is 12 times 7", temperature=0),
+                "regex": PROGRAMS.regular_expression_gen.run(),
+                "character": PROGRAMS.character_gen.run(name="Hermione Granger", temperature=0),
+                "json": PROGRAMS.json_decode.run(country="France", temperature=0),
+                "batch": PROGRAMS.text_qa.run_batch([{"question": question} for question in QUESTIONS], progress_bar=True, temperature=0),
             }
         finally:
             backends._default_backend = None
@@ -281,7 +186,7 @@ def test_sglang_documented_programs_run_unchanged(sglang_results, name):
     assert re.fullmatch(IP_REGEX, out["regex"]["answer"])
     character = json.loads(out["character"]["json_output"])
     assert re.fullmatch(CHARACTER_REGEX, out["character"]["json_output"]) and character["house"]
-    jsonschema.validate(json.loads(out["json"]["json"]), CAPITAL_SCHEMA)
+    jsonschema.validate(json.loads(out["json"]["json_output"]), CAPITAL_SCHEMA)
     answers = [state["answer"] for state in out["batch"]]
     assert len(answers) == 3 and all(answer.strip() for answer in answers)
 
@@ -295,7 +200,7 @@ def test_sglang_programs_give_the_same_greedy_output_on_both_backends(sglang_res
 
 @pytest.mark.parametrize("name", ["engine", "endpoint"])
 def test_the_whole_text_streams_without_naming_a_variable(backend_of, name):
-    state = text_qa.run(question="What is the capital of France?", temperature=0, stream=True, backend=backend_of(name))
+    state = PROGRAMS.text_qa.run(question="What is the capital of France?", temperature=0, stream=True, backend=backend_of(name))
     pieces = list(state.text_iter())
     assert len(pieces) > 1 and "".join(pieces) == state.text()
     assert state.text() == "Q: What is the capital of France?\nA:" + state["answer"]

@@ -71,6 +71,7 @@ def test_models_and_model_info(http: httpx.Client, model: str, server_started_at
     assert info["served_model_name"] == model and info["is_generation"] is True and info["model_path"]
     server_info = http.get("/get_server_info").json()
     assert server_info["served_model_name"] == model and "running_requests" in server_info
+    assert http.get("/server_info").json().keys() == server_info.keys(), "SGLang's newer name for it"
 
 
 # ---- /v1/completions ---------------------------------------------------------------------------
@@ -193,6 +194,20 @@ def test_generate_stream_sends_cumulative_text(http: httpx.Client):
     assert done == "[DONE]" and len(chunks) == 4
     assert all(later["text"].startswith(earlier["text"]) for earlier, later in zip(chunks, chunks[1:]))
     assert chunks[-1]["text"] == whole["text"] and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_generate_gives_each_logprob_its_token_text_when_asked(http: httpx.Client):
+    body = {"text": PROMPT, "sampling_params": {"temperature": 0, "max_new_tokens": 3}, "return_logprob": True, "top_logprobs_num": 2}
+    assert native_generate(http, **body)["meta_info"]["input_token_logprobs"] == [], "no prompt logprobs without logprob_start_len"
+    body |= {"logprob_start_len": 0, "return_text_in_logprobs": True}
+    whole = native_generate(http, **body)
+    with http.stream("POST", "/generate", json={**body, "stream": True}) as response:
+        *_, last, _ = sse_payloads(response)
+    for meta in (whole["meta_info"], last["meta_info"]):
+        entries = meta["input_token_logprobs"] + meta["output_token_logprobs"] + [e for top in meta["output_top_logprobs"] for e in top]
+        texts = http.post("/detokenize", json={"tokens": [[token_id] for _, token_id, _ in entries], "skip_special_tokens": False}).json()["text"]
+        assert [text for _, _, text in entries] == texts
+        assert "".join(text for _, _, text in meta["input_token_logprobs"]) == PROMPT
 
 
 def test_client_disconnect_aborts_the_stream(http: httpx.Client):

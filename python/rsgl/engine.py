@@ -54,6 +54,10 @@ _GRAMMAR_KEYS = ("json_schema", "regex", "ebnf", "choices")
 # Defaults a model's generation_config.json may set, as SGLang applies them.
 _MODEL_SAMPLING_DEFAULTS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
+# SGLang sampling params with nothing to do here: SGLang's frontend sends spaces_between_special_tokens
+# with every gen, and it only affects slow (Python) tokenizers' decoding, which rsgl never uses.
+_IGNORED_SAMPLING_KEYS = ("spaces_between_special_tokens",)
+
 # SGLang-shaped results: {"text", "output_ids", "meta_info"}; one per prompt and sample.
 Result = JsonObject
 # What `sampling_params` takes: SGLang's keys, plus `n` (checked and taken off by the engine).
@@ -224,9 +228,10 @@ class Engine:
         batch). `stream=True` (single prompt) returns an iterator of chunks whose `text` and
         `output_ids` grow, the last one with `finish_reason` set, as SGLang does.
         `return_prompt_logits` adds the logits after the last prompt token to `meta_info`;
-        `logprob_start_len` (with `return_logprob`) adds `input_token_logprobs`, SGLang's
-        `(logprob, token_id, None)` for each prompt token from that position (None for position 0),
-        and with `top_logprobs_num` also `input_top_logprobs`, the best alternatives at each.
+        `logprob_start_len` (with `return_logprob`) fills `input_token_logprobs`, SGLang's
+        `(logprob, token_id, None)` for each prompt token from that position (None for position 0;
+        empty without it), and with `top_logprobs_num` `input_top_logprobs`, the best alternatives
+        at each.
         `json_schema` (a dict or JSON text), `regex`, `ebnf` (a Lark grammar) or `choices`
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
         requests, single = self._build_requests(prompt, sampling_params, options)
@@ -432,6 +437,10 @@ class Engine:
             raise InvalidRequestError("sampling_params must be a dict")
         # None means "default", as in SGLang: the model's or the server's if it sets one.
         p = {**self._sampling_defaults, **_given(params), **_given(grammar)}
+        for key in _IGNORED_SAMPLING_KEYS:
+            p.pop(key, None)
+        if p.pop("stop_regex", None):  # SGLang's frontend sends an empty one with every gen
+            raise InvalidRequestError("sampling_params.stop_regex is not supported: give stop strings, or constrain the output with regex")
         if isinstance(p.get("stop"), str):
             p["stop"] = [p["stop"]]
         if isinstance(p.get("json_schema"), dict):
@@ -583,7 +592,7 @@ class _Result:
         self.logprobs: list[tuple[float, int, None]] = []
         self.top_logprobs: list[list[tuple[float, int, None]]] = []
         self.prompt_logits: list[float] | None = None
-        self.input_logprobs: list[tuple[float | None, int, None]] | None = None
+        self.input_logprobs: list[tuple[float | None, int, None]] = []
         self.input_top_logprobs: list[list[tuple[float, int, None]] | None] = []
         self.finished: JsonObject = {}
         schema = request["sampling_params"].get("json_schema")
@@ -618,12 +627,12 @@ class _Result:
         if self.request.get("return_logprob"):
             meta["output_token_logprobs"] = list(self.logprobs)
             meta["output_top_logprobs"] = list(self.top_logprobs)
-        if self.prompt_logits is not None:
-            meta["prompt_logits"] = self.prompt_logits
-        if self.input_logprobs is not None:
+            # Empty without logprob_start_len, as SGLang answers (its frontend reads the key).
             meta["input_token_logprobs"] = list(self.input_logprobs)
             if self.request.get("top_logprobs_num"):
                 meta["input_top_logprobs"] = list(self.input_top_logprobs)
+        if self.prompt_logits is not None:
+            meta["prompt_logits"] = self.prompt_logits
         if self.schema_warnings:
             meta["json_schema_warnings"] = [dict(w) for w in self.schema_warnings]
         return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}

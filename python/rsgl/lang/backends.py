@@ -53,9 +53,10 @@ def as_backend(backend: Backend | Engine | None) -> Backend:
     return EngineBackend(backend) if isinstance(backend, Engine) else backend
 
 
-def role_markers(template: str | None, bos_token: str | None, eos_token: str | None) -> dict[str, tuple[str, str]]:
+def role_markers(template: str | None, bos_token: str | None, eos_token: str | None, add_bos_token: bool) -> dict[str, tuple[str, str]]:
     """Each role's (prefix, suffix) in `template`: a message rendered after a system message,
-    minus that system message alone (so a template's default system prompt stays out)."""
+    minus that system message alone (so a template's default system prompt stays out). With
+    `add_bos_token` (the engine puts BOS before every prompt) the template's own BOS is left out."""
 
     def render(messages: list[JsonObject]) -> str:
         return render_chat(template, messages, add_generation_prompt=False, bos_token=bos_token, eos_token=eos_token)
@@ -65,8 +66,8 @@ def role_markers(template: str | None, bos_token: str | None, eos_token: str | N
     for role in ROLES:
         if role == "system":
             before, after = render([{"role": "system", "content": _CONTENT}]).split(_CONTENT)
-            # The engine adds BOS to every prompt itself.
-            before = before.removeprefix(bos_token or "")
+            if add_bos_token:
+                before = before.removeprefix(bos_token or "")
         else:
             head = render([first])
             before, after = render([first, {"role": role, "content": _CONTENT}]).removeprefix(head).split(_CONTENT)
@@ -80,7 +81,7 @@ class EngineBackend:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         model = engine.model
-        self._markers = role_markers(model.chat_template, model.bos_token, model.eos_token)
+        self._markers = role_markers(model.chat_template, model.bos_token, model.eos_token, model.add_bos_token)
 
     def generate(self, text: str, sampling_params: JsonObject) -> JsonObject:
         out = self.engine.generate(text, dict(sampling_params))
@@ -108,7 +109,7 @@ class RuntimeEndpoint:
         self.headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
         self.timeout = timeout
         info = self._request("GET", "/get_model_info")
-        self._markers = role_markers(info.get("chat_template"), info.get("bos_token"), info.get("eos_token"))
+        self._markers = role_markers(info.get("chat_template"), info.get("bos_token"), info.get("eos_token"), info.get("add_bos_token", False))
 
     def generate(self, text: str, sampling_params: JsonObject) -> JsonObject:
         result: JsonObject = self._request("POST", "/generate", {"text": text, "sampling_params": sampling_params})

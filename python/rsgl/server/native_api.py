@@ -178,7 +178,8 @@ async def health(request: Request) -> Response:
 async def get_model_info(request: Request) -> Response:
     engine = engine_of(request)
     model = engine.model
-    # The chat template and its special tokens let clients (rsgl.lang) render role blocks as the server would.
+    # The chat template, its special tokens and whether the engine adds BOS itself let clients (rsgl.lang)
+    # render role blocks as the server would.
     return json_response(
         {
             "model_path": model.source,
@@ -187,6 +188,7 @@ async def get_model_info(request: Request) -> Response:
             "chat_template": model.chat_template,
             "bos_token": model.bos_token,
             "eos_token": model.eos_token,
+            "add_bos_token": model.add_bos_token,
         }
     )
 
@@ -264,13 +266,47 @@ async def metrics(request: Request) -> Response:
 
 async def generate(request: Request) -> Response:
     """SGLang's /generate: the response is what `Engine.generate` returns; streaming sends its
-    chunks (cumulative text) as server-sent events."""
+    chunks (cumulative text) as server-sent events. `return_text_in_logprobs` fills in the text of
+    each log-probability's token."""
     body = await read_json_object(request)
     arguments = generate_arguments(body)
+    texts = LogprobTexts(engine_of(request)) if optional_bool(body, "return_text_in_logprobs") else None
     if optional_bool(body, "stream"):
         stream = await EngineStream.start(request, arguments)
-        return EventStreamResponse(stream, stream)
-    return json_response(await generate_whole(request, arguments))
+        return EventStreamResponse(stream if texts is None else texts.each(stream), stream)
+    outputs = await generate_whole(request, arguments)
+    if texts is not None:
+        outputs = [texts.fill(output) for output in outputs] if isinstance(outputs, list) else texts.fill(outputs)
+    return json_response(outputs)
+
+
+class LogprobTexts:
+    """Fills the text of SGLang's (logprob, token_id, text) entries in results' meta_info: each
+    token decoded alone with its special tokens kept, as SGLang does (its frontend's select compares
+    a token's text with the prompt's end). A token is decoded once per request."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._texts: dict[int, str] = {}
+
+    def fill(self, output: JsonObject) -> JsonObject:
+        meta = output["meta_info"]
+        for key in ("input_token_logprobs", "output_token_logprobs"):
+            if key in meta:
+                meta[key] = [self._with_text(entry) for entry in meta[key]]
+        if "output_top_logprobs" in meta:
+            meta["output_top_logprobs"] = [[self._with_text(entry) for entry in top] for top in meta["output_top_logprobs"]]
+        return output
+
+    async def each(self, chunks: AsyncIterator[JsonObject]) -> AsyncIterator[JsonObject]:
+        async for chunk in chunks:
+            yield self.fill(chunk)
+
+    def _with_text(self, entry: tuple[float | None, int, str | None]) -> tuple[float | None, int, str]:
+        logprob, token_id, _ = entry
+        if token_id not in self._texts:
+            self._texts[token_id] = self._engine.decode([token_id], skip_special_tokens=False)
+        return logprob, token_id, self._texts[token_id]
 
 
 def generate_arguments(body: JsonObject) -> GenerateArguments:
@@ -313,6 +349,8 @@ ROUTES = [
     Route("/health_generate", health_generate, methods=["GET"]),
     Route("/get_model_info", get_model_info, methods=["GET"]),
     Route("/get_server_info", get_server_info, methods=["GET"]),
+    # SGLang's newer name for /get_server_info (its RuntimeEndpoint.get_server_info reads this one).
+    Route("/server_info", get_server_info, methods=["GET"]),
     Route("/generate", generate, methods=["POST"]),
     Route("/flush_cache", flush_cache, methods=["GET", "POST"]),
     Route("/tokenize", tokenize, methods=["POST"]),

@@ -67,13 +67,13 @@ LOGIT_BIAS = {"type": "object", "additionalProperties": bounded(NUMBER, -100, 10
 
 SAMPLING_PARAMS = obj(
     **typed(COUNT, "max_new_tokens min_new_tokens seed"), top_k=bounded(INTEGER, -1), n=SAMPLES,
-    **typed(BOOLEAN, "ignore_eos skip_special_tokens"), **SAMPLING_NUMBERS, stop=STOP, stop_token_ids=TOKEN_IDS,
+    **typed(BOOLEAN, "ignore_eos skip_special_tokens spaces_between_special_tokens"), **SAMPLING_NUMBERS, stop=STOP, stop_token_ids=TOKEN_IDS,
     logit_bias=LOGIT_BIAS,
 )  # fmt: skip
 GENERATE_REQUEST = {
     **obj(
         text=TEXTS, input_ids=PROMPT_ID_ROWS, sampling_params=any_of(SAMPLING_PARAMS, array(SAMPLING_PARAMS)), rid=TEXTS,
-        **typed(BOOLEAN, "stream return_logprob"), top_logprobs_num=COUNT,
+        **typed(BOOLEAN, "stream return_logprob return_text_in_logprobs"), top_logprobs_num=COUNT,
     ),
     "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],  # exactly one of them
 }  # fmt: skip
@@ -151,6 +151,7 @@ OPERATIONS = (
     Operation("GET", "/health_generate", "Readiness: 200 when the engine generates a token, 503 otherwise."),
     Operation("GET", "/get_model_info", "The model served.", response=as_json(MODEL_INFO)),
     Operation("GET", "/get_server_info", "Engine statistics: queues, KV pages, token counts, timings.", response=as_json(SERVER_INFO)),
+    Operation("GET", "/server_info", "The same as /get_server_info (SGLang's newer name).", response=as_json(SERVER_INFO)),
     Operation("POST", "/generate", "SGLang: generation, one prompt or a batch.", GENERATE_REQUEST, GENERATE_CONTENT),
     Operation("GET", "/flush_cache", "Empties the prefix cache (400 while requests run).", response=TEXT),
     Operation("POST", "/flush_cache", "Empties the prefix cache (400 while requests run).", response=TEXT),
