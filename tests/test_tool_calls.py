@@ -11,6 +11,7 @@ import jsonschema
 import langchain_openai
 import openai
 import pytest
+import rsgl
 from conftest import build_tiny
 from rsgl.chat_template import render_chat
 from rsgl.server.chat_reader import ChatReader
@@ -325,9 +326,14 @@ def test_templates_without_tools_get_them_described_by_rsgl():
     assert messages[3]["content"] == '<tool_response>\n{"temperature": 21}\n</tool_response>'
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "pythonic"])
+# Mistral's named calls, as templates of its v11+ tokenizers render them.
+MISTRAL_NAMED = FORMATS["mistral"].for_template("{{ '[TOOL_CALLS]' + call.name + '[ARGS]' + call.arguments }}")
+EACH_FORMAT = {**FORMATS, "mistral-named": MISTRAL_NAMED}
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "mistral-named", "pythonic"])
 def test_each_format_reads_back_what_it_writes(name: str):
-    call_format = FORMATS[name]
+    call_format = EACH_FORMAT[name]
     calls = [ToolCall("get_weather", '{"city":"Paris","days":[1,true,null]}'), ToolCall("get_time", "{}")]
     written = call_format.write(calls)
     text = "Let me check. " + written if call_format.markers_anywhere else written
@@ -340,6 +346,36 @@ def test_each_format_reads_back_what_it_writes(name: str):
     # Streaming holds back exactly what may still become a call.
     for end in range(len(text) + 1):
         assert call_format.content_end(text[:end]) <= len(content)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[ARGS]{}',
+        '[TOOL_CALLS]get_weather{"city": "Paris"}[TOOL_CALLS]get_time{}',  # without [ARGS]
+        '[TOOL_CALLS]get_weather[CALL_ID]a1b2c3d4e[ARGS]{"city": "Paris"}[TOOL_CALLS]get_time[CALL_ID]f5g6h7i8j[ARGS]{}',
+        '[TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "get_time", "arguments": {}}]',
+    ],
+)
+def test_mistral_reads_every_form_its_models_write(text: str):
+    for call_format in (FORMATS["mistral"], MISTRAL_NAMED):
+        content, calls = call_format.parse("Checking. " + text)
+        assert content == "Checking. " and [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"}), ("get_time", {})]
+    assert MISTRAL_NAMED.parse("[TOOL_CALLS]get_weather[ARGS]{oops}") == ("[TOOL_CALLS]get_weather[ARGS]{oops}", [])
+
+
+def test_mistral_named_calls_are_forced_in_their_own_form():
+    functions = [Function(tool["function"]["name"], tool["function"]["parameters"]) for tool in TOOLS]
+    with rsgl.Engine(threads=2, progress=False) as engine:
+        prompt = engine.apply_chat_template(QUESTION)
+        for parallel in (False, True):
+            out = engine.generate(prompt, {"max_new_tokens": 120, "temperature": 0}, **MISTRAL_NAMED.constraint(functions, parallel))
+            assert out["text"].startswith("[TOOL_CALLS]"), out["text"]
+            assert_finished_with_calls("length" if out["meta_info"]["finish_reason"]["type"] == "length" else "tool_calls", parallel)
+            _, calls = MISTRAL_NAMED.parse(out["text"])
+            assert calls and (len(calls) == 1 or parallel), out["text"]
+            for call in calls:
+                jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
 
 
 def test_pythonic_calls_read_json_constants_as_forced_calls_write_them():

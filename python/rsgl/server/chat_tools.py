@@ -25,7 +25,7 @@ class ChatParsers:
     reasoning_parser: str | None = None
 
     def call_format(self, template: str | None) -> ToolCallFormat:
-        return FORMATS[self.tool_call_parser] if self.tool_call_parser else format_for_template(template)
+        return FORMATS[self.tool_call_parser].for_template(template) if self.tool_call_parser else format_for_template(template)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ DEFAULT_FORMAT = "hermes"
 def format_for_template(template: str | None) -> ToolCallFormat:
     """The format a chat template's model writes calls in, guessed from the template's text."""
     name = next((name for clue, name in TEMPLATE_CLUES if template and clue in template), DEFAULT_FORMAT)
-    return FORMATS[name]
+    return FORMATS[name].for_template(template)
 
 
 __all__ = ["DEFAULT_FORMAT", "FORMATS", "ToolCallFormat", "format_for_template"]

@@ -37,6 +37,10 @@ class ToolCallFormat(ABC):
         """Grammar sampling params (`ebnf`: a Lark grammar) forcing one call of `functions` (one or
         more with `parallel`), its arguments matching the function's parameters schema."""
 
+    def for_template(self, template: str | None) -> ToolCallFormat:
+        """This format as the model behind `template` writes it (a family may have several forms)."""
+        return self
+
     def calls_start(self, text: str) -> int | None:
         """Where the calls begin in `text`, if they do."""
         if self.markers_anywhere:
