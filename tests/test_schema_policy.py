@@ -74,6 +74,10 @@ def test_strict_servers_refuse_relaxed_schemas_with_a_400(tmp_path: pytest.TempP
         with httpx.Client(base_url=url, headers=AUTH, timeout=120) as http:
             message = assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "response_format": RESPONSE_FORMAT}), 400)
             assert "`oneOf` at /properties/count" in message and "strict_json_schema" in message
+            # So are forced tool calls whose parameters it would relax.
+            tools = {"tools": [{"type": "function", "function": {"name": "record", "parameters": SCHEMA}}], "tool_choice": "required"}
+            message = assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, **tools}), 400)
+            assert "parameters of record" in message and "`uniqueItems` at /properties/tags" in message
             # A request may still accept the relaxations.
             params = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 4, "strict_json_schema": False}
             assert http.post("/generate", json={"text": "A record:", "sampling_params": params}).status_code == 200
