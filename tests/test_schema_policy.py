@@ -22,6 +22,22 @@ SCHEMA = {
     "additionalProperties": False,
 }
 RELAXED = {("oneOf", "/properties/count"), ("uniqueItems", "/properties/tags"), ("format", "/properties/home")}
+# A tree whose named property also falls under a catch-all patternProperties key (llguidance cannot
+# intersect the two through the recursive reference), and a patternProperties key with look-ahead.
+TREE = {
+    "type": "object",
+    "properties": {
+        "tree": {"$ref": "#/$defs/node"},
+        "tags": {"type": "object", "patternProperties": {"^(?!id).+$": {"type": "string"}}, "additionalProperties": False},
+    },
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 8}},
+            "patternProperties": {".*": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/node"}]}},
+        }
+    },
+}
 CHAT = {"messages": [{"role": "user", "content": "Give a record."}], "max_tokens": 96, "temperature": 0}
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "record", "schema": SCHEMA}}
 
@@ -48,6 +64,14 @@ def test_relaxed_schemas_are_accepted_with_warnings_in_meta_info(lenient: httpx.
         # What the grammar does enforce holds: types, required, lengths.
         relaxed = {**SCHEMA, "properties": {**SCHEMA["properties"], "count": {"type": "number"}}}
         jsonschema.validate(json.loads(result["text"]), relaxed)
+
+
+def test_recursive_references_llguidance_cannot_intersect_are_relaxed_with_warnings(lenient: httpx.Client):
+    body = {"text": "A tree:", "sampling_params": {"json_schema": json.dumps(TREE), "max_new_tokens": 8, "temperature": 0}}
+    response = lenient.post("/generate", json=body)
+    assert response.status_code == 200, response.text
+    warnings = relaxed_keywords(response.json()["meta_info"]["json_schema_warnings"])
+    assert warnings == {("properties", "/$defs/node/properties/name"), ("patternProperties", "/properties/tags")}
 
 
 def test_openai_answers_carry_the_warnings_in_a_header(lenient: httpx.Client):
@@ -77,6 +101,10 @@ def test_strict_servers_refuse_relaxed_schemas_with_a_400(tmp_path: pytest.TempP
         with httpx.Client(base_url=url, headers=AUTH, timeout=120) as http:
             message = assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, "response_format": RESPONSE_FORMAT}), 400)
             assert "`oneOf` at /properties/count" in message and "strict_json_schema" in message
+            # So are forced tool calls whose parameters it would relax.
+            tools = {"tools": [{"type": "function", "function": {"name": "record", "parameters": SCHEMA}}], "tool_choice": "required"}
+            message = assert_openai_error(http.post("/v1/chat/completions", json={**CHAT, **tools}), 400)
+            assert "parameters of record" in message and "`uniqueItems` at /properties/tags" in message
             # A request may still accept the relaxations.
             params = {"json_schema": json.dumps(SCHEMA), "max_new_tokens": 4, "strict_json_schema": False}
             assert http.post("/generate", json={"text": "A record:", "sampling_params": params}).status_code == 200

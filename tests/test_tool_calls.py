@@ -36,6 +36,17 @@ TOOLS = [
     {"type": "function", "function": {"name": "get_time", "description": "The time in a time zone.", "parameters": TIME}},
 ]
 SCHEMAS = {"get_weather": WEATHER, "get_time": TIME}
+# uniqueItems, which llguidance refuses, and a oneOf it cannot tell disjoint: forced calls take the
+# parameters through the schema policy as json_schema does (uniqueItems and oneOf relaxed).
+TAGGING = {
+    "type": "object",
+    "properties": {
+        "id": {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 999}, {"type": "number", "minimum": 1000, "maximum": 9999}]},
+        "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "uniqueItems": True, "maxItems": 3},
+    },
+    "required": ["id", "tags"],
+}
+TAGGING_TOOL = {"type": "function", "function": {"name": "tag", "description": "Tags an item.", "parameters": TAGGING}}
 UNCOMPILABLE_TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "strin"}}}}}
 QUESTION = [{"role": "user", "content": "What is the weather in Paris?"}]
 PAST_CALL = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
@@ -152,6 +163,16 @@ def test_forced_calls_parse_and_match_the_schema(server: str, tool_choice, paral
         assert_finished_with_calls(choice.finish_reason, parallel)
         assert_valid_calls(choice.message.tool_calls, names)
         assert parallel or len(choice.message.tool_calls) == 1
+
+
+def test_forced_calls_follow_parameters_the_schema_policy_relaxes(server: str):
+    client = openai_client(server)
+    answer = client.chat.completions.create(model="default", messages=QUESTION, tools=[TAGGING_TOOL], tool_choice="required", max_tokens=120, seed=0)
+    assert_finished_with_calls(answer.choices[0].finish_reason, parallel=False)
+    (call,) = answer.choices[0].message.tool_calls
+    # What the grammar does enforce holds: all but uniqueItems (oneOf's branches cannot both match).
+    enforced_tags = {k: v for k, v in TAGGING["properties"]["tags"].items() if k != "uniqueItems"}
+    jsonschema.validate(json.loads(call.function.arguments), {**TAGGING, "properties": {**TAGGING["properties"], "tags": enforced_tags}})
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])

@@ -19,7 +19,7 @@ __all__ = [
     "architectures",
     "normalize_hf_config",
     "gguf_config",
-    "json_schema_relaxations",
+    "relax_json_schema",
     "__version__",
 ]
 
@@ -28,9 +28,10 @@ __version__: str
 def kernel_isa() -> str:
     """The kernel path chosen for this CPU: "avx512", "avx512-bf16", "avx2", "neon", "neon-bf16", "sve-bf16" or "portable"."""
 
-def json_schema_relaxations(schema: str) -> list[dict[str, str]]:
-    """What the grammar relaxes in a JSON schema (JSON text) it cannot enforce exactly: one
-    `{"keyword", "pointer", "action"}` dict each; raises InvalidRequestError on invalid JSON."""
+def relax_json_schema(schema: str) -> tuple[str, list[dict[str, str]]]:
+    """A JSON schema (JSON text) as the grammar enforces it: rewritten by the schema policy (JSON
+    text), and what it relaxes, one `{"keyword", "pointer", "action"}` dict each (none when it is
+    enforced as written); raises InvalidRequestError on invalid JSON."""
 
 def architectures() -> list[dict[str, Any]]:
     """The architectures the engine runs, one dict each: `name` (rsgl's, the transformers

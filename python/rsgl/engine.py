@@ -200,6 +200,7 @@ class Engine:
         self._think_end_token = think_end_token if self.tokenizer else None
         self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
         self._sampling_defaults = {k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None}
+        self.strict_json_schema = strict_json_schema
         if strict_json_schema:
             # A server-wide default; a request's own strict_json_schema overrides it.
             self._sampling_defaults["strict_json_schema"] = True
@@ -520,7 +521,8 @@ class Engine:
 def json_schema_warnings(schema: str) -> tuple[dict[str, str], ...]:
     """What the grammar relaxes in `schema` (JSON text): `{"keyword", "pointer", "action"}` each,
     logged once per schema while it stays in this cache (the engine caches as many grammars)."""
-    warnings = tuple(_core.json_schema_relaxations(schema))
+    _, relaxations = _core.relax_json_schema(schema)
+    warnings = tuple(relaxations)
     for w in warnings:
         logger.warning("json_schema: `%s` at %s: %s", w["keyword"], w["pointer"] or "the root", w["action"])
     return warnings

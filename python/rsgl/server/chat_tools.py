@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 
+import orjson
+
 from rsgl._typing import JsonObject
-from rsgl.engine import Engine
+from rsgl.engine import Engine, json_schema_warnings
 from rsgl.errors import InvalidRequestError
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.errors import bad_request
 from rsgl.server.reasoning import ReasoningSplitter
 from rsgl.server.tool_request import ToolRequest
-from rsgl.tools import FORMATS, ToolCallFormat, format_for_template, messages_for_template, template_renders_tools
+from rsgl.tools import FORMATS, Function, ToolCallFormat, format_for_template, messages_for_template, template_renders_tools
 
 
 @dataclass(frozen=True)
@@ -42,11 +44,22 @@ async def prepare_chat(engine: Engine, messages: list[JsonObject], tools: ToolRe
     messages, tools_variable = messages_for_template(messages, tools.offered, call_format, template_renders_tools(template))
     prompt = engine.apply_chat_template(messages, tools=tools_variable, **template_kwargs)
     constraint = {} if tools.forced is None else call_format.constraint(tools.forced, tools.parallel)
-    if constraint:
+    if tools.forced is not None:
+        report_relaxed_parameters(engine, tools.forced)
         await check_compiles(engine, constraint)
     overrides = {"skip_special_tokens": False} if tools.offered and call_format.keeps_special_tokens else {}
     reasoning = ReasoningSplitter.for_prompt(parsers.reasoning_parser, prompt) if parsers.reasoning_parser else None
     return PreparedChat(prompt, constraint, overrides, ChatReader(call_format if tools.offered else None, reasoning))
+
+
+def report_relaxed_parameters(engine: Engine, functions: list[Function]) -> None:
+    """Forced calls follow each function's parameters schema as the schema policy has it (see
+    lark_json): what the grammar relaxes is logged, or refused by a --strict-json-schema server."""
+    for function in functions:
+        warnings = json_schema_warnings(orjson.dumps(function.parameters).decode())
+        if warnings and engine.strict_json_schema:
+            listed = "; ".join(f"`{w['keyword']}` at {w['pointer'] or 'the root'}: {w['action']}" for w in warnings)
+            raise bad_request(f"strict mode refuses what the grammar cannot enforce exactly in the parameters of {function.name}: {listed}", "tools")
 
 
 async def check_compiles(engine: Engine, constraint: JsonObject) -> None:

@@ -193,3 +193,17 @@ fn aborting_requests_waiting_for_their_grammar_frees_everything() {
     assert_eq!(e.stats().grammar_waiting_requests, 0);
     assert_drained(&e);
 }
+
+#[test]
+fn recursive_references_that_llguidance_would_intersect_compile() {
+    // Shapes of the WashingtonPost ANS schemas: a `type` beside `anyOf` over recursive
+    // references, and a named property under a catch-all `patternProperties` key.
+    let schema = r##"{"$schema": "http://json-schema.org/draft-04/schema", "$ref": "#/definitions/content",
+        "definitions": {
+            "content": {"type": "object", "properties": {"related": {"$ref": "#/definitions/related"}, "kind": {"enum": ["story"]}}},
+            "redirect": {"type": "object", "properties": {"kind": {"enum": ["redirect"]}}},
+            "related": {"type": "object", "additionalProperties": {},
+                "properties": {"redirect": {"type": "array", "items": {"$ref": "#/definitions/redirect"}}},
+                "patternProperties": {".*": {"type": "array", "items": {"type": "object", "anyOf": [{"$ref": "#/definitions/content"}, {"$ref": "#/definitions/redirect"}]}}}}}}"##;
+    backend(false).compile(&GrammarSpec::JsonSchema(schema.into())).unwrap();
+}

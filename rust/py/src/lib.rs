@@ -336,12 +336,13 @@ fn gguf_config(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
     to_python(py, &config)
 }
 
-/// What the grammar relaxes in a JSON schema (given as JSON text) it cannot enforce exactly: a
-/// list of `{keyword, pointer, action}` dicts, empty when the schema is enforced as written.
+/// A JSON schema (given as JSON text) as the grammar enforces it: the schema rewritten by the
+/// schema policy (JSON text), and what it relaxes, a list of `{keyword, pointer, action}` dicts,
+/// empty when the schema is enforced as written.
 #[pyfunction]
-fn json_schema_relaxations<'py>(py: Python<'py>, schema: &str) -> PyResult<Bound<'py, PyAny>> {
-    let relaxations = rsgl_engine::grammar::relaxations_of(schema).map_err(to_py_err)?;
-    to_python(py, &relaxations)
+fn relax_json_schema<'py>(py: Python<'py>, schema: &str) -> PyResult<(String, Bound<'py, PyAny>)> {
+    let (relaxed, relaxations) = rsgl_engine::grammar::relaxed_schema(schema).map_err(to_py_err)?;
+    Ok((relaxed.to_string(), to_python(py, &relaxations)?))
 }
 
 #[pymodule]
@@ -354,7 +355,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(architectures, m)?)?;
     m.add_function(wrap_pyfunction!(normalize_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(gguf_config, m)?)?;
-    m.add_function(wrap_pyfunction!(json_schema_relaxations, m)?)?;
+    m.add_function(wrap_pyfunction!(relax_json_schema, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 
 import orjson
 
+from rsgl import _core
 from rsgl._typing import JsonObject
 from rsgl.tools.calls import Function, ToolCall
 
@@ -80,9 +81,11 @@ def lark_literal(text: str) -> str:
 
 
 def lark_json(schema: JsonObject) -> str:
-    """A JSON schema inlined in a Lark grammar, laid out as the engine lays out `json_schema` output
-    (no free whitespace, so a model cannot pad forever)."""
-    return "%json " + orjson.dumps({**schema, "x-guidance": JSON_LAYOUT}).decode()
+    """A JSON schema inlined in a Lark grammar as the engine takes `json_schema`: through the schema
+    policy, which `%json` would bypass (its relaxations are reported where the tools are read), and
+    laid out as `json_schema` output is (no free whitespace, so a model cannot pad forever)."""
+    relaxed, _ = _core.relax_json_schema(orjson.dumps(schema).decode())
+    return "%json " + orjson.dumps({**orjson.loads(relaxed), "x-guidance": JSON_LAYOUT}).decode()
 
 
 def json_sequence(text: str, separator: str) -> tuple[list[object], str]:

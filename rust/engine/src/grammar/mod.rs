@@ -14,7 +14,7 @@ mod service;
 
 pub(crate) use constraint::Constraint;
 pub use llg::LlgBackend;
-pub use schema_policy::{refuse_relaxed, relax, relaxations_of, Relaxation};
+pub use schema_policy::{refuse_relaxed, relax, relaxations_of, relaxed_schema, Relaxation};
 pub use service::{GrammarService, GrammarStats};
 
 use crate::error::{invalid, EngineError, Result};

@@ -7,10 +7,17 @@
 //! `anyOf`), dropped because it constrains nothing, or relaxed: dropped or approximated, so the
 //! grammar accepts more than the schema. Each relaxation is returned, so it can be reported to
 //! the user, or refused in strict mode.
+//!
+//! llguidance also cannot intersect two schemas through a `$ref` it is still compiling (a
+//! recursive one): a keyword beside `anyOf` meets every branch, a named property the schema of
+//! the `patternProperties` key it matches. What such a keyword or property schema says that is
+//! implied anyway goes; the rest is relaxed where it leads to recursion.
 
 use crate::error::{invalid, Result};
+use regex::Regex;
 use serde::Serialize;
 use serde_json::{Map, Value};
+use std::collections::{HashMap, HashSet};
 
 /// The formats llguidance compiles to a regular expression (its `json::formats::lookup_format`).
 const KNOWN_FORMATS: [&str; 11] = ["date-time", "time", "date", "duration", "email", "hostname", "ipv4", "ipv6", "uuid", "uri", "unknown"];
@@ -43,6 +50,12 @@ const KEPT_BESIDE_REF: [&str; 5] = ["$ref", "definitions", "$defs", "$schema", "
 /// Regular-expression syntax a grammar cannot express: look-around and word boundaries.
 const LOOK_AROUND: [&str; 6] = ["(?=", "(?!", "(?<=", "(?<!", "\\b", "\\B"];
 
+/// Keywords holding a schema that may allow anything.
+const ALLOWING_ANYTHING: [&str; 3] = ["additionalProperties", "items", "additionalItems"];
+
+/// Keywords that describe a schema without constraining its values.
+const DESCRIPTIVE: [&str; 7] = ["title", "description", "default", "examples", "$comment", "readOnly", "writeOnly"];
+
 /// One keyword of the schema the grammar does not enforce exactly.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Relaxation {
@@ -74,8 +87,14 @@ pub fn refuse_relaxed(relaxations: &[Relaxation]) -> Result<()> {
 
 /// The relaxations `relax` makes to the schema in `text`.
 pub fn relaxations_of(text: &str) -> Result<Vec<Relaxation>> {
+    relaxed_schema(text).map(|(_, relaxations)| relaxations)
+}
+
+/// The schema in `text` as `relax` rewrites it, and the relaxations made.
+pub fn relaxed_schema(text: &str) -> Result<(Value, Vec<Relaxation>)> {
     let mut schema: Value = serde_json::from_str(text).map_err(|e| invalid(format!("json_schema: not valid JSON: {e}")))?;
-    Ok(relax(&mut schema))
+    let relaxations = relax(&mut schema);
+    Ok((schema, relaxations))
 }
 
 /// Rewrites `schema` into one llguidance compiles, returning every relaxation made.
@@ -85,7 +104,8 @@ pub fn relax(schema: &mut Value) -> Vec<Relaxation> {
     let ref_siblings_ignored = ["draft-03", "draft-04", "draft-06", "draft-07"].iter().any(|d| draft.contains(d));
     let mut refs = Vec::new();
     collect_local_refs(&root, &mut refs);
-    let mut walk = Walk { root: &root, refs, ref_siblings_ignored, relaxations: Vec::new() };
+    let leading_to_recursion = targets_leading_to_recursion(&root, &refs);
+    let mut walk = Walk { root: &root, refs, leading_to_recursion, ref_siblings_ignored, relaxations: Vec::new() };
     walk.schema(schema, String::new());
     walk.relaxations
 }
@@ -95,6 +115,8 @@ struct Walk<'a> {
     root: &'a Value,
     /// The JSON pointers of the schema's local `$ref`s.
     refs: Vec<String>,
+    /// The targets of `refs` from which references lead back into a reference already followed.
+    leading_to_recursion: HashSet<String>,
     /// The schema's draft ignores keywords beside `$ref`.
     ref_siblings_ignored: bool,
     relaxations: Vec<Relaxation>,
@@ -133,7 +155,7 @@ impl Walk<'_> {
         if self.ref_siblings_ignored && object.contains_key("$ref") {
             object.retain(|keyword, _| KEPT_BESIDE_REF.contains(&keyword.as_str()));
         }
-        if object.get("pattern").and_then(Value::as_str).is_some_and(|p| LOOK_AROUND.iter().any(|l| p.contains(l))) {
+        if object.get("pattern").and_then(Value::as_str).is_some_and(has_look_around) {
             object.remove("pattern");
             self.relaxed("pattern", pointer, "dropped: look-around and \\b cannot be expressed by a grammar");
         }
@@ -149,6 +171,12 @@ impl Walk<'_> {
                 }
             }
         }
+        self.drop_type_implied_by_branches(object);
+        // llguidance intersects a keyword beside `anyOf` with each branch: one allowing anything
+        // needs no intersection, and cannot make one through a recursive reference fail.
+        object.retain(|keyword, value| !(ALLOWING_ANYTHING.contains(&keyword.as_str()) && allows_anything(value)));
+        self.look_around_pattern_keys(object, pointer);
+        self.named_properties_under_patterns(object, pointer);
         if object.get("format").and_then(Value::as_str).is_some_and(|f| !KNOWN_FORMATS.contains(&f)) {
             object.remove("format");
             // A format constrains strings only: on other types (OpenAPI's `int32`...) it is an annotation.
@@ -165,6 +193,77 @@ impl Walk<'_> {
                 self.relaxed(keyword, pointer, action);
             }
         }
+    }
+
+    /// A `type` beside `anyOf` that every branch already narrows to goes: llguidance would
+    /// intersect it with each branch, which fails through a recursive reference.
+    fn drop_type_implied_by_branches(&self, object: &mut Map<String, Value>) {
+        let (Some(outer), Some(Value::Array(branches))) = (declared_types(object), object.get("anyOf")) else { return };
+        let within = |t: &str| outer.contains(&t) || (t == "integer" && outer.contains(&"number"));
+        if branches.iter().all(|b| self.resolve(b).as_object().and_then(types).is_some_and(|narrowed| narrowed.into_iter().all(within))) {
+            object.remove("type");
+        }
+    }
+
+    /// A `patternProperties` key with look-around cannot be compiled: its schema goes to
+    /// `additionalProperties` (beside what that allowed), so it applies to every property not
+    /// named or matched by another pattern, including those the look-around excluded.
+    fn look_around_pattern_keys(&mut self, object: &mut Map<String, Value>, pointer: &str) {
+        let Some(Value::Object(patterns)) = object.get_mut("patternProperties") else { return };
+        let keys: Vec<String> = patterns.keys().filter(|key| has_look_around(key)).cloned().collect();
+        if keys.is_empty() {
+            return;
+        }
+        let mut widened: Vec<Value> = keys.iter().filter_map(|key| patterns.remove(key)).collect();
+        if patterns.is_empty() {
+            object.remove("patternProperties");
+        }
+        for key in &keys {
+            self.relaxed("patternProperties", pointer, &format!("key `{key}` has look-around: its schema applies to every property not named"));
+        }
+        // Absent or true, additionalProperties already allows what the key's schema would.
+        match object.remove("additionalProperties") {
+            None | Some(Value::Bool(true)) => return,
+            Some(Value::Bool(false)) => {}
+            Some(additional) => widened.push(additional),
+        }
+        let schema = if widened.len() == 1 { widened.remove(0) } else { serde_json::json!({ "anyOf": widened }) };
+        object.insert("additionalProperties".into(), schema);
+    }
+
+    /// A named property matching a `patternProperties` key must satisfy both schemas, which
+    /// llguidance intersects; it cannot through a reference it is still compiling. The
+    /// property's own schema goes when it says nothing more than the pattern's, and is relaxed
+    /// when either leads to recursion.
+    fn named_properties_under_patterns(&mut self, object: &mut Map<String, Value>, pointer: &str) {
+        let Some(Value::Object(patterns)) = object.get("patternProperties") else { return };
+        let patterns: Vec<(Regex, Value)> = patterns.iter().filter_map(|(key, schema)| Some((Regex::new(key).ok()?, schema.clone()))).collect();
+        let Some(Value::Object(properties)) = object.get_mut("properties") else { return };
+        for (name, schema) in properties.iter_mut() {
+            let here = format!("{pointer}/properties/{}", escape(name));
+            let Some((_, pattern_schema)) = patterns.iter().find(|(key, _)| key.is_match(name)) else { continue };
+            if self.referenced(&here) {
+                continue;
+            }
+            if constraints(schema) == constraints(pattern_schema) {
+                *schema = Value::Object(Map::new());
+            } else if self.leads_to_recursion(schema) || self.leads_to_recursion(pattern_schema) {
+                *schema = Value::Object(Map::new());
+                self.relaxed(
+                    "properties",
+                    &here,
+                    "dropped: the property is checked against the schema of the patternProperties key it matches only (llguidance \
+                     cannot intersect the two through recursive references)",
+                );
+            }
+        }
+    }
+
+    /// Whether a local `$ref` in `schema` leads to recursion.
+    fn leads_to_recursion(&self, schema: &Value) -> bool {
+        let mut refs = Vec::new();
+        collect_local_refs(schema, &mut refs);
+        refs.iter().any(|r| self.leading_to_recursion.contains(r))
     }
 
     /// `minProperties` / `maxProperties`: dropped when `required` and closed `properties` already
@@ -231,6 +330,52 @@ fn collect_local_refs(value: &Value, refs: &mut Vec<String>) {
     }
 }
 
+/// The local `$ref` targets from which following references comes back to one already followed.
+fn targets_leading_to_recursion(root: &Value, refs: &[String]) -> HashSet<String> {
+    let targets: HashSet<&String> = refs.iter().collect();
+    let edges: HashMap<&String, Vec<String>> = targets
+        .iter()
+        .map(|&target| {
+            let mut inner = Vec::new();
+            if let Some(schema) = root.pointer(target) {
+                collect_local_refs(schema, &mut inner);
+            }
+            (target, inner)
+        })
+        .collect();
+    let reachable_from = |start: &String| -> HashSet<&String> {
+        let mut seen = HashSet::new();
+        let mut stack: Vec<&String> = edges.get(start).into_iter().flatten().collect();
+        while let Some(next) = stack.pop() {
+            if seen.insert(next) {
+                stack.extend(edges.get(next).into_iter().flatten());
+            }
+        }
+        seen
+    };
+    let reachable: HashMap<&String, HashSet<&String>> = targets.iter().map(|&t| (t, reachable_from(t))).collect();
+    let recursive: HashSet<&String> = targets.iter().copied().filter(|t| reachable[t].contains(t)).collect();
+    targets.into_iter().filter(|t| recursive.contains(t) || reachable[t].iter().any(|r| recursive.contains(r))).cloned().collect()
+}
+
+fn allows_anything(schema: &Value) -> bool {
+    schema == &Value::Bool(true) || schema.as_object().is_some_and(Map::is_empty)
+}
+
+/// What a schema constrains: the schema without its descriptive keywords.
+fn constraints(schema: &Value) -> Value {
+    match schema {
+        Value::Object(object) => {
+            Value::Object(object.iter().filter(|(k, _)| !DESCRIPTIVE.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+fn has_look_around(pattern: &str) -> bool {
+    LOOK_AROUND.iter().any(|l| pattern.contains(l))
+}
+
 fn push_all_of(object: &mut Map<String, Value>, schemas: [Value; 2]) {
     let all_of = object.entry("allOf").or_insert_with(|| Value::Array(Vec::new()));
     if let Value::Array(list) = all_of {
@@ -249,10 +394,15 @@ fn exact_without_unique_items(object: &Map<String, Value>) -> bool {
 
 /// The JSON types a schema allows, when it says (`type`, or the types of its literal values).
 fn types(schema: &Map<String, Value>) -> Option<Vec<&'static str>> {
-    let name = |t: &str| ["null", "boolean", "object", "array", "number", "string", "integer"].into_iter().find(|n| *n == t);
-    if let Some(literals) = literals(schema) {
-        return Some(literals.iter().map(type_of).collect());
+    match literals(schema) {
+        Some(literals) => Some(literals.iter().map(type_of).collect()),
+        None => declared_types(schema),
     }
+}
+
+/// The types named by the schema's `type`.
+fn declared_types(schema: &Map<String, Value>) -> Option<Vec<&'static str>> {
+    let name = |t: &str| ["null", "boolean", "object", "array", "number", "string", "integer"].into_iter().find(|n| *n == t);
     match schema.get("type")? {
         Value::String(t) => Some(vec![name(t)?]),
         Value::Array(list) => list.iter().map(|t| t.as_str().and_then(name)).collect(),

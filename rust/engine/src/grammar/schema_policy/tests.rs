@@ -128,3 +128,51 @@ fn patterns_with_look_around_are_dropped() {
     assert_eq!(schema, json!({"properties": {"a": {}, "b": {"pattern": "^[a-z]+$"}}}));
     assert_eq!(relaxations, one("pattern", "/properties/a"));
 }
+
+#[test]
+fn type_beside_any_of_goes_when_every_branch_narrows_to_it() {
+    let schema = json!({"type": ["object", "number"], "anyOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}, {"const": 1.5}],
+        "$defs": {"a": {"type": "object"}}});
+    let (relaxed_schema, relaxations) = relaxed(schema);
+    assert_eq!(relaxed_schema, json!({"anyOf": [{"$ref": "#/$defs/a"}, {"type": "integer"}, {"const": 1.5}], "$defs": {"a": {"type": "object"}}}));
+    assert!(relaxations.is_empty());
+    let open_branch = json!({"type": "object", "anyOf": [{"type": "object"}, {"required": ["a"]}]});
+    assert_eq!(relaxed(open_branch.clone()).0, open_branch);
+}
+
+#[test]
+fn schemas_allowing_anything_are_dropped() {
+    let schema = json!({"additionalProperties": {}, "items": true, "additionalItems": {"type": "string"}, "properties": {"a": {}}});
+    assert_eq!(relaxed(schema), (json!({"additionalItems": {"type": "string"}, "properties": {"a": {}}}), vec![]));
+}
+
+#[test]
+fn look_around_pattern_keys_widen_additional_properties() {
+    let schema = json!({"properties": {"name": {"type": "string"}}, "patternProperties": {"^(?!name).+$": {"type": "integer"}},
+        "additionalProperties": false});
+    let (relaxed_schema, relaxations) = relaxed(schema);
+    assert_eq!(relaxed_schema, json!({"properties": {"name": {"type": "string"}}, "additionalProperties": {"type": "integer"}}));
+    assert_eq!(relaxations, one("patternProperties", ""));
+    let (beside_other, _) = relaxed(json!({"patternProperties": {"^(?!x)": {"type": "integer"}, "^x": {}}, "additionalProperties": {"type": "null"}}));
+    assert_eq!(beside_other, json!({"patternProperties": {"^x": {}}, "additionalProperties": {"anyOf": [{"type": "integer"}, {"type": "null"}]}}));
+    let (open, _) = relaxed(json!({"patternProperties": {"^(?!x)": {"type": "integer"}}}));
+    assert_eq!(open, json!({}));
+}
+
+#[test]
+fn named_properties_under_a_pattern_keep_what_llguidance_can_intersect() {
+    let defs = json!({"node": {"type": "object", "properties": {"children": {"type": "array", "items": {"$ref": "#/$defs/node"}}}},
+        "leaf": {"type": "string"}});
+    let schema =
+        |properties: Value| json!({"properties": properties, "patternProperties": {".*": {"type": "array", "items": {"$ref": "#/$defs/node"}}}, "$defs": defs});
+    // Saying no more than the pattern (descriptions aside): exact without the property's schema.
+    let same = relaxed(schema(json!({"a": {"type": "array", "items": {"$ref": "#/$defs/node"}, "title": "A"}})));
+    assert_eq!(same, (schema(json!({"a": {}})), vec![]));
+    // Saying more, through a recursive reference: the pattern's schema only, reported.
+    let (different, relaxations) = relaxed(schema(json!({"a": {"type": "array", "maxItems": 1}})));
+    assert_eq!(different, schema(json!({"a": {}})));
+    assert_eq!(relaxations, one("properties", "/properties/a"));
+    // Nothing recursive: llguidance intersects them.
+    let plain = json!({"properties": {"a": {"maxLength": 3}}, "patternProperties": {"^a": {"$ref": "#/$defs/leaf"}}, "$defs": defs});
+    assert_eq!(relaxed(plain.clone()), (plain, vec![]));
+}
