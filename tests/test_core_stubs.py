@@ -48,7 +48,7 @@ def test_engine_options_keys_are_the_engines():
 
 
 def test_output_keys_are_declared_and_all_appear(llm):
-    ids = llm.encode("The capital of France is")
+    ids = llm.tokenize("The capital of France is")
     request = {
         "rid": "stub-check",
         "input_ids": ids,

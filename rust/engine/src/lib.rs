@@ -15,6 +15,7 @@ pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod policy;
+pub mod pooling;
 pub mod request;
 pub mod sample;
 mod scheduler;
@@ -25,7 +26,7 @@ pub mod weights;
 pub use config::{EngineOptions, ModelConfig};
 pub use engine::{Engine, RequestStream, Tokenizer};
 pub use error::{EngineError, Result};
-pub use request::{GenerateRequest, Output, Waker};
+pub use request::{EmbedRequest, GenerateRequest, Output, Waker};
 pub use weights::WeightStore;
 
 /// Name of the kernel path chosen for this CPU ("avx2", "neon", "portable").
