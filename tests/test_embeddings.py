@@ -186,3 +186,15 @@ def test_engine_encode_as_sglang(tiny):
             llm.generate("a", {"max_new_tokens": 1})
     with rsgl.Engine(str(folder), threads=1, progress=False) as generator, pytest.raises(rsgl.InvalidRequestError, match="is_embedding"):
         generator.encode("a")
+
+
+def test_a_base_model_checkpoint_embeds(tiny, tmp_path: Path):
+    """A `LlamaModel` checkpoint (as sentence-transformers saves embedding models: no lm_head, no
+    `model.` prefix) serves as its causal LM's architecture."""
+    folder, model, _ = tiny
+    model.model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["LlamaModel"]
+    with rsgl.Engine(str(tmp_path), is_embedding=True, threads=1, progress=False, skip_tokenizer_init=True) as llm:
+        result = llm.encode([1, 7, 9, 11])
+        assert isinstance(result, dict)
+        assert_close(result["embedding"], reference(model, [1, 7, 9, 11], "last"))

@@ -34,9 +34,7 @@ def sentence_transformers_pooling(folder: Path) -> Pooling | None:
     config = _read(config_path) if config_path.is_file() else {}
     modes = [name for name, value in config.items() if name.startswith("pooling_mode_") and value] if isinstance(config, dict) else []
     if len(modes) != 1 or modes[0] not in POOLING_MODES:
-        raise UnsupportedModelError(
-            f"{config_path} pools by {' + '.join(modes) or 'no mode'}; rsgl pools embeddings by one of {', '.join(POOLING_MODES)}."
-        )
+        raise UnsupportedModelError(f"{config_path} pools by {' + '.join(modes) or 'no mode'}; rsgl pools embeddings by one of {', '.join(POOLING_MODES)}.")
     return POOLING_MODES[modes[0]]
 
 

@@ -225,7 +225,7 @@ async def tokenize(request: Request) -> Response:
         raise bad_request("prompt (or text) must be a string or a list of strings", "prompt")
     engine = engine_of(request)
     single = isinstance(text, str)
-    tokens = await one_or_each(engine.encode, text, single)
+    tokens = await one_or_each(engine.tokenize, text, single)
     count = len(tokens) if single else [len(row) for row in tokens]
     return json_response({"tokens": tokens, "count": count, "max_model_len": engine.get_server_info()["context_length"]})
 

@@ -134,6 +134,7 @@ EMBEDDING_RESPONSE = obj(
 )  # fmt: skip
 ENCODE_REQUEST = obj(text=any_of(WORDS, {**array(WORDS), "minItems": 1}), input_ids=PROMPT_ID_ROWS)
 ENCODE_OUTPUT = obj(embedding=array(NUMBER), meta_info=META_INFO)
+ENCODE_RESPONSE = any_of(ENCODE_OUTPUT, array(ENCODE_OUTPUT))
 
 
 def as_json(schema: JsonObject) -> JsonObject:
@@ -173,7 +174,7 @@ OPERATIONS = (
     Operation("POST", "/v1/completions", "OpenAI: text completion.", COMPLETION_REQUEST, OPENAI_CONTENT),
     Operation("POST", "/v1/chat/completions", "OpenAI: chat completion.", CHAT_REQUEST, OPENAI_CONTENT),
     Operation("POST", "/v1/embeddings", "OpenAI: embeddings (a server started with --is-embedding).", EMBEDDING_REQUEST, as_json(EMBEDDING_RESPONSE)),
-    Operation("POST", "/encode", "SGLang: embeddings, one input or a batch (--is-embedding).", ENCODE_REQUEST, as_json(any_of(ENCODE_OUTPUT, array(ENCODE_OUTPUT)))),
+    Operation("POST", "/encode", "SGLang: embeddings, one input or a batch (--is-embedding).", ENCODE_REQUEST, as_json(ENCODE_RESPONSE)),
 )  # fmt: skip
 
 

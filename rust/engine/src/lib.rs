@@ -6,6 +6,7 @@
 //! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
 //! the detokenizer ([`text`]) turns them into text with stop strings applied. Constrained
 //! requests ([`grammar`]) sample from a token mask and skip over text their grammar forces.
+//! An embedding engine's requests pool the model's hidden states instead ([`pooling`]).
 
 mod batch;
 pub mod config;
