@@ -65,7 +65,7 @@ def test_output_keys_are_declared_and_all_appear(llm):
         assert out is not None, "no output within 10 s"
         outputs.append(out)
     seen = set().union(*outputs)
-    assert seen == declared(core_types.Output)
+    assert seen == declared(core_types.Output) - {"embedding"}  # an embedding engine's: tests/test_embeddings.py
     finished = outputs[-1]["finished"]
     assert set(finished) == declared(core_types.Finished)
     assert set(finished["finish_reason"]) <= declared(core_types.FinishReason)

@@ -11,6 +11,7 @@ import json
 import os
 from pathlib import Path
 
+import gguf
 import httpx
 import numpy as np
 import openai
@@ -18,7 +19,9 @@ import pytest
 import rsgl
 import torch
 from conftest import build_tiny
+from rsgl import _core, core_types
 from server_helpers import API_KEY, AUTH, assert_openai_error, drained, running_server
+from test_core_stubs import declared, known_keys
 from tiny_models import SPECIAL_TOKENS, TINY, byte_tokenizer
 
 SERVED_NAME = "tiny-embed"
@@ -188,6 +191,17 @@ def test_engine_encode_as_sglang(tiny):
         generator.encode("a")
 
 
+def test_embed_request_and_output_keys_are_the_engines(tiny):
+    with rsgl.Engine(str(tiny[0]), is_embedding=True, threads=1, progress=False) as llm:
+        with pytest.raises(rsgl.InvalidRequestError) as refused:
+            llm._core.embed({"rid": "r", "input_ids": [1], "no_such_key": 1})
+        assert known_keys(refused.value) == declared(core_types.EmbedRequest)
+        stream = llm._core.embed({"rid": "keys", "input_ids": [1, 2, 3]})
+        out = stream.next(10.0)
+        assert out is not None and stream.done
+        assert set(out) == declared(core_types.Output) - {"logprobs", "prompt_logits", "input_token_logprobs"}
+
+
 def test_a_base_model_checkpoint_embeds(tiny, tmp_path: Path):
     """A `LlamaModel` checkpoint (as sentence-transformers saves embedding models: no lm_head, no
     `model.` prefix) serves as its causal LM's architecture."""
@@ -198,3 +212,24 @@ def test_a_base_model_checkpoint_embeds(tiny, tmp_path: Path):
         result = llm.encode([1, 7, 9, 11])
         assert isinstance(result, dict)
         assert_close(result["embedding"], reference(model, [1, 7, 9, 11], "last"))
+
+
+@pytest.mark.parametrize(("pooling_type", "pooling"), [(1, "mean"), (2, "cls"), (3, "last"), (None, None)])
+def test_gguf_pooling_type_is_read(tmp_path: Path, pooling_type: int | None, pooling: str | None):
+    path = tmp_path / "embedder.gguf"
+    writer = gguf.GGUFWriter(path, "qwen3")
+    writer.add_block_count(1)
+    writer.add_context_length(64)
+    writer.add_embedding_length(8)
+    writer.add_feed_forward_length(16)
+    writer.add_head_count(2)
+    writer.add_head_count_kv(1)
+    writer.add_layer_norm_rms_eps(1e-6)
+    if pooling_type is not None:
+        writer.add_pooling_type(gguf.PoolingType(pooling_type))
+    writer.add_tensor("token_embd.weight", np.zeros((10, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert _core.gguf_config(path)["pooling"] == pooling

@@ -43,7 +43,7 @@ async def encode_native(request: Request) -> Response:
     per input (a list for a list)."""
     body = await read_json_object(request)
     engine = embedding_engine(request)
-    name = "text" if "text" in body else "input_ids"
+    name = "input_ids" if "input_ids" in body else "text"
     prompt = embedding_input(body.get(name), name)
     results = await encode(engine, prompt)
     for result in results:

@@ -233,7 +233,7 @@ impl Engine {
     fn check_fits(&self, need: usize) -> Result<()> {
         if need > self.max_total_tokens {
             return Err(invalid(format!(
-                "the request needs {need} KV tokens (prompt + max_new_tokens) but the pool holds {}; lower max_new_tokens or raise max_total_tokens / kv_cache_memory_gb",
+                "the request needs {need} KV tokens (its prompt, plus max_new_tokens when generating) but the pool holds {}; shorten it or raise max_total_tokens / kv_cache_memory_gb",
                 self.max_total_tokens
             )));
         }
