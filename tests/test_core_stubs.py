@@ -20,7 +20,7 @@ def declared(typed_dict: type) -> set[str]:
 
 def known_keys(refusal: Exception) -> set[str]:
     """The keys serde lists when it refuses an unknown one."""
-    match = re.search(r"expected one of (.*)$", str(refusal))
+    match = re.search(r"expected (?:one of )?(`.*)$", str(refusal))
     assert match, f"not an unknown-key refusal: {refusal}"
     return set(re.findall(r"`(\w+)`", match.group(1)))
 
