@@ -150,8 +150,8 @@ def main() -> None:
     gguf = Path(default_model_path())
     log(f"model {gguf}, {args.threads} thread(s)")
     llm = rsgl.Engine(threads=args.threads, progress=False, disable_radix_cache=True)
-    short_prompts = [llm.encode(p) for p in SHORT_PROMPTS]
-    long_prompt, warm_up = (repeated(llm.encode(text), PREFILL_TOKENS) for text in (LONG_TEXT, WARM_UP_TEXT))
+    short_prompts = [llm.tokenize(p) for p in SHORT_PROMPTS]
+    long_prompt, warm_up = (repeated(llm.tokenize(text), PREFILL_TOKENS) for text in (LONG_TEXT, WARM_UP_TEXT))
 
     log("measuring rsgl ...")
     results = {"rsgl": measure(rsgl_generate(llm), warm_up, short_prompts, long_prompt, args.repeats)}

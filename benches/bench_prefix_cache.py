@@ -22,7 +22,7 @@ the same work.
 --scale (at most 1) shrinks the question count, the session count and the tree depth;
 decode_overhead keeps its batch of 64.
 
-Per workload and mode: time inside generate calls, requests, prompt tokens (engine.encode),
+Per workload and mode: time inside generate calls, requests, prompt tokens (engine.tokenize),
 generated tokens, (prompt + generated) tok/s, requests/s, cache hit rate = sum of per-request
 meta_info cached_tokens / prompt tokens ("hit"), the same from the engine's counters
 (cache_hit_tokens / prompt_tokens deltas, "hit (stats)"), the share of step time outside the
@@ -132,7 +132,7 @@ class Tally:
 
     def generate(self, prompts: list[str], sampling_params: dict | list[dict]) -> list[dict]:
         start = time.perf_counter()
-        outs = self.llm.generate(input_ids=[self.llm.encode(p) for p in prompts], sampling_params=sampling_params)
+        outs = self.llm.generate(input_ids=[self.llm.tokenize(p) for p in prompts], sampling_params=sampling_params)
         self.seconds += time.perf_counter() - start
         for out in outs:
             meta = out["meta_info"]
@@ -147,7 +147,7 @@ def few_shot(tally: Tally, scale: float, rng: random.Random) -> dict:
     countries = rng.sample(COUNTRIES, len(COUNTRIES))
     prefix = "Answer each question about a country in one sentence.\n\n"
     for name, continent, capital, language, currency, known in countries:
-        if len(tally.llm.encode(prefix)) >= PREFIX_TOKENS:
+        if len(tally.llm.tokenize(prefix)) >= PREFIX_TOKENS:
             break
         prefix += (
             f"Q: Tell me about {name}.\nA: {name} is a country in {continent}. Its capital is {capital}, "
@@ -156,7 +156,7 @@ def few_shot(tally: Tally, scale: float, rng: random.Random) -> dict:
     pairs = rng.sample(list(itertools.product(QUESTIONS, [c[0] for c in COUNTRIES])), scaled(64, scale))
     prompts = [f"{prefix}Q: {question.format(name)}\nA:" for question, name in pairs]
     tally.generate(prompts, {"temperature": 0, "max_new_tokens": 16})
-    return {"prefix_tokens": len(tally.llm.encode(prefix)), "questions": len(prompts)}
+    return {"prefix_tokens": len(tally.llm.tokenize(prefix)), "questions": len(prompts)}
 
 
 def multi_turn(tally: Tally, scale: float, rng: random.Random) -> dict:

@@ -60,7 +60,7 @@ def answers(model: str | None, dtype: str, activation_bits: int = 8) -> tuple[li
     import rsgl
 
     with rsgl.Engine(model, dtype=dtype, activation_bits=activation_bits, threads=2, progress=False) as llm:
-        prompts = [llm.encode(llm.apply_chat_template([{"role": "user", "content": q}])) for q, _ in QUESTIONS]
+        prompts = [llm.tokenize(llm.apply_chat_template([{"role": "user", "content": q}])) for q, _ in QUESTIONS]
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
         return prompts, [out["text"] for out in llm.generate(input_ids=prompts, sampling_params=params)]
 

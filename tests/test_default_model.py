@@ -41,7 +41,7 @@ def hf_greedy(hf_model, ids: list[int]) -> list[int]:
 
 @pytest.mark.parametrize("prompt", PROMPTS)
 def test_greedy_32_tokens_match_transformers(prompt, llm, hf_model):
-    ids = llm.encode(prompt)
+    ids = llm.tokenize(prompt)
     got = llm.generate(input_ids=ids, sampling_params={"temperature": 0, "max_new_tokens": 32, "ignore_eos": True})
     want = hf_greedy(hf_model, ids)
     assert len(want) == 32
@@ -53,7 +53,7 @@ def test_bfloat16_is_the_default_and_follows_transformers(hf_model):
         assert engine.get_server_info()["dtype"] == "bfloat16"
         agree = total = 0
         for prompt in PROMPTS:
-            ids = engine.encode(prompt)
+            ids = engine.tokenize(prompt)
             want = hf_greedy(hf_model, ids)
             # Teacher-forced: the bf16 argmax after each prefix of transformers' continuation.
             for step, token in enumerate(want):
@@ -75,7 +75,7 @@ def test_sixteen_bit_activations_keep_the_stored_4_bits_near_float(hf_model):
         with rsgl.Engine(threads=2, activation_bits=bits, progress=False) as engine:
             info = engine.get_server_info()
             assert (info["quantization"], info["activation_bits"]) == ("gguf", bits)
-            ids = engine.encode(engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
+            ids = engine.tokenize(engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
             with torch.no_grad():
                 want = hf_model(torch.tensor([ids])).logits[0, -1].numpy()
             got = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)["meta_info"]["prompt_logits"]

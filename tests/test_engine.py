@@ -24,7 +24,7 @@ def test_capital_of_france(llm):
     out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 4})
     assert out["text"].startswith(" Paris")
     meta = out["meta_info"]
-    assert meta["prompt_tokens"] == len(llm.encode("The capital of France is"))
+    assert meta["prompt_tokens"] == len(llm.tokenize("The capital of France is"))
     assert meta["completion_tokens"] == len(out["output_ids"]) == 4
     assert meta["finish_reason"] == {"type": "length", "length": 4}
 
@@ -87,8 +87,8 @@ def test_stop_strings_are_trimmed(llm):
 
 
 def test_stop_token_ids_min_and_ignore_eos(llm):
-    out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 10, "stop_token_ids": [llm.encode(" Paris")[0]]})
-    assert out["output_ids"] == llm.encode(" Paris")[:1] and out["text"] == " Paris"
+    out = llm.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 10, "stop_token_ids": [llm.tokenize(" Paris")[0]]})
+    assert out["output_ids"] == llm.tokenize(" Paris")[:1] and out["text"] == " Paris"
     chat = llm.apply_chat_template([{"role": "user", "content": "Say hi."}])
     short = llm.generate(chat, {"temperature": 0, "max_new_tokens": 60})
     assert short["meta_info"]["finish_reason"]["type"] == "stop"

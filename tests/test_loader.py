@@ -145,6 +145,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "tie_word_embeddings": architecture == "qwen3",
         "max_position_embeddings": 512,
         "moe": None,
+        "pooling": None,
     }
 
 
@@ -520,6 +521,7 @@ def test_default_model_config(default_model):
         "tie_word_embeddings": True,
         "max_position_embeddings": 8192,
         "moe": None,
+        "pooling": None,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False

@@ -12,24 +12,12 @@ import pytest
 import torch
 from conftest import build_tiny
 from server_helpers import API_KEY, AUTH, running_server
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from tiny_models import SPECIAL_TOKENS, byte_tokenizer
+from tokenizers import Tokenizer
 
 SERVED_NAMES = ("tiny-llama", "alias-a")
-SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: the tiny config's BOS and EOS
 PROMPT = "Hello world"
 TOLERANCE = 1e-4  # float32 on both sides
-
-
-def byte_tokenizer() -> Tokenizer:
-    """One token per byte (ids 3 to 258) after the special tokens; BOS put first by the post-processor."""
-    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
-    vocab = {**{token: i for i, token in enumerate(SPECIAL_TOKENS)}, **{char: i + len(SPECIAL_TOKENS) for i, char in enumerate(alphabet)}}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
-    tokenizer.add_special_tokens(SPECIAL_TOKENS)
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -185,7 +185,7 @@ def test_choices_constrain_and_select_ranks_by_logprob(llm):
     picked = llm.select("The capital of France is", [" London", " Paris", " a banana"])
     assert picked["text"] == " Paris" and picked["index"] == 1
     # The scores are the prompt log-probabilities generate reports for the same tokens.
-    ids = llm.encode("The capital of France is Paris")
+    ids = llm.tokenize("The capital of France is Paris")
     scored = llm.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=len(ids) - 1)
     assert picked["logprobs"][1] == pytest.approx(scored["meta_info"]["input_token_logprobs"][-1][0], abs=1e-4)
     with pytest.raises(InvalidRequestError):

@@ -1,4 +1,7 @@
-"""The shape of the tiny random Llama-family models the tests build with transformers (offline)."""
+"""The shape of the tiny random Llama-family models the tests build with transformers (offline),
+and a byte-level tokenizer for them."""
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
 TINY = dict(
     hidden_size=64,
@@ -14,3 +17,17 @@ TINY = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>"]  # ids 0, 1, 2: the tiny config's BOS and EOS
+
+
+def byte_tokenizer() -> Tokenizer:
+    """One token per byte (ids 3 to 258) after the special tokens; BOS put first by the post-processor."""
+    alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
+    vocab = {**{token: i for i, token in enumerate(SPECIAL_TOKENS)}, **{char: i + len(SPECIAL_TOKENS) for i, char in enumerate(alphabet)}}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.add_special_tokens(SPECIAL_TOKENS)
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tokenizer

@@ -7,7 +7,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any, final
 
-from rsgl.core_types import EngineOptions, EngineStats, GenerateRequest, Output, SamplingParams
+from rsgl.core_types import EmbedRequest, EngineOptions, EngineStats, GenerateRequest, Output, SamplingParams
 from rsgl.loader import ModelConfig
 
 __all__ = [
@@ -91,6 +91,9 @@ class Engine:
     def submit(self, request: GenerateRequest, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
         """Queues a request; request errors are raised here. With a `notifier`, each of the
         request's outputs pushes `key` onto it."""
+    def embed(self, request: EmbedRequest, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
+        """Queues a prompt to embed on an engine started with `is_embedding` (InvalidRequestError
+        otherwise); its one output carries `embedding`. `notifier` as in `submit`."""
     def check_grammar(self, sampling_params: SamplingParams) -> None:
         """Compiles the grammar of the sampling params (regex, json_schema, ebnf or choices) now;
         raises InvalidRequestError with the backend's message if it is invalid."""

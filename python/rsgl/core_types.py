@@ -49,6 +49,13 @@ class GenerateRequest(TypedDict):
     think_end_token_ids: NotRequired[list[int] | None]
 
 
+class EmbedRequest(TypedDict):
+    """A prompt to embed, on an engine started with `is_embedding`."""
+
+    rid: str
+    input_ids: list[int]
+
+
 class EngineOptions(TypedDict, total=False):
     """Engine options, named after SGLang's server arguments; every key is optional."""
 
@@ -70,6 +77,7 @@ class EngineOptions(TypedDict, total=False):
     disable_radix_cache: bool
     disable_jump_forward: bool
     grammar_compile_threads: int
+    is_embedding: bool
 
 
 class TopLogprob(TypedDict):
@@ -109,6 +117,7 @@ class Output(TypedDict):
     logprobs: NotRequired[list[TokenLogprob]]
     prompt_logits: NotRequired[list[float]]
     input_token_logprobs: NotRequired[list[TokenLogprob]]
+    embedding: NotRequired[list[float]]  # an embedding request's pooled, L2-normalized vector
     finished: NotRequired[Finished]
 
 

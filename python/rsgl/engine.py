@@ -19,7 +19,7 @@ import secrets
 import time
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, Generator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
 from typing import Any, Literal, TypedDict, Unpack, cast, overload
 
 import orjson
@@ -28,7 +28,8 @@ from tokenizers import Tokenizer
 from rsgl import _core
 from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
-from rsgl.core_types import EngineOptions, GenerateRequest, Output, SamplingParams, TokenLogprob
+from rsgl.core_types import EmbedRequest, EngineOptions, GenerateRequest, Output, SamplingParams, TokenLogprob
+from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import load_model
 
@@ -109,7 +110,10 @@ class Engine:
     after the output contains it, so the model thinks freely first; at once if the prompt ends with
     it, as templates with thinking turned off close it there), `strict_json_schema` (refuse
     a JSON schema with keywords the grammar relaxes, instead of reporting them in `meta_info`'s
-    `json_schema_warnings`; a request's own `strict_json_schema` sampling param overrides it).
+    `json_schema_warnings`; a request's own `strict_json_schema` sampling param overrides it),
+    `is_embedding` (serve embeddings with `encode` instead of generating: the final-norm hidden
+    states pooled as the model's sentence-transformers or GGUF config says, else by the last
+    token, then L2-normalized; no lm_head is loaded).
 
     Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
     same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks
@@ -144,6 +148,7 @@ class Engine:
         disable_jump_forward: bool = False,
         think_end_token: str | None = None,
         strict_json_schema: bool = False,
+        is_embedding: bool = False,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -165,6 +170,7 @@ class Engine:
             )
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
+        self.is_embedding = is_embedding
         options: JsonObject = {
             "context_length": context_length,
             "page_size": page_size,
@@ -184,6 +190,7 @@ class Engine:
             "schedule_policy": schedule_policy,
             "disable_radix_cache": disable_radix_cache,
             "disable_jump_forward": disable_jump_forward,
+            "is_embedding": is_embedding,
         }
         store = self.model.open_weights()
         store.show_progress(progress)
@@ -274,11 +281,34 @@ class Engine:
                 # Compiled off the loop, so a bad grammar fails the request before it streams.
                 await asyncio.to_thread(self.check_grammar, request["sampling_params"])
             # Submitted now, so a request the engine refuses raises before any chunk is awaited.
-            return self._astream(request, wakeups.submit(self._core, request))
+            return self._astream(request, wakeups.submit(functools.partial(self._core.submit, request)))
         started = time.perf_counter()
-        handles = [wakeups.submit(self._core, r) for r in requests]
+        handles = [wakeups.submit(functools.partial(self._core.submit, r)) for r in requests]
         results = await asyncio.gather(*(self._acollect(r, h, started) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
+
+    # ---- embeddings ----------------------------------------------------------------------------
+
+    def encode(self, prompt: EmbedInput) -> Result | list[Result]:
+        """SGLang's `Engine.encode` (an engine started with `is_embedding=True`): the embedding of a
+        text or a list of token ids (a dict back), or of each of a list of them (a list back, run
+        as one batch): `{"embedding": [...], "meta_info": {...}}`, pooled as the model's config
+        says (last token by default) and L2-normalized."""
+        requests, single = embed_requests(prompt, self.tokenize, self.max_sequences_per_call)
+        started = time.perf_counter()
+        handles = [self._core.embed(r) for r in requests]
+        results = [embedding_result(r, self._final_output(r, h), started) for r, h in zip(requests, handles)]
+        return results[0] if single else results
+
+    async def async_encode(self, prompt: EmbedInput) -> Result | list[Result]:
+        """`encode` for asyncio code: waits without blocking the event loop."""
+        requests, single = embed_requests(prompt, self.tokenize, self.max_sequences_per_call)
+        wakeups = self._wakeups()
+        started = time.perf_counter()
+        handles = [wakeups.submit(functools.partial(self._core.embed, r)) for r in requests]
+        outputs = await asyncio.gather(*(self._afinal_output(r, h) for r, h in zip(requests, handles)))
+        results = [embedding_result(r, out, started) for r, out in zip(requests, outputs)]
+        return results[0] if single else results
 
     def select(self, prompt: str, choices: Sequence[str], normalize: bool = True) -> JsonObject:
         """Which of `choices` the model finds likeliest after `prompt`, as SGLang's `select`: each
@@ -286,10 +316,10 @@ class Engine:
         `normalize=False` their sum), all scored in one batch sharing the prompt's cached KV.
         Returns `{"text", "index", "logprobs", "normalized_logprobs"}` (one score per choice)."""
         check_choices(prompt, choices)
-        prompt_ids = self.encode(prompt)
+        prompt_ids = self.tokenize(prompt)
         requests: list[GenerateRequest] = []
         for choice in choices:
-            ids = self.encode(prompt + choice)
+            ids = self.tokenize(prompt + choice)
             sampling = {"max_new_tokens": 0, "temperature": 0}
             scoring: GenerateOptions = {"input_ids": ids, "return_logprob": True, "logprob_start_len": continuation_start(prompt_ids, ids)}
             requests += self._build_requests(None, sampling, scoring)[0]
@@ -319,7 +349,8 @@ class Engine:
             **extra,
         )
 
-    def encode(self, text: str) -> list[int]:
+    def tokenize(self, text: str) -> list[int]:
+        """A text's prompt ids, BOS first when the model wants one."""
         tokenizer = self._need_tokenizer("text prompts")
         ids: list[int] = tokenizer.encode(text).ids
         bos = self.model.bos_token_id
@@ -382,7 +413,7 @@ class Engine:
             prompts: list[str] = [prompt] if isinstance(prompt, str) else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidRequestError("prompt must be a string or a list of strings")
-            id_lists = [self.encode(p) for p in prompts]
+            id_lists = [self.tokenize(p) for p in prompts]
         else:
             assert input_ids is not None
             single = not input_ids or isinstance(input_ids[0], int)
@@ -457,9 +488,8 @@ class Engine:
             raise InvalidRequestError("stream=True takes one prompt with n=1")
         return requests[0]
 
-    def _outputs(self, request: GenerateRequest, handle: _core.RequestStream | None) -> Generator[Output, None, None]:
+    def _outputs(self, request: GenerateRequest | EmbedRequest, handle: _core.RequestStream) -> Generator[Output, None, None]:
         """The engine's outputs for `request`; a caller that stops early aborts it (freeing its KV)."""
-        handle = handle or self._submit(request)
         try:
             while True:
                 out = handle.next(_POLL_SECONDS)
@@ -471,7 +501,7 @@ class Engine:
             if not handle.done:
                 self._core.abort(request["rid"])
 
-    async def _aoutputs(self, request: GenerateRequest, handle: _AsyncHandle) -> AsyncGenerator[Output, None]:
+    async def _aoutputs(self, request: GenerateRequest | EmbedRequest, handle: _AsyncHandle) -> AsyncGenerator[Output, None]:
         """`_outputs` for asyncio: waits on the event loop, with no thread; a cancelled waiter
         aborts the request too."""
         try:
@@ -483,6 +513,15 @@ class Engine:
             if not handle.stream.done:
                 self._core.abort(request["rid"])
 
+    def _final_output(self, request: EmbedRequest, handle: _core.RequestStream) -> Output:
+        *_, last = self._outputs(request, handle)
+        return last
+
+    async def _afinal_output(self, request: EmbedRequest, handle: _AsyncHandle) -> Output:
+        async for out in self._aoutputs(request, handle):
+            last = out
+        return last
+
     def _wakeups(self) -> _LoopWakeups:
         loop = asyncio.get_running_loop()
         wakeups = self._loop_wakeups.get(loop)
@@ -492,7 +531,7 @@ class Engine:
 
     def _stream(self, request: GenerateRequest, handle: _core.RequestStream | None = None) -> Generator[Result, None, None]:
         result = _Result(request)
-        with contextlib.closing(self._outputs(request, handle)) as outputs:
+        with contextlib.closing(self._outputs(request, handle or self._submit(request))) as outputs:
             for out in outputs:
                 result.add(out)
                 yield result.snapshot()
@@ -554,9 +593,10 @@ class _LoopWakeups:
         # Notifier) outlives the watch; the engine forgets the loop once it is gone.
         loop.add_reader(self._notifier.fileno(), self._wake)
 
-    def submit(self, core: _core.Engine, request: GenerateRequest) -> _AsyncHandle:
+    def submit(self, start: Callable[[_core.Notifier, int], _core.RequestStream]) -> _AsyncHandle:
+        """Starts a request by `start(notifier, key)` (the core's `submit` or `embed`)."""
         key = next(self._keys)
-        stream = core.submit(request, self._notifier, key)
+        stream = start(self._notifier, key)
         ready = self._ready[key] = asyncio.Event()
         return _AsyncHandle(stream, ready)
 

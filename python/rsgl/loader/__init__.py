@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypedDict
+from typing import Literal, TypedDict
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -85,6 +85,7 @@ class ModelConfig(TypedDict):
     tie_word_embeddings: bool
     max_position_embeddings: int
     moe: MoeConfig | None
+    pooling: Literal["last", "mean", "cls"] | None  # how an embedding is pooled, when the files say
 
 
 @dataclass

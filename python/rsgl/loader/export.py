@@ -26,6 +26,7 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     config: JsonObject = dict(model.config)
     architecture = config.pop("architecture")
     config.pop("qk_norm")  # implied by the architecture (qwen3, qwen3_moe)
+    config.pop("pooling")  # sentence-transformers' files carry it, not config.json
     moe = config.pop("moe")
     hf = {
         "architectures": [MODEL_CLASS[architecture]],

@@ -28,6 +28,7 @@ from rsgl.loader import (
     expected_tensor_shapes,
     unique_ints,
 )
+from rsgl.loader.pooling import sentence_transformers_pooling
 from rsgl.loader.tokenizer import encoding_prepends, special_token_ids, token_bytes
 
 # Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
@@ -44,6 +45,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         )
     raw_config = _read_json(config_path)
     config = normalize_hf_config(raw_config)  # before the weights: an unsupported model fails at once
+    config["pooling"] = sentence_transformers_pooling(folder)
     quantization, int4_layout = _quantization(raw_config, folder)
     open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder), **int4_layout)
     tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}

@@ -60,6 +60,12 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "unknown formats...) instead of accepting them with warnings; requests may set strict_json_schema themselves",
     },
     "--think-end-token": {"help": "for reasoning models (e.g. '</think>'): grammars apply only after the model outputs this"},
+    "--is-embedding": {
+        "action": "store_true",
+        "default": None,
+        "help": "serve embeddings (/v1/embeddings, /encode) instead of generating: hidden states pooled as the model's config says "
+        "(last token by default), L2-normalized",
+    },
 }
 # uvicorn cancels what still runs this long after the engine aborted it: time for its last events.
 ABORT_MARGIN_SECONDS = 2

@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rsgl.server.errors import APIError
 
 # Only these hold engine capacity; probes and information endpoints stay answerable under load.
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions"})
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/encode", "/v1/embeddings"})
 RETRY_AFTER_SECONDS = 1
 
 

@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rsgl.engine import Engine
-from rsgl.server import native_api, openai_api, openapi
+from rsgl.server import embeddings_api, native_api, openai_api, openapi
 from rsgl.server.admission import AdmissionMiddleware
 from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
@@ -57,7 +57,7 @@ def build_app(
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
-        routes=[*native_api.ROUTES, *openai_api.ROUTES, *openapi.ROUTES],
+        routes=[*native_api.ROUTES, *openai_api.ROUTES, *embeddings_api.ROUTES, *openapi.ROUTES],
         middleware=[*key_check, admission],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=_lifespan,

@@ -184,7 +184,7 @@ async def get_model_info(request: Request) -> Response:
         {
             "model_path": model.source,
             "served_model_name": engine.served_model_name,
-            "is_generation": True,
+            "is_generation": not engine.is_embedding,
             "chat_template": model.chat_template,
             "bos_token": model.bos_token,
             "eos_token": model.eos_token,
@@ -206,10 +206,12 @@ async def flush_cache(request: Request) -> Response:
 
 async def health_generate(request: Request) -> Response:
     """200 when the engine generates a token, 503 otherwise: unlike /health, this exercises the model."""
+    engine = engine_of(request)
     try:
-        probe = engine_of(request).async_generate(
-            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"health-generate-{uuid.uuid4().hex}"
-        )
+        if engine.is_embedding:
+            probe = engine.async_encode([0])
+        else:
+            probe = engine.async_generate(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"health-generate-{uuid.uuid4().hex}")
         await asyncio.wait_for(probe, HEALTH_GENERATE_TIMEOUT_SECONDS)
     except Exception as exc:
         logger.warning("/health_generate failed: %r", exc)
@@ -225,7 +227,7 @@ async def tokenize(request: Request) -> Response:
         raise bad_request("prompt (or text) must be a string or a list of strings", "prompt")
     engine = engine_of(request)
     single = isinstance(text, str)
-    tokens = await one_or_each(engine.encode, text, single)
+    tokens = await one_or_each(engine.tokenize, text, single)
     count = len(tokens) if single else [len(row) for row in tokens]
     return json_response({"tokens": tokens, "count": count, "max_model_len": engine.get_server_info()["context_length"]})
 

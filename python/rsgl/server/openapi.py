@@ -124,6 +124,17 @@ MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created
 TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
 TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
 DETOKENIZE_REQUEST = obj("tokens", tokens=PROMPT_ID_ROWS, skip_special_tokens=BOOLEAN)
+EMBEDDING_INPUT = any_of(WORDS, {**array(WORDS), "minItems": 1}, PROMPT_ID_ROWS)
+EMBEDDING_REQUEST = obj(
+    "input", input=EMBEDDING_INPUT, model=STRING, encoding_format={**STRING, "enum": ["float", "base64"]}, dimensions=bounded(INTEGER, 1), user=STRING
+)
+EMBEDDING_RESPONSE = obj(
+    object=STRING, model=STRING, usage=obj(**typed(INTEGER, "prompt_tokens total_tokens")),
+    data=array(obj(object=STRING, index=INTEGER, embedding=any_of(array(NUMBER), STRING))),
+)  # fmt: skip
+ENCODE_REQUEST = obj(text=any_of(WORDS, {**array(WORDS), "minItems": 1}), input_ids=PROMPT_ID_ROWS)
+ENCODE_OUTPUT = obj(embedding=array(NUMBER), meta_info=META_INFO)
+ENCODE_RESPONSE = any_of(ENCODE_OUTPUT, array(ENCODE_OUTPUT))
 
 
 def as_json(schema: JsonObject) -> JsonObject:
@@ -163,6 +174,8 @@ OPERATIONS = (
     Operation("GET", "/v1/models", "OpenAI: the models served.", response=as_json(MODEL_LIST)),
     Operation("POST", "/v1/completions", "OpenAI: text completion.", COMPLETION_REQUEST, OPENAI_CONTENT),
     Operation("POST", "/v1/chat/completions", "OpenAI: chat completion.", CHAT_REQUEST, OPENAI_CONTENT),
+    Operation("POST", "/v1/embeddings", "OpenAI: embeddings (a server started with --is-embedding).", EMBEDDING_REQUEST, as_json(EMBEDDING_RESPONSE)),
+    Operation("POST", "/encode", "SGLang: embeddings, one input or a batch (--is-embedding).", ENCODE_REQUEST, as_json(ENCODE_RESPONSE)),
 )  # fmt: skip
 
 

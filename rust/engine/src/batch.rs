@@ -1,5 +1,6 @@
 //! One step's batch: which tokens of which running requests go through the model, and which
-//! logits rows come back for each. The model and the engine both read the rows by this plan.
+//! output rows (logits, or an embedding model's hidden states) come back for each. The model
+//! and the engine both read the rows by this plan.
 
 use crate::model::SeqChunk;
 use crate::sequence::Sequence;
@@ -11,26 +12,29 @@ pub(crate) struct BatchEntry {
     pub start: usize,
     pub end: usize,
     /// Whether the entry reaches the request's last known token: the next token is sampled
-    /// from its last logits row.
+    /// from its last logits row (an embedding request ends).
     pub completes: bool,
-    /// The entry's tokens (counted from `start`) after which logits come back, one row each.
-    logits: Range<usize>,
+    /// The entry's tokens (counted from `start`) after which a row comes back, one row each.
+    rows: Range<usize>,
 }
 
 impl BatchEntry {
-    /// The logits-row rule: a row after every token of a prompt being scored, else one after the
-    /// last token when the entry completes its request, else none (a prompt chunk midway).
+    /// The row rule: an embedding request's the ones its pooling takes; a row after every token
+    /// of a prompt being scored; else one after the last token when the entry completes its
+    /// request, else none (a prompt chunk midway).
     pub fn new(index: usize, seq: &Sequence, start: usize, end: usize) -> Self {
         let n = end - start;
         let completes = end == seq.tokens.len();
-        let logits = if seq.wants_chunk_logits(start) {
+        let rows = if let Some(pooler) = &seq.pooler {
+            pooler.rows(start, end)
+        } else if seq.wants_chunk_logits(start) {
             0..n
         } else if completes {
             n - 1..n
         } else {
             n..n
         };
-        BatchEntry { index, start, end, completes, logits }
+        BatchEntry { index, start, end, completes, rows }
     }
 }
 
@@ -59,17 +63,17 @@ impl Batch {
             .iter()
             .map(|e| {
                 let seq = &running[e.index];
-                SeqChunk { tokens: &seq.tokens[e.start..e.end], start_pos: e.start, pages: &seq.kv.pages, logits: e.logits.clone() }
+                SeqChunk { tokens: &seq.tokens[e.start..e.end], start_pos: e.start, pages: &seq.kv.pages, rows: e.rows.clone() }
             })
             .collect()
     }
 
-    /// The model's logits (`[rows, vocab]`, as [`Self::chunks`] asked for them) split into
+    /// The model's output (`[rows, width]`, as [`Self::chunks`] asked for them) split into
     /// each entry's rows, in entry order.
-    pub fn split_logits<'l>(&self, logits: &'l [f32], vocab: usize) -> Vec<Vec<&'l [f32]>> {
-        let mut rows = logits.chunks_exact(vocab);
-        let split: Vec<Vec<&[f32]>> = self.entries.iter().map(|e| rows.by_ref().take(e.logits.len()).collect()).collect();
-        debug_assert!(rows.next().is_none(), "the model returned more logits rows than the batch asked for");
+    pub fn split_rows<'l>(&self, output: &'l [f32], width: usize) -> Vec<Vec<&'l [f32]>> {
+        let mut rows = output.chunks_exact(width);
+        let split: Vec<Vec<&[f32]>> = self.entries.iter().map(|e| rows.by_ref().take(e.rows.len()).collect()).collect();
+        debug_assert!(rows.next().is_none(), "the model returned more rows than the batch asked for");
         split
     }
 }

@@ -11,6 +11,7 @@ pub use architecture::{Architecture, MoeFacts, ARCHITECTURES};
 
 use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
+use crate::pooling::Pooling;
 use crate::request::deserialize_with_path;
 use rsgl_kernels::{ActivationBits, WeightDtype};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -39,6 +40,10 @@ pub struct ModelConfig {
     /// Mixture-of-experts MLPs in every layer (Mixtral, Qwen2-MoE, Qwen3-MoE); dense when absent.
     #[serde(default)]
     pub moe: Option<MoeConfig>,
+    /// How the model pools an embedding, when its files say (sentence-transformers' pooling
+    /// config, a GGUF file's `pooling_type`); embedding engines pool the last token otherwise.
+    #[serde(default)]
+    pub pooling: Option<Pooling>,
 }
 
 /// A sparse MLP: a router picks `experts_per_token` of `num_experts` SwiGLU experts per token
@@ -247,6 +252,9 @@ pub struct EngineOptions {
     pub disable_jump_forward: bool,
     /// Threads compiling grammars (off the engine thread).
     pub grammar_compile_threads: usize,
+    /// Serves embeddings (`Engine::embed`) instead of generating: the model's hidden states are
+    /// pooled, and it has no lm_head.
+    pub is_embedding: bool,
 }
 
 impl Default for EngineOptions {
@@ -270,6 +278,7 @@ impl Default for EngineOptions {
             disable_radix_cache: false,
             disable_jump_forward: false,
             grammar_compile_threads: 2,
+            is_embedding: false,
         }
     }
 }

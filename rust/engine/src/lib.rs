@@ -6,6 +6,7 @@
 //! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
 //! the detokenizer ([`text`]) turns them into text with stop strings applied. Constrained
 //! requests ([`grammar`]) sample from a token mask and skip over text their grammar forces.
+//! An embedding engine's requests pool the model's hidden states instead ([`pooling`]).
 
 mod batch;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod grammar;
 pub mod kv;
 pub mod model;
 pub mod policy;
+pub mod pooling;
 pub mod request;
 pub mod sample;
 mod scheduler;
@@ -25,7 +27,7 @@ pub mod weights;
 pub use config::{EngineOptions, ModelConfig};
 pub use engine::{Engine, RequestStream, Tokenizer};
 pub use error::{EngineError, Result};
-pub use request::{GenerateRequest, Output, Waker};
+pub use request::{EmbedRequest, GenerateRequest, Output, Waker};
 pub use weights::WeightStore;
 
 /// Name of the kernel path chosen for this CPU ("avx2", "neon", "portable").

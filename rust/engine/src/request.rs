@@ -7,7 +7,7 @@ use serde::{Deserialize, Deserializer, Serialize};
 use std::sync::mpsc::Sender;
 use std::sync::Arc;
 
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GenerateRequest {
     pub rid: String,
@@ -35,6 +35,21 @@ pub struct GenerateRequest {
     /// until it contains them, and follows the grammar after.
     #[serde(default)]
     pub think_end_token_ids: Option<Vec<u32>>,
+}
+
+/// A prompt to embed, on an engine started with `is_embedding`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmbedRequest {
+    pub rid: String,
+    pub input_ids: Vec<u32>,
+}
+
+impl EmbedRequest {
+    /// From any serde source: JSON text, or the Python objects the binding passes.
+    pub fn deserialize_from<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
+        deserialize_with_path(de).map_err(invalid)
+    }
 }
 
 impl GenerateRequest {
@@ -68,6 +83,9 @@ pub struct Output {
     /// alternatives at each (`top_logprobs_num` of them).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub input_token_logprobs: Option<Vec<TokenLogprob>>,
+    /// An embedding request's pooled, L2-normalized vector (in its final output).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<Vec<f32>>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub finished: Option<Finished>,
 }
@@ -130,12 +148,7 @@ impl OutputSink {
 /// Checks a request against the model and the engine before it is queued.
 pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length: usize, has_tokenizer: bool) -> Result<()> {
     let n = req.input_ids.len();
-    if n == 0 {
-        return Err(invalid("the prompt is empty; give at least one token"));
-    }
-    if let Some(bad) = req.input_ids.iter().find(|&&t| t as usize >= vocab_size) {
-        return Err(invalid(format!("input_ids: token {bad} is outside the vocabulary (size {vocab_size})")));
-    }
+    validate_prompt(&req.input_ids, vocab_size)?;
     if n >= context_length {
         return Err(invalid(format!("the prompt has {n} tokens but the context length is {context_length}; shorten the prompt or raise context_length")));
     }
@@ -152,4 +165,24 @@ pub(crate) fn validate(req: &GenerateRequest, vocab_size: usize, context_length:
         EngineError::InvalidRequest(m) => invalid(format!("sampling_params: {m}")),
         other => other,
     })
+}
+
+/// Checks a prompt to embed: it may fill the whole context, as nothing follows it.
+pub(crate) fn validate_embed(req: &EmbedRequest, vocab_size: usize, context_length: usize) -> Result<()> {
+    let n = req.input_ids.len();
+    validate_prompt(&req.input_ids, vocab_size)?;
+    if n > context_length {
+        return Err(invalid(format!("the input has {n} tokens but the context length is {context_length}; shorten the input or raise context_length")));
+    }
+    Ok(())
+}
+
+fn validate_prompt(input_ids: &[u32], vocab_size: usize) -> Result<()> {
+    if input_ids.is_empty() {
+        return Err(invalid("the prompt is empty; give at least one token"));
+    }
+    match input_ids.iter().find(|&&t| t as usize >= vocab_size) {
+        Some(bad) => Err(invalid(format!("input_ids: token {bad} is outside the vocabulary (size {vocab_size})"))),
+        None => Ok(()),
+    }
 }

@@ -242,10 +242,11 @@ impl Scheduler {
         seq
     }
 
-    /// Hands a request's pages back: whole computed pages to the cache, the rest to the pool.
+    /// Hands a request's pages back: whole computed pages to the cache (of a request that
+    /// caches its prefix), the rest to the pool.
     fn release(&mut self, seq: &mut Sequence) {
         let page = self.pool.page_size();
-        let full = (seq.kv.computed / page).min(seq.kv.pages.len());
+        let full = if seq.caches_prefix() { (seq.kv.computed / page).min(seq.kv.pages.len()) } else { 0 };
         let mut tail = seq.kv.pages.split_off(full);
         let mut unkept = self.cache.adopt(seq.kv.namespace, &seq.tokens[..full * page], &seq.kv.pages);
         self.pool.release(&mut unkept);

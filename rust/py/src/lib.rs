@@ -11,7 +11,7 @@ use rsgl_engine::request::deserialize_with_path;
 use rsgl_engine::sample::SamplingParams;
 use rsgl_engine::text::TokenTable;
 use rsgl_engine::weights::{Int4Checkpoint, Int4Packing};
-use rsgl_engine::{EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
+use rsgl_engine::{EmbedRequest, EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -164,14 +164,19 @@ impl Engine {
     fn submit(&self, request: &Bound<'_, PyAny>, notifier: Option<&Notifier>, key: u64) -> PyResult<RequestStream> {
         let req = GenerateRequest::deserialize_from(&mut Depythonizer::from_object(request)).map_err(to_py_err)?;
         let engine = self.engine()?;
-        let stream = match notifier {
-            Some(notifier) => {
-                let ready = notifier.ready.clone();
-                engine.submit_with_waker(req, Arc::new(move || ready.push(key)))
-            }
+        let stream = match waker(notifier, key) {
+            Some(waker) => engine.submit_with_waker(req, waker),
             None => engine.submit(req),
         };
-        Ok(RequestStream { inner: Mutex::new(stream.map_err(to_py_err)?), done: AtomicBool::new(false) })
+        RequestStream::new(stream)
+    }
+
+    /// Queues a prompt to embed (a dict: `rid`, `input_ids`) on an engine started with
+    /// `is_embedding`; its one output carries `embedding`. `notifier` as in `submit`.
+    #[pyo3(signature = (request, notifier=None, key=0))]
+    fn embed(&self, request: &Bound<'_, PyAny>, notifier: Option<&Notifier>, key: u64) -> PyResult<RequestStream> {
+        let req = EmbedRequest::deserialize_from(&mut Depythonizer::from_object(request)).map_err(to_py_err)?;
+        RequestStream::new(self.engine()?.embed(req, waker(notifier, key)))
     }
 
     /// Compiles the grammar of `sampling_params` now, raising InvalidRequestError with the
@@ -221,6 +226,10 @@ struct RequestStream {
 }
 
 impl RequestStream {
+    fn new(stream: Result<rsgl_engine::RequestStream, EngineError>) -> PyResult<Self> {
+        Ok(RequestStream { inner: Mutex::new(stream.map_err(to_py_err)?), done: AtomicBool::new(false) })
+    }
+
     fn answer<'py>(&self, py: Python<'py>, out: Result<Option<rsgl_engine::Output>, EngineError>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let out = out.inspect_err(|_| self.done.store(true, Ordering::Release)).map_err(to_py_err)?;
         if out.as_ref().is_some_and(|o| o.finished.is_some()) {
@@ -303,6 +312,12 @@ impl Notifier {
         while matches!((&self.reader).read(&mut bytes), Ok(n) if n > 0) {}
         std::mem::take(&mut *self.ready.keys.lock().expect("ready keys lock"))
     }
+}
+
+/// What wakes a notifier's reader when a request has an output: `key` pushed onto it.
+fn waker(notifier: Option<&Notifier>, key: u64) -> Option<rsgl_engine::Waker> {
+    let ready = notifier?.ready.clone();
+    Some(Arc::new(move || ready.push(key)))
 }
 
 /// A value of the engine's as the Python objects its serde form names (dicts, lists, str, ...).

@@ -72,8 +72,11 @@ impl Architecture {
         ARCHITECTURES.iter().find(|a| a.name == name)
     }
 
+    /// The architecture of a transformers class: its causal LM (`Qwen3ForCausalLM`) or its base
+    /// model (`Qwen3Model`, as embedding checkpoints may be saved).
     pub fn with_hf_class(class: &str) -> Option<&'static Architecture> {
-        ARCHITECTURES.iter().find(|a| a.hf_class == class)
+        let base_of = |a: &Architecture| a.hf_class.strip_suffix("ForCausalLM").map(|base| format!("{base}Model"));
+        ARCHITECTURES.iter().find(|a| a.hf_class == class || base_of(a).as_deref() == Some(class))
     }
 
     /// The architecture of a GGUF file named `gguf_name`, with or without experts (llama.cpp
@@ -109,6 +112,7 @@ mod tests {
         assert!(unique(|a| a.name) && unique(|a| a.hf_class));
         assert_eq!(Architecture::named("qwen2_moe").map(|a| a.hf_class), Some("Qwen2MoeForCausalLM"));
         assert_eq!(Architecture::with_hf_class("MixtralForCausalLM").map(|a| a.name), Some("mixtral"));
+        assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe");

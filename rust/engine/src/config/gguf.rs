@@ -5,6 +5,7 @@ use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
 use super::{ModelConfig, MoeConfig};
 use crate::error::{EngineError, Result};
+use crate::pooling::Pooling;
 use crate::weights::WeightStore;
 use std::path::Path;
 
@@ -62,6 +63,7 @@ impl ModelConfig {
             tie_word_embeddings: !store.contains("lm_head.weight"),
             max_position_embeddings: keys.count("context_length")?,
             moe: architecture.moe.as_ref().map(|facts| moe(&keys, facts)).transpose()?,
+            pooling: keys.optional_count("pooling_type")?.and_then(Pooling::from_gguf),
         };
         config.validate()?;
         Ok(config)

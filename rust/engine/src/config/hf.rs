@@ -46,6 +46,8 @@ impl ModelConfig {
             tie_word_embeddings: hf.flag("tie_word_embeddings"),
             max_position_embeddings: context_limit(&hf, architecture)?,
             moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?,
+            // In sentence-transformers' files next to config.json, which the loader reads.
+            pooling: None,
         };
         config.validate()?;
         Ok(config)

@@ -10,8 +10,8 @@ use crate::config::{EngineOptions, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSpec, LlgBackend};
 use crate::kv::{KvCache, PagePool};
-use crate::model::{Compute, LlamaModel, Precision};
-use crate::request::{validate, GenerateRequest, Output, OutputSink, Waker};
+use crate::model::{Compute, LlamaModel, ModelOutput, Precision};
+use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::text::TokenTable;
@@ -33,6 +33,7 @@ pub struct Tokenizer {
 
 enum Command {
     Submit(Box<GenerateRequest>, OutputSink),
+    Embed(Box<EmbedRequest>, OutputSink),
     /// A grammar compiled for the requests parked waiting for it.
     GrammarReady(GrammarSpec, Result<Box<dyn Grammar>>),
     Abort(String),
@@ -50,6 +51,7 @@ pub struct Engine {
     has_tokenizer: bool,
     max_total_tokens: usize,
     grammars: Option<Arc<GrammarService>>,
+    is_embedding: bool,
 }
 
 /// The outputs of one request, in order; ends after the output carrying `finished`.
@@ -117,7 +119,9 @@ impl Engine {
         let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads), opts.activation_bits());
         let vocab_size = cfg.vocab_size;
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
-        let model = LlamaModel::new(cfg, weights, context_length, precision, compute)?;
+        let pooling = cfg.pooling.unwrap_or_default();
+        let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
+        let model = LlamaModel::new(cfg, weights, context_length, precision, output, compute)?;
         let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
         let num_pages = opts.kv_pages(model.config());
         let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype);
@@ -158,6 +162,7 @@ impl Engine {
             stats: stats.clone(),
             active: HashSet::new(),
             seeds: Rng::new(opts.random_seed),
+            pooling,
         };
         let thread = std::thread::Builder::new()
             .name("rsgl-engine".into())
@@ -178,6 +183,7 @@ impl Engine {
             has_tokenizer,
             max_total_tokens: num_pages * opts.page_size,
             grammars,
+            is_embedding: opts.is_embedding,
         })
     }
 
@@ -201,18 +207,42 @@ impl Engine {
         self.enqueue(req, Some(waker))
     }
 
+    /// Queues a prompt to embed (on an engine started with `is_embedding`); its one output
+    /// carries the embedding.
+    pub fn embed(&self, req: EmbedRequest, waker: Option<Waker>) -> Result<RequestStream> {
+        if !self.is_embedding {
+            return Err(invalid("this engine generates; start it with is_embedding (--is-embedding) to compute embeddings"));
+        }
+        validate_embed(&req, self.vocab_size, self.context_length)?;
+        self.check_fits(req.input_ids.len())?;
+        let rid = req.rid.clone();
+        self.send_request(rid, waker, |out| Command::Embed(Box::new(req), out))
+    }
+
     fn enqueue(&self, req: GenerateRequest, waker: Option<Waker>) -> Result<RequestStream> {
+        if self.is_embedding {
+            return Err(invalid("this engine serves embeddings (started with is_embedding); it does not generate: start one without it to generate"));
+        }
         validate(&req, self.vocab_size, self.context_length, self.has_tokenizer)?;
-        let need = req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len());
+        self.check_fits(req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len()))?;
+        let rid = req.rid.clone();
+        self.send_request(rid, waker, |out| Command::Submit(Box::new(req), out))
+    }
+
+    /// Refuses a request needing more KV tokens than the whole pool holds (it could never run).
+    fn check_fits(&self, need: usize) -> Result<()> {
         if need > self.max_total_tokens {
             return Err(invalid(format!(
-                "the request needs {need} KV tokens (prompt + max_new_tokens) but the pool holds {}; lower max_new_tokens or raise max_total_tokens / kv_cache_memory_gb",
+                "the request needs {need} KV tokens (its prompt, plus max_new_tokens when generating) but the pool holds {}; shorten it or raise max_total_tokens / kv_cache_memory_gb",
                 self.max_total_tokens
             )));
         }
+        Ok(())
+    }
+
+    fn send_request(&self, rid: String, waker: Option<Waker>, command: impl FnOnce(OutputSink) -> Command) -> Result<RequestStream> {
         let (tx, rx) = channel();
-        let rid = req.rid.clone();
-        self.inbox.send(Command::Submit(Box::new(req), OutputSink::new(tx, waker))).map_err(|_| EngineError::Closed)?;
+        self.inbox.send(command(OutputSink::new(tx, waker))).map_err(|_| EngineError::Closed)?;
         Ok(RequestStream { rid, rx, done: false })
     }
 

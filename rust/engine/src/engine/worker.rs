@@ -7,7 +7,8 @@ use crate::error::{invalid, Result};
 use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSpec};
 use crate::kv::KvCache;
 use crate::model::LlamaModel;
-use crate::request::{GenerateRequest, OutputSink};
+use crate::pooling::Pooling;
+use crate::request::{EmbedRequest, GenerateRequest, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::sequence::Sequence;
@@ -34,6 +35,8 @@ pub(super) struct Worker {
     pub(super) active: HashSet<String>,
     /// Draws each request's seed (requests that give none sample from it).
     pub(super) seeds: Rng,
+    /// How embedding requests pool the model's hidden states.
+    pub(super) pooling: Pooling,
 }
 
 impl Worker {
@@ -45,6 +48,7 @@ impl Worker {
             for cmd in first.into_iter().chain(std::iter::from_fn(|| commands.try_recv().ok())) {
                 match cmd {
                     Command::Submit(req, out) => self.accept(*req, out),
+                    Command::Embed(req, out) => self.accept_embedding(*req, out),
                     Command::GrammarReady(spec, grammar) => self.grammar_ready(&spec, grammar),
                     Command::Abort(rid) => self.abort_group(&rid),
                     Command::FlushCache(reply) => {
@@ -70,8 +74,7 @@ impl Worker {
     }
 
     fn accept(&mut self, req: GenerateRequest, out: OutputSink) {
-        if !self.active.insert(req.rid.clone()) {
-            let _ = out.send(Err(invalid(format!("request id {:?} is already running; ids must be unique", req.rid))));
+        if !self.claim_rid(&req.rid, &out) {
             return;
         }
         let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
@@ -91,6 +94,22 @@ impl Worker {
         }
         self.grammar_queue.push(seq);
         self.publish(None);
+    }
+
+    fn accept_embedding(&mut self, req: EmbedRequest, out: OutputSink) {
+        if self.claim_rid(&req.rid, &out) {
+            let hidden_size = self.model.config().hidden_size;
+            self.scheduler.enqueue(Sequence::embedding(req, out, self.pooling, hidden_size));
+        }
+    }
+
+    /// Marks `rid` running; false (and the request refused) when it already is.
+    fn claim_rid(&mut self, rid: &str, out: &OutputSink) -> bool {
+        let new = self.active.insert(rid.to_string());
+        if !new {
+            let _ = out.send(Err(invalid(format!("request id {rid:?} is already running; ids must be unique"))));
+        }
+        new
     }
 
     /// Starts every request parked waiting for `spec` (none if they were all aborted meanwhile).
@@ -155,12 +174,14 @@ impl Worker {
             return;
         }
         let scheduled = Instant::now();
-        let logits = self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv);
+        let output = self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv);
         let forwarded = Instant::now();
         let mut step = StepCounts::default();
         // Requests sampling this step, with their logits row.
         let mut sampling: Vec<(usize, &[f32])> = Vec::new();
-        for (entry, rows) in batch.entries().iter().zip(batch.split_logits(&logits, self.model.config().vocab_size)) {
+        // Requests ending this step, with their final output (none when their caller went away).
+        let mut finished = Vec::new();
+        for (entry, rows) in batch.entries().iter().zip(batch.split_rows(&output, self.model.output_width())) {
             let seq = &mut self.scheduler.running_mut()[entry.index];
             step.tokens += entry.end - entry.start;
             if entry.start < seq.prompt_len {
@@ -173,19 +194,23 @@ impl Worker {
             if seq.wants_chunk_logits(entry.start) {
                 seq.record_input_logprobs(entry.start, &rows);
             }
-            if extending {
+            if let Some(pooler) = &mut seq.pooler {
+                pooler.take(entry.start, entry.end, &rows);
+                if entry.completes {
+                    finished.push((entry.index, Some(seq.finish_embedding())));
+                }
+            } else if entry.completes {
+                sampling.push((entry.index, rows.last().expect("a completing entry has its logits row")));
+            }
+            if extending && seq.caches_prefix() {
                 // Share the pages at once (not only when the request ends): requests waiting
                 // on the same prefix are admitted next step and find it here.
                 self.scheduler.cache_progress(entry.index);
-            }
-            if entry.completes {
-                sampling.push((entry.index, rows.last().expect("a completing entry has its logits row")));
             }
         }
         let masked = Instant::now();
         self.fill_masks_ahead(&sampling);
         step.grammar = masked.elapsed();
-        let mut finished = Vec::new();
         for (index, row) in sampling {
             let seq = &mut self.scheduler.running_mut()[index];
             let out = if seq.max_new_tokens == 0 { seq.finish_without_tokens(row) } else { seq.advance(&mut row.to_vec(), self.tokenizer.as_deref()) };

@@ -1,6 +1,7 @@
 //! One forward pass of a Llama-family decoder over a ragged batch: every sequence contributes a
 //! run of new tokens (a prefill chunk, or one token when decoding) at its own positions, reading
-//! and writing its own KV pages.
+//! and writing its own KV pages. It returns logits, or for an embedding model (no lm_head) the
+//! final-norm hidden states the engine pools.
 
 use super::embedding::Embedding;
 use super::linear::{Compute, Linear, LinearParts};
@@ -34,9 +35,18 @@ pub struct SeqChunk<'a> {
     pub start_pos: usize,
     /// The sequence's page table, covering at least `start_pos + tokens.len()` positions.
     pub pages: &'a [u32],
-    /// The tokens (counted from `tokens[0]`) after which logits are returned, one row each in
+    /// The tokens (counted from `tokens[0]`) after which an output row is returned, one each in
     /// batch order (the batch decides: see `BatchEntry::new`).
-    pub logits: Range<usize>,
+    pub rows: Range<usize>,
+}
+
+/// What a forward pass returns per row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum ModelOutput {
+    /// Next-token logits, through the lm_head.
+    Logits,
+    /// The final-norm hidden states, for embeddings (the lm_head is not loaded).
+    HiddenStates,
 }
 
 struct Layer {
@@ -55,14 +65,15 @@ pub struct LlamaModel {
     embed: Option<Embedding>,
     layers: Vec<Layer>,
     norm: Vec<f32>,
-    lm_head: Linear,
+    /// `None` when the model returns hidden states (`ModelOutput::HiddenStates`).
+    lm_head: Option<Linear>,
     rope: Rope,
     compute: Compute,
 }
 
 impl LlamaModel {
     /// Packs the weights in `dtype` for the kernels of `compute`.
-    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, compute: Compute) -> Result<Self> {
+    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, output: ModelOutput, compute: Compute) -> Result<Self> {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
         let pool = &compute.pool;
@@ -96,12 +107,16 @@ impl LlamaModel {
         // is asked for.
         let lm_head_quantization = quantization.filter(|q| quantize_lm_head || q.as_stored());
         let pack_lm_head = |weight| Linear::fused(vec![LinearParts { weight, bias: None }], dtype, lm_head_quantization, pool);
-        let (embed, lm_head) = if cfg.tie_word_embeddings {
-            // A tied checkpoint may still carry a copy of the embedding as lm_head.
+        let (embed, lm_head) = if output == ModelOutput::HiddenStates || cfg.tie_word_embeddings {
+            // A tied checkpoint may still carry a copy of the embedding as lm_head; an
+            // embedding model does not use its lm_head.
             drop(w.take_optional("lm_head.weight", &[v, h])?);
-            (None, pack_lm_head(embed))
+            match output {
+                ModelOutput::Logits => (None, Some(pack_lm_head(embed))),
+                ModelOutput::HiddenStates => (Some(Embedding::new(&embed, dtype)), None),
+            }
         } else {
-            (Some(Embedding::new(&embed, dtype)), pack_lm_head(w.take_matrix("lm_head.weight", v, h)?))
+            (Some(Embedding::new(&embed, dtype)), Some(pack_lm_head(w.take_matrix("lm_head.weight", v, h)?)))
         };
         if !w.is_empty() {
             return Err(EngineError::ModelLoad(format!(
@@ -120,13 +135,22 @@ impl LlamaModel {
         &self.cfg
     }
 
+    /// The length of each row [`Self::forward`] returns.
+    pub fn output_width(&self) -> usize {
+        match self.lm_head {
+            Some(_) => self.cfg.vocab_size,
+            None => self.cfg.hidden_size,
+        }
+    }
+
     /// The compute threads, idle between forward passes (the engine fills token masks on them).
     pub fn pool(&self) -> &rsgl_kernels::ThreadPool {
         &self.compute.pool
     }
 
-    /// Runs the batch, writing new K/V into the cache; returns the logits `[n, vocab]` after
-    /// each chunk's [`SeqChunk::logits`] tokens, in batch order.
+    /// Runs the batch, writing new K/V into the cache; returns the rows `[n, output_width]`
+    /// (logits, or final-norm hidden states) after each chunk's [`SeqChunk::rows`] tokens, in
+    /// batch order.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
         let cfg = &self.cfg;
         let h = cfg.hidden_size;
@@ -143,7 +167,7 @@ impl LlamaModel {
         for &tok in seqs.iter().flat_map(|c| c.tokens) {
             match &self.embed {
                 Some(e) => e.push_row(tok as usize, h, &mut x),
-                None => x.extend(self.lm_head.weight.row(tok as usize)),
+                None => x.extend(self.lm_head.as_ref().expect("tied to the embedding").weight.row(tok as usize)),
             }
         }
         let c = &self.compute;
@@ -167,12 +191,15 @@ impl LlamaModel {
         let mut last_rows = Vec::new();
         let mut t0 = 0;
         for chunk in seqs {
-            let rows = &chunk.logits;
+            let rows = &chunk.rows;
             last_rows.extend_from_slice(&x[(t0 + rows.start) * h..(t0 + rows.end) * h]);
             t0 += chunk.tokens.len();
         }
         let normed = self.add_and_norm(&mut last_rows, None, &self.norm);
-        self.lm_head.forward(c, &normed)
+        match &self.lm_head {
+            Some(lm_head) => lm_head.forward(c, &normed),
+            None => normed,
+        }
     }
 
     /// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.

@@ -8,5 +8,5 @@ mod mlp;
 mod rope;
 
 pub use linear::{Compute, Linear, LinearParts, Weights};
-pub use llama::{LlamaModel, Precision, SeqChunk};
+pub use llama::{LlamaModel, ModelOutput, Precision, SeqChunk};
 pub use rope::Rope;

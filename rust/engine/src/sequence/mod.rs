@@ -8,8 +8,9 @@ mod report;
 mod text;
 
 use crate::grammar::{Constraint, GrammarSpec};
-use crate::request::{FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
-use crate::sample::log_softmax;
+use crate::pooling::{Pooler, Pooling};
+use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
+use crate::sample::{log_softmax, SamplingParams};
 use crate::text::TokenTable;
 pub(crate) use kv::SeqKv;
 use picker::Picker;
@@ -42,6 +43,8 @@ pub(crate) struct Sequence {
     /// The compiled grammar's state, once it is ready.
     pub constraint: Option<Constraint>,
     pub report: Report,
+    /// An embedding request's pooled hidden states so far; it ends when its prompt is computed.
+    pub pooler: Option<Pooler>,
     text: OutputText,
 }
 
@@ -61,16 +64,36 @@ impl Sequence {
             text: OutputText::new(p.stop.clone(), p.no_stop_trim),
             picker: Picker::new(p, &req.input_ids, eos, seed),
             report,
+            pooler: None,
             out,
             tokens: req.input_ids,
             prompt_len,
         }
     }
 
+    /// An embedding request: its prompt prefilled for the hidden states `pooling` asks for.
+    pub fn embedding(req: EmbedRequest, out: OutputSink, pooling: Pooling, hidden_size: usize) -> Self {
+        let prompt_len = req.input_ids.len();
+        let sampling_params = SamplingParams { max_new_tokens: 0, ..SamplingParams::default() };
+        let generate = GenerateRequest { rid: req.rid, input_ids: req.input_ids, sampling_params, ..GenerateRequest::default() };
+        let mut seq = Sequence::new(generate, out, &[], prompt_len, 0);
+        seq.pooler = Some(Pooler::new(pooling, hidden_size, prompt_len));
+        seq
+    }
+
+    /// Whether the prefix cache takes part: not for embeddings, whose pooling may need every
+    /// position's hidden state (and whose prompts are rarely shared).
+    pub fn caches_prefix(&self) -> bool {
+        self.pooler.is_none()
+    }
+
     /// Tokens whose KV may come from the cache: all but the last, which must be computed for
     /// its logits, and none whose logits give a wanted prompt log-probability.
     pub fn prefill_key(&self) -> &[u32] {
-        &self.tokens[..self.report.cacheable_len(self.tokens.len()) - 1]
+        match self.caches_prefix() {
+            true => &self.tokens[..self.report.cacheable_len(self.tokens.len()) - 1],
+            false => &[],
+        }
     }
 
     /// Whether a chunk of this request from `start` needs the logits of every one of its tokens.
@@ -110,6 +133,21 @@ impl Sequence {
             logprobs: Vec::new(),
             prompt_logits: self.report.prompt_logits(logits),
             input_token_logprobs: self.report.take_input_logprobs(),
+            embedding: None,
+            finished: Some(self.finished(FinishReason::Length { length: 0 })),
+        }
+    }
+
+    /// The final output of an embedding request whose prompt is computed.
+    pub fn finish_embedding(&mut self) -> Output {
+        let pooler = self.pooler.as_mut().expect("an embedding request");
+        Output {
+            token_ids: Vec::new(),
+            text: String::new(),
+            logprobs: Vec::new(),
+            prompt_logits: None,
+            input_token_logprobs: None,
+            embedding: Some(pooler.finish()),
             finished: Some(self.finished(FinishReason::Length { length: 0 })),
         }
     }
@@ -121,6 +159,7 @@ impl Sequence {
             logprobs: Vec::new(),
             prompt_logits: None,
             input_token_logprobs: None,
+            embedding: None,
             finished: Some(self.finished(FinishReason::Abort { message: message.to_string() })),
         }
     }
@@ -159,6 +198,7 @@ impl Sequence {
             logprobs: self.report.token_logprobs(raw_logprobs.as_deref(), token),
             prompt_logits,
             input_token_logprobs,
+            embedding: None,
             finished: reason.map(|r| self.finished(r)),
         }
     }

@@ -238,12 +238,19 @@ impl WeightStore {
             }
             store.sources.push(Arc::new(Source::Mapped(file)));
         }
-        let Some(int4) = int4 else { return Ok(store) };
-        for layer in grouped::assemble(pieces, int4, &store.sources)? {
-            if store.contains(&layer.name) {
+        if let Some(int4) = int4 {
+            store.add_int4_layers(pieces, int4)?;
+        }
+        store.name_as_causal_lm();
+        Ok(store)
+    }
+
+    fn add_int4_layers(&mut self, pieces: Vec<(usize, safetensors::RawTensor)>, int4: Int4Checkpoint) -> Result<()> {
+        for layer in grouped::assemble(pieces, int4, &self.sources)? {
+            if self.contains(&layer.name) {
                 return Err(EngineError::ModelLoad(format!(
                     "{}: {} is stored both as floats and as 4-bit {}; the checkpoint is broken",
-                    store.sources[layer.source].describe(),
+                    self.sources[layer.source].describe(),
                     layer.name,
                     layer.tensor.kind.name()
                 )));
@@ -251,9 +258,18 @@ impl WeightStore {
             let stored = Stored::Grouped(layer.tensor.kind);
             let groups = Some(Arc::new(layer.tensor));
             let entry = Entry { source: layer.source, shape: layer.shape, stored, offset: layer.qweight.start, order: RowOrder::Plain, groups };
-            store.add(layer.name, entry);
+            self.add(layer.name, entry);
         }
-        Ok(store)
+        Ok(())
+    }
+
+    /// A base model's checkpoint (`Qwen3Model`, as sentence-transformers saves embedding models)
+    /// names its tensors without the `model.` prefix of a causal LM's: they are listed under the
+    /// causal LM's names.
+    fn name_as_causal_lm(&mut self) {
+        if self.contains("embed_tokens.weight") && !self.contains("model.embed_tokens.weight") {
+            self.tensors = std::mem::take(&mut self.tensors).into_iter().map(|(name, entry)| (format!("model.{name}"), entry)).collect();
+        }
     }
 
     /// Maps a GGUF file, its tensors renamed and laid out as in a Hugging Face checkpoint of
