@@ -21,6 +21,9 @@ pub mod request;
 pub mod sample;
 mod scheduler;
 mod sequence;
+// Draft generators for speculative decoding; not yet wired into the scheduler.
+#[allow(dead_code)]
+mod spec;
 pub mod text;
 pub mod weights;
 

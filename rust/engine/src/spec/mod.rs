@@ -1,0 +1,202 @@
+//! Draft tokens for speculative decoding without a draft model: the request's own text
+//! ([`prompt_lookup`], n-gram matching) or a suffix trie over it and over recent outputs of other
+//! requests ([`suffix`]), as many as the request's acceptance history asks for ([`draft_len`]).
+//!
+//! The engine holds one [`Speculator`] (the options and the window of recent outputs that all
+//! requests share) and one [`Drafter`] per request; each step it asks for a draft, verifies it,
+//! and reports how much was accepted. Drafters only read the request's tokens, so verification,
+//! rollback and grammars stay with the engine.
+
+mod draft_len;
+mod prompt_lookup;
+mod suffix;
+
+use draft_len::DraftLength;
+use prompt_lookup::PromptLookup;
+use serde::{Deserialize, Serialize};
+use suffix::{GlobalSuffixCache, SuffixDrafter};
+
+/// Where drafts come from (`--speculative-algorithm`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SpeculativeAlgorithm {
+    /// Prompt lookup: the longest recent n-gram of the request's prompt and output, continued.
+    Ngram,
+    /// SuffixDecoding: a suffix trie over the request and over recent outputs of other requests.
+    Suffix,
+}
+
+/// The speculation state shared by all requests.
+#[derive(Debug)]
+pub struct Speculator {
+    algorithm: SpeculativeAlgorithm,
+    max_draft: usize,
+    recent_outputs: GlobalSuffixCache,
+}
+
+/// One request's drafting state.
+#[derive(Debug)]
+pub struct Drafter {
+    source: DraftSource,
+    length: DraftLength,
+}
+
+#[derive(Debug)]
+enum DraftSource {
+    Ngram(PromptLookup),
+    Suffix(SuffixDrafter),
+}
+
+impl Speculator {
+    /// `max_draft` tokens at most per step (`--speculative-num-draft-tokens`); suffix drafting
+    /// keeps about `window_tokens` tokens of recent outputs.
+    pub fn new(algorithm: SpeculativeAlgorithm, max_draft: usize, window_tokens: usize) -> Self {
+        let window_tokens = if algorithm == SpeculativeAlgorithm::Suffix { window_tokens } else { 0 };
+        Self { algorithm, max_draft, recent_outputs: GlobalSuffixCache::new(window_tokens) }
+    }
+
+    pub fn drafter(&self) -> Drafter {
+        let source = match self.algorithm {
+            SpeculativeAlgorithm::Ngram => DraftSource::Ngram(PromptLookup::default()),
+            SpeculativeAlgorithm::Suffix => DraftSource::Suffix(SuffixDrafter::default()),
+        };
+        Drafter { source, length: DraftLength::new(self.max_draft) }
+    }
+
+    /// Tokens to verify after `tokens` (the request's prompt and output so far; each call's must
+    /// extend the previous call's), at most `max` (e.g. what `max_new_tokens` leaves). Empty when
+    /// nothing matches or the request's drafts are paused.
+    pub fn propose(&self, drafter: &mut Drafter, tokens: &[u32], max: usize) -> Vec<u32> {
+        let length = drafter.length.next().min(max);
+        if length == 0 {
+            return Vec::new();
+        }
+        match &mut drafter.source {
+            DraftSource::Ngram(lookup) => lookup.propose(tokens, length),
+            DraftSource::Suffix(suffix) => suffix.propose(tokens, length, &self.recent_outputs),
+        }
+    }
+
+    /// A request finished with `output`: it joins the window that suffix drafts also draw from.
+    pub fn finished(&mut self, output: &[u32]) {
+        if self.algorithm == SpeculativeAlgorithm::Suffix {
+            self.recent_outputs.insert(output);
+        }
+    }
+}
+
+impl Drafter {
+    /// The verify of the last draft (`proposed` tokens) accepted its first `accepted` tokens.
+    pub fn observe(&mut self, accepted: usize, proposed: usize) {
+        self.length.observe(accepted, proposed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    #[test]
+    fn algorithm_names_as_options_spell_them() {
+        let parse = |name: &str| serde_json::from_str::<SpeculativeAlgorithm>(&format!("{name:?}"));
+        assert_eq!(parse("ngram").unwrap(), SpeculativeAlgorithm::Ngram);
+        assert_eq!(parse("suffix").unwrap(), SpeculativeAlgorithm::Suffix);
+        assert!(parse("eagle").is_err());
+    }
+
+    /// Drafts a greedy "model" that copies a document with a few edits: drafts grow while the
+    /// copy holds, and every step's draft is checked against the true next tokens.
+    fn copy_with_edits(algorithm: SpeculativeAlgorithm) -> (usize, usize) {
+        let document: Vec<u32> = (0..600u32).map(|i| (i * 7919) % 1000).collect();
+        let mut edited = document.clone();
+        for i in (50..600).step_by(97) {
+            edited[i] = 5000 + i as u32;
+        }
+        let speculator = Speculator::new(algorithm, 8, 0);
+        let mut drafter = speculator.drafter();
+        let mut tokens = document;
+        let (mut steps, mut generated) = (0, 0);
+        while generated < edited.len() {
+            let draft = speculator.propose(&mut drafter, &tokens, edited.len() - generated);
+            let truth = &edited[generated..];
+            let accepted = draft.iter().zip(truth).take_while(|(d, t)| d == t).count();
+            drafter.observe(accepted, draft.len());
+            // The verify step also yields the model's own token after the accepted ones.
+            let committed = (accepted + 1).min(truth.len());
+            tokens.extend_from_slice(&truth[..committed]);
+            generated += committed;
+            steps += 1;
+        }
+        (steps, generated)
+    }
+
+    #[test]
+    fn copying_takes_far_fewer_steps_than_tokens() {
+        for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
+            let (steps, generated) = copy_with_edits(algorithm);
+            assert!(steps * 4 < generated, "{algorithm:?}: {steps} steps for {generated} tokens");
+        }
+    }
+
+    #[test]
+    fn suffix_drafts_draw_on_finished_requests() {
+        let mut speculator = Speculator::new(SpeculativeAlgorithm::Suffix, 4, 1 << 16);
+        speculator.finished(&[10, 11, 12, 13, 14, 15]);
+        let mut drafter = speculator.drafter();
+        assert_eq!(speculator.propose(&mut drafter, &[1, 11, 12], 8), vec![13, 14]);
+        let mut ngram = Speculator::new(SpeculativeAlgorithm::Ngram, 4, 1 << 16);
+        ngram.finished(&[10, 11, 12, 13, 14, 15]);
+        assert!(ngram.propose(&mut ngram.drafter(), &[1, 11, 12], 8).is_empty());
+    }
+
+    /// Per-propose cost at long contexts, one new token per step as in decoding:
+    /// `cargo test --release -p rsgl-engine spec::tests::propose_cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore = "benchmark"]
+    fn propose_cost() {
+        // Natural-ish text: mostly fresh tokens from a 32k vocabulary, with recurring phrases.
+        let text = |len: usize, seed: u64| -> Vec<u32> {
+            let mut state = seed;
+            let mut next = move || {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+                (state >> 33) as u32
+            };
+            let mut tokens = Vec::with_capacity(len);
+            while tokens.len() < len {
+                let phrase = next() % 64;
+                if phrase < 8 {
+                    tokens.extend((0..12).map(|i| 40_000 + phrase * 100 + i));
+                } else {
+                    tokens.push(next() % 32_000);
+                }
+            }
+            tokens.truncate(len);
+            tokens
+        };
+        for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
+            for context in [4096, 32_768] {
+                let mut speculator = Speculator::new(algorithm, 8, 1 << 18);
+                for seed in 0..64 {
+                    speculator.finished(&text(4096, 100 + seed));
+                }
+                let tokens = text(context + 1024, 7);
+                let (prompt, decode) = tokens.split_at(context);
+                let mut drafter = speculator.drafter();
+                let started = Instant::now();
+                speculator.propose(&mut drafter, prompt, 8);
+                let first = started.elapsed();
+                let started = Instant::now();
+                let mut drafted = 0;
+                for end in context + 1..=tokens.len() {
+                    // Reported as accepted, so the drafts stay at full length.
+                    let draft = speculator.propose(&mut drafter, &tokens[..end], 8).len();
+                    drafter.observe(draft, draft);
+                    drafted += draft;
+                }
+                let per_step = started.elapsed() / decode.len() as u32;
+                println!("{algorithm:?} context {context}: first propose (indexes the prompt) {first:?}, then {per_step:?} per step ({drafted} tokens drafted in {} steps)", decode.len());
+            }
+        }
+    }
+}
