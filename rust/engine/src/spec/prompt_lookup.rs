@@ -41,7 +41,7 @@ impl PromptLookup {
         }
         self.indexed = last;
 
-        let longest_first = ngram_hashes(tokens, last).filter(|&(n, _)| n >= MIN_NGRAM).collect::<Vec<_>>();
+        let longest_first = ngram_hashes(tokens, last).collect::<Vec<_>>();
         for &(n, hash) in longest_first.iter().rev() {
             let Some(&end) = self.last_end.get(&hash) else { continue };
             let end = end as usize;
@@ -53,7 +53,7 @@ impl PromptLookup {
     }
 }
 
-/// (n, hash) of the n-grams ending at `end`, shortest first, for n up to [`MAX_NGRAM`].
+/// (n, hash) of the n-grams ending at `end`, shortest first, for n in [`MIN_NGRAM`, `MAX_NGRAM`].
 fn ngram_hashes(tokens: &[u32], end: usize) -> impl Iterator<Item = (usize, u64)> + '_ {
     tokens[..=end]
         .iter()
@@ -66,6 +66,7 @@ fn ngram_hashes(tokens: &[u32], end: usize) -> impl Iterator<Item = (usize, u64)
         })
         .enumerate()
         .map(|(i, hash)| (i + 1, hash))
+        .skip(MIN_NGRAM - 1)
 }
 
 /// The `max` tokens after position `end`. When the match is recent (the text repeats with a
