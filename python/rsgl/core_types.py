@@ -78,6 +78,8 @@ class EngineOptions(TypedDict, total=False):
     disable_jump_forward: bool
     grammar_compile_threads: int
     is_embedding: bool
+    speculative_algorithm: Literal["ngram", "suffix"] | None
+    speculative_num_draft_tokens: int
 
 
 class TopLogprob(TypedDict):
@@ -107,6 +109,9 @@ class Finished(TypedDict):
     completion_tokens: int
     cached_tokens: int
     decode_steps: int
+    spec_verify_ct: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
 
 
 class Output(TypedDict):
@@ -153,6 +158,9 @@ class EngineStats(TypedDict):
     retracted_requests: int
     grammar_waiting_requests: int
     forced_tokens: int
+    spec_verify_steps: int
+    spec_draft_tokens: int
+    spec_accepted_tokens: int
     grammar: GrammarStats | None
     steps: int
     last_step_tokens: int

@@ -113,7 +113,11 @@ class Engine:
     `json_schema_warnings`; a request's own `strict_json_schema` sampling param overrides it),
     `is_embedding` (serve embeddings with `encode` instead of generating: the final-norm hidden
     states pooled as the model's sentence-transformers or GGUF config says, else by the last
-    token, then L2-normalized; no lm_head is loaded).
+    token, then L2-normalized; no lm_head is loaded), `speculative_algorithm` ("ngram": prompt
+    lookup, or "suffix": SuffixDecoding over the request and recent outputs; each decode pass also
+    verifies up to `speculative_num_draft_tokens` drafted tokens, with the same greedy output and
+    the same sampling distribution as without; `meta_info` counts spec_verify_ct,
+    spec_draft_tokens and spec_accepted_tokens).
 
     Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
     same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks
@@ -149,6 +153,8 @@ class Engine:
         think_end_token: str | None = None,
         strict_json_schema: bool = False,
         is_embedding: bool = False,
+        speculative_algorithm: str | None = None,
+        speculative_num_draft_tokens: int = 4,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -191,6 +197,8 @@ class Engine:
             "disable_radix_cache": disable_radix_cache,
             "disable_jump_forward": disable_jump_forward,
             "is_embedding": is_embedding,
+            "speculative_algorithm": speculative_algorithm,
+            "speculative_num_draft_tokens": speculative_num_draft_tokens,
         }
         store = self.model.open_weights()
         store.show_progress(progress)

@@ -60,6 +60,12 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "unknown formats...) instead of accepting them with warnings; requests may set strict_json_schema themselves",
     },
     "--think-end-token": {"help": "for reasoning models (e.g. '</think>'): grammars apply only after the model outputs this"},
+    "--speculative-algorithm": {
+        "choices": ["ngram", "suffix"],
+        "help": "speculative decoding without a draft model: ngram (prompt lookup) or suffix (SuffixDecoding over the request "
+        "and recent outputs); each decode pass also verifies drafted tokens, output unchanged (default: off)",
+    },
+    "--speculative-num-draft-tokens": {"type": int, "help": "the most draft tokens a request verifies per step (default 4)"},
     "--is-embedding": {
         "action": "store_true",
         "default": None,

@@ -21,7 +21,7 @@ pub(crate) struct BatchEntry {
 impl BatchEntry {
     /// The row rule: an embedding request's the ones its pooling takes; a row after every token
     /// of a prompt being scored; else one after the last token when the entry completes its
-    /// request, else none (a prompt chunk midway).
+    /// request (and after each token of a draft it verifies), else none (a prompt chunk midway).
     pub fn new(index: usize, seq: &Sequence, start: usize, end: usize) -> Self {
         let n = end - start;
         let completes = end == seq.tokens.len();
@@ -30,7 +30,7 @@ impl BatchEntry {
         } else if seq.wants_chunk_logits(start) {
             0..n
         } else if completes {
-            n - 1..n
+            n - 1 - seq.draft_len()..n // the last token's row, and one after each draft token
         } else {
             n..n
         };

@@ -13,6 +13,7 @@ use crate::error::{EngineError, Result};
 use crate::policy::SchedulePolicy;
 use crate::pooling::Pooling;
 use crate::request::deserialize_with_path;
+use crate::spec::SpeculativeAlgorithm;
 use rsgl_kernels::{ActivationBits, WeightDtype};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
@@ -255,6 +256,11 @@ pub struct EngineOptions {
     /// Serves embeddings (`Engine::embed`) instead of generating: the model's hidden states are
     /// pooled, and it has no lm_head.
     pub is_embedding: bool,
+    /// Drafts tokens from text the request (or recent requests) has seen and verifies them in
+    /// the request's decode pass (off when absent).
+    pub speculative_algorithm: Option<SpeculativeAlgorithm>,
+    /// Most draft tokens a request verifies per step.
+    pub speculative_num_draft_tokens: usize,
 }
 
 impl Default for EngineOptions {
@@ -279,6 +285,8 @@ impl Default for EngineOptions {
             disable_jump_forward: false,
             grammar_compile_threads: 2,
             is_embedding: false,
+            speculative_algorithm: None,
+            speculative_num_draft_tokens: 4,
         }
     }
 }
@@ -291,8 +299,12 @@ impl EngineOptions {
     /// From any serde source: JSON text, or the Python objects the binding passes.
     pub fn deserialize_from<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
         let opts: EngineOptions = deserialize_with_path(de).map_err(|e| EngineError::InvalidRequest(format!("engine options: {e}")))?;
-        let must_be_positive =
-            [("page_size", opts.page_size), ("max_running_requests", opts.max_running_requests), ("chunked_prefill_size", opts.chunked_prefill_size)];
+        let must_be_positive = [
+            ("page_size", opts.page_size),
+            ("max_running_requests", opts.max_running_requests),
+            ("chunked_prefill_size", opts.chunked_prefill_size),
+            ("speculative_num_draft_tokens", opts.speculative_num_draft_tokens),
+        ];
         if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));
         }

@@ -6,6 +6,8 @@
 //! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
 //! the detokenizer ([`text`]) turns them into text with stop strings applied. Constrained
 //! requests ([`grammar`]) sample from a token mask and skip over text their grammar forces.
+//! With speculation on ([`spec`]), a decoding request's step also verifies tokens drafted from
+//! text it has seen.
 //! An embedding engine's requests pool the model's hidden states instead ([`pooling`]).
 
 mod batch;
@@ -21,9 +23,7 @@ pub mod request;
 pub mod sample;
 mod scheduler;
 mod sequence;
-// Draft generators for speculative decoding; not yet wired into the scheduler.
-#[allow(dead_code)]
-mod spec;
+pub mod spec;
 pub mod text;
 pub mod weights;
 

@@ -90,6 +90,16 @@ pub struct Output {
     pub finished: Option<Finished>,
 }
 
+impl Output {
+    /// Adds what `next` (the output of the same step's following token) brings.
+    pub fn append(&mut self, next: Output) {
+        self.token_ids.extend(next.token_ids);
+        self.text.push_str(&next.text);
+        self.logprobs.extend(next.logprobs);
+        self.finished = next.finished;
+    }
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct Finished {
     pub finish_reason: FinishReason,
@@ -97,8 +107,13 @@ pub struct Finished {
     pub completion_tokens: usize,
     pub cached_tokens: usize,
     /// Forward passes that ran this request's output tokens: one per token when decoding one
-    /// at a time, fewer when jump-forward appends forced text in one pass.
+    /// at a time, fewer when jump-forward appends forced text or speculation accepts drafts.
     pub decode_steps: usize,
+    /// With speculation: decode passes that verified a draft, the draft tokens, and how many
+    /// of them the model's own choice confirmed.
+    pub spec_verify_ct: usize,
+    pub spec_draft_tokens: usize,
+    pub spec_accepted_tokens: usize,
 }
 
 /// Why a request ended, in SGLang's `meta_info.finish_reason` shape.

@@ -99,8 +99,8 @@ impl Scheduler {
         }
     }
 
-    /// Prepares this step's batch: one token per decoding request, then prompt chunks within
-    /// the token budget.
+    /// Prepares this step's batch: one token per decoding request (with the draft it verifies),
+    /// then prompt chunks within the token budget.
     pub fn plan(&mut self) -> Batch {
         self.grow_pages();
         self.admit();
@@ -109,7 +109,7 @@ impl Scheduler {
         for (index, seq) in self.running.iter().enumerate() {
             if seq.is_decoding() {
                 batch.push(BatchEntry::new(index, seq, seq.kv.computed, seq.tokens.len()));
-                budget = budget.saturating_sub(1);
+                budget = budget.saturating_sub(1 + seq.draft_len());
             }
         }
         for (index, seq) in self.running.iter().enumerate() {
@@ -164,6 +164,7 @@ impl Scheduler {
     /// KV recomputed (or found in the cache) when it is admitted again.
     fn retract(&mut self, index: usize) {
         let mut seq = self.running.remove(index);
+        seq.take_draft();
         self.release(&mut seq);
         self.retractions += 1;
         self.waiting.push_front(seq);

@@ -14,6 +14,7 @@ use crate::model::{Compute, LlamaModel, ModelOutput, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
+use crate::spec::Speculator;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
 use rsgl_kernels::ThreadPool;
@@ -23,6 +24,9 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use worker::Worker;
+
+/// Tokens of recent outputs suffix drafting keeps (SuffixDecoding's global tree), a few MB.
+const SUFFIX_WINDOW_TOKENS: usize = 1 << 18;
 
 /// What the engine knows of the tokenizer: each token's bytes (for text), and the tokenizer
 /// itself as `tokenizer.json` text, which structured output uses to tokenize forced text.
@@ -162,6 +166,7 @@ impl Engine {
             stats: stats.clone(),
             active: HashSet::new(),
             seeds: Rng::new(opts.random_seed),
+            speculator: opts.speculative_algorithm.map(|algorithm| Speculator::new(algorithm, opts.speculative_num_draft_tokens, SUFFIX_WINDOW_TOKENS)),
             pooling,
         };
         let thread = std::thread::Builder::new()

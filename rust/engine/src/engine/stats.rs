@@ -39,6 +39,11 @@ pub struct EngineStats {
     pub grammar_waiting_requests: usize,
     /// Tokens appended without sampling because the grammar forced them (jump-forward).
     pub forced_tokens: u64,
+    /// Speculative decoding: decode passes that verified a draft, draft tokens, and draft tokens
+    /// the model confirmed (accepted per verify = accepted / verify steps).
+    pub spec_verify_steps: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
     /// Grammar compilations, when the engine has a tokenizer.
     pub grammar: Option<GrammarStats>,
     pub steps: u64,
@@ -62,6 +67,9 @@ pub(super) struct StepCounts {
     pub(super) prompt_tokens: usize,
     pub(super) generated: usize,
     pub(super) forced: usize,
+    pub(super) verified: usize,
+    pub(super) drafted: usize,
+    pub(super) accepted: usize,
     pub(super) schedule: Duration,
     pub(super) forward: Duration,
     pub(super) sample: Duration,
@@ -80,6 +88,9 @@ impl EngineStats {
         self.sample_seconds += step.sample.as_secs_f64();
         self.grammar_seconds += step.grammar.as_secs_f64();
         self.forced_tokens += step.forced as u64;
+        self.spec_verify_steps += step.verified as u64;
+        self.spec_draft_tokens += step.drafted as u64;
+        self.spec_accepted_tokens += step.accepted as u64;
         self.last_step_seconds = (step.schedule + step.forward + step.sample).as_secs_f64();
     }
 }

@@ -11,7 +11,8 @@ use crate::pooling::Pooling;
 use crate::request::{EmbedRequest, GenerateRequest, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
-use crate::sequence::Sequence;
+use crate::sequence::{Sequence, Speculation};
+use crate::spec::Speculator;
 use crate::text::TokenTable;
 use std::collections::HashSet;
 use std::sync::mpsc::{Receiver, Sender};
@@ -35,8 +36,18 @@ pub(super) struct Worker {
     pub(super) active: HashSet<String>,
     /// Draws each request's seed (requests that give none sample from it).
     pub(super) seeds: Rng,
+    /// With speculative decoding on: drafts for each decoding request, every step.
+    pub(super) speculator: Option<Speculator>,
     /// How embedding requests pool the model's hidden states.
     pub(super) pooling: Pooling,
+}
+
+/// A request sampling this step: its logits rows (the sampled token's, then one after each
+/// token of its draft) and its draft.
+struct Sampling<'l> {
+    index: usize,
+    rows: Vec<&'l [f32]>,
+    draft: Vec<u32>,
 }
 
 impl Worker {
@@ -77,7 +88,8 @@ impl Worker {
         if !self.claim_rid(&req.rid, &out) {
             return;
         }
-        let seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
+        let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
+        seq.speculation = self.speculator.as_ref().map(|s| Speculation::new(s.drafter()));
         let Some(spec) = seq.pending_grammar.as_ref().map(|g| g.spec.clone()) else {
             self.scheduler.enqueue(seq);
             return;
@@ -169,6 +181,9 @@ impl Worker {
 
     fn step(&mut self) {
         let started = Instant::now();
+        if let Some(speculator) = &self.speculator {
+            self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).for_each(|s| s.draft(speculator));
+        }
         let batch = self.scheduler.plan();
         if batch.is_empty() {
             return;
@@ -177,8 +192,7 @@ impl Worker {
         let output = self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv);
         let forwarded = Instant::now();
         let mut step = StepCounts::default();
-        // Requests sampling this step, with their logits row.
-        let mut sampling: Vec<(usize, &[f32])> = Vec::new();
+        let mut sampling: Vec<Sampling> = Vec::new();
         // Requests ending this step, with their final output (none when their caller went away).
         let mut finished = Vec::new();
         for (entry, rows) in batch.entries().iter().zip(batch.split_rows(&output, self.model.output_width())) {
@@ -190,7 +204,8 @@ impl Worker {
                 seq.decode_steps += 1;
             }
             let extending = !seq.is_decoding();
-            seq.kv.computed = entry.end;
+            let draft = seq.take_draft();
+            seq.kv.computed = entry.end - draft.len();
             if seq.wants_chunk_logits(entry.start) {
                 seq.record_input_logprobs(entry.start, &rows);
             }
@@ -200,7 +215,8 @@ impl Worker {
                     finished.push((entry.index, Some(seq.finish_embedding())));
                 }
             } else if entry.completes {
-                sampling.push((entry.index, rows.last().expect("a completing entry has its logits row")));
+                let sampled_row = rows.len().checked_sub(draft.len() + 1).expect("a completing entry has its logits rows");
+                sampling.push(Sampling { index: entry.index, rows: rows[sampled_row..].to_vec(), draft });
             }
             if extending && seq.caches_prefix() {
                 // Share the pages at once (not only when the request ends): requests waiting
@@ -209,13 +225,21 @@ impl Worker {
             }
         }
         let masked = Instant::now();
-        self.fill_masks_ahead(&sampling);
+        self.fill_masks_ahead(sampling.iter().map(|s| s.index));
         step.grammar = masked.elapsed();
-        for (index, row) in sampling {
+        for Sampling { index, rows, draft } in sampling {
             let seq = &mut self.scheduler.running_mut()[index];
-            let out = if seq.max_new_tokens == 0 { seq.finish_without_tokens(row) } else { seq.advance(&mut row.to_vec(), self.tokenizer.as_deref()) };
+            let out = if seq.max_new_tokens == 0 {
+                seq.finish_without_tokens(rows[0])
+            } else {
+                let advanced = seq.advance_through_draft(&rows, &draft, self.tokenizer.as_deref());
+                step.forced += advanced.forced;
+                step.drafted += advanced.drafted;
+                step.accepted += advanced.accepted;
+                step.verified += usize::from(advanced.drafted > 0);
+                advanced.output
+            };
             step.generated += out.token_ids.len();
-            step.forced += out.token_ids.len().saturating_sub(1);
             if out.finished.is_some() {
                 finished.push((index, Some(out)));
             } else if seq.out.send(Ok(out)).is_err() {
@@ -226,6 +250,9 @@ impl Worker {
         // Highest index first: retiring swaps the last request into the freed slot.
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.scheduler.retire(i), out)).collect();
+        if let Some(speculator) = &mut self.speculator {
+            finals.iter().for_each(|(seq, _)| speculator.finished(&seq.tokens[seq.prompt_len..]));
+        }
         step.schedule = scheduled - started;
         step.forward = forwarded - scheduled;
         step.sample = forwarded.elapsed();
@@ -243,9 +270,9 @@ impl Worker {
     /// Fills the token masks the requests sampling this step need before sampling, on the
     /// compute threads (idle between forward passes, pinned, and parked when done, so nothing
     /// spins into the next forward pass).
-    fn fill_masks_ahead(&mut self, sampling: &[(usize, &[f32])]) {
+    fn fill_masks_ahead(&mut self, sampling: impl Iterator<Item = usize>) {
         let mut samples = vec![false; self.scheduler.running_mut().len()];
-        sampling.iter().for_each(|&(index, _)| samples[index] = true);
+        sampling.for_each(|index| samples[index] = true);
         let mut pending: Vec<&mut Constraint> = (self.scheduler.running_mut().iter_mut().zip(samples))
             .filter(|(seq, samples)| *samples && seq.max_new_tokens > 0)
             .filter_map(|(seq, _)| seq.constraint.as_mut().filter(|c| c.needs_mask_first()))

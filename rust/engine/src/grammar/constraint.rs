@@ -88,6 +88,15 @@ impl Constraint {
         forced
     }
 
+    /// How many of `draft`'s first tokens the grammar allows after the output so far (all while
+    /// the model thinks): verifying a token the grammar refuses would waste the pass.
+    pub fn allowed_draft_len(&mut self, draft: &[u32]) -> usize {
+        if !self.is_active() {
+            return draft.len();
+        }
+        self.grammar.allowed_prefix(draft).unwrap_or(0) // a failing grammar reports at sampling
+    }
+
     /// The grammar allows nothing more.
     pub fn is_finished(&self) -> bool {
         self.is_active() && self.grammar.is_finished()
@@ -108,8 +117,8 @@ mod tests {
             mask[0] = 1 << (self.committed.len() + 1);
             Ok(())
         }
-        fn allows(&mut self, token: u32) -> Result<bool> {
-            Ok(token as usize == self.committed.len() + 1)
+        fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
+            Ok(tokens.iter().zip(self.committed.len() as u32 + 1..=3).take_while(|(t, next)| *t == next).count())
         }
         fn commit(&mut self, token: u32) -> Result<()> {
             assert_eq!(token as usize, self.committed.len() + 1, "only the next token of 1 2 3 is allowed");

@@ -114,8 +114,8 @@ impl Grammar for LlgGrammar {
         Ok(())
     }
 
-    fn allows(&mut self, token: u32) -> Result<bool> {
-        self.0.validate_tokens(&[token]).map(|valid| valid == 1).map_err(|e| self.failed(e))
+    fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize> {
+        self.0.validate_tokens(tokens).map_err(|e| self.failed(e))
     }
 
     fn commit(&mut self, token: u32) -> Result<()> {

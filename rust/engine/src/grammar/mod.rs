@@ -71,7 +71,12 @@ pub trait Grammar: Send {
 
     /// Whether `token` may come next (without committing it): a check on one token, far
     /// cheaper than a mask.
-    fn allows(&mut self, token: u32) -> Result<bool>;
+    fn allows(&mut self, token: u32) -> Result<bool> {
+        Ok(self.allowed_prefix(&[token])? == 1)
+    }
+
+    /// How many of `tokens`' first tokens may come next, one after the other (none committed).
+    fn allowed_prefix(&mut self, tokens: &[u32]) -> Result<usize>;
 
     /// Advances past `token`; an error when the grammar does not allow it.
     fn commit(&mut self, token: u32) -> Result<()>;

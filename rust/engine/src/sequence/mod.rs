@@ -5,6 +5,7 @@
 mod kv;
 mod picker;
 mod report;
+mod speculation;
 mod text;
 
 use crate::grammar::{Constraint, GrammarSpec};
@@ -15,6 +16,7 @@ use crate::text::TokenTable;
 pub(crate) use kv::SeqKv;
 use picker::Picker;
 use report::Report;
+pub(crate) use speculation::Speculation;
 use text::OutputText;
 
 /// A grammar a request waits for: compiled before the request runs.
@@ -45,6 +47,8 @@ pub(crate) struct Sequence {
     pub report: Report,
     /// An embedding request's pooled hidden states so far; it ends when its prompt is computed.
     pub pooler: Option<Pooler>,
+    /// With speculative decoding on, the request's drafting and verification state.
+    pub speculation: Option<Speculation>,
     text: OutputText,
 }
 
@@ -65,6 +69,7 @@ impl Sequence {
             picker: Picker::new(p, &req.input_ids, eos, seed),
             report,
             pooler: None,
+            speculation: None,
             out,
             tokens: req.input_ids,
             prompt_len,
@@ -106,9 +111,9 @@ impl Sequence {
         self.report.record_input_logprobs(&self.tokens, self.prompt_len, start, rows);
     }
 
-    /// Decoding: only the last sampled token lacks KV.
+    /// Decoding: only the last sampled token (and this step's draft) lacks KV.
     pub fn is_decoding(&self) -> bool {
-        self.kv.computed + 1 == self.tokens.len() && self.kv.computed >= self.prompt_len
+        self.kv.computed + 1 + self.draft_len() == self.tokens.len() && self.kv.computed >= self.prompt_len
     }
 
     pub fn output_len(&self) -> usize {
@@ -122,6 +127,9 @@ impl Sequence {
             completion_tokens: self.output_len(),
             cached_tokens: self.kv.cached_tokens,
             decode_steps: self.decode_steps,
+            spec_verify_ct: self.speculation.as_ref().map_or(0, |s| s.verify_ct),
+            spec_draft_tokens: self.speculation.as_ref().map_or(0, |s| s.draft_tokens),
+            spec_accepted_tokens: self.speculation.as_ref().map_or(0, |s| s.accepted_tokens),
         }
     }
 

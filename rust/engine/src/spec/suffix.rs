@@ -233,6 +233,7 @@ impl GlobalSuffixCache {
     }
 
     /// Tokens held, separators included; at most `budget`.
+    #[cfg(test)]
     pub fn tokens_held(&self) -> usize {
         self.newer.len() + self.older.len()
     }

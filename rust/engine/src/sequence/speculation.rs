@@ -1,0 +1,100 @@
+//! A request's speculative decoding: drafting tokens before its decode pass, and verifying
+//! them with the rows that pass returns.
+//!
+//! The draft rides on the request's tokens for the pass (one logits row after the last token
+//! and after each draft token), then comes off again. Verification samples from each row in
+//! turn, as decoding one token at a time would, while the tokens appended so far are the draft
+//! the rows were computed after. Greedy sampling gives exactly the tokens plain decoding gives;
+//! random sampling keeps its distribution, because a draft token is kept exactly when the
+//! token drawn from the model's own distribution equals it (the rejection rule of speculative
+//! sampling for a draft that is one token with certainty).
+
+use super::Sequence;
+use crate::request::Output;
+use crate::spec::{Drafter, Speculator};
+use crate::text::TokenTable;
+
+pub(crate) struct Speculation {
+    drafter: Drafter,
+    /// Draft tokens on the request's tokens for this step's pass.
+    pending: usize,
+    pub verify_ct: usize,
+    pub draft_tokens: usize,
+    pub accepted_tokens: usize,
+}
+
+/// One step's output of a request, with what the step did.
+pub(crate) struct Advanced {
+    pub output: Output,
+    /// Tokens the grammar forced (appended without sampling).
+    pub forced: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+}
+
+impl Speculation {
+    pub fn new(drafter: Drafter) -> Self {
+        Speculation { drafter, pending: 0, verify_ct: 0, draft_tokens: 0, accepted_tokens: 0 }
+    }
+}
+
+impl Sequence {
+    /// Draft tokens on the tokens for this step's pass.
+    pub fn draft_len(&self) -> usize {
+        self.speculation.as_ref().map_or(0, |s| s.pending)
+    }
+
+    /// Drafts tokens to verify in this step's pass: what `speculator` proposes, cut where the
+    /// grammar refuses one, at most what the budget leaves after the token the pass samples.
+    pub fn draft(&mut self, speculator: &Speculator) {
+        let room = self.max_new_tokens.saturating_sub(self.output_len() + 1);
+        let Some(speculation) = self.speculation.as_mut() else { return };
+        let mut draft = speculator.propose(&mut speculation.drafter, &self.tokens, room);
+        if let Some(constraint) = self.constraint.as_mut() {
+            draft.truncate(constraint.allowed_draft_len(&draft));
+        }
+        speculation.pending = draft.len();
+        self.tokens.extend(draft);
+    }
+
+    /// Takes this step's draft back off the tokens.
+    pub fn take_draft(&mut self) -> Vec<u32> {
+        let pending = self.speculation.as_mut().map_or(0, |s| std::mem::take(&mut s.pending));
+        self.tokens.split_off(self.tokens.len() - pending)
+    }
+
+    /// Samples the next token from `rows[0]`, then one from each following row while the tokens
+    /// appended so far are `draft`'s first ones (the tokens those rows were computed after).
+    /// The KV of the draft tokens so confirmed is kept; the rest is overwritten later.
+    pub fn advance_through_draft(&mut self, rows: &[&[f32]], draft: &[u32], table: Option<&TokenTable>) -> Advanced {
+        let before = self.tokens.len();
+        let mut forced = 0;
+        let mut output: Option<Output> = None;
+        let mut row = 0;
+        loop {
+            let next = self.advance(&mut rows[row].to_vec(), table);
+            forced += next.token_ids.len() - 1;
+            let output = match output.as_mut() {
+                Some(output) => {
+                    output.append(next);
+                    output
+                }
+                None => output.insert(next),
+            };
+            let appended = &self.tokens[before..];
+            if output.finished.is_some() || appended.len() > draft.len() || appended != &draft[..appended.len()] {
+                break;
+            }
+            row = appended.len(); // the row computed after the last appended token
+        }
+        let accepted = self.tokens[before..].iter().zip(draft).take_while(|(token, drafted)| token == drafted).count();
+        self.kv.computed = before + accepted;
+        if let (Some(speculation), false) = (self.speculation.as_mut(), draft.is_empty()) {
+            speculation.drafter.observe(accepted, draft.len());
+            speculation.verify_ct += 1;
+            speculation.draft_tokens += draft.len();
+            speculation.accepted_tokens += accepted;
+        }
+        Advanced { output: output.expect("the loop advances at least once"), forced, drafted: draft.len(), accepted }
+    }
+}
