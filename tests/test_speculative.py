@@ -48,6 +48,14 @@ def test_greedy_output_is_plain_decodings(plain: rsgl.Engine, algorithm: str):
         # Batched (the same prompt twice, and each prompt with the other's grammar-free twin).
         batch = engine.generate(prompts, GREEDY)
         assert [out["output_ids"] for out in batch] == [out["output_ids"] for out in plain.generate(prompts, GREEDY)]
+        # Log-probabilities of the tokens a verify pass accepted are those plain decoding gives.
+        scored = {"return_logprob": True, "top_logprobs_num": 2}
+        want_lp, got_lp = (e.generate(prompts[0], {**GREEDY, "n": 2}, **scored) for e in (plain, engine))
+        for want_one, got_one in zip(want_lp, got_lp):
+            assert got_one["meta_info"]["spec_accepted_tokens"] > 0
+            assert [t for _, t, _ in got_one["meta_info"]["output_token_logprobs"]] == [t for _, t, _ in want_one["meta_info"]["output_token_logprobs"]]
+            got_values = [lp for lp, _, _ in got_one["meta_info"]["output_token_logprobs"]]
+            assert got_values == pytest.approx([lp for lp, _, _ in want_one["meta_info"]["output_token_logprobs"]], abs=1e-3)
         info = engine.get_server_info()
         assert info["spec_accepted_tokens"] > 0 and info["spec_verify_steps"] > 0
 
