@@ -4,14 +4,15 @@ runs; and a server per test module that asks for one, with its clients."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
 import openai
 import pytest
 import torch
-from server_helpers import API_KEY, AUTH, running_server
-from tiny_models import TINY
+from server_helpers import AUTH, openai_client, running_server
+from tiny_models import SPECIAL_TOKENS, TINY, byte_tokenizer
 
 torch.set_num_threads(1)
 
@@ -54,6 +55,16 @@ def build_tiny(arch: str, path, **overrides):
     return model
 
 
+def build_byte_llama(path, **tokenizer_config):
+    """A tiny random Llama in `path` with one token per byte (tiny_models.byte_tokenizer) and
+    `tokenizer_config` (beside its BOS and EOS); returns (transformers model, tokenizer)."""
+    model = build_tiny("llama", path, vocab_size=len(SPECIAL_TOKENS) + 256)
+    tokenizer = byte_tokenizer()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", **tokenizer_config}))
+    return model, tokenizer
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory):
     """{arch: (path, transformers model)} for the dense Llama-family variants and the MoE ones."""
@@ -87,7 +98,7 @@ def http(server_url: str):
 
 @pytest.fixture(scope="module")
 def client(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)
+    return openai_client(server_url)
 
 
 @pytest.fixture(scope="module")

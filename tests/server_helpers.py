@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import orjson
 import pytest
 
@@ -20,6 +21,11 @@ STARTUP_TIMEOUT_SECONDS = 120
 # SIGTERM to exit: the graceful timeout (5 s), the server's own forced exit 5 s later, and a margin.
 STOP_TIMEOUT_SECONDS = 15
 SETTLE_SECONDS = 20  # for a server to notice departed clients and release their requests
+
+
+def openai_client(url: str) -> openai.OpenAI:
+    """The `openai` package's client for the server at `url`."""
+    return openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY)
 
 
 def free_port() -> int:

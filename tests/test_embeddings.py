@@ -14,15 +14,14 @@ from pathlib import Path
 import gguf
 import httpx
 import numpy as np
-import openai
 import pytest
 import rsgl
 import torch
-from conftest import build_tiny
+from conftest import build_byte_llama
 from rsgl import _core, core_types
-from server_helpers import API_KEY, AUTH, assert_openai_error, drained, running_server
+from server_helpers import AUTH, assert_openai_error, drained, openai_client, running_server
 from test_core_stubs import declared, known_keys
-from tiny_models import SPECIAL_TOKENS, TINY, byte_tokenizer
+from tiny_models import TINY
 
 SERVED_NAME = "tiny-embed"
 CHUNK = 16  # --chunked-prefill-size: the long prompts below take several chunks
@@ -35,11 +34,7 @@ MAX_ABS_DIFF = 1e-4  # float32 on both sides
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """(folder, transformers model, tokenizer) of a tiny Llama with a byte tokenizer."""
     folder = tmp_path_factory.mktemp("tiny-embed")
-    model = build_tiny("llama", folder, vocab_size=len(SPECIAL_TOKENS) + 256)
-    tokenizer = byte_tokenizer()
-    tokenizer.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>"}))
-    return folder, model, tokenizer
+    return folder, *build_byte_llama(folder)
 
 
 @pytest.fixture(scope="module")
@@ -73,10 +68,6 @@ def last_url(tiny, tmp_path_factory: pytest.TempPathFactory):
 def mean_url(mean_folder: Path, tmp_path_factory: pytest.TempPathFactory):
     with embedding_server(mean_folder, tmp_path_factory.mktemp("mean-server"), "--is-embedding") as (url, _):
         yield url
-
-
-def openai_client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY)
 
 
 @pytest.fixture(scope="module")

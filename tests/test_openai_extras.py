@@ -4,15 +4,12 @@ the prompt's log-probabilities) and `logit_bias`."""
 
 from __future__ import annotations
 
-import json
-
 import httpx
 import openai
 import pytest
 import torch
-from conftest import build_tiny
-from server_helpers import API_KEY, AUTH, running_server
-from tiny_models import SPECIAL_TOKENS, byte_tokenizer
+from conftest import build_byte_llama
+from server_helpers import AUTH, openai_client, running_server
 from tokenizers import Tokenizer
 
 SERVED_NAMES = ("tiny-llama", "alias-a")
@@ -24,12 +21,8 @@ TOLERANCE = 1e-4  # float32 on both sides
 def tiny(tmp_path_factory: pytest.TempPathFactory):
     """(folder, transformers model, tokenizer) of a tiny Llama with a byte tokenizer and a chat template."""
     folder = tmp_path_factory.mktemp("tiny-bytes")
-    model = build_tiny("llama", folder, vocab_size=len(SPECIAL_TOKENS) + 256)
-    tokenizer = byte_tokenizer()
-    tokenizer.save(str(folder / "tokenizer.json"))
     template = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}> {% endif %}"
-    config = {"bos_token": "<s>", "eos_token": "</s>", "chat_template": template}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    model, tokenizer = build_byte_llama(folder, chat_template=template)
     return folder, model, tokenizer
 
 
@@ -43,7 +36,7 @@ def server_url(tiny, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="module")
 def client(server_url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server_url}/v1", api_key=API_KEY)
+    return openai_client(server_url)
 
 
 @pytest.fixture(scope="module")

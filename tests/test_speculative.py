@@ -7,10 +7,9 @@ from __future__ import annotations
 import json
 
 import jsonschema
-import openai
 import pytest
 import rsgl
-from server_helpers import API_KEY, AUTH, running_server
+from server_helpers import AUTH, openai_client, running_server
 
 CODE = "def total(items):\n    result = 0\n    for item in items:\n        result += item.price * item.count\n    return result\n"
 COPY = [{"role": "user", "content": f"Rename `result` to `amount` in this function and give back the whole function:\n\n{CODE}"}]
@@ -62,7 +61,7 @@ def test_greedy_output_is_plain_decodings(plain: rsgl.Engine, algorithm: str):
 
 def test_a_speculating_server_streams_and_counts(tmp_path):
     with running_server(tmp_path, "--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "5") as (url, _):
-        client = openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY)
+        client = openai_client(url)
         request = {"model": "default", "messages": COPY, "max_tokens": 120, "temperature": 0}
         whole = client.chat.completions.create(**request).choices[0].message.content
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices)

@@ -9,7 +9,6 @@ import json
 import httpx
 import jsonschema
 import langchain_openai
-import openai
 import pytest
 import rsgl
 from conftest import build_tiny
@@ -17,7 +16,7 @@ from rsgl.chat_template import render_chat
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.reasoning import ReasoningSplitter
 from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
-from server_helpers import API_KEY, AUTH, assert_openai_error, running_server
+from server_helpers import API_KEY, AUTH, assert_openai_error, openai_client, running_server
 from test_loader import train_byte_level_tokenizer
 
 WEATHER = {
@@ -95,10 +94,6 @@ def tiny_tools_model(tmp_path_factory) -> str:
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": TOOLS_TEMPLATE}))
     return str(path)
-
-
-def openai_client(url: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=API_KEY)
 
 
 @pytest.fixture(scope="module")
