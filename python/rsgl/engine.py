@@ -441,6 +441,8 @@ class Engine:
             if len(requests) + n > self.max_sequences_per_call:
                 raise self._too_many_sequences()
             base = r or uuid.uuid4().hex
+            # Every sample of a prompt shares its grammar, and so whether it waits for the thinking to end.
+            think_end_ids = self._think_end_ids if _has_grammar(p) and not self._prompt_ends_thinking(ids) else None
             for i in range(n):
                 sample = dict(p)
                 if n > 1 and sample.get("seed") is not None:
@@ -456,7 +458,7 @@ class Engine:
                         "return_prompt_logits": bool(options.get("return_prompt_logits", False)),
                         # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
                         "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
-                        "think_end_token_ids": self._think_end_ids if _has_grammar(sample) and not self._prompt_ends_thinking(ids) else None,
+                        "think_end_token_ids": think_end_ids,
                     }
                 )
         return requests, single and len(requests) == 1
