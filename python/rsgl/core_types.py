@@ -80,6 +80,7 @@ class EngineOptions(TypedDict, total=False):
     is_embedding: bool
     speculative_algorithm: Literal["ngram", "suffix"] | None
     speculative_num_draft_tokens: int
+    speculative_draft_budget: bool
 
 
 class TopLogprob(TypedDict):
@@ -161,6 +162,8 @@ class EngineStats(TypedDict):
     spec_verify_steps: int
     spec_draft_tokens: int
     spec_accepted_tokens: int
+    spec_step_fixed_seconds: float
+    spec_step_row_seconds: float
     grammar: GrammarStats | None
     steps: int
     last_step_tokens: int

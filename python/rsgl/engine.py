@@ -117,7 +117,10 @@ class Engine:
     lookup, or "suffix": SuffixDecoding over the request and recent outputs; each decode pass also
     verifies up to `speculative_num_draft_tokens` drafted tokens, with the same greedy output and
     the same sampling distribution as without; `meta_info` counts spec_verify_ct,
-    spec_draft_tokens and spec_accepted_tokens).
+    spec_draft_tokens and spec_accepted_tokens; `speculative_draft_budget` (on by default) fits
+    the decode step's time per row while running and verifies only the draft tokens likely
+    enough to pay for their rows, so many concurrent requests stop drafting what they would
+    mostly reject).
 
     Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
     same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks
@@ -155,6 +158,7 @@ class Engine:
         is_embedding: bool = False,
         speculative_algorithm: str | None = None,
         speculative_num_draft_tokens: int = 4,
+        speculative_draft_budget: bool = True,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -199,6 +203,7 @@ class Engine:
             "is_embedding": is_embedding,
             "speculative_algorithm": speculative_algorithm,
             "speculative_num_draft_tokens": speculative_num_draft_tokens,
+            "speculative_draft_budget": speculative_draft_budget,
         }
         store = self.model.open_weights()
         store.show_progress(progress)

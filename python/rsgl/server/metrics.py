@@ -47,6 +47,7 @@ ENGINE_GAUGES: tuple[EngineMetric, ...] = (
     ("rsgl:kv_pages_total", "KV-cache pages in the pool.", lambda i: i["kv_pages_total"]),
     ("rsgl:kv_usage", "Fraction of the KV-cache pool held by requests.", lambda i: kv_pages_used(i) / max(i["kv_pages_total"], 1)),
     ("rsgl:cache_hit_rate", "Fraction of prompt tokens found in the prefix cache.", lambda i: i["cache_hit_rate"]),
+    ("rsgl:spec_step_row_seconds", "Fitted seconds a decode step's row costs (what budgets speculative drafts).", lambda i: i["spec_step_row_seconds"]),
 )
 
 

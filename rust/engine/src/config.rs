@@ -261,6 +261,9 @@ pub struct EngineOptions {
     pub speculative_algorithm: Option<SpeculativeAlgorithm>,
     /// Most draft tokens a request verifies per step.
     pub speculative_num_draft_tokens: usize,
+    /// Verifies only the draft tokens worth their rows by the step cost fitted while running
+    /// (see `spec::StepCost::budget`); false verifies every draft token.
+    pub speculative_draft_budget: bool,
 }
 
 impl Default for EngineOptions {
@@ -287,6 +290,7 @@ impl Default for EngineOptions {
             is_embedding: false,
             speculative_algorithm: None,
             speculative_num_draft_tokens: 4,
+            speculative_draft_budget: true,
         }
     }
 }

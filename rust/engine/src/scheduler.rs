@@ -164,7 +164,7 @@ impl Scheduler {
     /// KV recomputed (or found in the cache) when it is admitted again.
     fn retract(&mut self, index: usize) {
         let mut seq = self.running.remove(index);
-        seq.take_draft();
+        seq.discard_draft();
         self.release(&mut seq);
         self.retractions += 1;
         self.waiting.push_front(seq);

@@ -10,8 +10,10 @@ use rsgl_engine::{Engine, GenerateRequest, Output};
 const ALGORITHMS: [&str; 2] = ["ngram", "suffix"];
 const POOL: &str = r#""page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 2048, "threads": 2"#;
 
+/// Verifies every draft token (no budget), so the tests know drafts are verified whatever this
+/// machine's step times are; `budgeted` checks the budget changes no output.
 fn speculating(arch: &str, algorithm: &str) -> Engine {
-    engine(arch, &format!(r#"{{{POOL}, "speculative_algorithm": "{algorithm}", "speculative_num_draft_tokens": 5}}"#))
+    engine(arch, &format!(r#"{{{POOL}, "speculative_algorithm": "{algorithm}", "speculative_num_draft_tokens": 5, "speculative_draft_budget": false}}"#))
 }
 
 /// A prompt that repeats a phrase, so drafts find matches from the first step.
@@ -37,6 +39,10 @@ fn greedy_output_is_plain_decodings_alone_and_batched() {
         let requests = || prompts.iter().enumerate().map(|(i, p)| request(&format!("r{i}"), p.clone(), 40)).collect::<Vec<_>>();
         let want: Vec<Vec<u32>> = requests().into_iter().map(|r| collect(plain.submit(r).unwrap()).0).collect();
         for algorithm in ALGORITHMS {
+            let budgeted = engine(arch, &format!(r#"{{{POOL}, "speculative_algorithm": "{algorithm}", "speculative_num_draft_tokens": 5}}"#));
+            let outputs = run_all(&budgeted, requests()).into_iter().map(|(tokens, _)| tokens).collect::<Vec<_>>();
+            assert_eq!(outputs, want, "{arch} {algorithm}: batched, draft budget on");
+            assert_drained(&budgeted);
             let e = speculating(arch, algorithm);
             let alone: Vec<Vec<u32>> = requests().into_iter().map(|r| collect(e.submit(r).unwrap()).0).collect();
             let together = run_all(&e, requests());

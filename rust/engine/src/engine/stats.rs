@@ -44,6 +44,10 @@ pub struct EngineStats {
     pub spec_verify_steps: u64,
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
+    /// The fitted cost of a decode step that budgets draft tokens: seconds per step plus seconds
+    /// per row (0 until enough steps of different sizes ran).
+    pub spec_step_fixed_seconds: f64,
+    pub spec_step_row_seconds: f64,
     /// Grammar compilations, when the engine has a tokenizer.
     pub grammar: Option<GrammarStats>,
     pub steps: u64,

@@ -182,7 +182,14 @@ impl Worker {
     fn step(&mut self) {
         let started = Instant::now();
         if let Some(speculator) = &self.speculator {
-            self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).for_each(|s| s.draft(speculator));
+            let mut decoding: Vec<&mut Sequence> = self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).collect();
+            decoding.iter_mut().for_each(|s| s.draft(speculator));
+            if let Some(cost) = &speculator.step_cost {
+                let odds: Vec<(usize, f32)> = decoding.iter().map(|s| s.draft_odds()).collect();
+                for (seq, keep) in decoding.into_iter().zip(cost.budget(&odds)) {
+                    seq.shorten_draft(keep);
+                }
+            }
         }
         let batch = self.scheduler.plan();
         if batch.is_empty() {
@@ -256,6 +263,9 @@ impl Worker {
         step.schedule = scheduled - started;
         step.forward = forwarded - scheduled;
         step.sample = forwarded.elapsed();
+        if let (Some(cost), 0) = (self.speculator.as_mut().and_then(|s| s.step_cost.as_mut()), step.prompt_tokens) {
+            cost.observe(step.tokens, started.elapsed().as_secs_f64());
+        }
         // Publish before the final outputs go out, so a caller that sees its request finish
         // also sees its pages back in the pool.
         self.publish(Some(&step));
@@ -293,6 +303,9 @@ impl Worker {
         s.retracted_requests = counts.retractions;
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
+        if let Some(line) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.line()) {
+            (s.spec_step_fixed_seconds, s.spec_step_row_seconds) = (line.fixed, line.per_row);
+        }
         if let Some(step) = step {
             s.record_step(step);
         }

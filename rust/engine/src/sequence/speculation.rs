@@ -18,6 +18,10 @@ pub(crate) struct Speculation {
     drafter: Drafter,
     /// Draft tokens on the request's tokens for this step's pass.
     pending: usize,
+    /// The first draft token the step's budget dropped: checked against the token the pass
+    /// samples after the kept ones anyway, so a request whose drafts are dropped keeps
+    /// learning how often they would be accepted.
+    dropped: Option<u32>,
     pub verify_ct: usize,
     pub draft_tokens: usize,
     pub accepted_tokens: usize,
@@ -34,7 +38,7 @@ pub(crate) struct Advanced {
 
 impl Speculation {
     pub fn new(drafter: Drafter) -> Self {
-        Speculation { drafter, pending: 0, verify_ct: 0, draft_tokens: 0, accepted_tokens: 0 }
+        Speculation { drafter, pending: 0, dropped: None, verify_ct: 0, draft_tokens: 0, accepted_tokens: 0 }
     }
 }
 
@@ -55,6 +59,29 @@ impl Sequence {
         }
         speculation.pending = draft.len();
         self.tokens.extend(draft);
+    }
+
+    /// This request's draft length, and the chance one of its draft tokens is accepted when the
+    /// ones before it were.
+    pub fn draft_odds(&self) -> (usize, f32) {
+        self.speculation.as_ref().map_or((0, 0.0), |s| (s.pending, s.drafter.token_acceptance()))
+    }
+
+    /// Keeps the first `keep` tokens of this step's draft.
+    pub fn shorten_draft(&mut self, keep: usize) {
+        let Some(speculation) = self.speculation.as_mut() else { return };
+        let dropped = speculation.pending.saturating_sub(keep);
+        speculation.pending -= dropped;
+        speculation.dropped = (dropped > 0).then(|| self.tokens[self.tokens.len() - dropped]);
+        self.tokens.truncate(self.tokens.len() - dropped);
+    }
+
+    /// Drops this step's draft unverified (the request leaves the batch).
+    pub fn discard_draft(&mut self) {
+        if let Some(speculation) = self.speculation.as_mut() {
+            speculation.dropped = None;
+        }
+        self.take_draft();
     }
 
     /// Takes this step's draft back off the tokens.
@@ -89,11 +116,20 @@ impl Sequence {
         }
         let accepted = self.tokens[before..].iter().zip(draft).take_while(|(token, drafted)| token == drafted).count();
         self.kv.computed = before + accepted;
-        if let (Some(speculation), false) = (self.speculation.as_mut(), draft.is_empty()) {
-            speculation.drafter.observe(accepted, draft.len());
-            speculation.verify_ct += 1;
-            speculation.draft_tokens += draft.len();
-            speculation.accepted_tokens += accepted;
+        if let Some(speculation) = self.speculation.as_mut() {
+            // A dropped token decides something only when every kept one was accepted.
+            let dropped = speculation.dropped.take().filter(|_| accepted == draft.len());
+            let sampled_after = self.tokens.get(before + accepted);
+            let dropped_hit = dropped.is_some_and(|token| sampled_after == Some(&token));
+            let dropped_seen = usize::from(dropped.is_some() && sampled_after.is_some());
+            if !draft.is_empty() || dropped_seen > 0 {
+                speculation.drafter.observe(accepted + usize::from(dropped_hit), draft.len() + dropped_seen);
+            }
+            if !draft.is_empty() {
+                speculation.verify_ct += 1;
+                speculation.draft_tokens += draft.len();
+                speculation.accepted_tokens += accepted;
+            }
         }
         Advanced { output: output.expect("the loop advances at least once"), forced, drafted: draft.len(), accepted }
     }

@@ -18,13 +18,17 @@ pub struct DraftLength {
     length: usize,
     /// Exponential moving average of accepted / proposed over verifies.
     acceptance: f32,
+    /// Moving sums (same weight) of accepted draft tokens and of the tokens that decided
+    /// something: the accepted ones and the first rejected one, if any.
+    accepted_tokens: f32,
+    deciding_tokens: f32,
     paused_steps: u32,
 }
 
 impl DraftLength {
     pub fn new(max: usize) -> Self {
         // Starting between the pause threshold and full acceptance: a few failed drafts pause.
-        Self { max, length: INITIAL_LENGTH.min(max), acceptance: 0.5, paused_steps: 0 }
+        Self { max, length: INITIAL_LENGTH.min(max), acceptance: 0.5, accepted_tokens: 0.0, deciding_tokens: 0.0, paused_steps: 0 }
     }
 
     /// Tokens to draft this step (0: don't draft).
@@ -40,6 +44,12 @@ impl DraftLength {
         }
     }
 
+    /// The chance a draft token is accepted when the ones before it were (one accept and one
+    /// reject of prior, so a new request starts at one half).
+    pub fn token_acceptance(&self) -> f32 {
+        (self.accepted_tokens + 1.0) / (self.deciding_tokens + 2.0)
+    }
+
     /// The verify of a `proposed`-token draft accepted its first `accepted` tokens.
     pub fn observe(&mut self, accepted: usize, proposed: usize) {
         debug_assert!(accepted <= proposed, "{accepted} of {proposed} drafted tokens accepted");
@@ -47,6 +57,9 @@ impl DraftLength {
             return;
         }
         self.acceptance += EMA_WEIGHT * (accepted as f32 / proposed as f32 - self.acceptance);
+        let deciding = accepted + usize::from(accepted < proposed);
+        self.accepted_tokens = (1.0 - EMA_WEIGHT) * self.accepted_tokens + accepted as f32;
+        self.deciding_tokens = (1.0 - EMA_WEIGHT) * self.deciding_tokens + deciding as f32;
         let length = if accepted == proposed { self.length * 2 } else { accepted + 1 };
         self.length = length.max(1).min(self.max);
     }
@@ -69,6 +82,20 @@ mod tests {
         assert_eq!(length.next(), 4);
         length.observe(0, 4);
         assert_eq!(length.next(), 1);
+    }
+
+    #[test]
+    fn token_acceptance_counts_accepted_tokens_against_first_rejections() {
+        let mut length = DraftLength::new(8);
+        assert_eq!(length.token_acceptance(), 0.5);
+        for _ in 0..40 {
+            length.observe(3, 4); // three accepted, then one rejected: 3 of 4 deciding tokens
+        }
+        assert!((length.token_acceptance() - 0.75).abs() < 0.03, "{}", length.token_acceptance());
+        for _ in 0..40 {
+            length.observe(4, 4); // nothing rejected
+        }
+        assert!(length.token_acceptance() > 0.9, "{}", length.token_acceptance());
     }
 
     #[test]

@@ -7,10 +7,12 @@
 //! and reports how much was accepted. Drafters only read the request's tokens, so verification,
 //! rollback and grammars stay with the engine.
 
+mod budget;
 mod draft_len;
 mod prompt_lookup;
 mod suffix;
 
+pub use budget::{Line, StepCost};
 use draft_len::DraftLength;
 use prompt_lookup::PromptLookup;
 use serde::{Deserialize, Serialize};
@@ -32,6 +34,9 @@ pub struct Speculator {
     algorithm: SpeculativeAlgorithm,
     max_draft: usize,
     recent_outputs: GlobalSuffixCache,
+    /// What a decode step's rows cost, to budget its draft tokens (none: every draft token is
+    /// verified).
+    pub step_cost: Option<StepCost>,
 }
 
 /// One request's drafting state.
@@ -49,10 +54,12 @@ enum DraftSource {
 
 impl Speculator {
     /// `max_draft` tokens at most per step (`--speculative-num-draft-tokens`); suffix drafting
-    /// keeps about `window_tokens` tokens of recent outputs.
-    pub fn new(algorithm: SpeculativeAlgorithm, max_draft: usize, window_tokens: usize) -> Self {
+    /// keeps about `window_tokens` tokens of recent outputs; `budget`: steps verify only the
+    /// draft tokens their fitted cost says pay.
+    pub fn new(algorithm: SpeculativeAlgorithm, max_draft: usize, window_tokens: usize, budget: bool) -> Self {
         let window_tokens = if algorithm == SpeculativeAlgorithm::Suffix { window_tokens } else { 0 };
-        Self { algorithm, max_draft, recent_outputs: GlobalSuffixCache::new(window_tokens) }
+        let step_cost = budget.then(StepCost::default);
+        Self { algorithm, max_draft, recent_outputs: GlobalSuffixCache::new(window_tokens), step_cost }
     }
 
     pub fn drafter(&self) -> Drafter {
@@ -90,6 +97,11 @@ impl Drafter {
     pub fn observe(&mut self, accepted: usize, proposed: usize) {
         self.length.observe(accepted, proposed);
     }
+
+    /// The chance one of this request's draft tokens is accepted when the ones before it were.
+    pub fn token_acceptance(&self) -> f32 {
+        self.length.token_acceptance()
+    }
 }
 
 #[cfg(test)]
@@ -113,7 +125,7 @@ mod tests {
         for i in (50..600).step_by(97) {
             edited[i] = 5000 + i as u32;
         }
-        let speculator = Speculator::new(algorithm, 8, 0);
+        let speculator = Speculator::new(algorithm, 8, 0, false);
         let mut drafter = speculator.drafter();
         let mut tokens = document;
         let (mut steps, mut generated) = (0, 0);
@@ -141,11 +153,11 @@ mod tests {
 
     #[test]
     fn suffix_drafts_draw_on_finished_requests() {
-        let mut speculator = Speculator::new(SpeculativeAlgorithm::Suffix, 4, 1 << 16);
+        let mut speculator = Speculator::new(SpeculativeAlgorithm::Suffix, 4, 1 << 16, false);
         speculator.finished(&[10, 11, 12, 13, 14, 15]);
         let mut drafter = speculator.drafter();
         assert_eq!(speculator.propose(&mut drafter, &[1, 11, 12], 8), vec![13, 14]);
-        let mut ngram = Speculator::new(SpeculativeAlgorithm::Ngram, 4, 1 << 16);
+        let mut ngram = Speculator::new(SpeculativeAlgorithm::Ngram, 4, 1 << 16, false);
         ngram.finished(&[10, 11, 12, 13, 14, 15]);
         assert!(ngram.propose(&mut ngram.drafter(), &[1, 11, 12], 8).is_empty());
     }
@@ -176,7 +188,7 @@ mod tests {
         };
         for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
             for context in [4096, 32_768] {
-                let mut speculator = Speculator::new(algorithm, 8, 1 << 18);
+                let mut speculator = Speculator::new(algorithm, 8, 1 << 18, false);
                 for seed in 0..64 {
                     speculator.finished(&text(4096, 100 + seed));
                 }

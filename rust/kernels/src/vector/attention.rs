@@ -218,14 +218,20 @@ unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usiz
     d: usize,
     dst: &[*mut f32; 4],
 ) {
+    let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
     let mut acc = [[V::zero(); NV]; R];
-    for j in 0..span {
-        let v = value(task, pages, j).add(d);
-        let vj: [V; NV] = std::array::from_fn(|i| E::load::<V>(v.add(i * V::LANES)));
-        for r in 0..R {
-            let p = V::splat(*probs.get_unchecked(r * width + j));
-            for i in 0..NV {
-                acc[r][i] = p.mul_add(vj[i], acc[r][i]);
+    // Page by page, so a key's value row is a step from the last, not a page-table look-up.
+    for (page_index, &page) in task.pages[..span.div_ceil(ps)].iter().enumerate() {
+        let first = page_index * ps;
+        let page_values = pages.values.add(task.kv.offset(page, task.kv_head) + d);
+        for slot in 0..ps.min(span - first) {
+            let v = page_values.add(slot * hd);
+            let vj: [V; NV] = std::array::from_fn(|i| E::load::<V>(v.add(i * V::LANES)));
+            for r in 0..R {
+                let p = V::splat(*probs.get_unchecked(r * width + first + slot));
+                for i in 0..NV {
+                    acc[r][i] = p.mul_add(vj[i], acc[r][i]);
+                }
             }
         }
     }
