@@ -101,7 +101,17 @@ fn cases() -> Vec<Op> {
     // Speculative decoding's verify passes: 2 to 8 rows.
     let verify_shapes = [(2, 3072, 576), (5, 3072, 576), (8, 3072, 576)];
     cases.extend(shapes.iter().chain(&verify_shapes).map(|&(m, n, k)| Op::GemmI8 { m, n, k }));
-    let block_shapes = [(1, 3072, 576), (2, 3072, 576), (5, 3072, 576), (8, 3072, 576), (16, 3072, 576), (512, 3072, 576), (1, 16384, 2048), (16, 16384, 2048), (128, 16384, 2048)];
+    let block_shapes = [
+        (1, 3072, 576),
+        (2, 3072, 576),
+        (5, 3072, 576),
+        (8, 3072, 576),
+        (16, 3072, 576),
+        (512, 3072, 576),
+        (1, 16384, 2048),
+        (16, 16384, 2048),
+        (128, 16384, 2048),
+    ];
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k }));
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k }));
     cases.extend([
