@@ -1,6 +1,6 @@
 //! Block-quantized GEMMs on Intel AMX (AMX-INT8): the 4-bit blocks of [`crate::int4`] and the
-//! 8-bit ones of [`crate::int8_block`], for batches of two rows and more (one row stays on the
-//! VNNI tiles, which the weights' reads bound anyway).
+//! 8-bit ones of [`crate::int8_block`], for batches from [`MIN_ROWS_Q4`] / [`MIN_ROWS_Q8`]
+//! rows (smaller ones stay on the VNNI tiles).
 //!
 //! Each block keeps its own integer sums (its scales come after them), so a block (or, with
 //! the 8-bit weights' scale per half, a half block) is one `tdpbsud`/`tdpbssd` of up to 16
@@ -14,9 +14,16 @@
 //!   row's sums through the scheme's float steps, exactly as the VNNI tiles do: results match
 //!   the portable twin bit for bit.
 //!
-//! Tiles: tmm0/tmm1 take A and tmm2/tmm3 B, alternately, tmm4..tmm7 C (by panel and the parity
-//! of the dot product), so consecutive dot products do not wait on each other. The tile
-//! configuration is loaded on each call's thread before its first tile and released at its end.
+//! A tile is up to 16 rows by one panel over a chunk of 8 dot products (what
+//! [`for_each_tile_in_chunks`] hands out; its row tiles have at most two heights, each with its
+//! own set of A, B and two C tiles, so the configuration is loaded once per call). The
+//! configuration is loaded on each call's thread and released at its end.
+//!
+//! Costs, on a Xeon 8580 (Emerald Rapids): a dot product and the store of its sums take about
+//! 30 cycles whatever the rows, unpacking a 4-bit block about 20, and the epilogue remains per
+//! row (a conversion, a multiply and two FMAs per block). The VNNI tiles spend about 9 cycles
+//! per row and 4-bit block, 15 per 8-bit block: AMX matches them on 4-bit weights from 16 rows
+//! and gains 10-15% from 32; on 8-bit weights it gains from 8 rows, 1.5-2x from 16.
 
 use super::int4::{gemm_q4_vnni, prefetch_ahead, Tile};
 use super::int8_block::gemm_q8_vnni;
@@ -58,8 +65,6 @@ fn request_tile_data() -> bool {
 
 /// Rows of an A and a C tile.
 const ROWS: usize = 16;
-/// Most panels a tile runs side by side.
-const MAX_PANELS: usize = 2;
 /// Dot products (blocks times their scales) per chunk of blocks.
 const CHUNK_DOTS: usize = 8;
 /// Bytes of a B tile's scratch: 8 rows of 64 bytes.
@@ -157,38 +162,37 @@ impl AmxBlocks for Int8BlockWeights {
     }
 }
 
-/// What one thread's call keeps between tiles: the unpacked weights of a chunk of blocks (for
-/// the panels `key` names), the C tiles' sums, and which configuration is loaded.
+/// What one thread's call keeps between tiles: the unpacked weights of a chunk of blocks of
+/// one panel and the C tiles' sums.
 #[repr(C, align(64))]
 struct Scratch {
-    /// `[block of the chunk][panel]`: a B tile (the block's dot products one after the other).
-    weights: [[[u8; B_BYTES]; MAX_PANELS]; CHUNK_DOTS],
-    /// `[block][panel]`: the epilogue's coefficients.
-    coefs: [[[f32; 2 * PANEL]; MAX_PANELS]; CHUNK_DOTS],
-    /// `[dot product][panel]`: a C tile of `ROWS` x 16 sums.
-    sums: [[[i32; ROWS * PANEL]; MAX_PANELS]; CHUNK_DOTS],
+    /// `[block of the chunk]`: a B tile (the block's dot products one after the other).
+    weights: [[u8; B_BYTES]; CHUNK_DOTS],
+    /// `[block]`: the epilogue's coefficients.
+    coefs: [[f32; 2 * PANEL]; CHUNK_DOTS],
+    /// `[dot product]`: a C tile of up to `ROWS` x 16 sums.
+    sums: [[i32; ROWS * PANEL]; CHUNK_DOTS],
 }
 
-/// The tile configuration for `rows` activation rows and dot products of `depth` inputs.
+/// The tile configuration: two sets of tiles, set `i` for row tiles of `rows[i]` rows (a batch
+/// has at most two heights, see [`set_of`]), with dot products of `depth` inputs. Set `i` has
+/// A in tmm`i`, B in tmm`2 + i` and C in tmm`4 + 2i` and tmm`5 + 2i` (even and odd dot products).
 #[repr(C, align(64))]
 struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    fn new(rows: usize, depth: usize) -> TileConfig {
+    fn new(rows: [usize; 2], depth: usize) -> TileConfig {
         let mut bytes = [0u8; 64];
         bytes[0] = 1; // palette 1: 8 tiles of up to 16 rows of 64 bytes
         let mut set = |tile: usize, rows: usize, row_bytes: usize| {
             bytes[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(row_bytes as u16).to_le_bytes());
             bytes[48 + tile] = rows as u8;
         };
-        for a in 0..2 {
-            set(a, rows, depth);
-        }
-        for b in 2..4 {
-            set(b, depth / 4, 64);
-        }
-        for c in 4..8 {
-            set(c, rows, 64);
+        for (i, &rows) in rows.iter().enumerate().filter(|(_, &rows)| rows > 0) {
+            set(i, rows, depth);
+            set(2 + i, depth / 4, 64);
+            set(4 + 2 * i, rows, 64);
+            set(5 + 2 * i, rows, 64);
         }
         TileConfig(bytes)
     }
@@ -198,96 +202,92 @@ impl TileConfig {
     }
 }
 
-/// One dot product: B (tile `$b`) from `$w`, C (tile `$c`) = A (tile `$a`) x B, stored to `$out`.
+/// The row tiles' heights for a batch of `m` rows: 16 (or `m`, if fewer), and what is left
+/// after the last 16 (`for_each_tile_in_chunks`' row blocks are multiples of 16 rows).
+fn heights(m: usize) -> [usize; 2] {
+    [m.min(ROWS), if m > ROWS { m % ROWS } else { 0 }]
+}
+
+/// One dot product of set `$i` (see [`TileConfig`]): A from `$x` (rows `$stride` bytes apart),
+/// B from `$w`, C (tile `$c`) = A x B stored to `$out`.
 macro_rules! dot {
-    ($op:literal, $a:literal, $b:literal, $c:literal, $w:expr, $out:expr) => {
+    ($op:literal, $a:literal, $b:literal, $c:literal, $x:expr, $stride:expr, $w:expr, $out:expr) => {
         asm!(
+            concat!("tileloadd tmm", $a, ", [{x} + {stride}*1]"),
             concat!("tileloadd tmm", $b, ", [{w} + {s}*1]"),
             concat!("tilezero tmm", $c),
             concat!($op, " tmm", $c, ", tmm", $a, ", tmm", $b),
             concat!("tilestored [{out} + {s}*1], tmm", $c),
+            x = in(reg) $x,
+            stride = in(reg) $stride,
             w = in(reg) $w,
             out = in(reg) $out,
             s = in(reg) 64usize,
             options(nostack)
         )
     };
-    ($op:literal, $parity:expr, $p:expr, $w:expr, $out:expr) => {
-        match ($parity, $p) {
-            (0, 0) => dot!($op, 0, 2, 4, $w, $out),
-            (0, _) => dot!($op, 0, 3, 5, $w, $out),
-            (_, 0) => dot!($op, 1, 2, 6, $w, $out),
-            (_, _) => dot!($op, 1, 3, 7, $w, $out),
+    ($op:literal, $set:expr, $odd:expr, $x:expr, $stride:expr, $w:expr, $out:expr) => {
+        match ($set, $odd) {
+            (0, false) => dot!($op, 0, 2, 4, $x, $stride, $w, $out),
+            (0, true) => dot!($op, 0, 2, 5, $x, $stride, $w, $out),
+            (_, false) => dot!($op, 1, 3, 6, $x, $stride, $w, $out),
+            (_, true) => dot!($op, 1, 3, 7, $x, $stride, $w, $out),
         }
     };
 }
 
-/// Rows `row..row + rows` (at most 16) by `NP` panels from `panel`, over `blocks` (at most a
-/// chunk, the same for every row tile of these panels until `key` changes).
+/// Rows `row..row + rows` (at most 16, tile set `set`) by the panel `panel`, over `blocks` (at
+/// most a chunk; its weights are unpacked once, by the first row tile, while `key` matches).
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn tile<W: AmxBlocks, const NP: usize>(t: &Tile<W>, rows: usize, blocks: Range<usize>, s: *mut Scratch, key: &mut (usize, usize, usize)) {
-    if *key != (t.panel, blocks.start, NP) {
+unsafe fn tile<W: AmxBlocks>(t: &Tile<W>, rows: usize, set: usize, blocks: Range<usize>, s: *mut Scratch, key: &mut (usize, usize)) {
+    if *key != (t.panel, blocks.start) {
         for (i, b) in blocks.clone().enumerate() {
-            for p in 0..NP {
-                t.w.unpack(t.panel + p, b, (&raw mut (*s).weights[i][p]).cast(), (&raw mut (*s).coefs[i][p]).cast());
-            }
+            t.w.unpack(t.panel, b, (&raw mut (*s).weights[i]).cast(), (&raw mut (*s).coefs[i]).cast());
         }
-        *key = (t.panel, blocks.start, NP);
+        *key = (t.panel, blocks.start);
     }
     let (x, stride) = (t.x.q.as_ptr().add(t.row * t.x.k), t.x.k);
     let depth = QBLOCK / W::DOTS;
-    for (i, b) in blocks.clone().enumerate() {
-        for h in 0..W::DOTS {
-            let j = i * W::DOTS + h;
-            let a = x.add(b * QBLOCK + h * depth);
-            if j % 2 == 0 {
-                asm!("tileloadd tmm0, [{a} + {s}*1]", a = in(reg) a, s = in(reg) stride, options(nostack, readonly));
-            } else {
-                asm!("tileloadd tmm1, [{a} + {s}*1]", a = in(reg) a, s = in(reg) stride, options(nostack, readonly));
-            }
-            for p in 0..NP {
-                let (w, out) = ((&raw const (*s).weights[i][p]).cast::<u8>().add(h * B_BYTES / W::DOTS), (&raw mut (*s).sums[j][p]).cast::<i32>());
-                if W::SIGNED {
-                    dot!("tdpbssd", j % 2, p, w, out);
-                } else {
-                    dot!("tdpbsud", j % 2, p, w, out);
-                }
-            }
+    for j in 0..blocks.len() * W::DOTS {
+        let a = x.add((blocks.start + j / W::DOTS) * QBLOCK + j % W::DOTS * depth);
+        let w = (&raw const (*s).weights[j / W::DOTS]).cast::<u8>().add(j % W::DOTS * B_BYTES / W::DOTS);
+        let out = (&raw mut (*s).sums[j]).cast::<i32>();
+        if W::SIGNED {
+            dot!("tdpbssd", set, j % 2 == 1, a, stride, w, out);
+        } else {
+            dot!("tdpbsud", set, j % 2 == 1, a, stride, w, out);
         }
     }
-    for p in 0..NP {
-        for first in (0..rows).step_by(8) {
-            match rows - first {
-                1 => epilogue::<W, 1>(t, first, p, blocks.clone(), s),
-                2 => epilogue::<W, 2>(t, first, p, blocks.clone(), s),
-                3 => epilogue::<W, 3>(t, first, p, blocks.clone(), s),
-                4 => epilogue::<W, 4>(t, first, p, blocks.clone(), s),
-                5 => epilogue::<W, 5>(t, first, p, blocks.clone(), s),
-                6 => epilogue::<W, 6>(t, first, p, blocks.clone(), s),
-                7 => epilogue::<W, 7>(t, first, p, blocks.clone(), s),
-                _ => epilogue::<W, 8>(t, first, p, blocks.clone(), s),
-            }
+    for first in (0..rows).step_by(8) {
+        match rows - first {
+            1 => epilogue::<W, 1>(t, first, blocks.clone(), s),
+            2 => epilogue::<W, 2>(t, first, blocks.clone(), s),
+            3 => epilogue::<W, 3>(t, first, blocks.clone(), s),
+            4 => epilogue::<W, 4>(t, first, blocks.clone(), s),
+            5 => epilogue::<W, 5>(t, first, blocks.clone(), s),
+            6 => epilogue::<W, 6>(t, first, blocks.clone(), s),
+            7 => epilogue::<W, 7>(t, first, blocks.clone(), s),
+            _ => epilogue::<W, 8>(t, first, blocks.clone(), s),
         }
     }
 }
 
-/// Tile rows `first..first + R` of panel `p`: each block's sums through the float steps, in
-/// block order, from the sums the columns hold (after the first chunk) to `out`.
+/// Tile rows `first..first + R`: each block's sums through the float steps, in block order,
+/// from the sums the columns hold (after the first chunk) to `out`.
 #[inline(always)]
-unsafe fn epilogue<W: AmxBlocks, const R: usize>(t: &Tile<W>, first: usize, p: usize, blocks: Range<usize>, s: *const Scratch) {
+unsafe fn epilogue<W: AmxBlocks, const R: usize>(t: &Tile<W>, first: usize, blocks: Range<usize>, s: *const Scratch) {
     let n = t.w.n();
-    let mut acc: [__m512; R] = std::array::from_fn(|r| t.load16(first + r, p, n, blocks.start == 0));
-    let stride = MAX_PANELS * ROWS * PANEL;
+    let mut acc: [__m512; R] = std::array::from_fn(|r| t.load16(first + r, 0, n, blocks.start == 0));
     for (i, b) in blocks.enumerate() {
-        let coefs = (&raw const (*s).coefs[i][p]).cast::<f32>();
-        let sums = (&raw const (*s).sums[i * W::DOTS][p]).cast::<i32>().add(first * PANEL);
+        let coefs = (&raw const (*s).coefs[i]).cast::<f32>();
+        let sums = (&raw const (*s).sums[i * W::DOTS]).cast::<i32>().add(first * PANEL);
         for_each_row!(R, |r| {
             let (_, dx, tx) = t.x.block_scales(t.row + first + r, b);
-            acc[r] = W::step(acc[r], sums.add(r * PANEL), stride, coefs, dx, tx);
+            acc[r] = W::step(acc[r], sums.add(r * PANEL), ROWS * PANEL, coefs, dx, tx);
         });
     }
     for (r, a) in acc.iter().enumerate() {
-        t.store16(first + r, p, n, *a);
+        t.store16(first + r, 0, n, *a);
     }
 }
 
@@ -295,27 +295,28 @@ unsafe fn epilogue<W: AmxBlocks, const R: usize>(t: &Tile<W>, first: usize, p: u
 unsafe fn gemm<W: AmxBlocks>(x: &QuantizedBlocks, w: &W, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let mut scratch = MaybeUninit::<Scratch>::uninit();
     let s = scratch.as_mut_ptr();
-    let (mut key, mut loaded_rows) = ((usize::MAX, 0, 0), 0);
+    let mut key = (usize::MAX, 0);
+    let heights = heights(x.m);
+    TileConfig::new(heights, QBLOCK / W::DOTS).load();
     let base = Tile { x, w, row: 0, panel: 0, out, ldo };
-    let np = MAX_PANELS;
-    for_each_tile_in_chunks(x.m, panels, ROWS, np, w.blocks(), CHUNK_DOTS / W::DOTS, |row, rows, panel, np, blocks| {
-        if rows != loaded_rows {
-            TileConfig::new(rows, QBLOCK / W::DOTS).load();
-            loaded_rows = rows;
-        }
-        let t = &Tile { row, panel, ..base };
-        match np {
-            1 => tile::<W, 1>(t, rows, blocks, s, &mut key),
-            _ => tile::<W, 2>(t, rows, blocks, s, &mut key),
-        }
+    for_each_tile_in_chunks(x.m, panels, ROWS, 1, w.blocks(), CHUNK_DOTS / W::DOTS, |row, rows, panel, _, blocks| {
+        let set = usize::from(rows != heights[0]);
+        debug_assert_eq!(rows, heights[set]);
+        tile(&Tile { row, panel, ..base }, rows, set, blocks, s, &mut key);
     });
     asm!("tilerelease", options(nostack, nomem));
 }
 
+/// The fewest rows for which the AMX tiles beat the VNNI ones with 4-bit weights (measured at
+/// [m x 576] x [3072 x 576], see the module doc).
+pub const MIN_ROWS_Q4: usize = 32;
+/// The same with 8-bit weights.
+pub const MIN_ROWS_Q8: usize = 8;
+
 /// # Safety
 /// As [`crate::portable::gemm_q4::gemm_q4`]; only handed out after [`detected`].
 pub unsafe fn gemm_q4_amx(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    if x.m < 2 {
+    if x.m < MIN_ROWS_Q4 {
         gemm_q4_vnni(x, w, panels, out, ldo)
     } else {
         gemm(x, w, panels, out, ldo)
@@ -325,9 +326,36 @@ pub unsafe fn gemm_q4_amx(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<us
 /// # Safety
 /// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after [`detected`].
 pub unsafe fn gemm_q8_amx(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
-    if x.m < 2 {
+    if x.m < MIN_ROWS_Q8 {
         gemm_q8_vnni(x, w, panels, out, ldo)
     } else {
         gemm(x, w, panels, out, ldo)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::portable::twin_tests::check_blocks_paths_against_portable;
+    use crate::Int8Gemm;
+
+    unsafe fn q4_always(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+        gemm(x, w, panels, out, ldo)
+    }
+
+    unsafe fn q8_always(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+        gemm(x, w, panels, out, ldo)
+    }
+
+    /// The AMX tiles on every batch the twin tests run, below the thresholds too (the dispatched
+    /// path hands those to VNNI).
+    #[test]
+    fn amx_tiles_match_portable_from_one_row() {
+        if !detected() {
+            eprintln!("no AMX here: skipped");
+            return;
+        }
+        let path = Int8Gemm { isa: "avx512-amx (always)", gemm_q4: q4_always, gemm_q8: q8_always, ..Int8Gemm::portable() };
+        check_blocks_paths_against_portable(&path);
     }
 }
