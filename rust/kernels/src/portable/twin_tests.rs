@@ -162,8 +162,12 @@ pub fn check_int8_against_portable(simd: &Int8Gemm) {
         out
     };
     let reference = Int8Gemm::portable();
-    for k in [1, 3, 8, 17, 64, 100, 577] {
-        for (m, n) in [(1, 1), (1, 37), (2, 16), (3, 7), (5, 48), (13, 17), (14, 65), (29, 33)] {
+    // Every batch from 1 to 17 rows and two past 16, inner sizes with and without a tail past
+    // whole 64-byte steps (AMX tiles).
+    let outputs = [16, 7, 33, 48, 23, 37, 17, 65, 40, 81];
+    let shapes = [(1, 1), (1, 37)].into_iter().chain((2..=17).chain([29, 33]).map(|m| (m, outputs[m % outputs.len()])));
+    for k in [1, 3, 8, 17, 64, 100, 128, 577] {
+        for (m, n) in shapes.clone() {
             // Values reaching both ends of the int8 range, and rows of zeros.
             let x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
             let w = Int8Weights::quantize(&data(n * k, 2.0), n, k);

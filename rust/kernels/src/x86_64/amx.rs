@@ -1,6 +1,7 @@
-//! Block-quantized GEMMs on Intel AMX (AMX-INT8): the 4-bit blocks of [`crate::int4`] and the
-//! 8-bit ones of [`crate::int8_block`], for batches from [`MIN_ROWS_Q4`] / [`MIN_ROWS_Q8`]
-//! rows (smaller ones stay on the VNNI tiles).
+//! GEMMs on int8 activations with Intel AMX (AMX-INT8): the 4-bit blocks of [`crate::int4`],
+//! the 8-bit ones of [`crate::int8_block`] and W8A8 ([`crate::int8`], in `w8a8` below), for
+//! batches from [`MIN_ROWS_Q4`], [`MIN_ROWS_Q8`] and [`MIN_ROWS_W8A8`] rows (smaller ones stay
+//! on the VNNI tiles).
 //!
 //! Each block keeps its own integer sums (its scales come after them), so a block (or, with
 //! the 8-bit weights' scale per half, a half block) is one `tdpbsud`/`tdpbssd` of up to 16
@@ -19,15 +20,18 @@
 //! own set of A, B and two C tiles, so the configuration is loaded once per call). The
 //! configuration is loaded on each call's thread and released at its end.
 //!
-//! Costs, on a Xeon 8580 (Emerald Rapids): a dot product and the store of its sums take about
-//! 30 cycles whatever the rows, unpacking a 4-bit block about 20, and the epilogue remains per
-//! row (a conversion, a multiply and two FMAs per block). The VNNI tiles spend about 9 cycles
-//! per row and 4-bit block, 15 per 8-bit block: AMX matches them on 4-bit weights from 16 rows
-//! and gains 10-15% from 32; on 8-bit weights it gains from 8 rows, 1.5-2x from 16.
+//! Costs, on an Emerald Rapids Xeon (2 vCPUs of a shared VM): a dot product and the store of
+//! its sums take about 30 cycles whatever the rows, unpacking a 4-bit block about 20, and the
+//! epilogue remains per row (a conversion, a multiply and two FMAs per block). The VNNI tiles
+//! spend about 9 cycles per row and 4-bit block, 15 per 8-bit block: AMX matches them on 4-bit
+//! weights from 16 rows and gains 10-15% from 32; on 8-bit weights it gains from 8 rows, 1.5-2x
+//! from 16.
 
 use super::int4::{gemm_q4_vnni, prefetch_ahead, Tile};
+use super::int8::gemm_i8_vnni;
 use super::int8_block::gemm_q8_vnni;
 use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES, QBLOCK};
+use crate::int8::{Int8Weights, QuantizedRows};
 use crate::int8_block::{Int8BlockWeights, QUANT_BYTES, RECORD_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::{for_each_row, for_each_tile_in_chunks};
@@ -308,7 +312,7 @@ unsafe fn gemm<W: AmxBlocks>(x: &QuantizedBlocks, w: &W, panels: Range<usize>, o
 }
 
 /// The fewest rows for which the AMX tiles beat the VNNI ones with 4-bit weights (measured at
-/// [m x 576] x [3072 x 576], see the module doc).
+/// [m x 576] x [3072 x 576] on Emerald Rapids, see the module doc).
 pub const MIN_ROWS_Q4: usize = 32;
 /// The same with 8-bit weights.
 pub const MIN_ROWS_Q8: usize = 8;
@@ -333,14 +337,163 @@ pub unsafe fn gemm_q8_amx(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Ran
     }
 }
 
+/// W8A8 ([`crate::int8`]): no scales inside a row, so a tile's C sums every input, 64 per
+/// `tdpbssd`, and is stored once. A panel's blocks of 8 inputs x 16 outputs become B tiles once
+/// per panel (two B rows per block: the outputs' first 4 inputs, then their last 4).
+///
+/// Tiles: A in tmm`2h + tail` (row-tile height `h` of [`heights`], `tail`: the last `k % 64`
+/// inputs), B in tmm`4 + tail`, C in tmm`6 + h`.
+mod w8a8 {
+    use super::*;
+    use crate::int8::{Int8Tile, Int8Weights, QuantizedRows, K_BLOCK};
+    use crate::portable::gemm::for_each_tile;
+
+    /// Inputs per dot product.
+    const DEPTH: usize = 64;
+
+    #[repr(C, align(64))]
+    #[derive(Clone, Copy)]
+    struct Line([u8; 64]);
+
+    fn config(heights: [usize; 2], tail: usize) -> TileConfig {
+        let mut bytes = [0u8; 64];
+        bytes[0] = 1;
+        let mut set = |tile: usize, rows: usize, row_bytes: usize| {
+            bytes[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(row_bytes as u16).to_le_bytes());
+            bytes[48 + tile] = rows as u8;
+        };
+        for (h, &rows) in heights.iter().enumerate().filter(|(_, &rows)| rows > 0) {
+            set(2 * h, rows, DEPTH);
+            if tail > 0 {
+                set(2 * h + 1, rows, tail);
+            }
+            set(6 + h, rows, 64);
+        }
+        set(4, DEPTH / 4, 64);
+        if tail > 0 {
+            set(5, tail / 4, 64);
+        }
+        TileConfig(bytes)
+    }
+
+    /// Writes panel `p`'s weights as B tiles to `b` (`k_padded / 4` rows of 64 bytes).
+    #[inline(always)]
+    unsafe fn unpack(w: &Int8Weights, p: usize, b: *mut Line) {
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        let panel = w.data.as_ptr().add(p * w.panel_stride());
+        for block in 0..w.k_padded / K_BLOCK {
+            let at = panel.add(block * PANEL * K_BLOCK);
+            let (lo, hi) = (_mm512_loadu_si512(at as *const _), _mm512_loadu_si512(at.add(64) as *const _));
+            _mm512_store_si512(b.add(2 * block) as *mut _, _mm512_permutex2var_epi32(lo, even, hi));
+            _mm512_store_si512(b.add(2 * block + 1) as *mut _, _mm512_permutex2var_epi32(lo, odd, hi));
+        }
+    }
+
+    macro_rules! accumulate {
+        ($a:literal, $b:literal, $c:literal, $x:expr, $stride:expr, $w:expr) => {
+            asm!(
+                concat!("tileloadd tmm", $a, ", [{x} + {stride}*1]"),
+                concat!("tileloadd tmm", $b, ", [{w} + {s}*1]"),
+                concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+                x = in(reg) $x,
+                stride = in(reg) $stride,
+                w = in(reg) $w,
+                s = in(reg) 64usize,
+                options(nostack, readonly)
+            )
+        };
+    }
+
+    /// Rows `t.row..t.row + rows` (height `h`) by panel `t.panel`, from its B tiles `b`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn tile(t: &Int8Tile, rows: usize, h: usize, b: *const Line, sums: *mut i32) {
+        let (x, stride) = (t.x.q.as_ptr().add(t.row * t.x.k_padded), t.x.k_padded);
+        let (steps, tail) = (t.w.k_padded / DEPTH, t.w.k_padded % DEPTH);
+        if h == 0 {
+            asm!("tilezero tmm6", options(nostack, nomem));
+        } else {
+            asm!("tilezero tmm7", options(nostack, nomem));
+        }
+        for s in 0..steps {
+            let (xs, ws) = (x.add(s * DEPTH), b.add(s * DEPTH / 4));
+            if h == 0 {
+                accumulate!(0, 4, 6, xs, stride, ws);
+            } else {
+                accumulate!(2, 4, 7, xs, stride, ws);
+            }
+        }
+        if tail > 0 {
+            let (xs, ws) = (x.add(steps * DEPTH), b.add(steps * DEPTH / 4));
+            if h == 0 {
+                accumulate!(1, 5, 6, xs, stride, ws);
+            } else {
+                accumulate!(3, 5, 7, xs, stride, ws);
+            }
+        }
+        if h == 0 {
+            asm!("tilestored [{a} + {s}*1], tmm6", a = in(reg) sums, s = in(reg) 64usize, options(nostack));
+        } else {
+            asm!("tilestored [{a} + {s}*1], tmm7", a = in(reg) sums, s = in(reg) 64usize, options(nostack));
+        }
+        let first = t.panel * PANEL;
+        let w_scales = _mm512_loadu_ps(t.w.scales.as_ptr().add(first));
+        let valid = ((1u32 << (t.w.n - first).min(PANEL)) - 1) as u16;
+        for r in 0..rows {
+            let i = t.row + r;
+            let s = _mm512_cvtepi32_ps(_mm512_load_si512(sums.add(r * PANEL) as *const _));
+            // (sum * x_scale) * w_scale, the epilogue's order.
+            let values = _mm512_mul_ps(_mm512_mul_ps(s, _mm512_set1_ps(t.x.scales[i])), w_scales);
+            _mm512_mask_storeu_ps(t.out.add(i * t.ldo + first), valid, values);
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn gemm(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+        let mut b = vec![Line([0; 64]); w.k_padded / 4];
+        let mut sums = [Line([0; 64]); ROWS];
+        let heights = heights(x.m);
+        config(heights, w.k_padded % DEPTH).load();
+        let mut unpacked = usize::MAX;
+        for_each_tile(x.m, panels, ROWS, 1, |row, rows, panel, _| {
+            if unpacked != panel {
+                unpack(w, panel, b.as_mut_ptr());
+                unpacked = panel;
+            }
+            let h = usize::from(rows != heights[0]);
+            tile(&Int8Tile { x, w, row, panel, out, ldo }, rows, h, b.as_ptr(), sums.as_mut_ptr().cast());
+        });
+        asm!("tilerelease", options(nostack, nomem));
+    }
+}
+
+/// The fewest rows for which the AMX W8A8 GEMM beats the VNNI one: rearranging a panel's
+/// weights into B tiles costs about what 4 (k = 576) to 10 (k = 1536) rows of VNNI work do;
+/// from 16 rows AMX takes less than half the VNNI time.
+pub const MIN_ROWS_W8A8: usize = 8;
+
+/// # Safety
+/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after [`detected`].
+pub unsafe fn gemm_i8_amx(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+    if x.m < MIN_ROWS_W8A8 {
+        gemm_i8_vnni(x, w, panels, out, ldo)
+    } else {
+        w8a8::gemm(x, w, panels, out, ldo)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::portable::twin_tests::check_blocks_paths_against_portable;
+    use crate::portable::twin_tests::{check_blocks_paths_against_portable, check_int8_against_portable};
     use crate::Int8Gemm;
 
     unsafe fn q4_always(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
         gemm(x, w, panels, out, ldo)
+    }
+
+    unsafe fn i8_always(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+        w8a8::gemm(x, w, panels, out, ldo)
     }
 
     unsafe fn q8_always(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
@@ -355,7 +508,8 @@ mod tests {
             eprintln!("no AMX here: skipped");
             return;
         }
-        let path = Int8Gemm { isa: "avx512-amx (always)", gemm_q4: q4_always, gemm_q8: q8_always, ..Int8Gemm::portable() };
+        let path = Int8Gemm { isa: "avx512-amx (always)", gemm: i8_always, gemm_q4: q4_always, gemm_q8: q8_always };
         check_blocks_paths_against_portable(&path);
+        check_int8_against_portable(&path);
     }
 }

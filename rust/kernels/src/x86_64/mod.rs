@@ -61,8 +61,8 @@ fn is_amd() -> bool {
 pub fn int8_paths() -> Vec<Int8Gemm> {
     let mut paths = Vec::new();
     if amx::detected() {
-        // AMX for two rows and more, VNNI for one (see `amx`).
-        paths.push(Int8Gemm { isa: "avx512-amx", gemm: int8::gemm_i8_vnni, gemm_q4: amx::gemm_q4_amx, gemm_q8: amx::gemm_q8_amx });
+        // AMX from a few rows, VNNI below (see `amx`).
+        paths.push(Int8Gemm { isa: "avx512-amx", gemm: amx::gemm_i8_amx, gemm_q4: amx::gemm_q4_amx, gemm_q8: amx::gemm_q8_amx });
     }
     if int8::vnni_detected() {
         paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni, gemm_q4: int4::gemm_q4_vnni, gemm_q8: int8_block::gemm_q8_vnni });
