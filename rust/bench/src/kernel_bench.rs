@@ -90,7 +90,7 @@ enum Op {
 }
 
 /// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, 9 heads of 64.
-/// m = 1 is decode, 16 a decode batch, 512 a prefill. The block-quantized GEMMs also run at
+/// m = 1 is decode, 2 to 8 a speculative verify pass, 16 a decode batch, 512 a prefill. The block-quantized GEMMs also run at
 /// Llama-3.2-1B's gate|up (hidden 2048, FFN 8192), the sizes 4-bit files come in.
 fn cases() -> Vec<Op> {
     let mut cases = Vec::new();
@@ -98,8 +98,20 @@ fn cases() -> Vec<Op> {
     for dtype in [WeightDtype::BF16, WeightDtype::F16, WeightDtype::F32] {
         cases.extend(shapes.map(|(m, n, k)| Op::Gemm { m, n, k, dtype }));
     }
-    cases.extend(shapes.map(|(m, n, k)| Op::GemmI8 { m, n, k }));
-    let block_shapes = [(1, 3072, 576), (16, 3072, 576), (512, 3072, 576), (1, 16384, 2048), (16, 16384, 2048), (128, 16384, 2048)];
+    // Speculative decoding's verify passes: 2 to 8 rows.
+    let verify_shapes = [(2, 3072, 576), (5, 3072, 576), (8, 3072, 576)];
+    cases.extend(shapes.iter().chain(&verify_shapes).map(|&(m, n, k)| Op::GemmI8 { m, n, k }));
+    let block_shapes = [
+        (1, 3072, 576),
+        (2, 3072, 576),
+        (5, 3072, 576),
+        (8, 3072, 576),
+        (16, 3072, 576),
+        (512, 3072, 576),
+        (1, 16384, 2048),
+        (16, 16384, 2048),
+        (128, 16384, 2048),
+    ];
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k }));
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k }));
     cases.extend([

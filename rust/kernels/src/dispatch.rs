@@ -35,7 +35,7 @@ pub type GemmQ4Fn = unsafe fn(x: &QuantizedBlocks, w: &Int4Weights, panels: Rang
 pub type GemmQ8Fn = unsafe fn(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
 
 /// The GEMMs on int8 activations (W8A8 `gemm`, 4-bit and 8-bit blocks) and the name of their path
-/// ("portable", "avx2", "avx512-vnni", "neon", "dotprod", "i8mm"): chosen by the CPU's integer
+/// ("portable", "avx2", "avx512-vnni", "avx512-amx", "neon", "dotprod", "i8mm"): chosen by the CPU's integer
 /// dot products.
 #[derive(Clone, Copy)]
 pub struct Int8Gemm {

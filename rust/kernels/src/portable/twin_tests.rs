@@ -162,8 +162,12 @@ pub fn check_int8_against_portable(simd: &Int8Gemm) {
         out
     };
     let reference = Int8Gemm::portable();
-    for k in [1, 3, 8, 17, 64, 100, 577] {
-        for (m, n) in [(1, 1), (1, 37), (2, 16), (3, 7), (5, 48), (13, 17), (14, 65), (29, 33)] {
+    // Every batch from 1 to 17 rows and two past 16, inner sizes with and without a tail past
+    // whole 64-byte steps (AMX tiles).
+    let outputs = [16, 7, 33, 48, 23, 37, 17, 65, 40, 81];
+    let shapes = [(1, 1), (1, 37)].into_iter().chain((2..=17).chain([29, 33]).map(|m| (m, outputs[m % outputs.len()])));
+    for k in [1, 3, 8, 17, 64, 100, 128, 577] {
+        for (m, n) in shapes.clone() {
             // Values reaching both ends of the int8 range, and rows of zeros.
             let x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
             let w = Int8Weights::quantize(&data(n * k, 2.0), n, k);
@@ -194,9 +198,12 @@ fn check_blocks_against_portable<W>(simd: &Int8Gemm, kind: &str, weights: &dyn F
     };
     let reference = Int8Gemm::portable();
     // 1120 inputs are 35 blocks: kernels that cut long rows into chunks of blocks end on a short one.
-    // Batches of 1 to 9 rows and more, so that every tile height of every path runs.
+    // Every batch from 1 to 17 rows and two past 32 (AMX tiles are 16 rows), output counts
+    // mostly not multiples of 16.
+    let outputs = [40, 7, 33, 48, 23, 37, 17, 65, 16, 81];
+    let shapes = [(1, 1), (1, 37), (1, 81)].into_iter().chain((2..=17).chain([33, 40]).map(|m| (m, outputs[m % outputs.len()])));
     for k in [32, 96, 320, 1120] {
-        for (m, n) in [(1, 1), (1, 37), (1, 81), (2, 40), (3, 7), (4, 33), (5, 48), (7, 23), (9, 37), (13, 17), (14, 65)] {
+        for (m, n) in shapes.clone() {
             // Values reaching both ends of the int8 range, an outlier, and a row of zeros.
             let mut x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
             x[k / 2] = 40.0;

@@ -19,6 +19,7 @@ macro_rules! by_tile_shape {
     };
 }
 
+pub mod amx;
 pub mod avx2;
 pub mod avx512;
 pub mod convert;
@@ -59,6 +60,10 @@ fn is_amd() -> bool {
 /// The int8 GEMMs this CPU supports, best first.
 pub fn int8_paths() -> Vec<Int8Gemm> {
     let mut paths = Vec::new();
+    if amx::detected() {
+        // AMX from a few rows, VNNI below (see `amx`).
+        paths.push(Int8Gemm { isa: "avx512-amx", gemm: amx::gemm_i8_amx, gemm_q4: amx::gemm_q4_amx, gemm_q8: amx::gemm_q8_amx });
+    }
     if int8::vnni_detected() {
         paths.push(Int8Gemm { isa: "avx512-vnni", gemm: int8::gemm_i8_vnni, gemm_q4: int4::gemm_q4_vnni, gemm_q8: int8_block::gemm_q8_vnni });
     }
@@ -105,6 +110,7 @@ mod tests {
             ran.push(path.isa);
         }
         let vnni = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vnni");
-        assert_paths_ran("int8", &ran, &[("avx512-vnni", vnni), ("avx2", has_avx2())]);
+        let amx = vnni && std::arch::x86_64::__cpuid_count(7, 0).edx & (3 << 24) == 3 << 24;
+        assert_paths_ran("int8", &ran, &[("avx512-amx", amx), ("avx512-vnni", vnni), ("avx2", has_avx2())]);
     }
 }
