@@ -164,6 +164,7 @@ class EngineStats(TypedDict):
     spec_accepted_tokens: int
     spec_step_fixed_seconds: float
     spec_step_row_seconds: float
+    spec_step_key_seconds: float
     grammar: GrammarStats | None
     steps: int
     last_step_tokens: int

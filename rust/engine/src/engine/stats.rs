@@ -44,10 +44,11 @@ pub struct EngineStats {
     pub spec_verify_steps: u64,
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
-    /// The fitted cost of a decode step that budgets draft tokens: seconds per step plus seconds
-    /// per row (0 until enough steps of different sizes ran).
+    /// The fitted cost of a decode step that budgets draft tokens: seconds per step, per row and
+    /// per key its requests attend to (0 until enough steps of different sizes ran).
     pub spec_step_fixed_seconds: f64,
     pub spec_step_row_seconds: f64,
+    pub spec_step_key_seconds: f64,
     /// Grammar compilations, when the engine has a tokenizer.
     pub grammar: Option<GrammarStats>,
     pub steps: u64,
@@ -74,6 +75,8 @@ pub(super) struct StepCounts {
     pub(super) verified: usize,
     pub(super) drafted: usize,
     pub(super) accepted: usize,
+    /// Keys the batch's last tokens attend to, summed over its requests.
+    pub(super) keys: usize,
     pub(super) schedule: Duration,
     pub(super) forward: Duration,
     pub(super) sample: Duration,

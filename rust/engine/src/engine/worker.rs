@@ -181,12 +181,13 @@ impl Worker {
 
     fn step(&mut self) {
         let started = Instant::now();
-        if let Some(speculator) = &self.speculator {
+        if let Some(speculator) = &mut self.speculator {
             let mut decoding: Vec<&mut Sequence> = self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).collect();
             decoding.iter_mut().for_each(|s| s.draft(speculator));
-            if let Some(cost) = &speculator.step_cost {
+            if let Some(cost) = &mut speculator.step_cost {
                 let odds: Vec<(usize, f32)> = decoding.iter().map(|s| s.draft_odds()).collect();
-                for (seq, keep) in decoding.into_iter().zip(cost.budget(&odds)) {
+                let keys = decoding.iter().map(|s| s.kv.computed + 1).sum();
+                for (seq, keep) in decoding.into_iter().zip(cost.budget(&odds, keys)) {
                     seq.shorten_draft(keep);
                 }
             }
@@ -205,6 +206,7 @@ impl Worker {
         for (entry, rows) in batch.entries().iter().zip(batch.split_rows(&output, self.model.output_width())) {
             let seq = &mut self.scheduler.running_mut()[entry.index];
             step.tokens += entry.end - entry.start;
+            step.keys += entry.end;
             if entry.start < seq.prompt_len {
                 step.prompt_tokens += entry.end - entry.start;
             } else {
@@ -264,7 +266,7 @@ impl Worker {
         step.forward = forwarded - scheduled;
         step.sample = forwarded.elapsed();
         if let (Some(cost), 0) = (self.speculator.as_mut().and_then(|s| s.step_cost.as_mut()), step.prompt_tokens) {
-            cost.observe(step.tokens, started.elapsed().as_secs_f64());
+            cost.observe(step.tokens, step.keys, started.elapsed().as_secs_f64());
         }
         // Publish before the final outputs go out, so a caller that sees its request finish
         // also sees its pages back in the pool.
@@ -303,8 +305,8 @@ impl Worker {
         s.retracted_requests = counts.retractions;
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
-        if let Some(line) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.line()) {
-            (s.spec_step_fixed_seconds, s.spec_step_row_seconds) = (line.fixed, line.per_row);
+        if let Some(model) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.model()) {
+            (s.spec_step_fixed_seconds, s.spec_step_row_seconds, s.spec_step_key_seconds) = (model.fixed, model.per_row, model.per_key);
         }
         if let Some(step) = step {
             s.record_step(step);

@@ -12,7 +12,7 @@ mod draft_len;
 mod prompt_lookup;
 mod suffix;
 
-pub use budget::{Line, StepCost};
+pub use budget::{CostModel, StepCost};
 use draft_len::DraftLength;
 use prompt_lookup::PromptLookup;
 use serde::{Deserialize, Serialize};
