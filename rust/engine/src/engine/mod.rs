@@ -166,7 +166,9 @@ impl Engine {
             stats: stats.clone(),
             active: HashSet::new(),
             seeds: Rng::new(opts.random_seed),
-            speculator: opts.speculative_algorithm.map(|algorithm| Speculator::new(algorithm, opts.speculative_num_draft_tokens, SUFFIX_WINDOW_TOKENS, opts.speculative_draft_budget)),
+            speculator: opts
+                .speculative_algorithm
+                .map(|algorithm| Speculator::new(algorithm, opts.speculative_num_draft_tokens, SUFFIX_WINDOW_TOKENS, opts.speculative_draft_budget)),
             pooling,
         };
         let thread = std::thread::Builder::new()

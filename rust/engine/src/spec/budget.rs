@@ -176,7 +176,8 @@ mod tests {
     #[test]
     fn one_request_drafts_deep_many_requests_only_what_is_likely() {
         let mut cost = fitted();
-        cost.budgets = 1; // away from the full steps
+        // Away from the full steps.
+        cost.budgets = 1;
         // Alone, a row (0.6 ms) is cheap beside the step (4.8 ms at 200 keys).
         assert_eq!(cost.budget(&[(8, 0.9)], 200), vec![8]);
         assert_eq!(cost.budget(&[(8, 0.5)], 200), vec![2], "0.5, 0.25 pay; 0.125 does not");
