@@ -118,9 +118,9 @@ class Engine:
     verifies up to `speculative_num_draft_tokens` drafted tokens, with the same greedy output and
     the same sampling distribution as without; `meta_info` counts spec_verify_ct,
     spec_draft_tokens and spec_accepted_tokens; `speculative_draft_budget` (on by default) fits
-    the decode step's time per row while running and verifies only the draft tokens likely
-    enough to pay for their rows, so many concurrent requests stop drafting what they would
-    mostly reject).
+    the decode step's time over its rows and attended keys while running and verifies only the
+    draft tokens likely enough to pay for their rows, so many concurrent requests stop drafting
+    what they would mostly reject).
 
     Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
     same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks

@@ -80,9 +80,10 @@ impl StepCost {
 
     /// How many of its draft tokens each decoding request keeps: `drafts` holds each request's
     /// draft length and the chance that one of its draft tokens is accepted given the ones
-    /// before it were; `keys` the requests' context lengths summed. Draft tokens are taken most likely first (the `j`-th token of a request
-    /// counts `acceptance^j` expected tokens) while each adds more expected tokens per second
-    /// of its row than the step yields per second so far. Without a fitted model, when rows cost
+    /// before it were; `keys` the requests' context lengths summed. Draft tokens are taken
+    /// most likely first (the `j`-th token of a request counts `acceptance^j` expected tokens)
+    /// while each adds more expected tokens per second of its row than the step yields per
+    /// second so far. Without a fitted model, when rows cost
     /// nothing measurable, and one step in [`FULL_STEP_EVERY`], every draft token stays.
     pub fn budget(&mut self, drafts: &[(usize, f32)], keys: usize) -> Vec<usize> {
         self.budgets += 1;
