@@ -184,7 +184,9 @@ impl Worker {
         if let Some(speculator) = &mut self.speculator {
             let mut decoding: Vec<&mut Sequence> = self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).collect();
             decoding.iter_mut().for_each(|s| s.draft(speculator));
-            if let Some(cost) = &mut speculator.step_cost {
+            // A lone request's pass is bound by reading the weights: its draft rows are cheap, and
+            // the fit cannot tell the step's fixed cost from its one context's growth anyway.
+            if let (Some(cost), true) = (&mut speculator.step_cost, decoding.len() > 1) {
                 let odds: Vec<(usize, f32)> = decoding.iter().map(|s| s.draft_odds()).collect();
                 let keys = decoding.iter().map(|s| s.kv.computed + 1).sum();
                 for (seq, keep) in decoding.into_iter().zip(cost.budget(&odds, keys)) {
