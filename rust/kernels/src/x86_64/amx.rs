@@ -185,20 +185,28 @@ struct Scratch {
 struct TileConfig([u8; 64]);
 
 impl TileConfig {
-    fn new(rows: [usize; 2], depth: usize) -> TileConfig {
+    /// No tiles yet, palette 1 (8 tiles of up to 16 rows of 64 bytes).
+    fn empty() -> TileConfig {
         let mut bytes = [0u8; 64];
-        bytes[0] = 1; // palette 1: 8 tiles of up to 16 rows of 64 bytes
-        let mut set = |tile: usize, rows: usize, row_bytes: usize| {
-            bytes[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(row_bytes as u16).to_le_bytes());
-            bytes[48 + tile] = rows as u8;
-        };
-        for (i, &rows) in rows.iter().enumerate().filter(|(_, &rows)| rows > 0) {
-            set(i, rows, depth);
-            set(2 + i, depth / 4, 64);
-            set(4 + 2 * i, rows, 64);
-            set(5 + 2 * i, rows, 64);
-        }
+        bytes[0] = 1;
         TileConfig(bytes)
+    }
+
+    /// Gives tile `tile` `rows` rows of `row_bytes` bytes.
+    fn set(&mut self, tile: usize, rows: usize, row_bytes: usize) {
+        self.0[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(row_bytes as u16).to_le_bytes());
+        self.0[48 + tile] = rows as u8;
+    }
+
+    fn new(rows: [usize; 2], depth: usize) -> TileConfig {
+        let mut config = TileConfig::empty();
+        for (i, &rows) in rows.iter().enumerate().filter(|(_, &rows)| rows > 0) {
+            config.set(i, rows, depth);
+            config.set(2 + i, depth / 4, 64);
+            config.set(4 + 2 * i, rows, 64);
+            config.set(5 + 2 * i, rows, 64);
+        }
+        config
     }
 
     unsafe fn load(&self) {
@@ -356,24 +364,19 @@ mod w8a8 {
     struct Line([u8; 64]);
 
     fn config(heights: [usize; 2], tail: usize) -> TileConfig {
-        let mut bytes = [0u8; 64];
-        bytes[0] = 1;
-        let mut set = |tile: usize, rows: usize, row_bytes: usize| {
-            bytes[16 + 2 * tile..18 + 2 * tile].copy_from_slice(&(row_bytes as u16).to_le_bytes());
-            bytes[48 + tile] = rows as u8;
-        };
+        let mut config = TileConfig::empty();
         for (h, &rows) in heights.iter().enumerate().filter(|(_, &rows)| rows > 0) {
-            set(2 * h, rows, DEPTH);
+            config.set(2 * h, rows, DEPTH);
             if tail > 0 {
-                set(2 * h + 1, rows, tail);
+                config.set(2 * h + 1, rows, tail);
             }
-            set(6 + h, rows, 64);
+            config.set(6 + h, rows, 64);
         }
-        set(4, DEPTH / 4, 64);
+        config.set(4, DEPTH / 4, 64);
         if tail > 0 {
-            set(5, tail / 4, 64);
+            config.set(5, tail / 4, 64);
         }
-        TileConfig(bytes)
+        config
     }
 
     /// Writes panel `p`'s weights as B tiles to `b` (`k_padded / 4` rows of 64 bytes).
