@@ -90,8 +90,9 @@ enum Op {
 }
 
 /// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, 9 heads of 64.
-/// m = 1 is decode, 2 to 8 a speculative verify pass, 16 a decode batch, 512 a prefill. The block-quantized GEMMs also run at
-/// Llama-3.2-1B's gate|up (hidden 2048, FFN 8192), the sizes 4-bit files come in.
+/// m = 1 is decode, 2 to 8 a speculative verify pass, 16 a decode batch, 512 a prefill. The
+/// block-quantized GEMMs also run at Llama-3.2-1B's gate|up (hidden 2048, FFN 8192), the sizes
+/// 4-bit files come in.
 fn cases() -> Vec<Op> {
     let mut cases = Vec::new();
     let shapes = [(1, 3072, 576), (1, 49152, 576), (16, 3072, 576), (512, 3072, 576), (512, 576, 1536)];
