@@ -85,11 +85,20 @@ fn budgets_and_stop_tokens_end_inside_an_accepted_draft() {
 fn sampling_keeps_the_models_distribution() {
     const SAMPLES: usize = 1500;
     const POSITIONS: usize = 12;
+    const WAVE: usize = 100;
     let repeated = repetitive_prompt(5, 24);
     let params = r#""temperature": 0.4, "seed": SEED"#;
     let histograms = |e: &Engine, tag: &str| {
-        let requests = (0..SAMPLES).map(|i| sampled(&format!("{tag}{i}"), &repeated, POSITIONS, &params.replace("SEED", &i.to_string()))).collect();
-        let outputs = run_all(e, requests);
+        // In waves: with all samples queued at once, an early request waits for the whole queue's
+        // prefill between two tokens, past `collect`'s timeout on a slow emulated CPU.
+        let outputs: Vec<_> = (0..SAMPLES)
+            .step_by(WAVE)
+            .flat_map(|first| {
+                let wave =
+                    (first..SAMPLES.min(first + WAVE)).map(|i| sampled(&format!("{tag}{i}"), &repeated, POSITIONS, &params.replace("SEED", &i.to_string())));
+                run_all(e, wave.collect())
+            })
+            .collect();
         let mut counts = vec![vec![0usize; VOCAB]; POSITIONS];
         for (tokens, _) in &outputs {
             tokens.iter().enumerate().for_each(|(position, &t)| counts[position][t as usize] += 1);

@@ -44,6 +44,11 @@ impl DraftLength {
         }
     }
 
+    /// Tokens to draft when a paused request's text matches well again: the first draft length.
+    pub fn resume_length(&self) -> usize {
+        INITIAL_LENGTH.min(self.max)
+    }
+
     /// The chance a draft token is accepted when the ones before it were (one accept and one
     /// reject of prior, so a new request starts at one half).
     pub fn token_acceptance(&self) -> f32 {

@@ -28,6 +28,17 @@ pub enum SpeculativeAlgorithm {
     Suffix,
 }
 
+/// A paused request (its drafts kept failing) still drafts behind a match this long: text that
+/// turns to quoting again is caught at once, not at the next single-token probe.
+const RESUME_PATTERN: usize = 3;
+
+/// A drafter's continuation and the length of the pattern it continues.
+#[derive(Debug, Default, PartialEq)]
+struct Proposal {
+    pattern: usize,
+    tokens: Vec<u32>,
+}
+
 /// The speculation state shared by all requests.
 #[derive(Debug)]
 pub struct Speculator {
@@ -72,16 +83,23 @@ impl Speculator {
 
     /// Tokens to verify after `tokens` (the request's prompt and output so far; each call's must
     /// extend the previous call's), at most `max` (e.g. what `max_new_tokens` leaves). Empty when
-    /// nothing matches or the request's drafts are paused.
+    /// nothing matches, or when the request's drafts are paused
+    /// and the match is shorter than [`RESUME_PATTERN`].
     pub fn propose(&self, drafter: &mut Drafter, tokens: &[u32], max: usize) -> Vec<u32> {
-        let length = drafter.length.next().min(max);
+        let length = drafter.length.next();
+        let paused = length == 0;
+        let length = if paused { drafter.length.resume_length() } else { length }.min(max);
         if length == 0 {
             return Vec::new();
         }
-        match &mut drafter.source {
+        let proposal = match &mut drafter.source {
             DraftSource::Ngram(lookup) => lookup.propose(tokens, length),
             DraftSource::Suffix(suffix) => suffix.propose(tokens, length, &self.recent_outputs),
+        };
+        if paused && proposal.pattern < RESUME_PATTERN {
+            return Vec::new();
         }
+        proposal.tokens
     }
 
     /// A request finished with `output`: it joins the window that suffix drafts also draw from.
@@ -148,6 +166,33 @@ mod tests {
         for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
             let (steps, generated) = copy_with_edits(algorithm);
             assert!(steps * 4 < generated, "{algorithm:?}: {steps} steps for {generated} tokens");
+        }
+    }
+
+    #[test]
+    fn a_paused_request_drafts_again_behind_a_long_match() {
+        for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
+            let speculator = Speculator::new(algorithm, 8, 0, false);
+            let mut drafter = speculator.drafter();
+            // "7 8" went on with 1 and 2 before: every draft after "7 8" fails until drafts pause.
+            let mut tokens = vec![7, 8, 1, 7, 8, 2];
+            let mut paused_at = None;
+            for step in 0..10 {
+                tokens.extend([7, 8]);
+                let draft = speculator.propose(&mut drafter, &tokens, 8);
+                if draft.is_empty() {
+                    paused_at = Some(step);
+                    break;
+                }
+                drafter.observe(0, draft.len());
+                tokens.push(100 + step);
+            }
+            assert!(paused_at.is_some(), "{algorithm:?}: drafts never paused");
+            // A two-token match stays paused; a three-token one ("30 31 32", quoted) drafts.
+            tokens.extend([30, 31, 32, 33, 34, 35, 36, 0, 30, 31]);
+            assert!(speculator.propose(&mut drafter, &tokens, 8).is_empty(), "{algorithm:?}");
+            tokens.push(32);
+            assert_eq!(speculator.propose(&mut drafter, &tokens, 8), vec![33, 34], "{algorithm:?}");
         }
     }
 

@@ -6,6 +6,7 @@
 //! occurrence grows as tokens are appended, so a step costs O(`MAX_NGRAM`) per new token plus
 //! O(`MAX_NGRAM`) lookups, whatever the context length.
 
+use super::Proposal;
 use std::collections::HashMap;
 
 /// A single shared token (a space, a comma, "the") predicts what follows poorly, and every wrong
@@ -27,8 +28,8 @@ pub struct PromptLookup {
 impl PromptLookup {
     /// Up to `max` tokens to draft after `tokens`, which must extend the tokens of the previous
     /// call (a shorter sequence starts the index over). Empty when no n-gram matches.
-    pub fn propose(&mut self, tokens: &[u32], max: usize) -> Vec<u32> {
-        let Some(last) = tokens.len().checked_sub(1) else { return Vec::new() };
+    pub fn propose(&mut self, tokens: &[u32], max: usize) -> Proposal {
+        let Some(last) = tokens.len().checked_sub(1) else { return Proposal::default() };
         if last < self.indexed {
             *self = Self::default();
         }
@@ -46,10 +47,10 @@ impl PromptLookup {
             let Some(&end) = self.last_end.get(&hash) else { continue };
             let end = end as usize;
             if end + 1 >= n && tokens[end + 1 - n..=end] == tokens[last + 1 - n..] {
-                return continuation(tokens, end, max);
+                return Proposal { pattern: n, tokens: continuation(tokens, end, max) };
             }
         }
-        Vec::new()
+        Proposal::default()
     }
 }
 
@@ -86,7 +87,7 @@ mod tests {
     use super::*;
 
     fn propose(tokens: &[u32], max: usize) -> Vec<u32> {
-        PromptLookup::default().propose(tokens, max)
+        PromptLookup::default().propose(tokens, max).tokens
     }
 
     #[test]
@@ -100,6 +101,7 @@ mod tests {
     fn prefers_the_longest_then_the_most_recent_match() {
         // "2 3" occurs twice before; the 3-gram "1 2 3" only at the start.
         assert_eq!(propose(&[1, 2, 3, 10, 2, 3, 20, 5, 1, 2, 3], 1), vec![10]);
+        assert_eq!(PromptLookup::default().propose(&[1, 2, 3, 10, 2, 3, 20, 5, 1, 2, 3], 1).pattern, 3);
         // Only the bigram matches: its most recent occurrence wins.
         assert_eq!(propose(&[2, 3, 10, 2, 3, 20, 5, 2, 3], 1), vec![20]);
     }
@@ -124,9 +126,9 @@ mod tests {
         let tokens: Vec<u32> = (0..3000u32).map(|i| (i * 7919 + i / 13) % 37).collect();
         let mut lookup = PromptLookup::default();
         for len in (1..tokens.len()).step_by(7) {
-            assert_eq!(lookup.propose(&tokens[..len], 6), propose(&tokens[..len], 6), "at {len}");
+            assert_eq!(lookup.propose(&tokens[..len], 6).tokens, propose(&tokens[..len], 6), "at {len}");
         }
         let other = [9, 8, 9, 8];
-        assert_eq!(lookup.propose(&other, 2), vec![9, 8]);
+        assert_eq!(lookup.propose(&other, 2).tokens, vec![9, 8]);
     }
 }

@@ -14,6 +14,7 @@
 //! the deepest of those, O(1); the global window's is a binary search over the pattern length,
 //! O(D log D); a draft of k tokens O(k).
 
+use super::Proposal;
 use std::collections::HashMap;
 
 /// Separates sequences in the global window's buffer; no vocabulary is this large.
@@ -23,6 +24,9 @@ const ROOT: u32 = 0;
 /// A draft stops once the counts give its tokens less than this chance of all being right: past
 /// a point where earlier text went several ways, guessing costs more than it saves.
 const MIN_CONFIDENCE: f32 = 0.1;
+/// Shortest pattern a draft continues: as for prompt lookup's n-grams, one shared token predicts
+/// what follows poorly, and its failed drafts pause a request that is about to quote.
+const MIN_PATTERN: usize = 2;
 /// Longest pattern matched at the end of a request (and depth of the trie).
 pub const MAX_PATTERN: usize = 32;
 
@@ -44,11 +48,13 @@ enum Cursor {
     Tail(usize),
 }
 
-/// A drafted chain and its expected number of accepted tokens under the trie's counts.
+/// A drafted chain, its expected number of accepted tokens under the trie's counts, and the
+/// length of the pattern it continues.
 #[derive(Debug, Default)]
 struct Draft {
     tokens: Vec<u32>,
     score: f32,
+    pattern: usize,
 }
 
 #[derive(Debug)]
@@ -165,16 +171,16 @@ impl SuffixTrie {
         pattern.iter().try_fold(Cursor::Node(ROOT), |cursor, &token| self.advance(cursor, token))
     }
 
-    /// The longest suffix of `context` (up to `max_depth` tokens) that occurs in the trie. A
-    /// pattern's suffixes occur wherever it does, so the matched lengths are a prefix of 1..=D
-    /// and a binary search finds the longest.
-    fn longest_match(&self, context: &[u32]) -> Option<Cursor> {
+    /// The longest suffix of `context` (from [`MIN_PATTERN`] up to `max_depth` tokens) that
+    /// occurs in the trie, and its length. A pattern's suffixes occur wherever it does, so the
+    /// matched lengths are a prefix of 1..=D and a binary search finds the longest.
+    fn longest_match(&self, context: &[u32]) -> Option<(usize, Cursor)> {
         let mut longest = None;
-        let (mut low, mut high) = (1, context.len().min(self.max_depth));
+        let (mut low, mut high) = (MIN_PATTERN, context.len().min(self.max_depth));
         while low <= high {
             let length = (low + high) / 2;
             match self.walk(&context[context.len() - length..]) {
-                Some(found) => (longest, low) = (Some(found), length + 1),
+                Some(found) => (longest, low) = (Some((length, found)), length + 1),
                 None => high = length - 1,
             }
         }
@@ -254,7 +260,7 @@ impl GlobalSuffixCache {
     fn draft(&self, context: &[u32], max: usize) -> Draft {
         [&self.newer, &self.older]
             .into_iter()
-            .filter_map(|trie| trie.longest_match(context).map(|cursor| trie.continuation(cursor, max, 0)))
+            .filter_map(|trie| trie.longest_match(context).map(|(pattern, cursor)| Draft { pattern, ..trie.continuation(cursor, max, 0) }))
             .max_by(|a, b| a.score.total_cmp(&b.score))
             .unwrap_or_default()
     }
@@ -276,20 +282,20 @@ impl SuffixDrafter {
     /// Up to `max` tokens to draft after `tokens` (which must extend the previous call's; a
     /// shorter sequence starts over): the better scored of the request's own and the global
     /// window's continuations.
-    pub fn propose(&mut self, tokens: &[u32], max: usize, global: &GlobalSuffixCache) -> Vec<u32> {
+    pub fn propose(&mut self, tokens: &[u32], max: usize, global: &GlobalSuffixCache) -> Proposal {
         if tokens.len() < self.own.len() {
             *self = Self::default();
         }
         tokens[self.own.len()..].iter().for_each(|&token| self.own.push(token));
         // The deepest suffix still matching is the longest pattern seen earlier in the request;
         // its node's count includes the request's own end, which has no continuation yet.
-        let own = self.own.matching.last().map(|&(node, _)| self.own.continuation(Cursor::Node(node), max, 1)).unwrap_or_default();
+        let own = match self.own.matching.last() {
+            Some(&(node, pattern)) if pattern >= MIN_PATTERN => Draft { pattern, ..self.own.continuation(Cursor::Node(node), max, 1) },
+            _ => Draft::default(),
+        };
         let global = global.draft(tokens, max);
-        if global.score > own.score {
-            global.tokens
-        } else {
-            own.tokens
-        }
+        let best = if global.score > own.score { global } else { own };
+        Proposal { pattern: best.pattern, tokens: best.tokens }
     }
 }
 
@@ -298,7 +304,7 @@ mod tests {
     use super::*;
 
     fn own_draft(tokens: &[u32], max: usize) -> Vec<u32> {
-        SuffixDrafter::default().propose(tokens, max, &GlobalSuffixCache::new(0))
+        SuffixDrafter::default().propose(tokens, max, &GlobalSuffixCache::new(0)).tokens
     }
 
     #[test]
@@ -307,6 +313,8 @@ mod tests {
         // The longest pattern decides: "1 2 3" went on with 10, "2 3" most recently with 20.
         assert_eq!(own_draft(&[1, 2, 3, 10, 2, 3, 20, 5, 1, 2, 3], 1), vec![10]);
         assert!(own_draft(&[1, 2, 3, 4, 5], 3).is_empty());
+        // One shared token is too short a pattern to continue.
+        assert!(own_draft(&[1, 2, 3, 9, 3], 2).is_empty());
         assert!(own_draft(&[], 3).is_empty());
         assert!(own_draft(&[1, 2, 1, 2], 0).is_empty());
     }
@@ -328,9 +336,9 @@ mod tests {
         global.insert(&[40, 41, 42, 43, 44, 45]);
         global.insert(&[50, 41, 42, 60]);
         let mut drafter = SuffixDrafter::default();
-        assert_eq!(drafter.propose(&[1, 2, 40, 41, 42], 3, &global), vec![43, 44, 45]);
+        assert_eq!(drafter.propose(&[1, 2, 40, 41, 42], 3, &global).tokens, vec![43, 44, 45]);
         // A pattern ending at a sequence's end has no continuation across the separator.
-        assert!(drafter.propose(&[1, 2, 40, 41, 42, 9, 44, 45], 3, &global).is_empty());
+        assert!(drafter.propose(&[1, 2, 40, 41, 42, 9, 44, 45], 3, &global).tokens.is_empty());
     }
 
     #[test]
@@ -340,7 +348,7 @@ mod tests {
         global.insert(&text);
         let mut context = vec![7; 3];
         context.extend(10..60);
-        assert_eq!(SuffixDrafter::default().propose(&context, 5, &global), vec![60, 61, 62, 63, 64]);
+        assert_eq!(SuffixDrafter::default().propose(&context, 5, &global).tokens, vec![60, 61, 62, 63, 64]);
     }
 
     #[test]
@@ -351,7 +359,7 @@ mod tests {
             global.insert(&(0..11).map(|i| 1000 * request + i).collect::<Vec<_>>());
             assert!(global.tokens_held() <= budget, "{} tokens held", global.tokens_held());
         }
-        let draft = |global: &GlobalSuffixCache, context: &[u32]| SuffixDrafter::default().propose(context, 2, global);
+        let draft = |global: &GlobalSuffixCache, context: &[u32]| SuffixDrafter::default().propose(context, 2, global).tokens;
         assert_eq!(draft(&global, &[49_003, 49_004]), vec![49_005, 49_006]);
         assert!(draft(&global, &[3, 4]).is_empty());
         // One output longer than the budget keeps only its end.
@@ -367,9 +375,9 @@ mod tests {
         let mut drafter = SuffixDrafter::default();
         let tokens: Vec<u32> = (0..2000u32).map(|i| (i * 7919 + i / 13) % 37).collect();
         for len in (1..tokens.len()).step_by(11) {
-            assert_eq!(drafter.propose(&tokens[..len], 6, &global), own_draft(&tokens[..len], 6), "at {len}");
+            assert_eq!(drafter.propose(&tokens[..len], 6, &global).tokens, own_draft(&tokens[..len], 6), "at {len}");
         }
-        assert_eq!(drafter.propose(&[9, 8, 9, 8], 2, &global), vec![9, 8]);
+        assert_eq!(drafter.propose(&[9, 8, 9, 8], 2, &global).tokens, vec![9, 8]);
     }
 
     #[test]
