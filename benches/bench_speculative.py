@@ -13,7 +13,8 @@ Workloads (chat template, greedy, so every variant must give the same tokens):
 - multi_turn: a conversation whose earlier answers the last one restates;
 - story: open-ended writing (little to copy: speculation must not cost much there).
 Each engine (off, then one per --algorithms) is loaded once, side by side; rounds alternate the
-order of the variants. Batch 1: each workload's prompts one after another, streamed, decode tok/s
+order of the variants. Batch 1: each workload's prompts one after another, streamed, each prompt
+on every variant in turn (so a noisy machine's drift falls on all alike), decode tok/s
 = (tokens - 1) / (last chunk - first chunk). Concurrent: --concurrent requests of the workload
 (its prompts repeated with different names/numbers) in one call, output tok/s over the wall time.
 Per workload and variant: tok/s, speedup over off, mean accepted draft tokens per verify step and
@@ -186,18 +187,22 @@ def user(content: str) -> dict:
 # ---- running ------------------------------------------------------------------------------------
 
 
-def run_batch1(llm, prompts: list[str], options: list[dict], max_new_tokens: int) -> dict:
-    outputs, decode_tokens, decode_seconds = [], 0, 0.0
-    for prompt, extra in zip(prompts, options):
-        chunks = llm.generate(prompt, {"temperature": 0, "max_new_tokens": max_new_tokens}, stream=True, **extra)
-        out = next(chunks)
-        first = last = time.perf_counter()
-        for out in chunks:  # noqa: B007 (the last chunk is the whole output)
-            last = time.perf_counter()
-        outputs.append(out)
-        decode_tokens += max(out["meta_info"]["completion_tokens"] - 1, 0)
-        decode_seconds += last - first
-    return {"outputs": outputs, "tok_s": decode_tokens / decode_seconds if decode_seconds else None}
+def run_batch1(engines: dict, order: list[str], prompts: list[str], options: list[dict], max_new_tokens: int) -> dict[str, dict]:
+    """Each prompt on every engine in turn (the order flipped every other prompt), so the machine's
+    drift over the run falls on all variants alike."""
+    outputs: dict[str, list[dict]] = {v: [] for v in order}
+    decode_tokens, decode_seconds = dict.fromkeys(order, 0), dict.fromkeys(order, 0.0)
+    for i, (prompt, extra) in enumerate(zip(prompts, options)):
+        for variant in order if i % 2 == 0 else order[::-1]:
+            chunks = engines[variant].generate(prompt, {"temperature": 0, "max_new_tokens": max_new_tokens}, stream=True, **extra)
+            out = next(chunks)
+            first = last = time.perf_counter()
+            for out in chunks:  # noqa: B007 (the last chunk is the whole output)
+                last = time.perf_counter()
+            outputs[variant].append(out)
+            decode_tokens[variant] += max(out["meta_info"]["completion_tokens"] - 1, 0)
+            decode_seconds[variant] += last - first
+    return {v: {"outputs": outputs[v], "tok_s": decode_tokens[v] / decode_seconds[v] if decode_seconds[v] else None} for v in order}
 
 
 def run_concurrent(llm, prompts: list[str], options: list[dict], max_new_tokens: int) -> dict:
@@ -263,9 +268,11 @@ def main() -> None:
             runs: dict[str, dict[str, list[dict]]] = {v: {"batch1": [], "concurrent": []} for v in variants}
             for round_index in range(args.rounds):
                 order = variants if round_index % 2 == 0 else variants[::-1]
+                log(f"{workload} round {round_index + 1}: batch 1")
+                for variant, run in run_batch1(engines, order, prompts[:4], options[:4], args.max_new_tokens).items():
+                    runs[variant]["batch1"].append(run)
                 for variant in order:
-                    log(f"{workload} round {round_index + 1}: {variant}")
-                    runs[variant]["batch1"].append(run_batch1(engines[variant], prompts[:4], options[:4], args.max_new_tokens))
+                    log(f"{workload} round {round_index + 1}: {args.concurrent} concurrent, {variant}")
                     runs[variant]["concurrent"].append(run_concurrent(engines[variant], prompts[: args.concurrent], options, args.max_new_tokens))
             results[workload] = summarize(runs, workload)
         info = any_engine.get_server_info()

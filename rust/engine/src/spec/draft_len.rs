@@ -1,7 +1,8 @@
 //! How many tokens to draft for a request, from its acceptance history: the length doubles after
 //! a fully accepted draft and drops to one past the accepted run after a rejection; a request
 //! whose drafts keep failing (open-ended writing) stops drafting and only probes with one token
-//! now and then, so speculation costs it almost nothing.
+//! now and then (or drafts behind a long match, see [`super::Speculator::propose`]), so
+//! speculation costs it almost nothing.
 
 /// Weight of the latest verify in the acceptance average: about the last eight verifies count.
 const EMA_WEIGHT: f32 = 0.25;

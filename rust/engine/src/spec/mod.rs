@@ -1,6 +1,7 @@
 //! Draft tokens for speculative decoding without a draft model: the request's own text
 //! ([`prompt_lookup`], n-gram matching) or a suffix trie over it and over recent outputs of other
-//! requests ([`suffix`]), as many as the request's acceptance history asks for ([`draft_len`]).
+//! requests ([`suffix`]), as many as the request's acceptance history asks for ([`draft_len`]) or
+//! as the matched pattern is long.
 //!
 //! The engine holds one [`Speculator`] (the options and the window of recent outputs that all
 //! requests share) and one [`Drafter`] per request; each step it asks for a draft, verifies it,
@@ -82,23 +83,29 @@ impl Speculator {
     }
 
     /// Tokens to verify after `tokens` (the request's prompt and output so far; each call's must
-    /// extend the previous call's), at most `max` (e.g. what `max_new_tokens` leaves). Empty when
+    /// extend the previous call's), at most `max` (e.g. what `max_new_tokens` leaves) and at most
+    /// `max_draft`: as many as the request's acceptance history asks for, or as the pattern the
+    /// draft continues is long, whichever is more. Empty when
     /// nothing matches, or when the request's drafts are paused
     /// and the match is shorter than [`RESUME_PATTERN`].
     pub fn propose(&self, drafter: &mut Drafter, tokens: &[u32], max: usize) -> Vec<u32> {
         let length = drafter.length.next();
         let paused = length == 0;
-        let length = if paused { drafter.length.resume_length() } else { length }.min(max);
-        if length == 0 {
+        let longest = if paused { drafter.length.resume_length() } else { self.max_draft }.min(max);
+        if longest == 0 {
             return Vec::new();
         }
-        let proposal = match &mut drafter.source {
-            DraftSource::Ngram(lookup) => lookup.propose(tokens, length),
-            DraftSource::Suffix(suffix) => suffix.propose(tokens, length, &self.recent_outputs),
+        let mut proposal = match &mut drafter.source {
+            DraftSource::Ngram(lookup) => lookup.propose(tokens, longest),
+            DraftSource::Suffix(suffix) => suffix.propose(tokens, longest, &self.recent_outputs),
         };
         if paused && proposal.pattern < RESUME_PATTERN {
             return Vec::new();
         }
+        // As long as the history asks, or as the pattern matched (SuffixDecoding's rule: text that
+        // repeats a long stretch tends to go on repeating it), whichever is longer.
+        let keep = if paused { longest } else { length.max(proposal.pattern).min(longest) };
+        proposal.tokens.truncate(keep);
         proposal.tokens
     }
 
@@ -166,6 +173,17 @@ mod tests {
         for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
             let (steps, generated) = copy_with_edits(algorithm);
             assert!(steps * 4 < generated, "{algorithm:?}: {steps} steps for {generated} tokens");
+        }
+    }
+
+    #[test]
+    fn a_long_match_drafts_at_least_its_length() {
+        for algorithm in [SpeculativeAlgorithm::Ngram, SpeculativeAlgorithm::Suffix] {
+            let speculator = Speculator::new(algorithm, 8, 0, false);
+            // A new request's history asks for 2 tokens; the 4-token match "1 2 3 4" gets 4.
+            let tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4];
+            assert_eq!(speculator.propose(&mut speculator.drafter(), &tokens, 8), vec![5, 6, 7, 8], "{algorithm:?}");
+            assert_eq!(speculator.propose(&mut speculator.drafter(), &tokens[..12], 8), vec![3, 4], "{algorithm:?}");
         }
     }
 
