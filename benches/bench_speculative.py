@@ -20,7 +20,10 @@ on every variant in turn (so a noisy machine's drift falls on all alike), decode
 Per workload and variant: tok/s, speedup over off, mean accepted draft tokens per verify step,
 acceptance rate and tokens per forward pass of a request (meta_info; the last does not depend on
 the machine's speed, so it shows drafting changes through the noise), whether greedy outputs equal
-off's token for token, JSON validity.
+off's token for token, JSON validity. Per workload, the copy bound: the tokens per step a drafter
+would reach that, at every step, copied for free the longest run of the coming (greedy) output
+following any earlier occurrence of the last two tokens; no drafter taking its drafts from the
+request's own text does better, so it says how much a workload leaves to copy.
 
 Targets (issue 21, printed PASS/FAIL): batch 1 >= 2.0x on code_edit and quote_qa, >= 1.5x on
 json_extract, >= 0.95x on story; concurrent >= 1.3x on code_edit, >= 0.95x on story; identical
@@ -235,6 +238,27 @@ def spec_fields(outputs: list[dict]) -> dict:
     }
 
 
+def copy_bound(prompt_ids: list[int], output_ids: list[int], min_match: int = 2) -> tuple[int, int]:
+    """Tokens and forward passes if every step drafted, for free, the longest run of the coming
+    output that follows some earlier occurrence of the context's last `min_match` tokens (the best
+    occurrence chosen, no length cap): what no drafter copying the request's own text can beat."""
+    context = [*prompt_ids, *output_ids[:1]]
+    position, passes = 1, 1  # the prefill gives the first token
+    while position < len(output_ids):
+        tail, best = context[-min_match:], 0
+        for start in range(min_match, len(context)):
+            if context[start - min_match : start] == tail:
+                run = 0
+                while position + run < len(output_ids) and start + run < len(context) and context[start + run] == output_ids[position + run]:
+                    run += 1
+                best = max(best, run)
+        step = min(best + 1, len(output_ids) - position)
+        context += output_ids[position : position + step]
+        position += step
+        passes += 1
+    return len(output_ids), passes
+
+
 def valid_json(outputs: list[dict]) -> float:
     import jsonschema
 
@@ -280,6 +304,8 @@ def main() -> None:
                     log(f"{workload} round {round_index + 1}: {args.concurrent} concurrent, {variant}")
                     runs[variant]["concurrent"].append(run_concurrent(engines[variant], prompts[: args.concurrent], options, args.max_new_tokens))
             results[workload] = summarize(runs, workload)
+            bounds = [copy_bound(any_engine.tokenize(p), o["output_ids"]) for p, o in zip(prompts, runs["off"]["batch1"][0]["outputs"])]
+            results[workload]["copy_bound_tokens_per_step"] = sum(t for t, _ in bounds) / sum(n for _, n in bounds)
         info = any_engine.get_server_info()
     finally:
         for llm in engines.values():
@@ -345,6 +371,8 @@ def print_report(results: dict, variants: list[str]) -> dict:
                 checks[f"{workload}/{variant}/{mode} identical"] = f["identical_to_off"]
                 if "valid_json" in f:
                     checks[f"{workload}/{variant}/{mode} valid"] = f["valid_json"] == 1.0
+    bounds = ", ".join(f"{workload} {summary['copy_bound_tokens_per_step']:.2f}" for workload, summary in results.items())
+    print(f"copy bound, batch-1 tokens per step no drafter copying the request's text beats: {bounds}")
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return checks
