@@ -29,7 +29,11 @@ QUESTIONS = ["What is the capital of the United Kingdom?", "What is the capital 
 
 
 class CapitalInfo(pydantic.BaseModel):
-    """SGLang's JSON decoding example: the schema comes from a pydantic model."""
+    """SGLang's JSON decoding example: the schema comes from a pydantic model. Extra properties
+    are forbidden so the document fits the token budget: with them allowed, the default model
+    goes on adding properties past it on some ISAs' greedy path, and the cut JSON is invalid."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
 
     name: str = pydantic.Field(max_length=20)
     population: int = pydantic.Field(ge=0, le=99999999)

