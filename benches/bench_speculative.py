@@ -22,8 +22,9 @@ acceptance rate and tokens per forward pass of a request (meta_info; the last do
 the machine's speed, so it shows drafting changes through the noise), whether greedy outputs equal
 off's token for token, JSON validity. Per workload, the copy bound: the tokens per step a drafter
 would reach that, at every step, copied for free the longest run of the coming (greedy) output
-following any earlier occurrence of the last two tokens; no drafter taking its drafts from the
-request's own text does better, so it says how much a workload leaves to copy.
+following any earlier occurrence of the last two tokens; no drafter continuing two-token or
+longer matches of the request's own text does better (suffix drafts also draw on other requests'
+outputs), so it says how much a workload leaves to copy.
 
 Targets (issue 21, printed PASS/FAIL): batch 1 >= 2.0x on code_edit and quote_qa, >= 1.5x on
 json_extract, >= 0.95x on story; concurrent >= 1.3x on code_edit, >= 0.95x on story; identical
@@ -241,7 +242,8 @@ def spec_fields(outputs: list[dict]) -> dict:
 def copy_bound(prompt_ids: list[int], output_ids: list[int], min_match: int = 2) -> tuple[int, int]:
     """Tokens and forward passes if every step drafted, for free, the longest run of the coming
     output that follows some earlier occurrence of the context's last `min_match` tokens (the best
-    occurrence chosen, no length cap): what no drafter copying the request's own text can beat."""
+    occurrence chosen, no length cap): what no drafter continuing such matches of the request's
+    own text can beat."""
     context = [*prompt_ids, *output_ids[:1]]
     position, passes = 1, 1  # the prefill gives the first token
     while position < len(output_ids):
@@ -372,7 +374,7 @@ def print_report(results: dict, variants: list[str]) -> dict:
                 if "valid_json" in f:
                     checks[f"{workload}/{variant}/{mode} valid"] = f["valid_json"] == 1.0
     bounds = ", ".join(f"{workload} {summary['copy_bound_tokens_per_step']:.2f}" for workload, summary in results.items())
-    print(f"copy bound, batch-1 tokens per step no drafter copying the request's text beats: {bounds}")
+    print(f"copy bound, batch-1 tokens per step no drafter continuing 2+-token matches of the request's own text beats: {bounds}")
     for name, ok in checks.items():
         print(f"{'PASS' if ok else 'FAIL'}  {name}")
     return checks

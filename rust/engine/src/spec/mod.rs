@@ -34,7 +34,7 @@ pub enum SpeculativeAlgorithm {
 const RESUME_PATTERN: usize = 3;
 
 /// A drafter's continuation and the length of the pattern it continues.
-#[derive(Debug, Default, PartialEq)]
+#[derive(Debug, Default)]
 struct Proposal {
     pattern: usize,
     tokens: Vec<u32>,
@@ -85,9 +85,8 @@ impl Speculator {
     /// Tokens to verify after `tokens` (the request's prompt and output so far; each call's must
     /// extend the previous call's), at most `max` (e.g. what `max_new_tokens` leaves) and at most
     /// `max_draft`: as many as the request's acceptance history asks for, or as the pattern the
-    /// draft continues is long, whichever is more. Empty when
-    /// nothing matches, or when the request's drafts are paused
-    /// and the match is shorter than [`RESUME_PATTERN`].
+    /// draft continues is long, whichever is more. Empty when nothing matches, or when the
+    /// request's drafts are paused and the match is shorter than [`RESUME_PATTERN`].
     pub fn propose(&self, drafter: &mut Drafter, tokens: &[u32], max: usize) -> Vec<u32> {
         let length = drafter.length.next();
         let paused = length == 0;
@@ -103,9 +102,9 @@ impl Speculator {
             return Vec::new();
         }
         // As long as the history asks, or as the pattern matched (SuffixDecoding's rule: text that
-        // repeats a long stretch tends to go on repeating it), whichever is longer.
-        let keep = if paused { longest } else { length.max(proposal.pattern).min(longest) };
-        proposal.tokens.truncate(keep);
+        // repeats a long stretch tends to go on repeating it), whichever is longer; the drafter
+        // already stopped at `longest`.
+        proposal.tokens.truncate(length.max(proposal.pattern));
         proposal.tokens
     }
 
