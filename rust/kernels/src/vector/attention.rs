@@ -125,37 +125,65 @@ unsafe fn scores<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
 
 /// Scores of `R` query rows from `first` against the keys at `k` (one page's keys from a slot,
 /// `[head_dim][page_size]`), `lanes` of them valid; written at `dst`, rows `width` apart.
+#[inline(always)]
+unsafe fn score_block<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, lanes: usize, dst: *mut f32, width: usize) {
+    if lanes == V::LANES {
+        let acc = score_rows::<V, E, R>(task, first, k, task.kv.page_size);
+        for (r, acc) in acc.iter().enumerate() {
+            acc.store(dst.add(r * width));
+        }
+    } else {
+        score_narrow_page::<V, E, R>(task, first, k, lanes, dst, width);
+    }
+}
+
+/// [`score_block`] for a page narrower than a register (small page sizes): the keys are
+/// copied into whole registers padded with zeros, so the common loop never branches on it.
+#[cold]
+#[inline(never)]
+unsafe fn score_narrow_page<V: F32Vector, E: KvElement, const R: usize>(
+    task: &AttentionTask,
+    first: usize,
+    k: *const E,
+    lanes: usize,
+    dst: *mut f32,
+    width: usize,
+) {
+    let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
+    let mut padded = vec![0f32; hd * V::LANES];
+    for d in 0..hd {
+        for i in 0..lanes {
+            padded[d * V::LANES + i] = (*k.add(d * ps + i)).to_f32();
+        }
+    }
+    let mut row = vec![0f32; V::LANES];
+    for (r, acc) in score_rows::<V, f32, R>(task, first, padded.as_ptr(), V::LANES).iter().enumerate() {
+        acc.store(row.as_mut_ptr());
+        std::ptr::copy_nonoverlapping(row.as_ptr(), dst.add(r * width), lanes);
+    }
+}
+
+/// The scaled scores of `R` query rows from `first` against one register of keys at `k`,
+/// dimensions `stride` apart. The rows' accumulators are the loop's only state, so they stay
+/// in registers (a branch in this loop once kept one on the stack, a store and a load per key
+/// dimension on the critical path).
 // `acc[r]` and `q[r]` are register rows walked in lockstep; the unrolled index loop is the kernel.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn score_block<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, lanes: usize, dst: *mut f32, width: usize) {
-    let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
+unsafe fn score_rows<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, stride: usize) -> [V; R] {
     let q: [*const f32; R] = std::array::from_fn(|r| query(task, first + r));
     let mut acc = [V::zero(); R];
-    let mut partial = [0f32; 64];
-    for d in 0..hd {
-        let kd = if lanes == V::LANES {
-            E::load::<V>(k.add(d * ps))
-        } else {
-            // A page narrower than a register (small page sizes): pad with zeros.
-            for (i, lane) in partial[..lanes].iter_mut().enumerate() {
-                *lane = (*k.add(d * ps + i)).to_f32();
-            }
-            V::load(partial.as_ptr())
-        };
+    for d in 0..task.kv.head_dim {
+        let kd = E::load::<V>(k.add(d * stride));
         for r in 0..R {
             acc[r] = V::splat(*q[r].add(d)).mul_add(kd, acc[r]);
         }
     }
     let scale = V::splat(task.scale);
-    for r in 0..R {
-        if lanes == V::LANES {
-            acc[r].mul(scale).store(dst.add(r * width));
-        } else {
-            acc[r].mul(scale).store(partial.as_mut_ptr());
-            std::ptr::copy_nonoverlapping(partial.as_ptr(), dst.add(r * width), lanes);
-        }
+    for a in acc.iter_mut() {
+        *a = a.mul(scale);
     }
+    acc
 }
 
 #[inline(always)]

@@ -7,7 +7,8 @@
 //!   Tiles of up to 8 rows by one panel; decode takes 1 row by up to 4 panels.
 //! - AVX2 (+ FMA, F16C): the same chunks in halves of 8 outputs; `vpmaddubsw` products (at most
 //!   2 x 15 x 127 per 16-bit lane, 8 groups summing to under 2^15) add in 16 bits, one
-//!   `vpmaddwd` per block widens them. Tiles of up to 2 rows by one panel, decode 1 by 2.
+//!   `vpmaddwd` per block widens them. Tiles of up to 4 rows by one panel, one half of its
+//!   outputs at a time; decode 1 row by 2 panels, both halves.
 //!
 //! Each block's sums go through the scheme's float steps, so results match the portable twin
 //! bit for bit. Tiles are compiled apart for weights with and without minimums, so no branch
@@ -15,18 +16,23 @@
 
 use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
-use crate::portable::gemm::for_each_tile_in_chunks;
+use crate::portable::gemm::{for_each_row, for_each_tile_in_chunks};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
 pub(super) type Tile<'a, W> = BlockTile<'a, W>;
 
 impl<W> Tile<'_, W> {
-    /// Tile row `r`'s output columns of panel `p`, and the mask of the valid ones.
+    /// Where tile row `r`'s outputs of panel `p` start.
+    #[inline(always)]
+    unsafe fn panel_out(&self, r: usize, p: usize) -> *mut f32 {
+        self.out.add((self.row + r) * self.ldo + (self.panel + p) * PANEL)
+    }
+
+    /// Tile row `r`'s output columns of panel `p`, and how many of them are valid.
     #[inline(always)]
     unsafe fn columns(&self, r: usize, p: usize, n: usize) -> (*mut f32, usize) {
-        let first = (self.panel + p) * PANEL;
-        (self.out.add((self.row + r) * self.ldo + first), (n - first).min(PANEL))
+        (self.panel_out(r, p), (n - (self.panel + p) * PANEL).min(PANEL))
     }
 
     /// The sums tile row `r`, panel `p` starts from: zero on the first chunk of blocks, else
@@ -47,25 +53,26 @@ impl<W> Tile<'_, W> {
         _mm512_mask_storeu_ps(dst, ((1u32 << valid) - 1) as u16, values);
     }
 
-    /// As [`Self::load16`], as two registers of 8.
+    /// The mask of the valid columns among outputs `8 * half..8 * half + 8` of panel `p`.
     #[inline(always)]
-    pub unsafe fn load8x2(&self, r: usize, p: usize, n: usize, first_chunk: bool) -> [__m256; 2] {
-        let mut values = [0f32; PANEL];
-        if !first_chunk {
-            let (dst, valid) = self.columns(r, p, n);
-            std::ptr::copy_nonoverlapping(dst, values.as_mut_ptr(), valid);
-        }
-        [_mm256_loadu_ps(values.as_ptr()), _mm256_loadu_ps(values.as_ptr().add(8))]
+    pub unsafe fn half_mask(&self, p: usize, half: usize, n: usize) -> __m256i {
+        let valid = (n - (self.panel + p) * PANEL).min(PANEL).saturating_sub(8 * half).min(8);
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(valid as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
     }
 
-    /// Stores 16 outputs of tile row `r`, panel `p`, from two registers of 8.
+    /// As [`Self::load16`], the 8 outputs of half `half` (`mask` from [`Self::half_mask`]).
     #[inline(always)]
-    pub unsafe fn store8x2(&self, r: usize, p: usize, n: usize, halves: [__m256; 2]) {
-        let mut values = [0f32; PANEL];
-        _mm256_storeu_ps(values.as_mut_ptr(), halves[0]);
-        _mm256_storeu_ps(values.as_mut_ptr().add(8), halves[1]);
-        let (dst, valid) = self.columns(r, p, n);
-        std::ptr::copy_nonoverlapping(values.as_ptr(), dst, valid);
+    pub unsafe fn load8(&self, r: usize, p: usize, half: usize, mask: __m256i, first_chunk: bool) -> __m256 {
+        if first_chunk {
+            return _mm256_setzero_ps();
+        }
+        _mm256_maskload_ps(self.panel_out(r, p).add(8 * half), mask)
+    }
+
+    /// Stores the 8 outputs of half `half` of tile row `r`, panel `p`.
+    #[inline(always)]
+    pub unsafe fn store8(&self, r: usize, p: usize, half: usize, mask: __m256i, values: __m256) {
+        _mm256_maskstore_ps(self.panel_out(r, p).add(8 * half), mask, values);
     }
 }
 
@@ -145,41 +152,66 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<I
     }
 }
 
+/// Decode (one row) runs both halves of its panels per block, so its weight streams advance
+/// together; a batch tile runs one half (8 outputs) of its panel at a time, so 4 rows keep
+/// their sums, a chunk's two nibble registers and the broadcast activations in the 16
+/// registers (holding a record's 8 nibble registers for both halves spilled them every block).
 #[inline(always)]
 unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
-    let (nibble, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
-    let mut acc: [[[__m256; 2]; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load8x2(r, p, t.w.n, blocks.start == 0)));
+    if R == 1 {
+        halves_avx2::<R, NP, 2, MIN>(t, blocks, 0);
+    } else {
+        for half in 0..2 {
+            halves_avx2::<R, NP, 1, MIN>(t, blocks.clone(), half);
+        }
+    }
+}
+
+/// `R` rows by halves `first_half..first_half + H` of `NP` panels.
+// Panels and halves index the accumulator tile, the records and the masks in lockstep.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>, first_half: usize) {
+    let nibble = _mm256_set1_epi8(0x0f);
+    let masks: [[__m256i; H]; NP] = std::array::from_fn(|p| std::array::from_fn(|h| t.half_mask(p, first_half + h, t.w.n)));
+    let mut acc: [[[__m256; H]; NP]; R] =
+        std::array::from_fn(|r| std::array::from_fn(|p| std::array::from_fn(|h| t.load8(r, p, first_half + h, masks[p][h], blocks.start == 0))));
     for b in blocks {
+        let x: [*const i8; R] = std::array::from_fn(|r| t.x.block_scales(t.row + r, b).0);
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
-            prefetch_ahead(rec, t.w.record_bytes());
-            for half in 0..2 {
-                let mut w = [_mm256_setzero_si256(); 8];
+            if first_half == 0 {
+                prefetch_ahead(rec, t.w.record_bytes());
+            }
+            for h in 0..H {
+                let half = first_half + h;
+                let mut sums = [_mm256_setzero_si256(); R];
+                // Chunk c's low nibbles are inputs 4c..4c + 4 (group c), its high ones group c + 4.
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(rec.add(64 * c + 32 * half) as *const _);
-                    w[c] = _mm256_and_si256(v, nibble);
-                    w[c + 4] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+                    let (low, high) = (_mm256_and_si256(v, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
+                    for_each_row!(R, |r| {
+                        let low = _mm256_maddubs_epi16(low, _mm256_set1_epi32(group(x[r], c)));
+                        let high = _mm256_maddubs_epi16(high, _mm256_set1_epi32(group(x[r], c + 4)));
+                        sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(low, high));
+                    });
                 }
                 let (d, m) =
                     scale_min::<_, MIN>(rec, 16 * half, |at| _mm256_cvtph_ps(_mm_loadu_si128(at as *const _)), |d| _mm256_mul_ps(d, _mm256_set1_ps(-8.0)));
-                for (r, acc) in acc.iter_mut().enumerate() {
-                    let (x, dx, tx) = t.x.block_scales(t.row + r, b);
-                    let product = |g: usize| _mm256_maddubs_epi16(w[g], _mm256_set1_epi32(group(x, g)));
-                    let (mut even, mut odd) = (product(0), product(1));
-                    for g in (2..8).step_by(2) {
-                        even = _mm256_add_epi16(even, product(g));
-                        odd = _mm256_add_epi16(odd, product(g + 1));
-                    }
-                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_add_epi16(even, odd), ones));
-                    let sum = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(*dx)), acc[p][half]);
-                    acc[p][half] = _mm256_fmadd_ps(m, _mm256_set1_ps(*tx), sum);
-                }
+                for_each_row!(R, |r| {
+                    let (_, dx, tx) = t.x.block_scales(t.row + r, b);
+                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], _mm256_set1_epi16(1)));
+                    let sum = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(*dx)), acc[r][p][h]);
+                    acc[r][p][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(*tx), sum);
+                });
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
         for (p, halves) in acc.iter().enumerate() {
-            t.store8x2(r, p, t.w.n, *halves);
+            for (h, values) in halves.iter().enumerate() {
+                t.store8(r, p, first_half + h, masks[p][h], *values);
+            }
         }
     }
 }
@@ -238,7 +270,7 @@ unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, 
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
     let tile = block_tiles!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset == Int4Offset::Min);
-    for_each_tile_in_chunks(x.m, panels, 2, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
+    for_each_tile_in_chunks(x.m, panels, 4, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 /// # Safety

@@ -47,37 +47,64 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool>(t: &Til
     }
 }
 
-// As in `tile_vnni`, plus the two halves of each record.
-#[allow(clippy::needless_range_loop)]
+// As the 4-bit AVX2 tile: decode takes both halves of its panels per block, a batch one half
+// at a time.
 #[inline(always)]
 unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
+    if R == 1 {
+        halves_avx2::<R, NP, 2>(t, blocks, 0);
+    } else {
+        for half in 0..2 {
+            halves_avx2::<R, NP, 1>(t, blocks.clone(), half);
+        }
+    }
+}
+
+/// `R` rows by halves `first_half..first_half + H` of `NP` panels.
+// Panels and halves index the accumulator tile, the records and the masks in lockstep.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>, first_half: usize) {
     let (offset, ones) = (_mm256_set1_epi8(t.w.offset as i8), _mm256_set1_epi16(1));
-    let mut acc: [[[__m256; 2]; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load8x2(r, p, t.w.n, blocks.start == 0)));
+    let masks: [[__m256i; H]; NP] = std::array::from_fn(|p| std::array::from_fn(|h| t.half_mask(p, first_half + h, t.w.n)));
+    let mut acc: [[[__m256; H]; NP]; R] =
+        std::array::from_fn(|r| std::array::from_fn(|p| std::array::from_fn(|h| t.load8(r, p, first_half + h, masks[p][h], blocks.start == 0))));
     for b in blocks {
+        let x: [(*const i8, f32); R] = std::array::from_fn(|r| {
+            let (x, dx, _) = t.x_block(r, b);
+            (x, dx)
+        });
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
-            prefetch_ahead(rec, RECORD_BYTES);
-            for half in 0..2 {
-                let w: [__m256i; 8] = std::array::from_fn(|g| _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset));
-                let d: [__m256; 2] = std::array::from_fn(|h| _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * h + 16 * half) as *const _)));
-                for_each_row!(R, |r| {
-                    let (x, dx, _) = t.x_block(r, b);
-                    for (h, d) in d.iter().enumerate() {
-                        let mut s = _mm256_setzero_si256();
-                        for g in 4 * h..4 * h + 4 {
-                            let xg = _mm256_set1_epi32(group(x, g));
-                            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xg), _mm256_sign_epi8(w[g], xg));
-                            s = _mm256_add_epi32(s, _mm256_madd_epi16(pairs, ones));
-                        }
-                        acc[r][p][half] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(*d, _mm256_set1_ps(dx)), acc[r][p][half]);
+            if first_half == 0 {
+                prefetch_ahead(rec, RECORD_BYTES);
+            }
+            for h in 0..H {
+                let half = first_half + h;
+                // The record's two scales per output: inputs 0..16 (groups 0..4), then 16..32.
+                for k in 0..2 {
+                    let mut sums = [_mm256_setzero_si256(); R];
+                    for g in 4 * k..4 * k + 4 {
+                        let w = _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset);
+                        for_each_row!(R, |r| {
+                            let xg = _mm256_set1_epi32(group(x[r].0, g));
+                            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xg), _mm256_sign_epi8(w, xg));
+                            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
+                        });
                     }
-                });
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * k + 16 * half) as *const _));
+                    for_each_row!(R, |r| {
+                        acc[r][p][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x[r].1)), acc[r][p][h]);
+                    });
+                }
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
         for (p, halves) in acc.iter().enumerate() {
-            t.store8x2(r, p, t.w.n, *halves);
+            for (h, values) in halves.iter().enumerate() {
+                t.store8(r, p, first_half + h, masks[p][h], *values);
+            }
         }
     }
 }
@@ -93,7 +120,7 @@ unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usi
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
     let tile = block_tiles!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }, false);
-    for_each_tile_in_chunks(x.m, panels, 2, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
+    for_each_tile_in_chunks(x.m, panels, 4, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 /// # Safety
