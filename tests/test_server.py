@@ -401,6 +401,14 @@ def test_large_bodies_get_a_413(http: httpx.Client, small_server: httpx.Client):
     assert_openai_error(small_server.post("/generate", content=chunked), 413)
 
 
+def test_ctrl_c_stops_the_server_cleanly_with_the_shells_code(tmp_path):
+    with running_server(tmp_path) as (url, process):
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 130
+    log = (tmp_path / "server.log").read_text()
+    assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
+
+
 def test_sigterm_finishes_short_streams_aborts_long_ones_and_exits_0(tmp_path):
     short_request = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
     with running_server(tmp_path, "--graceful-shutdown-timeout", "3") as (url, process):

@@ -77,6 +77,8 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
 ABORT_MARGIN_SECONDS = 2
 # Past the graceful timeout and that margin, a stop signal ends the process this much later whatever it is doing.
 EXIT_MARGIN_SECONDS = 3
+# 128 + SIGINT, as a shell reports a program Ctrl-C stopped.
+EXIT_CODE_CTRL_C = 130
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -175,7 +177,12 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> 
         # Once shut down, uvicorn raises the signal that stopped it again, for the handler it replaced:
         # SIGTERM's default one would kill the process (exit code -15) after a clean shutdown.
         signal.signal(signal.SIGTERM, lambda signum, frame: None)
-        GracefulServer(config, engine, args.graceful_shutdown_timeout).run()
+        try:
+            GracefulServer(config, engine, args.graceful_shutdown_timeout).run()
+        except KeyboardInterrupt:
+            # Ctrl-C, raised again the same way after the clean shutdown: the shell's exit code
+            # for it (so a loop around the server stops too), without a traceback.
+            sys.exit(EXIT_CODE_CTRL_C)
 
 
 def raise_open_files_limit() -> None:
