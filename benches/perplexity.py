@@ -55,11 +55,12 @@ def windows(ids: list[int], size: int) -> list[list[int]]:
     return [ids[i : i + size] for i in range(0, len(ids) - 1, size) if len(ids[i : i + size]) > 1]
 
 
-def rsgl_nll(model: str, chunks: list[list[int]], quantization: str, activation_bits: int, threads: int) -> list[float]:
+def rsgl_nll(model: str, chunks: list[list[int]], quantization: str, activation_bits: int, threads: int, kv_cache_dtype: str = "float32") -> list[float]:
     import rsgl
 
     options = {"none": {"dtype": "bfloat16"}, "auto": {}}.get(quantization, {"quantization": quantization})
     options["activation_bits"] = activation_bits
+    options["kv_cache_dtype"] = kv_cache_dtype
     if quantization == "w4a8":
         options["dtype"] = "bfloat16"  # dequantize the file's blocks, then quantize them to w4a8
     with rsgl.Engine(model, threads=threads, progress=False, disable_radix_cache=True, **options) as llm:

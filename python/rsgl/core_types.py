@@ -63,7 +63,7 @@ class EngineOptions(TypedDict, total=False):
     page_size: int
     max_total_tokens: int | None
     kv_cache_memory_gb: float
-    kv_cache_dtype: Literal["float32", "bfloat16"]
+    kv_cache_dtype: Literal["float32", "bfloat16", "int8"]
     max_running_requests: int
     chunked_prefill_size: int
     threads: int

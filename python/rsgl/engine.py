@@ -37,7 +37,7 @@ from rsgl.loader import load_model
 _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
 QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf", "awq", "gptq")
-KV_CACHE_DTYPES = ("float32", "bfloat16")
+KV_CACHE_DTYPES = ("float32", "bfloat16", "int8")
 
 logger = logging.getLogger("rsgl")
 
@@ -87,7 +87,8 @@ class Engine:
     `dtype` (weight precision: "auto" = float32 for float32 checkpoints, else bfloat16;
     "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
     `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset), `kv_cache_dtype`
-    ("float32" or "bfloat16": half the bytes per token, so twice the tokens per budget),
+    ("float32"; "bfloat16": half the bytes per token, so twice the tokens per budget; "int8": one byte
+    per element plus a float32 scale per token and kv head, attention reading it directly),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
     core; default True),
     `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,

@@ -127,7 +127,7 @@ impl ModelConfig {
 
     /// Bytes of K and V one token occupies in the cache, over all layers.
     pub fn kv_bytes_per_token(&self, dtype: KvCacheDtype) -> usize {
-        2 * self.num_hidden_layers * self.kv_size() * dtype.bytes()
+        2 * self.num_hidden_layers * self.num_key_value_heads * dtype.row_bytes(self.head_dim)
     }
 }
 
@@ -157,22 +157,25 @@ impl Dtype {
     }
 }
 
-/// Element type of the KV pages. Attention computes in f32 either way; bfloat16 halves the
-/// bytes a token's K and V take (twice the tokens in the same memory) and the bytes decode
-/// attention reads.
+/// Element type of the KV pages. Attention computes in f32 whatever they hold; bfloat16 halves
+/// the bytes a token's K and V take (twice the tokens in the same memory) and the bytes decode
+/// attention reads, int8 (symmetric, a scale per token and kv head) quarters them.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
     #[default]
     Float32,
     Bfloat16,
+    Int8,
 }
 
 impl KvCacheDtype {
-    pub fn bytes(self) -> usize {
+    /// Bytes of one row of `head_dim` elements (one token's K or V in one kv head).
+    pub fn row_bytes(self, head_dim: usize) -> usize {
         match self {
-            KvCacheDtype::Float32 => 4,
-            KvCacheDtype::Bfloat16 => 2,
+            KvCacheDtype::Float32 => 4 * head_dim,
+            KvCacheDtype::Bfloat16 => 2 * head_dim,
+            KvCacheDtype::Int8 => head_dim + std::mem::size_of::<f32>(),
         }
     }
 }

@@ -6,12 +6,19 @@
 //!   with no horizontal sums;
 //! - values are `[page_size][head_dim]`: a probability times one value row adds into the output.
 
-/// One layer's K or V elements: float32, or bfloat16 bit patterns (half the bytes, widened to
-/// f32 as they are read).
+/// One layer's K or V elements: float32, bfloat16 bit patterns (half the bytes, widened to f32
+/// as they are read), or int8 with one f32 scale per token and kv head (a quarter of the bytes;
+/// the scale multiplies a key's score and a value's probability, so the kernels widen the int8
+/// elements and never dequantize a page).
 #[derive(Clone, Copy)]
 pub enum KvSlice<'a> {
     F32(&'a [f32]),
     Bf16(&'a [u16]),
+    /// `scales[PagedKv::scale_offset(page, head) + slot]` is the scale of that token's row.
+    Int8 {
+        data: &'a [i8],
+        scales: &'a [f32],
+    },
 }
 
 impl KvSlice<'_> {
@@ -19,17 +26,40 @@ impl KvSlice<'_> {
         match self {
             KvSlice::F32(x) => x.len(),
             KvSlice::Bf16(x) => x.len(),
+            KvSlice::Int8 { data, .. } => data.len(),
         }
     }
 
-    /// Element `i` as f32.
+    /// Element `i` as f32, before any scale.
     #[inline]
     pub fn get(&self, i: usize) -> f32 {
         match self {
             KvSlice::F32(x) => x[i],
             KvSlice::Bf16(x) => crate::packed::bf16_to_f32(x[i]),
+            KvSlice::Int8 { data, .. } => data[i] as f32,
         }
     }
+
+    /// The scale of the token row whose scale index is `i` (1 for float pages).
+    #[inline]
+    pub fn scale(&self, i: usize) -> f32 {
+        match self {
+            KvSlice::Int8 { scales, .. } => scales[i],
+            _ => 1.0,
+        }
+    }
+}
+
+/// Quantizes one token's row of a kv head to int8 with a symmetric scale: writes the elements
+/// through `store(index, value)` and returns the scale (`max |x| / 127`, 0 for an all-zero row).
+pub fn quantize_kv_row(xs: &[f32], mut store: impl FnMut(usize, i8)) -> f32 {
+    let amax = xs.iter().fold(0f32, |m, x| m.max(x.abs()));
+    let scale = amax / 127.0;
+    let inverse = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+    for (i, &x) in xs.iter().enumerate() {
+        store(i, (x * inverse).round().clamp(-127.0, 127.0) as i8);
+    }
+    scale
 }
 
 /// One layer's K and V storage (both of one element type).
@@ -58,6 +88,18 @@ impl PagedKv<'_> {
     pub fn offset(&self, page: u32, head: usize) -> usize {
         page_head_start(page, head, self.kv_heads, self.page_size, self.head_dim)
     }
+
+    /// Where the per-token scales of kv head `head` of `page` start (int8 pages).
+    #[inline]
+    pub fn scale_offset(&self, page: u32, head: usize) -> usize {
+        page_head_scale_start(page, head, self.kv_heads, self.page_size)
+    }
+}
+
+/// Where the per-token scales of kv head `head` of `page` start in an int8 layer's scales.
+#[inline]
+pub fn page_head_scale_start(page: u32, head: usize, kv_heads: usize, page_size: usize) -> usize {
+    (page as usize * kv_heads + head) * page_size
 }
 
 /// The queries of one kv head's group (the `group` query heads sharing it, GQA) at `tokens`
@@ -95,5 +137,10 @@ impl AttentionTask<'_> {
         assert!(self.q.len() >= last, "attention: q is too short");
         let end = self.pages.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::page_head_len(kv.page_size, hd);
         assert!(kv.keys.len() >= end && kv.values.len() >= end, "attention: a page lies outside the storage");
+        for slice in [kv.keys, kv.values] {
+            if let KvSlice::Int8 { scales, .. } = slice {
+                assert!(scales.len() * hd >= end, "attention: a page's scales lie outside the storage");
+            }
+        }
     }
 }

@@ -1,11 +1,12 @@
 //! Storage of K and V for every page of the pool, per layer, in the layout the attention
 //! kernels read ([`rsgl_kernels::paged`]): per page and kv head, keys `[head_dim][page_size]`
-//! (transposed) and values `[page_size][head_dim]`.
+//! (transposed) and values `[page_size][head_dim]`; int8 pages also keep one scale per token
+//! and kv head.
 
 use crate::config::{KvCacheDtype, ModelConfig};
 use rsgl_kernels::memory::HugePageBuffer;
 use rsgl_kernels::packed::f32_to_bf16;
-use rsgl_kernels::paged::page_head_start;
+use rsgl_kernels::paged::{page_head_scale_start, page_head_start, quantize_kv_row};
 use rsgl_kernels::{KvSlice, PagedKv};
 
 /// One layer's K or V elements, in the pool's element type.
@@ -13,22 +14,30 @@ use rsgl_kernels::{KvSlice, PagedKv};
 enum Store {
     F32(HugePageBuffer<f32>),
     Bf16(HugePageBuffer<u16>),
+    /// The elements, and a scale per token and kv head (`len / head_dim` of them).
+    Int8(HugePageBuffer<i8>, HugePageBuffer<f32>),
 }
 
 impl Store {
-    fn new(dtype: KvCacheDtype, len: usize) -> Store {
+    fn new(dtype: KvCacheDtype, len: usize, head_dim: usize) -> Store {
         match dtype {
             KvCacheDtype::Float32 => Store::F32(HugePageBuffer::zeroed(len)),
             KvCacheDtype::Bfloat16 => Store::Bf16(HugePageBuffer::zeroed(len)),
+            KvCacheDtype::Int8 => Store::Int8(HugePageBuffer::zeroed(len), HugePageBuffer::zeroed(len / head_dim)),
         }
     }
 
-    /// Writes `xs` at `start`, `start + stride`, … (keys are stored transposed: stride page_size).
-    fn write(&mut self, start: usize, stride: usize, xs: &[f32]) {
+    /// Writes one token's row `xs` at `start`, `start + stride`, … (keys are stored transposed:
+    /// stride page_size); an int8 row's scale goes to `scale_at`.
+    fn write(&mut self, start: usize, stride: usize, scale_at: usize, xs: &[f32]) {
         let end = start + (xs.len() - 1) * stride + 1;
         match self {
             Store::F32(s) => s[start..end].iter_mut().step_by(stride).zip(xs).for_each(|(d, &x)| *d = x),
             Store::Bf16(s) => s[start..end].iter_mut().step_by(stride).zip(xs).for_each(|(d, &x)| *d = f32_to_bf16(x)),
+            Store::Int8(s, scales) => {
+                let row = &mut s[start..end];
+                scales[scale_at] = quantize_kv_row(xs, |i, q| row[i * stride] = q);
+            }
         }
     }
 
@@ -36,6 +45,7 @@ impl Store {
         match self {
             Store::F32(s) => KvSlice::F32(s),
             Store::Bf16(s) => KvSlice::Bf16(s),
+            Store::Int8(s, scales) => KvSlice::Int8 { data: s, scales },
         }
     }
 }
@@ -55,8 +65,8 @@ impl KvCache {
             page_size,
             kv_heads: cfg.num_key_value_heads,
             head_dim: cfg.head_dim,
-            keys: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer)).collect(),
-            values: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer)).collect(),
+            keys: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer, cfg.head_dim)).collect(),
+            values: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer, cfg.head_dim)).collect(),
         }
     }
 
@@ -68,8 +78,9 @@ impl KvCache {
         let (keys, values) = (&mut self.keys[layer], &mut self.values[layer]);
         for h in 0..self.kv_heads {
             let base = page_head_start(page, h, self.kv_heads, ps, hd);
-            keys.write(base + slot, ps, &k[h * hd..(h + 1) * hd]);
-            values.write(base + slot * hd, 1, &v[h * hd..(h + 1) * hd]);
+            let scale_at = page_head_scale_start(page, h, self.kv_heads, ps) + slot;
+            keys.write(base + slot, ps, scale_at, &k[h * hd..(h + 1) * hd]);
+            values.write(base + slot * hd, 1, scale_at, &v[h * hd..(h + 1) * hd]);
         }
     }
 

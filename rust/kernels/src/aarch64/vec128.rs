@@ -22,6 +22,17 @@ impl F32Vector for F32x4 {
         F32x4(vreinterpretq_f32_u32(vshll_n_u16::<16>(vld1_u16(p))))
     }
     #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> Self {
+        // Four bytes, read as one unaligned u32 so nothing past them is touched.
+        let bytes = vreinterpret_s8_u32(vdup_n_u32((p as *const u32).read_unaligned()));
+        F32x4(vcvtq_f32_s32(vmovl_s16(vget_low_s16(vmovl_s8(bytes)))))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        // The prefetch intrinsic is unstable on aarch64; PRFM is one instruction.
+        std::arch::asm!("prfm pldl1keep, [{p}]", p = in(reg) p, options(nostack, readonly, preserves_flags))
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         vst1q_f32(p, self.0)
     }

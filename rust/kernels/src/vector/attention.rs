@@ -1,9 +1,13 @@
 //! Paged attention over [`F32Vector`], for decode and extend alike (see [`AttentionTask`]).
 //!
-//! 1. Scores: for each page, up to 8 query rows at once multiply the page's transposed keys one
-//!    dimension at a time, so each key vector loaded serves every row of the group and block.
+//! 1. Scores: up to 8 query rows (4 on AVX2) at once multiply two registers of transposed keys
+//!    one dimension at a time, so each key vector loaded serves every row of the group and block,
+//!    and a decode's few rows still keep two FMA chains each in flight.
 //! 2. A softmax per row over its own span; the probabilities of keys past the span are zero.
 //! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key.
+//!
+//! Int8 pages are widened in registers: a key's scale multiplies its score (it factors out of
+//! the sum over dimensions) and a value's scale its probability, so no page is dequantized.
 //!
 //! Each row's arithmetic is the same whatever rows share its task, so a query gets the same bits
 //! alone, in a decode batch or in a prefill chunk.
@@ -14,18 +18,25 @@ use crate::packed::bf16_to_f32;
 use crate::paged::{AttentionTask, KvSlice};
 use std::cell::RefCell;
 
-/// Query rows scored together (accumulators: one register each per page vector).
+/// Query rows scored together (accumulators: one register each per key register) on ISAs with
+/// 32 registers; AVX2's 16 take half.
 const SCORE_ROWS: usize = 8;
 /// Registers of the head a value pass accumulates.
 const VALUE_REGS: usize = 4;
+/// How far ahead of the page in use keys (or values) are prefetched: a sequence's pages lie
+/// apart in the pool, and the hardware prefetchers stop at each one's end.
+const PREFETCH_BYTES_AHEAD: usize = 8 << 10;
 
 thread_local! {
     /// Scores and probabilities, `[row][key]`, reused across calls on this thread.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
-/// An element of the KV pages as stored: f32, or a bfloat16 bit pattern.
+/// An element of the KV pages as stored: f32, a bfloat16 bit pattern, or int8 (scaled per
+/// token).
 trait KvElement: Copy {
+    /// Whether the pages carry a scale per token and kv head.
+    const SCALED: bool = false;
     unsafe fn load<V: F32Vector>(p: *const Self) -> V;
     fn to_f32(self) -> f32;
 }
@@ -52,18 +63,44 @@ impl KvElement for u16 {
     }
 }
 
-/// Where a task's keys and values start, in their stored element type.
+impl KvElement for i8 {
+    const SCALED: bool = true;
+    #[inline(always)]
+    unsafe fn load<V: F32Vector>(p: *const i8) -> V {
+        V::load_i8(p)
+    }
+    #[inline(always)]
+    fn to_f32(self) -> f32 {
+        self as f32
+    }
+}
+
+/// Where a task's keys and values start, in their stored element type, and their per-token
+/// scales (null unless `E::SCALED`).
 struct Pages<E> {
     keys: *const E,
     values: *const E,
+    key_scales: *const f32,
+    value_scales: *const f32,
 }
 
 #[inline(always)]
 pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_stride: usize) {
     task.validate();
+    let unscaled = std::ptr::null();
     match (task.kv.keys, task.kv.values) {
-        (KvSlice::F32(k), KvSlice::F32(v)) => attention_over::<V, f32>(task, Pages { keys: k.as_ptr(), values: v.as_ptr() }, out, out_stride),
-        (KvSlice::Bf16(k), KvSlice::Bf16(v)) => attention_over::<V, u16>(task, Pages { keys: k.as_ptr(), values: v.as_ptr() }, out, out_stride),
+        (KvSlice::F32(k), KvSlice::F32(v)) => {
+            let pages = Pages { keys: k.as_ptr(), values: v.as_ptr(), key_scales: unscaled, value_scales: unscaled };
+            attention_over::<V, f32>(task, pages, out, out_stride)
+        }
+        (KvSlice::Bf16(k), KvSlice::Bf16(v)) => {
+            let pages = Pages { keys: k.as_ptr(), values: v.as_ptr(), key_scales: unscaled, value_scales: unscaled };
+            attention_over::<V, u16>(task, pages, out, out_stride)
+        }
+        (KvSlice::Int8 { data: k, scales: ks }, KvSlice::Int8 { data: v, scales: vs }) => {
+            let pages = Pages { keys: k.as_ptr(), values: v.as_ptr(), key_scales: ks.as_ptr(), value_scales: vs.as_ptr() };
+            attention_over::<V, i8>(task, pages, out, out_stride)
+        }
         _ => panic!("attention: keys and values are stored in different types"),
     }
 }
@@ -86,9 +123,37 @@ unsafe fn attention_over<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: P
         let span = task.span(r / task.group);
         softmax::<V>(&mut row[..span]);
         row[span..].fill(0.0);
+        if E::SCALED {
+            scale_by_value_scales(task, &kv, &mut row[..span]);
+        }
     }
     values::<V, E>(task, &kv, &probs, width, out, out_stride);
     SCRATCH.set(probs);
+}
+
+/// Prefetches the task's kv head of `page` in `data` (keys or values), and its scales.
+#[inline(always)]
+unsafe fn prefetch_page<V: F32Vector, E: KvElement>(task: &AttentionTask, data: *const E, scales: *const f32, page: u32) {
+    let kv = task.kv;
+    let start = data.add(kv.offset(page, task.kv_head)) as *const u8;
+    for offset in (0..kv.page_size * kv.head_dim * std::mem::size_of::<E>()).step_by(64) {
+        V::prefetch(start.add(offset));
+    }
+    if E::SCALED {
+        V::prefetch(scales.add(kv.scale_offset(page, task.kv_head)) as *const u8);
+    }
+}
+
+/// Multiplies each key's probability by its value row's scale (int8 pages).
+#[inline(always)]
+unsafe fn scale_by_value_scales<E>(task: &AttentionTask, pages: &Pages<E>, probs: &mut [f32]) {
+    let ps = task.kv.page_size;
+    for (chunk, &page) in probs.chunks_mut(ps).zip(task.pages) {
+        let scales = pages.value_scales.add(task.kv.scale_offset(page, task.kv_head));
+        for (slot, p) in chunk.iter_mut().enumerate() {
+            *p *= *scales.add(slot);
+        }
+    }
 }
 
 /// Query row `r` (token `r / group`, head `r % group`).
@@ -97,54 +162,111 @@ unsafe fn query(task: &AttentionTask, r: usize) -> *const f32 {
     task.q.as_ptr().add((r / task.group) * task.q_stride + (r % task.group) * task.kv.head_dim)
 }
 
+/// Pages ahead of the one in use to prefetch ([`PREFETCH_BYTES_AHEAD`], at least one page).
+#[inline(always)]
+fn pages_ahead<E>(task: &AttentionTask) -> usize {
+    (PREFETCH_BYTES_AHEAD / (task.kv.page_size * task.kv.head_dim * std::mem::size_of::<E>())).max(1)
+}
+
+/// A register of one page's keys: where its column of `[head_dim][page_size]` starts, its
+/// scales (int8 pages), and its first key's index in a row of scores.
+#[derive(Clone, Copy)]
+struct KeyRegister<E> {
+    keys: *const E,
+    scales: *const f32,
+    column: usize,
+}
+
+/// The keys one scoring pass takes: two whole registers, the last whole one, or the part of a
+/// page narrower than a register (`lanes` keys).
+#[derive(Clone, Copy)]
+enum KeyBlock<E> {
+    Pair([KeyRegister<E>; 2]),
+    Single(KeyRegister<E>),
+    Narrow(KeyRegister<E>, usize),
+}
+
 #[inline(always)]
 unsafe fn scores<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages<E>, probs: &mut [f32], width: usize) {
     let kv = task.kv;
-    let (ps, rows) = (kv.page_size, task.tokens * task.group);
-    let keys = task.span(task.tokens - 1);
-    for (p, &page) in task.pages[..keys.div_ceil(ps)].iter().enumerate() {
+    let ps = kv.page_size;
+    let used = &task.pages[..task.span(task.tokens - 1).div_ceil(ps)];
+    let ahead = pages_ahead::<E>(task);
+    let mut pending = None;
+    for (p, &page) in used.iter().enumerate() {
+        if let Some(&later) = used.get(p + ahead) {
+            prefetch_page::<V, E>(task, pages.keys, pages.key_scales, later);
+        }
         let base = pages.keys.add(kv.offset(page, task.kv_head));
+        let scales = if E::SCALED { pages.key_scales.add(kv.scale_offset(page, task.kv_head)) } else { std::ptr::null() };
         for slot in (0..ps).step_by(V::LANES) {
+            let register = KeyRegister { keys: base.add(slot), scales: if E::SCALED { scales.add(slot) } else { scales }, column: p * ps + slot };
             let lanes = V::LANES.min(ps - slot);
-            for first in (0..rows).step_by(SCORE_ROWS) {
-                let n = SCORE_ROWS.min(rows - first);
-                let dst = probs.as_mut_ptr().add(first * width + p * ps + slot);
-                macro_rules! block {
-                    ($($r:literal)*) => {
-                        match n {
-                            $($r => score_block::<V, E, $r>(task, first, base.add(slot), lanes, dst, width),)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                block!(1 2 3 4 5 6 7 8);
+            if lanes < V::LANES {
+                score_key_block::<V, E>(task, KeyBlock::Narrow(register, lanes), probs, width);
+            } else if let Some(previous) = pending.take() {
+                score_key_block::<V, E>(task, KeyBlock::Pair([previous, register]), probs, width);
+            } else {
+                pending = Some(register);
             }
         }
     }
-}
-
-/// Scores of `R` query rows from `first` against the keys at `k` (one page's keys from a slot,
-/// `[head_dim][page_size]`), `lanes` of them valid; written at `dst`, rows `width` apart.
-#[inline(always)]
-unsafe fn score_block<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, lanes: usize, dst: *mut f32, width: usize) {
-    if lanes == V::LANES {
-        let acc = score_rows::<V, E, R>(task, first, k, task.kv.page_size);
-        for (r, acc) in acc.iter().enumerate() {
-            acc.store(dst.add(r * width));
-        }
-    } else {
-        score_narrow_page::<V, E, R>(task, first, k, lanes, dst, width);
+    if let Some(last) = pending {
+        score_key_block::<V, E>(task, KeyBlock::Single(last), probs, width);
     }
 }
 
-/// [`score_block`] for a page narrower than a register (small page sizes): the keys are
-/// copied into whole registers padded with zeros, so the common loop never branches on it.
+/// Scores every query row of the task against `block`, a block of rows at a time.
+#[inline(always)]
+unsafe fn score_key_block<V: F32Vector, E: KvElement>(task: &AttentionTask, block: KeyBlock<E>, probs: &mut [f32], width: usize) {
+    let rows = task.tokens * task.group;
+    let max_rows = if V::REGISTERS >= 32 { SCORE_ROWS } else { SCORE_ROWS / 2 };
+    for first in (0..rows).step_by(max_rows) {
+        let dst = probs.as_mut_ptr().add(first * width);
+        macro_rules! rows {
+            ($($r:literal)*) => {
+                match max_rows.min(rows - first) {
+                    $($r => match block {
+                        KeyBlock::Pair(registers) => score_registers::<V, E, $r, 2>(task, first, registers, dst, width),
+                        KeyBlock::Single(register) => score_registers::<V, E, $r, 1>(task, first, [register], dst, width),
+                        KeyBlock::Narrow(register, lanes) => score_narrow_page::<V, E, $r>(task, first, register, lanes, dst, width),
+                    },)*
+                    _ => unreachable!(),
+                }
+            };
+        }
+        rows!(1 2 3 4 5 6 7 8);
+    }
+}
+
+/// Scores of `R` query rows from `first` against `KR` whole registers of keys; row `r` of the
+/// scores is written at `dst + r * width`.
+#[inline(always)]
+unsafe fn score_registers<V: F32Vector, E: KvElement, const R: usize, const KR: usize>(
+    task: &AttentionTask,
+    first: usize,
+    registers: [KeyRegister<E>; KR],
+    dst: *mut f32,
+    width: usize,
+) {
+    let scale: [V; KR] = std::array::from_fn(|i| if E::SCALED { V::load(registers[i].scales).mul(V::splat(task.scale)) } else { V::splat(task.scale) });
+    let acc = score_rows::<V, E, R, KR>(task, first, registers.map(|register| register.keys), task.kv.page_size, scale);
+    for (r, acc) in acc.iter().enumerate() {
+        for (register, acc) in registers.iter().zip(acc) {
+            acc.store(dst.add(r * width + register.column));
+        }
+    }
+}
+
+/// [`score_registers`] for the part of a page narrower than a register (small page sizes): its
+/// keys are copied into whole registers padded with zeros, so the common loop never branches
+/// on it.
 #[cold]
 #[inline(never)]
 unsafe fn score_narrow_page<V: F32Vector, E: KvElement, const R: usize>(
     task: &AttentionTask,
     first: usize,
-    k: *const E,
+    register: KeyRegister<E>,
     lanes: usize,
     dst: *mut f32,
     width: usize,
@@ -153,66 +275,104 @@ unsafe fn score_narrow_page<V: F32Vector, E: KvElement, const R: usize>(
     let mut padded = vec![0f32; hd * V::LANES];
     for d in 0..hd {
         for i in 0..lanes {
-            padded[d * V::LANES + i] = (*k.add(d * ps + i)).to_f32();
+            padded[d * V::LANES + i] = (*register.keys.add(d * ps + i)).to_f32();
         }
     }
     let mut row = vec![0f32; V::LANES];
-    for (r, acc) in score_rows::<V, f32, R>(task, first, padded.as_ptr(), V::LANES).iter().enumerate() {
+    if E::SCALED {
+        std::ptr::copy_nonoverlapping(register.scales, row.as_mut_ptr(), lanes);
+    } else {
+        row[..lanes].fill(1.0);
+    }
+    let scale = V::load(row.as_ptr()).mul(V::splat(task.scale));
+    for (r, [acc]) in score_rows::<V, f32, R, 1>(task, first, [padded.as_ptr()], V::LANES, [scale]).iter().enumerate() {
         acc.store(row.as_mut_ptr());
-        std::ptr::copy_nonoverlapping(row.as_ptr(), dst.add(r * width), lanes);
+        std::ptr::copy_nonoverlapping(row.as_ptr(), dst.add(r * width + register.column), lanes);
     }
 }
 
-/// The scaled scores of `R` query rows from `first` against one register of keys at `k`,
-/// dimensions `stride` apart. The rows' accumulators are the loop's only state, so they stay
-/// in registers (a branch in this loop once kept one on the stack, a store and a load per key
-/// dimension on the critical path).
+/// The scores of `R` query rows from `first` against `KR` registers of keys at `k`, dimensions
+/// `stride` apart, times `scale` (the task's, times each key's own for int8 pages). Each lane is
+/// one key, so how many registers share a pass changes no bit of a score. The accumulators are
+/// the loop's only state, so they stay in registers (a branch in this loop once kept one on the
+/// stack, a store and a load per key dimension on the critical path).
 // `acc[r]` and `q[r]` are register rows walked in lockstep; the unrolled index loop is the kernel.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn score_rows<V: F32Vector, E: KvElement, const R: usize>(task: &AttentionTask, first: usize, k: *const E, stride: usize) -> [V; R] {
+unsafe fn score_rows<V: F32Vector, E: KvElement, const R: usize, const KR: usize>(
+    task: &AttentionTask,
+    first: usize,
+    k: [*const E; KR],
+    stride: usize,
+    scale: [V; KR],
+) -> [[V; KR]; R] {
     let q: [*const f32; R] = std::array::from_fn(|r| query(task, first + r));
-    let mut acc = [V::zero(); R];
+    let mut acc = [[V::zero(); KR]; R];
     for d in 0..task.kv.head_dim {
-        let kd = E::load::<V>(k.add(d * stride));
+        let kd: [V; KR] = std::array::from_fn(|i| E::load::<V>(k[i].add(d * stride)));
         for r in 0..R {
-            acc[r] = V::splat(*q[r].add(d)).mul_add(kd, acc[r]);
+            let qd = V::splat(*q[r].add(d));
+            for i in 0..KR {
+                acc[r][i] = qd.mul_add(kd[i], acc[r][i]);
+            }
         }
     }
-    let scale = V::splat(task.scale);
-    for a in acc.iter_mut() {
-        *a = a.mul(scale);
+    for row in acc.iter_mut() {
+        for (a, scale) in row.iter_mut().zip(scale) {
+            *a = a.mul(scale);
+        }
     }
     acc
 }
 
+/// Bytes of value rows one key chunk of the value pass spans: they stay in L1 while every block
+/// of rows and registers of the head reads them, so each value is read from memory once.
+const VALUE_CHUNK_BYTES: usize = 16 << 10;
+
 #[inline(always)]
 unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages<E>, probs: &[f32], width: usize, out: *mut f32, out_stride: usize) {
-    let (hd, rows) = (task.kv.head_dim, task.tokens * task.group);
+    let (hd, ps, rows) = (task.kv.head_dim, task.kv.page_size, task.tokens * task.group);
     let body = hd / V::LANES * V::LANES;
     // AVX2's 16 registers fit 2 rows of 4 accumulators plus the value registers.
     let max_rows = if V::REGISTERS >= 32 { 4 } else { 2 };
-    for first in (0..rows).step_by(max_rows) {
-        let n = max_rows.min(rows - first);
-        // Keys the block's last row sees; earlier rows have zero probabilities past their span.
-        let span = task.span((first + n - 1) / task.group);
-        let dst: [*mut f32; 4] = std::array::from_fn(|r| {
+    // Whole pages per chunk.
+    let chunk = (VALUE_CHUNK_BYTES / (hd * std::mem::size_of::<E>())).max(1).next_multiple_of(ps);
+    let dst = |first: usize, n: usize| -> [*mut f32; 4] {
+        std::array::from_fn(|r| {
             let row = first + r.min(n - 1);
             out.add((row / task.group) * out_stride + (row % task.group) * hd)
-        });
-        for d in (0..body).step_by(VALUE_REGS * V::LANES) {
-            let regs = VALUE_REGS.min((body - d) / V::LANES);
-            macro_rules! block {
-                ($(($r:literal, $v:literal))*) => {
-                    match (n, regs) {
-                        $(($r, $v) => value_block::<V, E, $r, $v>(task, pages, &probs[first * width..], width, span, d, &dst),)*
-                        _ => unreachable!(),
-                    }
-                };
+        })
+    };
+    for keys_start in (0..task.span(task.tokens - 1)).step_by(chunk) {
+        for first in (0..rows).step_by(max_rows) {
+            let n = max_rows.min(rows - first);
+            // Keys the block's last row sees; earlier rows have zero probabilities past their span.
+            let span = task.span((first + n - 1) / task.group);
+            if keys_start >= span {
+                continue;
             }
-            block!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(4, 4));
+            let keys = keys_start..span.min(keys_start + chunk);
+            let block = ValueRows { probs: &probs[first * width..], width, dst: dst(first, n) };
+            for d in (0..body).step_by(VALUE_REGS * V::LANES) {
+                // The chunk's first pass reads it from memory; the others find it in L1.
+                let prefetch = (first == 0 && d == 0).then(|| span.div_ceil(ps));
+                let regs = VALUE_REGS.min((body - d) / V::LANES);
+                macro_rules! block {
+                    ($(($r:literal, $v:literal))*) => {
+                        match (n, regs) {
+                            $(($r, $v) => value_block::<V, E, $r, $v>(task, pages, &block, keys.clone(), prefetch, d),)*
+                            _ => unreachable!(),
+                        }
+                    };
+                }
+                block!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(4, 4));
+            }
         }
-        // Head dimensions past the last whole register.
+    }
+    // Head dimensions past the last whole register.
+    for first in (0..rows).step_by(max_rows) {
+        let n = max_rows.min(rows - first);
+        let (span, dst) = (task.span((first + n - 1) / task.group), dst(first, n));
         for r in 0..n {
             for d in body..hd {
                 let mut acc = 0f32;
@@ -233,26 +393,48 @@ unsafe fn value<E>(task: &AttentionTask, pages: &Pages<E>, j: usize) -> *const E
     pages.values.add(kv.offset(task.pages[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
 }
 
-/// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]`.
+/// A block of output rows of the value pass: row `r`'s probabilities at `probs[r * width..]`,
+/// its output at `dst[r]`.
+#[derive(Clone, Copy)]
+struct ValueRows<'a> {
+    probs: &'a [f32],
+    width: usize,
+    dst: [*mut f32; 4],
+}
+
+/// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]` over
+/// `keys`, added to what the rows hold unless the keys start at 0 (the sum goes on in key order
+/// either way, so chunking changes no bit). With `prefetch = Some(pages)`, the values of pages
+/// ahead, up to that many pages of the sequence, are prefetched.
 // The accumulator tile is indexed in lockstep with the value registers and output rows.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
 unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usize>(
     task: &AttentionTask,
     pages: &Pages<E>,
-    probs: &[f32],
-    width: usize,
-    span: usize,
+    rows: &ValueRows,
+    keys: std::ops::Range<usize>,
+    prefetch: Option<usize>,
     d: usize,
-    dst: &[*mut f32; 4],
 ) {
-    let (ps, hd) = (task.kv.page_size, task.kv.head_dim);
+    let ValueRows { probs, width, dst } = *rows;
+    let (ps, hd, ahead) = (task.kv.page_size, task.kv.head_dim, pages_ahead::<E>(task));
     let mut acc = [[V::zero(); NV]; R];
+    if keys.start > 0 {
+        for r in 0..R {
+            for i in 0..NV {
+                acc[r][i] = V::load(dst[r].add(d + i * V::LANES));
+            }
+        }
+    }
     // Page by page, so a key's value row is a step from the last, not a page-table look-up.
-    for (page_index, &page) in task.pages[..span.div_ceil(ps)].iter().enumerate() {
+    for page_index in keys.start / ps..keys.end.div_ceil(ps) {
+        if prefetch.is_some_and(|used| page_index + ahead < used) {
+            prefetch_page::<V, E>(task, pages.values, pages.value_scales, task.pages[page_index + ahead]);
+        }
         let first = page_index * ps;
-        let page_values = pages.values.add(task.kv.offset(page, task.kv_head) + d);
-        for slot in 0..ps.min(span - first) {
+        let page_values = pages.values.add(task.kv.offset(task.pages[page_index], task.kv_head) + d);
+        for slot in keys.start.max(first) - first..ps.min(keys.end - first) {
             let v = page_values.add(slot * hd);
             let vj: [V; NV] = std::array::from_fn(|i| E::load::<V>(v.add(i * V::LANES)));
             for r in 0..R {

@@ -16,7 +16,11 @@ pub trait F32Vector: Copy {
     unsafe fn load(p: *const f32) -> Self;
     /// `LANES` bfloat16 bit patterns, widened to f32.
     unsafe fn load_bf16(p: *const u16) -> Self;
+    /// `LANES` int8 values, converted to f32 (reads exactly `LANES` bytes).
+    unsafe fn load_i8(p: *const i8) -> Self;
     unsafe fn store(self, p: *mut f32);
+    /// Hints that the cache line holding `p` is read soon; never faults, whatever `p` is.
+    unsafe fn prefetch(p: *const u8);
     unsafe fn add(self, o: Self) -> Self;
     unsafe fn sub(self, o: Self) -> Self;
     unsafe fn mul(self, o: Self) -> Self;

@@ -22,6 +22,14 @@ impl F32Vector for F32x8 {
         F32x8(_mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)))))
     }
     #[inline(always)]
+    unsafe fn load_i8(p: *const i8) -> Self {
+        F32x8(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(p as *const __m128i))))
+    }
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+    }
+    #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
         _mm256_storeu_ps(p, self.0)
     }
