@@ -1,7 +1,7 @@
 """KV cache element types side by side (float32, bfloat16, int8): decode speed at a long context
 with several sequences, tokens per memory budget, and perplexity over a long text.
 
-    python benches/bench_kv_cache.py [--model PATH] [--threads 2] [--dtypes bfloat16,int8,float32]
+    python benches/bench_kv_cache.py [--model PATH] [--quantization w4a8] [--threads 2] [--dtypes bfloat16,int8,float32]
         [--context 4096] [--concurrent 8] [--decode-tokens 64] [--rounds 3] [--kv-gb 2.5]
         [--ppl-tokens 16384] [--ppl-window 4096] [--json bench-results/kv_cache.json]
 
@@ -37,6 +37,7 @@ TARGET_PERPLEXITY_RATIO = 1.01
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="model path (default: the default model)")
+    parser.add_argument("--quantization", default=None, help="the engines' quantization (default: as the model is stored)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtypes", default="bfloat16,int8,float32")
     parser.add_argument("--context", type=int, default=4096, help="prompt tokens per sequence")
@@ -80,7 +81,8 @@ def main() -> None:
         log(f"{dtype}: loading {args.model or 'the default model'}, {args.threads} thread(s), {args.kv_gb} GB of KV")
         start = time.perf_counter()
         model = [args.model] if args.model else []
-        engines[dtype] = rsgl.Engine(*model, threads=args.threads, kv_cache_dtype=dtype, kv_cache_memory_gb=args.kv_gb, progress=False)
+        quantization = {"quantization": args.quantization} if args.quantization else {}
+        engines[dtype] = rsgl.Engine(*model, threads=args.threads, kv_cache_dtype=dtype, kv_cache_memory_gb=args.kv_gb, progress=False, **quantization)
         load_s[dtype] = time.perf_counter() - start
     any_engine = engines[args.dtypes[0]]
     ids = any_engine.tokenize(long_text())
@@ -109,7 +111,7 @@ def main() -> None:
     chunks = windows(ids[: args.ppl_tokens], args.ppl_window)
     for dtype in args.dtypes:
         log(f"{dtype}: perplexity over {args.ppl_tokens} tokens")
-        nll = rsgl_nll(model_path, chunks, "auto", 8, args.threads, dtype)
+        nll = rsgl_nll(model_path, chunks, args.quantization or "auto", 8, args.threads, dtype)
         results[dtype]["perplexity"] = math.exp(sum(nll) / len(nll))
         results[dtype]["decode_tok_s"] = args.concurrent * args.decode_tokens / min(results[dtype]["decode_walls"])
     peak_rss_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (1 << 20)
