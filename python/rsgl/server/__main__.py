@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-from rsgl.engine import Engine
+from rsgl.engine import KV_CACHE_DTYPES, Engine
 from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
 from rsgl.server.chat_tools import ChatParsers
@@ -33,7 +33,7 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "--page-size": {"type": int, "help": "tokens per KV-cache page"},
     "--max-total-tokens": {"type": int, "help": "KV-cache pool size, in tokens"},
     "--kv-cache-dtype": {
-        "choices": ["float32", "bfloat16", "int8"],
+        "choices": list(KV_CACHE_DTYPES),
         "help": "element type of the KV cache (default float32; bfloat16 holds twice the tokens, int8 with a scale per token and head almost four times)",
     },
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
