@@ -267,6 +267,11 @@ pub struct EngineOptions {
     /// Verifies only the draft tokens worth their rows by the step cost fitted while running
     /// (see `spec::StepCost::budget`); false verifies every draft token.
     pub speculative_draft_budget: bool,
+    /// Keeps every computed page also in a file under this folder, read back for prompts whose
+    /// prefix memory no longer holds, across restarts (the disk tier; off when absent).
+    pub hicache_dir: Option<String>,
+    /// Most GiB the disk tier's file takes; the least recently used pages make room.
+    pub hicache_size_gb: f64,
 }
 
 impl Default for EngineOptions {
@@ -294,6 +299,8 @@ impl Default for EngineOptions {
             speculative_algorithm: None,
             speculative_num_draft_tokens: 4,
             speculative_draft_budget: true,
+            hicache_dir: None,
+            hicache_size_gb: 16.0,
         }
     }
 }
@@ -317,6 +324,12 @@ impl EngineOptions {
         }
         if opts.kv_cache_memory_gb.is_nan() || opts.kv_cache_memory_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
+        }
+        if opts.hicache_size_gb.is_nan() || opts.hicache_size_gb <= 0.0 {
+            return Err(EngineError::InvalidRequest("engine option hicache_size_gb must be positive".into()));
+        }
+        if opts.hicache_dir.is_some() && opts.disable_radix_cache {
+            return Err(EngineError::InvalidRequest("hicache_dir keeps the radix cache's pages on disk; it cannot be used with disable_radix_cache".into()));
         }
         if ![8, 16].contains(&opts.activation_bits) {
             return Err(EngineError::InvalidRequest(format!("engine option activation_bits must be 8 or 16, not {}", opts.activation_bits)));

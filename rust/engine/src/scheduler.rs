@@ -5,10 +5,15 @@
 //! order (sharing their cached prefix, deferring those that share an uncached prefix with one
 //! admitted in this step so that prefix is computed once), then plan the step: one token per
 //! decoding request, then prompt chunks within the token budget.
+//!
+//! With the disk tier on, a request's prompt pages past what memory holds are read back from
+//! disk at admission (the kernel prefetches them while it waits), and every page a request
+//! completes is written there too ([`Scheduler::persist`]).
 
 use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
-use crate::kv::{NoPrefixCache, PagePool, PrefixCache, RadixCache};
+use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash};
+use crate::kv::{KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache};
 use crate::policy::{admission_order, SchedulePolicy};
 use crate::sequence::Sequence;
 use std::collections::VecDeque;
@@ -18,6 +23,7 @@ pub(crate) struct Scheduler {
     running: Vec<Sequence>,
     pool: PagePool,
     cache: Box<dyn PrefixCache>,
+    disk: Option<DiskTier>,
     policy: SchedulePolicy,
     max_running: usize,
     token_budget: usize,
@@ -36,16 +42,18 @@ pub(crate) struct SchedulerCounts {
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub retractions: u64,
+    pub disk: Option<DiskTierStats>,
 }
 
 impl Scheduler {
-    pub fn new(pool: PagePool, opts: &EngineOptions) -> Self {
+    pub fn new(pool: PagePool, opts: &EngineOptions, disk: Option<DiskTier>) -> Self {
         let cache: Box<dyn PrefixCache> = if opts.disable_radix_cache { Box::new(NoPrefixCache) } else { Box::new(RadixCache::new(pool.page_size())) };
         Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             pool,
             cache,
+            disk,
             policy: opts.schedule_policy,
             max_running: opts.max_running_requests,
             token_budget: opts.chunked_prefill_size,
@@ -59,8 +67,14 @@ impl Scheduler {
         self.waiting.is_empty() && self.running.is_empty()
     }
 
-    /// Queues a request for admission.
+    /// Queues a request for admission, prefetching its prompt's pages on disk past those in
+    /// memory.
     pub fn enqueue(&mut self, seq: Sequence) {
+        if let Some(disk) = &self.disk {
+            let key = seq.prefill_key();
+            let in_memory = self.cache.cached_prefix_pages(seq.kv.namespace, key);
+            disk.prefetch(&page_hashes(seq.kv.namespace, key, self.pool.page_size())[in_memory..]);
+        }
         self.waiting.push_back(seq);
     }
 
@@ -87,7 +101,7 @@ impl Scheduler {
         &mut self.running
     }
 
-    pub fn counts(&self) -> SchedulerCounts {
+    pub fn counts(&mut self) -> SchedulerCounts {
         SchedulerCounts {
             running: self.running.len(),
             waiting: self.waiting.len(),
@@ -96,14 +110,16 @@ impl Scheduler {
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
+            disk: self.disk.as_mut().map(DiskTier::stats),
         }
     }
 
     /// Prepares this step's batch: one token per decoding request (with the draft it verifies),
     /// then prompt chunks within the token budget.
-    pub fn plan(&mut self) -> Batch {
+    /// Pages read back from the disk tier go straight into `kv`.
+    pub fn plan(&mut self, kv: &mut KvCache) -> Batch {
         self.grow_pages();
-        self.admit();
+        self.admit(kv);
         let mut batch = Batch::default();
         let mut budget = self.token_budget;
         for (index, seq) in self.running.iter().enumerate() {
@@ -170,7 +186,7 @@ impl Scheduler {
         self.waiting.push_front(seq);
     }
 
-    fn admit(&mut self) {
+    fn admit(&mut self, kv: &mut KvCache) {
         let queue: Vec<Sequence> = self.waiting.drain(..).collect();
         let order = admission_order(self.policy, &queue.iter().collect::<Vec<_>>(), self.cache.as_mut());
         let mut slots: Vec<Option<Sequence>> = queue.into_iter().map(Some).collect();
@@ -182,7 +198,8 @@ impl Scheduler {
             }
             let seq = slots[i].as_mut().expect("each index once");
             let cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
-            let matched = cached.pages.len() * self.pool.page_size();
+            let chain = self.disk_chain(seq, cached.pages.len());
+            let matched = cached.pages.len().max(chain.len()) * self.pool.page_size();
             if self.cache.keeps_prefixes() && self.shares_uncached_prefix(seq, matched, first_admitted) {
                 continue; // computed once by the other request, then found in the cache
             }
@@ -197,14 +214,60 @@ impl Scheduler {
                 break; // no room: later requests wait too rather than overtake
             };
             let mut seq = slots[i].take().expect("present");
+            let read = self.read_from_disk(&seq, &chain, cached.pages.len(), &own, kv);
+            let matched = (cached.pages.len() + read) * self.pool.page_size();
             if seq.kv.admit(cached.pages, own, cached.node, matched) {
                 self.admitted_prompt_tokens += seq.prompt_len as u64;
                 self.cache_hit_tokens += matched as u64;
+                if let Some(disk) = &mut self.disk {
+                    disk.count_hit_tokens(read * self.pool.page_size());
+                }
             }
             budget = budget.saturating_sub(seq.tokens.len() - matched);
             self.running.push(seq);
         }
         self.waiting = slots.into_iter().flatten().collect();
+    }
+
+    /// The names of the prompt pages of `seq` up to the last of those after its first
+    /// `in_memory` that the disk tier holds (empty without the tier).
+    fn disk_chain(&self, seq: &Sequence, in_memory: usize) -> Vec<PageHash> {
+        let Some(disk) = &self.disk else { return Vec::new() };
+        let mut hashes = page_hashes(seq.kv.namespace, seq.prefill_key(), self.pool.page_size());
+        let on_disk = disk.find(&hashes[in_memory..]);
+        hashes.truncate(in_memory + on_disk);
+        hashes
+    }
+
+    /// Reads the pages of `chain` from page `first` on from disk into the request's first
+    /// `own` pages; returns how many were read (up to the first that failed its checks: the
+    /// rest are recomputed).
+    fn read_from_disk(&mut self, seq: &Sequence, chain: &[PageHash], first: usize, own: &[u32], kv: &mut KvCache) -> usize {
+        let Some(disk) = &mut self.disk else { return 0 };
+        let ps = self.pool.page_size();
+        (first..chain.len())
+            .zip(own)
+            .take_while(|&(p, &page)| {
+                let parent = parent_of(seq.kv.namespace, chain, p);
+                disk.read(chain[p], parent, p, &seq.tokens[p * ps..(p + 1) * ps], |bytes| kv.copy_page_in(page, bytes))
+            })
+            .count()
+    }
+
+    /// Writes the whole pages request `index` completed in a step that started at token `from`
+    /// to the disk tier (pages already there only count as used).
+    pub fn persist(&mut self, index: usize, from: usize, kv: &KvCache) {
+        let (Some(disk), seq) = (&mut self.disk, &self.running[index]) else { return };
+        let ps = self.pool.page_size();
+        let full = seq.kv.computed / ps;
+        if !seq.caches_prefix() || from / ps >= full {
+            return;
+        }
+        let hashes = page_hashes(seq.kv.namespace, &seq.tokens[..full * ps], ps);
+        for p in from / ps..full {
+            let parent = parent_of(seq.kv.namespace, &hashes, p);
+            disk.store(hashes[p], parent, p, &seq.tokens[p * ps..(p + 1) * ps], |out| kv.copy_page_out(seq.kv.pages[p], out));
+        }
     }
 
     /// Whether `seq` shares at least one more page of prefix with a request admitted in this
@@ -265,6 +328,14 @@ impl Scheduler {
         }
         let mut pages = self.cache.flush().expect("no request holds a lock when idle");
         self.pool.release(&mut pages);
+        if let Some(disk) = &mut self.disk {
+            disk.clear();
+        }
         true
     }
+}
+
+/// The name of the page before page `p` of the chain `hashes` (its namespace's root for the first).
+fn parent_of(namespace: u64, hashes: &[PageHash], p: usize) -> PageHash {
+    p.checked_sub(1).map_or_else(|| PageHash::root(namespace), |before| hashes[before])
 }

@@ -9,6 +9,7 @@ pub use stats::EngineStats;
 use crate::config::{EngineOptions, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSpec, LlgBackend};
+use crate::kv::disk::{DiskTier, DiskTierOptions};
 use crate::kv::{KvCache, PagePool};
 use crate::model::{Compute, LlamaModel, ModelOutput, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
@@ -125,10 +126,19 @@ impl Engine {
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
         let pooling = cfg.pooling.unwrap_or_default();
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
+        let fingerprint = opts.hicache_dir.as_ref().map(|_| cache_fingerprint(&cfg, &weights, &opts));
         let model = LlamaModel::new(cfg, weights, context_length, precision, output, compute)?;
         let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
         let num_pages = opts.kv_pages(model.config());
         let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype);
+        let disk = match (&opts.hicache_dir, fingerprint) {
+            (Some(dir), Some(fingerprint)) => {
+                let options = DiskTierOptions { dir: dir.into(), capacity_bytes: (opts.hicache_size_gb * (1u64 << 30) as f64) as u64, fingerprint };
+                let open = DiskTier::open(&options, opts.page_size, kv.page_bytes());
+                Some(open.map_err(|e| invalid(format!("cannot use hicache_dir {dir}: {e}")))?)
+            }
+            _ => None,
+        };
         let stats = Arc::new(Mutex::new(EngineStats {
             kernels: rsgl_kernels::kernels().isa,
             int8_kernels: rsgl_kernels::kernels().gemm_i8.isa,
@@ -155,7 +165,7 @@ impl Engine {
         let worker = Worker {
             model,
             kv,
-            scheduler: Scheduler::new(PagePool::new(num_pages, opts.page_size), &opts),
+            scheduler: Scheduler::new(PagePool::new(num_pages, opts.page_size), &opts, disk),
             tokenizer: table,
             grammars: grammars.clone(),
             grammar_queue: Vec::new(),
@@ -282,6 +292,20 @@ impl Engine {
             let _ = t.join();
         }
     }
+}
+
+/// What the KV of a disk tier depends on: the weights, the model's config and every option
+/// that changes the values computed or their layout. Pages of any other fingerprint are never
+/// read.
+fn cache_fingerprint(cfg: &ModelConfig, weights: &WeightStore, opts: &EngineOptions) -> u64 {
+    use sha2::{Digest, Sha256};
+    let mut hasher = Sha256::new();
+    hasher.update(weights.fingerprint());
+    hasher.update(serde_json::to_string(cfg).expect("configs serialize"));
+    let precision = (opts.dtype, opts.quantization, opts.quantize_lm_head, opts.activation_bits, opts.kv_cache_dtype, opts.page_size);
+    let kernels = rsgl_kernels::kernels();
+    hasher.update(format!("{precision:?} {} {}", kernels.isa, kernels.gemm_i8.isa));
+    u64::from_le_bytes(hasher.finalize()[..8].try_into().expect("8 bytes"))
 }
 
 impl Drop for Engine {

@@ -2,6 +2,7 @@
 
 use crate::config::{Dtype, Quantization};
 use crate::grammar::GrammarStats;
+use crate::kv::disk::DiskTierStats;
 use serde::Serialize;
 use std::time::Duration;
 
@@ -31,6 +32,9 @@ pub struct EngineStats {
     pub prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub cache_hit_rate: f64,
+    /// The disk tier (`hicache_dir`), when on; its `hit_tokens` are the part of
+    /// `cache_hit_tokens` read back from disk.
+    pub hicache: Option<DiskTierStats>,
     /// Prompt tokens actually run through the model (misses, and recomputation after retraction).
     pub computed_prompt_tokens: u64,
     pub generated_tokens: u64,

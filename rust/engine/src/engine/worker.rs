@@ -194,7 +194,7 @@ impl Worker {
                 }
             }
         }
-        let batch = self.scheduler.plan();
+        let batch = self.scheduler.plan(&mut self.kv);
         if batch.is_empty() {
             return;
         }
@@ -234,6 +234,7 @@ impl Worker {
                 // on the same prefix are admitted next step and find it here.
                 self.scheduler.cache_progress(entry.index);
             }
+            self.scheduler.persist(entry.index, entry.start, &self.kv);
         }
         let masked = Instant::now();
         self.fill_masks_ahead(sampling.iter().map(|s| s.index));
@@ -294,7 +295,7 @@ impl Worker {
         self.model.pool().for_chunks_mut(&mut pending, 1, &|_, one| one[0].fill_mask_ahead());
     }
 
-    fn publish(&self, step: Option<&StepCounts>) {
+    fn publish(&mut self, step: Option<&StepCounts>) {
         let mut s = self.stats.lock().expect("stats lock");
         let counts = self.scheduler.counts();
         s.running_requests = counts.running;
@@ -305,6 +306,7 @@ impl Worker {
         s.cache_hit_tokens = counts.cache_hit_tokens;
         s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
         s.retracted_requests = counts.retractions;
+        s.hicache = counts.disk;
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
         if let Some(model) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.model()) {

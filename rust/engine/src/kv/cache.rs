@@ -8,6 +8,7 @@ use rsgl_kernels::memory::HugePageBuffer;
 use rsgl_kernels::packed::f32_to_bf16;
 use rsgl_kernels::paged::{page_head_scale_start, page_head_start, quantize_kv_row};
 use rsgl_kernels::{KvSlice, PagedKv};
+use std::ops::Range;
 
 /// One layer's K or V elements, in the pool's element type.
 /// Huge pages: attention reads each sequence's pages on every step, scattered over the pool.
@@ -38,6 +39,23 @@ impl Store {
                 let row = &mut s[start..end];
                 scales[scale_at] = quantize_kv_row(xs, |i, q| row[i * stride] = q);
             }
+        }
+    }
+
+    /// The bytes of one page: its `elements`, and for int8 its `scales` (else empty).
+    fn page_bytes(&self, elements: Range<usize>, scales: Range<usize>) -> [&[u8]; 2] {
+        match self {
+            Store::F32(s) => [as_bytes(&s[elements]), &[]],
+            Store::Bf16(s) => [as_bytes(&s[elements]), &[]],
+            Store::Int8(s, sc) => [as_bytes(&s[elements]), as_bytes(&sc[scales])],
+        }
+    }
+
+    fn page_bytes_mut(&mut self, elements: Range<usize>, scales: Range<usize>) -> [&mut [u8]; 2] {
+        match self {
+            Store::F32(s) => [as_bytes_mut(&mut s[elements]), &mut []],
+            Store::Bf16(s) => [as_bytes_mut(&mut s[elements]), &mut []],
+            Store::Int8(s, sc) => [as_bytes_mut(&mut s[elements]), as_bytes_mut(&mut sc[scales])],
         }
     }
 
@@ -84,6 +102,50 @@ impl KvCache {
         }
     }
 
+    /// Bytes of one page's K and V (and int8 scales) over every layer: what the disk tier keeps.
+    pub fn page_bytes(&self) -> usize {
+        let mut bytes = 0;
+        self.page_parts(0, |part| bytes += part.len());
+        bytes
+    }
+
+    /// Copies page `page` of every layer into `out` ([`Self::page_bytes`] long).
+    pub fn copy_page_out(&self, page: u32, out: &mut [u8]) {
+        let mut at = 0;
+        self.page_parts(page, |part| {
+            out[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        });
+    }
+
+    /// Overwrites page `page` of every layer with bytes [`Self::copy_page_out`] gave.
+    pub fn copy_page_in(&mut self, page: u32, bytes: &[u8]) {
+        let (elements, scales) = self.page_ranges(page);
+        let mut at = 0;
+        for store in self.keys.iter_mut().zip(&mut self.values).flat_map(|(k, v)| [k, v]) {
+            for part in store.page_bytes_mut(elements.clone(), scales.clone()) {
+                part.copy_from_slice(&bytes[at..at + part.len()]);
+                at += part.len();
+            }
+        }
+    }
+
+    /// Calls `visit` with each part of page `page` in the order the disk tier stores them.
+    fn page_parts(&self, page: u32, mut visit: impl FnMut(&[u8])) {
+        let (elements, scales) = self.page_ranges(page);
+        for store in self.keys.iter().zip(&self.values).flat_map(|(k, v)| [k, v]) {
+            store.page_bytes(elements.clone(), scales.clone()).into_iter().for_each(&mut visit);
+        }
+    }
+
+    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent).
+    fn page_ranges(&self, page: u32) -> (Range<usize>, Range<usize>) {
+        let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
+        let elements = page_head_start(page, 0, heads, ps, hd)..page_head_start(page + 1, 0, heads, ps, hd);
+        let scales = page_head_scale_start(page, 0, heads, ps)..page_head_scale_start(page + 1, 0, heads, ps);
+        (elements, scales)
+    }
+
     /// One layer's storage, for the attention kernels.
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
         PagedKv {
@@ -92,6 +154,55 @@ impl KvCache {
             page_size: self.page_size,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
+        }
+    }
+}
+
+/// Element types a page is copied as bytes in: no padding, and every bit pattern a value.
+trait Plain: Copy {}
+impl Plain for f32 {}
+impl Plain for u16 {}
+impl Plain for i8 {}
+
+fn as_bytes<T: Plain>(xs: &[T]) -> &[u8] {
+    // SAFETY: `Plain` types have no padding, so every byte of `xs` is initialized.
+    unsafe { std::slice::from_raw_parts(xs.as_ptr().cast(), std::mem::size_of_val(xs)) }
+}
+
+fn as_bytes_mut<T: Plain>(xs: &mut [T]) -> &mut [u8] {
+    // SAFETY: as in `as_bytes`, and any bytes written are a valid `Plain` value.
+    unsafe { std::slice::from_raw_parts_mut(xs.as_mut_ptr().cast(), std::mem::size_of_val(xs)) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::ModelConfig;
+
+    #[test]
+    fn a_page_copied_out_and_in_is_the_same_page_for_every_dtype() {
+        let cfg: ModelConfig = serde_json::from_value(serde_json::json!({
+            "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+            "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 16
+        }))
+        .expect("a tiny config");
+        for dtype in [KvCacheDtype::Float32, KvCacheDtype::Bfloat16, KvCacheDtype::Int8] {
+            let mut kv = KvCache::new(&cfg, 3, 2, dtype);
+            let row: Vec<f32> = (0..8).map(|i| i as f32 - 2.5).collect();
+            for (layer, pos) in [(0, 2), (1, 3)] {
+                kv.write(layer, &[0, 1], pos, &row, &row.iter().map(|x| -x).collect::<Vec<_>>());
+            }
+            let mut page = vec![0u8; kv.page_bytes()];
+            kv.copy_page_out(1, &mut page);
+            assert!(page.iter().any(|&b| b != 0), "{dtype:?}: the written rows are in the page");
+            kv.copy_page_in(2, &page);
+            let mut copy = vec![0u8; kv.page_bytes()];
+            kv.copy_page_out(2, &mut copy);
+            assert_eq!(page, copy, "{dtype:?}");
+            kv.copy_page_out(0, &mut copy);
+            assert!(copy.iter().all(|&b| b == 0), "{dtype:?}: other pages are untouched");
         }
     }
 }

@@ -1,6 +1,8 @@
-//! The paged KV cache: a pool of fixed-size pages ([`PagePool`]) and their storage ([`KvCache`]).
+//! The paged KV cache: a pool of fixed-size pages ([`PagePool`]) and their storage ([`KvCache`]),
+//! the radix tree sharing computed prefixes ([`RadixCache`]), and its disk tier ([`disk`]).
 
 mod cache;
+pub mod disk;
 mod page_pool;
 mod prefix_cache;
 mod radix;

@@ -13,6 +13,9 @@ pub(crate) trait PrefixCache: Send {
     /// The longest cached prefix of `key` in `namespace`, in whole pages.
     fn match_prefix(&mut self, namespace: u64, key: &[u32]) -> PrefixMatch;
 
+    /// Whole pages of `key` the cache holds, changing nothing (for prefetching the rest).
+    fn cached_prefix_pages(&self, namespace: u64, key: &[u32]) -> usize;
+
     /// Pins the prefix ending at `node` while a request reads its pages (never evicted meanwhile).
     fn lock(&mut self, node: NodeId);
 
@@ -46,6 +49,10 @@ pub(crate) trait PrefixCache: Send {
 impl PrefixCache for RadixCache {
     fn match_prefix(&mut self, namespace: u64, key: &[u32]) -> PrefixMatch {
         RadixCache::match_prefix(self, namespace, key)
+    }
+
+    fn cached_prefix_pages(&self, namespace: u64, key: &[u32]) -> usize {
+        RadixCache::cached_prefix_pages(self, namespace, key)
     }
 
     fn lock(&mut self, node: NodeId) {
@@ -97,6 +104,10 @@ pub(crate) struct NoPrefixCache;
 impl PrefixCache for NoPrefixCache {
     fn match_prefix(&mut self, _namespace: u64, _key: &[u32]) -> PrefixMatch {
         PrefixMatch { pages: Vec::new(), node: 0 }
+    }
+
+    fn cached_prefix_pages(&self, _namespace: u64, _key: &[u32]) -> usize {
+        0
     }
 
     fn lock(&mut self, _node: NodeId) {}

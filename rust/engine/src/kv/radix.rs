@@ -116,6 +116,23 @@ impl RadixCache {
         PrefixMatch { pages, node }
     }
 
+    /// Whole pages of `tokens` the tree holds, as [`Self::match_prefix`] would find them, but
+    /// changing nothing (neither the LRU clock nor the edges).
+    pub fn cached_prefix_pages(&self, namespace: u64, tokens: &[u32]) -> usize {
+        let ps = self.page_size;
+        let Some(&(mut node)) = self.roots.get(&namespace) else { return 0 };
+        let mut pos = 0; // in pages
+        while let Some(child) = tokens.get(pos * ps..(pos + 1) * ps).and_then(|first| self.child(node, first)) {
+            let k = self.common_pages(child, &tokens[pos * ps..]);
+            pos += k;
+            if k < self.nodes[child].pages.len() {
+                break;
+            }
+            node = child;
+        }
+        pos
+    }
+
     /// Caches `tokens` (whole pages: the caller truncates) whose KV lives in `pages` (one per
     /// page). Returns the caller's pages the tree did not adopt because the same tokens were
     /// already cached under other pages: the caller must release those. Pages equal to the tree's
@@ -403,6 +420,19 @@ mod tests {
         t.unlock(end);
         assert_eq!((t.evictable_pages(), t.protected_pages()), (3, 0));
         t.check_invariants();
+    }
+
+    #[test]
+    fn cached_prefix_pages_matches_without_changing_the_tree() {
+        let mut t = RadixCache::new(2);
+        t.insert(0, &[1, 2, 3, 4, 5, 6], &[10, 11, 12]);
+        let nodes = t.nodes.len();
+        assert_eq!(t.cached_prefix_pages(0, &[1, 2, 3, 4, 9, 9]), 2);
+        assert_eq!(t.cached_prefix_pages(0, &[1, 2, 3, 4, 5, 6, 7]), 3);
+        assert_eq!(t.cached_prefix_pages(0, &[1, 2, 3]), 1);
+        assert_eq!(t.cached_prefix_pages(1, &[1, 2, 3, 4]), 0);
+        assert_eq!((t.nodes.len(), t.tick), (nodes, 1), "no split, no clock tick");
+        assert_eq!(t.match_prefix(0, &[1, 2, 3, 4, 9, 9]).pages.len(), 2);
     }
 
     #[test]

@@ -340,6 +340,31 @@ impl WeightStore {
         Ok(self.matrix_rows(entry, scales, None).read_all())
     }
 
+    /// A digest naming these weights: every tensor's name, shape and stored type, and the first
+    /// and last 4 KiB of its bytes (random weights: their seed). Cheap at any model size (a few
+    /// MB read), and it changes with any re-quantization or fine-tune a user would load, so a
+    /// disk KV cache keyed by it is never served to other weights.
+    pub fn fingerprint(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        const SAMPLE: usize = 4096;
+        let mut hasher = Sha256::new();
+        let mut names: Vec<&String> = self.tensors.keys().collect();
+        names.sort();
+        for name in names {
+            let entry = &self.tensors[name];
+            hasher.update(format!("{name} {:?} {}\n", entry.shape, entry.stored.name()));
+            match &*self.sources[entry.source] {
+                Source::Random { seed, scale } => hasher.update(format!("random {seed} {scale}")),
+                source => {
+                    let bytes = &source.bytes()[entry.bytes()];
+                    hasher.update(&bytes[..bytes.len().min(SAMPLE)]);
+                    hasher.update(&bytes[bytes.len().saturating_sub(SAMPLE)..]);
+                }
+            }
+        }
+        hasher.finalize().into()
+    }
+
     /// Removes a tensor, checking its shape, and reads it whole as float32 (norms, biases,
     /// embeddings).
     pub fn take(&mut self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
