@@ -81,6 +81,8 @@ class EngineOptions(TypedDict, total=False):
     speculative_algorithm: Literal["ngram", "suffix"] | None
     speculative_num_draft_tokens: int
     speculative_draft_budget: bool
+    hicache_dir: str | None
+    hicache_size_gb: float
 
 
 class TopLogprob(TypedDict):
@@ -133,6 +135,24 @@ class GrammarStats(TypedDict):
     compile_seconds: float
 
 
+class HiCacheStats(TypedDict):
+    """The disk tier of the prefix cache (`hicache_dir`): its file, what it holds and what it did."""
+
+    path: str
+    capacity_pages: int
+    used_pages: int
+    hit_tokens: int  # the part of cache_hit_tokens read back from disk
+    read_pages: int
+    read_bytes: int
+    written_pages: int
+    written_bytes: int
+    dropped_pages: int  # not written: the writer was too far behind, or its write failed
+    rejected_pages: int  # failed their checks when read: recomputed
+    recovered_pages: int  # indexed at start-up
+    ignored_records: int  # truncated or corrupt at start-up
+    startup: str
+
+
 class EngineStats(TypedDict):
     """Counters the engine publishes after every step."""
 
@@ -154,6 +174,7 @@ class EngineStats(TypedDict):
     prompt_tokens: int
     cache_hit_tokens: int
     cache_hit_rate: float
+    hicache: HiCacheStats | None
     computed_prompt_tokens: int
     generated_tokens: int
     retracted_requests: int

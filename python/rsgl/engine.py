@@ -15,6 +15,7 @@ import contextlib
 import functools
 import itertools
 import logging
+import os
 import secrets
 import time
 import uuid
@@ -95,7 +96,10 @@ class Engine:
     so two engines do not replay the same samples), `max_n` (the largest `n`), `max_sequences_per_call`
     (prompts times `n` of one call), `skip_tokenizer_init` (token ids in and out), `served_model_name`,
     `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
-    sharing), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
+    sharing), `hicache_dir` (the prefix cache's disk tier: every computed KV page is also written
+    to a file in this folder, by a thread of its own, and prompts whose prefix memory no longer
+    holds read it back instead of recomputing it, also after a restart; `get_server_info()["hicache"]`
+    counts its hits and bytes) with `hicache_size_gb` (its most GiB, default 16), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
     load, one scale per output channel, activations quantized per token; "w4a8": to 4 bits in
     groups of 32 with a scale and minimum each, activations quantized per group; "gguf": a
     quantized GGUF file's blocks as they are, the default for such files; "awq", "gptq": a 4-bit
@@ -160,6 +164,8 @@ class Engine:
         speculative_algorithm: str | None = None,
         speculative_num_draft_tokens: int = 4,
         speculative_draft_budget: bool = True,
+        hicache_dir: str | os.PathLike[str] | None = None,
+        hicache_size_gb: float = 16.0,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -205,6 +211,8 @@ class Engine:
             "speculative_algorithm": speculative_algorithm,
             "speculative_num_draft_tokens": speculative_num_draft_tokens,
             "speculative_draft_budget": speculative_draft_budget,
+            "hicache_dir": None if hicache_dir is None else os.fspath(hicache_dir),
+            "hicache_size_gb": hicache_size_gb,
         }
         store = self.model.open_weights()
         store.show_progress(progress)

@@ -36,6 +36,11 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "choices": list(KV_CACHE_DTYPES),
         "help": "element type of the KV cache (default float32; bfloat16 holds twice the tokens, int8 with a scale per token and head almost four times)",
     },
+    "--hicache-dir": {
+        "help": "keep every computed KV page also in a file in this folder (the prefix cache's disk tier): prompts whose "
+        "prefix memory no longer holds read it back instead of recomputing it, also after a restart (default: off)",
+    },
+    "--hicache-size-gb": {"type": float, "help": "most GiB the disk tier's file takes; least recently used pages make room (default 16)"},
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
     "--dtype": {"help": "weight precision: auto (float32 for float32 checkpoints, else bfloat16), float32, bfloat16, float16"},
     "--quantization": {

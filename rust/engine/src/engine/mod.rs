@@ -131,7 +131,7 @@ impl Engine {
         let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
         let num_pages = opts.kv_pages(model.config());
         let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype);
-        let disk = match (&opts.hicache_dir, fingerprint) {
+        let mut disk = match (&opts.hicache_dir, fingerprint) {
             (Some(dir), Some(fingerprint)) => {
                 let options = DiskTierOptions { dir: dir.into(), capacity_bytes: (opts.hicache_size_gb * (1u64 << 30) as f64) as u64, fingerprint };
                 let open = DiskTier::open(&options, opts.page_size, kv.page_bytes());
@@ -152,6 +152,7 @@ impl Engine {
             page_size: opts.page_size,
             max_total_tokens: num_pages * opts.page_size,
             context_length,
+            hicache: disk.as_mut().map(DiskTier::stats),
             ..Default::default()
         }));
         let (inbox, commands) = channel();
