@@ -7,7 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 import rsgl
 
 GREEDY = {"temperature": 0, "max_new_tokens": 6}

@@ -9,10 +9,10 @@ import random
 import threading
 import time
 from pathlib import Path
+from pydoc_data.topics import topics
 
 import httpx
 import pytest
-from pydoc_data.topics import topics
 from server_helpers import AUTH, metric_values, running_server
 
 KILLS = 20
