@@ -51,7 +51,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--answer-tokens", type=int, default=32)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--memory-fraction", type=float, default=0.25, help="KV pool size / working set")
-    parser.add_argument("--crossover", default="17,65,257,1025,2049", help="prompt lengths of the read-vs-recompute comparison (a page of 16 and one token to compute)")
+    parser.add_argument("--crossover", default="17,65,257,1025,2049", help="prompt lengths to read back or recompute (whole pages and a token)")
     parser.add_argument("--json", default="bench-results/hicache.json")
     args = parser.parse_args()
     args.crossover = [int(n) for n in args.crossover.split(",")] if args.crossover else []

@@ -293,6 +293,21 @@ def test_smaller_kv_cache_dtypes_hold_more_tokens_and_score_alike(tiny_models, k
     assert small["output_ids"][:4] == f32["output_ids"][:4]
 
 
+@pytest.mark.parametrize(
+    ("options", "kv_dtype"),
+    [
+        ({}, "float32"),  # float32 weights
+        ({"dtype": "bfloat16"}, "int8"),
+        ({"quantization": "w8a8_int8"}, "int8"),
+        ({"quantization": "w4a8"}, "float32"),
+        ({"dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}, "bfloat16"),
+    ],
+)
+def test_the_default_kv_cache_dtype_follows_the_weights(tiny_models, options, kv_dtype):
+    with rsgl.Engine(tiny_models["llama"][0], threads=1, max_total_tokens=64, progress=False, **options) as engine:
+        assert engine.get_server_info()["kv_cache_dtype"] == kv_dtype
+
+
 def test_unknown_kv_cache_dtype_is_refused(tiny_models):
     with pytest.raises(rsgl.InvalidRequestError, match="kv_cache_dtype"):
         rsgl.Engine(tiny_models["llama"][0], threads=1, kv_cache_dtype="int4", progress=False)

@@ -718,7 +718,7 @@ def test_quantized_gguf_runs_as_stored(tmp_path, types):
     ids = [int(i) for i in np.random.default_rng(9).integers(3, 250, size=40)]
     logprobs = {}
     for dtype in ("auto", "bfloat16"):
-        with rsgl.Engine(str(path), dtype=dtype, threads=2, progress=False) as llm:
+        with rsgl.Engine(str(path), dtype=dtype, kv_cache_dtype="float32", threads=2, progress=False) as llm:
             assert llm.get_server_info()["quantization"] == ("gguf" if dtype == "auto" else None)
             out = llm.generate(input_ids=ids, sampling_params={"max_new_tokens": 1, "temperature": 0}, return_logprob=True, logprob_start_len=0)
             logprobs[dtype] = np.array([lp for lp, _, _ in out["meta_info"]["input_token_logprobs"][1:]])

@@ -108,7 +108,8 @@ def test_16_bit_weights_match_the_rounded_model(tiny_models, arch, dtype):
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
     prompts = [prompt(n, 300 + n) for n in (1, 9, 64)]
-    with rsgl.Engine(path, dtype=dtype, threads=2, max_total_tokens=2048, progress=False) as engine:
+    # Float32 pages, so only the weights are rounded (16-bit weights get int8 pages by default).
+    with rsgl.Engine(path, dtype=dtype, kv_cache_dtype="float32", threads=2, max_total_tokens=2048, progress=False) as engine:
         assert engine.get_server_info()["dtype"] == dtype
         # Kernels with bf16 dot products also round activations to bf16 (as llama.cpp does to f16).
         rounds_activations = dtype == "bfloat16" and engine.get_server_info()["kernels"] != "avx2"
@@ -148,7 +149,7 @@ def test_w8a8_matches_its_torch_simulation(tiny_models, arch, quantize_lm_head):
     path, hf = tiny_models[arch]
     reference = w8a8_reference(hf, quantize_lm_head)
     prompts = [prompt(n, 500 + n) for n in (1, 9, 64)]
-    options = {"quantization": "w8a8_int8", "quantize_lm_head": quantize_lm_head}
+    options = {"quantization": "w8a8_int8", "quantize_lm_head": quantize_lm_head, "kv_cache_dtype": "float32"}
     with rsgl.Engine(path, dtype="float32", threads=2, max_total_tokens=2048, progress=False, **options) as engine:
         info = engine.get_server_info()
         assert info["quantization"] == "w8a8_int8", info
@@ -170,7 +171,8 @@ def test_w8a8_matches_its_torch_simulation(tiny_models, arch, quantize_lm_head):
 def test_w8a8_moe_stays_close_and_batch_invariant(tiny_models, arch):
     path, hf = tiny_models[arch]
     prompts = [prompt(n, 700 + n) for n in (1, 9, 64)]
-    with rsgl.Engine(path, dtype="float32", threads=2, max_total_tokens=2048, progress=False, quantization="w8a8_int8") as engine:
+    options = {"quantization": "w8a8_int8", "kv_cache_dtype": "float32"}  # only the weights and activations rounded
+    with rsgl.Engine(path, dtype="float32", threads=2, max_total_tokens=2048, progress=False, **options) as engine:
         alone = []
         for ids in prompts:
             out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)

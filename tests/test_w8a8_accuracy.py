@@ -42,7 +42,8 @@ def measured(tmp_path_factory):
     assert run.returncode == 0, run.stderr
     results = {}
     for name, path, options in (("float", None, {"dtype": "bfloat16"}), ("converted", str(converted), {}), ("on_load", None, {"quantization": "w8a8_int8"})):
-        with rsgl.Engine(path, threads=2, progress=False, **options) as llm:
+        # Float32 pages on every path: what differs is the weights (the KV dtype has its own bench).
+        with rsgl.Engine(path, threads=2, kv_cache_dtype="float32", progress=False, **options) as llm:
             assert (llm.get_server_info()["quantization"] is None) == (name == "float")
             tokens, ppl = perplexity(llm, TEXT.read_text())
             answers = [llm.chat([{"role": "user", "content": q}], {"temperature": 0, "max_new_tokens": 30})["text"] for q, _ in QUESTIONS]

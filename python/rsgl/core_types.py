@@ -164,6 +164,7 @@ class EngineStats(TypedDict):
     activation_bits: int
     running_requests: int
     waiting_requests: int
+    kv_cache_dtype: Literal["float32", "bfloat16", "int8"]
     kv_pages_total: int
     kv_pages_free: int
     page_size: int

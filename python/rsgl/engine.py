@@ -89,7 +89,8 @@ class Engine:
     "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
     `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset), `kv_cache_dtype`
     ("float32"; "bfloat16": half the bytes per token, so twice the tokens per budget; "int8": one byte
-    per element plus a float32 scale per token and kv head, attention reading it directly),
+    per element plus a float32 scale per token and kv head, attention reading it directly; None:
+    `default_kv_cache_dtype` of the weights),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
     core; default True),
     `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,
@@ -141,7 +142,7 @@ class Engine:
         page_size: int = 16,
         max_total_tokens: int | None = None,
         kv_cache_memory_gb: float = 1.0,
-        kv_cache_dtype: str = "float32",
+        kv_cache_dtype: str | None = None,
         max_running_requests: int = 64,
         chunked_prefill_size: int = 2048,
         threads: int | None = None,
@@ -169,7 +170,7 @@ class Engine:
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
-        if kv_cache_dtype not in KV_CACHE_DTYPES:
+        if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
             raise InvalidRequestError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {KV_CACHE_DTYPES}")
         if random_seed is None:
             random_seed = secrets.randbits(63)
@@ -193,7 +194,7 @@ class Engine:
             "page_size": page_size,
             "max_total_tokens": max_total_tokens,
             "kv_cache_memory_gb": kv_cache_memory_gb,
-            "kv_cache_dtype": kv_cache_dtype,
+            "kv_cache_dtype": kv_cache_dtype or default_kv_cache_dtype(self.model.dtype, quantization or self.model.quantization),
             "max_running_requests": max_running_requests,
             "chunked_prefill_size": chunked_prefill_size,
             "threads": threads or 0,
@@ -581,6 +582,14 @@ class Engine:
 
 
 @functools.lru_cache(maxsize=512)
+def default_kv_cache_dtype(weight_dtype: str, quantization: str | None) -> str:
+    """The KV cache's element type when none is asked for: int8 for 16-bit and int8 weights (the
+    fastest, 1.38x bfloat16's decode at 4,096 tokens, within 0.2% of its perplexity: README,
+    "Long contexts"), float32 for float32 weights (precision was asked for) and 4-bit ones."""
+    sixteen_bit = weight_dtype in ("bfloat16", "float16") and quantization is None
+    return "int8" if sixteen_bit or quantization == "w8a8_int8" else "float32"
+
+
 def json_schema_warnings(schema: str) -> tuple[dict[str, str], ...]:
     """What the grammar relaxes in `schema` (JSON text): `{"keyword", "pointer", "action"}` each,
     logged once per schema while it stays in this cache (the engine caches as many grammars)."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import inspect
 import logging
 import resource
 import signal
@@ -34,7 +33,8 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "--max-total-tokens": {"type": int, "help": "KV-cache pool size, in tokens"},
     "--kv-cache-dtype": {
         "choices": list(KV_CACHE_DTYPES),
-        "help": "element type of the KV cache (default float32; bfloat16 holds twice the tokens, int8 with a scale per token and head almost four times)",
+        "help": "element type of the KV cache (default: int8 for 16-bit and int8 weights, float32 otherwise; bfloat16 holds twice "
+        "float32's tokens, int8 with a scale per token and head almost four times)",
     },
     "--hicache-dir": {
         "help": "keep every computed KV page also in a file in this folder (the prefix cache's disk tier): prompts whose "
@@ -164,9 +164,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> 
     raise_open_files_limit()
     with engine:  # the app shuts the engine down too; this covers a server that fails to start (port taken...)
         logger = logging.getLogger("rsgl.server")
-        # The engine's statistics do not name the KV cache's element type: the option, or Engine's default.
-        kv_cache_dtype = options.get("kv_cache_dtype", inspect.signature(Engine).parameters["kv_cache_dtype"].default)
-        for line in startup_summary(engine.get_server_info(), kv_cache_dtype):
+        for line in startup_summary(engine.get_server_info()):
             logger.info(line)
         logger.info("starting the server on http://%s:%d", args.host, args.port)
         app = build_app(

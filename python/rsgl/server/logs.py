@@ -18,7 +18,7 @@ logger = logging.getLogger("rsgl.server")
 DEFAULT_LOG_INTERVAL_SECONDS = 10.0
 
 
-def startup_summary(info: ServerInfo, kv_cache_dtype: str) -> list[str]:
+def startup_summary(info: ServerInfo) -> list[str]:
     """What the server runs, from `Engine.get_server_info()` at start-up."""
     quantization = info["quantization"]
     weights = f"{info['dtype']}, quantization {quantization} (activations {info['activation_bits']}-bit)" if quantization else info["dtype"]
@@ -26,7 +26,7 @@ def startup_summary(info: ServerInfo, kv_cache_dtype: str) -> list[str]:
     disk_tier = [f"Disk KV tier: {hicache['capacity_pages']} pages; {hicache['startup']}"] if hicache else []
     return [
         f"Model: {info['model_path']} (served as {info['served_model_name']}); weights: {weights}",
-        f"KV cache: {kv_cache_dtype}, {info['kv_pages_total']} pages of {info['page_size']} tokens ({info['max_total_tokens']} tokens); "
+        f"KV cache: {info['kv_cache_dtype']}, {info['kv_pages_total']} pages of {info['page_size']} tokens ({info['max_total_tokens']} tokens); "
         f"radix cache: {'on' if info['radix_cache'] else 'off'}",
         *disk_tier,
         f"Kernels: {info['kernels']} (int8: {info['int8_kernels']}); threads: {info['threads']}; context length: {info['context_length']}",

@@ -12,7 +12,7 @@
 
 use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
-use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash};
+use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash, PageRecord};
 use crate::kv::{KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache};
 use crate::policy::{admission_order, SchedulePolicy};
 use crate::sequence::Sequence;
@@ -248,8 +248,8 @@ impl Scheduler {
         (first..chain.len())
             .zip(own)
             .take_while(|&(p, &page)| {
-                let parent = parent_of(seq.kv.namespace, chain, p);
-                disk.read(chain[p], parent, p, &seq.tokens[p * ps..(p + 1) * ps], |bytes| kv.copy_page_in(page, bytes))
+                let record = PageRecord::in_chain(seq.kv.namespace, chain, p, &seq.tokens[p * ps..(p + 1) * ps]);
+                disk.read(&record, |bytes| kv.copy_page_in(page, bytes))
             })
             .count()
     }
@@ -265,8 +265,8 @@ impl Scheduler {
         }
         let hashes = page_hashes(seq.kv.namespace, &seq.tokens[..full * ps], ps);
         for p in from / ps..full {
-            let parent = parent_of(seq.kv.namespace, &hashes, p);
-            disk.store(hashes[p], parent, p, &seq.tokens[p * ps..(p + 1) * ps], |out| kv.copy_page_out(seq.kv.pages[p], out));
+            let record = PageRecord::in_chain(seq.kv.namespace, &hashes, p, &seq.tokens[p * ps..(p + 1) * ps]);
+            disk.store(record, |out| kv.copy_page_out(seq.kv.pages[p], out));
         }
     }
 
@@ -333,9 +333,4 @@ impl Scheduler {
         }
         true
     }
-}
-
-/// The name of the page before page `p` of the chain `hashes` (its namespace's root for the first).
-fn parent_of(namespace: u64, hashes: &[PageHash], p: usize) -> PageHash {
-    p.checked_sub(1).map_or_else(|| PageHash::root(namespace), |before| hashes[before])
 }

@@ -146,6 +146,7 @@ impl Engine {
             dtype: opts.dtype,
             quantization: opts.quantization,
             activation_bits: opts.activation_bits,
+            kv_cache_dtype: opts.kv_cache_dtype,
             kv_pages_total: num_pages,
             kv_pages_free: num_pages,
             radix_cache: !opts.disable_radix_cache,

@@ -1,6 +1,6 @@
 //! What the engine publishes about itself after every step.
 
-use crate::config::{Dtype, Quantization};
+use crate::config::{Dtype, KvCacheDtype, Quantization};
 use crate::grammar::GrammarStats;
 use crate::kv::disk::DiskTierStats;
 use serde::Serialize;
@@ -21,6 +21,7 @@ pub struct EngineStats {
     pub activation_bits: u8,
     pub running_requests: usize,
     pub waiting_requests: usize,
+    pub kv_cache_dtype: KvCacheDtype,
     pub kv_pages_total: usize,
     pub kv_pages_free: usize,
     pub page_size: usize,

@@ -12,8 +12,8 @@
 
 mod record;
 
-pub(crate) use record::{page_hashes, PageHash};
-use record::{Layout, Record};
+use record::Layout;
+pub(crate) use record::{page_hashes, PageHash, PageRecord};
 
 use serde::Serialize;
 use std::collections::{BTreeSet, HashMap};
@@ -91,8 +91,10 @@ pub(crate) struct DiskTier {
     entries: HashMap<PageHash, Entry>,
     /// Leaf entries by (last access, slot): eviction order.
     leaves: BTreeSet<(u64, u32)>,
+    /// The page in each slot used so far (slots are taken in order, so the file grows as needed).
     slot_owner: Vec<Option<PageHash>>,
     free_slots: Vec<u32>,
+    capacity: usize,
     tick: u64,
     jobs: Option<Sender<Job>>,
     written: Receiver<Written>,
@@ -122,17 +124,20 @@ impl DiskTier {
             file.set_len(0)?;
             file.write_all_at(&layout.file_header(), 0)?;
         }
+        let file = Arc::new(file);
+        let (jobs, written, writer) = spawn_writer(file.clone(), layout)?;
         let mut tier = DiskTier {
             layout,
-            file: Arc::new(file),
+            file,
             entries: HashMap::new(),
             leaves: BTreeSet::new(),
-            slot_owner: vec![None; capacity as usize],
+            slot_owner: Vec::new(),
             free_slots: Vec::new(),
+            capacity: capacity as usize,
             tick: 0,
-            jobs: None,
-            written: channel().1,
-            writer: None,
+            jobs: Some(jobs),
+            written,
+            writer: Some(writer),
             in_flight_bytes: 0,
             read_buffer: Vec::new(),
             stats: DiskTierStats { path: path.display().to_string(), capacity_pages: capacity as usize, ..Default::default() },
@@ -143,7 +148,6 @@ impl DiskTier {
             notes.push(format!("{} truncated or corrupt records ignored", tier.stats.ignored_records));
         }
         tier.stats.startup = notes.into_iter().filter(|n| !n.is_empty()).collect::<Vec<_>>().join("; ");
-        tier.start_writer()?;
         Ok(tier)
     }
 
@@ -151,13 +155,15 @@ impl DiskTier {
     /// header fails its checks, is free again.
     fn recover(&mut self) -> std::io::Result<()> {
         let file_len = self.file.metadata()?.len();
+        let in_file = (file_len.saturating_sub(record::ALIGN as u64)).div_ceil(self.layout.slot_bytes() as u64);
+        self.slot_owner = vec![None; (in_file as usize).min(self.capacity)];
         let mut header = vec![0u8; self.layout.header_bytes()];
         for slot in (0..self.slot_owner.len() as u32).rev() {
             let at = self.layout.slot_offset(slot);
             let complete = at + self.layout.slot_bytes() as u64 <= file_len;
             let record = match complete && self.file.read_exact_at(&mut header, at).is_ok() {
                 true => self.layout.decode_header(&header),
-                false => Err(if at < file_len { "truncated" } else { "no record" }),
+                false => Err("truncated"),
             };
             match record {
                 Ok((record, _)) if !self.entries.contains_key(&record.hash) => {
@@ -177,30 +183,7 @@ impl DiskTier {
         self.leaves = self.entries.values().filter(|e| e.children == 0).map(|e| (e.last_access, e.slot)).collect();
         self.stats.recovered_pages = self.entries.len();
         // Slots past a smaller capacity than the file was written with are gone.
-        self.file.set_len(self.file.metadata()?.len().min(self.layout.slot_offset(self.slot_owner.len() as u32)))
-    }
-
-    fn start_writer(&mut self) -> std::io::Result<()> {
-        let (jobs, queue) = channel::<Job>();
-        let (done, written) = channel();
-        let (file, layout) = (self.file.clone(), self.layout);
-        let writer = std::thread::Builder::new().name("rsgl-hicache-writer".into()).spawn(move || {
-            for job in queue {
-                match job {
-                    Job::Write { slot, bytes } => {
-                        let error = file.write_all_at(&bytes, layout.slot_offset(slot)).err().map(|e| e.to_string());
-                        let _ = done.send(Written { slot, bytes, error });
-                    }
-                    Job::Clear => {
-                        if let Err(e) = file.set_len(record::ALIGN as u64) {
-                            eprintln!("rsgl: could not empty the disk KV cache: {e}");
-                        }
-                    }
-                }
-            }
-        })?;
-        (self.jobs, self.written, self.writer) = (Some(jobs), written, Some(writer));
-        Ok(())
+        self.file.set_len(file_len.min(self.layout.slot_offset(self.capacity as u32)))
     }
 
     /// How many of `hashes` (a prompt's next pages, in order) are on disk, from the first.
@@ -218,13 +201,12 @@ impl DiskTier {
         }
     }
 
-    /// Reads the page named `hash` — the `depth`th page of its sequence, after `parent`, holding
-    /// `tokens` — and hands its K/V bytes to `apply`. False when it is not on disk or its record
-    /// fails a check (then it is dropped, and logged).
-    pub fn read(&mut self, hash: PageHash, parent: PageHash, depth: usize, tokens: &[u32], apply: impl FnOnce(&[u8])) -> bool {
+    /// Reads the page `expected` names and hands its K/V bytes to `apply`. False when it is not
+    /// on disk or its record fails a check against `expected` (then it is dropped, and logged).
+    pub fn read(&mut self, expected: &PageRecord, apply: impl FnOnce(&[u8])) -> bool {
         self.collect_written();
+        let hash = expected.hash;
         let Some(entry) = self.entries.get(&hash) else { return false };
-        let expected = Record { hash, parent, depth: depth as u32, tokens: tokens.to_vec() };
         let slot = entry.slot;
         let staged = entry.staged.clone();
         if staged.is_none() {
@@ -234,7 +216,7 @@ impl DiskTier {
             }
         }
         let bytes = staged.as_deref().map_or(&self.read_buffer[..], |s| &s[..]);
-        let Some(payload) = self.layout.payload(bytes, &expected) else {
+        let Some(payload) = self.layout.payload(bytes, expected) else {
             eprintln!("rsgl: disk KV cache: slot {slot} failed its checks (truncated or corrupt); recomputing its page");
             self.stats.rejected_pages += 1;
             self.remove(hash);
@@ -247,11 +229,11 @@ impl DiskTier {
         true
     }
 
-    /// Writes the page `hash` (the `depth`th of its sequence, after `parent`, holding `tokens`),
-    /// its K/V bytes filled in by `fill`, unless it is on disk already (then it only counts as
-    /// used now).
-    pub fn store(&mut self, hash: PageHash, parent: PageHash, depth: usize, tokens: &[u32], fill: impl FnOnce(&mut [u8])) {
+    /// Writes the page `record`, its K/V bytes filled in by `fill`, unless it is on disk already
+    /// (then it only counts as used now).
+    pub fn store(&mut self, record: PageRecord, fill: impl FnOnce(&mut [u8])) {
         self.collect_written();
+        let (hash, parent) = (record.hash, record.parent);
         if self.entries.contains_key(&hash) {
             self.touch(hash);
             return;
@@ -260,8 +242,7 @@ impl DiskTier {
             self.stats.dropped_pages += 1;
             return;
         }
-        let Some(slot) = self.free_slots.pop().or_else(|| self.evict_leaf()) else { return };
-        let record = Record { hash, parent, depth: depth as u32, tokens: tokens.to_vec() };
+        let Some(slot) = self.take_slot() else { return };
         let bytes = Arc::new(self.layout.encode(&record, fill));
         self.in_flight_bytes += bytes.len();
         if let Some(p) = self.entries.get_mut(&parent) {
@@ -283,8 +264,8 @@ impl DiskTier {
     pub fn clear(&mut self) {
         self.entries.clear();
         self.leaves.clear();
-        self.slot_owner.iter_mut().for_each(|o| *o = None);
-        self.free_slots = (0..self.slot_owner.len() as u32).rev().collect();
+        self.slot_owner.clear();
+        self.free_slots.clear();
         if let Some(jobs) = &self.jobs {
             let _ = jobs.send(Job::Clear);
         }
@@ -305,7 +286,7 @@ impl DiskTier {
     fn collect_written(&mut self) {
         while let Ok(Written { slot, bytes, error }) = self.written.try_recv() {
             self.in_flight_bytes -= bytes.len();
-            let owner = self.slot_owner[slot as usize];
+            let owner = self.slot_owner.get(slot as usize).copied().flatten(); // none after a clear
             let current = owner.filter(|h| self.entries[h].staged.as_ref().is_some_and(|s| Arc::ptr_eq(s, &bytes)));
             match error {
                 None => {
@@ -333,6 +314,19 @@ impl DiskTier {
             self.leaves.insert((self.tick, entry.slot));
         }
         entry.last_access = self.tick;
+    }
+
+    /// A slot for a new record: a free one, the next never used, or the least recently used
+    /// leaf's.
+    fn take_slot(&mut self) -> Option<u32> {
+        if let Some(slot) = self.free_slots.pop() {
+            return Some(slot);
+        }
+        if self.slot_owner.len() < self.capacity {
+            self.slot_owner.push(None);
+            return Some(self.slot_owner.len() as u32 - 1);
+        }
+        self.evict_leaf()
     }
 
     /// Frees the least recently used leaf's slot.
@@ -370,6 +364,29 @@ impl Drop for DiskTier {
     }
 }
 
+/// The writer thread: it writes each slot it is given at its place in `file`, in order, and
+/// reports back; it ends when the tier drops its end of the queue.
+fn spawn_writer(file: Arc<File>, layout: Layout) -> std::io::Result<(Sender<Job>, Receiver<Written>, JoinHandle<()>)> {
+    let (jobs, queue) = channel::<Job>();
+    let (done, written) = channel();
+    let writer = std::thread::Builder::new().name("rsgl-hicache-writer".into()).spawn(move || {
+        for job in queue {
+            match job {
+                Job::Write { slot, bytes } => {
+                    let error = file.write_all_at(&bytes, layout.slot_offset(slot)).err().map(|e| e.to_string());
+                    let _ = done.send(Written { slot, bytes, error });
+                }
+                Job::Clear => {
+                    if let Err(e) = file.set_len(record::ALIGN as u64) {
+                        eprintln!("rsgl: could not empty the disk KV cache: {e}");
+                    }
+                }
+            }
+        }
+    })?;
+    Ok((jobs, written, writer))
+}
+
 /// A note naming the other cache files in `dir` (other models or settings), which are kept.
 fn others_left_alone(dir: &Path, ours: &Path) -> String {
     let others = std::fs::read_dir(dir)
@@ -401,24 +418,25 @@ mod tests {
         DiskTier::open(&options, PAGE, PAYLOAD).expect("the tier opens")
     }
 
-    /// The names of a sequence's pages, with each page's tokens.
-    fn sequence(tokens: &[u32]) -> Vec<(PageHash, PageHash, Vec<u32>)> {
+    /// The records of a sequence's pages.
+    fn sequence(tokens: &[u32]) -> Vec<PageRecord> {
         let hashes = page_hashes(0, tokens, PAGE);
-        (0..hashes.len()).map(|p| (hashes[p], if p == 0 { PageHash::root(0) } else { hashes[p - 1] }, tokens[p * PAGE..(p + 1) * PAGE].to_vec())).collect()
+        (0..hashes.len()).map(|p| PageRecord::in_chain(0, &hashes, p, &tokens[p * PAGE..(p + 1) * PAGE])).collect()
     }
 
     fn store_all(tier: &mut DiskTier, tokens: &[u32]) {
-        for (p, (hash, parent, page)) in sequence(tokens).into_iter().enumerate() {
-            tier.store(hash, parent, p, &page, |out| out.fill(page[0] as u8));
+        for record in sequence(tokens) {
+            let first = record.tokens[0] as u8;
+            tier.store(record, |out| out.fill(first));
         }
     }
 
     /// Pages of `tokens` read back in order, as the first byte of each payload.
     fn read_all(tier: &mut DiskTier, tokens: &[u32]) -> Vec<u8> {
         let mut firsts = Vec::new();
-        for (p, (hash, parent, page)) in sequence(tokens).into_iter().enumerate() {
+        for record in sequence(tokens) {
             let mut first = None;
-            if !tier.read(hash, parent, p, &page, |bytes| first = Some(bytes[0])) {
+            if !tier.read(&record, |bytes| first = Some(bytes[0])) {
                 break;
             }
             firsts.push(first.expect("read pages are applied"));
@@ -491,8 +509,12 @@ mod tests {
         assert_eq!(read_all(&mut tier, &[9, 9]), Vec::<u8>::new());
         assert_eq!(read_all(&mut tier, &[8, 8]), vec![8]);
         assert_eq!(tier.stats().used_pages, 4);
-        tier.clear();
+        store_all(&mut tier, &[4, 4]);
+        tier.clear(); // before the writer reports the last page written
         assert_eq!((read_all(&mut tier, &[8, 8]), tier.stats().used_pages), (vec![], 0));
+        settle(&mut tier);
+        store_all(&mut tier, &[3, 3]);
+        assert_eq!(read_all(&mut tier, &[3, 3]), vec![3], "the first slot again");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -115,7 +115,7 @@ impl Layout {
 
     /// A whole slot: the record header, then the payload `fill` writes at its offset (in
     /// place: a page is copied once on its way to the file).
-    pub fn encode(&self, record: &Record, fill: impl FnOnce(&mut [u8])) -> Vec<u8> {
+    pub fn encode(&self, record: &PageRecord, fill: impl FnOnce(&mut [u8])) -> Vec<u8> {
         debug_assert_eq!(record.tokens.len(), self.page_size);
         let mut slot = vec![0u8; self.slot_bytes()];
         let start = self.payload_offset();
@@ -138,7 +138,7 @@ impl Layout {
 
     /// The record a slot's header describes (its first [`Self::header_bytes`] bytes), with its
     /// payload's CRC; an error says why it is not a record of this layout.
-    pub fn decode_header(&self, slot: &[u8]) -> Result<(Record, u32), &'static str> {
+    pub fn decode_header(&self, slot: &[u8]) -> Result<(PageRecord, u32), &'static str> {
         let end = self.header_bytes();
         if slot.len() < end || slot[..8] != RECORD_MAGIC {
             return Err("no record");
@@ -150,7 +150,7 @@ impl Layout {
         if slot[8..16] != self.fingerprint.to_le_bytes() || word(52) as usize != self.page_size {
             return Err("a record of another model or layout");
         }
-        let record = Record {
+        let record = PageRecord {
             hash: PageHash(slot[16..32].try_into().expect("16 bytes")),
             parent: PageHash(slot[32..48].try_into().expect("16 bytes")),
             depth: word(48),
@@ -161,7 +161,7 @@ impl Layout {
 
     /// The payload of a whole slot whose record is `expected`: None when the slot holds another
     /// page or its bytes do not match their CRC.
-    pub fn payload<'s>(&self, slot: &'s [u8], expected: &Record) -> Option<&'s [u8]> {
+    pub fn payload<'s>(&self, slot: &'s [u8], expected: &PageRecord) -> Option<&'s [u8]> {
         let (record, crc) = self.decode_header(slot).ok()?;
         let payload = slot.get(self.payload_offset()..self.payload_offset() + self.payload_bytes)?;
         (record == *expected && crc32fast::hash(payload) == crc).then_some(payload)
@@ -170,13 +170,21 @@ impl Layout {
 
 /// One page's identity in the file.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub(super) struct Record {
+pub(crate) struct PageRecord {
     pub hash: PageHash,
     /// The page before it in its sequence (the namespace's root hash for the first page).
     pub parent: PageHash,
     /// Its index in its sequence.
     pub depth: u32,
     pub tokens: Vec<u32>,
+}
+
+impl PageRecord {
+    /// Page `p` of the chain `hashes` of `namespace` (see [`page_hashes`]), holding `tokens`.
+    pub fn in_chain(namespace: u64, hashes: &[PageHash], p: usize, tokens: &[u32]) -> PageRecord {
+        let parent = p.checked_sub(1).map_or_else(|| PageHash::root(namespace), |before| hashes[before]);
+        PageRecord { hash: hashes[p], parent, depth: p as u32, tokens: tokens.to_vec() }
+    }
 }
 
 #[cfg(test)]
@@ -187,9 +195,8 @@ mod tests {
         Layout { fingerprint: 7, page_size: 4, payload_bytes: 5000 }
     }
 
-    fn record() -> Record {
-        let hashes = page_hashes(3, &[1, 2, 3, 4, 5, 6, 7, 8], 4);
-        Record { hash: hashes[1], parent: hashes[0], depth: 1, tokens: vec![5, 6, 7, 8] }
+    fn record() -> PageRecord {
+        PageRecord::in_chain(3, &page_hashes(3, &[1, 2, 3, 4, 5, 6, 7, 8], 4), 1, &[5, 6, 7, 8])
     }
 
     #[test]
@@ -216,7 +223,7 @@ mod tests {
             assert_eq!(layout.payload(&bad, &record()), None, "byte {at} flipped");
         }
         assert_eq!(layout.payload(&slot[..ALIGN + 100], &record()), None, "truncated");
-        let other = Record { tokens: vec![5, 6, 7, 9], ..record() };
+        let other = PageRecord { tokens: vec![5, 6, 7, 9], ..record() };
         assert_eq!(layout.payload(&slot, &other), None, "another page's record");
         let other_model = Layout { fingerprint: 8, ..layout };
         assert_eq!(other_model.decode_header(&slot).err(), Some("a record of another model or layout"));
