@@ -115,8 +115,8 @@ impl Scheduler {
     }
 
     /// Prepares this step's batch: one token per decoding request (with the draft it verifies),
-    /// then prompt chunks within the token budget.
-    /// Pages read back from the disk tier go straight into `kv`.
+    /// then prompt chunks within the token budget. Pages read back from the disk tier go
+    /// straight into `kv`.
     pub fn plan(&mut self, kv: &mut KvCache) -> Batch {
         self.grow_pages();
         self.admit(kv);
