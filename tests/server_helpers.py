@@ -35,12 +35,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(log_dir: Path, *options: str) -> Iterator[tuple[str, subprocess.Popen]]:
-    """(url, process) of a server started with --api-key API_KEY and `options`; stopped on exit."""
+def running_server(log_dir: Path, *options: str, api_key: str | None = API_KEY) -> Iterator[tuple[str, subprocess.Popen]]:
+    """(url, process) of a server started with --api-key `api_key` (none: no key) and `options`; stopped on exit."""
     log_path = log_dir / "server.log"
     port = free_port()
     with open(log_path, "wb") as log:  # a file, not a pipe: nobody reads the output while tests run
-        command = [sys.executable, "-m", "rsgl.server", "--port", str(port), "--api-key", API_KEY, *options]
+        key = ["--api-key", api_key] if api_key else []
+        command = [sys.executable, "-m", "rsgl.server", "--port", str(port), *key, *options]
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:

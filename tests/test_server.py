@@ -65,7 +65,7 @@ def test_models_and_model_info(http: httpx.Client, model: str, server_started_at
     assert models["object"] == "list"
     [entry] = models["data"]
     created = entry.pop("created")
-    assert entry == {"id": model, "object": "model", "owned_by": "rsgl"}
+    assert entry == {"id": model, "object": "model", "owned_by": "sglang"}
     assert_created_since(created, server_started_at)  # when the server started
     info = http.get("/get_model_info").json()
     assert info["served_model_name"] == model and info["is_generation"] is True and info["model_path"]

@@ -31,6 +31,11 @@ def kv_pages_used(info: ServerInfo) -> int:
     return int(info["kv_pages_total"] - info["kv_pages_free"] - info["cached_pages"])
 
 
+def kv_usage(info: ServerInfo) -> float:
+    """Fraction of the KV-cache pool held by requests."""
+    return kv_pages_used(info) / max(info["kv_pages_total"], 1)
+
+
 def disk_tier(key: str) -> Callable[[ServerInfo], float]:
     """A statistic of the disk tier (0 while it is off)."""
     return lambda info: info["hicache"][key] if info.get("hicache") else 0
@@ -62,9 +67,14 @@ ENGINE_GAUGES: tuple[EngineMetric, ...] = (
     ("rsgl:kv_pages_total", "KV-cache pages in the pool.", lambda i: i["kv_pages_total"]),
     ("rsgl:hicache_pages_used", "KV pages the disk tier holds.", disk_tier("used_pages")),
     ("rsgl:hicache_pages_total", "KV pages the disk tier's file may hold.", disk_tier("capacity_pages")),
-    ("rsgl:kv_usage", "Fraction of the KV-cache pool held by requests.", lambda i: kv_pages_used(i) / max(i["kv_pages_total"], 1)),
+    ("rsgl:kv_usage", "Fraction of the KV-cache pool held by requests.", kv_usage),
     ("rsgl:cache_hit_rate", "Fraction of prompt tokens found in the prefix cache.", lambda i: i["cache_hit_rate"]),
     ("rsgl:spec_step_row_seconds", "Fitted seconds a decode step's row costs (what budgets speculative drafts).", lambda i: i["spec_step_row_seconds"]),
+    # SGLang's names for the load a router balances on (smg reads them when /v1/loads fails).
+    ("sglang:num_running_reqs", "Requests being decoded or prefilled.", lambda i: i["running_requests"]),
+    ("sglang:num_queue_reqs", "Requests waiting to be admitted by the engine.", lambda i: i["waiting_requests"]),
+    ("sglang:token_usage", "Fraction of the KV-cache pool held by requests.", kv_usage),
+    ("sglang:cache_hit_rate", "Fraction of prompt tokens found in the prefix cache.", lambda i: i["cache_hit_rate"]),
 )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -33,7 +34,7 @@ from rsgl.server.errors import (
     read_json_object,
 )
 from rsgl.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rsgl.server.metrics import RequestTracker, ServerMetrics
+from rsgl.server.metrics import RequestTracker, ServerMetrics, kv_pages_used, kv_usage
 
 logger = logging.getLogger("rsgl.server")
 # A probe must not hang on a stuck engine (SGLang's /health_generate gives up after 20 s too).
@@ -197,6 +198,25 @@ async def get_server_info(request: Request) -> Response:
     return json_response(engine_of(request).get_server_info())
 
 
+async def loads(request: Request) -> Response:
+    """SGLang's /v1/loads, which routers poll to balance workers: the load of this server's one
+    data-parallel rank."""
+    info = engine_of(request).get_server_info()
+    used_tokens = kv_pages_used(info) * info["page_size"]
+    load = {
+        "dp_rank": 0,
+        "num_running_reqs": info["running_requests"],
+        "num_waiting_reqs": info["waiting_requests"],
+        "num_total_reqs": info["running_requests"] + info["waiting_requests"],
+        "num_used_tokens": used_tokens,
+        "max_total_num_tokens": info["max_total_tokens"],
+        "token_usage": kv_usage(info),
+        "cache_hit_rate": info["cache_hit_rate"],
+    }
+    timestamp = datetime.datetime.now(datetime.UTC).isoformat()
+    return json_response({"timestamp": timestamp, "dp_rank_count": 1, "loads": [load]})
+
+
 async def flush_cache(request: Request) -> Response:
     """Empties the prefix cache; refused while requests are in flight (as SGLang does)."""
     if not await asyncio.to_thread(engine_of(request).flush_cache):
@@ -350,6 +370,7 @@ ROUTES = [
     Route("/health", health, methods=["GET"]),
     Route("/health_generate", health_generate, methods=["GET"]),
     Route("/get_model_info", get_model_info, methods=["GET"]),
+    Route("/model_info", get_model_info, methods=["GET"]),  # SGLang's newer name, which routers ask first
     Route("/get_server_info", get_server_info, methods=["GET"]),
     # SGLang's newer name for /get_server_info (its RuntimeEndpoint.get_server_info reads this one).
     Route("/server_info", get_server_info, methods=["GET"]),
@@ -359,4 +380,5 @@ ROUTES = [
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/abort_request", abort_request, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
+    Route("/v1/loads", loads, methods=["GET"]),
 ]

@@ -47,7 +47,8 @@ TEMPLATE_VARIABLES = frozenset(("messages", "tools", "add_generation_prompt", "b
 
 async def list_models(request: Request) -> Response:
     created = request.app.state.created
-    models = [{"id": name, "object": "model", "created": created, "owned_by": "rsgl"} for name in served_model_names(request)]
+    # SGLang's value: routers (smg, sglang-router) tell an SGLang worker by it.
+    models = [{"id": name, "object": "model", "created": created, "owned_by": "sglang"} for name in served_model_names(request)]
     return json_response({"object": "list", "data": models})
 
 
