@@ -33,7 +33,7 @@ def kv_pages_used(info: ServerInfo) -> int:
 
 def kv_usage(info: ServerInfo) -> float:
     """Fraction of the KV-cache pool held by requests."""
-    return kv_pages_used(info) / max(info["kv_pages_total"], 1)
+    return kv_pages_used(info) / max(int(info["kv_pages_total"]), 1)
 
 
 def disk_tier(key: str) -> Callable[[ServerInfo], float]:

@@ -120,6 +120,9 @@ OPENAI_RESPONSE = obj(
 
 MODEL_INFO = obj(model_path=STRING, served_model_name=STRING, is_generation=BOOLEAN)
 SERVER_INFO = obj(**typed(INTEGER, "running_requests waiting_requests kv_pages_total kv_pages_free cached_pages prompt_tokens generated_tokens"))
+LOAD_COUNTS = "dp_rank num_running_reqs num_waiting_reqs num_total_reqs num_used_tokens max_total_num_tokens"
+LOAD = obj(**typed(INTEGER, LOAD_COUNTS), token_usage=NUMBER, cache_hit_rate=NUMBER)
+LOADS = obj(timestamp=STRING, dp_rank_count=INTEGER, loads=array(LOAD))
 MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING)))
 TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
 TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
@@ -161,6 +164,7 @@ OPERATIONS = (
     Operation("GET", "/health", "Liveness: 200 while the server runs.", needs_key=False),
     Operation("GET", "/health_generate", "Readiness: 200 when the engine generates a token, 503 otherwise."),
     Operation("GET", "/get_model_info", "The model served.", response=as_json(MODEL_INFO)),
+    Operation("GET", "/model_info", "The same as /get_model_info (SGLang's newer name).", response=as_json(MODEL_INFO)),
     Operation("GET", "/get_server_info", "Engine statistics: queues, KV pages, token counts, timings.", response=as_json(SERVER_INFO)),
     Operation("GET", "/server_info", "The same as /get_server_info (SGLang's newer name).", response=as_json(SERVER_INFO)),
     Operation("POST", "/generate", "SGLang: generation, one prompt or a batch.", GENERATE_REQUEST, GENERATE_CONTENT),
@@ -170,6 +174,7 @@ OPERATIONS = (
     Operation("POST", "/detokenize", "The text of token ids.", DETOKENIZE_REQUEST, as_json(obj(text=TEXTS))),
     Operation("POST", "/abort_request", "Aborts the request with this rid.", obj("rid", rid=WORDS)),
     Operation("GET", "/metrics", "Prometheus metrics: requests, tokens, latencies, queues, KV usage.", response=TEXT),
+    Operation("GET", "/v1/loads", "SGLang: this worker's load, as routers poll it.", response=as_json(LOADS)),
     Operation("GET", "/openapi.json", "This document.", response=as_json(obj(openapi=STRING, paths=obj()))),
     Operation("GET", "/v1/models", "OpenAI: the models served.", response=as_json(MODEL_LIST)),
     Operation("POST", "/v1/completions", "OpenAI: text completion.", COMPLETION_REQUEST, OPENAI_CONTENT),
