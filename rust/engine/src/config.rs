@@ -235,6 +235,10 @@ pub struct EngineOptions {
     pub threads: usize,
     /// Pins each compute thread to its own core.
     pub pin_threads: bool,
+    /// Tensor-parallel ranks: each holds a slice of every layer and runs on its own share of the
+    /// threads (its own NUMA node where there are enough), the layers' partial sums added in
+    /// shared memory. At most the model's kv heads.
+    pub tp_size: usize,
     /// Precision the weights are held and multiplied in (with `quantization`: the embedding's
     /// and the lm_head's).
     pub dtype: Dtype,
@@ -286,6 +290,7 @@ impl Default for EngineOptions {
             chunked_prefill_size: 2048,
             threads: 0,
             pin_threads: true,
+            tp_size: 1,
             dtype: Dtype::Float32,
             quantization: None,
             quantize_lm_head: false,

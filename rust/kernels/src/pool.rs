@@ -47,6 +47,12 @@ impl ThreadPool {
     /// pinned to the allowed CPUs after the first when `pin` is set (the caller pins itself with
     /// [`pin_current_thread`]).
     pub fn new(threads: usize, pin: bool) -> ThreadPool {
+        ThreadPool::on_cpus(threads, &allowed_cpus(), pin)
+    }
+
+    /// As [`Self::new`], the workers pinned to `cpus` after the first (a tensor-parallel rank's
+    /// NUMA node).
+    pub fn on_cpus(threads: usize, cpus: &[usize], pin: bool) -> ThreadPool {
         let threads = threads.max(1);
         let shared = Arc::new(Shared {
             job: UnsafeCell::new(None),
@@ -58,7 +64,6 @@ impl ThreadPool {
             lock: Mutex::new(()),
             wake: Condvar::new(),
         });
-        let cpus = allowed_cpus();
         let workers = (1..threads)
             .map(|index| {
                 let shared = shared.clone();
@@ -274,6 +279,44 @@ pub fn allowed_cpus() -> Vec<usize> {
     (0..std::thread::available_parallelism().map_or(1, |n| n.get())).collect()
 }
 
+/// The allowed CPUs in `groups` groups for tensor-parallel ranks: whole NUMA nodes where there
+/// are at least `groups` of them (nodes dealt out in order), else the CPUs split evenly in order.
+pub fn cpu_groups(groups: usize) -> Vec<Vec<usize>> {
+    let cpus = allowed_cpus();
+    let nodes: Vec<Vec<usize>> =
+        numa_nodes().into_iter().map(|node| node.into_iter().filter(|c| cpus.contains(c)).collect::<Vec<_>>()).filter(|n| !n.is_empty()).collect();
+    if nodes.len() >= groups {
+        return (0..groups).map(|g| split(nodes.len(), groups, g).flat_map(|n| nodes[n].clone()).collect()).collect();
+    }
+    (0..groups).map(|g| cpus[split(cpus.len(), groups, g)].to_vec()).map(|group| if group.is_empty() { cpus.clone() } else { group }).collect()
+}
+
+/// The CPUs of each NUMA node, from sysfs (empty where it is not there).
+fn numa_nodes() -> Vec<Vec<usize>> {
+    let Ok(entries) = std::fs::read_dir("/sys/devices/system/node") else { return Vec::new() };
+    let mut nodes: Vec<(usize, Vec<usize>)> = entries
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            let id = name.strip_prefix("node")?.parse().ok()?;
+            let list = std::fs::read_to_string(format!("/sys/devices/system/node/{name}/cpulist")).ok()?;
+            Some((id, parse_cpu_list(list.trim())))
+        })
+        .collect();
+    nodes.sort();
+    nodes.into_iter().map(|(_, cpus)| cpus).collect()
+}
+
+/// `0-3,8,10-11` as CPU numbers.
+fn parse_cpu_list(list: &str) -> Vec<usize> {
+    list.split(',')
+        .filter_map(|part| match part.split_once('-') {
+            Some((a, b)) => Some((a.parse().ok()?..=b.parse().ok()?).collect::<Vec<_>>()),
+            None => part.parse().ok().map(|c| vec![c]),
+        })
+        .flatten()
+        .collect()
+}
+
 /// Pins the calling thread to one CPU (a no-op where unsupported).
 pub fn pin_current_thread(cpu: usize) {
     #[cfg(target_os = "linux")]
@@ -303,6 +346,21 @@ pub fn physical_cores() -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists_parse_and_groups_cover_the_allowed_cpus() {
+        assert_eq!(parse_cpu_list("0-2,5,7-8"), vec![0, 1, 2, 5, 7, 8]);
+        assert_eq!(parse_cpu_list(""), Vec::<usize>::new());
+        let cpus = allowed_cpus();
+        let groups = cpu_groups(2);
+        assert_eq!(groups.len(), 2);
+        assert!(groups.iter().all(|g| !g.is_empty() && g.iter().all(|c| cpus.contains(c))));
+        if cpus.len() >= 2 {
+            let mut all: Vec<usize> = groups.concat();
+            all.sort();
+            assert_eq!(all, cpus, "each allowed CPU in one group");
+        }
+    }
 
     #[test]
     fn every_share_runs_once_per_call() {

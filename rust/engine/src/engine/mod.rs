@@ -18,7 +18,7 @@ use crate::scheduler::Scheduler;
 use crate::spec::Speculator;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
-use rsgl_kernels::ThreadPool;
+use rsgl_kernels::pool::split;
 use std::collections::HashSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
@@ -121,16 +121,23 @@ impl Engine {
             return Err(invalid("context_length must be at least 1"));
         }
         let threads = if opts.threads == 0 { rsgl_kernels::pool::physical_cores() } else { opts.threads };
-        let compute = Compute::new(ThreadPool::new(threads, opts.pin_threads), opts.activation_bits());
+        // Tensor parallelism: one rank per group of CPUs (a NUMA node each where there are
+        // enough), the threads shared out evenly.
+        let tp = opts.tp_size.max(1);
+        let computes: Vec<Compute> = rsgl_kernels::pool::cpu_groups(tp)
+            .iter()
+            .enumerate()
+            .map(|(rank, cpus)| Compute::on_cpus(split(threads, tp, rank).len().max(1), cpus, opts.pin_threads, opts.activation_bits()))
+            .collect();
+        let pin_engine_thread = computes[0].home_cpu;
         let vocab_size = cfg.vocab_size;
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
         let pooling = cfg.pooling.unwrap_or_default();
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
         let fingerprint = opts.hicache_dir.as_ref().map(|_| cache_fingerprint(&cfg, &weights, &opts));
-        let model = LlamaModel::new(cfg, weights, context_length, precision, output, compute)?;
-        let pin_engine_thread = opts.pin_threads.then(|| rsgl_kernels::pool::allowed_cpus().first().copied()).flatten();
+        let model = LlamaModel::new(cfg, weights, context_length, precision, output, computes)?;
         let num_pages = opts.kv_pages(model.config());
-        let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype);
+        let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype, &model.kv_heads_per_rank());
         let mut disk = match (&opts.hicache_dir, fingerprint) {
             (Some(dir), Some(fingerprint)) => {
                 let options = DiskTierOptions { dir: dir.into(), capacity_bytes: (opts.hicache_size_gb * (1u64 << 30) as f64) as u64, fingerprint };
@@ -143,6 +150,7 @@ impl Engine {
             kernels: rsgl_kernels::kernels().isa,
             int8_kernels: rsgl_kernels::kernels().gemm_i8.isa,
             threads,
+            tp_size: tp,
             dtype: opts.dtype,
             quantization: opts.quantization,
             activation_bits: opts.activation_bits,
@@ -304,7 +312,8 @@ fn cache_fingerprint(cfg: &ModelConfig, weights: &WeightStore, opts: &EngineOpti
     let mut hasher = Sha256::new();
     hasher.update(weights.fingerprint());
     hasher.update(serde_json::to_string(cfg).expect("configs serialize"));
-    let precision = (opts.dtype, opts.quantization, opts.quantize_lm_head, opts.activation_bits, opts.kv_cache_dtype, opts.page_size);
+    // The page layout depends on the tensor-parallel split (each rank's heads are stored apart).
+    let precision = (opts.dtype, opts.quantization, opts.quantize_lm_head, opts.activation_bits, opts.kv_cache_dtype, opts.page_size, opts.tp_size);
     let kernels = rsgl_kernels::kernels();
     hasher.update(format!("{precision:?} {} {}", kernels.isa, kernels.gemm_i8.isa));
     u64::from_le_bytes(hasher.finalize()[..8].try_into().expect("8 bytes"))

@@ -13,6 +13,8 @@ pub struct EngineStats {
     /// The int8 GEMM's path (what W8A8 layers run on).
     pub int8_kernels: &'static str,
     pub threads: usize,
+    /// Tensor-parallel ranks the threads are split among.
+    pub tp_size: usize,
     /// Weight precision.
     pub dtype: Dtype,
     /// Weight quantization of the linear layers, if any.

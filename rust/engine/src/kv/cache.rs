@@ -68,7 +68,9 @@ impl Store {
     }
 }
 
-pub struct KvCache {
+/// The K/V pages of a range of kv heads: all of them, or a tensor-parallel rank's (each rank
+/// writes and reads only its own part, so its pages are first touched on its own NUMA node).
+pub struct KvPart {
     page_size: usize,
     kv_heads: usize,
     head_dim: usize,
@@ -76,20 +78,20 @@ pub struct KvCache {
     values: Vec<Store>,
 }
 
-impl KvCache {
-    pub fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize, dtype: KvCacheDtype) -> Self {
-        let per_layer = num_pages * page_size * cfg.kv_size();
-        KvCache {
+impl KvPart {
+    fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize, dtype: KvCacheDtype, kv_heads: usize) -> KvPart {
+        let per_layer = num_pages * page_size * kv_heads * cfg.head_dim;
+        KvPart {
             page_size,
-            kv_heads: cfg.num_key_value_heads,
+            kv_heads,
             head_dim: cfg.head_dim,
             keys: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer, cfg.head_dim)).collect(),
             values: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer, cfg.head_dim)).collect(),
         }
     }
 
-    /// Stores one token's K and V (`[kv_head][head_dim]` each) at position `pos` of the sequence
-    /// whose page table is `pages`.
+    /// Stores one token's K and V (`[kv_head][head_dim]` each, this part's heads) at position
+    /// `pos` of the sequence whose page table is `pages`.
     pub fn write(&mut self, layer: usize, pages: &[u32], pos: usize, k: &[f32], v: &[f32]) {
         let (ps, hd) = (self.page_size, self.head_dim);
         let (page, slot) = (pages[pos / ps], pos % ps);
@@ -100,6 +102,43 @@ impl KvCache {
             keys.write(base + slot, ps, scale_at, &k[h * hd..(h + 1) * hd]);
             values.write(base + slot * hd, 1, scale_at, &v[h * hd..(h + 1) * hd]);
         }
+    }
+
+    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent).
+    fn page_ranges(&self, page: u32) -> (Range<usize>, Range<usize>) {
+        let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
+        let elements = page_head_start(page, 0, heads, ps, hd)..page_head_start(page + 1, 0, heads, ps, hd);
+        let scales = page_head_scale_start(page, 0, heads, ps)..page_head_scale_start(page + 1, 0, heads, ps);
+        (elements, scales)
+    }
+
+    /// One layer's storage, for the attention kernels.
+    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
+        PagedKv {
+            keys: self.keys[layer].slice(),
+            values: self.values[layer].slice(),
+            page_size: self.page_size,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
+/// Every page's K and V, held in one part per tensor-parallel rank (one part without).
+pub struct KvCache {
+    parts: Vec<KvPart>,
+}
+
+impl KvCache {
+    /// `kv_heads_per_part`: how many kv heads each part holds, in head order.
+    pub fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize, dtype: KvCacheDtype, kv_heads_per_part: &[usize]) -> Self {
+        assert_eq!(kv_heads_per_part.iter().sum::<usize>(), cfg.num_key_value_heads, "the parts hold every kv head once");
+        KvCache { parts: kv_heads_per_part.iter().map(|&heads| KvPart::new(cfg, num_pages, page_size, dtype, heads)).collect() }
+    }
+
+    /// The parts, one per tensor-parallel rank.
+    pub fn parts_mut(&mut self) -> &mut [KvPart] {
+        &mut self.parts
     }
 
     /// Bytes of one page's K and V (and int8 scales) over every layer: what the disk tier keeps.
@@ -120,40 +159,25 @@ impl KvCache {
 
     /// Overwrites page `page` of every layer with bytes [`Self::copy_page_out`] gave.
     pub fn copy_page_in(&mut self, page: u32, bytes: &[u8]) {
-        let (elements, scales) = self.page_ranges(page);
         let mut at = 0;
-        for store in self.keys.iter_mut().zip(&mut self.values).flat_map(|(k, v)| [k, v]) {
-            for part in store.page_bytes_mut(elements.clone(), scales.clone()) {
-                part.copy_from_slice(&bytes[at..at + part.len()]);
-                at += part.len();
+        for part in &mut self.parts {
+            let (elements, scales) = part.page_ranges(page);
+            for store in part.keys.iter_mut().zip(&mut part.values).flat_map(|(k, v)| [k, v]) {
+                for bytes_of in store.page_bytes_mut(elements.clone(), scales.clone()) {
+                    bytes_of.copy_from_slice(&bytes[at..at + bytes_of.len()]);
+                    at += bytes_of.len();
+                }
             }
         }
     }
 
-    /// Calls `visit` with each part of page `page` in the order the disk tier stores them.
+    /// Calls `visit` with each piece of page `page` in the order the disk tier stores them.
     fn page_parts(&self, page: u32, mut visit: impl FnMut(&[u8])) {
-        let (elements, scales) = self.page_ranges(page);
-        for store in self.keys.iter().zip(&self.values).flat_map(|(k, v)| [k, v]) {
-            store.page_bytes(elements.clone(), scales.clone()).into_iter().for_each(&mut visit);
-        }
-    }
-
-    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent).
-    fn page_ranges(&self, page: u32) -> (Range<usize>, Range<usize>) {
-        let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
-        let elements = page_head_start(page, 0, heads, ps, hd)..page_head_start(page + 1, 0, heads, ps, hd);
-        let scales = page_head_scale_start(page, 0, heads, ps)..page_head_scale_start(page + 1, 0, heads, ps);
-        (elements, scales)
-    }
-
-    /// One layer's storage, for the attention kernels.
-    pub fn layer(&self, layer: usize) -> PagedKv<'_> {
-        PagedKv {
-            keys: self.keys[layer].slice(),
-            values: self.values[layer].slice(),
-            page_size: self.page_size,
-            kv_heads: self.kv_heads,
-            head_dim: self.head_dim,
+        for part in &self.parts {
+            let (elements, scales) = part.page_ranges(page);
+            for store in part.keys.iter().zip(&part.values).flat_map(|(k, v)| [k, v]) {
+                store.page_bytes(elements.clone(), scales.clone()).into_iter().for_each(&mut visit);
+            }
         }
     }
 }
@@ -189,10 +213,13 @@ mod tests {
         }))
         .expect("a tiny config");
         for dtype in [KvCacheDtype::Float32, KvCacheDtype::Bfloat16, KvCacheDtype::Int8] {
-            let mut kv = KvCache::new(&cfg, 3, 2, dtype);
-            let row: Vec<f32> = (0..8).map(|i| i as f32 - 2.5).collect();
+            // Two parts, one kv head each, as a tensor-parallel pair holds them.
+            let mut kv = KvCache::new(&cfg, 3, 2, dtype, &[1, 1]);
+            let row: Vec<f32> = (0..4).map(|i| i as f32 - 2.5).collect();
             for (layer, pos) in [(0, 2), (1, 3)] {
-                kv.write(layer, &[0, 1], pos, &row, &row.iter().map(|x| -x).collect::<Vec<_>>());
+                for part in kv.parts_mut() {
+                    part.write(layer, &[0, 1], pos, &row, &row.iter().map(|x| -x).collect::<Vec<_>>());
+                }
             }
             let mut page = vec![0u8; kv.page_bytes()];
             kv.copy_page_out(1, &mut page);

@@ -7,7 +7,7 @@ mod page_pool;
 mod prefix_cache;
 mod radix;
 
-pub use cache::KvCache;
+pub use cache::{KvCache, KvPart};
 pub use page_pool::PagePool;
 pub(crate) use prefix_cache::{NoPrefixCache, PrefixCache};
 pub use radix::{NodeId, PrefixMatch, RadixCache};

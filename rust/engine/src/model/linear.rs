@@ -5,17 +5,20 @@ use crate::config::Quantization;
 use crate::weights::{MatrixRows, Stored};
 use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QBLOCK};
 use rsgl_kernels::int8::quantize_weight_row;
-use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights};
+use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights, HALF_BLOCK};
 use rsgl_kernels::{
     kernels, linear, linear_i8, linear_q4, linear_q8, ActivationBits, BlockActivations, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool,
     WeightDtype,
 };
-use std::sync::Mutex;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
 
 /// What a forward pass computes with: the kernels chosen for this CPU and the engine's pool.
 pub struct Compute {
     pub kernels: &'static Kernels,
     pub pool: ThreadPool,
+    /// The CPU the thread driving `pool` (its share 0) is pinned to, if pinned.
+    pub home_cpu: Option<usize>,
     /// A GEMM's activations converted for the kernels, reused across layers and steps (a lock
     /// only so the model can be shared with the pool's threads; one thread runs forward passes).
     scratch: Mutex<Scratch>,
@@ -31,7 +34,13 @@ struct Scratch {
 impl Compute {
     pub fn new(pool: ThreadPool, activation_bits: ActivationBits) -> Compute {
         let scratch = Scratch { blocks: BlockActivations::new(activation_bits), ..Scratch::default() };
-        Compute { kernels: kernels(), pool, scratch: Mutex::new(scratch) }
+        Compute { kernels: kernels(), pool, home_cpu: None, scratch: Mutex::new(scratch) }
+    }
+
+    /// `threads` threads on `cpus` (the driving thread on the first, when `pin`).
+    pub fn on_cpus(threads: usize, cpus: &[usize], pin: bool, activation_bits: ActivationBits) -> Compute {
+        let home_cpu = cpus.first().copied().filter(|_| pin);
+        Compute { home_cpu, ..Compute::new(ThreadPool::on_cpus(threads, cpus, pin), activation_bits) }
     }
 }
 
@@ -181,10 +190,109 @@ pub struct Linear {
     pub bias: Option<Vec<f32>>,
 }
 
-/// One layer's weights `[out, in]`, read from the checkpoint as they are packed, and its bias.
+/// One layer's weights `[out, in]`, or the rectangle of them a tensor-parallel rank holds, read
+/// from the checkpoint as they are packed, and its bias.
+#[derive(Clone)]
 pub struct LinearParts {
-    pub weight: MatrixRows,
-    pub bias: Option<Vec<f32>>,
+    weight: Arc<MatrixRows>,
+    rows: Range<usize>,
+    cols: Range<usize>,
+    bias: Option<Vec<f32>>,
+}
+
+impl LinearParts {
+    /// The whole matrix.
+    pub fn new(weight: MatrixRows, bias: Option<Vec<f32>>) -> LinearParts {
+        LinearParts { rows: 0..weight.rows(), cols: 0..weight.cols(), weight: Arc::new(weight), bias }
+    }
+
+    /// Output rows `rows` (a column-parallel slice), with their bias.
+    pub fn output_rows(&self, rows: Range<usize>) -> LinearParts {
+        let bias = self.bias.as_ref().map(|b| b[rows.clone()].to_vec());
+        let rows = self.rows.start + rows.start..self.rows.start + rows.end;
+        LinearParts { weight: self.weight.clone(), rows, cols: self.cols.clone(), bias }
+    }
+
+    /// Input columns `cols` (a row-parallel slice: its outputs are partial sums); `with_bias` on
+    /// the one rank that adds the bias.
+    pub fn input_columns(&self, cols: Range<usize>, with_bias: bool) -> LinearParts {
+        let bias = self.bias.clone().filter(|_| with_bias);
+        let cols = self.cols.start + cols.start..self.cols.start + cols.end;
+        LinearParts { weight: self.weight.clone(), rows: self.rows.clone(), cols, bias }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// The format this slice packs in: a block format only where its columns are whole blocks
+    /// (a rank's slice of heads whose width is not is held in floats).
+    fn format(&self, dtype: WeightDtype, quantization: Option<Quantization>) -> Format {
+        let aligned = self.cols.start.is_multiple_of(QBLOCK) && self.cols.end.is_multiple_of(QBLOCK);
+        match Format::of(self.weight.stored(), self.cols(), dtype, quantization) {
+            Format::Int4(_) | Format::Int8Blocks(_) if !aligned => Format::Float(dtype),
+            format => format,
+        }
+    }
+
+    pub fn cols(&self) -> usize {
+        self.cols.len()
+    }
+
+    /// The matrix's row `row` of this slice.
+    fn matrix_row(&self, row: usize) -> usize {
+        self.rows.start + row
+    }
+
+    /// Whether this slice reads whole matrix rows (else it copies its columns out of each).
+    fn whole_rows(&self) -> bool {
+        self.cols.len() == self.weight.cols()
+    }
+
+    fn read_f32(&self, row: usize, out: &mut [f32]) {
+        if self.whole_rows() {
+            return self.weight.read_f32(self.matrix_row(row), out);
+        }
+        let mut full = vec![0.0; self.weight.cols()];
+        self.weight.read_f32(self.matrix_row(row), &mut full);
+        out.copy_from_slice(&full[self.cols.clone()]);
+    }
+
+    fn read_i8(&self, row: usize, out: &mut [i8]) -> Option<f32> {
+        if self.whole_rows() {
+            return self.weight.read_i8(self.matrix_row(row), out);
+        }
+        // One scale per matrix row: a slice of the row keeps it.
+        let mut full = vec![0; self.weight.cols()];
+        let scale = self.weight.read_i8(self.matrix_row(row), &mut full)?;
+        out.copy_from_slice(&full[self.cols.clone()]);
+        Some(scale)
+    }
+
+    fn read_q4(&self, row: usize, out: &mut Int4Row, offset: Int4Offset) -> bool {
+        if self.whole_rows() {
+            return self.weight.read_q4(self.matrix_row(row), out, offset);
+        }
+        let mut full = Int4Row::new(self.weight.cols());
+        if !self.weight.read_q4(self.matrix_row(row), &mut full, offset) {
+            return false;
+        }
+        let blocks = self.cols.start / QBLOCK..self.cols.end / QBLOCK;
+        out.nibbles.copy_from_slice(&full.nibbles[blocks.start * QBLOCK / 2..blocks.end * QBLOCK / 2]);
+        out.scales.copy_from_slice(&full.scales[blocks.clone()]);
+        out.mins.copy_from_slice(&full.mins[blocks]);
+        true
+    }
+
+    fn read_q8(&self, row: usize, out: &mut Int8BlockRow) {
+        if self.whole_rows() {
+            return self.weight.read_q8(self.matrix_row(row), out);
+        }
+        let mut full = Int8BlockRow::new(self.weight.cols());
+        self.weight.read_q8(self.matrix_row(row), &mut full);
+        out.quants.copy_from_slice(&full.quants[self.cols.clone()]);
+        out.scales.copy_from_slice(&full.scales[self.cols.start / HALF_BLOCK..self.cols.end / HALF_BLOCK]);
+    }
 }
 
 /// A matrix's rows as float32, and as they are stored where that is int8 (W8A8: returns the
@@ -200,27 +308,26 @@ impl Linear {
     /// Packs layers that read the same input (q|k|v, gate|up) as one, so one call computes them
     /// (or, when a file stores them in types of different kernels, each in its own).
     pub fn fused(parts: Vec<LinearParts>, dtype: WeightDtype, quantization: Option<Quantization>, pool: &ThreadPool) -> Linear {
-        let in_features = parts[0].weight.cols();
-        assert!(parts.iter().all(|p| p.weight.cols() == in_features), "fused layers read the same input");
-        let formats: Vec<Format> = parts.iter().map(|p| Format::of(p.weight.stored(), in_features, dtype, quantization)).collect();
+        let in_features = parts[0].cols();
+        assert!(parts.iter().all(|p| p.cols() == in_features), "fused layers read the same input");
+        let formats: Vec<Format> = parts.iter().map(|p| p.format(dtype, quantization)).collect();
         let weight = match Format::shared(&formats) {
             Some(format) => Self::pack_together(&parts, format, pool),
             None => Weights::Split(parts.iter().zip(formats).map(|(part, format)| Self::pack_together(std::slice::from_ref(part), format, pool)).collect()),
         };
-        let bias =
-            parts.iter().any(|p| p.bias.is_some()).then(|| parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.weight.rows()])).collect());
+        let bias = parts.iter().any(|p| p.bias.is_some()).then(|| parts.iter().flat_map(|p| p.bias.clone().unwrap_or_else(|| vec![0.0; p.rows()])).collect());
         Linear { weight, bias }
     }
 
     /// The parts' rows one after another as one matrix in `format`.
     fn pack_together(parts: &[LinearParts], format: Format, pool: &ThreadPool) -> Weights {
-        let in_features = parts[0].weight.cols();
+        let in_features = parts[0].cols();
         // Output row -> (part, row in part).
-        let starts: Vec<usize> = parts.iter().scan(0, |start, p| Some(std::mem::replace(start, *start + p.weight.rows()))).collect();
-        let out_features: usize = parts.iter().map(|p| p.weight.rows()).sum();
+        let starts: Vec<usize> = parts.iter().scan(0, |start, p| Some(std::mem::replace(start, *start + p.rows()))).collect();
+        let out_features: usize = parts.iter().map(LinearParts::rows).sum();
         let locate = |row: usize| {
             let part = starts.partition_point(|&s| s <= row) - 1;
-            (&parts[part].weight, row - starts[part])
+            (&parts[part], row - starts[part])
         };
         let reader = RowReader {
             read_f32: &|row, out| {

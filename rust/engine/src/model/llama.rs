@@ -5,13 +5,14 @@
 
 use super::embedding::Embedding;
 use super::linear::{Compute, Linear, LinearParts};
-use super::mlp::{take_linear, Mlp};
+use super::mlp::{take_linear, Mlp, Ranks};
 use super::rope::Rope;
+use super::tensor_parallel::{AllReduce, Shard};
 use crate::config::{ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
-use crate::kv::KvCache;
+use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
-use rsgl_kernels::pool::SendPtr;
+use rsgl_kernels::pool::{pin_current_thread, SendPtr};
 use rsgl_kernels::{AttentionTask, RopeStyle, WeightDtype};
 use std::ops::Range;
 
@@ -59,64 +60,102 @@ struct Layer {
     mlp: Mlp,
 }
 
+/// One tensor-parallel rank's slice of every layer and of the lm_head (the whole model without
+/// tensor parallelism), and the threads that run it.
+struct RankModel {
+    shard: Shard,
+    layers: Vec<Layer>,
+    /// `None` when the model returns hidden states (`ModelOutput::HiddenStates`).
+    lm_head: Option<Linear>,
+    compute: Compute,
+}
+
+impl RankModel {
+    fn q_size(&self, head_dim: usize) -> usize {
+        self.shard.q_heads.len() * head_dim
+    }
+
+    fn kv_size(&self, head_dim: usize) -> usize {
+        self.shard.kv_heads.len() * head_dim
+    }
+}
+
+/// What every rank reads of a step: the batch, and where each token sits.
+struct Step<'a> {
+    seqs: &'a [SeqChunk<'a>],
+    token_seq: Vec<usize>,
+    positions: Vec<usize>,
+    /// The embedded tokens `[tokens, hidden]`.
+    x: Vec<f32>,
+}
+
 pub struct LlamaModel {
     cfg: ModelConfig,
     /// The input embedding, `None` when tied to `lm_head` (rows are then read from it).
     embed: Option<Embedding>,
-    layers: Vec<Layer>,
+    ranks: Vec<RankModel>,
     norm: Vec<f32>,
-    /// `None` when the model returns hidden states (`ModelOutput::HiddenStates`).
-    lm_head: Option<Linear>,
     rope: Rope,
-    compute: Compute,
+    reduce: AllReduce,
 }
 
 impl LlamaModel {
-    /// Packs the weights in `dtype` for the kernels of `compute`.
-    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, output: ModelOutput, compute: Compute) -> Result<Self> {
+    /// Packs the weights in `dtype` for the kernels of each rank's `Compute` (one per
+    /// tensor-parallel rank; one without tensor parallelism), each rank's slice on its own threads.
+    pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, output: ModelOutput, computes: Vec<Compute>) -> Result<Self> {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
-        let pool = &compute.pool;
+        let shards = Shard::all(cfg.num_attention_heads, cfg.num_key_value_heads, v, computes.len())?;
+        let ranks: Vec<(&Shard, &rsgl_kernels::ThreadPool)> = shards.iter().zip(&computes).map(|(s, c)| (s, &c.pool)).collect();
+        let ranks: &Ranks = &ranks;
         let embed = w.take_matrix("model.embed_tokens.weight", v, h)?;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        let mut layers: Vec<Vec<Layer>> = shards.iter().map(|_| Vec::with_capacity(cfg.num_hidden_layers)).collect();
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let attn = format!("{p}.self_attn");
-            let qkv = ["q_proj", "k_proj", "v_proj"]
-                .into_iter()
-                .zip([cfg.q_size(), cfg.kv_size(), cfg.kv_size()])
-                .map(|(proj, rows)| take_linear(&mut w, &format!("{attn}.{proj}"), rows, h))
-                .collect::<Result<Vec<_>>>()?;
+            let [q, k, v] = [("q_proj", cfg.q_size()), ("k_proj", cfg.kv_size()), ("v_proj", cfg.kv_size())]
+                .map(|(proj, rows)| take_linear(&mut w, &format!("{attn}.{proj}"), rows, h));
+            let (q, k, v) = (q?, k?, v?);
+            let o = take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?;
             let (q_norm, k_norm) = if cfg.qk_norm {
                 (Some(w.take(&format!("{attn}.q_norm.weight"), &[hd])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[hd])?))
             } else {
                 (None, None)
             };
-            layers.push(Layer {
-                input_norm: w.take(&format!("{p}.input_layernorm.weight"), &[h])?,
-                qkv: Linear::fused(qkv, dtype, quantization, pool),
-                q_norm,
-                k_norm,
-                o: Linear::fused(vec![take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?], dtype, quantization, pool),
-                post_norm: w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?,
-                mlp: Mlp::take(&mut w, &p, &cfg, &precision, pool)?,
-            });
+            let input_norm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
+            let post_norm = w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let mlps = Mlp::take(&mut w, &p, &cfg, &precision, ranks)?;
+            for ((rank_layers, &(shard, pool)), mlp) in layers.iter_mut().zip(ranks).zip(mlps) {
+                let (q_rows, kv_rows) = (heads_rows(&shard.q_heads, hd), heads_rows(&shard.kv_heads, hd));
+                let qkv = vec![q.output_rows(q_rows.clone()), k.output_rows(kv_rows.clone()), v.output_rows(kv_rows)];
+                rank_layers.push(Layer {
+                    input_norm: input_norm.clone(),
+                    qkv: Linear::fused(qkv, dtype, quantization, pool),
+                    q_norm: q_norm.clone(),
+                    k_norm: k_norm.clone(),
+                    o: Linear::fused(vec![o.input_columns(q_rows, shard.adds_bias())], dtype, quantization, pool),
+                    post_norm: post_norm.clone(),
+                    mlp,
+                });
+            }
         }
         let norm = w.take("model.norm.weight", &[h])?;
         // A GGUF, AWQ or GPTQ file chose its lm_head's type itself; a quantized-at-load lm_head
         // is asked for.
         let lm_head_quantization = quantization.filter(|q| quantize_lm_head || q.as_stored());
-        let pack_lm_head = |weight| Linear::fused(vec![LinearParts { weight, bias: None }], dtype, lm_head_quantization, pool);
-        let (embed, lm_head) = if output == ModelOutput::HiddenStates || cfg.tie_word_embeddings {
+        let pack_lm_head = |weight: LinearParts| -> Vec<Option<Linear>> {
+            ranks.iter().map(|(shard, pool)| Some(Linear::fused(vec![weight.output_rows(shard.vocab.clone())], dtype, lm_head_quantization, pool))).collect()
+        };
+        let (embed, lm_heads) = if output == ModelOutput::HiddenStates || cfg.tie_word_embeddings {
             // A tied checkpoint may still carry a copy of the embedding as lm_head; an
             // embedding model does not use its lm_head.
             drop(w.take_optional("lm_head.weight", &[v, h])?);
             match output {
-                ModelOutput::Logits => (None, Some(pack_lm_head(embed))),
-                ModelOutput::HiddenStates => (Some(Embedding::new(&embed, dtype)), None),
+                ModelOutput::Logits => (None, pack_lm_head(LinearParts::new(embed, None))),
+                ModelOutput::HiddenStates => (Some(Embedding::new(&embed, dtype)), shards.iter().map(|_| None).collect()),
             }
         } else {
-            (Some(Embedding::new(&embed, dtype)), Some(pack_lm_head(w.take_matrix("lm_head.weight", v, h)?)))
+            (Some(Embedding::new(&embed, dtype)), pack_lm_head(LinearParts::new(w.take_matrix("lm_head.weight", v, h)?, None)))
         };
         if !w.is_empty() {
             return Err(EngineError::ModelLoad(format!(
@@ -128,7 +167,15 @@ impl LlamaModel {
         // Checkpoints in Hugging Face's layout rotate halves (llama.cpp's q/k permutation is
         // undone when a GGUF file is loaded).
         let rope = Rope::new(&cfg, max_positions, RopeStyle::Neox);
-        Ok(LlamaModel { cfg, embed, layers, norm, lm_head, rope, compute })
+        let reduce = AllReduce::new(shards.len());
+        let ranks = shards
+            .into_iter()
+            .zip(layers)
+            .zip(lm_heads)
+            .zip(computes)
+            .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
+            .collect();
+        Ok(LlamaModel { cfg, embed, ranks, norm, rope, reduce })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -137,23 +184,29 @@ impl LlamaModel {
 
     /// The length of each row [`Self::forward`] returns.
     pub fn output_width(&self) -> usize {
-        match self.lm_head {
+        match self.ranks[0].lm_head {
             Some(_) => self.cfg.vocab_size,
             None => self.cfg.hidden_size,
         }
     }
 
-    /// The compute threads, idle between forward passes (the engine fills token masks on them).
+    /// The first rank's compute threads, idle between forward passes (the engine fills token
+    /// masks on them).
     pub fn pool(&self) -> &rsgl_kernels::ThreadPool {
-        &self.compute.pool
+        &self.ranks[0].compute.pool
+    }
+
+    /// How many kv heads each rank holds: the parts of its KV cache.
+    pub fn kv_heads_per_rank(&self) -> Vec<usize> {
+        self.ranks.iter().map(|r| r.shard.kv_heads.len()).collect()
     }
 
     /// Runs the batch, writing new K/V into the cache; returns the rows `[n, output_width]`
     /// (logits, or final-norm hidden states) after each chunk's [`SeqChunk::rows`] tokens, in
-    /// batch order.
+    /// batch order. With tensor parallelism, every rank runs its slice of every layer on threads
+    /// of its own (rank 0 on the calling thread), and the lm_head's pieces are joined here.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
-        let cfg = &self.cfg;
-        let h = cfg.hidden_size;
+        let h = self.cfg.hidden_size;
         // Per token: which sequence and which position.
         let mut token_seq = Vec::new();
         let mut positions = Vec::new();
@@ -167,56 +220,110 @@ impl LlamaModel {
         for &tok in seqs.iter().flat_map(|c| c.tokens) {
             match &self.embed {
                 Some(e) => e.push_row(tok as usize, h, &mut x),
-                None => x.extend(self.lm_head.as_ref().expect("tied to the embedding").weight.row(tok as usize)),
+                None => {
+                    let rank = self.ranks.iter().find(|r| r.shard.vocab.contains(&(tok as usize))).expect("a rank holds every vocabulary row");
+                    x.extend(rank.lm_head.as_ref().expect("tied to the embedding").weight.row(tok as usize - rank.shard.vocab.start));
+                }
             }
         }
-        let c = &self.compute;
+        let step = Step { seqs, token_seq, positions, x };
+        let parts = kv.parts_mut();
+        let [rank0, others @ ..] = &self.ranks[..] else { unreachable!("a model has a rank") };
+        let (part0, other_parts) = parts.split_first_mut().expect("a part per rank");
+        if others.is_empty() {
+            return self.run_rank(rank0, &step, part0);
+        }
+        let pieces: Vec<Vec<f32>> = std::thread::scope(|scope| {
+            let step = &step;
+            let handles: Vec<_> = others
+                .iter()
+                .zip(other_parts)
+                .map(|(rank, part)| {
+                    scope.spawn(move || {
+                        if let Some(cpu) = rank.compute.home_cpu {
+                            pin_current_thread(cpu);
+                        }
+                        self.run_rank(rank, step, part)
+                    })
+                })
+                .collect();
+            let mine = self.run_rank(rank0, step, part0);
+            std::iter::once(mine).chain(handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))).collect()
+        });
+        match &rank0.lm_head {
+            // Each rank's logits are its vocabulary columns of every row.
+            Some(_) => {
+                let rows = pieces[0].len() / rank0.shard.vocab.len();
+                let mut logits = Vec::with_capacity(rows * self.cfg.vocab_size);
+                for row in 0..rows {
+                    for (rank, piece) in self.ranks.iter().zip(&pieces) {
+                        let width = rank.shard.vocab.len();
+                        logits.extend_from_slice(&piece[row * width..(row + 1) * width]);
+                    }
+                }
+                logits
+            }
+            None => pieces.into_iter().next().expect("rank 0's hidden states"),
+        }
+    }
+
+    /// One rank's forward pass over its slice; returns its lm_head rows (every rank's hidden
+    /// states are the same; rank 0's are returned). A panic poisons the reduction so the other
+    /// ranks stop waiting for this one.
+    fn run_rank(&self, rank: &RankModel, step: &Step, kv: &mut KvPart) -> Vec<f32> {
+        struct PoisonOnPanic<'a>(&'a AllReduce);
+        impl Drop for PoisonOnPanic<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.poison();
+                }
+            }
+        }
+        let _poison = PoisonOnPanic(&self.reduce);
+        let (cfg, c, h) = (&self.cfg, &rank.compute, self.cfg.hidden_size);
+        let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
+        let mut round = 0;
+        let mut x = step.x.clone();
         let mut residual_delta: Option<Vec<f32>> = None;
-        for (l, layer) in self.layers.iter().enumerate() {
-            let normed = self.add_and_norm(&mut x, residual_delta.as_deref(), &layer.input_norm);
+        for (l, layer) in rank.layers.iter().enumerate() {
+            let normed = add_and_norm(c, cfg.rms_norm_eps, &mut x, residual_delta.as_deref(), &layer.input_norm);
             let mut qkv = layer.qkv.forward(c, &normed);
-            self.position_qk(layer, &mut qkv, &positions);
-            let (qs, kvs) = (cfg.q_size(), cfg.kv_size());
+            self.position_qk(rank, layer, &mut qkv, &step.positions);
             for (t, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
                 let (k, v) = row[qs..].split_at(kvs);
-                kv.write(l, seqs[token_seq[t]].pages, positions[t], k, v);
+                kv.write(l, step.seqs[step.token_seq[t]].pages, step.positions[t], k, v);
             }
-            let attn = self.attention(l, &qkv, seqs, kv);
-            let normed = self.add_and_norm(&mut x, Some(&layer.o.forward(c, &attn)), &layer.post_norm);
-            residual_delta = Some(layer.mlp.forward(c, &normed));
+            let attn = self.attention(rank, &kv.layer(l), &qkv, step.seqs);
+            let mut attn_out = layer.o.forward(c, &attn);
+            self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
+            let normed = add_and_norm(c, cfg.rms_norm_eps, &mut x, Some(&attn_out), &layer.post_norm);
+            let mut mlp_out = layer.mlp.forward(c, &normed);
+            self.reduce.reduce(rank.shard.rank, &mut round, &mut mlp_out, &c.pool);
+            residual_delta = Some(mlp_out);
         }
         if let Some(delta) = residual_delta {
             add_into(&mut x, &delta);
         }
         let mut last_rows = Vec::new();
         let mut t0 = 0;
-        for chunk in seqs {
+        for chunk in step.seqs {
             let rows = &chunk.rows;
             last_rows.extend_from_slice(&x[(t0 + rows.start) * h..(t0 + rows.end) * h]);
             t0 += chunk.tokens.len();
         }
-        let normed = self.add_and_norm(&mut last_rows, None, &self.norm);
-        match &self.lm_head {
+        let normed = add_and_norm(c, cfg.rms_norm_eps, &mut last_rows, None, &self.norm);
+        match &rank.lm_head {
             Some(lm_head) => lm_head.forward(c, &normed),
             None => normed,
         }
     }
 
-    /// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.
-    fn add_and_norm(&self, x: &mut [f32], delta: Option<&[f32]>, weight: &[f32]) -> Vec<f32> {
-        let (h, eps, kern) = (weight.len(), self.cfg.rms_norm_eps, self.compute.kernels);
-        let mut normed = vec![0.0; x.len()];
-        self.compute.pool.for_chunk_pairs_mut(x, h, &mut normed, h, &|row, x, out| {
-            (kern.add_rmsnorm)(x, delta.map(|d| &d[row * h..(row + 1) * h]), weight, eps, out);
-        });
-        normed
-    }
-
-    /// Qwen3's per-head q/k RMSNorm, then rope, on every token's q and k, in place.
-    fn position_qk(&self, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
-        let (cfg, kern) = (&self.cfg, self.compute.kernels);
-        let (qs, kvs) = (cfg.q_size(), cfg.kv_size());
-        self.compute.pool.for_chunks_mut(qkv, qs + 2 * kvs, &|t, row| {
+    /// Qwen3's per-head q/k RMSNorm, then rope, on every token's q and k (this rank's heads), in
+    /// place.
+    fn position_qk(&self, rank: &RankModel, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
+        let (cfg, kern) = (&self.cfg, rank.compute.kernels);
+        let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
+        rank.compute.pool.for_chunks_mut(qkv, qs + 2 * kvs, &|t, row| {
             let pos = positions[t];
             let (q, rest) = row.split_at_mut(qs);
             let k = &mut rest[..kvs];
@@ -234,14 +341,14 @@ impl LlamaModel {
         });
     }
 
-    /// Causal attention of every new token over its sequence's positions `0..=pos`, as tasks of
-    /// one kv head's query group over a run of consecutive tokens, handed out dynamically
-    /// (prefill tasks late in a prompt cost more than early ones).
-    fn attention(&self, layer: usize, qkv: &[f32], seqs: &[SeqChunk], kv: &KvCache) -> Vec<f32> {
-        let cfg = &self.cfg;
-        let (hd, kv_heads, qs) = (cfg.head_dim, cfg.num_key_value_heads, cfg.q_size());
-        let group = cfg.num_attention_heads / kv_heads;
-        let row = qs + 2 * cfg.kv_size();
+    /// Causal attention of every new token over its sequence's positions `0..=pos`, for this
+    /// rank's kv heads, as tasks of one kv head's query group over a run of consecutive tokens,
+    /// handed out dynamically (prefill tasks late in a prompt cost more than early ones).
+    fn attention(&self, rank: &RankModel, paged: &rsgl_kernels::PagedKv, qkv: &[f32], seqs: &[SeqChunk]) -> Vec<f32> {
+        let hd = self.cfg.head_dim;
+        let (kv_heads, qs) = (rank.shard.kv_heads.len(), rank.q_size(hd));
+        let group = self.cfg.num_attention_heads / self.cfg.num_key_value_heads;
+        let row = qs + 2 * rank.kv_size(hd);
         let block = (ATTENTION_TASK_ROWS / group).max(1);
         // (sequence, first token of the batch, tokens, first position, kv head)
         let mut tasks = Vec::new();
@@ -253,14 +360,13 @@ impl LlamaModel {
             }
             tokens += chunk.tokens.len();
         }
-        let paged = kv.layer(layer);
-        let (kern, scale) = (self.compute.kernels, 1.0 / (hd as f32).sqrt());
+        let (kern, scale) = (rank.compute.kernels, 1.0 / (hd as f32).sqrt());
         let mut out = vec![0.0; tokens * qs];
         let dst = SendPtr(out.as_mut_ptr());
-        self.compute.pool.for_each_dynamic(tasks.len(), &|i| {
+        rank.compute.pool.for_each_dynamic(tasks.len(), &|i| {
             let (s, t, tokens, first_pos, h) = tasks[i];
             let task = AttentionTask {
-                kv: &paged,
+                kv: paged,
                 pages: seqs[s].pages,
                 kv_head: h,
                 group,
@@ -275,6 +381,21 @@ impl LlamaModel {
         });
         out
     }
+}
+
+/// The matrix rows of heads `heads` of width `head_dim`.
+fn heads_rows(heads: &Range<usize>, head_dim: usize) -> Range<usize> {
+    heads.start * head_dim..heads.end * head_dim
+}
+
+/// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.
+fn add_and_norm(c: &Compute, eps: f32, x: &mut [f32], delta: Option<&[f32]>, weight: &[f32]) -> Vec<f32> {
+    let (h, kern) = (weight.len(), c.kernels);
+    let mut normed = vec![0.0; x.len()];
+    c.pool.for_chunk_pairs_mut(x, h, &mut normed, h, &|row, x, out| {
+        (kern.add_rmsnorm)(x, delta.map(|d| &d[row * h..(row + 1) * h]), weight, eps, out);
+    });
+    normed
 }
 
 fn add_into(x: &mut [f32], y: &[f32]) {

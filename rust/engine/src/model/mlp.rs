@@ -3,13 +3,22 @@
 
 use super::linear::{Compute, Linear, LinearParts};
 use super::llama::Precision;
+use super::tensor_parallel::Shard;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightStore;
 use rsgl_kernels::{ThreadPool, WeightDtype};
 
 pub(super) fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
-    Ok(LinearParts { weight: w.take_matrix(&format!("{prefix}.weight"), out, inp)?, bias: w.take_optional(&format!("{prefix}.bias"), &[out])? })
+    Ok(LinearParts::new(w.take_matrix(&format!("{prefix}.weight"), out, inp)?, w.take_optional(&format!("{prefix}.bias"), &[out])?))
+}
+
+/// Each tensor-parallel rank's shard and the threads that pack (and first touch) its weights.
+pub(super) type Ranks<'a> = [(&'a Shard, &'a ThreadPool)];
+
+/// A small layer every rank holds whole, in float32.
+fn replicated(parts: &LinearParts, ranks: &Ranks) -> Vec<Linear> {
+    ranks.iter().map(|(_, pool)| Linear::fused(vec![parts.clone()], WeightDtype::F32, None, pool)).collect()
 }
 
 /// `down(silu(gate(x)) * up(x))`, gate and up fused into one GEMM.
@@ -19,13 +28,21 @@ pub struct SwiGlu {
 }
 
 impl SwiGlu {
-    /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`.
-    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: &Precision, pool: &ThreadPool) -> Result<SwiGlu> {
-        let gate_up = vec![take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?];
-        Ok(SwiGlu {
-            gate_up: Linear::fused(gate_up, p.dtype, p.quantization, pool),
-            down: Linear::fused(vec![take_linear(w, &format!("{prefix}.{down}"), h, inter)?], p.dtype, p.quantization, pool),
-        })
+    /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`; each rank gets its
+    /// columns of the intermediate width (its outputs are partial sums).
+    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: &Precision, ranks: &Ranks) -> Result<Vec<SwiGlu>> {
+        let (gate, up) = (take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?);
+        let down = take_linear(w, &format!("{prefix}.{down}"), h, inter)?;
+        Ok(ranks
+            .iter()
+            .map(|(shard, pool)| {
+                let columns = shard.columns(inter);
+                SwiGlu {
+                    gate_up: Linear::fused(vec![gate.output_rows(columns.clone()), up.output_rows(columns.clone())], p.dtype, p.quantization, pool),
+                    down: Linear::fused(vec![down.input_columns(columns, shard.adds_bias())], p.dtype, p.quantization, pool),
+                }
+            })
+            .collect())
     }
 
     /// `x` is `[rows, hidden]`.
@@ -60,11 +77,12 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it.
-    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision, pool: &ThreadPool) -> Result<Mlp> {
+    /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it, one per rank.
+    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision, ranks: &Ranks) -> Result<Vec<Mlp>> {
         let h = cfg.hidden_size;
         let Some(moe) = &cfg.moe else {
-            return Ok(Mlp::Dense(SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p, pool)?));
+            let dense = SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p, ranks)?;
+            return Ok(dense.into_iter().map(Mlp::Dense).collect());
         };
         let MoeConfig { num_experts, experts_per_token, expert_intermediate_size: inter, norm_topk_prob, shared_expert_intermediate_size } = *moe;
         let (block, names) = if cfg.architecture == "mixtral" {
@@ -72,17 +90,30 @@ impl Mlp {
         } else {
             (format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"])
         };
-        let router = Linear::fused(vec![take_linear(w, &format!("{block}.gate"), num_experts, h)?], WeightDtype::F32, None, pool);
-        let experts = (0..num_experts).map(|e| SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p, pool)).collect::<Result<_>>()?;
-        let shared = match shared_expert_intermediate_size {
-            None => None,
+        // The router runs on every rank (small, and every rank routes the same rows); each
+        // expert is split as a dense MLP is.
+        let mut routers = replicated(&take_linear(w, &format!("{block}.gate"), num_experts, h)?, ranks).into_iter();
+        let mut experts: Vec<Vec<SwiGlu>> = ranks.iter().map(|_| Vec::with_capacity(num_experts)).collect();
+        for e in 0..num_experts {
+            for (rank_experts, expert) in experts.iter_mut().zip(SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p, ranks)?) {
+                rank_experts.push(expert);
+            }
+        }
+        let mut shared: Vec<Option<(SwiGlu, Linear)>> = match shared_expert_intermediate_size {
+            None => ranks.iter().map(|_| None).collect(),
             Some(size) => {
-                let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p, pool)?;
-                let gate = Linear::fused(vec![take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?], WeightDtype::F32, None, pool);
-                Some((expert, gate))
+                let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p, ranks)?;
+                let gate = replicated(&take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?, ranks);
+                expert.into_iter().zip(gate).map(Some).collect()
             }
         };
-        Ok(Mlp::Moe(Experts { router, experts, top_k: experts_per_token, norm_topk_prob, shared }))
+        Ok(experts
+            .into_iter()
+            .map(|experts| {
+                let (router, shared) = (routers.next().expect("one per rank"), shared.remove(0));
+                Mlp::Moe(Experts { router, experts, top_k: experts_per_token, norm_topk_prob, shared })
+            })
+            .collect())
     }
 
     /// `x` is `[rows, hidden]`; returns the MLP's output rows.

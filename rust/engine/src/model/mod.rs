@@ -6,7 +6,9 @@ mod linear;
 mod llama;
 mod mlp;
 mod rope;
+mod tensor_parallel;
 
 pub use linear::{Compute, Linear, LinearParts, Weights};
 pub use llama::{LlamaModel, ModelOutput, Precision, SeqChunk};
 pub use rope::Rope;
+pub use tensor_parallel::{AllReduce, Shard};
