@@ -68,6 +68,7 @@ class EngineOptions(TypedDict, total=False):
     chunked_prefill_size: int
     threads: int
     pin_threads: bool
+    tp_size: int
     dtype: Literal["float32", "bfloat16", "float16"]
     quantization: Literal["w8a8_int8", "w4a8", "gguf", "awq", "gptq"] | None
     quantize_lm_head: bool
@@ -159,6 +160,7 @@ class EngineStats(TypedDict):
     kernels: str
     int8_kernels: str
     threads: int
+    tp_size: int
     dtype: str
     quantization: str | None
     activation_bits: int

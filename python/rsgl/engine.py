@@ -92,7 +92,9 @@ class Engine:
     per element plus a float32 scale per token and kv head, attention reading it directly; None:
     `default_kv_cache_dtype` of the weights),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
-    core; default True),
+    core; default True), `tp_size` (tensor parallelism inside the engine: each of `tp_size` ranks holds a slice of
+    every layer and the KV cache of its kv heads, on its own share of the threads, one NUMA node each where there are
+    enough; at most the model's kv heads; default 1),
     `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,
     so two engines do not replay the same samples), `max_n` (the largest `n`), `max_sequences_per_call`
     (prompts times `n` of one call), `skip_tokenizer_init` (token ids in and out), `served_model_name`,
@@ -147,6 +149,7 @@ class Engine:
         chunked_prefill_size: int = 2048,
         threads: int | None = None,
         pin_threads: bool = True,
+        tp_size: int = 1,
         random_seed: int | None = None,
         max_n: int = DEFAULT_MAX_N,
         max_sequences_per_call: int = DEFAULT_MAX_SEQUENCES_PER_CALL,
@@ -199,6 +202,7 @@ class Engine:
             "chunked_prefill_size": chunked_prefill_size,
             "threads": threads or 0,
             "pin_threads": pin_threads,
+            "tp_size": tp_size,
             "dtype": self.model.dtype,
             # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
             "quantization": quantization or self.model.quantization,

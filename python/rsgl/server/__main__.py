@@ -42,6 +42,12 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     },
     "--hicache-size-gb": {"type": float, "help": "most GiB the disk tier's file takes; least recently used pages make room (default 16)"},
     "--threads": {"type": int, "help": "compute threads (default: one per core)"},
+    "--tp-size": {
+        "type": int,
+        "aliases": ["--tp"],
+        "help": "tensor-parallel ranks: each holds a slice of every layer and of the KV cache (whole kv heads) and runs on its "
+        "own share of the threads, one NUMA node each where there are enough; partial sums are added in shared memory (default 1)",
+    },
     "--dtype": {"help": "weight precision: auto (float32 for float32 checkpoints, else bfloat16), float32, bfloat16, float16"},
     "--quantization": {
         "choices": ["w8a8_int8", "w4a8", "gguf", "awq", "gptq"],
@@ -132,7 +138,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
     )
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
-        engine_group.add_argument(flag, **options)
+        engine_group.add_argument(flag, *options.get("aliases", []), **{key: value for key, value in options.items() if key != "aliases"})
     return parser.parse_args(argv)
 
 

@@ -31,6 +31,21 @@ fn two_ranks_generate_what_one_does() {
 }
 
 #[test]
+fn two_ranks_of_4_bit_blocks_generate_what_one_does() {
+    // Heads and MLP columns of whole 32-column blocks, so each rank's slices stay 4-bit; 16-bit
+    // activations (see `two_w8a8_ranks_generate_nearly_what_one_does` for 8-bit ones).
+    let run = |tp: usize| {
+        let mut cfg = config("llama");
+        (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size) = (64, 32, 64);
+        let opts = EngineOptions::from_json(&opts(tp, r#""quantization": "w4a8", "activation_bits": 16"#)).unwrap();
+        let e = Engine::start(cfg.clone(), weights(&cfg), None, vec![], opts).unwrap();
+        let prompts: Vec<Vec<u32>> = (0..4).map(|i| prompt(i, 5 + 7 * i as usize)).collect();
+        greedy(&e, &prompts)
+    };
+    assert_eq!(run(1), run(2));
+}
+
+#[test]
 fn two_w8a8_ranks_generate_nearly_what_one_does() {
     // W8A8 quantizes each row of activations with one scale; a rank quantizes its slice of the
     // o and down inputs with a scale of its own, so a near-tie may go the other way.
