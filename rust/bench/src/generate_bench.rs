@@ -100,10 +100,12 @@ struct Lengths {
 }
 
 /// Options that fit `max_batch` requests in the KV pool at once, so none waits for pages.
-fn engine_options(len: Lengths, max_batch: usize, threads: usize, precision: &Precision) -> Result<EngineOptions, String> {
+/// `threads` compute threads over `tp` tensor-parallel ranks.
+fn engine_options(len: Lengths, max_batch: usize, (threads, tp): (usize, usize), precision: &Precision) -> Result<EngineOptions, String> {
     let per_request = (len.prompt + len.generated).next_multiple_of(PAGE_SIZE);
     let opts = json!({
         "threads": threads,
+        "tp_size": tp,
         "dtype": precision.dtype,
         "quantization": precision.quantization,
         "quantize_lm_head": precision.quantize_lm_head,
@@ -272,6 +274,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let batches = args.usize_list_or("batch", &[1, 8])?;
     let len = Lengths { prompt: args.usize_or("prompt-len", 128)?, generated: args.usize_or("gen-len", 32)? };
     let threads = args.usize_or("threads", std::thread::available_parallelism().map_or(1, |n| n.get()))?;
+    let tp = args.usize_or("tp", 1)?;
     let precision = Precision {
         dtype: args.string("dtype").unwrap_or_else(|| "float32".into()),
         quantization: args.string("quantization"),
@@ -291,18 +294,19 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let cfg = parse_config(&config)?;
     let vocab = cfg.vocab_size;
     let max_batch = *batches.iter().max().expect("the list parser yields at least one");
-    let opts = engine_options(len, max_batch, threads, &precision)?;
+    let opts = engine_options(len, max_batch, (threads, tp), &precision)?;
     let engine = Engine::start(cfg, weights, None, vec![], opts).map_err(|e| e.to_string())?;
     let load_seconds = load_started.elapsed().as_secs_f64();
     let stats = engine.stats();
     println!(
-        "rsgl-bench generate: {}, weights stored as {}, held as {}, kernels {} (int8: {}), {} thread(s), prompt {} + {} new tokens (loaded in {load_seconds:.1} s)",
+        "rsgl-bench generate: {}, weights stored as {}, held as {}, kernels {} (int8: {}), {} thread(s) over {} tensor-parallel rank(s), prompt {} + {} new tokens (loaded in {load_seconds:.1} s)",
         source.describe(),
         stored_dtypes.join("/"),
         precision.describe(),
         stats.kernels,
         stats.int8_kernels,
         stats.threads,
+        stats.tp_size,
         len.prompt,
         len.generated
     );
@@ -326,6 +330,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
             "quantize_lm_head": precision.quantize_lm_head,
             "int8_kernels": stats.int8_kernels,
             "threads": stats.threads,
+            "tp_size": stats.tp_size,
             "prompt_len": len.prompt,
             "gen_len": len.generated,
             "load_seconds": load_seconds,

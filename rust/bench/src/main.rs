@@ -1,6 +1,7 @@
 //! rsgl-bench: rsgl's Rust-native benchmarks (no Python at run time), printed as a table and
 //! optionally written as JSON.
 
+mod allreduce_bench;
 mod args;
 mod generate_bench;
 mod grammar_bench;
@@ -20,12 +21,18 @@ usage:
                       [--prompt-len 128] [--gen-len 32] [--dtype float32|bfloat16|float16]
                       [--quantization w8a8_int8 [--quantize-lm-head 1]] [--kv-cache-dtype bfloat16|int8]
                       [--activation-bits 8|16]
-                      [--threads N] [--json FILE]
+                      [--threads N] [--tp N] [--json FILE]
       offline greedy generation on a random-weight model of the preset's shape, or on the
       model in DIR (config.json and *.safetensors in F32/BF16/F16, e.g. written by
       benches/prepare_model_dir.py), its weights held in --dtype (default float32) or
       quantized (the lm_head stays in --dtype unless --quantize-lm-head 1):
-      prefill and decode tok/s at each batch size (threads default: all cores)
+      prefill and decode tok/s at each batch size (threads default: all cores; --tp splits
+      them among N tensor-parallel ranks)
+  rsgl-bench allreduce [--ranks 2] [--threads-per-rank 1] [--hidden 576,2048,4096]
+                      [--rows 1,8,64,512] [--reps 2000] [--json FILE]
+      one tensor-parallel reduction (what each layer does twice with --tp): rows x hidden
+      float32 partial sums added across the ranks through shared memory, each rank on its
+      own CPU group; median and p99 microseconds per call
   rsgl-bench membw    [--threads N] [--size-mb 1024] [--reps 10] [--pages huge|4k] [--json FILE]
       memory read bandwidth: N threads (default: all cores) each sum their slice of a
       buffer far larger than the caches, in huge pages like the engine's weights (or 4 KiB
@@ -41,6 +48,7 @@ fn run(argv: &[String]) -> Result<(), String> {
         Some("kernels") => kernel_bench::run(Args::parse(&argv[1..])?),
         Some("generate") => generate_bench::run(Args::parse(&argv[1..])?),
         Some("membw") => membw::run(Args::parse(&argv[1..])?),
+        Some("allreduce") => allreduce_bench::run(Args::parse(&argv[1..])?),
         Some("grammar") => grammar_bench::run(Args::parse(&argv[1..])?),
         Some("help" | "--help" | "-h") => {
             println!("{USAGE}");

@@ -12,9 +12,10 @@ use crate::config::{ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
-use rsgl_kernels::pool::{pin_current_thread, SendPtr};
-use rsgl_kernels::{AttentionTask, RopeStyle, WeightDtype};
+use rsgl_kernels::pool::SendPtr;
+use rsgl_kernels::{AttentionTask, RopeStyle, ThreadPool, WeightDtype};
 use std::ops::Range;
+use std::sync::Mutex;
 
 /// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
 /// key page across rows, few enough that a prefill splits into many tasks to balance.
@@ -97,6 +98,10 @@ pub struct LlamaModel {
     norm: Vec<f32>,
     rope: Rope,
     reduce: AllReduce,
+    /// With tensor parallelism, the threads that drive the ranks (share `r` runs rank `r`, on
+    /// its home CPU; share 0 is the caller): persistent, as a compute pool's workers are, so a
+    /// decode step starts no thread.
+    rank_drivers: Option<ThreadPool>,
 }
 
 impl LlamaModel {
@@ -106,7 +111,7 @@ impl LlamaModel {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
         let shards = Shard::all(cfg.num_attention_heads, cfg.num_key_value_heads, v, computes.len())?;
-        let ranks: Vec<(&Shard, &rsgl_kernels::ThreadPool)> = shards.iter().zip(&computes).map(|(s, c)| (s, &c.pool)).collect();
+        let ranks: Vec<(&Shard, &ThreadPool)> = shards.iter().zip(&computes).map(|(s, c)| (s, &c.pool)).collect();
         let ranks: &Ranks = &ranks;
         let embed = w.take_matrix("model.embed_tokens.weight", v, h)?;
         let mut layers: Vec<Vec<Layer>> = shards.iter().map(|_| Vec::with_capacity(cfg.num_hidden_layers)).collect();
@@ -168,6 +173,9 @@ impl LlamaModel {
         // undone when a GGUF file is loaded).
         let rope = Rope::new(&cfg, max_positions, RopeStyle::Neox);
         let reduce = AllReduce::new(shards.len());
+        let homes: Vec<usize> = computes.iter().filter_map(|c| c.home_cpu).collect();
+        let pinned = homes.len() == computes.len();
+        let rank_drivers = (computes.len() > 1).then(|| ThreadPool::on_cpus(computes.len(), &homes, pinned));
         let ranks = shards
             .into_iter()
             .zip(layers)
@@ -175,7 +183,7 @@ impl LlamaModel {
             .zip(computes)
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
-        Ok(LlamaModel { cfg, embed, ranks, norm, rope, reduce })
+        Ok(LlamaModel { cfg, embed, ranks, norm, rope, reduce, rank_drivers })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -192,7 +200,7 @@ impl LlamaModel {
 
     /// The first rank's compute threads, idle between forward passes (the engine fills token
     /// masks on them).
-    pub fn pool(&self) -> &rsgl_kernels::ThreadPool {
+    pub fn pool(&self) -> &ThreadPool {
         &self.ranks[0].compute.pool
     }
 
@@ -227,29 +235,18 @@ impl LlamaModel {
             }
         }
         let step = Step { seqs, token_seq, positions, x };
-        let parts = kv.parts_mut();
-        let [rank0, others @ ..] = &self.ranks[..] else { unreachable!("a model has a rank") };
-        let (part0, other_parts) = parts.split_first_mut().expect("a part per rank");
-        if others.is_empty() {
-            return self.run_rank(rank0, &step, part0);
-        }
-        let pieces: Vec<Vec<f32>> = std::thread::scope(|scope| {
-            let step = &step;
-            let handles: Vec<_> = others
-                .iter()
-                .zip(other_parts)
-                .map(|(rank, part)| {
-                    scope.spawn(move || {
-                        if let Some(cpu) = rank.compute.home_cpu {
-                            pin_current_thread(cpu);
-                        }
-                        self.run_rank(rank, step, part)
-                    })
-                })
-                .collect();
-            let mine = self.run_rank(rank0, step, part0);
-            std::iter::once(mine).chain(handles.into_iter().map(|h| h.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic)))).collect()
+        let Some(drivers) = &self.rank_drivers else {
+            return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
+        };
+        // Each driver takes its rank's KV part and leaves its rank's output.
+        let parts: Vec<Mutex<Option<&mut KvPart>>> = kv.parts_mut().iter_mut().map(|part| Mutex::new(Some(part))).collect();
+        let pieces: Vec<Mutex<Vec<f32>>> = self.ranks.iter().map(|_| Mutex::new(Vec::new())).collect();
+        drivers.run(&|r| {
+            let part = parts[r].lock().unwrap_or_else(|e| e.into_inner()).take().expect("one driver per rank");
+            *pieces[r].lock().unwrap_or_else(|e| e.into_inner()) = self.run_rank(&self.ranks[r], &step, part);
         });
+        let pieces: Vec<Vec<f32>> = pieces.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
+        let rank0 = &self.ranks[0];
         match &rank0.lm_head {
             // Each rank's logits are its vocabulary columns of every row.
             Some(_) => {
