@@ -23,6 +23,7 @@ quantizes the weights as they are.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 import sys
 from collections.abc import Callable, Iterator
@@ -229,6 +230,8 @@ def parse_args(argv: list[str] | None, prog: str = "python -m rsgl.quantize") ->
 
 def main(argv: list[str] | None = None, prog: str = "python -m rsgl.quantize") -> None:
     args = parse_args(argv, prog)
+    if importlib.util.find_spec("torch") is None:
+        sys.exit(f"{prog}: converting a model needs torch, which the core install leaves out: pip install 'rsgl[quantize]'")
     try:
         out = convert(
             args.model_path,

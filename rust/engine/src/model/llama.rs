@@ -86,8 +86,6 @@ struct Step<'a> {
     seqs: &'a [SeqChunk<'a>],
     token_seq: Vec<usize>,
     positions: Vec<usize>,
-    /// The embedded tokens `[tokens, hidden]`.
-    x: Vec<f32>,
 }
 
 pub struct LlamaModel {
@@ -234,16 +232,17 @@ impl LlamaModel {
                 }
             }
         }
-        let step = Step { seqs, token_seq, positions, x };
+        let step = Step { seqs, token_seq, positions };
         let Some(drivers) = &self.rank_drivers else {
-            return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
+            return self.run_rank(&self.ranks[0], &step, x, &mut kv.parts_mut()[0]);
         };
         // Each driver takes its rank's KV part and leaves its rank's output.
         let parts: Vec<Mutex<Option<&mut KvPart>>> = kv.parts_mut().iter_mut().map(|part| Mutex::new(Some(part))).collect();
         let pieces: Vec<Mutex<Vec<f32>>> = self.ranks.iter().map(|_| Mutex::new(Vec::new())).collect();
         drivers.run(&|r| {
             let part = parts[r].lock().unwrap_or_else(|e| e.into_inner()).take().expect("one driver per rank");
-            *pieces[r].lock().unwrap_or_else(|e| e.into_inner()) = self.run_rank(&self.ranks[r], &step, part);
+            // Every rank keeps a residual stream of its own.
+            *pieces[r].lock().unwrap_or_else(|e| e.into_inner()) = self.run_rank(&self.ranks[r], &step, x.clone(), part);
         });
         let pieces: Vec<Vec<f32>> = pieces.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
         let rank0 = &self.ranks[0];
@@ -264,10 +263,10 @@ impl LlamaModel {
         }
     }
 
-    /// One rank's forward pass over its slice; returns its lm_head rows (every rank's hidden
-    /// states are the same; rank 0's are returned). A panic poisons the reduction so the other
-    /// ranks stop waiting for this one.
-    fn run_rank(&self, rank: &RankModel, step: &Step, kv: &mut KvPart) -> Vec<f32> {
+    /// One rank's forward pass over its slice from the embedded tokens `x`; returns its lm_head
+    /// rows (every rank's hidden states are the same; rank 0's are returned). A panic poisons
+    /// the reduction so the other ranks stop waiting for this one.
+    fn run_rank(&self, rank: &RankModel, step: &Step, mut x: Vec<f32>, kv: &mut KvPart) -> Vec<f32> {
         struct PoisonOnPanic<'a>(&'a AllReduce);
         impl Drop for PoisonOnPanic<'_> {
             fn drop(&mut self) {
@@ -280,7 +279,6 @@ impl LlamaModel {
         let (cfg, c, h) = (&self.cfg, &rank.compute, self.cfg.hidden_size);
         let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
         let mut round = 0;
-        let mut x = step.x.clone();
         let mut residual_delta: Option<Vec<f32>> = None;
         for (l, layer) in rank.layers.iter().enumerate() {
             let normed = add_and_norm(c, cfg.rms_norm_eps, &mut x, residual_delta.as_deref(), &layer.input_norm);
