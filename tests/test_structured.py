@@ -213,7 +213,7 @@ def test_the_grammar_applies_after_the_end_of_thinking():
     assert re.fullmatch("[0-9]{3}", closed["text"]), closed["text"]
 
 
-# Free text inside each constraint, so independent samples at temperature 1.0 practically never
+# Free text inside each constraint, so independent samples at temperature 1.0 seldom
 # coincide; forced text (the JSON keys) in between, which jump-forward appends without sampling.
 DISTINCT_CONSTRAINTS = {
     "json_schema": {"json_schema": json.dumps(LONG_KEYS_SCHEMA)},
@@ -239,7 +239,10 @@ def test_equal_constrained_prompts_sample_apart_unless_seeded(llm, llm_without_j
     samples = engine.generate(prompt, {**params, "n": SAMPLES}, **grammar)
     for outputs in (batch, samples):
         texts = [out["text"] for out in outputs]
-        assert len(set(texts)) == SAMPLES, texts
+        # The schema leaves little free text (the model often writes "" and the same enum value),
+        # so two of eight samples may coincide by chance (it happened about once in 35 runs);
+        # samples sharing a random stream would coincide by the group.
+        assert len(set(texts)) >= SAMPLES - 1, texts
     seeded = [out["text"] for out in engine.generate([prompt] * SAMPLES, {**params, "seed": 11}, **grammar)]
     assert len(set(seeded)) == 1
 
