@@ -160,7 +160,8 @@ impl Experts {
         if let Some((expert, gate)) = &self.shared {
             let (y, g) = (expert.forward(c, x), gate.forward(c, x));
             for row in 0..rows {
-                let weight = 1.0 / (1.0 + (-g[row]).exp());
+                // The kernels' exp, not libm's: the same bits on every system.
+                let weight = 1.0 / (1.0 + rsgl_kernels::portable::exp(-g[row]));
                 (c.kernels.axpy)(weight, &y[row * h..(row + 1) * h], &mut out[row * h..(row + 1) * h]);
             }
         }

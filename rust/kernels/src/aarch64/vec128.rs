@@ -66,10 +66,6 @@ impl F32Vector for F32x4 {
         F32x4(vfmaq_f32(b.0, self.0, a.0))
     }
     #[inline(always)]
-    unsafe fn sum(self) -> f32 {
-        vaddvq_f32(self.0)
-    }
-    #[inline(always)]
     unsafe fn max_lane(self) -> f32 {
         vmaxnmvq_f32(self.0)
     }

@@ -3,8 +3,8 @@
 use crate::paged::AttentionTask;
 
 /// Writes token `t`, group head `g` of `task` at `out[t * out_stride + g * head_dim..]`:
-/// `softmax(scale * q · K[0..span]) · V[0..span]`, each score a sequential sum over the head's
-/// dimensions and the values summed in key order.
+/// `softmax(scale * q · K[0..span]) · V[0..span]`, each score a sequential fused sum over the
+/// head's dimensions and the values summed, fused, in key order.
 ///
 /// # Safety
 /// `out` must be valid for those writes, and no other thread may touch those elements.
@@ -22,7 +22,7 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
                 let base = kv.offset(page, task.kv_head);
                 let mut s = 0f32;
                 for (d, qd) in q.iter().enumerate() {
-                    s += qd * kv.keys.get(base + d * ps + j % ps);
+                    s = qd.mul_add(kv.keys.get(base + d * ps + j % ps), s);
                 }
                 s * (kv.keys.scale(kv.scale_offset(page, task.kv_head) + j % ps) * task.scale)
             }));
@@ -34,7 +34,7 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
                 let base = kv.offset(page, task.kv_head) + (j % ps) * hd;
                 let p = p * kv.values.scale(kv.scale_offset(page, task.kv_head) + j % ps);
                 for (d, od) in o.iter_mut().enumerate() {
-                    *od += p * kv.values.get(base + d);
+                    *od = p.mul_add(kv.values.get(base + d), *od);
                 }
             }
         }
@@ -196,7 +196,7 @@ pub(crate) mod tests {
     }
 
     /// A SIMD attention against the portable one on odd shapes, with float32, bfloat16 and int8
-    /// pages, and each query of an extend task against the same query alone (decode):
+    /// pages, and each query of an extend task against the same query alone (decode): all
     /// bit-identical.
     pub(crate) fn check_attention(simd: &Kernels) {
         let reference = Kernels::portable();
@@ -209,7 +209,7 @@ pub(crate) mod tests {
                 let want = run(&reference, &f, stored, group, &q, tokens, first_pos);
                 let got = run(simd, &f, stored, group, &q, tokens, first_pos);
                 for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                    assert!((a - b).abs() <= 1e-5, "{} attention ({stored:?}) page {page_size} hd {hd} group {group} at {i}: {a} vs {b}", simd.isa);
+                    assert!(a.to_bits() == b.to_bits(), "{} attention ({stored:?}) page {page_size} hd {hd} group {group} at {i}: {a} vs {b}", simd.isa);
                 }
                 for t in 0..tokens {
                     let alone = run(simd, &f, stored, group, &q[t * stride..(t + 1) * stride], 1, first_pos + t);

@@ -5,7 +5,7 @@ use crate::packed::{bf16_to_f32, f16_to_f32, PackedWeights, WeightDtype, PANEL};
 use std::ops::Range;
 
 /// `out[i * ldo + j] = x[i, :] · w[j, :]` for every row `i < m` and every column `j` of the
-/// panels in `panels`. Each output is a sequential sum over `k`, whatever `m` is.
+/// panels in `panels`. Each output is a sequential fused sum over `k`, whatever `m` is.
 ///
 /// # Safety
 /// `out` must be valid for writes at `i * ldo + j` for those `i` and `j`, and no other thread
@@ -22,7 +22,7 @@ pub unsafe fn gemm(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *
             for (kk, &xv) in x.iter().enumerate() {
                 widen_k_row(w, base, kk, &mut wk);
                 for c in 0..PANEL {
-                    acc[c] += xv * wk[c];
+                    acc[c] = xv.mul_add(wk[c], acc[c]);
                 }
             }
             for (c, v) in acc[..cols].iter().enumerate() {

@@ -7,65 +7,99 @@ pub mod gemm_i8;
 pub mod gemm_q4;
 pub mod gemm_q8;
 
-/// Independent partial sums, so the compiler can vectorize the dot product.
-const LANES: usize = 8;
+/// Partial sums every sum over a row is split into, whatever the register width: element `i`
+/// goes to partial `i % SUM_LANES`, and [`add_partials`] adds them in one fixed tree. With FMA
+/// where the contract says fused, every SIMD path then gets the bits of these twins, so a greedy
+/// sequence on 8-bit activations (where a last-bit difference can move a quant) is the same on
+/// every ISA.
+pub const SUM_LANES: usize = 16;
 
-pub fn dot(x: &[f32], y: &[f32]) -> f32 {
-    assert_eq!(x.len(), y.len());
-    let mut acc = [0f32; LANES];
-    let body = x.len() / LANES * LANES;
-    for (xc, yc) in x[..body].chunks_exact(LANES).zip(y[..body].chunks_exact(LANES)) {
-        for l in 0..LANES {
-            acc[l] += xc[l] * yc[l];
+/// The partial sums' total: halves added lane by lane (`p[i] + p[i + 8]`, then `+ 4`, `+ 2`,
+/// `+ 1`), as a SIMD path folds a register.
+pub fn add_partials(mut partials: [f32; SUM_LANES]) -> f32 {
+    let mut width = SUM_LANES / 2;
+    while width > 0 {
+        for i in 0..width {
+            partials[i] += partials[i + width];
         }
+        width /= 2;
     }
-    let mut sum = acc.iter().sum::<f32>();
-    for i in body..x.len() {
-        sum += x[i] * y[i];
-    }
-    sum
+    partials[0]
 }
 
-/// `y += a * x` (also a logit bias, with `a = 1`).
+/// `Σ x_i y_i`, fused per element into [`SUM_LANES`] partial sums.
+pub fn dot(x: &[f32], y: &[f32]) -> f32 {
+    assert_eq!(x.len(), y.len());
+    let mut partials = [0f32; SUM_LANES];
+    for (i, (a, b)) in x.iter().zip(y).enumerate() {
+        partials[i % SUM_LANES] = a.mul_add(*b, partials[i % SUM_LANES]);
+    }
+    add_partials(partials)
+}
+
+/// `y += a * x`, fused (also a logit bias, with `a = 1`).
 pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len());
     for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += a * xi;
+        *yi = a.mul_add(*xi, *yi);
     }
 }
 
 /// The residual add and RMSNorm of a decoder layer in one pass: `x += delta` (when given), then
-/// `out = x / rms(x) * weight`.
+/// `out = x * (1 / sqrt(dot(x, x) / n + eps)) * weight`.
 pub fn add_rmsnorm(x: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]) {
     assert!(x.len() == weight.len() && out.len() == x.len());
     if let Some(d) = delta {
         assert_eq!(d.len(), x.len());
         x.iter_mut().zip(d).for_each(|(a, b)| *a += b);
     }
-    let mean_sq = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let scale = 1.0 / (mean_sq + eps).sqrt();
+    let scale = 1.0 / (dot(x, x) / x.len() as f32 + eps).sqrt();
     for ((o, v), w) in out.iter_mut().zip(x.iter()).zip(weight) {
         *o = v * scale * w;
     }
 }
 
-/// `out = silu(gate) * up`, with `silu(g) = g / (1 + e^-g)`.
+/// Below this `e^x` is clamped (to about 2^-126).
+pub(crate) const EXP_LOWEST: f32 = -87.336_54;
+/// Above this `e^x` is clamped (to e^88).
+pub(crate) const EXP_HIGHEST: f32 = 88.0;
+/// ln 2 split in two, so `n * LN2_HIGH` is exact for the `n` that occur.
+pub(crate) const LN2_HIGH: f32 = 0.693_359_4;
+pub(crate) const LN2_LOW: f32 = -2.121_944_4e-4;
+/// Cephes' polynomial for `e^r` on the reduced argument, highest power first.
+pub(crate) const EXP_POLYNOMIAL: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5];
+
+/// `e^x` within 2 ulp where it does not overflow, in f32 steps that
+/// [`crate::vector::F32Vector::exp`] repeats lane by lane (the platform's libm differs from one
+/// system to the next). Below about -87.3 it returns about 2^-126, above 88 e^88.
+// Not `clamp`: a NaN becomes the lower bound, as with the SIMD `max`.
+#[allow(clippy::manual_clamp)]
+pub fn exp(x: f32) -> f32 {
+    let x = x.max(EXP_LOWEST).min(EXP_HIGHEST);
+    let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+    let r = n.mul_add(-LN2_HIGH, x);
+    let r = n.mul_add(-LN2_LOW, r);
+    let p = EXP_POLYNOMIAL[1..].iter().fold(EXP_POLYNOMIAL[0], |p, &c| p.mul_add(r, c));
+    p.mul_add(r * r, r + 1.0) * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// `out = silu(gate) * up`, with `silu(g) = g / (1 + exp(-g))`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert!(gate.len() == up.len() && out.len() == gate.len());
     for ((o, g), u) in out.iter_mut().zip(gate).zip(up) {
-        *o = g / (1.0 + (-g).exp()) * u;
+        *o = g / (1.0 + exp(-g)) * u;
     }
 }
 
-/// Softmax in place.
+/// Softmax in place: `exp(x - max)`, summed into [`SUM_LANES`] partial sums, times `1 / sum`.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
-    for v in x.iter_mut() {
-        *v = (*v - max).exp();
-        sum += *v;
+    let mut partials = [0f32; SUM_LANES];
+    for (i, v) in x.iter_mut().enumerate() {
+        *v = exp(*v - max);
+        partials[i % SUM_LANES] += *v;
     }
-    let inv = 1.0 / sum;
+    let inv = 1.0 / add_partials(partials);
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
@@ -89,7 +123,7 @@ impl RopeStyle {
 }
 
 /// Rotates every head of `heads` (concatenated, each `cos.len()` long) in place:
-/// `x[i] = x[i] * cos[i] + x[partner(i)] * sin[i]`. The tables hold one position's values per
+/// `x[i] = fma(x[partner(i)], sin[i], x[i] * cos[i])`. The tables hold one position's values per
 /// element, the sine negated where the rotation subtracts (see [`rope_tables`]), so both styles
 /// are the same elementwise product.
 pub fn rope(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
@@ -98,10 +132,16 @@ pub fn rope(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
     let mut rotated = vec![0f32; d];
     for head in heads.chunks_exact_mut(d) {
         for (i, r) in rotated.iter_mut().enumerate() {
-            *r = head[i] * cos[i] + head[style.partner(i, d)] * sin[i];
+            *r = rotate(head, i, cos, sin, style);
         }
         head.copy_from_slice(&rotated);
     }
+}
+
+/// Element `i` of `head` rotated, as [`rope`] says.
+#[inline(always)]
+pub fn rotate(head: &[f32], i: usize, cos: &[f32], sin: &[f32], style: RopeStyle) -> f32 {
+    head[style.partner(i, cos.len())].mul_add(sin[i], head[i] * cos[i])
 }
 
 /// One position's `cos` and signed `sin` tables for [`rope`], from its `d/2` rotation angles.

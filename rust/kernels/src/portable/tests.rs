@@ -76,3 +76,28 @@ fn token_mask_keeps_allowed_bits_only() {
     let kept: Vec<usize> = (0..40).filter(|&i| logits[i] == 1.0).collect();
     assert_eq!(kept, vec![0, 2, 39]);
 }
+
+#[test]
+fn exp_is_within_two_ulp_and_clamps() {
+    for i in -87_000..88_000 {
+        let x = i as f32 * 1e-3 + 3.7e-4;
+        let (got, want) = (exp(x) as f64, (x as f64).exp());
+        let ulp = f32::EPSILON as f64 * want;
+        assert!((got - want).abs() <= 2.0 * ulp, "exp({x}) = {got}, want {want}");
+    }
+    assert_eq!(exp(-200.0), exp(-87.4));
+    assert!((exp(-200.0) / f32::MIN_POSITIVE - 1.0).abs() < 1e-5);
+    assert_eq!(exp(200.0), exp(88.0));
+}
+
+#[test]
+fn partials_add_in_the_documented_tree() {
+    let mut lanes = [0f32; SUM_LANES];
+    lanes[0] = 1e8;
+    lanes[8] = -1e8;
+    lanes[1] = 1.0;
+    // (1e8 + -1e8) + 1 = 1: lane 1 would be lost if it met 1e8 before -1e8 cancelled it.
+    assert_eq!(add_partials(lanes), 1.0);
+    let x: Vec<f32> = (0..37).map(|i| i as f32).collect();
+    assert_eq!(dot(&x, &x), (0..37).map(|i| (i * i) as f32).sum::<f32>());
+}

@@ -32,10 +32,13 @@ fn check_gemm(simd: &Kernels) {
                 let w = PackedWeights::pack(&data(n * k, 2.0), n, k, dtype);
                 let want = run_gemm(&reference, &x, &w, 0..w.panels());
                 let got = run_gemm(simd, &x, &w, 0..w.panels());
-                // bf16-rounded activations cost up to 2^-8 relative per product.
-                let tol = if simd.bf16_activations && dtype == WeightDtype::BF16 { 1e-2 } else { 1e-5 } * k as f32;
-                for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                    assert!((a - b).abs() <= tol, "{} {dtype:?} k={k} m={m} n={n} at {i}: {a} vs {b}", simd.isa);
+                if simd.bf16_activations && dtype == WeightDtype::BF16 {
+                    // bf16-rounded activations cost up to 2^-8 relative per product.
+                    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                        assert!((a - b).abs() <= 1e-2 * k as f32, "{} {dtype:?} k={k} m={m} n={n} at {i}: {a} vs {b}", simd.isa);
+                    }
+                } else {
+                    same(&format!("gemm {dtype:?} k={k} m={m} n={n}"), simd.isa, &want, &got);
                 }
                 for i in 0..m {
                     let alone = run_gemm(simd, &x[i * k..(i + 1) * k], &w, 0..w.panels());
@@ -54,12 +57,12 @@ fn check_gemm(simd: &Kernels) {
     }
 }
 
-/// Within `rel` of the reference, relative to its magnitude (at least 1).
-fn close(kernel: &str, isa: &str, want: &[f32], got: &[f32], rel: f32) {
+/// The reference's bits exactly: every path computes what its portable twin does, in the same
+/// order, so results agree across ISAs.
+fn same(kernel: &str, isa: &str, want: &[f32], got: &[f32]) {
     assert_eq!(want.len(), got.len(), "{isa} {kernel}: lengths");
     for (i, (a, b)) in want.iter().zip(got).enumerate() {
-        let ok = a == b || (a - b).abs() <= rel * a.abs().max(1.0);
-        assert!(ok, "{isa} {kernel} at {i} of {}: {a} vs {b}", want.len());
+        assert!(a.to_bits() == b.to_bits(), "{isa} {kernel} at {i} of {}: {a} vs {b}", want.len());
     }
 }
 
@@ -70,19 +73,19 @@ fn check_rows(simd: &Kernels) {
     for n in ODD_SIZES {
         let (x, y) = (data(n, 1.0), data(n, 2.0));
         let (a, b) = ((reference.dot)(&x, &y), (simd.dot)(&x, &y));
-        close("dot", isa, &[a], &[b], 1e-5 * n as f32);
+        same("dot", isa, &[a], &[b]);
         let (mut y1, mut y2) = (y.clone(), y.clone());
         (reference.axpy)(0.37, &x, &mut y1);
         (simd.axpy)(0.37, &x, &mut y2);
-        close("axpy", isa, &y1, &y2, 1e-6);
+        same("axpy", isa, &y1, &y2);
 
         let (w, delta) = (data(n, 3.0), data(n, 4.0));
         for d in [None, Some(&delta[..])] {
             let (mut x1, mut x2, mut o1, mut o2) = (x.clone(), x.clone(), vec![0.0; n], vec![0.0; n]);
             (reference.add_rmsnorm)(&mut x1, d, &w, 1e-5, &mut o1);
             (simd.add_rmsnorm)(&mut x2, d, &w, 1e-5, &mut o2);
-            close("add_rmsnorm residual", isa, &x1, &x2, 0.0);
-            close("add_rmsnorm", isa, &o1, &o2, 1e-5);
+            same("add_rmsnorm residual", isa, &x1, &x2);
+            same("add_rmsnorm", isa, &o1, &o2);
         }
 
         // Gates over the range where silu and exp change shape, and past it.
@@ -90,12 +93,12 @@ fn check_rows(simd: &Kernels) {
         let (mut o1, mut o2) = (vec![0.0; n], vec![0.0; n]);
         (reference.silu_mul)(&gate, &y, &mut o1);
         (simd.silu_mul)(&gate, &y, &mut o2);
-        close("silu_mul", isa, &o1, &o2, 1e-6);
+        same("silu_mul", isa, &o1, &o2);
 
         let (mut s1, mut s2) = (gate.clone(), gate.clone());
         (reference.softmax)(&mut s1);
         (simd.softmax)(&mut s2);
-        close("softmax", isa, &s1, &s2, 1e-6);
+        same("softmax", isa, &s1, &s2);
 
         let mut logits = data(n, 5.0);
         logits[n / 2] = 3.0; // a maximum inside the vector body or the tail
@@ -128,7 +131,7 @@ fn check_rows(simd: &Kernels) {
             let (mut h1, mut h2) = (data(3 * d, 6.0), data(3 * d, 6.0));
             (reference.rope)(&mut h1, &cos, &sin, style);
             (simd.rope)(&mut h2, &cos, &sin, style);
-            close("rope", isa, &h1, &h2, 1e-6);
+            same("rope", isa, &h1, &h2);
         }
     }
 }

@@ -1,32 +1,43 @@
 //! Row kernels over [`F32Vector`]: the vector body runs on whole registers and a scalar tail
-//! finishes each row. Contracts are those of the portable twins in [`crate::portable`].
+//! finishes each row. Contracts are those of the portable twins in [`crate::portable`], to the
+//! bit: sums keep their [`SUM_LANES`] partial sums, exponentials are [`portable::exp`].
 
 use super::F32Vector;
-use crate::portable::{self, RopeStyle};
+use crate::portable::{self, RopeStyle, SUM_LANES};
 use std::collections::BinaryHeap;
 
+/// Registers of [`SUM_LANES`] partial sums: at most 4, as registers have 4 lanes or more.
+const PARTIAL_REGISTERS: usize = 4;
+
+/// Lanes `r * LANES..(r + 1) * LANES` of the partial sums are register `r`'s.
 #[inline(always)]
-unsafe fn sum_of_squares<V: F32Vector>(x: &[f32]) -> f32 {
-    let body = x.len() / V::LANES * V::LANES;
-    let p = x.as_ptr();
-    let mut acc = V::zero();
-    for i in (0..body).step_by(V::LANES) {
-        let v = V::load(p.add(i));
-        acc = v.mul_add(v, acc);
+unsafe fn partials<V: F32Vector>(registers: &[V; PARTIAL_REGISTERS]) -> [f32; SUM_LANES] {
+    const { assert!(SUM_LANES.is_multiple_of(V::LANES) && SUM_LANES / V::LANES <= PARTIAL_REGISTERS) };
+    let mut lanes = [0f32; SUM_LANES];
+    for (r, register) in registers[..SUM_LANES / V::LANES].iter().enumerate() {
+        register.store(lanes.as_mut_ptr().add(r * V::LANES));
     }
-    x[body..].iter().fold(acc.sum(), |s, v| s + v * v)
+    lanes
 }
 
+/// [`portable::dot`]: [`SUM_LANES`] elements a step, the rest into their partial sums one by one.
 #[inline(always)]
 pub unsafe fn dot<V: F32Vector>(x: &[f32], y: &[f32]) -> f32 {
     assert_eq!(x.len(), y.len());
-    let body = x.len() / V::LANES * V::LANES;
+    let body = x.len() / SUM_LANES * SUM_LANES;
     let (xp, yp) = (x.as_ptr(), y.as_ptr());
-    let mut acc = V::zero();
-    for i in (0..body).step_by(V::LANES) {
-        acc = V::load(xp.add(i)).mul_add(V::load(yp.add(i)), acc);
+    let mut acc = [V::zero(); PARTIAL_REGISTERS];
+    for i in (0..body).step_by(SUM_LANES) {
+        for (r, acc) in acc[..SUM_LANES / V::LANES].iter_mut().enumerate() {
+            let at = i + r * V::LANES;
+            *acc = V::load(xp.add(at)).mul_add(V::load(yp.add(at)), *acc);
+        }
     }
-    (body..x.len()).fold(acc.sum(), |s, i| s + x[i] * y[i])
+    let mut lanes = partials(&acc);
+    for (lane, i) in (body..x.len()).enumerate() {
+        lanes[lane] = x[i].mul_add(y[i], lanes[lane]);
+    }
+    portable::add_partials(lanes)
 }
 
 #[inline(always)]
@@ -53,7 +64,7 @@ pub unsafe fn add_rmsnorm<V: F32Vector>(x: &mut [f32], delta: Option<&[f32]>, we
         }
         x[body..].iter_mut().zip(&d[body..]).for_each(|(a, b)| *a += b);
     }
-    let scale = 1.0 / (sum_of_squares::<V>(x) / n as f32 + eps).sqrt();
+    let scale = 1.0 / (dot::<V>(x, x) / n as f32 + eps).sqrt();
     let (xp, wp, op, vs) = (x.as_ptr(), weight.as_ptr(), out.as_mut_ptr(), V::splat(scale));
     for i in (0..body).step_by(V::LANES) {
         V::load(xp.add(i)).mul(vs).mul(V::load(wp.add(i))).store(op.add(i));
@@ -87,23 +98,27 @@ unsafe fn max_of<V: F32Vector>(x: &[f32]) -> f32 {
     x[body..].iter().fold(acc.max_lane(), |m, &v| if v > m { v } else { m })
 }
 
-/// `x = e^(x - max)` in place; returns the sum.
+/// `x = exp(x - max)` in place; returns the sum, in [`SUM_LANES`] partial sums as
+/// [`portable::softmax`] adds them.
 #[inline(always)]
 unsafe fn exp_shifted<V: F32Vector>(x: &mut [f32], max: f32) -> f32 {
-    let body = x.len() / V::LANES * V::LANES;
+    let body = x.len() / SUM_LANES * SUM_LANES;
     let (p, vm) = (x.as_mut_ptr(), V::splat(max));
-    let mut acc = V::zero();
-    for i in (0..body).step_by(V::LANES) {
-        let e = V::load(p.add(i)).sub(vm).exp();
-        e.store(p.add(i));
-        acc = acc.add(e);
+    let mut acc = [V::zero(); PARTIAL_REGISTERS];
+    for i in (0..body).step_by(SUM_LANES) {
+        for (r, acc) in acc[..SUM_LANES / V::LANES].iter_mut().enumerate() {
+            let at = p.add(i + r * V::LANES);
+            let e = V::load(at).sub(vm).exp();
+            e.store(at);
+            *acc = acc.add(e);
+        }
     }
-    let mut sum = acc.sum();
-    for v in &mut x[body..] {
-        *v = (*v - max).exp();
-        sum += *v;
+    let mut lanes = partials(&acc);
+    for (lane, v) in x[body..].iter_mut().enumerate() {
+        *v = portable::exp(*v - max);
+        lanes[lane] += *v;
     }
-    sum
+    portable::add_partials(lanes)
 }
 
 #[inline(always)]
@@ -155,7 +170,7 @@ pub unsafe fn rope<V: F32Vector>(heads: &mut [f32], cos: &[f32], sin: &[f32], st
             RopeStyle::Neox => (done..d / 2).flat_map(|i| [i, i + d / 2]).collect(),
             RopeStyle::GptJ => (done..d).collect(),
         };
-        let rotated: Vec<f32> = rest.iter().map(|&i| head[i] * cos[i] + head[style.partner(i, d)] * sin[i]).collect();
+        let rotated: Vec<f32> = rest.iter().map(|&i| portable::rotate(head, i, cos, sin, style)).collect();
         rest.iter().zip(rotated).for_each(|(&i, v)| head[i] = v);
     }
 }

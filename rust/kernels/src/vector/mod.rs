@@ -6,6 +6,8 @@
 pub mod attention;
 pub mod elementwise;
 
+use crate::portable;
+
 /// `LANES` f32 lanes of one SIMD register. Every method is `unsafe`: the caller guarantees the
 /// CPU feature and the pointer ranges.
 pub trait F32Vector: Copy {
@@ -30,7 +32,6 @@ pub trait F32Vector: Copy {
     unsafe fn max(self, o: Self) -> Self;
     /// `self * a + b`, fused.
     unsafe fn mul_add(self, a: Self, b: Self) -> Self;
-    unsafe fn sum(self) -> f32;
     unsafe fn max_lane(self) -> f32;
     /// Round to nearest, ties to even.
     unsafe fn round(self) -> Self;
@@ -50,21 +51,18 @@ pub trait F32Vector: Copy {
         Self::splat(0.0)
     }
 
-    /// `e^x`, within 2 ulp over the range that does not overflow (Cephes' polynomial on the
-    /// reduced argument); below about -87.3 it returns 2^-126, above 88 e^88.
+    /// [`portable::exp`] lane by lane, the same steps in the same order.
     #[inline(always)]
     unsafe fn exp(self) -> Self {
-        let x = self.max(Self::splat(-87.336_54)).min(Self::splat(88.0));
+        let x = self.max(Self::splat(portable::EXP_LOWEST)).min(Self::splat(portable::EXP_HIGHEST));
         let n = x.mul(Self::splat(std::f32::consts::LOG2_E)).round();
-        // x - n ln2, with ln2 split in two so the product is exact.
-        let r = n.mul_add(Self::splat(-0.693_359_4), x);
-        let r = n.mul_add(Self::splat(2.121_944_4e-4), r);
-        let mut p = Self::splat(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 0.166_666_65, 0.5] {
-            p = p.mul_add(r, Self::splat(c));
+        let r = n.mul_add(Self::splat(-portable::LN2_HIGH), x);
+        let r = n.mul_add(Self::splat(-portable::LN2_LOW), r);
+        let mut p = Self::splat(portable::EXP_POLYNOMIAL[0]);
+        for c in &portable::EXP_POLYNOMIAL[1..] {
+            p = p.mul_add(r, Self::splat(*c));
         }
-        let e = p.mul_add(r.mul(r), r.add(Self::splat(1.0)));
-        e.mul(n.exp2_int())
+        p.mul_add(r.mul(r), r.add(Self::splat(1.0))).mul(n.exp2_int())
     }
 }
 

@@ -63,12 +63,6 @@ impl F32Vector for F32x8 {
         F32x8(_mm256_fmadd_ps(self.0, a.0, b.0))
     }
     #[inline(always)]
-    unsafe fn sum(self) -> f32 {
-        let quad = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps(self.0, 1));
-        let pair = _mm_add_ps(quad, _mm_movehl_ps(quad, quad));
-        _mm_cvtss_f32(_mm_add_ss(pair, _mm_shuffle_ps(pair, pair, 1)))
-    }
-    #[inline(always)]
     unsafe fn max_lane(self) -> f32 {
         let quad = _mm_max_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps(self.0, 1));
         let pair = _mm_max_ps(quad, _mm_movehl_ps(quad, quad));

@@ -63,10 +63,6 @@ impl F32Vector for F32x16 {
         F32x16(_mm512_fmadd_ps(self.0, a.0, b.0))
     }
     #[inline(always)]
-    unsafe fn sum(self) -> f32 {
-        _mm512_reduce_add_ps(self.0)
-    }
-    #[inline(always)]
     unsafe fn max_lane(self) -> f32 {
         _mm512_reduce_max_ps(self.0)
     }

@@ -1,0 +1,68 @@
+//! Every kernel path computes its portable twin's bits (the kernels' twin tests), so a model
+//! generates the same tokens from the same logits on every ISA. Here whole models check it: the
+//! greedy tokens and the logits after them, hashed, must equal what was recorded once. The
+//! aarch64 lane runs this under qemu for SVE, NEON (+BF16), dotprod, I8MM and portable, and x86_64
+//! for AVX2 (and AVX-512 where the CPU has it). 8-bit activations are the sharp case: a last-bit
+//! difference before an activation's rounding can move a quant and part the greedy text.
+//!
+//! bfloat16 weights are left out: on CPUs with BF16 dot products the GEMM rounds activations to
+//! bf16 (for speed), on purpose not the bits of the f32 path.
+
+mod common;
+
+use common::*;
+use rsgl_engine::{Engine, EngineOptions, GenerateRequest};
+
+/// FNV-1a over 32-bit words.
+fn hash(words: impl IntoIterator<Item = u32>, mut h: u64) -> u64 {
+    for w in words {
+        for b in w.to_le_bytes() {
+            h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+        }
+    }
+    h
+}
+
+/// Greedy tokens of a few prompts, then the logits after each prompt and its tokens, hashed.
+fn fingerprint(e: &Engine) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325;
+    for i in 0..3 {
+        let prompt = prompt(100 + i, 3 + 11 * i as usize);
+        let (tokens, _) = collect(e.submit(request(&format!("g{i}"), prompt.clone(), 10)).unwrap());
+        let whole: Vec<u32> = prompt.iter().chain(&tokens).copied().collect();
+        let logits_request = format!(r#"{{"rid": "l{i}", "input_ids": {whole:?}, "sampling_params": {{"max_new_tokens": 0}}, "return_prompt_logits": true}}"#);
+        let (_, out) = collect(e.submit(GenerateRequest::from_json(&logits_request).unwrap()).unwrap());
+        h = hash(tokens, h);
+        h = hash(out.prompt_logits.expect("prompt logits returned").iter().map(|v| v.to_bits()), h);
+    }
+    h
+}
+
+#[test]
+fn models_compute_the_recorded_bits() {
+    // (architecture, precision, the fingerprint recorded on x86_64 AVX2).
+    let cases = [
+        ("llama", r#""dtype": "float32""#, 0xab2f_1062_518c_581a),
+        ("qwen2_moe", r#""dtype": "float32""#, 0x63c7_b134_2823_50f1),
+        ("llama", r#""quantization": "w4a8""#, 0xbd66_4721_dfcf_9c77),
+        ("mixtral", r#""quantization": "w4a8""#, 0x7fc7_037a_0529_8f16),
+        ("llama", r#""quantization": "w8a8_int8", "quantize_lm_head": true"#, 0x0b7a_ab5f_63bc_bc0e),
+    ];
+    let mut wrong = Vec::new();
+    for (arch, precision, want) in cases {
+        let mut cfg = config(arch);
+        // Whole 32-input blocks, so 4-bit weights stay 4-bit.
+        (cfg.hidden_size, cfg.head_dim, cfg.intermediate_size) = (64, 16, 64);
+        if let Some(moe) = cfg.moe.as_mut() {
+            moe.expert_intermediate_size = 32;
+            moe.shared_expert_intermediate_size = moe.shared_expert_intermediate_size.map(|_| 64);
+        }
+        let opts = format!(r#"{{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": 2, {precision}}}"#);
+        let e = Engine::start(cfg.clone(), weights(&cfg), None, vec![], EngineOptions::from_json(&opts).unwrap()).unwrap();
+        let got = fingerprint(&e);
+        if got != want {
+            wrong.push(format!("{arch} {precision}: {got:#x}, recorded {want:#x}"));
+        }
+    }
+    assert!(wrong.is_empty(), "kernels {}: bits differ from the recorded ones (a kernel left its portable twin's order, or numerics changed on purpose: then record the new values on any machine):\n{}", rsgl_kernels::kernels().isa, wrong.join("\n"));
+}
