@@ -12,6 +12,10 @@ use std::cell::UnsafeCell;
 use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::*};
 
+/// Elements of a reduction each pool task adds: enough to outweigh handing out a task, so small
+/// decode steps take one or a few and only long prefills spread over every thread.
+const REDUCE_CHUNK: usize = 4096;
+
 /// What one rank holds of the model.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Shard {
@@ -94,8 +98,8 @@ impl AllReduce {
         // SAFETY: every rank wrote its slot before the barrier and leaves it alone until the next.
         let all: Vec<&[f32]> = set.iter().map(|slot| unsafe { (*slot.get()).as_slice() }).collect();
         assert!(all.iter().all(|p| p.len() == partial.len()), "every rank reduces the same shape");
-        pool.for_chunks_mut(partial, 4096, &|chunk, out| {
-            let at = chunk * 4096;
+        pool.for_chunks_mut(partial, REDUCE_CHUNK, &|chunk, out| {
+            let at = chunk * REDUCE_CHUNK;
             out.copy_from_slice(&all[0][at..at + out.len()]);
             for other in &all[1..] {
                 out.iter_mut().zip(&other[at..]).for_each(|(o, x)| *o += x);
