@@ -15,7 +15,7 @@ def test_help_lists_the_commands():
         result = rsgl(*args)
         assert result.returncode == 0, result.stderr
         assert result.stdout.startswith("usage: rsgl ")
-        for command in ("serve", "bench", "quantize"):
+        for command in ("serve", "bench", "quantize", "pull", "models"):
             assert f"    {command} " in result.stdout
 
 

@@ -1,6 +1,7 @@
 """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers loading the same
 file (same dequantized weights, fp32): greedy tokens must be identical in float32; in bfloat16
-(what the server runs by default) the argmax must agree at nearly every teacher-forced step."""
+(what the server runs by default) the argmax must agree at nearly every teacher-forced step; and
+the server started with no options answers the first questions a new user asks right."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 import rsgl
 import torch
 from rsgl.loader.default_model import default_model_path
+from server_helpers import openai_client, running_server
 
 PROMPTS = [
     "The capital of France is",
@@ -72,7 +74,7 @@ def test_sixteen_bit_activations_keep_the_stored_4_bits_near_float(hf_model):
     greedy answer int8 activations lose (llama.cpp too; benches/factual_questions.py) is right."""
     errors = {}
     for bits in (8, 16):
-        with rsgl.Engine(threads=2, activation_bits=bits, progress=False) as engine:
+        with rsgl.Engine(threads=2, quantization="gguf", activation_bits=bits, progress=False) as engine:
             info = engine.get_server_info()
             assert (info["quantization"], info["activation_bits"]) == ("gguf", bits)
             ids = engine.tokenize(engine.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}]))
@@ -88,3 +90,16 @@ def test_sixteen_bit_activations_keep_the_stored_4_bits_near_float(hf_model):
 def test_activation_bits_other_than_8_or_16_are_refused():
     with pytest.raises(rsgl.InvalidRequestError, match="activation_bits must be 8 or 16"):
         rsgl.Engine(threads=1, activation_bits=12, progress=False)
+
+
+def test_the_server_with_no_options_answers_the_first_questions_right(tmp_path):
+    """What a new user meets first: `python -m rsgl.server`, then a chat question at temperature 0."""
+    with running_server(tmp_path, api_key=None) as (url, _):
+        client = openai_client(url)
+        for country, capital in (("France", "Paris"), ("Italy", "Rome"), ("Japan", "Tokyo")):
+            answer = client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": f"What is the capital of {country}?"}], temperature=0, max_tokens=24
+            )
+            assert capital in answer.choices[0].message.content, answer.choices[0].message.content
+    log = (tmp_path / "server.log").read_text()
+    assert "weights: bfloat16: the default model's Q4_1 weights dequantized to bfloat16" in log

@@ -31,7 +31,7 @@ def greedy_ids(tp_size: int, **options: object) -> list[list[int]]:
         engine.shutdown()
 
 
-@pytest.mark.parametrize("options", [{"dtype": "float32", "quantization": None}, {"activation_bits": 16}], ids=["float32", "gguf-a16"])
+@pytest.mark.parametrize("options", [{"dtype": "float32", "quantization": None}, {"quantization": "gguf", "activation_bits": 16}], ids=["float32", "gguf-a16"])
 def test_two_ranks_generate_the_greedy_tokens_of_one(options: dict[str, object]):
     one, two = greedy_ids(1, **options), greedy_ids(2, **options)
     assert all(len(ids) == GREEDY["max_new_tokens"] for ids in one)
@@ -44,12 +44,12 @@ def test_more_ranks_than_kv_heads_is_a_clear_error():
 
 
 def test_the_server_with_two_ranks_answers_as_one_rank_does(tmp_path: Path):
-    expected = Engine(threads=2, activation_bits=16, random_seed=0, progress=False)
+    expected = Engine(threads=2, quantization="gguf", activation_bits=16, random_seed=0, progress=False)
     try:
         texts = [r["text"] for r in expected.generate(PROMPTS[:2], GREEDY)]  # type: ignore[union-attr]
     finally:
         expected.shutdown()
-    with running_server(tmp_path, "--tp", "2", "--threads", "2", "--activation-bits", "16", api_key=None) as (url, _):
+    with running_server(tmp_path, "--tp", "2", "--threads", "2", "--quantization", "gguf", "--activation-bits", "16", api_key=None) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         for prompt, text in zip(PROMPTS[:2], texts):
             answer = client.completions.create(

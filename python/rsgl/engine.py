@@ -84,6 +84,12 @@ class GenerateOptions(TypedDict, total=False):
 class Engine:
     """Loads a model and serves generation requests in-process.
 
+    `model_path` is a Hugging Face model folder, a .gguf file, or a Hugging Face Hub id ("org/name",
+    or "org/name-GGUF:Q4_K_M" for one quantization of a repo of GGUF files) fetched into the
+    Hugging Face cache, at `revision` (a branch, tag or commit; default main); None serves the
+    default model, SmolLM2-135M-Instruct, its weights dequantized to bfloat16 unless `dtype` or
+    `quantization` say otherwise.
+
     Options are named after SGLang's server arguments:
     `dtype` (weight precision: "auto" = float32 for float32 checkpoints, else bfloat16;
     "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
@@ -139,6 +145,7 @@ class Engine:
         self,
         model_path: str | None = None,
         *,
+        revision: str | None = None,
         dtype: str = "auto",
         context_length: int | None = None,
         page_size: int = 16,
@@ -181,7 +188,9 @@ class Engine:
         self.random_seed = random_seed
         self.max_n = max_n
         self.max_sequences_per_call = max_sequences_per_call
-        self.model = load_model(model_path, dtype=dtype, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+        self.model = load_model(model_path, dtype=dtype, revision=revision, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+        if quantization is not None:
+            self.model.precision_note = None  # the precision asked for, not the default model's
         stored = self.model.stored_quantization
         if quantization in ("awq", "gptq") and quantization != stored:
             raise InvalidRequestError(
@@ -402,7 +411,7 @@ class Engine:
 
     def get_server_info(self) -> JsonObject:
         stats = self._core.stats()
-        return {"model_path": self.model.source, "served_model_name": self.served_model_name, **stats}
+        return {"model_path": self.model.source, "served_model_name": self.served_model_name, "precision_note": self.model.precision_note, **stats}
 
     def shutdown(self) -> None:
         self._core.shutdown()

@@ -125,6 +125,8 @@ class LoadedModel(TokenizerFields):
     quantization: str | None = None
     # How the checkpoint stores its weights, whatever `dtype=` asked for (None: floats).
     stored_quantization: str | None = None
+    # Why the weights run in another precision than the checkpoint's default (the start-up line says it).
+    precision_note: str | None = None
     progress: bool = True  # a progress bar on stderr while the weights load
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
@@ -140,24 +142,30 @@ def load_model(
     model_path: str | os.PathLike[str] | None,
     *,
     dtype: str = "auto",
+    revision: str | None = None,
     skip_tokenizer_init: bool = False,
     progress: bool = True,
 ) -> LoadedModel:
-    """Read a Hugging Face model folder or a .gguf file (None: the default model, SmolLM2-135M-Instruct).
+    """Read a Hugging Face model folder or a .gguf file, or the model of a Hugging Face Hub id
+    ("org/name", "org/name-GGUF:Q4_K_M"; see `rsgl.loader.hub`) at `revision`; None: the default
+    model, SmolLM2-135M-Instruct.
 
     Only the config, the tokenizer and the weight files' headers are read here; the engine maps
     the weights when it starts. `dtype` picks the weight precision the engine computes with
     ("auto": float32 for float32 checkpoints, else bfloat16; a quantized GGUF file or an AWQ or
     GPTQ checkpoint then runs in its own quantization where rsgl has kernels for it, and any
-    other dtype dequantizes it).
+    other dtype dequantizes it; the default model's "auto" is `default_model.DTYPE`).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
+    precision_note = None
     if model_path is None:
-        from rsgl.loader.default_model import default_model_path
+        from rsgl.loader import default_model
 
-        model_path = default_model_path()
-    path = Path(model_path).expanduser()
+        model_path = default_model.default_model_path()
+        if dtype == "auto":
+            dtype, precision_note = default_model.DTYPE, default_model.DTYPE_NOTE
+    path, model_name = _local_path(str(model_path), revision)
     gguf_file = gguf_file_in(path)
     if gguf_file is not None:
         from rsgl.loader import gguf
@@ -167,8 +175,10 @@ def load_model(
         from rsgl.loader import hf
 
         model = hf.load(path, skip_tokenizer_init=skip_tokenizer_init)
+    model.model_name = model_name or model.model_name
     model.progress = progress
     model.stored_quantization = model.quantization
+    model.precision_note = precision_note
     if dtype != "auto":
         model.dtype = _DTYPE_ALIASES[dtype]
         if model.quantization in STORED_QUANTIZATIONS:
@@ -177,21 +187,37 @@ def load_model(
     return model
 
 
+def _local_path(model_path: str, revision: str | None) -> tuple[Path, str | None]:
+    """(the local file or folder `model_path` names, the name to serve it under when it is a Hub
+    id: the id as given, as SGLang and vLLM serve it)."""
+    from rsgl.loader import hub
+
+    path = Path(model_path).expanduser()
+    hub_id = None if path.exists() else hub.parse_hub_id(model_path)
+    if hub_id is not None:
+        return hub.resolve(hub_id, revision), model_path
+    if revision is not None:
+        raise InvalidRequestError(f"revision={revision!r} picks a version of a Hugging Face Hub repo; {model_path} is a local path.")
+    return path, None
+
+
 def gguf_file_in(path: Path) -> Path | None:
-    """The GGUF file `path` designates, or None for a Hugging Face folder."""
+    """The GGUF file `path` designates (the first shard of a split one), or None for a Hugging Face folder."""
     if not path.exists():
-        raise ModelLoadError(f"no such file or directory: {path}; pass a Hugging Face model folder or a .gguf file.")
+        raise ModelLoadError(f"no such file or directory: {path}; pass a Hugging Face model folder, a .gguf file, or a Hugging Face Hub id (org/name).")
     if path.is_file():
         if path.suffix.lower() != ".gguf":
             raise ModelLoadError(f"{path} is not a .gguf file; pass a Hugging Face model folder or a .gguf file.")
         return path
-    ggufs = sorted(path.glob("*.gguf"))
-    if not ggufs or any(path.glob("*.safetensors")):
+    from rsgl.loader.hub import gguf_models
+
+    models = gguf_models([file.name for file in path.glob("*.gguf")])
+    if not models or any(path.glob("*.safetensors")):
         return None
-    if len(ggufs) > 1:
-        names = ", ".join(file.name for file in ggufs)
-        raise ModelLoadError(f"{path} holds several .gguf files ({names}); pass the path of the one to load.")
-    return ggufs[0]
+    if len(models) > 1:
+        names = ", ".join(files[0] for files in models.values())
+        raise ModelLoadError(f"{path} holds several GGUF models ({names}); pass the path of the one to load.")
+    return path / next(iter(models.values()))[0]
 
 
 def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:

@@ -25,7 +25,11 @@ from rsgl.tools import FORMATS
 
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
-    "--model-path": {"help": "a .gguf file or a Hugging Face model folder (default: SmolLM2-135M-Instruct)"},
+    "--model-path": {
+        "help": "a .gguf file, a Hugging Face model folder, or a Hugging Face Hub id (org/name; org/name-GGUF:Q4_K_M picks a "
+        "quantization) fetched into the Hugging Face cache (default: SmolLM2-135M-Instruct)"
+    },
+    "--revision": {"help": "with a Hub id: the branch, tag or commit to serve (default: main)"},
     "--context-length": {"type": int, "help": "the longest prompt + completion, in tokens (default: the model's)"},
     "--max-running-requests": {"type": int, "help": "requests decoded together in one batch"},
     "--chunked-prefill-size": {"type": int, "help": "prompt tokens prefilled per step"},

@@ -22,6 +22,8 @@ def startup_summary(info: ServerInfo) -> list[str]:
     """What the server runs, from `Engine.get_server_info()` at start-up."""
     quantization = info["quantization"]
     weights = f"{info['dtype']}, quantization {quantization} (activations {info['activation_bits']}-bit)" if quantization else info["dtype"]
+    if info.get("precision_note"):
+        weights += f": {info['precision_note']}"
     hicache = info.get("hicache")
     ranks = f" over {info['tp_size']} tensor-parallel ranks" if info["tp_size"] > 1 else ""
     disk_tier = [f"Disk KV tier: {hicache['capacity_pages']} pages; {hicache['startup']}"] if hicache else []

@@ -7,6 +7,7 @@ use super::ggml::GgmlType;
 use super::gguf::{read_directory, GgufDirectory, GgufTensorInfo};
 use super::mapped::MappedFile;
 use crate::error::{EngineError, Result};
+use std::path::{Path, PathBuf};
 
 /// Architectures whose q/k rows llama.cpp's converter permutes (qwen files are not).
 const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral"];
@@ -51,6 +52,33 @@ pub struct HfTensor {
 pub fn directory(file: &MappedFile) -> Result<GgufDirectory> {
     read_directory(file.bytes())
         .map_err(|e| EngineError::ModelLoad(format!("{} is corrupt, truncated or not a GGUF file ({e}); download it again", file.path.display())))
+}
+
+/// The files of one model: `[path]` for a whole file; every shard in order for a file llama.cpp's
+/// gguf-split cut into `NAME-00001-of-00003.gguf`, `NAME-00002-of-00003.gguf`, ..., whichever
+/// shard `path` names (the first holds the metadata).
+pub fn shard_paths(path: &Path) -> Result<Vec<PathBuf>> {
+    let Some((stem, count)) = path.file_name().and_then(|name| name.to_str()).and_then(shard_name) else {
+        return Ok(vec![path.to_path_buf()]);
+    };
+    let shards: Vec<PathBuf> = (1..=count).map(|index| path.with_file_name(format!("{stem}-{index:05}-of-{count:05}.gguf"))).collect();
+    if let Some(missing) = shards.iter().find(|shard| !shard.is_file()) {
+        return Err(EngineError::ModelLoad(format!(
+            "{} is one of {count} shards, but {} is not beside it; download every shard of the model",
+            path.display(),
+            missing.display()
+        )));
+    }
+    Ok(shards)
+}
+
+/// "NAME-00002-of-00003.gguf" -> ("NAME", 3); None for a name of another form.
+fn shard_name(name: &str) -> Option<(&str, usize)> {
+    let (rest, count) = name.strip_suffix(".gguf")?.rsplit_once("-of-")?;
+    let (stem, index) = rest.rsplit_once('-')?;
+    let number = |text: &str| text.len().eq(&5).then(|| text.parse::<usize>().ok()).flatten();
+    let (index, count) = (number(index)?, number(count)?);
+    (1..=count).contains(&index).then_some((stem, count))
 }
 
 pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads: usize) -> Result<Vec<HfTensor>> {

@@ -275,22 +275,27 @@ impl WeightStore {
     /// Maps a GGUF file, its tensors renamed and laid out as in a Hugging Face checkpoint of
     /// `architecture` (the loader's normalized name) with `heads` query and `kv_heads` key/value
     /// heads. Tensors with no Hugging Face counterpart keep their GGUF names.
+    /// A model cut into shards by llama.cpp's gguf-split maps every shard, whichever one `path` names.
     pub fn open_gguf(path: &Path, architecture: &str, heads: usize, kv_heads: usize) -> Result<WeightStore> {
-        let file = MappedFile::open(path)?;
-        let tensors = gguf_layout::hf_tensors(&file, architecture, heads, kv_heads)?;
         let mut store = WeightStore::new();
-        store.sources.push(Arc::new(Source::Mapped(file)));
-        for tensor in tensors {
-            let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
-            let entry = Entry { source: 0, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None };
-            store.add(tensor.name, entry);
+        for shard in gguf_layout::shard_paths(path)? {
+            let file = MappedFile::open(&shard)?;
+            let source = store.sources.len();
+            for tensor in gguf_layout::hf_tensors(&file, architecture, heads, kv_heads)? {
+                let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
+                let entry = Entry { source, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None };
+                store.add(tensor.name, entry);
+            }
+            store.sources.push(Arc::new(Source::Mapped(file)));
         }
         Ok(store)
     }
 
-    /// A GGUF file's metadata (config, tokenizer, chat template), as JSON values by key.
+    /// A GGUF file's metadata (config, tokenizer, chat template), as JSON values by key; a sharded
+    /// model's, from its first shard, which holds them.
     pub fn gguf_metadata(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {
-        Ok(gguf_layout::directory(&MappedFile::open(path)?)?.metadata)
+        let first = gguf_layout::shard_paths(path)?.swap_remove(0);
+        Ok(gguf_layout::directory(&MappedFile::open(&first)?)?.metadata)
     }
 
     fn add(&mut self, name: String, entry: Entry) {

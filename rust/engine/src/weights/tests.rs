@@ -177,6 +177,26 @@ fn gguf_tensors_come_out_in_hugging_face_names_and_layout() {
 }
 
 #[test]
+fn a_sharded_gguf_model_maps_every_shard_whichever_is_named() {
+    let row = |value: f32| le_bytes(&[value; 4], f32::to_le_bytes);
+    let first = TempFile::new("split-00001-of-00002.gguf", &gguf(&[("token_embd.weight", vec![4, 1], 0, row(1.0))]));
+    let text = error_text(WeightStore::open_gguf(&first.0, "qwen2", 1, 1));
+    assert!(text.contains("is one of 2 shards") && text.contains("split-00002-of-00002.gguf is not beside it"), "{text}");
+    let second = TempFile::new("split-00002-of-00002.gguf", &gguf(&[("output_norm.weight", vec![4], 0, row(2.0))]));
+    for named in [&first.0, &second.0] {
+        let store = WeightStore::open_gguf(named, "qwen2", 1, 1).unwrap();
+        assert_eq!(store.names(), ["model.embed_tokens.weight", "model.norm.weight"]);
+        assert_eq!(store.read("model.embed_tokens.weight").unwrap(), [1.0; 4]);
+        assert_eq!(store.read("model.norm.weight").unwrap(), [2.0; 4]);
+    }
+    // Names that only look like shards are whole files.
+    for name in ["split-00003-of-00002.gguf", "split-1-of-2.gguf"] {
+        let whole = TempFile::new(name, &gguf(&[("output_norm.weight", vec![4], 0, row(3.0))]));
+        assert_eq!(WeightStore::open_gguf(&whole.0, "qwen2", 1, 1).unwrap().names(), ["model.norm.weight"]);
+    }
+}
+
+#[test]
 fn broken_gguf_files_name_the_file_and_tensor() {
     let tensor = ("blk.0.attn_q.weight", vec![32u64, 2], 8u32, vec![0u8; 2 * 34]); // Q8_0: 34 bytes a block
     let good = gguf(std::slice::from_ref(&tensor));
