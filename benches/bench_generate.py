@@ -1,5 +1,7 @@
 """Generation speed of rsgl against transformers on the default model (SmolLM2-135M-Instruct),
-both on the same number of threads, in one run.
+both on the same number of threads, in one run: rsgl as it serves the default model (requantized to
+W8A8 int8), with the file's Q4_1 blocks as stored (`quantization="gguf"`) and dequantized to
+bfloat16, each in its own process with its load time and peak RSS.
 
     python benches/bench_generate.py [--threads 2] [--json bench-results/generate.json] [--skip-transformers]
 
@@ -17,9 +19,12 @@ benchmark, not a test.
 from __future__ import annotations
 
 import argparse
+import resource
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 from bench_report import machine_fields, write_json
@@ -84,6 +89,24 @@ def measure(generate: Generate, warm_up: list[int], short_prompts: list[list[int
     return results
 
 
+def measure_rsgl(threads: int, options: dict, prompts: tuple, repeats: int) -> tuple[dict, dict]:
+    """rsgl's speeds, load seconds and peak RSS (this process's: run it in one of its own), and its server info."""
+    import rsgl
+
+    start = time.perf_counter()
+    with rsgl.Engine(threads=threads, progress=False, disable_radix_cache=True, **options) as llm:
+        load_s = time.perf_counter() - start
+        results = measure(rsgl_generate(llm), *prompts, repeats)
+        info = llm.get_server_info()
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return {**results, "load_s": load_s, "peak_rss_mb": peak_mb}, info
+
+
+def isolated(fn, *args):
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
 def rsgl_generate(llm) -> Generate:
     def generate(prompts: list[list[int]], new_tokens: int) -> None:
         params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
@@ -127,12 +150,13 @@ def transformers_generate(gguf: Path, threads: int) -> Generate:
 def print_table(results: dict[str, dict]) -> None:
     engines = list(results)
     metrics = list(results[engines[0]])
-    columns = ["metric", *engines] + (["rsgl / transformers"] if len(engines) == 2 else [])
+    compared = "transformers" in results
+    columns = ["metric", *engines] + (["rsgl / transformers"] if compared else [])
     rows = []
     for m in metrics:
-        values = [results[e][m] for e in engines]
-        ratio = [f"{values[0] / values[1]:.2f}x"] if len(values) == 2 else []
-        rows.append([m, *(f"{v:.1f}" for v in values), *ratio])
+        values = [results[e].get(m) for e in engines]
+        ratio = [f"{values[0] / values[-1]:.2f}x" if values[-1] else "-"] if compared else []
+        rows.append([m, *(f"{v:.1f}" if v is not None else "-" for v in values), *ratio])
     widths = [max(len(str(r[c])) for r in [columns, *rows]) for c in range(len(columns))]
     for row in [columns, ["-" * w for w in widths], *rows]:
         print("  ".join(str(cell).rjust(w) for cell, w in zip(row, widths)))
@@ -149,18 +173,18 @@ def main() -> None:
 
     gguf = Path(default_model_path())
     log(f"model {gguf}, {args.threads} thread(s)")
-    llm = rsgl.Engine(threads=args.threads, progress=False, disable_radix_cache=True)
-    short_prompts = [llm.tokenize(p) for p in SHORT_PROMPTS]
-    long_prompt, warm_up = (repeated(llm.tokenize(text), PREFILL_TOKENS) for text in (LONG_TEXT, WARM_UP_TEXT))
-
-    log("measuring rsgl ...")
-    results = {"rsgl": measure(rsgl_generate(llm), warm_up, short_prompts, long_prompt, args.repeats)}
-    info = llm.get_server_info()
-    llm.shutdown()
-    assert info["cache_hit_tokens"] == 0, info
+    with rsgl.Engine(threads=1, progress=False) as llm:
+        short_prompts = [llm.tokenize(p) for p in SHORT_PROMPTS]
+        long_prompt, warm_up = (repeated(llm.tokenize(text), PREFILL_TOKENS) for text in (LONG_TEXT, WARM_UP_TEXT))
+    prompts = (warm_up, short_prompts, long_prompt)
+    results = {}
+    for name, options in (("rsgl", {}), ("rsgl as stored", {"quantization": "gguf"}), ("rsgl bf16", {"dtype": "bfloat16"})):
+        log(f"measuring {name} ...")
+        results[name], info = isolated(measure_rsgl, args.threads, options, prompts, args.repeats)
+        assert info["cache_hit_tokens"] == 0, info
     if not args.skip_transformers:
         log("measuring transformers ...")
-        results["transformers"] = measure(transformers_generate(gguf, args.threads), warm_up, short_prompts, long_prompt, args.repeats)
+        results["transformers"] = measure(transformers_generate(gguf, args.threads), *prompts, args.repeats)
 
     print_table(results)
     report = {

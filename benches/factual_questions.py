@@ -1,7 +1,7 @@
 """Greedy answers to simple factual questions from a model run as its file stores it (a 4-bit GGUF
 on rsgl's W4A8 kernels, with 8-bit activations, the default, and with 16-bit ones,
-`activation_bits=16`) and dequantized to bfloat16: a question the 16-bit model answers right
-should stay right. Every question is reported, right or wrong in each, beside llama.cpp's
+`activation_bits=16`), dequantized to bfloat16, and requantized to W8A8 int8 (how rsgl serves its
+default model): a question the 16-bit model answers right should stay right. Every question is reported, right or wrong in each, beside llama.cpp's
 answer from the same file (which quantizes activations to 8 bits for its 4-bit dot products too).
 
     python benches/factual_questions.py [--model PATH.gguf] [--skip-llamacpp] [--json bench-results/factual.json]
@@ -55,11 +55,11 @@ QUESTIONS = [
 NEW_TOKENS = 48
 
 
-def answers(model: str | None, dtype: str, activation_bits: int = 8) -> tuple[list[list[int]], list[str]]:
+def answers(model: str | None, options: dict) -> tuple[list[list[int]], list[str]]:
     """rsgl's prompt ids and answers."""
     import rsgl
 
-    with rsgl.Engine(model, dtype=dtype, activation_bits=activation_bits, threads=2, progress=False) as llm:
+    with rsgl.Engine(model, threads=2, progress=False, **options) as llm:
         prompts = [llm.tokenize(llm.apply_chat_template([{"role": "user", "content": q}])) for q, _ in QUESTIONS]
         params = {"temperature": 0, "max_new_tokens": NEW_TOKENS}
         return prompts, [out["text"] for out in llm.generate(input_ids=prompts, sampling_params=params)]
@@ -131,15 +131,16 @@ def main() -> None:
 
     model_path = args.model or str(default_model_path())
     loaded = load_model(model_path, progress=False)
-    prompts, stored = isolated(answers, model_path, "auto")
-    _, stored_16 = isolated(answers, model_path, "auto", 16)
-    _, bf16 = isolated(answers, model_path, "bfloat16")
+    prompts, stored = isolated(answers, model_path, {})
+    _, stored_16 = isolated(answers, model_path, {"activation_bits": 16})
+    _, bf16 = isolated(answers, model_path, {"dtype": "bfloat16"})
+    _, w8a8 = isolated(answers, model_path, {"quantization": "w8a8_int8"})
     llama = [None] * len(QUESTIONS)
     if not args.skip_llamacpp:
         llama = [loaded.tokenizer.decode(ids) for ids in isolated(llamacpp_answers, model_path, prompts, loaded.eos_token_ids)]
-    keys = ("bf16", "as_stored", "as_stored_16", "llama_cpp")
+    keys = ("bf16", "as_stored", "as_stored_16", "w8a8", "llama_cpp")
     rows = []
-    for (question, expected), *found in zip(QUESTIONS, bf16, stored, stored_16, llama):
+    for (question, expected), *found in zip(QUESTIONS, bf16, stored, stored_16, w8a8, llama):
         row = {"question": question, "expected": expected, **dict(zip(keys, found))}
         row.update({f"{key}_right": right(row[key], expected) for key in keys if row[key] is not None})
         rows.append(row)

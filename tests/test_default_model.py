@@ -1,7 +1,7 @@
 """The default model (SmolLM2-135M-Instruct, Q4_1 GGUF) against transformers loading the same
 file (same dequantized weights, fp32): greedy tokens must be identical in float32; in bfloat16
-(what the server runs by default) the argmax must agree at nearly every teacher-forced step; and
-the server started with no options answers the first questions a new user asks right."""
+the argmax must agree at nearly every teacher-forced step; and the server started with no options
+(the weights requantized to W8A8) answers the first questions a new user asks right."""
 
 from __future__ import annotations
 
@@ -50,9 +50,9 @@ def test_greedy_32_tokens_match_transformers(prompt, llm, hf_model):
     assert got["output_ids"] == want
 
 
-def test_bfloat16_is_the_default_and_follows_transformers(hf_model):
-    with rsgl.Engine(threads=2, progress=False) as engine:
-        assert engine.get_server_info()["dtype"] == "bfloat16"
+def test_bfloat16_follows_transformers(hf_model):
+    with rsgl.Engine(threads=2, dtype="bfloat16", progress=False) as engine:
+        assert (engine.get_server_info()["dtype"], engine.get_server_info()["quantization"]) == ("bfloat16", None)
         agree = total = 0
         for prompt in PROMPTS:
             ids = engine.tokenize(prompt)
@@ -102,4 +102,4 @@ def test_the_server_with_no_options_answers_the_first_questions_right(tmp_path):
             )
             assert capital in answer.choices[0].message.content, answer.choices[0].message.content
     log = (tmp_path / "server.log").read_text()
-    assert "weights: bfloat16: the default model's Q4_1 weights dequantized to bfloat16" in log
+    assert "weights: bfloat16, quantization w8a8_int8 (activations 8-bit): the default model's Q4_1 weights requantized to W8A8" in log

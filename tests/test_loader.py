@@ -183,7 +183,7 @@ def test_truncated_safetensors_fails_before_loading(tiny_folders, tmp_path):
 
 
 def test_missing_path_and_missing_config(tmp_path):
-    with pytest.raises(ModelLoadError, match="no such file or directory.*Hugging Face model folder or a .gguf file"):
+    with pytest.raises(ModelLoadError, match=r"no such file or directory.*Hugging Face model folder, a .gguf file, or a Hugging Face Hub id \(org/name\)"):
         load(tmp_path / "nowhere")
     with pytest.raises(ModelLoadError, match="has no config.json"):
         load(tmp_path)

@@ -154,17 +154,17 @@ def load_model(
     the weights when it starts. `dtype` picks the weight precision the engine computes with
     ("auto": float32 for float32 checkpoints, else bfloat16; a quantized GGUF file or an AWQ or
     GPTQ checkpoint then runs in its own quantization where rsgl has kernels for it, and any
-    other dtype dequantizes it; the default model's "auto" is `default_model.DTYPE`).
+    other dtype dequantizes it; the default model's "auto" is `default_model.QUANTIZATION`).
     """
     if dtype not in _ACCEPTED_DTYPES:
         raise InvalidRequestError(f"dtype must be one of {', '.join(_ACCEPTED_DTYPES)}; got {dtype!r}.")
-    precision_note = None
+    default_precision = None
     if model_path is None:
         from rsgl.loader import default_model
 
         model_path = default_model.default_model_path()
         if dtype == "auto":
-            dtype, precision_note = default_model.DTYPE, default_model.DTYPE_NOTE
+            dtype, default_precision = default_model.DTYPE, (default_model.QUANTIZATION, default_model.PRECISION_NOTE)
     path, model_name = _local_path(str(model_path), revision)
     gguf_file = gguf_file_in(path)
     if gguf_file is not None:
@@ -178,12 +178,13 @@ def load_model(
     model.model_name = model_name or model.model_name
     model.progress = progress
     model.stored_quantization = model.quantization
-    model.precision_note = precision_note
     if dtype != "auto":
         model.dtype = _DTYPE_ALIASES[dtype]
         if model.quantization in STORED_QUANTIZATIONS:
             # An explicit dtype asks for the file's quantized weights dequantized to it.
             model.quantization = None
+    if default_precision is not None:
+        model.quantization, model.precision_note = default_precision
     return model
 
 
