@@ -41,7 +41,9 @@ def test_startup_summary_step_lines_and_request_log(tmp_path: Path):
         log_path = tmp_path / "server.log"
         info = httpx.get(f"{url}/get_server_info", headers=AUTH).json()
         assert f"Model: {info['model_path']} (served as {info['served_model_name']}); weights: {info['dtype']}" in log_path.read_text()
-        wait_for_line(log_path, rf"KV cache: {info['kv_cache_dtype']}, {info['kv_pages_total']} pages of {info['page_size']} tokens \({info['max_total_tokens']} tokens\)")
+        wait_for_line(
+            log_path, rf"KV cache: {info['kv_cache_dtype']}, {info['kv_pages_total']} pages of {info['page_size']} tokens \({info['max_total_tokens']} tokens\)"
+        )
         wait_for_line(log_path, rf"Kernels: {info['kernels']} \(int8: {info['int8_kernels']}\); threads: 1; context length: {info['context_length']}$")
 
         body = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}, "rid": "log-test-1"}

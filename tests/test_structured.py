@@ -15,6 +15,7 @@ import jsonschema
 import openai
 import pytest
 import rsgl
+from rsgl._core import relax_json_schema
 from rsgl.errors import InvalidRequestError
 from server_helpers import API_KEY, assert_openai_error
 
@@ -78,8 +79,10 @@ def test_every_json_schema_output_validates(server_url: str):
     ]
     failures = []
     for entry, (text, finish_reason) in zip(SCHEMAS, asyncio.run(sample_all(server_url, requests))):
+        # The schema as the grammar enforces it: keywords the policy relaxes (and reports) may not hold.
+        enforced = json.loads(relax_json_schema(json.dumps(entry["schema"]))[0])
         try:
-            jsonschema.validate(json.loads(text), entry["schema"])
+            jsonschema.validate(json.loads(text), enforced)
         except (ValueError, jsonschema.ValidationError) as error:
             failures.append(f"{entry['name']} ({finish_reason}): {text!r}: {str(error)[:200]}")
     assert not failures, "\n".join(failures)

@@ -162,7 +162,9 @@ def test_forced_calls_parse_and_match_the_schema(server: str, tool_choice, paral
 
 def test_forced_calls_follow_parameters_the_schema_policy_relaxes(server: str):
     client = openai_client(server)
-    answer = client.chat.completions.create(model="default", messages=QUESTION, tools=[TAGGING_TOOL], tool_choice="required", max_tokens=120, seed=0)
+    answer = client.chat.completions.create(
+        model="default", messages=QUESTION, tools=[TAGGING_TOOL], tool_choice="required", parallel_tool_calls=False, max_tokens=120, seed=0
+    )
     assert_finished_with_calls(answer.choices[0].finish_reason, parallel=False)
     (call,) = answer.choices[0].message.tool_calls
     # What the grammar does enforce holds: all but uniqueItems (oneOf's branches cannot both match).

@@ -35,8 +35,10 @@ def relax_json_schema(schema: str) -> tuple[str, list[dict[str, str]]]:
 
 def architectures() -> list[dict[str, Any]]:
     """The architectures the engine runs, one dict each: `name` (rsgl's, the transformers
-    model_type), `hf_class`, `gguf_name`, `attention_bias`, `qk_norm`, `sliding_window` and `moe`
-    (None for dense MLPs)."""
+    model_type), `hf_class`, `gguf_name` (None: no GGUF support yet), `assembly` (where its layers'
+    norms sit: `attention` and `mlp`, each `{"pre", "post"}` norm names or None, and `qk_norm`:
+    "none", "per_head" or "all_heads"), `attention_bias`, `sliding_window` and `moe` (None for
+    dense MLPs)."""
 
 def normalize_hf_config(config: Mapping[str, Any]) -> ModelConfig:
     """The normalized model config of a transformers config.json (4.x or 5.x layout); raises

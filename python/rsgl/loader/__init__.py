@@ -32,6 +32,8 @@ from rsgl.errors import InvalidRequestError, ModelLoadError
 __all__ = ["LoadedModel", "ModelConfig", "load_model", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = tuple(architecture["name"] for architecture in architectures())
+# How each architecture's layers are put together (the Rust core's `model::archs`), by name.
+_ASSEMBLIES = {architecture["name"]: architecture["assembly"] for architecture in architectures()}
 
 # `dtype=` names (as in vLLM / SGLang) -> the weight precision the Rust core packs.
 _DTYPE_ALIASES = {"float32": "float32", "float": "float32", "bfloat16": "bfloat16", "float16": "float16", "half": "float16"}
@@ -53,6 +55,15 @@ class RopeScaling(TypedDict):
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: float
+
+
+class Scales(TypedDict):
+    """Granite's multipliers (1, and None for `attention`, elsewhere)."""
+
+    embedding: float
+    residual: float
+    attention: float | None
+    logits_divisor: float
 
 
 class MoeConfig(TypedDict):
@@ -86,6 +97,8 @@ class ModelConfig(TypedDict):
     max_position_embeddings: int
     moe: MoeConfig | None
     pooling: Literal["last", "mean", "cls"] | None  # how an embedding is pooled, when the files say
+    scales: Scales
+    no_rope_layers: list[int]  # layers that leave q and k unrotated (SmolLM3's NoPE layers)
 
 
 @dataclass
@@ -227,19 +240,21 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     head_dim = config["head_dim"]
     q_rows = config["num_attention_heads"] * head_dim
     kv_rows = config["num_key_value_heads"] * head_dim
+    assembly = _ASSEMBLIES[config["architecture"]]
+    norms = [name for sublayer in ("attention", "mlp") for name in (assembly[sublayer]["pre"], assembly[sublayer]["post"]) if name]
+    qk_norm = {"per_head": (head_dim, head_dim), "all_heads": (q_rows, kv_rows)}.get(assembly["qk_norm"])
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
-        shapes[prefix + "input_layernorm.weight"] = (hidden,)
+        shapes.update({f"{prefix}{name}.weight": (hidden,) for name in norms})
         for proj, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
             shapes[prefix + f"self_attn.{proj}_proj.weight"] = (rows, hidden)
             if config["attention_bias"]:
                 shapes[prefix + f"self_attn.{proj}_proj.bias"] = (rows,)
         shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_rows)
-        if config["qk_norm"]:
-            shapes[prefix + "self_attn.q_norm.weight"] = (head_dim,)
-            shapes[prefix + "self_attn.k_norm.weight"] = (head_dim,)
-        shapes[prefix + "post_attention_layernorm.weight"] = (hidden,)
+        if qk_norm:
+            shapes[prefix + "self_attn.q_norm.weight"] = (qk_norm[0],)
+            shapes[prefix + "self_attn.k_norm.weight"] = (qk_norm[1],)
         if config["moe"]:
             shapes.update(_moe_shapes(prefix, config["moe"], config))
         else:

@@ -28,6 +28,7 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     config.pop("qk_norm")  # implied by the architecture (qwen3, qwen3_moe)
     config.pop("pooling")  # sentence-transformers' files carry it, not config.json
     moe = config.pop("moe")
+    scales, no_rope_layers = config.pop("scales"), config.pop("no_rope_layers")
     hf = {
         "architectures": [MODEL_CLASS[architecture]],
         "model_type": architecture,
@@ -39,6 +40,15 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     }
     if moe:
         hf.update(_hf_moe_fields(architecture, moe))
+    if architecture == "granite":
+        hf.update(
+            embedding_multiplier=scales["embedding"],
+            residual_multiplier=scales["residual"],
+            attention_multiplier=scales["attention"],
+            logits_scaling=scales["logits_divisor"],
+        )
+    if no_rope_layers:
+        hf["no_rope_layers"] = [int(layer not in no_rope_layers) for layer in range(model.config["num_hidden_layers"])]
     if quantization_config is not None:
         hf["quantization_config"] = quantization_config
     return hf

@@ -45,6 +45,35 @@ pub struct ModelConfig {
     /// config, a GGUF file's `pooling_type`); embedding engines pool the last token otherwise.
     #[serde(default)]
     pub pooling: Option<Pooling>,
+    /// Scales some models put on the embeddings, the sublayers' outputs, the attention scores
+    /// and the logits (Granite's multipliers); none elsewhere.
+    #[serde(default)]
+    pub scales: Scales,
+    /// Layers that leave q and k unrotated (SmolLM3's NoPE layers).
+    #[serde(default)]
+    pub no_rope_layers: Vec<usize>,
+}
+
+/// Granite's `embedding_multiplier`, `residual_multiplier` (on each sublayer's output before it
+/// joins the residual stream), `attention_multiplier` (the attention score scale, in place of
+/// 1/sqrt(head_dim)) and `logits_scaling` (the logits' divisor).
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Scales {
+    #[serde(serialize_with = "as_written")]
+    pub embedding: f32,
+    #[serde(serialize_with = "as_written")]
+    pub residual: f32,
+    #[serde(serialize_with = "option_as_written")]
+    pub attention: Option<f32>,
+    #[serde(serialize_with = "as_written")]
+    pub logits_divisor: f32,
+}
+
+impl Default for Scales {
+    fn default() -> Self {
+        Scales { embedding: 1.0, residual: 1.0, attention: None, logits_divisor: 1.0 }
+    }
 }
 
 /// A sparse MLP: a router picks `experts_per_token` of `num_experts` SwiGLU experts per token
@@ -81,7 +110,7 @@ impl ModelConfig {
 
     fn validate(&self) -> Result<()> {
         if Architecture::named(&self.architecture).is_none() {
-            let supported = Architecture::list(|a| a.name);
+            let supported = Architecture::list(|a| Some(a.name));
             return Err(EngineError::UnsupportedModel(format!("architecture {:?} is not supported; rsgl runs {supported}", self.architecture)));
         }
         let positive = [
@@ -135,6 +164,13 @@ impl ModelConfig {
 /// not the 9.99999974e-6 its widening to f64 gives).
 fn as_written<S: Serializer>(value: &f32, serializer: S) -> std::result::Result<S::Ok, S::Error> {
     serializer.serialize_f64(value.to_string().parse().expect("a float's text parses"))
+}
+
+fn option_as_written<S: Serializer>(value: &Option<f32>, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    match value {
+        Some(value) => as_written(value, serializer),
+        None => serializer.serialize_none(),
+    }
 }
 
 /// Weight precision. Activations stay f32 (kernels with bf16 dot products round them to bf16).

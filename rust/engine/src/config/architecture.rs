@@ -2,6 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
+use crate::model::archs::{llama, olmo2, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -10,12 +11,13 @@ pub struct Architecture {
     pub name: &'static str,
     /// The transformers model class (config.json's `architectures`).
     pub hf_class: &'static str,
-    /// GGUF's `general.architecture` (llama.cpp files a Mixtral as a llama with experts).
-    pub gguf_name: &'static str,
+    /// GGUF's `general.architecture` (llama.cpp files a Mixtral as a llama with experts); None:
+    /// rsgl reads this architecture from Hugging Face folders only, so far.
+    pub gguf_name: Option<&'static str>,
+    /// How its layers are put together (`model::archs`).
+    pub assembly: Assembly,
     /// q/k/v projections with biases, whatever config.json's `attention_bias` says.
     pub attention_bias: bool,
-    /// An RMS norm over each head of q and k.
-    pub qk_norm: bool,
     /// config.json's `sliding_window` applies even without `use_sliding_window`.
     pub sliding_window: bool,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
@@ -33,18 +35,22 @@ pub struct MoeFacts {
     pub gguf_renormalizes_top_k: bool,
 }
 
-/// A dense architecture without biases, q/k norms or a sliding window; each row says how it differs.
-const PLAIN: Architecture = Architecture { name: "", hf_class: "", gguf_name: "", attention_bias: false, qk_norm: false, sliding_window: false, moe: None };
+/// A dense Llama-built architecture without biases or a sliding window; each row says how it differs.
+const PLAIN: Architecture =
+    Architecture { name: "", hf_class: "", gguf_name: None, assembly: llama::LLAMA, attention_bias: false, sliding_window: false, moe: None };
 
 pub const ARCHITECTURES: &[Architecture] = &[
-    Architecture { name: "llama", hf_class: "LlamaForCausalLM", gguf_name: "llama", ..PLAIN },
-    Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: "mistral", sliding_window: true, ..PLAIN },
-    Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: "qwen2", attention_bias: true, ..PLAIN },
-    Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: "qwen3", qk_norm: true, ..PLAIN },
+    Architecture { name: "llama", hf_class: "LlamaForCausalLM", gguf_name: Some("llama"), ..PLAIN },
+    Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: Some("mistral"), sliding_window: true, ..PLAIN },
+    Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: Some("qwen2"), attention_bias: true, ..PLAIN },
+    Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: Some("qwen3"), assembly: llama::QWEN3, ..PLAIN },
+    Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", ..PLAIN },
+    Architecture { name: "granite", hf_class: "GraniteForCausalLM", ..PLAIN },
+    Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", assembly: olmo2::OLMO2, ..PLAIN },
     Architecture {
         name: "mixtral",
         hf_class: "MixtralForCausalLM",
-        gguf_name: "llama",
+        gguf_name: Some("llama"),
         sliding_window: true,
         moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
         ..PLAIN
@@ -52,7 +58,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "qwen2_moe",
         hf_class: "Qwen2MoeForCausalLM",
-        gguf_name: "qwen2moe",
+        gguf_name: Some("qwen2moe"),
         attention_bias: true,
         moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: false }),
         ..PLAIN
@@ -60,8 +66,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "qwen3_moe",
         hf_class: "Qwen3MoeForCausalLM",
-        gguf_name: "qwen3moe",
-        qk_norm: true,
+        gguf_name: Some("qwen3moe"),
+        assembly: llama::QWEN3,
         moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
         ..PLAIN
     },
@@ -82,14 +88,15 @@ impl Architecture {
     /// The architecture of a GGUF file named `gguf_name`, with or without experts (llama.cpp
     /// files a Mixtral as a llama with experts).
     pub fn of_gguf(gguf_name: &str, has_experts: bool) -> Option<&'static Architecture> {
-        let named = || ARCHITECTURES.iter().filter(move |a| a.gguf_name == gguf_name);
+        let named = || ARCHITECTURES.iter().filter(move |a| a.gguf_name == Some(gguf_name));
         named().find(|a| a.moe.is_some() == has_experts).or_else(|| named().next())
     }
 
-    /// One name of every architecture, for messages saying what rsgl runs: "llama, mistral, ...".
-    pub fn list(name: fn(&Architecture) -> &'static str) -> String {
+    /// One name of every architecture (that has one), for messages saying what rsgl runs:
+    /// "llama, mistral, ...".
+    pub fn list(name: fn(&Architecture) -> Option<&'static str>) -> String {
         let mut names: Vec<&str> = Vec::new();
-        for listed in ARCHITECTURES.iter().map(name) {
+        for listed in ARCHITECTURES.iter().filter_map(name) {
             if !names.contains(&listed) {
                 names.push(listed); // GGUF names repeat: llama.cpp files a Mixtral as a llama
             }
@@ -116,5 +123,6 @@ mod tests {
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe");
+        assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), None);
     }
 }

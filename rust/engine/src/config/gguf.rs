@@ -3,8 +3,9 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{ModelConfig, MoeConfig};
+use super::{ModelConfig, MoeConfig, Scales};
 use crate::error::{EngineError, Result};
+use crate::model::archs::QkNorm;
 use crate::pooling::Pooling;
 use crate::weights::WeightStore;
 use std::path::Path;
@@ -59,11 +60,13 @@ impl ModelConfig {
             rope_theta: keys.number("rope.freq_base")?.unwrap_or(10000.0),
             rope_scaling: None,
             attention_bias: store.contains("model.layers.0.self_attn.q_proj.bias"),
-            qk_norm: architecture.qk_norm,
+            qk_norm: architecture.assembly.qk_norm != QkNorm::None,
             tie_word_embeddings: !store.contains("lm_head.weight"),
             max_position_embeddings: keys.count("context_length")?,
             moe: architecture.moe.as_ref().map(|facts| moe(&keys, facts)).transpose()?,
             pooling: keys.optional_count("pooling_type")?.and_then(Pooling::from_gguf),
+            scales: Scales::default(),
+            no_rope_layers: Vec::new(),
         };
         config.validate()?;
         Ok(config)

@@ -3,8 +3,9 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, Keys};
-use super::{ModelConfig, MoeConfig, RopeScaling};
+use super::{ModelConfig, MoeConfig, RopeScaling, Scales};
 use crate::error::{EngineError, Result};
+use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
@@ -42,12 +43,14 @@ impl ModelConfig {
             rope_theta,
             rope_scaling,
             attention_bias: architecture.attention_bias || hf.flag("attention_bias"),
-            qk_norm: architecture.qk_norm,
+            qk_norm: architecture.assembly.qk_norm != QkNorm::None,
             tie_word_embeddings: hf.flag("tie_word_embeddings"),
             max_position_embeddings: context_limit(&hf, architecture)?,
             moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?,
             // In sentence-transformers' files next to config.json, which the loader reads.
             pooling: None,
+            scales: scales(&hf)?,
+            no_rope_layers: no_rope_layers(&hf)?,
         };
         config.validate()?;
         Ok(config)
@@ -63,7 +66,7 @@ fn architecture(hf: &Keys) -> Result<&'static Architecture> {
     };
     found.ok_or_else(|| {
         let named = class.or(model_type).map_or_else(|| "an unnamed architecture".into(), |name| format!("the {} architecture", quoted(name)));
-        EngineError::UnsupportedModel(format!("rsgl does not support {named}; it runs {}.", Architecture::list(|a| a.hf_class)))
+        EngineError::UnsupportedModel(format!("rsgl does not support {named}; it runs {}.", Architecture::list(|a| Some(a.hf_class))))
     })
 }
 
@@ -100,6 +103,24 @@ fn context_limit(hf: &Keys, architecture: &Architecture) -> Result<usize> {
     let limit = hf.count("max_position_embeddings")?;
     let window = if architecture.sliding_window || hf.flag("use_sliding_window") { hf.optional_count("sliding_window")? } else { None };
     Ok(window.map_or(limit, |window| limit.min(window)))
+}
+
+/// Granite's multipliers, where the config has them.
+fn scales(hf: &Keys) -> Result<Scales> {
+    let one = |key: &str| -> Result<f32> { Ok(hf.number(key)?.unwrap_or(1.0) as f32) };
+    Ok(Scales {
+        embedding: one("embedding_multiplier")?,
+        residual: one("residual_multiplier")?,
+        attention: hf.number("attention_multiplier")?.map(|scale| scale as f32),
+        logits_divisor: one("logits_scaling")?,
+    })
+}
+
+/// SmolLM3's `no_rope_layers` (1: the layer uses rope, 0: it does not), as the layers without.
+fn no_rope_layers(hf: &Keys) -> Result<Vec<usize>> {
+    let Some(flags) = hf.set("no_rope_layers") else { return Ok(Vec::new()) };
+    let flags = flags.as_array().ok_or_else(|| hf.broken("config.json: no_rope_layers is not a list".into()))?;
+    Ok(flags.iter().enumerate().filter(|(_, uses_rope)| uses_rope.as_u64() == Some(0)).map(|(layer, _)| layer).collect())
 }
 
 /// The sparse MLP, which the runner puts in every layer: Qwen MoE configs that make some

@@ -11,7 +11,7 @@ use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSpec, LlgBackend};
 use crate::kv::disk::{DiskTier, DiskTierOptions};
 use crate::kv::{KvCache, PagePool};
-use crate::model::{Compute, LlamaModel, ModelOutput, Precision};
+use crate::model::{Compute, DecoderModel, ModelOutput, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
@@ -135,7 +135,7 @@ impl Engine {
         let pooling = cfg.pooling.unwrap_or_default();
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
         let fingerprint = opts.hicache_dir.as_ref().map(|_| cache_fingerprint(&cfg, &weights, &opts));
-        let model = LlamaModel::new(cfg, weights, context_length, precision, output, computes)?;
+        let model = DecoderModel::new(cfg, weights, context_length, precision, output, computes)?;
         let num_pages = opts.kv_pages(model.config());
         let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype, &model.kv_heads_per_rank());
         let mut disk = match (&opts.hicache_dir, fingerprint) {

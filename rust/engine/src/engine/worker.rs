@@ -6,7 +6,7 @@ use super::Command;
 use crate::error::{invalid, Result};
 use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSpec};
 use crate::kv::KvCache;
-use crate::model::LlamaModel;
+use crate::model::DecoderModel;
 use crate::pooling::Pooling;
 use crate::request::{EmbedRequest, GenerateRequest, OutputSink};
 use crate::sample::Rng;
@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 pub(super) struct Worker {
-    pub(super) model: LlamaModel,
+    pub(super) model: DecoderModel,
     pub(super) kv: KvCache,
     pub(super) scheduler: Scheduler,
     pub(super) tokenizer: Option<Arc<TokenTable>>,

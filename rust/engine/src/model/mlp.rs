@@ -1,8 +1,8 @@
 //! The MLP of a decoder layer: one SwiGLU block (dense models), or a router choosing a few of
 //! many SwiGLU experts per token (mixture of experts), with Qwen2-MoE's gated shared expert.
 
+use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
-use super::llama::Precision;
 use super::tensor_parallel::Shard;
 use crate::config::{ModelConfig, MoeConfig};
 use crate::error::Result;

@@ -1,14 +1,15 @@
-//! The Llama-family model runner (Llama 2/3, SmolLM, Mistral, Qwen2/2.5, Qwen3) and its
-//! mixture-of-experts variants (Mixtral, Qwen2-MoE, Qwen3-MoE).
+//! The decoder runner: shared layers (embedding, linear, MLP, rope), the decoder that runs a
+//! forward pass over them, and each architecture's assembly of them (`archs`).
 
+pub mod archs;
+mod decoder;
 mod embedding;
 mod linear;
-mod llama;
 mod mlp;
 mod rope;
 mod tensor_parallel;
 
+pub use decoder::{DecoderModel, ModelOutput, Precision, SeqChunk};
 pub use linear::{Compute, Linear, LinearParts, Weights};
-pub use llama::{LlamaModel, ModelOutput, Precision, SeqChunk};
 pub use rope::Rope;
 pub use tensor_parallel::{AllReduce, Shard};

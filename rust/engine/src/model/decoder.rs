@@ -1,14 +1,16 @@
-//! One forward pass of a Llama-family decoder over a ragged batch: every sequence contributes a
-//! run of new tokens (a prefill chunk, or one token when decoding) at its own positions, reading
-//! and writing its own KV pages. It returns logits, or for an embedding model (no lm_head) the
-//! final-norm hidden states the engine pools.
+//! One forward pass of a decoder over a ragged batch: every sequence contributes a run of new
+//! tokens (a prefill chunk, or one token when decoding) at its own positions, reading and writing
+//! its own KV pages. Each layer is arranged as its architecture's [`Assembly`] says (where the
+//! norms sit, how q and k are normalized), with the config's scales and NoPE layers. It returns
+//! logits, or for an embedding model (no lm_head) the final-norm hidden states the engine pools.
 
+use super::archs::{Assembly, Norms, QkNorm};
 use super::embedding::Embedding;
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::{take_linear, Mlp, Ranks};
 use super::rope::Rope;
 use super::tensor_parallel::{AllReduce, Shard};
-use crate::config::{ModelConfig, Quantization};
+use crate::config::{Architecture, ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
@@ -51,13 +53,30 @@ pub enum ModelOutput {
     HiddenStates,
 }
 
+/// A sublayer's norm weights, where its assembly puts norms.
+#[derive(Clone)]
+struct SublayerNorms {
+    pre: Option<Vec<f32>>,
+    post: Option<Vec<f32>>,
+}
+
+impl SublayerNorms {
+    fn take(w: &mut WeightStore, layer: &str, norms: Norms, hidden: usize) -> Result<SublayerNorms> {
+        let mut take = |name: Option<&str>| name.map(|name| w.take(&format!("{layer}.{name}.weight"), &[hidden])).transpose();
+        Ok(SublayerNorms { pre: take(norms.pre)?, post: take(norms.post)? })
+    }
+}
+
 struct Layer {
-    input_norm: Vec<f32>,
+    attention_norms: SublayerNorms,
     qkv: Linear,
+    /// Each weight covers one head (per-head norms) or all of them (one norm over all heads).
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
+    /// False for NoPE layers.
+    rotates: bool,
     o: Linear,
-    post_norm: Vec<f32>,
+    mlp_norms: SublayerNorms,
     mlp: Mlp,
 }
 
@@ -88,8 +107,10 @@ struct Step<'a> {
     positions: Vec<usize>,
 }
 
-pub struct LlamaModel {
+pub struct DecoderModel {
     cfg: ModelConfig,
+    /// Attention scores' scale: 1/sqrt(head_dim) unless the config sets one.
+    attention_scale: f32,
     /// The input embedding, `None` when tied to `lm_head` (rows are then read from it).
     embed: Option<Embedding>,
     ranks: Vec<RankModel>,
@@ -102,12 +123,19 @@ pub struct LlamaModel {
     rank_drivers: Option<ThreadPool>,
 }
 
-impl LlamaModel {
+impl DecoderModel {
     /// Packs the weights in `dtype` for the kernels of each rank's `Compute` (one per
     /// tensor-parallel rank; one without tensor parallelism), each rank's slice on its own threads.
     pub fn new(cfg: ModelConfig, mut w: WeightStore, max_positions: usize, precision: Precision, output: ModelOutput, computes: Vec<Compute>) -> Result<Self> {
         let Precision { dtype, quantization, quantize_lm_head } = precision;
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim);
+        let assembly: Assembly = Architecture::named(&cfg.architecture).expect("a validated config names a known architecture").assembly;
+        if assembly.qk_norm == QkNorm::AllHeads && computes.len() > 1 {
+            return Err(EngineError::InvalidRequest(format!(
+                "a {} model normalizes q and k over all heads at once, which tensor parallelism would split: use tp_size 1",
+                cfg.architecture
+            )));
+        }
         let shards = Shard::all(cfg.num_attention_heads, cfg.num_key_value_heads, v, computes.len())?;
         let ranks: Vec<(&Shard, &ThreadPool)> = shards.iter().zip(&computes).map(|(s, c)| (s, &c.pool)).collect();
         let ranks: &Ranks = &ranks;
@@ -120,24 +148,29 @@ impl LlamaModel {
                 .map(|(proj, rows)| take_linear(&mut w, &format!("{attn}.{proj}"), rows, h));
             let (q, k, v) = (q?, k?, v?);
             let o = take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?;
-            let (q_norm, k_norm) = if cfg.qk_norm {
-                (Some(w.take(&format!("{attn}.q_norm.weight"), &[hd])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[hd])?))
-            } else {
-                (None, None)
+            let qk_norm_sizes = match assembly.qk_norm {
+                QkNorm::None => None,
+                QkNorm::PerHead => Some((hd, hd)),
+                QkNorm::AllHeads => Some((cfg.q_size(), cfg.kv_size())),
             };
-            let input_norm = w.take(&format!("{p}.input_layernorm.weight"), &[h])?;
-            let post_norm = w.take(&format!("{p}.post_attention_layernorm.weight"), &[h])?;
+            let (q_norm, k_norm) = match qk_norm_sizes {
+                Some((q, k)) => (Some(w.take(&format!("{attn}.q_norm.weight"), &[q])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[k])?)),
+                None => (None, None),
+            };
+            let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, h)?;
+            let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, h)?;
             let mlps = Mlp::take(&mut w, &p, &cfg, &precision, ranks)?;
             for ((rank_layers, &(shard, pool)), mlp) in layers.iter_mut().zip(ranks).zip(mlps) {
                 let (q_rows, kv_rows) = (heads_rows(&shard.q_heads, hd), heads_rows(&shard.kv_heads, hd));
                 let qkv = vec![q.output_rows(q_rows.clone()), k.output_rows(kv_rows.clone()), v.output_rows(kv_rows)];
                 rank_layers.push(Layer {
-                    input_norm: input_norm.clone(),
+                    attention_norms: attention_norms.clone(),
                     qkv: Linear::fused(qkv, dtype, quantization, pool),
                     q_norm: q_norm.clone(),
                     k_norm: k_norm.clone(),
+                    rotates: !cfg.no_rope_layers.contains(&l),
                     o: Linear::fused(vec![o.input_columns(q_rows, shard.adds_bias())], dtype, quantization, pool),
-                    post_norm: post_norm.clone(),
+                    mlp_norms: mlp_norms.clone(),
                     mlp,
                 });
             }
@@ -181,7 +214,8 @@ impl LlamaModel {
             .zip(computes)
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
-        Ok(LlamaModel { cfg, embed, ranks, norm, rope, reduce, rank_drivers })
+        let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
+        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, rope, reduce, rank_drivers })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -232,6 +266,7 @@ impl LlamaModel {
                 }
             }
         }
+        scale_by(&mut x, self.cfg.scales.embedding);
         let step = Step { seqs, token_seq, positions };
         let Some(drivers) = &self.rank_drivers else {
             return self.run_rank(&self.ranks[0], &step, x, &mut kv.parts_mut()[0]);
@@ -281,7 +316,7 @@ impl LlamaModel {
         let mut round = 0;
         let mut residual_delta: Option<Vec<f32>> = None;
         for (l, layer) in rank.layers.iter().enumerate() {
-            let normed = add_and_norm(c, cfg.rms_norm_eps, &mut x, residual_delta.as_deref(), &layer.input_norm);
+            let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
             let mut qkv = layer.qkv.forward(c, &normed);
             self.position_qk(rank, layer, &mut qkv, &step.positions);
             for (t, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
@@ -291,10 +326,11 @@ impl LlamaModel {
             let attn = self.attention(rank, &kv.layer(l), &qkv, step.seqs);
             let mut attn_out = layer.o.forward(c, &attn);
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
-            let normed = add_and_norm(c, cfg.rms_norm_eps, &mut x, Some(&attn_out), &layer.post_norm);
+            let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);
+            let normed = self.sublayer_input(c, &mut x, Some(attn_out), &layer.mlp_norms);
             let mut mlp_out = layer.mlp.forward(c, &normed);
             self.reduce.reduce(rank.shard.rank, &mut round, &mut mlp_out, &c.pool);
-            residual_delta = Some(mlp_out);
+            residual_delta = Some(self.sublayer_output(c, mlp_out, &layer.mlp_norms));
         }
         if let Some(delta) = residual_delta {
             add_into(&mut x, &delta);
@@ -308,13 +344,44 @@ impl LlamaModel {
         }
         let normed = add_and_norm(c, cfg.rms_norm_eps, &mut last_rows, None, &self.norm);
         match &rank.lm_head {
-            Some(lm_head) => lm_head.forward(c, &normed),
+            Some(lm_head) => {
+                let mut logits = lm_head.forward(c, &normed);
+                if cfg.scales.logits_divisor != 1.0 {
+                    logits.iter_mut().for_each(|logit| *logit /= cfg.scales.logits_divisor);
+                }
+                logits
+            }
             None => normed,
         }
     }
 
-    /// Qwen3's per-head q/k RMSNorm, then rope, on every token's q and k (this rank's heads), in
-    /// place.
+    /// What a sublayer reads: the residual stream `x` with the last sublayer's output `delta`
+    /// added, normalized where the sublayer has a norm before it.
+    fn sublayer_input(&self, c: &Compute, x: &mut [f32], delta: Option<Vec<f32>>, norms: &SublayerNorms) -> Vec<f32> {
+        match &norms.pre {
+            Some(weight) => add_and_norm(c, self.cfg.rms_norm_eps, x, delta.as_deref(), weight),
+            None => {
+                if let Some(delta) = delta {
+                    add_into(x, &delta);
+                }
+                x.to_vec()
+            }
+        }
+    }
+
+    /// A sublayer's output as it joins the residual stream: normalized where the sublayer has a
+    /// norm after it, then scaled by the config's residual scale.
+    fn sublayer_output(&self, c: &Compute, out: Vec<f32>, norms: &SublayerNorms) -> Vec<f32> {
+        let mut out = match &norms.post {
+            Some(weight) => add_and_norm(c, self.cfg.rms_norm_eps, &mut out.clone(), None, weight),
+            None => out,
+        };
+        scale_by(&mut out, self.cfg.scales.residual);
+        out
+    }
+
+    /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then rope
+    /// unless the layer is a NoPE one, on every token's q and k (this rank's heads), in place.
     fn position_qk(&self, rank: &RankModel, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
         let (cfg, kern) = (&self.cfg, rank.compute.kernels);
         let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
@@ -323,16 +390,18 @@ impl LlamaModel {
             let (q, rest) = row.split_at_mut(qs);
             let k = &mut rest[..kvs];
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                let mut normed = vec![0.0; cfg.head_dim];
                 for (heads, weight) in [(&mut *q, qn), (&mut *k, kn)] {
-                    for head in heads.chunks_exact_mut(cfg.head_dim) {
+                    let mut normed = vec![0.0; weight.len()];
+                    for head in heads.chunks_exact_mut(weight.len()) {
                         (kern.add_rmsnorm)(head, None, weight, cfg.rms_norm_eps, &mut normed);
                         head.copy_from_slice(&normed);
                     }
                 }
             }
-            self.rope.apply(kern, q, pos);
-            self.rope.apply(kern, k, pos);
+            if layer.rotates {
+                self.rope.apply(kern, q, pos);
+                self.rope.apply(kern, k, pos);
+            }
         });
     }
 
@@ -355,7 +424,7 @@ impl LlamaModel {
             }
             tokens += chunk.tokens.len();
         }
-        let (kern, scale) = (rank.compute.kernels, 1.0 / (hd as f32).sqrt());
+        let (kern, scale) = (rank.compute.kernels, self.attention_scale);
         let mut out = vec![0.0; tokens * qs];
         let dst = SendPtr(out.as_mut_ptr());
         rank.compute.pool.for_each_dynamic(tasks.len(), &|i| {
@@ -395,4 +464,11 @@ fn add_and_norm(c: &Compute, eps: f32, x: &mut [f32], delta: Option<&[f32]>, wei
 
 fn add_into(x: &mut [f32], y: &[f32]) {
     x.iter_mut().zip(y).for_each(|(a, b)| *a += b);
+}
+
+/// `x *= scale`; nothing to do for the scale of 1 most models have.
+fn scale_by(x: &mut [f32], scale: f32) {
+    if scale != 1.0 {
+        x.iter_mut().for_each(|value| *value *= scale);
+    }
 }

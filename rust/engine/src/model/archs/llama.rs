@@ -1,0 +1,12 @@
+//! Llama and the families built like it (Mistral, Qwen2, Qwen3, their mixtures of experts,
+//! SmolLM3 with its NoPE layers and Granite with its scales, both from their configs): an RMS
+//! norm before each sublayer, none after.
+
+use super::{Assembly, Norms, QkNorm};
+
+const PRE_NORMS: (Norms, Norms) = (Norms { pre: Some("input_layernorm"), post: None }, Norms { pre: Some("post_attention_layernorm"), post: None });
+
+pub const LLAMA: Assembly = Assembly { attention: PRE_NORMS.0, mlp: PRE_NORMS.1, qk_norm: QkNorm::None };
+
+/// Qwen3 normalizes each head of q and k.
+pub const QWEN3: Assembly = Assembly { qk_norm: QkNorm::PerHead, ..LLAMA };

@@ -1,0 +1,58 @@
+//! How each architecture puts the shared layers together: an [`Assembly`] per family, in a file
+//! of its own, which the architecture table (`config::ARCHITECTURES`) names. The decoder
+//! (`model::decoder`) runs any assembly; a family is a few lines here, not a branch there.
+
+pub mod llama;
+pub mod olmo2;
+
+use serde::Serialize;
+
+/// Where a sublayer's (attention's or the MLP's) RMS norms sit, by their checkpoint names:
+/// `pre` on its input, `post` on its output before it joins the residual stream.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Norms {
+    pub pre: Option<&'static str>,
+    pub post: Option<&'static str>,
+}
+
+/// RMS norms of q and k after their projections, before rope.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QkNorm {
+    None,
+    /// One weight of `head_dim` for every head (Qwen3).
+    PerHead,
+    /// Statistics over all heads at once, a weight per element (OLMo 2).
+    AllHeads,
+}
+
+/// One decoder layer's arrangement: `x += attention_post?(attention(attention_pre?(x)))`, then
+/// the same with the MLP; Granite's scales and SmolLM3's NoPE layers come from the config.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Assembly {
+    pub attention: Norms,
+    pub mlp: Norms,
+    pub qk_norm: QkNorm,
+}
+
+impl Assembly {
+    /// Every norm tensor of layer `layer` (`model.layers.{layer}.`...) with its shape.
+    pub fn norm_tensors(&self, layer: usize, hidden: usize, q_size: usize, kv_size: usize, head_dim: usize) -> Vec<(String, Vec<usize>)> {
+        let prefix = format!("model.layers.{layer}");
+        let mut tensors: Vec<(String, Vec<usize>)> = [self.attention.pre, self.attention.post, self.mlp.pre, self.mlp.post]
+            .into_iter()
+            .flatten()
+            .map(|name| (format!("{prefix}.{name}.weight"), vec![hidden]))
+            .collect();
+        let qk = match self.qk_norm {
+            QkNorm::None => None,
+            QkNorm::PerHead => Some((head_dim, head_dim)),
+            QkNorm::AllHeads => Some((q_size, kv_size)),
+        };
+        if let Some((q, k)) = qk {
+            tensors.push((format!("{prefix}.self_attn.q_norm.weight"), vec![q]));
+            tensors.push((format!("{prefix}.self_attn.k_norm.weight"), vec![k]));
+        }
+        tensors
+    }
+}

@@ -1,0 +1,108 @@
+"""Converting a Hugging Face checkpoint folder to GGUF with llama.cpp's own convert_hf_to_gguf.py,
+which scripts/llama-cpp-converter.sh fetches once (a pinned version) into a cache outside the clone.
+
+`convert(folder, out)` runs the converter in a subprocess through this file, which first lets it take
+the tests' byte-level tokenizers (zoo_models.zoo_tokenizer), which no released model has:
+- llama.cpp recognizes a BPE pre-tokenizer by the hash of how a sample text tokenizes; an unknown one
+  that splits text like GPT-2 (ByteLevel with its regex) is written as "gpt-2";
+- the converters of Gemma 2 and Phi-3 read only SentencePiece tokenizer.model files, and GLM-4's looks up
+  GLM's special tokens: without those, they store the byte-level BPE vocabulary, as Gemma 3's does.
+Checkpoints the converter knows convert as with the plain converter.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import runpy
+import subprocess
+import sys
+from pathlib import Path
+
+FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "llama-cpp-converter.sh"
+
+
+class ConversionError(RuntimeError):
+    pass
+
+
+@functools.cache
+def converter() -> Path:
+    """The path of convert_hf_to_gguf.py, fetched on first use."""
+    done = subprocess.run(["bash", str(FETCH_SCRIPT)], capture_output=True, text=True, env={**os.environ, "PYTHON": sys.executable})
+    if done.returncode != 0:
+        raise ConversionError(f"{FETCH_SCRIPT.name} failed (exit {done.returncode}):\n{done.stderr}")
+    return Path(done.stdout.split()[-1])
+
+
+def convert(hf_folder, out_path, outtype: str = "f32") -> Path:
+    """Converts the checkpoint in `hf_folder` to the GGUF file `out_path` (f32, f16, bf16, q8_0...); returns its path."""
+    out_path = Path(out_path)
+    command = [sys.executable, __file__, str(converter()), str(hf_folder), "--outfile", str(out_path), "--outtype", outtype]
+    done = subprocess.run(command, capture_output=True, text=True)
+    if done.returncode != 0 or not out_path.is_file():
+        log = done.stderr.strip().splitlines() or ["(no output)"]
+        raise ConversionError(f"llama.cpp's converter failed on {hf_folder}: {log[-1]}\n" + "\n".join(log[-40:]))
+    return out_path
+
+
+# ---- in the subprocess -------------------------------------------------------------------------
+
+
+def _splits_like_gpt2(tokenizer) -> bool:
+    pre = json.loads(tokenizer.backend_tokenizer.to_str()).get("pre_tokenizer") or {}
+    return pre.get("type") == "ByteLevel" and pre.get("use_regex", True) and not pre.get("add_prefix_space")
+
+
+def _has_sentencepiece_model(folder: Path) -> bool:
+    return (folder / "tokenizer.model").is_file()
+
+
+def _has_glm_tokens(folder: Path) -> bool:
+    added = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8")).get("added_tokens", [])
+    return any(token["content"] == "<|endoftext|>" for token in added)
+
+
+def _teach_byte_level_tokenizers() -> None:
+    from conversion import base, gemma, glm, phi
+
+    known_pre = base.TextModel.get_vocab_base_pre
+
+    def get_vocab_base_pre(self, tokenizer) -> str:
+        try:
+            return known_pre(self, tokenizer)
+        except NotImplementedError:
+            if not _splits_like_gpt2(tokenizer):
+                raise
+            base.logger.warning("gguf_convert: this byte-level BPE tokenizer splits text like GPT-2: writing pre-tokenizer 'gpt-2'")
+            return "gpt-2"
+
+    base.TextModel.get_vocab_base_pre = get_vocab_base_pre
+
+    own_vocabulary_test = {gemma.Gemma2Model: _has_sentencepiece_model, phi.Phi3MiniModel: _has_sentencepiece_model, glm.Glm4Model: _has_glm_tokens}
+    for model_class, has_own_vocabulary in own_vocabulary_test.items():
+
+        def set_vocab(self, own=model_class.set_vocab, has_own_vocabulary=has_own_vocabulary) -> None:
+            if has_own_vocabulary(self.dir_model):
+                own(self)
+            else:
+                self._set_vocab_gpt2()
+
+        model_class.set_vocab = set_vocab
+
+
+def _run_converter(script: str, args: list[str]) -> None:
+    """Runs convert_hf_to_gguf.py with its vendored gguf-py (the installed one may be older), and the
+    sentencepiece the fetch script put beside it if this Python lacks one."""
+    folder = Path(script).parent
+    deps = folder / f"deps-py{sys.version_info[0]}.{sys.version_info[1]}"
+    sys.path[0] = str(folder)  # instead of this file's folder
+    sys.path[1:1] = [str(folder / "gguf-py"), str(deps)]
+    _teach_byte_level_tokenizers()
+    sys.argv = [script, *args]
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    _run_converter(sys.argv[1], sys.argv[2:])

@@ -1,0 +1,55 @@
+"""The model families beside Llama and Qwen, from tiny random checkpoints transformers' own classes
+wrote (tests/zoo_models.py): float32 greedy tokens identical to transformers' for prompts of 1, 11
+and 81 tokens, alone and batched, again with their prefixes cached; families rsgl does not run
+yet are refused with an error naming what it runs."""
+
+from __future__ import annotations
+
+import pytest
+import rsgl
+import torch
+from gguf_convert import convert
+from zoo_models import FAMILIES, build_family
+
+SUPPORTED = ("granite", "olmo2", "smollm3")
+NEW_TOKENS = 12
+PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
+
+
+@pytest.fixture(scope="module", params=SUPPORTED)
+def family(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return path, build_family(request.param, path)
+
+
+def transformers_greedy(model, ids: list[int]) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0)
+    return out[0, len(ids) :].tolist()
+
+
+def test_float32_greedy_tokens_match_transformers(family):
+    path, model = family
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
+    with rsgl.Engine(str(path), dtype="float32", threads=1, progress=False) as engine:
+        alone = [engine.generate(input_ids=ids, sampling_params=params)["output_ids"] for ids in PROMPTS]
+        batched = [out["output_ids"] for out in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+        assert engine.get_server_info()["cache_hit_tokens"] > 0  # the batch reused the prompts' cached pages
+    assert alone == want
+    assert batched == want
+
+
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in SUPPORTED])
+def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
+    build_family(family, tmp_path)
+    with pytest.raises(rsgl.UnsupportedModelError, match="rsgl does not support the '.*' architecture; it runs LlamaForCausalLM, .*Olmo2ForCausalLM"):
+        rsgl.Engine(str(tmp_path), progress=False)
+
+
+def test_a_gguf_file_of_a_family_read_from_folders_only_is_refused_naming_what_runs(tmp_path):
+    """llama.cpp's converter writes the GGUF file; rsgl reads Granite from Hugging Face folders so far."""
+    build_family("granite", tmp_path / "granite")
+    gguf_file = convert(tmp_path / "granite", tmp_path / "granite.gguf")
+    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe GGUF"):
+        rsgl.Engine(str(gguf_file), progress=False)

@@ -1,0 +1,116 @@
+"""Tiny random checkpoints of more model families, saved by transformers' own config and model classes.
+
+`build_family(family, path)` writes config.json, model.safetensors (float32), and a byte-level
+tokenizer.json / tokenizer_config.json to `path`, and returns the transformers model. The models
+are tiny (tiny_models.TINY: hidden 64, 4 heads, 2 KV heads, head_dim 16) but each family's own
+features occur: 8-token sliding windows, Gemma 3's global layer, SmolLM3's NoPE layer, partial
+rotary, LongRoPE's long factors and Ministral 3's YaRN / Llama 4 query scaling past 64 tokens.
+Weights are random (std 0.15; Gemma's embeddings 0.05), norm weights and biases too (around their
+neutral values), so a misplaced norm, a missed (1 + w), bias or multiplier changes the tokens.
+"""
+
+import json
+from pathlib import Path
+
+import torch
+import transformers
+from tiny_models import TINY, byte_tokenizer
+from tokenizers import Tokenizer
+
+NUL = "\u0100"  # byte 0 in the byte-level BPE alphabet
+
+PHI3_ROPE = dict(rope_theta=10000.0, partial_rotary_factor=0.5)  # 8 rotary dims: 4 frequencies
+
+# Per family: the transformers model_type, and what differs from TINY.
+OVERRIDES = {
+    # Layers 0 and 2 slide, 1 and 3 are global. query_pre_attn_scalar stays head_dim: llama.cpp assumes so (GGUF has no field for it).
+    "gemma2": dict(
+        model_type="gemma2",
+        num_hidden_layers=4,
+        head_dim=16,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        attn_logit_softcapping=5.0,
+        final_logit_softcapping=4.0,
+    ),
+    # Layers 0-4 slide, layer 5 is global: pattern 6, the one llama.cpp assumes for Gemma 3 GGUF files.
+    "gemma3": dict(model_type="gemma3_text", num_hidden_layers=6, head_dim=16, query_pre_attn_scalar=16, sliding_window=8, sliding_window_pattern=6),
+    "phi3": dict(model_type="phi3", original_max_position_embeddings=256, rope_parameters=dict(rope_type="default", **PHI3_ROPE)),
+    # Prompts past 64 tokens switch to the long factors (and attention scales by sqrt(1 + ln 4 / ln 64)).
+    "phi3_longrope": dict(
+        model_type="phi3",
+        original_max_position_embeddings=64,
+        rope_parameters=dict(
+            rope_type="longrope",
+            **PHI3_ROPE,
+            original_max_position_embeddings=64,
+            short_factor=[1.0, 1.1, 1.3, 1.6],
+            long_factor=[1.5, 3.0, 6.0, 12.0],
+        ),
+    ),
+    "smollm3": dict(model_type="smollm3", num_hidden_layers=4),  # layer 3 has no RoPE (no_rope_layer_interval 4)
+    "olmo2": dict(model_type="olmo2"),
+    "glm4": dict(model_type="glm4", head_dim=16, partial_rotary_factor=0.5, attention_bias=True),
+    "granite": dict(model_type="granite", embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2, logits_scaling=2.0),
+    # Ministral 3's default YaRN parameters, with a 64-token original context (factor 256 / 64).
+    "ministral3": dict(
+        model_type="ministral3",
+        head_dim=16,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=1e6,
+            factor=4.0,
+            original_max_position_embeddings=64,
+            max_position_embeddings=256,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            mscale=1.0,
+            mscale_all_dim=1.0,
+            llama_4_scaling_beta=0.1,
+        ),
+    ),
+}
+FAMILIES = tuple(OVERRIDES)
+
+# Parameters re-drawn as normal(mean, std) by name suffix, beyond the norm weights and biases every family gets.
+# Gemma scales embeddings by sqrt(64) = 8, ties them to the LM head, and normalizes each attention output
+# (the context's mean, under flat attention): at std 0.15 every prompt generates one token over and over.
+# Smaller embeddings and sharper attention give varied tokens.
+GEMMA_INITS = {
+    "gemma2": {"embed_tokens.weight": (0.0, 0.05), "q_proj.weight": (0.0, 0.45)},
+    "gemma3": {"embed_tokens.weight": (0.0, 0.05), "q_norm.weight": (2.0, 0.1)},  # q scaled by 1 + 2: q_norm flattens a larger q_proj
+}
+
+
+def zoo_tokenizer() -> Tokenizer:
+    """tiny_models.byte_tokenizer() plus one merge, NUL NUL (id 259): a GGUF file cannot store an empty
+    merge list, and llama.cpp and rsgl refuse byte-level BPE without one. Text that has no two NUL
+    bytes in a row still gets one token per byte."""
+    spec = json.loads(byte_tokenizer().to_str())
+    spec["model"]["vocab"][NUL + NUL] = len(spec["model"]["vocab"])
+    spec["model"]["merges"] = [[NUL, NUL]]
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def build_family(family: str, path):
+    """Saves a random model of one of FAMILIES, and its tokenizer, to `path`; returns the transformers model."""
+    path = Path(path)
+    overrides = dict(OVERRIDES[family])
+    model_type = overrides.pop("model_type")
+    tokenizer = zoo_tokenizer()
+    config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": tokenizer.get_vocab_size(), "pad_token_id": 0, **overrides})
+    torch.manual_seed(sum(map(ord, family)))
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    neutral = 0.0 if family.startswith("gemma") else 1.0  # Gemma's RMSNorm scales by (1 + weight)
+    inits = {**GEMMA_INITS.get(family, {}), "norm.weight": (neutral, 0.1), ".bias": (0.0, config.initializer_range)}
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            for suffix, (mean, std) in inits.items():
+                if name.endswith(suffix):
+                    weight.normal_(mean, std)
+                    break
+    model.save_pretrained(path)
+    tokenizer.save(str(path / "tokenizer.json"))
+    # The class named, or AutoTokenizer picks one by model type (GemmaTokenizer rebuilds the tokenizer and adds tokens).
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    return model
