@@ -12,6 +12,7 @@ llama.cpp's `-hf` does; without one, the first of `DEFAULT_QUANTIZATIONS` it has
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 from dataclasses import dataclass
@@ -104,6 +105,7 @@ def _repo_files(hub_id: HubId, revision: str) -> tuple[list[str], Path | None]:
     from huggingface_hub import HfApi
     from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled, RepositoryNotFoundError, RevisionNotFoundError
 
+    unreachable: tuple[type[Exception], ...] = (OfflineModeIsEnabled, HfHubHTTPError, *_transport_errors())
     if not offline():
         try:
             return HfApi().list_repo_files(hub_id.repo, revision=revision), None
@@ -119,10 +121,22 @@ def _repo_files(hub_id: HubId, revision: str) -> tuple[list[str], Path | None]:
             ) from error
         except RevisionNotFoundError as error:
             raise ModelLoadError(f"{hub_id.repo} has no revision {revision!r} (a branch, tag or commit) on the Hub.") from error
-        except (OSError, OfflineModeIsEnabled, HfHubHTTPError) as error:
-            # Not reachable (httpx's connection errors are OSErrors): what the cache holds will do.
+        except unreachable as error:
+            # Not reachable: what the cache holds will do.
             return _cached_files(hub_id, revision, error)
     return _cached_files(hub_id, revision, None)
+
+
+def _transport_errors() -> tuple[type[Exception], ...]:
+    """What a Hub that cannot be reached raises: OSError through `requests` (huggingface_hub 0.x),
+    the HTTP client's transport errors from 1.0 on (httpx, httpx2), which are not OSErrors."""
+    errors: list[type[Exception]] = [OSError]
+    for client in ("httpx2", "httpx"):
+        try:
+            errors.append(importlib.import_module(client).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
 
 
 def _cached_files(hub_id: HubId, revision: str, error: Exception | None) -> tuple[list[str], Path]:

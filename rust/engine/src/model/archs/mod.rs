@@ -34,25 +34,3 @@ pub struct Assembly {
     pub mlp: Norms,
     pub qk_norm: QkNorm,
 }
-
-impl Assembly {
-    /// Every norm tensor of layer `layer` (`model.layers.{layer}.`...) with its shape.
-    pub fn norm_tensors(&self, layer: usize, hidden: usize, q_size: usize, kv_size: usize, head_dim: usize) -> Vec<(String, Vec<usize>)> {
-        let prefix = format!("model.layers.{layer}");
-        let mut tensors: Vec<(String, Vec<usize>)> = [self.attention.pre, self.attention.post, self.mlp.pre, self.mlp.post]
-            .into_iter()
-            .flatten()
-            .map(|name| (format!("{prefix}.{name}.weight"), vec![hidden]))
-            .collect();
-        let qk = match self.qk_norm {
-            QkNorm::None => None,
-            QkNorm::PerHead => Some((head_dim, head_dim)),
-            QkNorm::AllHeads => Some((q_size, kv_size)),
-        };
-        if let Some((q, k)) = qk {
-            tensors.push((format!("{prefix}.self_attn.q_norm.weight"), vec![q]));
-            tensors.push((format!("{prefix}.self_attn.k_norm.weight"), vec![k]));
-        }
-        tensors
-    }
-}
