@@ -371,11 +371,10 @@ impl DecoderModel {
 
     /// A sublayer's output as it joins the residual stream: normalized where the sublayer has a
     /// norm after it, then scaled by the config's residual scale.
-    fn sublayer_output(&self, c: &Compute, out: Vec<f32>, norms: &SublayerNorms) -> Vec<f32> {
-        let mut out = match &norms.post {
-            Some(weight) => add_and_norm(c, self.cfg.rms_norm_eps, &mut out.clone(), None, weight),
-            None => out,
-        };
+    fn sublayer_output(&self, c: &Compute, mut out: Vec<f32>, norms: &SublayerNorms) -> Vec<f32> {
+        if let Some(weight) = &norms.post {
+            out = add_and_norm(c, self.cfg.rms_norm_eps, &mut out, None, weight);
+        }
         scale_by(&mut out, self.cfg.scales.residual);
         out
     }
