@@ -23,11 +23,9 @@ import resource
 import sys
 import time
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
-from bench_report import machine_fields, write_json
+from bench_report import isolated, machine_fields, write_json
 
 NEW_TOKENS = 64
 PREFILL_TOKENS = 256
@@ -100,11 +98,6 @@ def measure_rsgl(threads: int, options: dict, prompts: tuple, repeats: int) -> t
         info = llm.get_server_info()
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {**results, "load_s": load_s, "peak_rss_mb": peak_mb}, info
-
-
-def isolated(fn, *args):
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
 
 
 def rsgl_generate(llm) -> Generate:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import platform
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 
@@ -17,3 +19,9 @@ def write_json(path: str, report: dict) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def isolated(fn, *args):
+    """`fn(*args)` in a fresh process of its own: each engine's threads, memory and peak RSS apart."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()

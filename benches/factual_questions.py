@@ -18,11 +18,10 @@ import argparse
 import json
 import re
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from bench_report import isolated
 
 QUESTIONS = [
     ("What is the capital of France?", ["paris"]),
@@ -113,11 +112,6 @@ def right(answer: str, expected: list[str]) -> bool:
 
 def verdict(ok: bool) -> str:
     return "right" if ok else "WRONG"
-
-
-def isolated(fn, *args):
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
 
 
 def main() -> None:

@@ -22,11 +22,10 @@ import argparse
 import json
 import math
 import sys
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 import numpy as np
+from bench_report import isolated
 
 REPO = Path(__file__).resolve().parent.parent
 DEFAULT_TEXT = REPO / "tests" / "data" / "lighthouse_keepers.txt"
@@ -107,11 +106,6 @@ def llamacpp_nll(model: str, chunks: list[list[int]], threads: int) -> list[floa
     llama_cpp.llama_free(ctx)
     llama_cpp.llama_model_free(lm)
     return nll
-
-
-def isolated(fn, *args):
-    with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as pool:
-        return pool.submit(fn, *args).result()
 
 
 def main() -> None:

@@ -389,11 +389,12 @@ impl DecoderModel {
             let (q, rest) = row.split_at_mut(qs);
             let k = &mut rest[..kvs];
             if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
+                let mut normed = vec![0.0; qn.len().max(kn.len())];
                 for (heads, weight) in [(&mut *q, qn), (&mut *k, kn)] {
-                    let mut normed = vec![0.0; weight.len()];
+                    let normed = &mut normed[..weight.len()];
                     for head in heads.chunks_exact_mut(weight.len()) {
-                        (kern.add_rmsnorm)(head, None, weight, cfg.rms_norm_eps, &mut normed);
-                        head.copy_from_slice(&normed);
+                        (kern.add_rmsnorm)(head, None, weight, cfg.rms_norm_eps, normed);
+                        head.copy_from_slice(normed);
                     }
                 }
             }
