@@ -1,23 +1,38 @@
 """Writes random-weight checkpoints at real model shapes, to measure speed, load time and memory
 at sizes that matter without downloading anything.
 
-    python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe \\
+    python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe|gemma3-1b|gemma3-4b \\
         --format gguf-f16|gguf-q8_0|gguf-q4_0|gguf-q4_k_m|safetensors-bf16 [--layers N] [--out PATH] [--force]
 
-Shapes (the vocabulary and tokenizer stay the default model's, 49,152 tokens):
+Shapes (the tokenizer stays the default model's, 49,152 tokens; the Gemma shapes pad its token
+list to Gemma's 262,144 entries, see below):
 - llama-1b: Llama-3.2-1B (hidden 2048, 16 layers, 32 heads / 8 kv heads, ffn 8192, tied).
 - llama-8b: Llama-3.1-8B (hidden 4096, 32 layers, 32 heads / 8 kv heads, ffn 14336, untied).
 - qwen3-moe: a Qwen3-30B-A3B layer (hidden 2048, 32 heads / 4 kv heads of 128, q/k norms, 128
   experts of ffn 768, 8 active) with 6 layers instead of 48, so that it fits here (7.4 GB in F16).
+- gemma3-1b: Gemma-3-1B (hidden 1152, 26 layers, 4 heads / 1 kv head of 256, ffn 6912, tied,
+  sliding window 512 on 5 layers of 6, rope base 1e6 global / 1e4 local, 32k context).
+- gemma3-4b: Gemma-3-4B's text model (hidden 2560, 34 layers, 8 heads / 4 kv heads of 256, ffn
+  10240, tied, sliding window 1024, linear rope scaling 8 on the global layers); its context is
+  written as 32k, not the real 128k, like the Llama shapes' 8k.
+
+Gemma's vocabulary (262,144 entries) is a large share of a small model's work (the tied lm_head
+of gemma3-1b is 30% of its weights), so the Gemma shapes keep it: their token_embd has 262,144
+rows and the default model's tokenizer is padded to that many tokens with unreachable fillers
+"<unused0>", "<unused1>", ... (no merge makes them). They are NORMAL tokens (GGUF) or plain
+vocabulary entries (tokenizer.json), not added tokens: neither llama.cpp nor rsgl then matches
+213k extra strings in every text, so tokenization costs what the default model's does.
 
 GGUF files are written as llama.cpp's converter writes them (names, dimension order, q/k rows,
-stacked experts, the tokenizer's metadata copied from the default model's file); safetensors
-folders as transformers saves them (sharded at 5 GB, with config.json, tokenizer.json and the
-chat template). The 4-bit GGUF files are the F16 file quantized by llama.cpp's own quantizer
-(llama-cpp-python), so they hold the tensor types llama.cpp picks for Q4_0 and Q4_K_M (an F16
-file is written first if missing). Weight values do not change speed: every value is drawn from one pool of normal
-numbers (std 0.02) at a random offset per tensor, written tensor by tensor, so a 16 GB file takes
-about a minute and little memory. Default output: ~/.cache/rsgl-bench/synth/<shape>-<format>.
+which it permutes for Llama but not for Gemma, stacked experts, Gemma's norms as the 1 + w they
+scale by, the tokenizer's metadata copied from the default model's file); safetensors folders as
+transformers saves them (sharded at 5 GB, with config.json, tokenizer.json and the chat template;
+Gemma's norm weights as the w of 1 + w, drawn around 0 where GGUF's are around 1). The 4-bit GGUF
+files are the F16 file quantized by llama.cpp's own quantizer (llama-cpp-python), so they hold the
+tensor types llama.cpp picks for Q4_0 and Q4_K_M (an F16 file is written first if missing). Weight
+values do not change speed: every value is drawn from one pool of normal numbers (std 0.02) at a
+random offset per tensor, written tensor by tensor, so a 16 GB file takes about a minute and little
+memory. Default output: ~/.cache/rsgl-bench/synth/<shape>-<format>.
 """
 
 from __future__ import annotations
@@ -27,6 +42,7 @@ import json
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import gguf
 import numpy as np
@@ -51,12 +67,29 @@ class Shape:
     experts: int = 0
     experts_used: int = 0
     expert_ffn: int = 0
+    context: int = 8192
+    vocab: int = 0  # 0: the default model's; more: its token list padded to this many (Gemma)
+    sliding_window: int = 0  # Gemma 3: the local layers' window (every GEMMA_GLOBAL_EVERY-th layer is global)
+    rope_linear_factor: float = 0.0  # Gemma-3-4B: linear rope scaling of the global layers
+
+    @property
+    def gemma(self) -> bool:
+        return self.architecture == "gemma3"
+
+
+GEMMA_VOCAB = 262144
+GEMMA_GLOBAL_EVERY = 6  # sliding_window_pattern: layers 5, 11, 17, ... attend globally
+GEMMA_LOCAL_ROPE_THETA = 10000.0
 
 
 SHAPES = {
     "llama-1b": Shape("llama", 2048, 16, 32, 8, 64, 8192, True, 500000.0),
     "llama-8b": Shape("llama", 4096, 32, 32, 8, 128, 14336, False, 500000.0),
     "qwen3-moe": Shape("qwen3moe", 2048, 6, 32, 4, 128, 6144, False, 1000000.0, experts=128, experts_used=8, expert_ffn=768),
+    "gemma3-1b": Shape("gemma3", 1152, 26, 4, 1, 256, 6912, True, 1000000.0, context=32768, vocab=GEMMA_VOCAB, sliding_window=512),
+    # Gemma-3-4B's context is 131072; written as 32768 (GGUF context_length, HF max_position_embeddings)
+    # so that engines sizing their KV cache from it stay small, as the Llama shapes write 8192.
+    "gemma3-4b": Shape("gemma3", 2560, 34, 8, 4, 256, 10240, True, 1000000.0, context=32768, vocab=GEMMA_VOCAB, sliding_window=1024, rope_linear_factor=8.0),
 }
 # Formats llama.cpp's quantizer makes from the F16 file.
 LLAMA_CPP_QUANTIZED = ("gguf-q4_0", "gguf-q4_k_m")
@@ -66,9 +99,16 @@ FORMATS = ("gguf-f16", "gguf-q8_0", *LLAMA_CPP_QUANTIZED, "safetensors-bf16")
 def tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
     """(GGUF name, shape outermost first) of every tensor, in llama.cpp's order."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    out = [("token_embd.weight", (vocab, h))]
+    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, h))]
     for layer in range(shape.layers):
         p = f"blk.{layer}."
+        if shape.gemma:  # q/k norms, and norms after attention and after the MLP; ffn_norm is pre_feedforward_layernorm
+            out += [(p + "attn_norm.weight", (h,)), (p + "attn_q.weight", (q, h)), (p + "attn_k.weight", (kv, h)), (p + "attn_v.weight", (kv, h))]
+            out += [(p + "attn_q_norm.weight", (shape.head_dim,)), (p + "attn_k_norm.weight", (shape.head_dim,))]
+            out += [(p + "attn_output.weight", (h, q)), (p + "post_attention_norm.weight", (h,)), (p + "ffn_norm.weight", (h,))]
+            out += [(p + "ffn_gate.weight", (shape.ffn, h)), (p + "ffn_up.weight", (shape.ffn, h)), (p + "ffn_down.weight", (h, shape.ffn))]
+            out.append((p + "post_ffw_norm.weight", (h,)))
+            continue
         out += [(p + "attn_norm.weight", (h,)), (p + "attn_q.weight", (q, h)), (p + "attn_k.weight", (kv, h))]
         out += [(p + "attn_v.weight", (kv, h)), (p + "attn_output.weight", (h, q)), (p + "ffn_norm.weight", (h,))]
         if shape.experts:
@@ -100,9 +140,11 @@ class Values:
         start = int(self.rng.integers(0, POOL_VALUES))
         return np.resize(np.roll(self.pool, -start)[: min(count, POOL_VALUES)], count)
 
-    def tensor(self, name: str, dims: tuple[int, ...]) -> np.ndarray:
+    def tensor(self, name: str, dims: tuple[int, ...], norm_offset: float = 1.0) -> np.ndarray:
+        """Norm weights are drawn around `norm_offset`: 1 where they are the scale itself (GGUF, HF
+        Llama / Qwen), 0 in HF Gemma files (they store w and scale by 1 + w)."""
         if name.endswith("norm.weight"):
-            return (1.0 + self.draw(int(np.prod(dims)))).reshape(dims)
+            return (norm_offset + self.draw(int(np.prod(dims)))).reshape(dims)
         return self.draw(int(np.prod(dims))).reshape(dims)
 
     def q8_0(self, dims: tuple[int, ...]) -> np.ndarray:
@@ -120,14 +162,24 @@ def default_model_gguf() -> gguf.GGUFReader:
     return gguf.GGUFReader(default_model_path())
 
 
+def filler_tokens(existing: list[str], vocab: int) -> list[str]:
+    """Token spellings "<unused0>", "<unused1>", ... padding `existing` to `vocab` tokens."""
+    filler = [f"<unused{index}>" for index in range(vocab - len(existing))]
+    if not set(filler).isdisjoint(existing):
+        raise RuntimeError("the default model's vocabulary already spells a filler token")
+    return filler
+
+
 def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     source = default_model_gguf()
-    vocab = len(source.fields["tokenizer.ggml.tokens"].data)
+    source_tokens = source.fields["tokenizer.ggml.tokens"].contents()
+    vocab = max(shape.vocab, len(source_tokens))
+    filler = filler_tokens(source_tokens, vocab)
     writer = gguf.GGUFWriter(path, shape.architecture)
     arch = shape.architecture
     writer.add_name(path.stem)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if kind == "gguf-f16" else gguf.LlamaFileType.MOSTLY_Q8_0)
-    writer.add_context_length(8192)
+    writer.add_context_length(shape.context)
     writer.add_embedding_length(shape.hidden)
     writer.add_block_count(shape.layers)
     writer.add_feed_forward_length(shape.ffn)
@@ -135,7 +187,8 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_key_length(shape.head_dim)
     writer.add_value_length(shape.head_dim)
-    writer.add_rope_dimension_count(shape.head_dim)
+    if not shape.gemma:  # Gemma3Model writes no rope.dimension_count (llama.cpp takes head_dim)
+        writer.add_rope_dimension_count(shape.head_dim)
     writer.add_rope_freq_base(shape.rope_theta)
     writer.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
     writer.add_vocab_size(vocab)
@@ -143,10 +196,24 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
         writer.add_expert_feed_forward_length(shape.expert_ffn)
+    if shape.sliding_window:
+        # As llama.cpp's Gemma3Model writes them: no sliding_window_pattern (llama.cpp assumes 6),
+        # the local layers' rope base, and the global layers' rope scaling.
+        writer.add_sliding_window(shape.sliding_window)
+        writer.add_rope_freq_base_swa(GEMMA_LOCAL_ROPE_THETA)
+    if shape.rope_linear_factor:
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(shape.rope_linear_factor)
+    # The filler tokens are NORMAL (not USER_DEFINED: llama.cpp would match each in every text),
+    # scored below every real token.
+    padding = {"tokenizer.ggml.tokens": filler, "tokenizer.ggml.token_type": [int(gguf.TokenType.NORMAL)] * len(filler)}
+    if "tokenizer.ggml.scores" in source.fields:
+        padding["tokenizer.ggml.scores"] = [min(source.fields["tokenizer.ggml.scores"].contents()) - 1.0] * len(filler)
     for key, field in source.fields.items():
         if key.startswith("tokenizer."):
             sub_type = field.types[1] if len(field.types) > 1 else None
-            writer.add_key_value(key, field.contents(), field.types[0], sub_type)
+            value = field.contents() + padding[key] if key in padding else field.contents()
+            writer.add_key_value(key, value, field.types[0], sub_type)
     values = Values()
     layout = tensors(shape, vocab)
     for name, dims in layout:
@@ -185,7 +252,9 @@ def quantize_with_llama_cpp(source: Path, kind: str, path: Path) -> None:
 
 
 def hf_name(gguf_name: str, shape: Shape) -> list[tuple[str, int | None]]:
-    """The Hugging Face names of a GGUF tensor (per expert for stacked ones, with the index)."""
+    """The Hugging Face names of a GGUF tensor (per expert for stacked ones, with the index).
+    Gemma's ffn_norm is its pre_feedforward_layernorm (its post_attention_layernorm is
+    post_attention_norm); Llama's and Qwen's is their post_attention_layernorm."""
     globals_ = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
     if gguf_name in globals_:
         return [(globals_[gguf_name], None)]
@@ -197,20 +266,39 @@ def hf_name(gguf_name: str, shape: Shape) -> list[tuple[str, int | None]]:
         "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
         "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
     }  # fmt: skip
+    if shape.gemma:
+        layer_names |= {
+            "post_attention_norm": "post_attention_layernorm",
+            "ffn_norm": "pre_feedforward_layernorm",
+            "post_ffw_norm": "post_feedforward_layernorm",
+        }
     experts = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
     if module in experts:
         return [(f"{p}mlp.experts.{e}.{experts[module]}.weight", e) for e in range(shape.experts)]
     return [(f"{p}{layer_names[module]}.weight", None)]
 
 
-def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict:
-    config = {
+def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
+    config: dict[str, Any] = {
         "hidden_size": shape.hidden, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim, "intermediate_size": shape.ffn,
         "vocab_size": vocab, "rms_norm_eps": 1e-5 if shape.architecture == "llama" else 1e-6,
-        "rope_theta": shape.rope_theta, "max_position_embeddings": 8192, "tie_word_embeddings": shape.tied,
-        "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": None, "eos_token_id": eos_token_id,
+        "rope_theta": shape.rope_theta, "max_position_embeddings": shape.context, "tie_word_embeddings": shape.tied,
+        "torch_dtype": "bfloat16", "bos_token_id": None, "eos_token_id": eos_token_id,
     }  # fmt: skip
+    if shape.gemma:
+        # As Google's config.json files have it (transformers 4.50), with the layer_types that
+        # transformers 4.53 and later write besides sliding_window_pattern.
+        layer_types = ["full_attention" if (layer + 1) % GEMMA_GLOBAL_EVERY == 0 else "sliding_attention" for layer in range(shape.layers)]
+        rope_scaling = {"rope_type": "linear", "factor": shape.rope_linear_factor} if shape.rope_linear_factor else None
+        gemma = {
+            "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": shape.head_dim,
+            "sliding_window": shape.sliding_window, "sliding_window_pattern": GEMMA_GLOBAL_EVERY, "layer_types": layer_types,
+            "rope_local_base_freq": GEMMA_LOCAL_ROPE_THETA, "rope_scaling": rope_scaling,
+            "final_logit_softcapping": None, "attn_logit_softcapping": None, "attention_bias": False,
+        }  # fmt: skip
+        return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", **config, **gemma}
+    config["hidden_act"] = "silu"
     if shape.experts:
         moe = {"num_experts": shape.experts, "num_experts_per_tok": shape.experts_used, "moe_intermediate_size": shape.expert_ffn}
         return {
@@ -229,7 +317,14 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     from rsgl.loader import load_model
 
     model = load_model(None, progress=False)
-    vocab = model.config["vocab_size"]
+    if model.tokenizer is None or model.chat_template is None:
+        raise RuntimeError("the default model loaded without its tokenizer or chat template")
+    tokenizer = json.loads(model.tokenizer.to_str())
+    source_vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
+    vocab = max(shape.vocab, model.config["vocab_size"])
+    # Gemma's vocabulary: the filler tokens as plain BPE vocabulary entries (no merge reaches them).
+    filler = filler_tokens(list(model.tokenizer.get_vocab(with_added_tokens=True)), vocab) if vocab > source_vocab else []
+    tokenizer["model"]["vocab"] |= {token: source_vocab + index for index, token in enumerate(filler)}
     folder.mkdir(parents=True, exist_ok=True)
     # (name, shape) of every tensor, in shards of at most SHARD_BYTES of bf16.
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
@@ -247,7 +342,8 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     weight_map = {}
     for index, shard in enumerate(shards):
         file_name = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        header, offset = {"__metadata__": {"format": "pt"}}, 0
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
         for name, dims in shard:
             nbytes = 2 * int(np.prod(dims))
             header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [offset, offset + nbytes]}
@@ -259,11 +355,15 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
             out.write(len(encoded).to_bytes(8, "little"))
             out.write(encoded)
             for name, dims in shard:
-                out.write((values.tensor(name, dims).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes())
+                weights = values.tensor(name, dims, norm_offset=0.0 if shape.gemma else 1.0).astype(np.float32)
+                out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
     (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, model.eos_token_ids[0]), indent=1))
-    (folder / "tokenizer.json").write_text(model.tokenizer.to_str())
-    (folder / "tokenizer_config.json").write_text(json.dumps({"eos_token": model.eos_token, "add_bos_token": False}))
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    # tokenizer_class: else transformers 5 builds the tokenizer its config's model_type names (Llama's,
+    # Gemma's) from tokenizer.json's vocabulary, which is not that tokenizer's.
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": model.eos_token, "add_bos_token": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     (folder / "chat_template.jinja").write_text(model.chat_template)
 
 

@@ -1,7 +1,8 @@
 """The model families beside Llama and Qwen, from tiny random checkpoints transformers' own classes
 wrote (tests/zoo_models.py): float32 greedy tokens identical to transformers' for prompts of 1, 11
-and 81 tokens, alone and batched, again with their prefixes cached; families rsgl does not run
-yet are refused with an error naming what it runs."""
+and 81 tokens (past Gemma's 8-token sliding windows), alone and batched, again with their prefixes
+cached, from the Hugging Face folder and from the GGUF file llama.cpp's converter writes of it;
+families rsgl does not run yet are refused with an error naming what it runs."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from gguf_convert import convert
 from zoo_models import FAMILIES, build_family
 
-SUPPORTED = ("granite", "olmo2", "smollm3")
+SUPPORTED = ("gemma2", "gemma3", "granite", "olmo2", "smollm3")
+# Families rsgl reads from GGUF files as well.
+GGUF_SUPPORTED = ("gemma2", "gemma3")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 
@@ -19,7 +22,7 @@ PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 @pytest.fixture(scope="module", params=SUPPORTED)
 def family(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    return path, build_family(request.param, path)
+    return request.param, path, build_family(request.param, path)
 
 
 def transformers_greedy(model, ids: list[int]) -> list[int]:
@@ -28,16 +31,25 @@ def transformers_greedy(model, ids: list[int]) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def test_float32_greedy_tokens_match_transformers(family):
-    path, model = family
-    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+def rsgl_greedy(model_path, **options) -> tuple[list[list[int]], list[list[int]]]:
+    """Each prompt's greedy tokens alone, then all of them batched (their prefixes cached by then)."""
     params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-    with rsgl.Engine(str(path), dtype="float32", threads=1, progress=False) as engine:
+    with rsgl.Engine(str(model_path), threads=1, progress=False, **options) as engine:
         alone = [engine.generate(input_ids=ids, sampling_params=params)["output_ids"] for ids in PROMPTS]
         batched = [out["output_ids"] for out in engine.generate(input_ids=PROMPTS, sampling_params=params)]
         assert engine.get_server_info()["cache_hit_tokens"] > 0  # the batch reused the prompts' cached pages
+    return alone, batched
+
+
+def test_float32_greedy_tokens_match_transformers(family):
+    name, path, model = family
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    alone, batched = rsgl_greedy(path, dtype="float32")
     assert alone == want
     assert batched == want
+    if name in GGUF_SUPPORTED:
+        gguf_file = convert(path, path.parent / f"{name}.gguf")
+        assert rsgl_greedy(gguf_file, dtype="float32") == (want, want)
 
 
 @pytest.mark.parametrize("family", [name for name in FAMILIES if name not in SUPPORTED])
@@ -51,5 +63,5 @@ def test_a_gguf_file_of_a_family_read_from_folders_only_is_refused_naming_what_r
     """llama.cpp's converter writes the GGUF file; rsgl reads Granite from Hugging Face folders so far."""
     build_family("granite", tmp_path / "granite")
     gguf_file = convert(tmp_path / "granite", tmp_path / "granite.gguf")
-    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe GGUF"):
+    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, gemma2, gemma3, .* GGUF"):
         rsgl.Engine(str(gguf_file), progress=False)

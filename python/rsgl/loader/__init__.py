@@ -47,8 +47,8 @@ STORED_QUANTIZATIONS = ("gguf", "awq", "gptq")
 Tensors = dict[str, tuple[tuple[int, ...], str]]
 
 
-class RopeScaling(TypedDict):
-    """Llama 3's RoPE scaling, the only kind the core runs."""
+class RopeScaling(TypedDict, total=False):
+    """RoPE scaling: 'linear' (`factor` only) or Llama 3's."""
 
     rope_type: str
     factor: float
@@ -58,12 +58,22 @@ class RopeScaling(TypedDict):
 
 
 class Scales(TypedDict):
-    """Granite's multipliers (1, and None for `attention`, elsewhere)."""
+    """Granite's multipliers, Gemma's scales and soft caps (1, and None for the optional ones, elsewhere)."""
 
     embedding: float
     residual: float
     attention: float | None
     logits_divisor: float
+    attention_logit_cap: float | None
+    final_logit_cap: float | None
+
+
+class SlidingWindow(TypedDict):
+    """Layers that attend to the last `size` positions only, and their own rope base (Gemma's local layers)."""
+
+    size: int
+    layers: list[int]
+    rope_theta: float | None
 
 
 class MoeConfig(TypedDict):
@@ -99,6 +109,9 @@ class ModelConfig(TypedDict):
     pooling: Literal["last", "mean", "cls"] | None  # how an embedding is pooled, when the files say
     scales: Scales
     no_rope_layers: list[int]  # layers that leave q and k unrotated (SmolLM3's NoPE layers)
+    sliding_window: SlidingWindow | None
+    activation: Literal["silu", "gelu_tanh"]  # the gated MLP's
+    norm_weight_offset: float  # added to every RMS norm weight as stored (Gemma's norms scale by 1 + w)
 
 
 @dataclass

@@ -271,6 +271,8 @@ impl Op {
                     tokens,
                     first_pos: span - tokens,
                     scale: 0.125,
+                    window: None,
+                    softcap: None,
                 };
                 let mut out = vec![0.0; x_len];
                 for _ in 0..iters {

@@ -52,11 +52,47 @@ pub struct ModelConfig {
     /// Layers that leave q and k unrotated (SmolLM3's NoPE layers).
     #[serde(default)]
     pub no_rope_layers: Vec<usize>,
+    /// Layers that attend only to recent positions (Gemma's local layers); the rest see all.
+    #[serde(default)]
+    pub sliding_window: Option<SlidingWindow>,
+    /// The gated MLP's activation.
+    #[serde(default)]
+    pub activation: Activation,
+    /// Added to every RMS norm weight as stored: Gemma's norms scale by `1 + w` and its Hugging
+    /// Face checkpoints store `w` (llama.cpp's converter stores `1 + w`).
+    #[serde(default, serialize_with = "as_written")]
+    pub norm_weight_offset: f32,
+}
+
+/// Sliding-window attention in some layers: the query at position `p` sees positions
+/// `p + 1 - size ..= p` only.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlidingWindow {
+    pub size: usize,
+    /// The layers that slide.
+    pub layers: Vec<usize>,
+    /// Their rope base where it is not the global layers' (Gemma 3's local layers rotate with
+    /// base 10,000 and no scaling, its global ones with 1,000,000 and the config's scaling).
+    pub rope_theta: Option<f64>,
+}
+
+/// The activation of the gated MLP, `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Activation {
+    /// SwiGLU (Llama and most families).
+    #[default]
+    Silu,
+    /// GeGLU with GELU's tanh approximation (Gemma: `gelu_pytorch_tanh`).
+    GeluTanh,
 }
 
 /// Granite's `embedding_multiplier`, `residual_multiplier` (on each sublayer's output before it
 /// joins the residual stream), `attention_multiplier` (the attention score scale, in place of
-/// 1/sqrt(head_dim)) and `logits_scaling` (the logits' divisor).
+/// 1/sqrt(head_dim)) and `logits_scaling` (the logits' divisor); Gemma's embedding scale
+/// (sqrt(hidden_size)), attention scale (`query_pre_attn_scalar`) and Gemma 2's soft caps
+/// (`cap * tanh(x / cap)` on the attention scores and on the logits).
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scales {
@@ -68,11 +104,15 @@ pub struct Scales {
     pub attention: Option<f32>,
     #[serde(serialize_with = "as_written")]
     pub logits_divisor: f32,
+    #[serde(default, serialize_with = "option_as_written")]
+    pub attention_logit_cap: Option<f32>,
+    #[serde(default, serialize_with = "option_as_written")]
+    pub final_logit_cap: Option<f32>,
 }
 
 impl Default for Scales {
     fn default() -> Self {
-        Scales { embedding: 1.0, residual: 1.0, attention: None, logits_divisor: 1.0 }
+        Scales { embedding: 1.0, residual: 1.0, attention: None, logits_divisor: 1.0, attention_logit_cap: None, final_logit_cap: None }
     }
 }
 
@@ -93,7 +133,16 @@ pub struct MoeConfig {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "rope_type", rename_all = "lowercase", deny_unknown_fields)]
 pub enum RopeScaling {
-    Llama3 { factor: f64, low_freq_factor: f64, high_freq_factor: f64, original_max_position_embeddings: f64 },
+    /// Positions divided by `factor` (Gemma 3's global layers).
+    Linear {
+        factor: f64,
+    },
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
 }
 
 impl ModelConfig {
@@ -142,6 +191,14 @@ impl ModelConfig {
         }
         if !self.head_dim.is_multiple_of(2) {
             return Err(EngineError::ModelLoad("model config: head_dim must be even for rope".into()));
+        }
+        if let Some(window) = &self.sliding_window {
+            if window.size == 0 || window.layers.iter().any(|&layer| layer >= self.num_hidden_layers) {
+                return Err(EngineError::ModelLoad(format!(
+                    "model config: a sliding window of {} positions over layers {:?} of {} is not usable",
+                    window.size, window.layers, self.num_hidden_layers
+                )));
+            }
         }
         Ok(())
     }

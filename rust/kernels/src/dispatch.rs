@@ -78,7 +78,9 @@ pub type AxpyFn = fn(a: f32, x: &[f32], y: &mut [f32]);
 pub type DotFn = fn(x: &[f32], y: &[f32]) -> f32;
 pub type AddRmsNormFn = fn(x: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]);
 pub type SiluMulFn = fn(gate: &[f32], up: &[f32], out: &mut [f32]);
+pub type GeluTanhMulFn = fn(gate: &[f32], up: &[f32], out: &mut [f32]);
 pub type SoftmaxFn = fn(x: &mut [f32]);
+pub type SoftcapFn = fn(x: &mut [f32], cap: f32);
 pub type RopeFn = fn(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle);
 pub type ArgmaxFn = fn(x: &[f32]) -> usize;
 pub type TopKFn = fn(x: &[f32], k: usize, out: &mut Vec<(f32, u32)>);
@@ -103,7 +105,9 @@ pub struct Kernels {
     pub axpy: AxpyFn,
     pub add_rmsnorm: AddRmsNormFn,
     pub silu_mul: SiluMulFn,
+    pub gelu_tanh_mul: GeluTanhMulFn,
     pub softmax: SoftmaxFn,
+    pub softcap: SoftcapFn,
     pub rope: RopeFn,
     pub argmax: ArgmaxFn,
     pub top_k: TopKFn,
@@ -122,7 +126,9 @@ impl Kernels {
             axpy: crate::portable::axpy,
             add_rmsnorm: crate::portable::add_rmsnorm,
             silu_mul: crate::portable::silu_mul,
+            gelu_tanh_mul: crate::portable::gelu_tanh_mul,
             softmax: crate::portable::softmax,
+            softcap: crate::portable::softcap,
             rope: crate::portable::rope,
             argmax: crate::portable::argmax,
             top_k: crate::portable::top_k,

@@ -104,11 +104,12 @@ pub fn page_head_scale_start(page: u32, head: usize, kv_heads: usize, page_size:
 
 /// The queries of one kv head's group (the `group` query heads sharing it, GQA) at `tokens`
 /// consecutive positions of one sequence, starting at `first_pos`. Query token `t` attends to
-/// keys `0..=first_pos + t` (causal); decode is `tokens == 1`. The K and V of those positions
-/// are already in the pages.
+/// keys `first_key(t)..span(t)`: causal, and with a `window` only the last `window` of them;
+/// decode is `tokens == 1`. The K and V of those positions are already in the pages.
 pub struct AttentionTask<'a> {
     pub kv: &'a PagedKv<'a>,
-    /// The sequence's page table.
+    /// The sequence's page table. Pages wholly before the task's first key are never read, so
+    /// their entries may be stale.
     pub pages: &'a [u32],
     pub kv_head: usize,
     pub group: usize,
@@ -119,12 +120,30 @@ pub struct AttentionTask<'a> {
     pub first_pos: usize,
     /// Applied to every score (usually 1/sqrt(head_dim)).
     pub scale: f32,
+    /// Sliding-window attention (Mistral, Gemma 2 and 3's local layers): the query at position
+    /// `p` sees keys `p + 1 - window..=p` only. `None`: every key up to `p`.
+    pub window: Option<usize>,
+    /// Logit soft-capping (Gemma 2): each scaled score `s` becomes `cap * tanh(s / cap)` before
+    /// the softmax ([`crate::portable::softcap`]).
+    pub softcap: Option<f32>,
 }
 
 impl AttentionTask<'_> {
-    /// Keys query token `t` sees.
+    /// Keys query token `t` sees end here (exclusive): its own position's is the last.
     pub fn span(&self, t: usize) -> usize {
         self.first_pos + t + 1
+    }
+
+    /// The first key query token `t` sees: 0, or the start of its window.
+    pub fn first_key(&self, t: usize) -> usize {
+        self.window.map_or(0, |w| self.span(t).saturating_sub(w))
+    }
+
+    /// The task's pages: indexes in `pages` from the one holding the first key any query sees
+    /// to the one holding the last.
+    pub fn used_pages(&self) -> std::ops::Range<usize> {
+        let ps = self.kv.page_size;
+        self.first_key(0) / ps..self.span(self.tokens - 1).div_ceil(ps)
     }
 
     /// Checks the task against its storage; kernels call it before reading.
@@ -132,10 +151,13 @@ impl AttentionTask<'_> {
         let (kv, hd) = (self.kv, self.kv.head_dim);
         assert!(self.kv_head < kv.kv_heads, "attention: kv head {} of {}", self.kv_head, kv.kv_heads);
         assert!(self.tokens > 0 && self.group > 0);
+        assert!(self.window != Some(0), "attention: a window of no keys");
+        assert!(self.softcap.is_none_or(|cap| cap > 0.0 && cap.is_finite()), "attention: a soft cap must be positive and finite");
         assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the page table is too short");
         let last = (self.tokens - 1) * self.q_stride + self.group * hd;
         assert!(self.q.len() >= last, "attention: q is too short");
-        let end = self.pages.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::page_head_len(kv.page_size, hd);
+        let read = &self.pages[self.used_pages()];
+        let end = read.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::page_head_len(kv.page_size, hd);
         assert!(kv.keys.len() >= end && kv.values.len() >= end, "attention: a page lies outside the storage");
         for slice in [kv.keys, kv.values] {
             if let KvSlice::Int8 { scales, .. } = slice {

@@ -2,7 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{llama, olmo2, Assembly};
+use crate::model::archs::{gemma, llama, olmo2, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -20,6 +20,11 @@ pub struct Architecture {
     pub attention_bias: bool,
     /// config.json's `sliding_window` applies even without `use_sliding_window`.
     pub sliding_window: bool,
+    /// Every layer slides but each `n`th, which attends to all positions: the pattern where a
+    /// checkpoint does not list each layer's kind (transformers 4 configs, GGUF files).
+    pub global_layer_every: Option<usize>,
+    /// The sliding layers' rope base where the files do not say (their rotation is unscaled).
+    pub local_rope_theta: Option<f64>,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
 }
@@ -36,8 +41,17 @@ pub struct MoeFacts {
 }
 
 /// A dense Llama-built architecture without biases or a sliding window; each row says how it differs.
-const PLAIN: Architecture =
-    Architecture { name: "", hf_class: "", gguf_name: None, assembly: llama::LLAMA, attention_bias: false, sliding_window: false, moe: None };
+const PLAIN: Architecture = Architecture {
+    name: "",
+    hf_class: "",
+    gguf_name: None,
+    assembly: llama::LLAMA,
+    attention_bias: false,
+    sliding_window: false,
+    global_layer_every: None,
+    local_rope_theta: None,
+    moe: None,
+};
 
 pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "llama", hf_class: "LlamaForCausalLM", gguf_name: Some("llama"), ..PLAIN },
@@ -47,6 +61,16 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", ..PLAIN },
     Architecture { name: "granite", hf_class: "GraniteForCausalLM", ..PLAIN },
     Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", assembly: olmo2::OLMO2, ..PLAIN },
+    Architecture { name: "gemma2", hf_class: "Gemma2ForCausalLM", gguf_name: Some("gemma2"), assembly: gemma::GEMMA2, global_layer_every: Some(2), ..PLAIN },
+    Architecture {
+        name: "gemma3_text",
+        hf_class: "Gemma3ForCausalLM",
+        gguf_name: Some("gemma3"),
+        assembly: gemma::GEMMA3,
+        global_layer_every: Some(6),
+        local_rope_theta: Some(10000.0),
+        ..PLAIN
+    },
     Architecture {
         name: "mixtral",
         hf_class: "MixtralForCausalLM",
@@ -122,7 +146,7 @@ mod tests {
         assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
-        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, qwen2moe, qwen3moe");
+        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, gemma2, gemma3, qwen2moe, qwen3moe");
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), None);
     }
 }

@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{ModelConfig, MoeConfig, Scales};
+use super::{ModelConfig, MoeConfig, RopeScaling, Scales, SlidingWindow};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use crate::pooling::Pooling;
@@ -28,9 +28,13 @@ impl ModelConfig {
         let prefix = gguf_name.as_str().ok_or_else(unsupported)?;
         let keys = general.prefixed(format!("{prefix}."));
         let architecture = Architecture::of_gguf(prefix, keys.flag("expert_count")).ok_or_else(unsupported)?;
-        if let Some(scaling) = keys.get("rope.scaling.type").filter(|kind| *kind != "none") {
-            return Err(EngineError::UnsupportedModel(format!("{source} uses {} RoPE scaling, which rsgl does not support yet in GGUF.", quoted(scaling))));
-        }
+        let rope_scaling = match keys.get("rope.scaling.type").filter(|kind| *kind != "none") {
+            None => None,
+            Some(kind) if kind == "linear" => Some(RopeScaling::Linear { factor: keys.required_number("rope.scaling.factor")? }),
+            Some(kind) => {
+                return Err(EngineError::UnsupportedModel(format!("{source} uses {} RoPE scaling, which rsgl does not support yet in GGUF.", quoted(kind))))
+            }
+        };
         let heads = keys.count("attention.head_count")?;
         let kv_heads = keys.optional_count("attention.head_count_kv")?.unwrap_or(heads);
         let store = WeightStore::open_gguf(path, architecture.name, heads, kv_heads)?;
@@ -46,31 +50,71 @@ impl ModelConfig {
             })?,
         };
         let hidden_size = keys.count("embedding_length")?;
+        let num_hidden_layers = keys.count("block_count")?;
+        let head_dim = keys.optional_count("attention.key_length")?.unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
         let config = ModelConfig {
             architecture: architecture.name.into(),
             hidden_size,
             intermediate_size: keys.first_count(&["feed_forward_length", "expert_feed_forward_length"])?,
-            num_hidden_layers: keys.count("block_count")?,
+            num_hidden_layers,
             num_attention_heads: heads,
             num_key_value_heads: kv_heads,
             // Zero heads: validate() says so.
-            head_dim: keys.optional_count("attention.key_length")?.unwrap_or(hidden_size.checked_div(heads).unwrap_or(0)),
+            head_dim,
             vocab_size,
             rms_norm_eps: keys.required_number("attention.layer_norm_rms_epsilon")? as f32,
             rope_theta: keys.number("rope.freq_base")?.unwrap_or(10000.0),
-            rope_scaling: None,
+            rope_scaling,
             attention_bias: store.contains("model.layers.0.self_attn.q_proj.bias"),
             qk_norm: architecture.assembly.qk_norm != QkNorm::None,
             tie_word_embeddings: !store.contains("lm_head.weight"),
             max_position_embeddings: keys.count("context_length")?,
             moe: architecture.moe.as_ref().map(|facts| moe(&keys, facts)).transpose()?,
             pooling: keys.optional_count("pooling_type")?.and_then(Pooling::from_gguf),
-            scales: Scales::default(),
+            scales: scales(&keys, architecture, [hidden_size, heads, head_dim, num_hidden_layers])?,
             no_rope_layers: Vec::new(),
+            sliding_window: sliding_window(&keys, architecture, num_hidden_layers)?,
+            activation: architecture.assembly.activation,
+            // llama.cpp's converter stores Gemma's norm weights as the `1 + w` they scale by.
+            norm_weight_offset: 0.0,
         };
         config.validate()?;
         Ok(config)
     }
+}
+
+/// Gemma's embedding scale and soft caps. GGUF files keep no `query_pre_attn_scalar`: llama.cpp
+/// takes it to be `head_dim` except in the 27B Gemmas (46 or 62 layers), where it is
+/// `hidden_size / heads`, as their configs say.
+fn scales(keys: &Keys, architecture: &Architecture, [hidden, heads, head_dim, layers]: [usize; 4]) -> Result<Scales> {
+    let cap = |key: &str| -> Result<Option<f32>> { Ok(keys.number(key)?.map(|cap| cap as f32)) };
+    if !architecture.assembly.embedding_times_sqrt_hidden {
+        return Ok(Scales::default());
+    }
+    let query_pre_attn_scalar = if matches!(layers, 46 | 62) { hidden / heads.max(1) } else { head_dim };
+    Ok(Scales {
+        embedding: (hidden as f32).sqrt(),
+        attention: Some(1.0 / (query_pre_attn_scalar as f32).sqrt()),
+        attention_logit_cap: cap("attn_logit_softcapping")?,
+        final_logit_cap: cap("final_logit_softcapping")?,
+        ..Scales::default()
+    })
+}
+
+/// Gemma's sliding layers: `attention.sliding_window_pattern` (a flag per layer, or every how
+/// many layers one is global) where the file has it, else the family's pattern as llama.cpp
+/// assumes it; the local rope base is `rope.freq_base_swa`, else the family's.
+fn sliding_window(keys: &Keys, architecture: &Architecture, layers: usize) -> Result<Option<SlidingWindow>> {
+    let (Some(every), Some(size)) = (architecture.global_layer_every, keys.optional_count("attention.sliding_window")?) else { return Ok(None) };
+    let sliding: Vec<usize> = match keys.get("attention.sliding_window_pattern") {
+        Some(serde_json::Value::Array(flags)) => (0..layers).filter(|&layer| flags.get(layer).is_some_and(truthy)).collect(),
+        _ => {
+            let every = keys.optional_count("attention.sliding_window_pattern")?.unwrap_or(every);
+            (0..layers).filter(|layer| (layer + 1) % every != 0).collect()
+        }
+    };
+    let rope_theta = keys.number("rope.freq_base_swa")?.or(architecture.local_rope_theta);
+    Ok((!sliding.is_empty()).then_some(SlidingWindow { size, layers: sliding, rope_theta }))
 }
 
 fn moe(keys: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {

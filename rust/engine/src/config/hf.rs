@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, Keys};
-use super::{ModelConfig, MoeConfig, RopeScaling, Scales};
+use super::{Activation, ModelConfig, MoeConfig, RopeScaling, Scales, SlidingWindow};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -20,20 +20,18 @@ impl ModelConfig {
             .map_err(|e| EngineError::ModelLoad(format!("config.json holds no JSON object ({e}); download the model again.")))?;
         let hf = Keys::new(&raw, "config.json".into(), REMEDY);
         let architecture = architecture(&hf)?;
-        if let Some(activation) = hf.get("hidden_act").filter(|act| act.as_str() != Some("silu")) {
-            return Err(EngineError::UnsupportedModel(format!("this model uses the {} activation; rsgl runs SiLU models only.", quoted(activation))));
-        }
         if hf.flag("mlp_bias") {
             return Err(EngineError::UnsupportedModel("this model has MLP biases (mlp_bias=true), which rsgl does not support yet.".into()));
         }
         let (rope_theta, rope_scaling) = rope(&hf)?;
         let hidden_size = hf.count("hidden_size")?;
         let num_attention_heads = hf.count("num_attention_heads")?;
+        let num_hidden_layers = hf.count("num_hidden_layers")?;
         let config = ModelConfig {
             architecture: architecture.name.into(),
             hidden_size,
             intermediate_size: hf.count("intermediate_size")?,
-            num_hidden_layers: hf.count("num_hidden_layers")?,
+            num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: hf.optional_count("num_key_value_heads")?.unwrap_or(num_attention_heads),
             // Zero heads: validate() says so.
@@ -49,8 +47,11 @@ impl ModelConfig {
             moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?,
             // In sentence-transformers' files next to config.json, which the loader reads.
             pooling: None,
-            scales: scales(&hf)?,
+            scales: scales(&hf, architecture, hidden_size)?,
             no_rope_layers: no_rope_layers(&hf)?,
+            sliding_window: sliding_window(&hf, architecture, num_hidden_layers)?,
+            activation: activation(&hf, architecture)?,
+            norm_weight_offset: architecture.assembly.norm_weight_offset,
         };
         config.validate()?;
         Ok(config)
@@ -70,9 +71,21 @@ fn architecture(hf: &Keys) -> Result<&'static Architecture> {
     })
 }
 
-/// (rope_theta, rope_scaling): transformers 4.x keeps them top-level, 5.x in `rope_parameters`.
+/// The activation config.json names (Gemma's key is `hidden_activation`), else the family's.
+fn activation(hf: &Keys, architecture: &Architecture) -> Result<Activation> {
+    let Some(named) = hf.set("hidden_activation").or_else(|| hf.set("hidden_act")) else { return Ok(architecture.assembly.activation) };
+    match named.as_str() {
+        Some("silu" | "swish") => Ok(Activation::Silu),
+        Some("gelu_pytorch_tanh") => Ok(Activation::GeluTanh),
+        _ => Err(EngineError::UnsupportedModel(format!("this model uses the {} activation; rsgl runs 'silu' and 'gelu_pytorch_tanh' models.", quoted(named)))),
+    }
+}
+
+/// (rope_theta, rope_scaling) of the global layers: transformers 4.x keeps them top-level, 5.x
+/// in `rope_parameters` (by layer kind for Gemma 3).
 fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
     let parameters = hf.set("rope_parameters").and_then(Value::as_object);
+    let parameters = parameters.map(|all| all.get("full_attention").and_then(Value::as_object).unwrap_or(all));
     let theta = match parameters {
         Some(parameters) if parameters.contains_key("rope_theta") => {
             Keys::new(parameters, "config.json's rope_parameters".into(), REMEDY).required_number("rope_theta")?
@@ -84,7 +97,13 @@ fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
         None => Ok((theta, None)),
         Some(kind) if kind == "default" => Ok((theta, None)),
         Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, scaling)?))),
-        Some(kind) => Err(EngineError::UnsupportedModel(format!("rsgl does not support {} RoPE scaling yet; it supports 'llama3' scaling.", quoted(kind)))),
+        Some(kind) if kind == "linear" => {
+            let factor = scaling.get("factor").and_then(Value::as_f64).ok_or_else(|| hf.broken("config.json: linear RoPE scaling lacks its factor".into()))?;
+            Ok((theta, Some(RopeScaling::Linear { factor })))
+        }
+        Some(kind) => {
+            Err(EngineError::UnsupportedModel(format!("rsgl does not support {} RoPE scaling yet; it supports 'linear' and 'llama3' scaling.", quoted(kind))))
+        }
     }
 }
 
@@ -105,15 +124,39 @@ fn context_limit(hf: &Keys, architecture: &Architecture) -> Result<usize> {
     Ok(window.map_or(limit, |window| limit.min(window)))
 }
 
-/// Granite's multipliers, where the config has them.
-fn scales(hf: &Keys) -> Result<Scales> {
+/// Granite's multipliers and Gemma's scales and soft caps, where the config has them.
+fn scales(hf: &Keys, architecture: &Architecture, hidden_size: usize) -> Result<Scales> {
     let one = |key: &str| -> Result<f32> { Ok(hf.number(key)?.unwrap_or(1.0) as f32) };
+    let optional = |key: &str| -> Result<Option<f32>> { Ok(hf.number(key)?.map(|value| value as f32)) };
+    let embedding = if architecture.assembly.embedding_times_sqrt_hidden { (hidden_size as f32).sqrt() } else { one("embedding_multiplier")? };
+    let query_pre_attn_scalar = optional("query_pre_attn_scalar")?.map(|scalar| 1.0 / scalar.sqrt());
     Ok(Scales {
-        embedding: one("embedding_multiplier")?,
+        embedding,
         residual: one("residual_multiplier")?,
-        attention: hf.number("attention_multiplier")?.map(|scale| scale as f32),
+        attention: optional("attention_multiplier")?.or(query_pre_attn_scalar),
         logits_divisor: one("logits_scaling")?,
+        attention_logit_cap: optional("attn_logit_softcapping")?,
+        final_logit_cap: optional("final_logit_softcapping")?,
     })
+}
+
+/// Gemma's sliding layers: as `layer_types` lists them (transformers 5), else all but every
+/// `sliding_window_pattern`th (transformers 4: the key, or the family's pattern).
+fn sliding_window(hf: &Keys, architecture: &Architecture, layers: usize) -> Result<Option<SlidingWindow>> {
+    let (Some(every), Some(size)) = (architecture.global_layer_every, hf.optional_count("sliding_window")?) else { return Ok(None) };
+    let sliding: Vec<usize> = match hf.set("layer_types").and_then(Value::as_array) {
+        Some(kinds) => kinds.iter().enumerate().filter(|(_, kind)| kind.as_str() == Some("sliding_attention")).map(|(layer, _)| layer).collect(),
+        None => {
+            let every = hf.optional_count("sliding_window_pattern")?.unwrap_or(every);
+            (0..layers).filter(|layer| (layer + 1) % every != 0).collect()
+        }
+    };
+    let local_parameters = hf.set("rope_parameters").and_then(|all| all.get("sliding_attention")).and_then(Value::as_object);
+    let rope_theta = match local_parameters {
+        Some(local) => Keys::new(local, "config.json's rope_parameters.sliding_attention".into(), REMEDY).number("rope_theta")?,
+        None => hf.number("rope_local_base_freq")?.or(architecture.local_rope_theta),
+    };
+    Ok((!sliding.is_empty()).then_some(SlidingWindow { size, layers: sliding, rope_theta }))
 }
 
 /// SmolLM3's `no_rope_layers` (1: the layer uses rope, 0: it does not), as the layers without.
@@ -187,6 +230,34 @@ mod tests {
         assert!(
             message(llama(json!({ "rope_scaling": { "rope_type": "llama3", "factor": 8.0 } }))).contains("lacks low_freq_factor, high_freq_factor, original")
         );
+    }
+
+    /// transformers 5 lists each layer's kind and keys rope parameters by it; transformers 4
+    /// (the files on the Hub) gives a pattern and `rope_local_base_freq`; both say the same.
+    #[test]
+    fn reads_gemma3_local_layers_from_either_layout() {
+        let gemma3 = |extra: Value| {
+            let mut raw = llama(json!({
+                "architectures": ["Gemma3ForCausalLM"], "hidden_activation": "gelu_pytorch_tanh", "hidden_act": null,
+                "num_hidden_layers": 7, "hidden_size": 64, "head_dim": 32, "query_pre_attn_scalar": 16, "sliding_window": 512,
+            }));
+            raw.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            ModelConfig::from_hf_config(&raw).unwrap()
+        };
+        let kinds: Vec<&str> = (0..7).map(|layer| if layer % 6 == 5 { "full_attention" } else { "sliding_attention" }).collect();
+        let v5 = gemma3(json!({ "layer_types": kinds, "rope_theta": null, "rope_parameters": {
+            "full_attention": { "rope_type": "linear", "factor": 8.0, "rope_theta": 1e6 },
+            "sliding_attention": { "rope_type": "default", "rope_theta": 1e4 },
+        }}));
+        let v4 = gemma3(
+            json!({ "sliding_window_pattern": 6, "rope_theta": 1e6, "rope_local_base_freq": 1e4, "rope_scaling": { "rope_type": "linear", "factor": 8.0 } }),
+        );
+        for cfg in [&v5, &v4] {
+            assert_eq!(cfg.sliding_window, Some(SlidingWindow { size: 512, layers: vec![0, 1, 2, 3, 4, 6], rope_theta: Some(1e4) }));
+            assert!(matches!(cfg.rope_scaling, Some(RopeScaling::Linear { factor: 8.0 })) && cfg.rope_theta == 1e6);
+            assert_eq!((cfg.activation, cfg.norm_weight_offset, cfg.scales.embedding, cfg.scales.attention), (Activation::GeluTanh, 1.0, 8.0, Some(0.25)));
+        }
+        assert!(message(llama(json!({ "hidden_act": "relu2" }))).contains("the 'relu2' activation; rsgl runs 'silu' and 'gelu_pytorch_tanh' models"));
     }
 
     #[test]

@@ -61,10 +61,19 @@ struct SublayerNorms {
 }
 
 impl SublayerNorms {
-    fn take(w: &mut WeightStore, layer: &str, norms: Norms, hidden: usize) -> Result<SublayerNorms> {
-        let mut take = |name: Option<&str>| name.map(|name| w.take(&format!("{layer}.{name}.weight"), &[hidden])).transpose();
+    fn take(w: &mut WeightStore, layer: &str, norms: Norms, cfg: &ModelConfig) -> Result<SublayerNorms> {
+        let mut take = |name: Option<&str>| name.map(|name| take_norm(w, &format!("{layer}.{name}.weight"), cfg.hidden_size, cfg)).transpose();
         Ok(SublayerNorms { pre: take(norms.pre)?, post: take(norms.post)? })
     }
+}
+
+/// An RMS norm's weight as the kernels multiply by it (the config's offset added).
+fn take_norm(w: &mut WeightStore, name: &str, len: usize, cfg: &ModelConfig) -> Result<Vec<f32>> {
+    let mut weight = w.take(name, &[len])?;
+    if cfg.norm_weight_offset != 0.0 {
+        weight.iter_mut().for_each(|value| *value += cfg.norm_weight_offset);
+    }
+    Ok(weight)
 }
 
 struct Layer {
@@ -73,8 +82,10 @@ struct Layer {
     /// Each weight covers one head (per-head norms) or all of them (one norm over all heads).
     q_norm: Option<Vec<f32>>,
     k_norm: Option<Vec<f32>>,
-    /// False for NoPE layers.
-    rotates: bool,
+    /// Which of the model's rope tables rotates q and k; None in NoPE layers.
+    rope: Option<usize>,
+    /// Sliding-window layers: how many positions back a query sees (its own included).
+    window: Option<usize>,
     o: Linear,
     mlp_norms: SublayerNorms,
     mlp: Mlp,
@@ -115,7 +126,8 @@ pub struct DecoderModel {
     embed: Option<Embedding>,
     ranks: Vec<RankModel>,
     norm: Vec<f32>,
-    rope: Rope,
+    /// The global layers' rope, then the sliding layers' where it differs (Gemma 3).
+    ropes: Vec<Rope>,
     reduce: AllReduce,
     /// With tensor parallelism, the threads that drive the ranks (share `r` runs rank `r`, on
     /// its home CPU; share 0 is the caller): persistent, as a compute pool's workers are, so a
@@ -154,11 +166,19 @@ impl DecoderModel {
                 QkNorm::AllHeads => Some((cfg.q_size(), cfg.kv_size())),
             };
             let (q_norm, k_norm) = match qk_norm_sizes {
-                Some((q, k)) => (Some(w.take(&format!("{attn}.q_norm.weight"), &[q])?), Some(w.take(&format!("{attn}.k_norm.weight"), &[k])?)),
+                Some((q, k)) => {
+                    (Some(take_norm(&mut w, &format!("{attn}.q_norm.weight"), q, &cfg)?), Some(take_norm(&mut w, &format!("{attn}.k_norm.weight"), k, &cfg)?))
+                }
                 None => (None, None),
             };
-            let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, h)?;
-            let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, h)?;
+            let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, &cfg)?;
+            let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, &cfg)?;
+            let sliding = cfg.sliding_window.as_ref().filter(|window| window.layers.contains(&l));
+            let rope = match sliding {
+                _ if cfg.no_rope_layers.contains(&l) => None,
+                Some(window) if window.rope_theta.is_some() => Some(1),
+                _ => Some(0),
+            };
             let mlps = Mlp::take(&mut w, &p, &cfg, &precision, ranks)?;
             for ((rank_layers, &(shard, pool)), mlp) in layers.iter_mut().zip(ranks).zip(mlps) {
                 let (q_rows, kv_rows) = (heads_rows(&shard.q_heads, hd), heads_rows(&shard.kv_heads, hd));
@@ -168,14 +188,15 @@ impl DecoderModel {
                     qkv: Linear::fused(qkv, dtype, quantization, pool),
                     q_norm: q_norm.clone(),
                     k_norm: k_norm.clone(),
-                    rotates: !cfg.no_rope_layers.contains(&l),
+                    rope,
+                    window: sliding.map(|window| window.size),
                     o: Linear::fused(vec![o.input_columns(q_rows, shard.adds_bias())], dtype, quantization, pool),
                     mlp_norms: mlp_norms.clone(),
                     mlp,
                 });
             }
         }
-        let norm = w.take("model.norm.weight", &[h])?;
+        let norm = take_norm(&mut w, "model.norm.weight", h, &cfg)?;
         // A GGUF, AWQ or GPTQ file chose its lm_head's type itself; a quantized-at-load lm_head
         // is asked for.
         let lm_head_quantization = quantization.filter(|q| quantize_lm_head || q.as_stored());
@@ -202,7 +223,10 @@ impl DecoderModel {
         }
         // Checkpoints in Hugging Face's layout rotate halves (llama.cpp's q/k permutation is
         // undone when a GGUF file is loaded).
-        let rope = Rope::new(&cfg, max_positions, RopeStyle::Neox);
+        let mut ropes = vec![Rope::new(hd, cfg.rope_theta, cfg.rope_scaling.as_ref(), max_positions, RopeStyle::Neox)];
+        if let Some(theta) = cfg.sliding_window.as_ref().and_then(|window| window.rope_theta) {
+            ropes.push(Rope::new(hd, theta, None, max_positions, RopeStyle::Neox));
+        }
         let reduce = AllReduce::new(shards.len());
         let homes: Vec<usize> = computes.iter().filter_map(|c| c.home_cpu).collect();
         let pinned = homes.len() == computes.len();
@@ -215,7 +239,7 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, rope, reduce, rank_drivers })
+        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -323,7 +347,7 @@ impl DecoderModel {
                 let (k, v) = row[qs..].split_at(kvs);
                 kv.write(l, step.seqs[step.token_seq[t]].pages, step.positions[t], k, v);
             }
-            let attn = self.attention(rank, &kv.layer(l), &qkv, step.seqs);
+            let attn = self.attention(rank, layer, &kv.layer(l), &qkv, step.seqs);
             let mut attn_out = layer.o.forward(c, &attn);
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
             let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);
@@ -348,6 +372,10 @@ impl DecoderModel {
                 let mut logits = lm_head.forward(c, &normed);
                 if cfg.scales.logits_divisor != 1.0 {
                     logits.iter_mut().for_each(|logit| *logit /= cfg.scales.logits_divisor);
+                }
+                if let Some(cap) = cfg.scales.final_logit_cap {
+                    let width = rank.shard.vocab.len();
+                    c.pool.for_chunks_mut(&mut logits, width, &|_, row| (c.kernels.softcap)(row, cap));
                 }
                 logits
             }
@@ -379,8 +407,8 @@ impl DecoderModel {
         out
     }
 
-    /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then rope
-    /// unless the layer is a NoPE one, on every token's q and k (this rank's heads), in place.
+    /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then the
+    /// layer's rope unless it is a NoPE one, on every token's q and k (this rank's heads), in place.
     fn position_qk(&self, rank: &RankModel, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
         let (cfg, kern) = (&self.cfg, rank.compute.kernels);
         let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
@@ -398,17 +426,18 @@ impl DecoderModel {
                     }
                 }
             }
-            if layer.rotates {
-                self.rope.apply(kern, q, pos);
-                self.rope.apply(kern, k, pos);
+            if let Some(rope) = layer.rope.map(|index| &self.ropes[index]) {
+                rope.apply(kern, q, pos);
+                rope.apply(kern, k, pos);
             }
         });
     }
 
-    /// Causal attention of every new token over its sequence's positions `0..=pos`, for this
-    /// rank's kv heads, as tasks of one kv head's query group over a run of consecutive tokens,
-    /// handed out dynamically (prefill tasks late in a prompt cost more than early ones).
-    fn attention(&self, rank: &RankModel, paged: &rsgl_kernels::PagedKv, qkv: &[f32], seqs: &[SeqChunk]) -> Vec<f32> {
+    /// Causal attention of every new token over its sequence's positions `0..=pos` (the last
+    /// `window` of them in a sliding layer), for this rank's kv heads, as tasks of one kv head's
+    /// query group over a run of consecutive tokens, handed out dynamically (prefill tasks late
+    /// in a prompt cost more than early ones).
+    fn attention(&self, rank: &RankModel, layer: &Layer, paged: &rsgl_kernels::PagedKv, qkv: &[f32], seqs: &[SeqChunk]) -> Vec<f32> {
         let hd = self.cfg.head_dim;
         let (kv_heads, qs) = (rank.shard.kv_heads.len(), rank.q_size(hd));
         let group = self.cfg.num_attention_heads / self.cfg.num_key_value_heads;
@@ -439,6 +468,8 @@ impl DecoderModel {
                 tokens,
                 first_pos,
                 scale,
+                window: layer.window,
+                softcap: self.cfg.scales.attention_logit_cap,
             };
             // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
             unsafe { (kern.attention)(&task, dst.get().add(t * qs + h * group * hd), qs) };

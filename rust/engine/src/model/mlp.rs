@@ -1,10 +1,11 @@
-//! The MLP of a decoder layer: one SwiGLU block (dense models), or a router choosing a few of
-//! many SwiGLU experts per token (mixture of experts), with Qwen2-MoE's gated shared expert.
+//! The MLP of a decoder layer: one gated block (SwiGLU, or Gemma's GeGLU) in dense models, or a
+//! router choosing a few of many SwiGLU experts per token (mixture of experts), with Qwen2-MoE's
+//! gated shared expert.
 
 use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
 use super::tensor_parallel::Shard;
-use crate::config::{ModelConfig, MoeConfig};
+use crate::config::{Activation, ModelConfig, MoeConfig};
 use crate::error::Result;
 use crate::weights::WeightStore;
 use rsgl_kernels::{ThreadPool, WeightDtype};
@@ -21,25 +22,35 @@ fn replicated(parts: &LinearParts, ranks: &Ranks) -> Vec<Linear> {
     ranks.iter().map(|(_, pool)| Linear::fused(vec![parts.clone()], WeightDtype::F32, None, pool)).collect()
 }
 
-/// `down(silu(gate(x)) * up(x))`, gate and up fused into one GEMM.
-pub struct SwiGlu {
+/// `down(act(gate(x)) * up(x))`, gate and up fused into one GEMM.
+pub struct GatedMlp {
     gate_up: Linear,
     down: Linear,
+    activation: Activation,
 }
 
-impl SwiGlu {
+impl GatedMlp {
     /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`; each rank gets its
     /// columns of the intermediate width (its outputs are partial sums).
-    fn take(w: &mut WeightStore, prefix: &str, [gate, up, down]: [&str; 3], h: usize, inter: usize, p: &Precision, ranks: &Ranks) -> Result<Vec<SwiGlu>> {
+    fn take(
+        w: &mut WeightStore,
+        prefix: &str,
+        [gate, up, down]: [&str; 3],
+        (h, inter): (usize, usize),
+        activation: Activation,
+        p: &Precision,
+        ranks: &Ranks,
+    ) -> Result<Vec<GatedMlp>> {
         let (gate, up) = (take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?);
         let down = take_linear(w, &format!("{prefix}.{down}"), h, inter)?;
         Ok(ranks
             .iter()
             .map(|(shard, pool)| {
                 let columns = shard.columns(inter);
-                SwiGlu {
+                GatedMlp {
                     gate_up: Linear::fused(vec![gate.output_rows(columns.clone()), up.output_rows(columns.clone())], p.dtype, p.quantization, pool),
                     down: Linear::fused(vec![down.input_columns(columns, shard.adds_bias())], p.dtype, p.quantization, pool),
+                    activation,
                 }
             })
             .collect())
@@ -50,10 +61,13 @@ impl SwiGlu {
         let gate_up = self.gate_up.forward(c, x);
         let inter = self.gate_up.out_features() / 2;
         let mut act = vec![0.0; gate_up.len() / 2];
-        let kern = c.kernels;
+        let activate = match self.activation {
+            Activation::Silu => c.kernels.silu_mul,
+            Activation::GeluTanh => c.kernels.gelu_tanh_mul,
+        };
         c.pool.for_chunks_mut(&mut act, inter, &|row, out| {
             let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
-            (kern.silu_mul)(gate, up, out);
+            activate(gate, up, out);
         });
         self.down.forward(c, &act)
     }
@@ -62,17 +76,17 @@ impl SwiGlu {
 pub struct Experts {
     /// Router logits per expert; kept in float32 (small, and decisive for which experts run).
     router: Linear,
-    experts: Vec<SwiGlu>,
+    experts: Vec<GatedMlp>,
     top_k: usize,
     norm_topk_prob: bool,
     /// Qwen2-MoE: an expert every token goes through, scaled by `sigmoid(gate · x)`.
-    shared: Option<(SwiGlu, Linear)>,
+    shared: Option<(GatedMlp, Linear)>,
 }
 
 // One per layer, built once: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Mlp {
-    Dense(SwiGlu),
+    Dense(GatedMlp),
     Moe(Experts),
 }
 
@@ -81,7 +95,8 @@ impl Mlp {
     pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision, ranks: &Ranks) -> Result<Vec<Mlp>> {
         let h = cfg.hidden_size;
         let Some(moe) = &cfg.moe else {
-            let dense = SwiGlu::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, cfg.intermediate_size, p, ranks)?;
+            let dense =
+                GatedMlp::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], (h, cfg.intermediate_size), cfg.activation, p, ranks)?;
             return Ok(dense.into_iter().map(Mlp::Dense).collect());
         };
         let MoeConfig { num_experts, experts_per_token, expert_intermediate_size: inter, norm_topk_prob, shared_expert_intermediate_size } = *moe;
@@ -93,16 +108,18 @@ impl Mlp {
         // The router runs on every rank (small, and every rank routes the same rows); each
         // expert is split as a dense MLP is.
         let mut routers = replicated(&take_linear(w, &format!("{block}.gate"), num_experts, h)?, ranks).into_iter();
-        let mut experts: Vec<Vec<SwiGlu>> = ranks.iter().map(|_| Vec::with_capacity(num_experts)).collect();
+        let mut experts: Vec<Vec<GatedMlp>> = ranks.iter().map(|_| Vec::with_capacity(num_experts)).collect();
         for e in 0..num_experts {
-            for (rank_experts, expert) in experts.iter_mut().zip(SwiGlu::take(w, &format!("{block}.experts.{e}"), names, h, inter, p, ranks)?) {
+            for (rank_experts, expert) in
+                experts.iter_mut().zip(GatedMlp::take(w, &format!("{block}.experts.{e}"), names, (h, inter), cfg.activation, p, ranks)?)
+            {
                 rank_experts.push(expert);
             }
         }
-        let mut shared: Vec<Option<(SwiGlu, Linear)>> = match shared_expert_intermediate_size {
+        let mut shared: Vec<Option<(GatedMlp, Linear)>> = match shared_expert_intermediate_size {
             None => ranks.iter().map(|_| None).collect(),
             Some(size) => {
-                let expert = SwiGlu::take(w, &format!("{block}.shared_expert"), names, h, size, p, ranks)?;
+                let expert = GatedMlp::take(w, &format!("{block}.shared_expert"), names, (h, size), cfg.activation, p, ranks)?;
                 let gate = replicated(&take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?, ranks);
                 expert.into_iter().zip(gate).map(Some).collect()
             }

@@ -1,7 +1,7 @@
-//! Rotary position embedding tables, with Llama 3 frequency scaling, in the per-element form
-//! the rope kernel takes (see [`rsgl_kernels::portable::rope`]).
+//! Rotary position embedding tables, with linear or Llama 3 frequency scaling, in the
+//! per-element form the rope kernel takes (see [`rsgl_kernels::portable::rope`]).
 
-use crate::config::{ModelConfig, RopeScaling};
+use crate::config::RopeScaling;
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::RopeStyle;
 
@@ -13,11 +13,12 @@ pub struct Rope {
     sin: Vec<f32>,
 }
 
-fn inv_frequencies(cfg: &ModelConfig) -> Vec<f64> {
-    let d = cfg.head_dim as f64;
-    let base: Vec<f64> = (0..cfg.head_dim / 2).map(|i| 1.0 / cfg.rope_theta.powf(2.0 * i as f64 / d)).collect();
-    match &cfg.rope_scaling {
+fn inv_frequencies(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>) -> Vec<f64> {
+    let d = head_dim as f64;
+    let base: Vec<f64> = (0..head_dim / 2).map(|i| 1.0 / theta.powf(2.0 * i as f64 / d)).collect();
+    match scaling {
         None => base,
+        Some(RopeScaling::Linear { factor }) => base.into_iter().map(|f| f / factor).collect(),
         Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
             let low_wavelen = original_max_position_embeddings / low_freq_factor;
             let high_wavelen = original_max_position_embeddings / high_freq_factor;
@@ -39,9 +40,10 @@ fn inv_frequencies(cfg: &ModelConfig) -> Vec<f64> {
 }
 
 impl Rope {
-    pub fn new(cfg: &ModelConfig, max_positions: usize, style: RopeStyle) -> Self {
-        let inv = inv_frequencies(cfg);
-        let d = cfg.head_dim;
+    /// The tables of base `theta` (frequency scaled by `scaling`) for positions `0..max_positions`.
+    pub fn new(head_dim: usize, theta: f64, scaling: Option<&RopeScaling>, max_positions: usize, style: RopeStyle) -> Self {
+        let inv = inv_frequencies(head_dim, theta, scaling);
+        let d = head_dim;
         let (mut cos, mut sin) = (vec![0.0; max_positions * d], vec![0.0; max_positions * d]);
         let mut angles = vec![0.0; inv.len()];
         for p in 0..max_positions {

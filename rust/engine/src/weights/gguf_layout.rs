@@ -6,7 +6,9 @@
 use super::ggml::GgmlType;
 use super::gguf::{read_directory, GgufDirectory, GgufTensorInfo};
 use super::mapped::MappedFile;
+use crate::config::Architecture;
 use crate::error::{EngineError, Result};
+use crate::model::archs::Assembly;
 use std::path::{Path, PathBuf};
 
 /// Architectures whose q/k rows llama.cpp's converter permutes (qwen files are not).
@@ -14,14 +16,12 @@ const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral"];
 
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
-    ("attn_norm", "input_layernorm"),
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
     ("attn_v", "self_attn.v_proj"),
     ("attn_output", "self_attn.o_proj"),
     ("attn_q_norm", "self_attn.q_norm"),
     ("attn_k_norm", "self_attn.k_norm"),
-    ("ffn_norm", "post_attention_layernorm"),
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
@@ -35,6 +35,18 @@ const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
     ("ffn_down_shexp", "shared_expert.down_proj"),
     ("ffn_gate_inp_shexp", "shared_expert_gate"),
 ];
+
+/// The Hugging Face name of a layer's norm llama.cpp calls `base`, by where it sits: `ffn_norm`
+/// is a Llama's `post_attention_layernorm` and a Gemma's `pre_feedforward_layernorm`.
+fn norm_name(assembly: &Assembly, base: &str) -> Option<&'static str> {
+    match base {
+        "attn_norm" => assembly.attention.pre,
+        "post_attention_norm" => assembly.attention.post,
+        "ffn_norm" => assembly.mlp.pre,
+        "post_ffw_norm" => assembly.mlp.post,
+        _ => None,
+    }
+}
 
 /// One tensor in Hugging Face terms.
 pub struct HfTensor {
@@ -84,6 +96,7 @@ fn shard_name(name: &str) -> Option<(&str, usize)> {
 pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads: usize) -> Result<Vec<HfTensor>> {
     let path = file.path.display();
     let directory = directory(file)?;
+    let assembly = Architecture::named(architecture).expect("a GGUF file's architecture is a known one").assembly;
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
     let mut tensors = Vec::new();
@@ -125,7 +138,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
             "ffn_gate_inp" => Some(format!("{block}.gate")),
             _ => lookup(SHARED_EXPERT_TENSORS, base)
                 .map(|m| format!("{block}.{m}"))
-                .or_else(|| lookup(LAYER_TENSORS, base).map(|m| format!("model.layers.{layer}.{m}"))),
+                .or_else(|| lookup(LAYER_TENSORS, base).or_else(|| norm_name(&assembly, base)).map(|m| format!("model.layers.{layer}.{m}"))),
         };
         let Some(module) = module else {
             tensors.push(tensor(info.name.clone(), shape, info.data.start, None));

@@ -3,8 +3,10 @@
 use crate::paged::AttentionTask;
 
 /// Writes token `t`, group head `g` of `task` at `out[t * out_stride + g * head_dim..]`:
-/// `softmax(scale * q · K[0..span]) · V[0..span]`, each score a sequential fused sum over the
-/// head's dimensions and the values summed, fused, in key order.
+/// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys
+/// `first_key(t)..span(t)`, each score a sequential fused sum over the head's dimensions (soft
+/// capped with [`super::softcap`] when the task says so), the softmax over exactly those keys,
+/// and the values summed, fused, in key order.
 ///
 /// # Safety
 /// `out` must be valid for those writes, and no other thread may touch those elements.
@@ -14,10 +16,11 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
     let (hd, ps) = (kv.head_dim, kv.page_size);
     let mut scores = Vec::new();
     for t in 0..task.tokens {
+        let keys = task.first_key(t)..task.span(t);
         for g in 0..task.group {
             let q = &task.q[t * task.q_stride + g * hd..][..hd];
             scores.clear();
-            scores.extend((0..task.span(t)).map(|j| {
+            scores.extend(keys.clone().map(|j| {
                 let page = task.pages[j / ps];
                 let base = kv.offset(page, task.kv_head);
                 let mut s = 0f32;
@@ -26,10 +29,13 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
                 }
                 s * (kv.keys.scale(kv.scale_offset(page, task.kv_head) + j % ps) * task.scale)
             }));
+            if let Some(cap) = task.softcap {
+                super::softcap(&mut scores, cap);
+            }
             super::softmax(&mut scores);
             let o = std::slice::from_raw_parts_mut(out.add(t * out_stride + g * hd), hd);
             o.fill(0.0);
-            for (j, p) in scores.iter().enumerate() {
+            for (j, p) in keys.clone().zip(&scores) {
                 let page = task.pages[j / ps];
                 let base = kv.offset(page, task.kv_head) + (j % ps) * hd;
                 let p = p * kv.values.scale(kv.scale_offset(page, task.kv_head) + j % ps);
@@ -128,6 +134,26 @@ pub(crate) mod tests {
             }
         }
 
+        /// Sets the K and V of every position before `pos` to NaN, in every element type (the
+        /// int8 rows' scales).
+        fn poison_before(&mut self, pos: usize) {
+            let (ps, hd, kv_heads) = (self.page_size, self.head_dim, self.kv_heads);
+            for h in 0..kv_heads {
+                for p in 0..pos {
+                    let (page, slot) = (self.table[p / ps], p % ps);
+                    let base = (page as usize * kv_heads + h) * ps * hd;
+                    for d in 0..hd {
+                        let (key, value) = (base + d * ps + slot, base + slot * hd + d);
+                        (self.keys[key], self.values[value]) = (f32::NAN, f32::NAN);
+                        (self.keys_bf16[key], self.values_bf16[value]) = (f32_to_bf16(f32::NAN), f32_to_bf16(f32::NAN));
+                    }
+                    let scale_at = page_head_scale_start(page, h, kv_heads, ps) + slot;
+                    self.key_scales[scale_at] = f32::NAN;
+                    self.value_scales[scale_at] = f32::NAN;
+                }
+            }
+        }
+
         fn kv(&self, stored: Stored) -> PagedKv<'_> {
             let (keys, values) = match stored {
                 Stored::F32 => (KvSlice::F32(&self.keys), KvSlice::F32(&self.values)),
@@ -140,22 +166,51 @@ pub(crate) mod tests {
         }
     }
 
+    /// The queries of a test task: `tokens` from `first_pos`, with a sliding window and a soft
+    /// cap.
+    #[derive(Clone, Copy, Debug)]
+    struct Queries {
+        tokens: usize,
+        first_pos: usize,
+        window: Option<usize>,
+        softcap: Option<f32>,
+    }
+
+    impl Queries {
+        /// Token `t` of these queries alone, as a decode step runs it.
+        fn alone(self, t: usize) -> Queries {
+            Queries { tokens: 1, first_pos: self.first_pos + t, ..self }
+        }
+    }
+
+    /// Windows and soft caps the tests cover: windows of 1 key, smaller than a page, not a
+    /// multiple of the page size, and larger than the context.
+    const VARIANTS: [(Option<usize>, Option<f32>); 7] =
+        [(None, None), (Some(1), None), (Some(3), Some(0.8)), (Some(7), None), (Some(20), Some(2.0)), (Some(1000), None), (None, Some(0.5))];
+
     /// Runs one task per kv head; q and out are `[tokens][kv_heads * group * head_dim]`.
-    fn run(kern: &Kernels, f: &Fixture, stored: Stored, group: usize, q: &[f32], tokens: usize, first_pos: usize) -> Vec<f32> {
+    fn run(kern: &Kernels, f: &Fixture, stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
+        run_with_table(kern, f, &f.table, stored, group, q, at)
+    }
+
+    /// [`run`] with the page table `table`.
+    fn run_with_table(kern: &Kernels, f: &Fixture, table: &[u32], stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
         let kv = f.kv(stored);
         let stride = f.kv_heads * group * f.head_dim;
-        let mut out = vec![f32::NAN; tokens * stride];
+        let mut out = vec![f32::NAN; at.tokens * stride];
         for h in 0..f.kv_heads {
             let task = AttentionTask {
                 kv: &kv,
-                pages: &f.table,
+                pages: table,
                 kv_head: h,
                 group,
                 q: &q[h * group * f.head_dim..],
                 q_stride: stride,
-                tokens,
-                first_pos,
+                tokens: at.tokens,
+                first_pos: at.first_pos,
                 scale: 1.0 / (f.head_dim as f32).sqrt(),
+                window: at.window,
+                softcap: at.softcap,
             };
             // SAFETY: `out` holds every row the task writes, and nothing else runs.
             unsafe { (kern.attention)(&task, out.as_mut_ptr().add(h * group * f.head_dim), stride) };
@@ -164,57 +219,96 @@ pub(crate) mod tests {
     }
 
     /// Float32 pages give dense attention to rounding; int8 pages to within their quantization
-    /// (a half step of 1/127 of each row's largest element, through softmax and the sum).
+    /// (a half step of 1/127 of each row's largest element, through softmax and the sum). Each
+    /// query sees the last `window` keys up to its own, its scores soft capped.
     #[test]
     fn portable_attention_matches_dense_causal_attention() {
         for (stored, tolerance) in [(Stored::F32, 1e-5), (Stored::Int8, 2e-2)] {
-            dense_check(stored, tolerance);
+            for (window, softcap) in VARIANTS {
+                dense_check(stored, tolerance, window, softcap);
+            }
         }
     }
 
-    fn dense_check(stored: Stored, tolerance: f64) {
+    fn dense_check(stored: Stored, tolerance: f64, window: Option<usize>, softcap: Option<f32>) {
         let (kv_heads, group, hd, tokens) = (2, 3, 8, 11);
         let f = Fixture::new(4, kv_heads, hd, tokens);
         let stride = kv_heads * group * hd;
         let q = data(tokens * stride, 9.0);
-        let got = run(&Kernels::portable(), &f, stored, group, &q, tokens, 0);
+        let got = run(&Kernels::portable(), &f, stored, group, &q, Queries { tokens, first_pos: 0, window, softcap });
         for t in 0..tokens {
+            let keys = (t + 1).saturating_sub(window.unwrap_or(usize::MAX))..t + 1;
             for head in 0..kv_heads * group {
                 let h = head / group;
                 let qv = &q[t * stride + head * hd..][..hd];
-                let scores: Vec<f64> =
-                    (0..=t).map(|j| (0..hd).map(|d| qv[d] as f64 * f.dense_k[(h * tokens + j) * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt()).collect();
+                let scores: Vec<f64> = keys
+                    .clone()
+                    .map(|j| {
+                        let s = (0..hd).map(|d| qv[d] as f64 * f.dense_k[(h * tokens + j) * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt();
+                        softcap.map_or(s, |cap| cap as f64 * (s / cap as f64).tanh())
+                    })
+                    .collect();
                 let max = scores.iter().copied().fold(f64::MIN, f64::max);
                 let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
                 for d in 0..hd {
-                    let want: f64 = (0..=t).map(|j| (scores[j] - max).exp() / total * f.dense_v[(h * tokens + j) * hd + d] as f64).sum();
+                    let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * tokens + j) * hd + d] as f64).sum();
                     let g = got[t * stride + head * hd + d] as f64;
-                    assert!((want - g).abs() < tolerance, "{stored:?} t={t} head={head} d={d}: {want} vs {g}");
+                    assert!((want - g).abs() < tolerance, "{stored:?} window {window:?} cap {softcap:?} t={t} head={head} d={d}: {want} vs {g}");
                 }
             }
         }
     }
 
-    /// A SIMD attention against the portable one on odd shapes, with float32, bfloat16 and int8
-    /// pages, and each query of an extend task against the same query alone (decode): all
-    /// bit-identical.
+    /// A SIMD attention against the portable one on odd shapes, windows and soft caps, with
+    /// float32, bfloat16 and int8 pages, and each query of an extend task against the same query
+    /// alone (decode): all bit-identical.
     pub(crate) fn check_attention(simd: &Kernels) {
         let reference = Kernels::portable();
         for (page_size, hd, group) in [(16, 64, 3), (1, 16, 1), (5, 80, 2), (32, 128, 4), (16, 6, 3)] {
-            let (kv_heads, first_pos, tokens) = (2, 13, 9);
+            let (kv_heads, first_pos, tokens) = (2, 37, 9);
             let f = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
             let stride = kv_heads * group * hd;
             let q = data(tokens * stride, 10.0);
             for stored in STORED {
-                let want = run(&reference, &f, stored, group, &q, tokens, first_pos);
-                let got = run(simd, &f, stored, group, &q, tokens, first_pos);
-                for (i, (a, b)) in want.iter().zip(&got).enumerate() {
-                    assert!(a.to_bits() == b.to_bits(), "{} attention ({stored:?}) page {page_size} hd {hd} group {group} at {i}: {a} vs {b}", simd.isa);
+                for (window, softcap) in VARIANTS {
+                    let at = Queries { tokens, first_pos, window, softcap };
+                    let want = run(&reference, &f, stored, group, &q, at);
+                    let got = run(simd, &f, stored, group, &q, at);
+                    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+                        assert!(
+                            a.to_bits() == b.to_bits(),
+                            "{} attention ({stored:?}) page {page_size} hd {hd} group {group} {at:?} at {i}: {a} vs {b}",
+                            simd.isa
+                        );
+                    }
+                    for t in 0..tokens {
+                        let alone = run(simd, &f, stored, group, &q[t * stride..(t + 1) * stride], at.alone(t));
+                        assert_eq!(alone, got[t * stride..(t + 1) * stride], "{}: query {t} differs alone vs in its chunk ({stored:?}, {at:?})", simd.isa);
+                    }
                 }
-                for t in 0..tokens {
-                    let alone = run(simd, &f, stored, group, &q[t * stride..(t + 1) * stride], 1, first_pos + t);
-                    assert_eq!(alone, got[t * stride..(t + 1) * stride], "{}: query {t} differs alone vs in its chunk ({stored:?})", simd.isa);
-                }
+            }
+        }
+    }
+
+    /// Keys before every query's window never weigh in, whatever their slots hold (NaN here),
+    /// and pages wholly before it are not even read: their page-table entries may be stale.
+    #[test]
+    fn a_window_ignores_what_lies_before_it() {
+        let (page_size, kv_heads, hd, group, tokens, first_pos) = (4, 2, 16, 2, 3, 29);
+        let at = Queries { tokens, first_pos, window: Some(9), softcap: Some(1.5) };
+        let first_key = first_pos + 1 - 9;
+        let clean = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
+        let mut poisoned = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
+        poisoned.poison_before(first_key);
+        let mut stale = clean.table.clone();
+        stale[..first_key / page_size].fill(u32::MAX);
+        let q = data(tokens * kv_heads * group * hd, 11.0);
+        for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
+            for stored in STORED {
+                let want = run(&kern, &clean, stored, group, &q, at);
+                assert!(want.iter().all(|x| x.is_finite()), "{} {stored:?}", kern.isa);
+                assert_eq!(run(&kern, &poisoned, stored, group, &q, at), want, "{} {stored:?}: NaN before the window leaked in", kern.isa);
+                assert_eq!(run_with_table(&kern, &clean, &stale, stored, group, &q, at), want, "{} {stored:?}: a stale page was read", kern.isa);
             }
         }
     }

@@ -91,6 +91,56 @@ pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     }
 }
 
+/// `2 sqrt(2/pi)` and `2 sqrt(2/pi) * 0.044715`: [`gelu_tanh_mul`]'s sigmoid argument is
+/// `g * (GELU_LINEAR + GELU_CUBIC * g^2)`.
+pub(crate) const GELU_LINEAR: f32 = 1.595_769_2;
+pub(crate) const GELU_CUBIC: f32 = 7.135_481_4e-2;
+/// Gates below this give [`gelu_tanh_mul`] 0: the exact value underflows f32 there, and the
+/// clamped [`exp`] would otherwise leave a gate of -inf at -inf.
+pub(crate) const GELU_ZERO_BELOW: f32 = -20.0;
+
+/// `out = gelu_tanh(gate) * up`, PyTorch's `gelu(approximate="tanh")`:
+/// `0.5 g (1 + tanh(sqrt(2/pi) (g + 0.044715 g^3)))`, computed as the equal
+/// `g / (1 + exp(-2 sqrt(2/pi) (g + 0.044715 g^3)))` (no `1 + tanh` to cancel for negative
+/// gates), 0 below `GELU_ZERO_BELOW` (-20).
+pub fn gelu_tanh_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(gate.len() == up.len() && out.len() == gate.len());
+    for ((o, &g), u) in out.iter_mut().zip(gate).zip(up) {
+        let x = (g * g).mul_add(-GELU_CUBIC, -GELU_LINEAR) * g;
+        *o = if g < GELU_ZERO_BELOW { 0.0 } else { g / (1.0 + exp(x)) } * u;
+    }
+}
+
+/// Up to this `|y|` [`tanh`] is a polynomial: `1 - 2 / (1 + e^2|y|)` would cancel there.
+pub(crate) const TANH_POLYNOMIAL_BELOW: f32 = 0.625;
+/// Cephes' polynomial for `(tanh(y) - y) / y^3` in `y^2`, highest power first.
+pub(crate) const TANH_POLYNOMIAL: [f32; 5] = [-5.704_988_7e-3, 2.063_908_8e-2, -5.373_971_5e-2, 0.133_314_42, -0.333_332_8];
+
+/// `tanh(y)` as Cephes' `tanhf` (within 2 ulp): `y + y^3 P(y^2)` up to |y| = 0.625,
+/// `±(1 - 2 / (1 + exp(2|y|)))` past it with [`exp`] (so ±1 from |y| = 44 on, ±inf included),
+/// in f32 steps that `vector::elementwise::tanh` repeats lane by lane. NaN stays NaN.
+pub fn tanh(y: f32) -> f32 {
+    let a = y.abs();
+    if a > TANH_POLYNOMIAL_BELOW {
+        let t = 1.0 - 2.0 / (1.0 + exp(a + a));
+        if y < 0.0 {
+            -t
+        } else {
+            t
+        }
+    } else {
+        let s = y * y;
+        let p = TANH_POLYNOMIAL[1..].iter().fold(TANH_POLYNOMIAL[0], |p, &c| p.mul_add(s, c));
+        (p * s).mul_add(y, y)
+    }
+}
+
+/// Soft-capping in place, `x = cap * tanh(x / cap)`: Gemma 2 bounds its attention scores and
+/// its final logits to `(-cap, cap)` this way, smoothly.
+pub fn softcap(x: &mut [f32], cap: f32) {
+    x.iter_mut().for_each(|v| *v = cap * tanh(*v / cap));
+}
+
 /// Softmax in place: `exp(x - max)`, summed into [`SUM_LANES`] partial sums, times `1 / sum`.
 pub fn softmax(x: &mut [f32]) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);

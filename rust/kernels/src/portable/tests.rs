@@ -101,3 +101,64 @@ fn partials_add_in_the_documented_tree() {
     let x: Vec<f32> = (0..37).map(|i| i as f32).collect();
     assert_eq!(dot(&x, &x), (0..37).map(|i| (i * i) as f32).sum::<f32>());
 }
+
+/// A float32 gelu within 1e-6 of the f64 formula (relative, or absolute near 0): as close as
+/// PyTorch's own float32 `gelu(approximate="tanh")`, whose `1 + tanh` cancels for negative
+/// gates. Saturated gates give the limits.
+#[test]
+fn gelu_tanh_matches_the_f64_formula() {
+    let gelu = |g: f32| {
+        let mut out = [0.0];
+        gelu_tanh_mul(&[g], &[1.0], &mut out);
+        out[0]
+    };
+    let c = (2.0 / std::f64::consts::PI).sqrt();
+    for i in -10_000..10_000 {
+        let g = i as f32 * 1e-3 + 3.7e-4;
+        let x = g as f64;
+        let want = 0.5 * x * (1.0 + (c * (x + 0.044715 * x * x * x)).tanh());
+        let got = gelu(g) as f64;
+        assert!((got - want).abs() <= 1e-6 * want.abs().max(1.0), "gelu_tanh({g}) = {got}, want {want}");
+    }
+    assert_eq!(gelu(1e4), 1e4);
+    assert!(gelu(-1e4).abs() < 1e-30 && gelu(-1e4) <= 0.0);
+    assert_eq!(gelu(f32::INFINITY), f32::INFINITY);
+    assert_eq!(gelu(f32::NEG_INFINITY), 0.0);
+    assert_eq!(gelu(0.0), 0.0);
+    let mut out = [0.0; 2];
+    gelu_tanh_mul(&[2.0, -1.0], &[3.0, -2.0], &mut out);
+    assert_eq!(out, [gelu(2.0) * 3.0, gelu(-1.0) * -2.0]);
+}
+
+/// Within 2 ulp of f64's tanh on both branches (and tiny arguments); ±1 when saturated, NaN
+/// kept.
+#[test]
+fn tanh_is_within_two_ulp() {
+    for i in -60_000..60_000 {
+        let y = i as f32 * 1e-3 + 3.7e-5;
+        let (got, want) = (tanh(y) as f64, (y as f64).tanh());
+        let ulp = f32::EPSILON as f64 * want.abs();
+        assert!((got - want).abs() <= 2.0 * ulp, "tanh({y}) = {got}, want {want}");
+    }
+    for y in [1e-30f32, -3e-8, 1e-4] {
+        assert_eq!(tanh(y), y);
+    }
+    assert_eq!(tanh(0.0), 0.0);
+    assert_eq!((tanh(45.0), tanh(-1e4), tanh(f32::INFINITY), tanh(f32::NEG_INFINITY)), (1.0, -1.0, 1.0, -1.0));
+    assert!(tanh(f32::NAN).is_nan());
+}
+
+/// `cap * tanh(x / cap)` to float32 rounding of f64's, and bounded by the cap.
+#[test]
+fn softcap_matches_f64_tanh() {
+    let cap = 30.0f32;
+    let mut x: Vec<f32> = (-20_000..20_000).map(|i| i as f32 * 1e-2 + 3.7e-3).collect();
+    let want: Vec<f64> = x.iter().map(|&v| cap as f64 * (v as f64 / cap as f64).tanh()).collect();
+    softcap(&mut x, cap);
+    for (got, want) in x.iter().zip(want) {
+        assert!((*got as f64 - want).abs() <= 4.0 * f32::EPSILON as f64 * want.abs(), "{got} vs {want}");
+    }
+    let mut far = [1e9, -f32::INFINITY];
+    softcap(&mut far, cap);
+    assert_eq!(far, [cap, -cap]);
+}

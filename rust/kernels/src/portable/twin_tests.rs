@@ -94,11 +94,22 @@ fn check_rows(simd: &Kernels) {
         (reference.silu_mul)(&gate, &y, &mut o1);
         (simd.silu_mul)(&gate, &y, &mut o2);
         same("silu_mul", isa, &o1, &o2);
+        (reference.gelu_tanh_mul)(&gate, &y, &mut o1);
+        (simd.gelu_tanh_mul)(&gate, &y, &mut o2);
+        same("gelu_tanh_mul", isa, &o1, &o2);
 
         let (mut s1, mut s2) = (gate.clone(), gate.clone());
         (reference.softmax)(&mut s1);
         (simd.softmax)(&mut s2);
         same("softmax", isa, &s1, &s2);
+
+        // Caps that keep the gates on tanh's polynomial, on its exponential and saturated.
+        for cap in [100.0, 30.0, 1.0] {
+            let (mut c1, mut c2) = (gate.clone(), gate.clone());
+            (reference.softcap)(&mut c1, cap);
+            (simd.softcap)(&mut c2, cap);
+            same(&format!("softcap {cap}"), isa, &c1, &c2);
+        }
 
         let mut logits = data(n, 5.0);
         logits[n / 2] = 3.0; // a maximum inside the vector body or the tail
@@ -120,6 +131,35 @@ fn check_rows(simd: &Kernels) {
         (simd.apply_token_mask)(&mut l2, &mask);
         assert_eq!(l1, l2, "{isa} apply_token_mask n={n}");
     }
+    // Where the kernels switch formulas or saturate, and past the exponential's range.
+    let edges = [
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-8,
+        0.625,
+        -0.625,
+        0.625_000_06,
+        -0.624_999_94,
+        20.0,
+        -20.0,
+        -20.000_002,
+        44.0,
+        -45.0,
+        1e4,
+        -1e4,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    let (mut o1, mut o2) = (vec![0.0; edges.len()], vec![0.0; edges.len()]);
+    (reference.gelu_tanh_mul)(&edges, &[1.5; 17], &mut o1);
+    (simd.gelu_tanh_mul)(&edges, &[1.5; 17], &mut o2);
+    same("gelu_tanh_mul at its edges", isa, &o1, &o2);
+    let (mut c1, mut c2) = (edges.to_vec(), edges.to_vec());
+    (reference.softcap)(&mut c1, 1.0);
+    (simd.softcap)(&mut c2, 1.0);
+    same("softcap at its edges", isa, &c1, &c2);
+
     let nan_first = [f32::NAN, 1.0, 7.0, 7.0, -2.0, 0.5, 3.0, 1.0, 2.0, 7.5, 0.0];
     assert_eq!((reference.argmax)(&nan_first), (simd.argmax)(&nan_first), "{isa} argmax with NaN");
 

@@ -3,20 +3,26 @@
 //! 1. Scores: up to 8 query rows (4 on AVX2) at once multiply two registers of transposed keys
 //!    one dimension at a time, so each key vector loaded serves every row of the group and block,
 //!    and a decode's few rows still keep two FMA chains each in flight.
-//! 2. A softmax per row over its own span; the probabilities of keys past the span are zero.
+//! 2. Per row, over exactly its own keys (its window, up to its position): the soft cap, if
+//!    any, and the softmax; every other key's probability is zero.
 //! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key.
 //!
 //! Int8 pages are widened in registers: a key's scale multiplies its score (it factors out of
 //! the sum over dimensions) and a value's scale its probability, so no page is dequantized.
 //!
+//! Score columns count keys from the first one of the first page any row sees: pages wholly
+//! before every row's window are never scored, read or prefetched, so a windowed layer costs its
+//! window, not the context.
+//!
 //! Each row's arithmetic is the same whatever rows share its task, so a query gets the same bits
 //! alone, in a decode batch or in a prefill chunk.
 
-use super::elementwise::softmax;
+use super::elementwise::{softcap, softmax};
 use super::F32Vector;
 use crate::packed::bf16_to_f32;
 use crate::paged::{AttentionTask, KvSlice};
 use std::cell::RefCell;
+use std::ops::Range;
 
 /// Query rows scored together (accumulators: one register each per key register) on ISAs with
 /// 32 registers; AVX2's 16 take half.
@@ -107,10 +113,8 @@ pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_s
 
 #[inline(always)]
 unsafe fn attention_over<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: Pages<E>, out: *mut f32, out_stride: usize) {
-    let keys = task.span(task.tokens - 1);
-    let ps = task.kv.page_size;
     // Whole pages, and whole registers past the last page's end.
-    let width = (keys.div_ceil(ps) * ps).next_multiple_of(V::LANES);
+    let width = (task.used_pages().len() * task.kv.page_size).next_multiple_of(V::LANES);
     let rows = task.tokens * task.group;
     // Taken out of the thread-local rather than used in a closure: a closure would not inherit
     // the caller's target features, and the intrinsics inlined into it would become calls.
@@ -120,11 +124,16 @@ unsafe fn attention_over<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: P
     scores::<V, E>(task, &kv, &mut probs, width);
     for r in 0..rows {
         let row = &mut probs[r * width..(r + 1) * width];
-        let span = task.span(r / task.group);
-        softmax::<V>(&mut row[..span]);
-        row[span..].fill(0.0);
+        let t = r / task.group;
+        let keys = key_columns(task, t, t);
+        if let Some(cap) = task.softcap {
+            softcap::<V>(&mut row[keys.clone()], cap);
+        }
+        softmax::<V>(&mut row[keys.clone()]);
+        row[..keys.start].fill(0.0);
+        row[keys.end..].fill(0.0);
         if E::SCALED {
-            scale_by_value_scales(task, &kv, &mut row[..span]);
+            scale_by_value_scales(task, &kv, row, keys);
         }
     }
     values::<V, E>(task, &kv, &probs, width, out, out_stride);
@@ -144,14 +153,24 @@ unsafe fn prefetch_page<V: F32Vector, E: KvElement>(task: &AttentionTask, data: 
     }
 }
 
-/// Multiplies each key's probability by its value row's scale (int8 pages).
+/// The score columns of the keys query tokens `first..=last` see, together: column 0 is the
+/// first key of the task's first used page.
 #[inline(always)]
-unsafe fn scale_by_value_scales<E>(task: &AttentionTask, pages: &Pages<E>, probs: &mut [f32]) {
-    let ps = task.kv.page_size;
-    for (chunk, &page) in probs.chunks_mut(ps).zip(task.pages) {
-        let scales = pages.value_scales.add(task.kv.scale_offset(page, task.kv_head));
-        for (slot, p) in chunk.iter_mut().enumerate() {
-            *p *= *scales.add(slot);
+fn key_columns(task: &AttentionTask, first: usize, last: usize) -> Range<usize> {
+    let origin = task.used_pages().start * task.kv.page_size;
+    task.first_key(first) - origin..task.span(last) - origin
+}
+
+/// Multiplies the probabilities of the keys in `columns` of `row` by their value rows' scales
+/// (int8 pages).
+#[inline(always)]
+unsafe fn scale_by_value_scales<E>(task: &AttentionTask, pages: &Pages<E>, row: &mut [f32], columns: Range<usize>) {
+    let (ps, first_page) = (task.kv.page_size, task.used_pages().start);
+    for p in columns.start / ps..columns.end.div_ceil(ps) {
+        let scales = pages.value_scales.add(task.kv.scale_offset(task.pages[first_page + p], task.kv_head));
+        let on_page = columns.start.max(p * ps)..columns.end.min((p + 1) * ps);
+        for (slot, prob) in (on_page.start - p * ps..).zip(&mut row[on_page]) {
+            *prob *= *scales.add(slot);
         }
     }
 }
@@ -190,7 +209,7 @@ enum KeyBlock<E> {
 unsafe fn scores<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages<E>, probs: &mut [f32], width: usize) {
     let kv = task.kv;
     let ps = kv.page_size;
-    let used = &task.pages[..task.span(task.tokens - 1).div_ceil(ps)];
+    let used = &task.pages[task.used_pages()];
     let ahead = pages_ahead::<E>(task);
     let mut pending = None;
     for (p, &page) in used.iter().enumerate() {
@@ -343,19 +362,20 @@ unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
             out.add((row / task.group) * out_stride + (row % task.group) * hd)
         })
     };
-    for keys_start in (0..task.span(task.tokens - 1)).step_by(chunk) {
+    for keys_start in (0..key_columns(task, 0, task.tokens - 1).end).step_by(chunk) {
+        let mut first_pass = true;
         for first in (0..rows).step_by(max_rows) {
             let n = max_rows.min(rows - first);
-            // Keys the block's last row sees; earlier rows have zero probabilities past their span.
-            let span = task.span((first + n - 1) / task.group);
-            if keys_start >= span {
+            // Keys the block's rows see, together; each row's probabilities are zero outside its own.
+            let seen = key_columns(task, first / task.group, (first + n - 1) / task.group);
+            let keys = seen.start.max(keys_start)..seen.end.min(keys_start + chunk);
+            if keys.is_empty() {
                 continue;
             }
-            let keys = keys_start..span.min(keys_start + chunk);
-            let block = ValueRows { probs: &probs[first * width..], width, dst: dst(first, n) };
+            let block = ValueRows { probs: &probs[first * width..], width, dst: dst(first, n), accumulate: keys.start > seen.start };
             for d in (0..body).step_by(VALUE_REGS * V::LANES) {
                 // The chunk's first pass reads it from memory; the others find it in L1.
-                let prefetch = (first == 0 && d == 0).then(|| span.div_ceil(ps));
+                let prefetch = first_pass && d == 0;
                 let regs = VALUE_REGS.min((body - d) / V::LANES);
                 macro_rules! block {
                     ($(($r:literal, $v:literal))*) => {
@@ -367,17 +387,19 @@ unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
                 }
                 block!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(4, 4));
             }
+            first_pass = false;
         }
     }
     // Head dimensions past the last whole register.
+    let used = &task.pages[task.used_pages()];
     for first in (0..rows).step_by(max_rows) {
         let n = max_rows.min(rows - first);
-        let (span, dst) = (task.span((first + n - 1) / task.group), dst(first, n));
+        let (seen, dst) = (key_columns(task, first / task.group, (first + n - 1) / task.group), dst(first, n));
         for r in 0..n {
             for d in body..hd {
                 let mut acc = 0f32;
-                for j in 0..span {
-                    acc = probs[(first + r) * width + j].mul_add((*value(task, pages, j).add(d)).to_f32(), acc);
+                for j in seen.clone() {
+                    acc = probs[(first + r) * width + j].mul_add((*value(task, pages, used, j).add(d)).to_f32(), acc);
                 }
                 *dst[r].add(d) = acc;
             }
@@ -385,27 +407,28 @@ unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
     }
 }
 
-/// Value row of key `j`.
+/// Value row of the key in score column `j`, `used` the task's used pages.
 #[inline(always)]
-unsafe fn value<E>(task: &AttentionTask, pages: &Pages<E>, j: usize) -> *const E {
+unsafe fn value<E>(task: &AttentionTask, pages: &Pages<E>, used: &[u32], j: usize) -> *const E {
     let kv = task.kv;
     let ps = kv.page_size;
-    pages.values.add(kv.offset(task.pages[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
+    pages.values.add(kv.offset(used[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
 }
 
 /// A block of output rows of the value pass: row `r`'s probabilities at `probs[r * width..]`,
-/// its output at `dst[r]`.
+/// its output at `dst[r]`, which holds the sum over earlier keys when `accumulate`.
 #[derive(Clone, Copy)]
 struct ValueRows<'a> {
     probs: &'a [f32],
     width: usize,
     dst: [*mut f32; 4],
+    accumulate: bool,
 }
 
 /// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]` over
-/// `keys`, added to what the rows hold unless the keys start at 0 (the sum goes on in key order
-/// either way, so chunking changes no bit). With `prefetch = Some(pages)`, the values of pages
-/// ahead, up to that many pages of the sequence, are prefetched.
+/// the score columns `keys`, added to what the rows hold when `rows.accumulate` (the sum goes on
+/// in key order either way, so chunking changes no bit). With `prefetch`, the values of the
+/// task's pages ahead are prefetched.
 // The accumulator tile is indexed in lockstep with the value registers and output rows.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
@@ -414,13 +437,14 @@ unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usiz
     pages: &Pages<E>,
     rows: &ValueRows,
     keys: std::ops::Range<usize>,
-    prefetch: Option<usize>,
+    prefetch: bool,
     d: usize,
 ) {
-    let ValueRows { probs, width, dst } = *rows;
+    let ValueRows { probs, width, dst, accumulate } = *rows;
     let (ps, hd, ahead) = (task.kv.page_size, task.kv.head_dim, pages_ahead::<E>(task));
+    let used = &task.pages[task.used_pages()];
     let mut acc = [[V::zero(); NV]; R];
-    if keys.start > 0 {
+    if accumulate {
         for r in 0..R {
             for i in 0..NV {
                 acc[r][i] = V::load(dst[r].add(d + i * V::LANES));
@@ -429,11 +453,11 @@ unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usiz
     }
     // Page by page, so a key's value row is a step from the last, not a page-table look-up.
     for page_index in keys.start / ps..keys.end.div_ceil(ps) {
-        if prefetch.is_some_and(|used| page_index + ahead < used) {
-            prefetch_page::<V, E>(task, pages.values, pages.value_scales, task.pages[page_index + ahead]);
+        if prefetch && page_index + ahead < used.len() {
+            prefetch_page::<V, E>(task, pages.values, pages.value_scales, used[page_index + ahead]);
         }
         let first = page_index * ps;
-        let page_values = pages.values.add(task.kv.offset(task.pages[page_index], task.kv_head) + d);
+        let page_values = pages.values.add(task.kv.offset(used[page_index], task.kv_head) + d);
         for slot in keys.start.max(first) - first..ps.min(keys.end - first) {
             let v = page_values.add(slot * hd);
             let vj: [V; NV] = std::array::from_fn(|i| E::load::<V>(v.add(i * V::LANES)));

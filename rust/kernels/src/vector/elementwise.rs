@@ -89,6 +89,48 @@ pub unsafe fn silu_mul<V: F32Vector>(gate: &[f32], up: &[f32], out: &mut [f32]) 
 }
 
 #[inline(always)]
+pub unsafe fn gelu_tanh_mul<V: F32Vector>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = gate.len();
+    assert!(up.len() == n && out.len() == n);
+    let body = n / V::LANES * V::LANES;
+    let (gp, upp, op, one) = (gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), V::splat(1.0));
+    let (linear, cubic, zero_below) = (V::splat(-portable::GELU_LINEAR), V::splat(-portable::GELU_CUBIC), V::splat(portable::GELU_ZERO_BELOW));
+    for i in (0..body).step_by(V::LANES) {
+        let g = V::load(gp.add(i));
+        let e = g.mul(g).mul_add(cubic, linear).mul(g).exp();
+        let gelu = V::zero().select_bits(g.div(one.add(e)), zero_below.gt_bits(g));
+        gelu.mul(V::load(upp.add(i))).store(op.add(i));
+    }
+    portable::gelu_tanh_mul(&gate[body..], &up[body..], &mut out[body..]);
+}
+
+/// [`portable::tanh`] lane by lane: both branches, then each lane takes its own.
+#[inline(always)]
+pub unsafe fn tanh<V: F32Vector>(y: V) -> V {
+    let (zero, one) = (V::zero(), V::splat(1.0));
+    let a = y.max(zero.sub(y));
+    let t = one.sub(V::splat(2.0).div(one.add(a.add(a).exp())));
+    let far = zero.sub(t).select_bits(t, zero.gt_bits(y));
+    let s = y.mul(y);
+    let mut p = V::splat(portable::TANH_POLYNOMIAL[0]);
+    for c in &portable::TANH_POLYNOMIAL[1..] {
+        p = p.mul_add(s, V::splat(*c));
+    }
+    let near = p.mul(s).mul_add(y, y);
+    far.select_bits(near, a.gt_bits(V::splat(portable::TANH_POLYNOMIAL_BELOW)))
+}
+
+#[inline(always)]
+pub unsafe fn softcap<V: F32Vector>(x: &mut [f32], cap: f32) {
+    let body = x.len() / V::LANES * V::LANES;
+    let (p, vc) = (x.as_mut_ptr(), V::splat(cap));
+    for i in (0..body).step_by(V::LANES) {
+        tanh::<V>(V::load(p.add(i)).div(vc)).mul(vc).store(p.add(i));
+    }
+    portable::softcap(&mut x[body..], cap);
+}
+
+#[inline(always)]
 unsafe fn max_of<V: F32Vector>(x: &[f32]) -> f32 {
     let body = x.len() / V::LANES * V::LANES;
     let mut acc = V::splat(f32::NEG_INFINITY);

@@ -96,8 +96,16 @@ macro_rules! vector_kernels {
                 ew::silu_mul::<$v>(gate, up, out)
             }
             #[target_feature(enable = $features)]
+            unsafe fn gelu_tanh_mul_simd(gate: &[f32], up: &[f32], out: &mut [f32]) {
+                ew::gelu_tanh_mul::<$v>(gate, up, out)
+            }
+            #[target_feature(enable = $features)]
             unsafe fn softmax_simd(x: &mut [f32]) {
                 ew::softmax::<$v>(x)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn softcap_simd(x: &mut [f32], cap: f32) {
+                ew::softcap::<$v>(x, cap)
             }
             #[target_feature(enable = $features)]
             unsafe fn rope_simd(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
@@ -133,7 +141,9 @@ macro_rules! vector_kernels {
                     axpy: |a, x, y| unsafe { axpy_simd(a, x, y) },
                     add_rmsnorm: |x, d, w, eps, out| unsafe { add_rmsnorm_simd(x, d, w, eps, out) },
                     silu_mul: |g, u, out| unsafe { silu_mul_simd(g, u, out) },
+                    gelu_tanh_mul: |g, u, out| unsafe { gelu_tanh_mul_simd(g, u, out) },
                     softmax: |x| unsafe { softmax_simd(x) },
+                    softcap: |x, cap| unsafe { softcap_simd(x, cap) },
                     rope: |h, c, s, style| unsafe { rope_simd(h, c, s, style) },
                     argmax: |x| unsafe { argmax_simd(x) },
                     top_k: |x, k, out| unsafe { top_k_simd(x, k, out) },

@@ -3,10 +3,18 @@
 //! norm before each sublayer, none after.
 
 use super::{Assembly, Norms, QkNorm};
+use crate::config::Activation;
 
 const PRE_NORMS: (Norms, Norms) = (Norms { pre: Some("input_layernorm"), post: None }, Norms { pre: Some("post_attention_layernorm"), post: None });
 
-pub const LLAMA: Assembly = Assembly { attention: PRE_NORMS.0, mlp: PRE_NORMS.1, qk_norm: QkNorm::None };
+pub const LLAMA: Assembly = Assembly {
+    attention: PRE_NORMS.0,
+    mlp: PRE_NORMS.1,
+    qk_norm: QkNorm::None,
+    activation: Activation::Silu,
+    norm_weight_offset: 0.0,
+    embedding_times_sqrt_hidden: false,
+};
 
 /// Qwen3 normalizes each head of q and k.
 pub const QWEN3: Assembly = Assembly { qk_norm: QkNorm::PerHead, ..LLAMA };

@@ -2,9 +2,11 @@
 //! of its own, which the architecture table (`config::ARCHITECTURES`) names. The decoder
 //! (`model::decoder`) runs any assembly; a family is a few lines here, not a branch there.
 
+pub mod gemma;
 pub mod llama;
 pub mod olmo2;
 
+use crate::config::Activation;
 use serde::Serialize;
 
 /// Where a sublayer's (attention's or the MLP's) RMS norms sit, by their checkpoint names:
@@ -27,10 +29,18 @@ pub enum QkNorm {
 }
 
 /// One decoder layer's arrangement: `x += attention_post?(attention(attention_pre?(x)))`, then
-/// the same with the MLP; Granite's scales and SmolLM3's NoPE layers come from the config.
+/// the same with the MLP; Granite's scales, SmolLM3's NoPE layers and Gemma's sliding windows
+/// come from the config.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Assembly {
     pub attention: Norms,
     pub mlp: Norms,
     pub qk_norm: QkNorm,
+    /// The gated MLP's activation where a config does not name one (and in GGUF files).
+    pub activation: Activation,
+    /// What the family's RMS norms add to their weight as the checkpoint stores it (Gemma's
+    /// scale by `1 + w`).
+    pub norm_weight_offset: f32,
+    /// The embeddings are multiplied by sqrt(hidden_size) (Gemma).
+    pub embedding_times_sqrt_hidden: bool,
 }
