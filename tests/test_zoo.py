@@ -6,17 +6,26 @@ families rsgl does not run yet are refused with an error naming what it runs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import rsgl
 import torch
+import transformers
 from gguf_convert import convert
 from zoo_models import FAMILIES, build_family
 
-SUPPORTED = ("gemma2", "gemma3", "granite", "olmo2", "smollm3")
+SUPPORTED = ("gemma2", "gemma3", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3")
+GGUF_SUPPORTED = ("gemma2", "gemma3", "phi3", "phi3_longrope")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
+# rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from
+# there on with its long ones. transformers rotates a whole sequence with one set: once it passes 64 tokens,
+# it drops its cache and rotates every position again with the long factors (a prefix cache cannot). So the
+# LongRoPE checkpoint is compared on prompts that stay below 64 tokens, then with its original context set
+# to 0, where both rotate every position with the long factors.
+SHORT_PROMPTS = [*PROMPTS[:2], [1, *range(3, 40)]]
 
 
 @pytest.fixture(scope="module", params=SUPPORTED)
@@ -31,25 +40,38 @@ def transformers_greedy(model, ids: list[int]) -> list[int]:
     return out[0, len(ids) :].tolist()
 
 
-def rsgl_greedy(model_path, **options) -> tuple[list[list[int]], list[list[int]]]:
+def rsgl_greedy(model_path, prompts, **options) -> tuple[list[list[int]], list[list[int]]]:
     """Each prompt's greedy tokens alone, then all of them batched (their prefixes cached by then)."""
     params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
     with rsgl.Engine(str(model_path), threads=1, progress=False, **options) as engine:
-        alone = [engine.generate(input_ids=ids, sampling_params=params)["output_ids"] for ids in PROMPTS]
-        batched = [out["output_ids"] for out in engine.generate(input_ids=PROMPTS, sampling_params=params)]
+        alone = [engine.generate(input_ids=ids, sampling_params=params)["output_ids"] for ids in prompts]
+        batched = [out["output_ids"] for out in engine.generate(input_ids=prompts, sampling_params=params)]
         assert engine.get_server_info()["cache_hit_tokens"] > 0  # the batch reused the prompts' cached pages
     return alone, batched
 
 
 def test_float32_greedy_tokens_match_transformers(family):
     name, path, model = family
-    want = [transformers_greedy(model, ids) for ids in PROMPTS]
-    alone, batched = rsgl_greedy(path, dtype="float32")
+    prompts = SHORT_PROMPTS if name == "phi3_longrope" else PROMPTS
+    want = [transformers_greedy(model, ids) for ids in prompts]
+    alone, batched = rsgl_greedy(path, prompts, dtype="float32")
     assert alone == want
     assert batched == want
     if name in GGUF_SUPPORTED:
         gguf_file = convert(path, path.parent / f"{name}.gguf")
-        assert rsgl_greedy(gguf_file, dtype="float32") == (want, want)
+        assert rsgl_greedy(gguf_file, prompts, dtype="float32") == (want, want)
+
+
+def test_longrope_long_factors_match_transformers(tmp_path):
+    build_family("phi3_longrope", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    # Its factor and attention factor given, as they would derive from the original context.
+    config["rope_parameters"].update(original_max_position_embeddings=0, factor=4.0, attention_factor=1.25)
+    config["original_max_position_embeddings"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
 
 
 @pytest.mark.parametrize("family", [name for name in FAMILIES if name not in SUPPORTED])
@@ -63,5 +85,5 @@ def test_a_gguf_file_of_a_family_read_from_folders_only_is_refused_naming_what_r
     """llama.cpp's converter writes the GGUF file; rsgl reads Granite from Hugging Face folders so far."""
     build_family("granite", tmp_path / "granite")
     gguf_file = convert(tmp_path / "granite", tmp_path / "granite.gguf")
-    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, gemma2, gemma3, .* GGUF"):
+    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, .* GGUF"):
         rsgl.Engine(str(gguf_file), progress=False)

@@ -48,13 +48,16 @@ Tensors = dict[str, tuple[tuple[int, ...], str]]
 
 
 class RopeScaling(TypedDict, total=False):
-    """RoPE scaling: 'linear' (`factor` only) or Llama 3's."""
+    """RoPE scaling: 'linear' (`factor` only), Llama 3's or Phi-3's LongRoPE."""
 
     rope_type: str
     factor: float
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: float
+    short_factor: list[float]
+    long_factor: list[float]
+    attention_factor: float
 
 
 class Scales(TypedDict):
@@ -101,6 +104,7 @@ class ModelConfig(TypedDict):
     rms_norm_eps: float
     rope_theta: float
     rope_scaling: RopeScaling | None
+    rotary_dim: int | None  # the dimensions of each head rope rotates, where not all (partial rotary)
     attention_bias: bool
     qk_norm: bool
     tie_word_embeddings: bool
@@ -160,7 +164,7 @@ class LoadedModel(TokenizerFields):
         a time (int8 weights scaled back to floats, 4-bit ones dequantized)."""
         store = self.open_weights()
         shapes = {name: shape for name, shape, _ in store.tensors()}
-        for name in with_progress(list(expected_tensor_shapes(self.config)), self.progress):
+        for name in with_progress(list(expected_tensor_shapes(self.config, shapes)), self.progress):
             yield name, np.frombuffer(store.read(name), dtype="<f4").reshape(shapes[name])
 
 
@@ -247,8 +251,16 @@ def gguf_file_in(path: Path) -> Path | None:
     return path / next(iter(models.values()))[0]
 
 
-def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape."""
+# Projections some checkpoints fuse into one matrix (Phi-3): the fused name, and the parts it stacks.
+_FUSED_PROJECTIONS = (
+    ("self_attn.qkv_proj", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ("mlp.gate_up_proj", ("mlp.gate_proj", "mlp.up_proj")),
+)
+
+
+def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = ()) -> dict[str, tuple[int, ...]]:
+    """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape; the
+    projections the checkpoint whose tensor names are `found` fuses, fused."""
     hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     head_dim = config["head_dim"]
     q_rows = config["num_attention_heads"] * head_dim
@@ -275,6 +287,17 @@ def expected_tensor_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
+    return _fused_where_stored(shapes, set(found))
+
+
+def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> dict[str, tuple[int, ...]]:
+    """`shapes` with each layer's projections that `found` holds fused replaced by the fused matrix."""
+    for name in [name for name in found if name.startswith("model.layers.")]:
+        for fused, parts in _FUSED_PROJECTIONS:
+            if name.endswith(f".{fused}.weight"):
+                prefix = name.removesuffix(f"{fused}.weight")
+                stacked = [shapes.pop(f"{prefix}{part}.weight") for part in parts]
+                shapes[name] = (sum(rows for rows, _ in stacked), stacked[0][1])
     return shapes
 
 
@@ -300,7 +323,7 @@ def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig) -> dict[str, t
 
 def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, source: Path) -> None:
     """Fail before loading when the files lack a tensor the config needs, or hold it in another shape."""
-    expected = expected_tensor_shapes(config)
+    expected = expected_tensor_shapes(config, found)
     missing = [name for name in expected if name not in found]
     if missing:
         raise ModelLoadError(

@@ -26,9 +26,11 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     """A transformers config.json from the loader's normalized config."""
     config: JsonObject = dict(model.config)
     architecture = config.pop("architecture")
-    sliding_window, activation, norm_weight_offset = config.pop("sliding_window"), config.pop("activation"), config.pop("norm_weight_offset")
-    if sliding_window or activation != "silu" or norm_weight_offset:
-        raise UnsupportedModelError(f"rsgl cannot write {architecture} checkpoints yet (sliding windows, GeGLU, offset norms); quantize them at load instead.")
+    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim")]
+    if layout != [None, "silu", 0.0, None]:
+        raise UnsupportedModelError(
+            f"rsgl cannot write {architecture} checkpoints yet (sliding windows, GeGLU, offset norms, partial rotary); quantize them at load instead."
+        )
     config.pop("qk_norm")  # implied by the architecture (qwen3, qwen3_moe)
     config.pop("pooling")  # sentence-transformers' files carry it, not config.json
     moe = config.pop("moe")

@@ -29,6 +29,8 @@ from rsgl.loader.tokenizer import GgufVocabulary, special_token_ids, token_bytes
 _NATIVE_DTYPE = {"F32": "float32"}
 # Storage types whose weights are not quantized (a file of these runs in `dtype`).
 _FLOAT_TYPES = ("F32", "F16", "BF16")
+# Tensors the config reads (Phi-3's LongRoPE factors).
+_CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
@@ -37,7 +39,7 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     tensors: Tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
     shapes = {name: shape for name, (shape, _) in tensors.items()}
     check_tensor_shapes(shapes, config, path)
-    unknown = sorted(name for name in shapes if not name.startswith(("model.", "lm_head.")))
+    unknown = sorted(name for name in shapes if not name.startswith(("model.", "lm_head.")) and name not in _CONFIG_TENSORS)
     if unknown:
         raise UnsupportedModelError(f"{path} holds a tensor rsgl does not know ({unknown[0]}); this model variant is not supported.")
     probe = WEIGHT_DTYPE_PROBE if WEIGHT_DTYPE_PROBE in tensors else "model.embed_tokens.weight"

@@ -202,7 +202,7 @@ def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path
 def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantization: str | None) -> None:
     shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
     check_tensor_shapes(shapes, config, folder)
-    expected = expected_tensor_shapes(config)
+    expected = expected_tensor_shapes(config, shapes)
     if quantization in _PACKED_LAYERS and not any(tensors[name][1] in _PACKED_LAYERS[quantization][0] for name in expected):
         probe = WEIGHT_DTYPE_PROBE if WEIGHT_DTYPE_PROBE in expected else "model.layers.0.self_attn.q_proj.weight"
         raise UnsupportedModelError(

@@ -34,6 +34,10 @@ pub struct ModelConfig {
     pub rms_norm_eps: f32,
     pub rope_theta: f64,
     pub rope_scaling: Option<RopeScaling>,
+    /// How many of each head's first dimensions rope rotates, where not all (Phi-4-mini's
+    /// `partial_rotary_factor`).
+    #[serde(default)]
+    pub rotary_dim: Option<usize>,
     pub attention_bias: bool,
     pub qk_norm: bool,
     pub tie_word_embeddings: bool,
@@ -137,6 +141,15 @@ pub enum RopeScaling {
     Linear {
         factor: f64,
     },
+    /// Phi-3's LongRoPE: each frequency divided by its own factor, `short_factor` below
+    /// `original_max_position_embeddings` and `long_factor` from there on, and cos and sin
+    /// multiplied by `attention_factor`.
+    LongRope {
+        short_factor: Vec<f64>,
+        long_factor: Vec<f64>,
+        original_max_position_embeddings: usize,
+        attention_factor: f64,
+    },
     Llama3 {
         factor: f64,
         low_freq_factor: f64,
@@ -189,8 +202,21 @@ impl ModelConfig {
                 )));
             }
         }
-        if !self.head_dim.is_multiple_of(2) {
-            return Err(EngineError::ModelLoad("model config: head_dim must be even for rope".into()));
+        if !self.head_dim.is_multiple_of(2) || self.rotary_dim.is_some_and(|dim| dim == 0 || dim > self.head_dim || !dim.is_multiple_of(2)) {
+            return Err(EngineError::ModelLoad(format!(
+                "model config: rope needs an even head_dim ({}) and an even rotary_dim ({:?}) no larger",
+                self.head_dim, self.rotary_dim
+            )));
+        }
+        if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &self.rope_scaling {
+            let frequencies = self.rotary_dim.unwrap_or(self.head_dim) / 2;
+            if short_factor.len() != frequencies || long_factor.len() != frequencies {
+                return Err(EngineError::ModelLoad(format!(
+                    "model config: LongRoPE needs {frequencies} short and long factors (one per rotary frequency); it has {} and {}",
+                    short_factor.len(),
+                    long_factor.len()
+                )));
+            }
         }
         if let Some(window) = &self.sliding_window {
             if window.size == 0 || window.layers.iter().any(|&layer| layer >= self.num_hidden_layers) {

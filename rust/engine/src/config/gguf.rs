@@ -38,6 +38,10 @@ impl ModelConfig {
         let heads = keys.count("attention.head_count")?;
         let kv_heads = keys.optional_count("attention.head_count_kv")?.unwrap_or(heads);
         let store = WeightStore::open_gguf(path, architecture.name, heads, kv_heads)?;
+        let rope_scaling = match rope_scaling {
+            None if store.contains("rope_factors_long.weight") => Some(longrope(&keys, &store)?),
+            given => given,
+        };
         if store.contains("rope_freqs.weight") {
             return Err(EngineError::UnsupportedModel(format!(
                 "{source} bakes llama3 RoPE scaling into a rope_freqs tensor, which rsgl does not read yet; load the model's Hugging Face folder instead."
@@ -65,6 +69,7 @@ impl ModelConfig {
             rms_norm_eps: keys.required_number("attention.layer_norm_rms_epsilon")? as f32,
             rope_theta: keys.number("rope.freq_base")?.unwrap_or(10000.0),
             rope_scaling,
+            rotary_dim: keys.optional_count("rope.dimension_count")?.filter(|&dim| dim != head_dim),
             attention_bias: store.contains("model.layers.0.self_attn.q_proj.bias"),
             qk_norm: architecture.assembly.qk_norm != QkNorm::None,
             tie_word_embeddings: !store.contains("lm_head.weight"),
@@ -81,6 +86,18 @@ impl ModelConfig {
         config.validate()?;
         Ok(config)
     }
+}
+
+/// Phi-3's LongRoPE: the factors are tensors (`rope_factors_short`, `rope_factors_long`), the
+/// original context and the attention factor keys.
+fn longrope(keys: &Keys, store: &WeightStore) -> Result<RopeScaling> {
+    let factors = |name: &str| -> Result<Vec<f64>> { Ok(store.read(name)?.into_iter().map(f64::from).collect()) };
+    Ok(RopeScaling::LongRope {
+        short_factor: factors("rope_factors_short.weight")?,
+        long_factor: factors("rope_factors_long.weight")?,
+        original_max_position_embeddings: keys.count("rope.scaling.original_context_length")?,
+        attention_factor: keys.number("rope.scaling.attn_factor")?.unwrap_or(1.0),
+    })
 }
 
 /// Gemma's embedding scale and soft caps. GGUF files keep no `query_pre_attn_scalar`: llama.cpp

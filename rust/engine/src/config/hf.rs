@@ -27,6 +27,8 @@ impl ModelConfig {
         let hidden_size = hf.count("hidden_size")?;
         let num_attention_heads = hf.count("num_attention_heads")?;
         let num_hidden_layers = hf.count("num_hidden_layers")?;
+        // Zero heads: validate() says so.
+        let head_dim = hf.optional_count("head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
         let config = ModelConfig {
             architecture: architecture.name.into(),
             hidden_size,
@@ -34,12 +36,12 @@ impl ModelConfig {
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: hf.optional_count("num_key_value_heads")?.unwrap_or(num_attention_heads),
-            // Zero heads: validate() says so.
-            head_dim: hf.optional_count("head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0)),
+            head_dim,
             vocab_size: hf.count("vocab_size")?,
             rms_norm_eps: hf.number("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope_theta,
             rope_scaling,
+            rotary_dim: rotary_dim(&hf, head_dim)?,
             attention_bias: architecture.attention_bias || hf.flag("attention_bias"),
             qk_norm: architecture.assembly.qk_norm != QkNorm::None,
             tie_word_embeddings: hf.flag("tie_word_embeddings"),
@@ -97,13 +99,15 @@ fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
         None => Ok((theta, None)),
         Some(kind) if kind == "default" => Ok((theta, None)),
         Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, scaling)?))),
+        Some(kind) if kind == "longrope" || kind == "su" => Ok((theta, Some(longrope_scaling(hf, scaling)?))),
         Some(kind) if kind == "linear" => {
             let factor = scaling.get("factor").and_then(Value::as_f64).ok_or_else(|| hf.broken("config.json: linear RoPE scaling lacks its factor".into()))?;
             Ok((theta, Some(RopeScaling::Linear { factor })))
         }
-        Some(kind) => {
-            Err(EngineError::UnsupportedModel(format!("rsgl does not support {} RoPE scaling yet; it supports 'linear' and 'llama3' scaling.", quoted(kind))))
-        }
+        Some(kind) => Err(EngineError::UnsupportedModel(format!(
+            "rsgl does not support {} RoPE scaling yet; it supports 'linear', 'llama3' and 'longrope' scaling.",
+            quoted(kind)
+        ))),
     }
 }
 
@@ -114,6 +118,47 @@ fn llama3_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScaling
         return Err(hf.broken(format!("config.json: llama3 RoPE scaling lacks {}", missing.join(", "))));
     };
     Ok(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings })
+}
+
+/// Phi-3's LongRoPE, as transformers computes it: the factors of each frequency, the original
+/// context (in the scaling or top-level), and the attention factor (given, else
+/// sqrt(1 + ln(factor) / ln(original)) of the context's growth `factor`).
+fn longrope_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScaling> {
+    let scaling = Keys::new(scaling, "config.json's rope scaling".into(), REMEDY);
+    let factors = |key: &str| -> Result<Vec<f64>> {
+        let values = scaling.required(key)?.as_array().ok_or_else(|| hf.broken(format!("config.json: LongRoPE's {key} is not a list")))?;
+        values.iter().map(|value| value.as_f64().ok_or_else(|| hf.broken(format!("config.json: LongRoPE's {key} holds a non-number")))).collect()
+    };
+    let original = match scaling.optional_count("original_max_position_embeddings")? {
+        Some(original) => original,
+        None => hf.count("original_max_position_embeddings")?,
+    };
+    let factor = match scaling.number("factor")? {
+        Some(factor) => factor,
+        None => hf.count("max_position_embeddings")? as f64 / original as f64,
+    };
+    let attention_factor = match scaling.number("attention_factor")? {
+        Some(given) => given,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / (original as f64).ln()).sqrt(),
+    };
+    Ok(RopeScaling::LongRope {
+        short_factor: factors("short_factor")?,
+        long_factor: factors("long_factor")?,
+        original_max_position_embeddings: original,
+        attention_factor,
+    })
+}
+
+/// How many of each head's dimensions rope rotates, where `partial_rotary_factor` (in
+/// `rope_parameters` in transformers 5) says fewer than all.
+fn rotary_dim(hf: &Keys, head_dim: usize) -> Result<Option<usize>> {
+    let in_parameters = hf.set("rope_parameters").and_then(|parameters| parameters.get("partial_rotary_factor")).and_then(Value::as_f64);
+    let factor = match in_parameters {
+        Some(factor) => Some(factor),
+        None => hf.number("partial_rotary_factor")?,
+    };
+    Ok(factor.map(|factor| (head_dim as f64 * factor) as usize).filter(|&dim| dim != head_dim))
 }
 
 /// The model's context, capped at its sliding window where one applies: the runner attends to
@@ -258,6 +303,25 @@ mod tests {
             assert_eq!((cfg.activation, cfg.norm_weight_offset, cfg.scales.embedding, cfg.scales.attention), (Activation::GeluTanh, 1.0, 8.0, Some(0.25)));
         }
         assert!(message(llama(json!({ "hidden_act": "relu2" }))).contains("the 'relu2' activation; rsgl runs 'silu' and 'gelu_pytorch_tanh' models"));
+    }
+
+    /// Phi-4-mini's config.json (transformers 4 layout): LongRoPE over 3/4 of each head.
+    #[test]
+    fn reads_phi3_longrope_and_partial_rotary() {
+        let factors: Vec<f64> = (0..48).map(|i| 1.0 + i as f64).collect();
+        let raw = llama(json!({
+            "architectures": ["Phi3ForCausalLM"], "hidden_size": 3072, "num_attention_heads": 24, "partial_rotary_factor": 0.75,
+            "max_position_embeddings": 131072, "original_max_position_embeddings": 4096,
+            "rope_scaling": { "type": "longrope", "short_factor": factors, "long_factor": factors },
+        }));
+        let cfg = ModelConfig::from_hf_config(&raw).unwrap();
+        assert_eq!((cfg.head_dim, cfg.rotary_dim), (128, Some(96)));
+        let Some(RopeScaling::LongRope { original_max_position_embeddings, attention_factor, .. }) = cfg.rope_scaling else { panic!("no LongRoPE") };
+        assert_eq!(original_max_position_embeddings, 4096);
+        assert!((attention_factor - (1.0 + 32f64.ln() / 4096f64.ln()).sqrt()).abs() < 1e-12);
+        let mut short = raw.clone();
+        short["rope_scaling"]["short_factor"] = json!([1.0]);
+        assert!(message(short).contains("LongRoPE needs 48 short and long factors (one per rotary frequency); it has 1 and 48"));
     }
 
     #[test]

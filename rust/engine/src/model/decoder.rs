@@ -67,6 +67,18 @@ impl SublayerNorms {
     }
 }
 
+/// A layer's q, k and v projections, from their own matrices or the one `qkv_proj` a checkpoint
+/// fuses them into (Phi-3).
+fn take_qkv(w: &mut WeightStore, attn: &str, cfg: &ModelConfig) -> Result<[LinearParts; 3]> {
+    let (h, q, kv) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size());
+    if w.contains(&format!("{attn}.qkv_proj.weight")) {
+        let fused = take_linear(w, &format!("{attn}.qkv_proj"), q + 2 * kv, h)?;
+        return Ok([fused.output_rows(0..q), fused.output_rows(q..q + kv), fused.output_rows(q + kv..q + 2 * kv)]);
+    }
+    let [q, k, v] = [("q_proj", q), ("k_proj", kv), ("v_proj", kv)].map(|(proj, rows)| take_linear(w, &format!("{attn}.{proj}"), rows, h));
+    Ok([q?, k?, v?])
+}
+
 /// An RMS norm's weight as the kernels multiply by it (the config's offset added).
 fn take_norm(w: &mut WeightStore, name: &str, len: usize, cfg: &ModelConfig) -> Result<Vec<f32>> {
     let mut weight = w.take(name, &[len])?;
@@ -156,9 +168,7 @@ impl DecoderModel {
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let attn = format!("{p}.self_attn");
-            let [q, k, v] = [("q_proj", cfg.q_size()), ("k_proj", cfg.kv_size()), ("v_proj", cfg.kv_size())]
-                .map(|(proj, rows)| take_linear(&mut w, &format!("{attn}.{proj}"), rows, h));
-            let (q, k, v) = (q?, k?, v?);
+            let [q, k, v] = take_qkv(&mut w, &attn, &cfg)?;
             let o = take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?;
             let qk_norm_sizes = match assembly.qk_norm {
                 QkNorm::None => None,
@@ -197,6 +207,10 @@ impl DecoderModel {
             }
         }
         let norm = take_norm(&mut w, "model.norm.weight", h, &cfg)?;
+        // A GGUF file's LongRoPE factors, which its config holds.
+        for factors in ["rope_factors_short.weight", "rope_factors_long.weight"] {
+            drop(w.take_optional(factors, &[cfg.rotary_dim.unwrap_or(hd) / 2])?);
+        }
         // A GGUF, AWQ or GPTQ file chose its lm_head's type itself; a quantized-at-load lm_head
         // is asked for.
         let lm_head_quantization = quantization.filter(|q| quantize_lm_head || q.as_stored());
@@ -223,9 +237,9 @@ impl DecoderModel {
         }
         // Checkpoints in Hugging Face's layout rotate halves (llama.cpp's q/k permutation is
         // undone when a GGUF file is loaded).
-        let mut ropes = vec![Rope::new(hd, cfg.rope_theta, cfg.rope_scaling.as_ref(), max_positions, RopeStyle::Neox)];
+        let mut ropes = vec![Rope::global(&cfg, max_positions, RopeStyle::Neox)];
         if let Some(theta) = cfg.sliding_window.as_ref().and_then(|window| window.rope_theta) {
-            ropes.push(Rope::new(hd, theta, None, max_positions, RopeStyle::Neox));
+            ropes.push(Rope::new(&cfg, theta, None, max_positions, RopeStyle::Neox));
         }
         let reduce = AllReduce::new(shards.len());
         let homes: Vec<usize> = computes.iter().filter_map(|c| c.home_cpu).collect();

@@ -30,7 +30,8 @@ pub struct GatedMlp {
 }
 
 impl GatedMlp {
-    /// Takes `{prefix}.{gate}`, `.{up}` and `.{down}` of width `inter`; each rank gets its
+    /// Takes `{prefix}.{gate}` and `.{up}` (or the `.gate_up_proj` a checkpoint fuses them
+    /// into) and `.{down}`, of width `inter`; each rank gets its
     /// columns of the intermediate width (its outputs are partial sums).
     fn take(
         w: &mut WeightStore,
@@ -41,7 +42,13 @@ impl GatedMlp {
         p: &Precision,
         ranks: &Ranks,
     ) -> Result<Vec<GatedMlp>> {
-        let (gate, up) = (take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?);
+        // Phi-3 checkpoints fuse gate and up into one `gate_up_proj`, gate first.
+        let (gate, up) = if w.contains(&format!("{prefix}.gate_up_proj.weight")) {
+            let fused = take_linear(w, &format!("{prefix}.gate_up_proj"), 2 * inter, h)?;
+            (fused.output_rows(0..inter), fused.output_rows(inter..2 * inter))
+        } else {
+            (take_linear(w, &format!("{prefix}.{gate}"), inter, h)?, take_linear(w, &format!("{prefix}.{up}"), inter, h)?)
+        };
         let down = take_linear(w, &format!("{prefix}.{down}"), h, inter)?;
         Ok(ranks
             .iter()

@@ -16,6 +16,7 @@ const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral"];
 
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
+    ("attn_qkv", "self_attn.qkv_proj"),
     ("attn_q", "self_attn.q_proj"),
     ("attn_k", "self_attn.k_proj"),
     ("attn_v", "self_attn.v_proj"),
@@ -136,6 +137,8 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         }
         let module = match base {
             "ffn_gate_inp" => Some(format!("{block}.gate")),
+            // Phi-3's up projection stacks the gate's rows before its own.
+            "ffn_up" if architecture == "phi3" => Some(format!("{block}.gate_up_proj")),
             _ => lookup(SHARED_EXPERT_TENSORS, base)
                 .map(|m| format!("{block}.{m}"))
                 .or_else(|| lookup(LAYER_TENSORS, base).or_else(|| norm_name(&assembly, base)).map(|m| format!("model.layers.{layer}.{m}"))),
