@@ -123,6 +123,7 @@ impl GgmlType {
         match self {
             GgmlType::Q8_0 => Some(128),
             GgmlType::Q6K => Some(32),
+            GgmlType::Q5_0 => Some(16),
             _ => None,
         }
     }
@@ -203,9 +204,10 @@ pub fn int4_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int4Row, offset: Int4
     }
 }
 
-/// A Q8_0 or Q6_K row as the 8-bit block kernels' blocks: Q8_0's quants plus 128 with its
-/// scale on both halves of each block; Q6_K's 6-bit quants as they are (offset 32) with each
-/// 16 values' scale `d * sc` rounded to f16 (at most 2^-11 relative).
+/// A Q8_0, Q5_0 or Q6_K row as the 8-bit block kernels' blocks: Q8_0's quants plus 128 with its
+/// scale on both halves of each block; Q5_0's 5-bit quants as they are (offset 16), likewise;
+/// Q6_K's 6-bit quants as they are (offset 32) with each 16 values' scale `d * sc` rounded to
+/// f16 (at most 2^-11 relative).
 pub fn int8_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int8BlockRow) {
     assert_eq!(Some(bytes.len()), kind.row_bytes(out.quants.len()), "int8_blocks: {} bytes of {}", bytes.len(), kind.name());
     let blocks = bytes.chunks_exact(kind.block_bytes());
@@ -216,6 +218,17 @@ pub fn int8_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int8BlockRow) {
                 out.scales[2 * b..2 * b + 2].fill(scale);
                 for (q, &v) in out.quants[b * 32..][..32].iter_mut().zip(&block[2..34]) {
                     *q = (v as i8 as i16 + 128) as u8;
+                }
+            }
+        }
+        GgmlType::Q5_0 => {
+            for (b, block) in blocks.enumerate() {
+                out.scales[2 * b..2 * b + 2].fill(u16::from_le_bytes([block[0], block[1]]));
+                let fifth = high_bits(&block[2..6]);
+                let high = |bit: usize| (((fifth >> bit) & 1) << 4) as u8;
+                for (j, &q) in block[6..22].iter().enumerate() {
+                    out.quants[b * 32 + j] = (q & 0x0f) | high(j);
+                    out.quants[b * 32 + j + 16] = (q >> 4) | high(j + 16);
                 }
             }
         }
@@ -402,15 +415,15 @@ mod tests {
         }
     }
 
-    /// The 8-bit blocks of Q8_0 and Q6_K give llama.cpp's dequantized values (Q6_K within its
-    /// scales' f16 rounding).
+    /// The 8-bit blocks of Q8_0, Q5_0 and Q6_K give llama.cpp's dequantized values (Q6_K within
+    /// its scales' f16 rounding).
     #[test]
     fn int8_blocks_hold_the_dequantized_values() {
         let cols = 512;
-        for kind in [GgmlType::Q8_0, GgmlType::Q6K] {
+        for kind in [GgmlType::Q8_0, GgmlType::Q5_0, GgmlType::Q6K] {
             let mut bytes: Vec<u8> = (0..kind.row_bytes(cols).unwrap()).map(|i| (i * 151 % 251) as u8).collect();
             for block in bytes.chunks_exact_mut(kind.block_bytes()) {
-                let at = if kind == GgmlType::Q8_0 { 0 } else { 208 };
+                let at = if kind == GgmlType::Q6K { 208 } else { 0 };
                 block[at..at + 2].copy_from_slice(&f32_to_f16(0.01).to_le_bytes());
             }
             let mut want = vec![0.0; cols];
