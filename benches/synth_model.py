@@ -1,11 +1,11 @@
 """Writes random-weight checkpoints at real model shapes, to measure speed, load time and memory
 at sizes that matter without downloading anything.
 
-    python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe|gemma3-1b|gemma3-4b \\
+    python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe|gemma3-1b|gemma3-4b|phi4-mini \\
         --format gguf-f16|gguf-q8_0|gguf-q4_0|gguf-q4_k_m|safetensors-bf16 [--layers N] [--out PATH] [--force]
 
-Shapes (the tokenizer stays the default model's, 49,152 tokens; the Gemma shapes pad its token
-list to Gemma's 262,144 entries, see below):
+Shapes (the tokenizer stays the default model's, 49,152 tokens; the Gemma and Phi shapes pad its
+token list to their vocabularies, 262,144 and 200,064 entries, see below):
 - llama-1b: Llama-3.2-1B (hidden 2048, 16 layers, 32 heads / 8 kv heads, ffn 8192, tied).
 - llama-8b: Llama-3.1-8B (hidden 4096, 32 layers, 32 heads / 8 kv heads, ffn 14336, untied).
 - qwen3-moe: a Qwen3-30B-A3B layer (hidden 2048, 32 heads / 4 kv heads of 128, q/k norms, 128
@@ -15,17 +15,26 @@ list to Gemma's 262,144 entries, see below):
 - gemma3-4b: Gemma-3-4B's text model (hidden 2560, 34 layers, 8 heads / 4 kv heads of 256, ffn
   10240, tied, sliding window 1024, linear rope scaling 8 on the global layers); its context is
   written as 32k, not the real 128k, like the Llama shapes' 8k.
+- phi4-mini: Phi-4-mini-instruct (3.8B: hidden 3072, 32 layers, 24 heads / 8 kv heads of 128,
+  ffn 8192, tied, 200,064 tokens), as Phi3ForCausalLM lays it out: fused qkv_proj and gate_up_proj
+  (GGUF attn_qkv and ffn_up, gate rows first), rope over the first 96 of each head's 128 dims
+  (partial_rotary_factor 0.75), LongRoPE (48 short and 48 long factors, made up, rising; original
+  context 4k, real context 128k, attention factor sqrt(1 + ln 32 / ln 4096) = 1.19), no sliding
+  window. Its GGUF context is written as 8k; its config.json keeps max_position_embeddings 131072,
+  from which transformers derives LongRoPE's attention factor.
 
 Gemma's vocabulary (262,144 entries) is a large share of a small model's work (the tied lm_head
-of gemma3-1b is 30% of its weights), so the Gemma shapes keep it: their token_embd has 262,144
-rows and the default model's tokenizer is padded to that many tokens with unreachable fillers
+of gemma3-1b is 30% of its weights), so the Gemma shapes keep it, as phi4-mini keeps Phi-4's
+(200,064, 16% of its weights): their token_embd has that many rows and the default model's
+tokenizer is padded to that many tokens with unreachable fillers
 "<unused0>", "<unused1>", ... (no merge makes them). They are NORMAL tokens (GGUF) or plain
 vocabulary entries (tokenizer.json), not added tokens: neither llama.cpp nor rsgl then matches
-213k extra strings in every text, so tokenization costs what the default model's does.
+150k-213k extra strings in every text, so tokenization costs what the default model's does.
 
 GGUF files are written as llama.cpp's converter writes them (names, dimension order, q/k rows,
-which it permutes for Llama but not for Gemma, stacked experts, Gemma's norms as the 1 + w they
-scale by, the tokenizer's metadata copied from the default model's file); safetensors folders as
+which it permutes for Llama but not for Gemma or Phi, stacked experts, Gemma's norms as the 1 + w
+they scale by, Phi's LongRoPE factors as tensors, the tokenizer's metadata copied from the default
+model's file); safetensors folders as
 transformers saves them (sharded at 5 GB, with config.json, tokenizer.json and the chat template;
 Gemma's norm weights as the w of 1 + w, drawn around 0 where GGUF's are around 1). The 4-bit GGUF
 files are the F16 file quantized by llama.cpp's own quantizer (llama-cpp-python), so they hold the
@@ -39,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -71,15 +81,33 @@ class Shape:
     vocab: int = 0  # 0: the default model's; more: its token list padded to this many (Gemma)
     sliding_window: int = 0  # Gemma 3: the local layers' window (every GEMMA_GLOBAL_EVERY-th layer is global)
     rope_linear_factor: float = 0.0  # Gemma-3-4B: linear rope scaling of the global layers
+    partial_rotary: float = 1.0  # Phi-4-mini: rope turns the first 0.75 of each head's dims
+    longrope_original: int = 0  # Phi-4-mini: LongRoPE's original context (its long factors apply past it)
+    longrope_context: int = 0  # ... and the real context (config.json's max_position_embeddings)
 
     @property
     def gemma(self) -> bool:
         return self.architecture == "gemma3"
 
+    @property
+    def phi3(self) -> bool:
+        return self.architecture == "phi3"
+
+    @property
+    def rotary_dim(self) -> int:
+        """The dims rope turns in each head (Phi3MiniModel computes int(factor * hidden) // heads, the
+        same where head_dim is hidden / heads, as in Phi; Qwen3's head_dim is not)."""
+        return int(self.partial_rotary * self.head_dim)
+
+    @property
+    def rms_eps(self) -> float:
+        return 1e-5 if self.architecture in ("llama", "phi3") else 1e-6
+
 
 GEMMA_VOCAB = 262144
 GEMMA_GLOBAL_EVERY = 6  # sliding_window_pattern: layers 5, 11, 17, ... attend globally
 GEMMA_LOCAL_ROPE_THETA = 10000.0
+PHI4_VOCAB = 200064
 
 
 SHAPES = {
@@ -90,18 +118,48 @@ SHAPES = {
     # Gemma-3-4B's context is 131072; written as 32768 (GGUF context_length, HF max_position_embeddings)
     # so that engines sizing their KV cache from it stay small, as the Llama shapes write 8192.
     "gemma3-4b": Shape("gemma3", 2560, 34, 8, 4, 256, 10240, True, 1000000.0, context=32768, vocab=GEMMA_VOCAB, sliding_window=1024, rope_linear_factor=8.0),
+    # Phi-4-mini's context is 131072 (the converter's phi3.context_length); the GGUF file says 8192,
+    # as the Llama shapes do. Its LongRoPE keeps the real numbers: original context 4096 (GGUF
+    # rope.scaling.original_context_length), and the attention factor that 131072 / 4096 gives.
+    "phi4-mini": Shape(
+        "phi3", 3072, 32, 24, 8, 128, 8192, True, 10000.0, vocab=PHI4_VOCAB, partial_rotary=0.75, longrope_original=4096, longrope_context=131072
+    ),
 }
 # Formats llama.cpp's quantizer makes from the F16 file.
 LLAMA_CPP_QUANTIZED = ("gguf-q4_0", "gguf-q4_k_m")
 FORMATS = ("gguf-f16", "gguf-q8_0", *LLAMA_CPP_QUANTIZED, "safetensors-bf16")
 
 
+def longrope_factors(shape: Shape) -> tuple[list[float], list[float]]:
+    """Made-up LongRoPE factors (short, long), one per rotated pair of dims, rising as real ones do
+    (Phi-4-mini's short ones from 1 to about 3, its long ones from 1 to tens)."""
+    pairs = shape.rotary_dim // 2
+    short = np.linspace(1.0, 3.0, pairs).round(6).tolist()
+    long = np.geomspace(1.0, 50.0, pairs).round(6).tolist()
+    return short, long
+
+
+def longrope_attention_factor(shape: Shape) -> float:
+    """sqrt(1 + ln(s) / ln(original)) of the context's growth s, as llama.cpp's converter and
+    transformers compute it (1.190 for Phi-4-mini's 131072 / 4096)."""
+    scale = shape.longrope_context / shape.longrope_original
+    return math.sqrt(1 + math.log(scale) / math.log(shape.longrope_original)) if scale > 1 else 1.0
+
+
 def tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
-    """(GGUF name, shape outermost first) of every tensor, in llama.cpp's order."""
+    """(GGUF name, shape outermost first) of every tensor, in llama.cpp's order (its converter
+    writes Phi's LongRoPE factors first)."""
     h, q, kv = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
-    out: list[tuple[str, tuple[int, ...]]] = [("token_embd.weight", (vocab, h))]
+    out: list[tuple[str, tuple[int, ...]]] = []
+    if shape.longrope_original:
+        out += [("rope_factors_long.weight", (shape.rotary_dim // 2,)), ("rope_factors_short.weight", (shape.rotary_dim // 2,))]
+    out.append(("token_embd.weight", (vocab, h)))
     for layer in range(shape.layers):
         p = f"blk.{layer}."
+        if shape.phi3:  # q, k, v rows in one attn_qkv (not permuted); gate and up rows in one ffn_up, gate first
+            out += [(p + "attn_norm.weight", (h,)), (p + "attn_qkv.weight", (q + 2 * kv, h)), (p + "attn_output.weight", (h, q))]
+            out += [(p + "ffn_norm.weight", (h,)), (p + "ffn_up.weight", (2 * shape.ffn, h)), (p + "ffn_down.weight", (h, shape.ffn))]
+            continue
         if shape.gemma:  # q/k norms, and norms after attention and after the MLP; ffn_norm is pre_feedforward_layernorm
             out += [(p + "attn_norm.weight", (h,)), (p + "attn_q.weight", (q, h)), (p + "attn_k.weight", (kv, h)), (p + "attn_v.weight", (kv, h))]
             out += [(p + "attn_q_norm.weight", (shape.head_dim,)), (p + "attn_k_norm.weight", (shape.head_dim,))]
@@ -125,8 +183,8 @@ def tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
 
 
 def is_float32(name: str) -> bool:
-    """Norms and the MoE router stay float32, as llama.cpp's converter keeps them."""
-    return name.endswith("norm.weight") or "ffn_gate_inp" in name
+    """Norms, the MoE router and LongRoPE's factors stay float32, as llama.cpp's converter keeps them."""
+    return name.endswith("norm.weight") or "ffn_gate_inp" in name or name.startswith("rope_factors_")
 
 
 class Values:
@@ -176,7 +234,6 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     vocab = max(shape.vocab, len(source_tokens))
     filler = filler_tokens(source_tokens, vocab)
     writer = gguf.GGUFWriter(path, shape.architecture)
-    arch = shape.architecture
     writer.add_name(path.stem)
     writer.add_file_type(gguf.LlamaFileType.MOSTLY_F16 if kind == "gguf-f16" else gguf.LlamaFileType.MOSTLY_Q8_0)
     writer.add_context_length(shape.context)
@@ -185,13 +242,15 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     writer.add_feed_forward_length(shape.ffn)
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
-    writer.add_key_length(shape.head_dim)
-    writer.add_value_length(shape.head_dim)
+    if not shape.phi3:  # Phi3MiniModel writes neither (llama.cpp takes hidden / heads)
+        writer.add_key_length(shape.head_dim)
+        writer.add_value_length(shape.head_dim)
     if not shape.gemma:  # Gemma3Model writes no rope.dimension_count (llama.cpp takes head_dim)
-        writer.add_rope_dimension_count(shape.head_dim)
+        writer.add_rope_dimension_count(shape.rotary_dim)
     writer.add_rope_freq_base(shape.rope_theta)
-    writer.add_layer_norm_rms_eps(1e-5 if arch == "llama" else 1e-6)
-    writer.add_vocab_size(vocab)
+    writer.add_layer_norm_rms_eps(shape.rms_eps)
+    if not shape.phi3:  # nor vocab_size (llama.cpp counts the tokens)
+        writer.add_vocab_size(vocab)
     if shape.experts:
         writer.add_expert_count(shape.experts)
         writer.add_expert_used_count(shape.experts_used)
@@ -204,6 +263,15 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     if shape.rope_linear_factor:
         writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         writer.add_rope_scaling_factor(shape.rope_linear_factor)
+    if shape.longrope_original:
+        # As Phi3MiniModel writes LongRoPE: no rope.scaling.type, the factors as tensors.
+        writer.add_rope_scaling_orig_ctx_len(shape.longrope_original)
+        writer.add_rope_scaling_attn_factors(longrope_attention_factor(shape))
+    if shape.phi3:
+        # Phi3MiniModel writes config.json's sliding_window, 0 where it is null (llama.cpp then runs
+        # no sliding window). Microsoft's Phi-4-mini config says 262144, which would give a window
+        # wider than any context run here: the same attention, but llama.cpp's sliding-window cache.
+        writer.add_sliding_window(0)
     # The filler tokens are NORMAL (not USER_DEFINED: llama.cpp would match each in every text),
     # scored below every real token.
     padding = {"tokenizer.ggml.tokens": filler, "tokenizer.ggml.token_type": [int(gguf.TokenType.NORMAL)] * len(filler)}
@@ -227,8 +295,12 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
+    short, long = longrope_factors(shape)
+    factors = {"rope_factors_short.weight": short, "rope_factors_long.weight": long}
     for name, dims in layout:
-        if is_float32(name):
+        if name in factors:
+            writer.write_tensor_data(np.array(factors[name], dtype=np.float32))
+        elif is_float32(name):
             writer.write_tensor_data(values.tensor(name, dims).astype(np.float32))
         elif kind == "gguf-f16":
             writer.write_tensor_data(values.tensor(name, dims).astype(np.float16))
@@ -252,12 +324,15 @@ def quantize_with_llama_cpp(source: Path, kind: str, path: Path) -> None:
 
 
 def hf_name(gguf_name: str, shape: Shape) -> list[tuple[str, int | None]]:
-    """The Hugging Face names of a GGUF tensor (per expert for stacked ones, with the index).
-    Gemma's ffn_norm is its pre_feedforward_layernorm (its post_attention_layernorm is
-    post_attention_norm); Llama's and Qwen's is their post_attention_layernorm."""
+    """The Hugging Face names of a GGUF tensor (per expert for stacked ones, with the index; none
+    for LongRoPE's factors, which config.json holds). Gemma's ffn_norm is its
+    pre_feedforward_layernorm (its post_attention_layernorm is post_attention_norm); Llama's,
+    Qwen's and Phi's is their post_attention_layernorm."""
     globals_ = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
     if gguf_name in globals_:
         return [(globals_[gguf_name], None)]
+    if gguf_name.startswith("rope_factors_"):
+        return []
     _, layer, module, _ = gguf_name.split(".")
     p = f"model.layers.{layer}."
     layer_names = {
@@ -266,6 +341,8 @@ def hf_name(gguf_name: str, shape: Shape) -> list[tuple[str, int | None]]:
         "attn_k_norm": "self_attn.k_norm", "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
         "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj", "ffn_gate_inp": "mlp.gate",
     }  # fmt: skip
+    if shape.phi3:
+        layer_names |= {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
     if shape.gemma:
         layer_names |= {
             "post_attention_norm": "post_attention_layernorm",
@@ -282,7 +359,7 @@ def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         "hidden_size": shape.hidden, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
         "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim, "intermediate_size": shape.ffn,
-        "vocab_size": vocab, "rms_norm_eps": 1e-5 if shape.architecture == "llama" else 1e-6,
+        "vocab_size": vocab, "rms_norm_eps": shape.rms_eps,
         "rope_theta": shape.rope_theta, "max_position_embeddings": shape.context, "tie_word_embeddings": shape.tied,
         "torch_dtype": "bfloat16", "bos_token_id": None, "eos_token_id": eos_token_id,
     }  # fmt: skip
@@ -299,6 +376,19 @@ def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
         }  # fmt: skip
         return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", **config, **gemma}
     config["hidden_act"] = "silu"
+    if shape.phi3:
+        # As Microsoft's Phi-4-mini-instruct config.json has it (transformers 4.45 layout), but for
+        # its sliding_window (262144 there, null here: see write_gguf). max_position_embeddings stays
+        # 131072: transformers derives LongRoPE's attention factor from it, as the GGUF file holds it.
+        short, long = longrope_factors(shape)
+        del config["head_dim"]  # Microsoft's has none (hidden / heads)
+        phi3 = {
+            "max_position_embeddings": shape.longrope_context, "original_max_position_embeddings": shape.longrope_original,
+            "partial_rotary_factor": shape.partial_rotary, "rope_scaling": {"type": "longrope", "short_factor": short, "long_factor": long},
+            "sliding_window": None, "attention_bias": False, "mlp_bias": False, "lm_head_bias": False,
+            "attention_dropout": 0.0, "embd_pdrop": 0.0, "resid_pdrop": 0.0, "pad_token_id": eos_token_id,
+        }  # fmt: skip
+        return {"architectures": ["Phi3ForCausalLM"], "model_type": "phi3", **config, **phi3}
     if shape.experts:
         moe = {"num_experts": shape.experts, "num_experts_per_tok": shape.experts_used, "moe_intermediate_size": shape.expert_ffn}
         return {
