@@ -11,7 +11,7 @@ import typing
 import pytest
 import rsgl
 from rsgl import _core, core_types
-from rsgl.loader import ModelConfig, MoeConfig, RopeScaling, load_model
+from rsgl.loader import Llama3RopeScaling, ModelConfig, MoeConfig, load_model
 
 
 def declared(typed_dict: type) -> set[str]:
@@ -95,4 +95,4 @@ def test_model_config_keys_are_the_engines():
     }
     config = _core.normalize_hf_config(mixtral)
     assert set(config) == declared(ModelConfig)
-    assert set(config["moe"] or {}) == declared(MoeConfig) and set(config["rope_scaling"] or {}) == declared(RopeScaling)
+    assert set(config["moe"] or {}) == declared(MoeConfig) and set(config["rope_scaling"] or {}) == declared(Llama3RopeScaling)

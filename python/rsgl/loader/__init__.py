@@ -47,17 +47,34 @@ STORED_QUANTIZATIONS = ("gguf", "awq", "gptq")
 Tensors = dict[str, tuple[tuple[int, ...], str]]
 
 
-class RopeScaling(TypedDict, total=False):
-    """RoPE scaling: 'linear' (`factor` only), Llama 3's or Phi-3's LongRoPE."""
+class LinearRopeScaling(TypedDict):
+    """Positions divided by `factor` (Gemma 3's global layers)."""
 
-    rope_type: str
+    rope_type: Literal["linear"]
+    factor: float
+
+
+class Llama3RopeScaling(TypedDict):
+    """Llama 3's RoPE scaling."""
+
+    rope_type: Literal["llama3"]
     factor: float
     low_freq_factor: float
     high_freq_factor: float
     original_max_position_embeddings: float
+
+
+class LongRopeScaling(TypedDict):
+    """Phi-3's LongRoPE: short factors below the original context, long ones from it on."""
+
+    rope_type: Literal["longrope"]
     short_factor: list[float]
     long_factor: list[float]
+    original_max_position_embeddings: int
     attention_factor: float
+
+
+RopeScaling = LinearRopeScaling | Llama3RopeScaling | LongRopeScaling
 
 
 class Scales(TypedDict):
