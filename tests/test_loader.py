@@ -146,15 +146,19 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "max_position_embeddings": 512,
         "moe": None,
         "pooling": None,
-        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0},
+        "rotary_dim": None,
+        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None},
         "no_rope_layers": [],
+        "sliding_window": None,
+        "activation": "silu",
+        "norm_weight_offset": 0.0,
     }
 
 
 def test_granite_scales_and_smollm3_nope_layers_are_normalized():
     granite = {**BASE_CONFIG, "architectures": ["GraniteForCausalLM"], "embedding_multiplier": 12.0, "residual_multiplier": 0.22}
     scales = normalize_hf_config({**granite, "attention_multiplier": 0.015625, "logits_scaling": 8.0})["scales"]
-    assert scales == {"embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0}
+    assert scales == {"embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0, "attention_logit_cap": None, "final_logit_cap": None}
     smollm3 = {**BASE_CONFIG, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}
     assert normalize_hf_config(smollm3)["no_rope_layers"] == [3, 7]
 
@@ -532,8 +536,12 @@ def test_default_model_config(default_model):
         "max_position_embeddings": 8192,
         "moe": None,
         "pooling": None,
-        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0},
+        "rotary_dim": None,
+        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None},
         "no_rope_layers": [],
+        "sliding_window": None,
+        "activation": "silu",
+        "norm_weight_offset": 0.0,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False
