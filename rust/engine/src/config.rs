@@ -81,6 +81,13 @@ pub struct SlidingWindow {
     pub rope_theta: Option<f64>,
 }
 
+impl SlidingWindow {
+    /// The layers of `layers` that slide when each `every`th attends globally (Gemma's pattern).
+    pub(crate) fn all_but_every(every: usize, layers: usize) -> Vec<usize> {
+        (0..layers).filter(|layer| (layer + 1) % every != 0).collect()
+    }
+}
+
 /// The activation of the gated MLP, `down(act(gate(x)) * up(x))`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "snake_case")]

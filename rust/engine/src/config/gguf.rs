@@ -127,7 +127,7 @@ fn sliding_window(keys: &Keys, architecture: &Architecture, layers: usize) -> Re
         Some(serde_json::Value::Array(flags)) => (0..layers).filter(|&layer| flags.get(layer).is_some_and(truthy)).collect(),
         _ => {
             let every = keys.optional_count("attention.sliding_window_pattern")?.unwrap_or(every);
-            (0..layers).filter(|layer| (layer + 1) % every != 0).collect()
+            SlidingWindow::all_but_every(every, layers)
         }
     };
     let rope_theta = keys.number("rope.freq_base_swa")?.or(architecture.local_rope_theta);

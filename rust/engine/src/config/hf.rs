@@ -193,7 +193,7 @@ fn sliding_window(hf: &Keys, architecture: &Architecture, layers: usize) -> Resu
         Some(kinds) => kinds.iter().enumerate().filter(|(_, kind)| kind.as_str() == Some("sliding_attention")).map(|(layer, _)| layer).collect(),
         None => {
             let every = hf.optional_count("sliding_window_pattern")?.unwrap_or(every);
-            (0..layers).filter(|layer| (layer + 1) % every != 0).collect()
+            SlidingWindow::all_but_every(every, layers)
         }
     };
     let local_parameters = hf.set("rope_parameters").and_then(|all| all.get("sliding_attention")).and_then(Value::as_object);
