@@ -147,7 +147,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "moe": None,
         "pooling": None,
         "rotary_dim": None,
-        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None},
+        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None, "query_temperature": None},
         "no_rope_layers": [],
         "sliding_window": None,
         "activation": "silu",
@@ -158,7 +158,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
 def test_granite_scales_and_smollm3_nope_layers_are_normalized():
     granite = {**BASE_CONFIG, "architectures": ["GraniteForCausalLM"], "embedding_multiplier": 12.0, "residual_multiplier": 0.22}
     scales = normalize_hf_config({**granite, "attention_multiplier": 0.015625, "logits_scaling": 8.0})["scales"]
-    assert scales == {"embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0, "attention_logit_cap": None, "final_logit_cap": None}
+    assert scales == {"embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0, "attention_logit_cap": None, "final_logit_cap": None, "query_temperature": None}
     smollm3 = {**BASE_CONFIG, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}
     assert normalize_hf_config(smollm3)["no_rope_layers"] == [3, 7]
 
@@ -237,8 +237,17 @@ def test_transformers_4_and_5_rope_layouts_normalize_alike():
     plain_v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}
     assert normalize_hf_config(plain_v4) == normalize_hf_config(plain_v5)
 
-    with pytest.raises(UnsupportedModelError, match="'yarn' RoPE scaling"):
-        normalize_hf_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    yarn = {"factor": 16.0, "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
+    yarn_v4 = {**BASE_CONFIG, "rope_theta": 1e6, "rope_scaling": {"type": "yarn", **yarn, "llama_4_scaling_beta": 0.1}}
+    yarn_v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, **yarn, "llama_4_scaling_beta": 0.1}}
+    normalized = normalize_hf_config(yarn_v4)
+    assert normalized == normalize_hf_config(yarn_v5)
+    del yarn["mscale"], yarn["mscale_all_dim"]
+    assert normalized["rope_scaling"] == {"rope_type": "yarn", **yarn, "truncate": True, "attention_factor": 1.0}
+    assert normalized["scales"]["query_temperature"] == {"beta": 0.1, "length": 16384}
+
+    with pytest.raises(UnsupportedModelError, match="'dynamic' RoPE scaling"):
+        normalize_hf_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
 
 
 def test_sliding_window_caps_the_context():
@@ -537,7 +546,7 @@ def test_default_model_config(default_model):
         "moe": None,
         "pooling": None,
         "rotary_dim": None,
-        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None},
+        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None, "query_temperature": None},
         "no_rope_layers": [],
         "sliding_window": None,
         "activation": "silu",

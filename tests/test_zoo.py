@@ -1,6 +1,6 @@
 """The model families beside Llama and Qwen, from tiny random checkpoints transformers' own classes
 wrote (tests/zoo_models.py): float32 greedy tokens identical to transformers' for prompts of 1, 11
-and 81 tokens (past Gemma's 8-token sliding windows), alone and batched, again with their prefixes
+and 81 tokens (past Gemma's 8-token sliding windows and Ministral 3's 64-token original context), alone and batched, again with their prefixes
 cached, from the Hugging Face folder and from the GGUF file llama.cpp's converter writes of it;
 families rsgl does not run yet are refused with an error naming what it runs."""
 
@@ -15,9 +15,9 @@ import transformers
 from gguf_convert import convert
 from zoo_models import FAMILIES, build_family
 
-SUPPORTED = ("gemma2", "gemma3", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
+SUPPORTED = ("gemma2", "gemma3", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3", "phi3", "phi3_longrope")
+GGUF_SUPPORTED = ("gemma2", "gemma3", "ministral3", "phi3", "phi3_longrope")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 # rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from
@@ -70,6 +70,18 @@ def test_longrope_long_factors_match_transformers(tmp_path):
     config["original_max_position_embeddings"] = 0
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
+
+
+def test_yarn_attention_factor_matches_transformers(tmp_path):
+    """Ministral 3's mscales cancel (attention factor 1); without them YaRN scales cos and sin by 1 + 0.1 ln 4."""
+    build_family("ministral3", tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["rope_parameters"]["mscale"], config["rope_parameters"]["mscale_all_dim"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    assert model.model.rotary_emb.attention_scaling == pytest.approx(1.1386, abs=1e-4)
     want = [transformers_greedy(model, ids) for ids in PROMPTS]
     assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
 

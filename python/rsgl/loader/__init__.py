@@ -74,11 +74,32 @@ class LongRopeScaling(TypedDict):
     attention_factor: float
 
 
-RopeScaling = LinearRopeScaling | Llama3RopeScaling | LongRopeScaling
+class YarnRopeScaling(TypedDict):
+    """YaRN: frequencies blended between kept and divided by `factor` (bounds `beta_fast`, `beta_slow`,
+    rounded out when `truncate`), cos and sin multiplied by `attention_factor`."""
+
+    rope_type: Literal["yarn"]
+    factor: float
+    original_max_position_embeddings: int
+    beta_fast: float
+    beta_slow: float
+    truncate: bool
+    attention_factor: float
+
+
+RopeScaling = LinearRopeScaling | Llama3RopeScaling | LongRopeScaling | YarnRopeScaling
+
+
+class QueryTemperature(TypedDict):
+    """q at position p multiplied by 1 + beta * ln(1 + floor(p / length)) (Ministral 3's `llama_4_scaling_beta`)."""
+
+    beta: float
+    length: int
 
 
 class Scales(TypedDict):
-    """Granite's multipliers, Gemma's scales and soft caps (1, and None for the optional ones, elsewhere)."""
+    """Granite's multipliers, Gemma's scales and soft caps, Ministral 3's query temperature (1, and None for
+    the optional ones, elsewhere)."""
 
     embedding: float
     residual: float
@@ -86,6 +107,7 @@ class Scales(TypedDict):
     logits_divisor: float
     attention_logit_cap: float | None
     final_logit_cap: float | None
+    query_temperature: QueryTemperature | None
 
 
 class SlidingWindow(TypedDict):

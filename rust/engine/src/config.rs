@@ -103,7 +103,8 @@ pub enum Activation {
 /// joins the residual stream), `attention_multiplier` (the attention score scale, in place of
 /// 1/sqrt(head_dim)) and `logits_scaling` (the logits' divisor); Gemma's embedding scale
 /// (sqrt(hidden_size)), attention scale (`query_pre_attn_scalar`) and Gemma 2's soft caps
-/// (`cap * tanh(x / cap)` on the attention scores and on the logits).
+/// (`cap * tanh(x / cap)` on the attention scores and on the logits); Ministral 3's query scale
+/// by position.
 #[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Scales {
@@ -119,11 +120,38 @@ pub struct Scales {
     pub attention_logit_cap: Option<f32>,
     #[serde(default, serialize_with = "option_as_written")]
     pub final_logit_cap: Option<f32>,
+    /// Ministral 3's position-dependent query scale (Llama 4's attention temperature).
+    #[serde(default)]
+    pub query_temperature: Option<QueryTemperature>,
+}
+
+/// q at position `p` multiplied by `1 + beta * ln(1 + floor(p / length))`: attention sharpens
+/// past each multiple of `length` (the original context) as the scores spread over more keys.
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct QueryTemperature {
+    #[serde(serialize_with = "as_written")]
+    pub beta: f32,
+    pub length: usize,
+}
+
+impl QueryTemperature {
+    pub fn at(&self, position: usize) -> f32 {
+        1.0 + self.beta * ((1 + position / self.length) as f32).ln()
+    }
 }
 
 impl Default for Scales {
     fn default() -> Self {
-        Scales { embedding: 1.0, residual: 1.0, attention: None, logits_divisor: 1.0, attention_logit_cap: None, final_logit_cap: None }
+        Scales {
+            embedding: 1.0,
+            residual: 1.0,
+            attention: None,
+            logits_divisor: 1.0,
+            attention_logit_cap: None,
+            final_logit_cap: None,
+            query_temperature: None,
+        }
     }
 }
 
@@ -163,6 +191,32 @@ pub enum RopeScaling {
         high_freq_factor: f64,
         original_max_position_embeddings: f64,
     },
+    /// YaRN: the frequencies that turn more than `beta_fast` times over the original context
+    /// kept, those that turn fewer than `beta_slow` times divided by `factor`, a linear blend
+    /// in between (over frequency indices), and cos and sin multiplied by `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: usize,
+        beta_fast: f64,
+        beta_slow: f64,
+        /// The blend's bounds rounded out to whole indices (transformers' default, and ggml's
+        /// only way); gpt-oss blends between the exact bounds.
+        truncate: bool,
+        attention_factor: f64,
+    },
+}
+
+impl RopeScaling {
+    /// YaRN's attention factor where a config gives none, as transformers derives it from the
+    /// context's growth `factor`: 1 + 0.1 ln(factor), or with DeepSeek's `mscale` and
+    /// `mscale_all_dim` (both set) the ratio of that with each as the 0.1's multiplier.
+    pub(crate) fn yarn_attention_factor(factor: f64, mscale: Option<f64>, mscale_all_dim: Option<f64>) -> f64 {
+        let scaled = |multiplier: f64| if factor <= 1.0 { 1.0 } else { 0.1 * multiplier * factor.ln() + 1.0 };
+        match (mscale.filter(|m| *m != 0.0), mscale_all_dim.filter(|m| *m != 0.0)) {
+            (Some(mscale), Some(all_dim)) => scaled(mscale) / scaled(all_dim),
+            _ => scaled(1.0),
+        }
+    }
 }
 
 impl ModelConfig {
@@ -224,6 +278,16 @@ impl ModelConfig {
                     long_factor.len()
                 )));
             }
+        }
+        if let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, .. }) = &self.rope_scaling {
+            if *factor <= 0.0 || *original_max_position_embeddings == 0 {
+                return Err(EngineError::ModelLoad(format!(
+                    "model config: YaRN with factor {factor} over an original context of {original_max_position_embeddings} positions is not usable"
+                )));
+            }
+        }
+        if self.scales.query_temperature.is_some_and(|temperature| temperature.length == 0) {
+            return Err(EngineError::ModelLoad("model config: the query temperature's length must be positive".into()));
         }
         if let Some(window) = &self.sliding_window {
             if window.size == 0 || window.layers.iter().any(|&layer| layer >= self.num_hidden_layers) {

@@ -72,6 +72,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
         local_rope_theta: Some(10000.0),
         ..PLAIN
     },
+    // Its YaRN and query temperature come from the config.
+    Architecture { name: "ministral3", hf_class: "Ministral3ForCausalLM", gguf_name: Some("mistral3"), sliding_window: true, ..PLAIN },
     Architecture {
         name: "mixtral",
         hf_class: "MixtralForCausalLM",
@@ -147,7 +149,7 @@ mod tests {
         assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
-        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen2moe, qwen3moe");
+        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, mistral3, qwen2moe, qwen3moe");
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), None);
     }
 }

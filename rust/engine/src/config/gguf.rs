@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{ModelConfig, MoeConfig, RopeScaling, Scales, SlidingWindow};
+use super::{ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use crate::pooling::Pooling;
@@ -31,6 +31,7 @@ impl ModelConfig {
         let rope_scaling = match keys.get("rope.scaling.type").filter(|kind| *kind != "none") {
             None => None,
             Some(kind) if kind == "linear" => Some(RopeScaling::Linear { factor: keys.required_number("rope.scaling.factor")? }),
+            Some(kind) if kind == "yarn" => Some(yarn(&keys)?),
             Some(kind) => {
                 return Err(EngineError::UnsupportedModel(format!("{source} uses {} RoPE scaling, which rsgl does not support yet in GGUF.", quoted(kind))))
             }
@@ -100,13 +101,42 @@ fn longrope(keys: &Keys, store: &WeightStore) -> Result<RopeScaling> {
     })
 }
 
-/// Gemma's embedding scale and soft caps. GGUF files keep no `query_pre_attn_scalar`: llama.cpp
-/// takes it to be `head_dim` except in the 27B Gemmas (46 or 62 layers), where it is
-/// `hidden_size / heads`, as their configs say.
+/// YaRN as llama.cpp's converter writes it. The attention factor is transformers' own where
+/// the file has it (`yarn_attn_factor`), else derived taking `yarn_log_multiplier` for
+/// `mscale_all_dim` and `mscale` to be 1, as llama.cpp does for Ministral 3 (DeepSeek files
+/// store 0.1 × mscale_all_dim there).
+fn yarn(keys: &Keys) -> Result<RopeScaling> {
+    let factor = keys.required_number("rope.scaling.factor")?;
+    let attention_factor = match keys.number("rope.scaling.yarn_attn_factor")? {
+        Some(given) => given,
+        None => RopeScaling::yarn_attention_factor(factor, Some(1.0), keys.number("rope.scaling.yarn_log_multiplier")?),
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: keys.count("rope.scaling.original_context_length")?,
+        beta_fast: keys.number("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
+        beta_slow: keys.number("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
+        // ggml always rounds the blend's bounds out.
+        truncate: true,
+        attention_factor,
+    })
+}
+
+/// Gemma's embedding scale and soft caps, and Ministral 3's query temperature (over
+/// `attention.temperature_length`, else the original context, which its files give). GGUF
+/// files keep no `query_pre_attn_scalar`: llama.cpp takes it to be `head_dim` except in the 27B
+/// Gemmas (46 or 62 layers), where it is `hidden_size / heads`, as their configs say.
 fn scales(keys: &Keys, architecture: &Architecture, [hidden, heads, head_dim, layers]: [usize; 4]) -> Result<Scales> {
     let cap = |key: &str| -> Result<Option<f32>> { Ok(keys.number(key)?.map(|cap| cap as f32)) };
+    let query_temperature = match keys.number("attention.temperature_scale")?.filter(|beta| *beta != 0.0) {
+        Some(beta) => {
+            let length = keys.first_count(&["attention.temperature_length", "rope.scaling.original_context_length"])?;
+            Some(QueryTemperature { beta: beta as f32, length })
+        }
+        None => None,
+    };
     if !architecture.assembly.embedding_times_sqrt_hidden {
-        return Ok(Scales::default());
+        return Ok(Scales { query_temperature, ..Scales::default() });
     }
     let query_pre_attn_scalar = if matches!(layers, 46 | 62) { hidden / heads.max(1) } else { head_dim };
     Ok(Scales {
@@ -114,6 +144,7 @@ fn scales(keys: &Keys, architecture: &Architecture, [hidden, heads, head_dim, la
         attention: Some(1.0 / (query_pre_attn_scalar as f32).sqrt()),
         attention_logit_cap: cap("attn_logit_softcapping")?,
         final_logit_cap: cap("final_logit_softcapping")?,
+        query_temperature,
         ..Scales::default()
     })
 }

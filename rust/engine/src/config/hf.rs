@@ -2,8 +2,8 @@
 //! the variants the runner does not implement.
 
 use super::architecture::{Architecture, MoeFacts};
-use super::keys::{quoted, Keys};
-use super::{Activation, ModelConfig, MoeConfig, RopeScaling, Scales, SlidingWindow};
+use super::keys::{quoted, truthy, Keys};
+use super::{Activation, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -83,35 +83,56 @@ fn activation(hf: &Keys, architecture: &Architecture) -> Result<Activation> {
     }
 }
 
-/// (rope_theta, rope_scaling) of the global layers: transformers 4.x keeps them top-level, 5.x
-/// in `rope_parameters` (by layer kind for Gemma 3).
-fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
+/// The global layers' `rope_parameters` (transformers 5.x; by layer kind for Gemma 3).
+fn rope_parameters<'a>(hf: &Keys<'a>) -> Option<&'a Map<String, Value>> {
     let parameters = hf.set("rope_parameters").and_then(Value::as_object);
-    let parameters = parameters.map(|all| all.get("full_attention").and_then(Value::as_object).unwrap_or(all));
+    parameters.map(|all| all.get("full_attention").and_then(Value::as_object).unwrap_or(all))
+}
+
+/// The global layers' rope scaling: transformers 4.x's `rope_scaling`, else 5.x's `rope_parameters`.
+fn rope_scaling_keys<'a>(hf: &Keys<'a>) -> Option<Keys<'a>> {
+    let scaling = hf.set("rope_scaling").and_then(Value::as_object).or(rope_parameters(hf))?;
+    Some(Keys::new(scaling, "config.json's rope scaling".into(), REMEDY))
+}
+
+/// The context a scaled rope was trained on, as transformers 5 settles it: the top-level key
+/// (Phi-3 keeps it there), else the scaling's, else the model's context.
+fn original_context(hf: &Keys, scaling: &Keys) -> Result<usize> {
+    match hf.optional_count("original_max_position_embeddings")? {
+        Some(original) => Ok(original),
+        None => scaling.optional_count("original_max_position_embeddings")?.map_or_else(|| hf.count("max_position_embeddings"), Ok),
+    }
+}
+
+/// (rope_theta, rope_scaling) of the global layers: transformers 4.x keeps them top-level, 5.x
+/// in `rope_parameters`.
+fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
+    let parameters = rope_parameters(hf);
     let theta = match parameters {
         Some(parameters) if parameters.contains_key("rope_theta") => {
             Keys::new(parameters, "config.json's rope_parameters".into(), REMEDY).required_number("rope_theta")?
         }
         _ => hf.number("rope_theta")?.unwrap_or(10000.0),
     };
-    let Some(scaling) = hf.set("rope_scaling").and_then(Value::as_object).or(parameters) else { return Ok((theta, None)) };
-    match scaling.get("rope_type").or_else(|| scaling.get("type")).filter(|kind| !kind.is_null()) {
+    let Some(scaling) = rope_scaling_keys(hf) else { return Ok((theta, None)) };
+    match scaling.get("rope_type").or_else(|| scaling.get("type")) {
         None => Ok((theta, None)),
         Some(kind) if kind == "default" => Ok((theta, None)),
-        Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, scaling)?))),
-        Some(kind) if kind == "longrope" || kind == "su" => Ok((theta, Some(longrope_scaling(hf, scaling)?))),
+        Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, &scaling)?))),
+        Some(kind) if kind == "longrope" || kind == "su" => Ok((theta, Some(longrope_scaling(hf, &scaling)?))),
+        Some(kind) if kind == "yarn" => Ok((theta, Some(yarn_scaling(hf, &scaling)?))),
         Some(kind) if kind == "linear" => {
-            let factor = scaling.get("factor").and_then(Value::as_f64).ok_or_else(|| hf.broken("config.json: linear RoPE scaling lacks its factor".into()))?;
+            let factor = scaling.number("factor")?.ok_or_else(|| hf.broken("config.json: linear RoPE scaling lacks its factor".into()))?;
             Ok((theta, Some(RopeScaling::Linear { factor })))
         }
         Some(kind) => Err(EngineError::UnsupportedModel(format!(
-            "rsgl does not support {} RoPE scaling yet; it supports 'linear', 'llama3' and 'longrope' scaling.",
+            "rsgl does not support {} RoPE scaling yet; it supports 'linear', 'llama3', 'longrope' and 'yarn' scaling.",
             quoted(kind)
         ))),
     }
 }
 
-fn llama3_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScaling> {
+fn llama3_scaling(hf: &Keys, scaling: &Keys) -> Result<RopeScaling> {
     let values = LLAMA3_ROPE_KEYS.map(|key| scaling.get(key).and_then(Value::as_f64));
     let [Some(factor), Some(low_freq_factor), Some(high_freq_factor), Some(original_max_position_embeddings)] = values else {
         let missing: Vec<&str> = LLAMA3_ROPE_KEYS.iter().zip(values).filter(|(_, value)| value.is_none()).map(|(key, _)| *key).collect();
@@ -121,22 +142,15 @@ fn llama3_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScaling
 }
 
 /// Phi-3's LongRoPE, as transformers computes it: the factors of each frequency, the original
-/// context (in the scaling or top-level), and the attention factor (given, else
-/// sqrt(1 + ln(factor) / ln(original)) of the context's growth `factor`).
-fn longrope_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScaling> {
-    let scaling = Keys::new(scaling, "config.json's rope scaling".into(), REMEDY);
+/// context, and the attention factor (given, else sqrt(1 + ln(factor) / ln(original)) of the
+/// context's growth `factor`).
+fn longrope_scaling(hf: &Keys, scaling: &Keys) -> Result<RopeScaling> {
     let factors = |key: &str| -> Result<Vec<f64>> {
         let values = scaling.required(key)?.as_array().ok_or_else(|| hf.broken(format!("config.json: LongRoPE's {key} is not a list")))?;
         values.iter().map(|value| value.as_f64().ok_or_else(|| hf.broken(format!("config.json: LongRoPE's {key} holds a non-number")))).collect()
     };
-    let original = match scaling.optional_count("original_max_position_embeddings")? {
-        Some(original) => original,
-        None => hf.count("original_max_position_embeddings")?,
-    };
-    let factor = match scaling.number("factor")? {
-        Some(factor) => factor,
-        None => hf.count("max_position_embeddings")? as f64 / original as f64,
-    };
+    let original = original_context(hf, scaling)?;
+    let factor = growth_factor(hf, scaling, original)?;
     let attention_factor = match scaling.number("attention_factor")? {
         Some(given) => given,
         None if factor <= 1.0 => 1.0,
@@ -148,6 +162,42 @@ fn longrope_scaling(hf: &Keys, scaling: &Map<String, Value>) -> Result<RopeScali
         original_max_position_embeddings: original,
         attention_factor,
     })
+}
+
+/// The scaling's `factor`, else how many times the original context the model's is.
+fn growth_factor(hf: &Keys, scaling: &Keys, original: usize) -> Result<f64> {
+    match scaling.number("factor")? {
+        Some(factor) => Ok(factor),
+        None => Ok(hf.count("max_position_embeddings")? as f64 / original as f64),
+    }
+}
+
+/// YaRN, as transformers computes it: the blend's bounds `beta_fast` and `beta_slow` (32 and 1
+/// unless set), rounded out unless `truncate` is false, and the attention factor (given, else
+/// derived from the growth factor and DeepSeek's mscales).
+fn yarn_scaling(hf: &Keys, scaling: &Keys) -> Result<RopeScaling> {
+    let original = original_context(hf, scaling)?;
+    let factor = growth_factor(hf, scaling, original)?;
+    let beta = |key: &str, default: f64| -> Result<f64> { Ok(scaling.number(key)?.filter(|beta| *beta != 0.0).unwrap_or(default)) };
+    let attention_factor = match scaling.number("attention_factor")? {
+        Some(given) => given,
+        None => RopeScaling::yarn_attention_factor(factor, scaling.number("mscale")?, scaling.number("mscale_all_dim")?),
+    };
+    Ok(RopeScaling::Yarn {
+        factor,
+        original_max_position_embeddings: original,
+        beta_fast: beta("beta_fast", 32.0)?,
+        beta_slow: beta("beta_slow", 1.0)?,
+        truncate: scaling.get("truncate").is_none_or(truthy),
+        attention_factor,
+    })
+}
+
+/// Ministral 3's `llama_4_scaling_beta`, beside its rope scaling, over the original context.
+fn query_temperature(hf: &Keys) -> Result<Option<QueryTemperature>> {
+    let Some(scaling) = rope_scaling_keys(hf) else { return Ok(None) };
+    let Some(beta) = scaling.number("llama_4_scaling_beta")?.filter(|beta| *beta != 0.0) else { return Ok(None) };
+    Ok(Some(QueryTemperature { beta: beta as f32, length: original_context(hf, &scaling)? }))
 }
 
 /// How many of each head's dimensions rope rotates, where `partial_rotary_factor` (in
@@ -182,6 +232,7 @@ fn scales(hf: &Keys, architecture: &Architecture, hidden_size: usize) -> Result<
         logits_divisor: one("logits_scaling")?,
         attention_logit_cap: optional("attn_logit_softcapping")?,
         final_logit_cap: optional("final_logit_softcapping")?,
+        query_temperature: query_temperature(hf)?,
     })
 }
 
@@ -271,10 +322,43 @@ mod tests {
             let Some(RopeScaling::Llama3 { factor, original_max_position_embeddings, .. }) = cfg.rope_scaling else { panic!("no llama3 scaling") };
             assert_eq!((factor, original_max_position_embeddings), (8.0, 8192.0));
         }
-        assert!(message(llama(json!({ "rope_scaling": { "rope_type": "yarn" } }))).contains("'yarn' RoPE scaling"));
+        assert!(message(llama(json!({ "rope_scaling": { "rope_type": "dynamic" } }))).contains("'dynamic' RoPE scaling"));
         assert!(
             message(llama(json!({ "rope_scaling": { "rope_type": "llama3", "factor": 8.0 } }))).contains("lacks low_freq_factor, high_freq_factor, original")
         );
+    }
+
+    /// Ministral 3's config.json (transformers 5 layout, and as transformers 4 would write it):
+    /// YaRN and the query temperature over the original context.
+    #[test]
+    fn reads_yarn_and_query_temperature_from_either_layout() {
+        let scaling = json!({
+            "factor": 16.0, "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0,
+            "mscale": 1.0, "mscale_all_dim": 1.0, "llama_4_scaling_beta": 0.1,
+        });
+        let mut v5_parameters = json!({ "rope_type": "yarn", "rope_theta": 1e6 });
+        v5_parameters.as_object_mut().unwrap().extend(scaling.as_object().unwrap().clone());
+        let mut v4_scaling = json!({ "type": "yarn" });
+        v4_scaling.as_object_mut().unwrap().extend(scaling.as_object().unwrap().clone());
+        let ministral3 = |extra: Value| {
+            let mut raw = llama(json!({ "architectures": ["Ministral3ForCausalLM"], "max_position_embeddings": 262144 }));
+            raw.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            raw
+        };
+        for raw in [ministral3(json!({ "rope_theta": null, "rope_parameters": v5_parameters })), ministral3(json!({ "rope_theta": 1e6, "rope_scaling": v4_scaling }))] {
+            let cfg = ModelConfig::from_hf_config(&raw).unwrap();
+            let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, attention_factor }) = cfg.rope_scaling else {
+                panic!("no YaRN")
+            };
+            assert_eq!((cfg.architecture.as_str(), cfg.rope_theta), ("ministral3", 1e6));
+            assert_eq!((factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, attention_factor), (16.0, 16384, 32.0, 1.0, true, 1.0));
+            assert_eq!(cfg.scales.query_temperature, Some(QueryTemperature { beta: 0.1, length: 16384 }));
+        }
+        // gpt-oss: no mscales (the attention factor 1 + 0.1 ln 32), an exact blend.
+        let gpt_oss = llama(json!({ "rope_scaling": { "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096, "truncate": false } }));
+        let cfg = ModelConfig::from_hf_config(&gpt_oss).unwrap();
+        let Some(RopeScaling::Yarn { truncate, attention_factor, .. }) = cfg.rope_scaling else { panic!("no YaRN") };
+        assert_eq!((truncate, attention_factor, cfg.scales.query_temperature), (false, 1.0 + 0.1 * 32f64.ln(), None));
     }
 
     /// transformers 5 lists each layer's kind and keys rope parameters by it; transformers 4

@@ -422,7 +422,8 @@ impl DecoderModel {
     }
 
     /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then the
-    /// layer's rope unless it is a NoPE one, on every token's q and k (this rank's heads), in place.
+    /// layer's rope unless it is a NoPE one, on every token's q and k (this rank's heads), in place;
+    /// then q's scale by position where the config has one.
     fn position_qk(&self, rank: &RankModel, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
         let (cfg, kern) = (&self.cfg, rank.compute.kernels);
         let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
@@ -443,6 +444,9 @@ impl DecoderModel {
             if let Some(rope) = layer.rope.map(|index| &self.ropes[index]) {
                 rope.apply(kern, q, pos);
                 rope.apply(kern, k, pos);
+            }
+            if let Some(temperature) = &cfg.scales.query_temperature {
+                scale_by(q, temperature.at(pos));
             }
         });
     }

@@ -1,10 +1,11 @@
-//! Rotary position embedding tables, with linear, Llama 3 or LongRoPE frequency scaling, over all
+//! Rotary position embedding tables, with linear, Llama 3, LongRoPE or YaRN frequency scaling, over all
 //! of each head or its first `rotary_dim` dimensions, in the per-element form the rope kernel
 //! takes (see [`rsgl_kernels::portable::rope`]).
 
 use crate::config::{ModelConfig, RopeScaling};
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::RopeStyle;
+use std::f64::consts::PI;
 
 pub struct Rope {
     head_dim: usize,
@@ -37,7 +38,7 @@ impl Frequencies {
                 let high_wavelen = original_max_position_embeddings / high_freq_factor;
                 base.iter()
                     .map(|&f| {
-                        let wavelen = 2.0 * std::f64::consts::PI / f;
+                        let wavelen = 2.0 * PI / f;
                         if wavelen < high_wavelen {
                             f
                         } else if wavelen > low_wavelen {
@@ -50,11 +51,30 @@ impl Frequencies {
                     .collect()
             }
             Some(RopeScaling::LongRope { short_factor, .. }) => divided(short_factor),
+            Some(RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, .. }) => {
+                // The (fractional) index of the frequency that turns `turns` times over the original context.
+                let index_turning = |turns: f64| d * (*original_max_position_embeddings as f64 / (turns * 2.0 * PI)).ln() / (2.0 * theta.ln());
+                let (mut low, mut high) = (index_turning(*beta_fast), index_turning(*beta_slow));
+                if *truncate {
+                    (low, high) = (low.floor(), high.ceil());
+                }
+                let (low, high) = (low.max(0.0), high.min(d - 1.0));
+                // transformers widens an empty blend so as not to divide by zero.
+                let width = if low == high { 0.001 } else { high - low };
+                base.iter()
+                    .enumerate()
+                    .map(|(i, &f)| {
+                        let interpolated = ((i as f64 - low) / width).clamp(0.0, 1.0);
+                        interpolated * f / factor + (1.0 - interpolated) * f
+                    })
+                    .collect()
+            }
         };
         let (long, amplitude) = match scaling {
             Some(RopeScaling::LongRope { long_factor, original_max_position_embeddings, attention_factor, .. }) => {
                 (Some((*original_max_position_embeddings, divided(long_factor))), *attention_factor as f32)
             }
+            Some(RopeScaling::Yarn { attention_factor, .. }) => (None, *attention_factor as f32),
             _ => (None, 1.0),
         };
         Frequencies { inv, long, amplitude }
@@ -103,5 +123,45 @@ impl Rope {
                 (kernels.rope)(&mut head[..self.rotary_dim], cos, sin, self.style);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yarn(factor: f64, original: usize, truncate: bool, attention_factor: f64) -> RopeScaling {
+        RopeScaling::Yarn { factor, original_max_position_embeddings: original, beta_fast: 32.0, beta_slow: 1.0, truncate, attention_factor }
+    }
+
+    fn assert_close(got: &[f64], want: &[f64]) {
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() <= 2e-7 * w, "{got:?} != {want:?}");
+        }
+    }
+
+    /// The inverse frequencies transformers' `_compute_yarn_parameters` gives (in float32).
+    #[test]
+    fn yarn_blends_kept_and_divided_frequencies_as_transformers_does() {
+        // tests/zoo_models.py's Ministral 3: index 0 kept, 1 halfway, the rest divided by 4.
+        let ministral = Frequencies::new(16, 1e6, Some(&yarn(4.0, 64, true, 1.0)));
+        let want = [1.0, 1.1114246398e-01, 7.9056946561e-03, 1.4058533125e-03, 2.5000001187e-04, 4.4456985052e-05, 7.9056935647e-06, 1.4058533679e-06];
+        assert_close(&ministral.inv, &want);
+        assert_eq!((ministral.amplitude, ministral.at(1000).len()), (1.0, 8));
+        // gpt-oss: the blend between the exact bounds (indices 8.09 to 17.4), every 4th frequency.
+        let gpt_oss = Frequencies::new(64, 150000.0, Some(&yarn(32.0, 4096, false, 1.3465735902799727)));
+        let every_4th: Vec<f64> = gpt_oss.inv.iter().step_by(4).copied().collect();
+        let want = [1.0, 2.2541800141e-01, 5.0813272595e-02, 6.7949593067e-03, 4.5648391824e-04, 1.8188336981e-05, 4.0999784687e-06, 9.2420896181e-07];
+        assert_close(&every_4th, &want);
+        assert_eq!(gpt_oss.amplitude, 1.3465735902799727f64 as f32);
+    }
+
+    #[test]
+    fn yarn_attention_factor_is_derived_as_transformers_does() {
+        let derived = |factor, mscale, mscale_all_dim| RopeScaling::yarn_attention_factor(factor, mscale, mscale_all_dim);
+        assert!((derived(32.0, None, None) - 1.3465735902799727).abs() < 1e-12);
+        assert!((derived(40.0, Some(2.0), Some(1.0)) - 1.269480015985188).abs() < 1e-12);
+        assert_eq!((derived(4.0, Some(1.0), Some(1.0)), derived(0.5, None, None), derived(4.0, Some(1.0), None)), (1.0, 1.0, 1.0 + 0.1 * 4f64.ln()));
     }
 }

@@ -12,7 +12,7 @@ use crate::model::archs::Assembly;
 use std::path::{Path, PathBuf};
 
 /// Architectures whose q/k rows llama.cpp's converter permutes (qwen files are not).
-const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral"];
+const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "ministral3"];
 
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
