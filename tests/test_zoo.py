@@ -1,8 +1,9 @@
 """The model families beside Llama and Qwen, from tiny random checkpoints transformers' own classes
 wrote (tests/zoo_models.py): float32 greedy tokens identical to transformers' for prompts of 1, 11
-and 81 tokens (past Gemma's 8-token sliding windows and Ministral 3's 64-token original context), alone and batched, again with their prefixes
-cached, from the Hugging Face folder and from the GGUF file llama.cpp's converter writes of it;
-families rsgl does not run yet are refused with an error naming what it runs."""
+and 81 tokens (past Gemma's 8-token sliding windows and Ministral 3's 64-token original context),
+alone and batched, again with their prefixes cached, from the Hugging Face folder and from the GGUF
+file llama.cpp's converter writes of it; families rsgl does not run yet are refused with an error
+naming what it runs."""
 
 from __future__ import annotations
 

@@ -98,9 +98,10 @@ fn rope_scaling_keys<'a>(hf: &Keys<'a>) -> Option<Keys<'a>> {
 /// The context a scaled rope was trained on, as transformers 5 settles it: the top-level key
 /// (Phi-3 keeps it there), else the scaling's, else the model's context.
 fn original_context(hf: &Keys, scaling: &Keys) -> Result<usize> {
-    match hf.optional_count("original_max_position_embeddings")? {
-        Some(original) => Ok(original),
-        None => scaling.optional_count("original_max_position_embeddings")?.map_or_else(|| hf.count("max_position_embeddings"), Ok),
+    const KEY: &str = "original_max_position_embeddings";
+    match [hf, scaling].into_iter().find(|keys| keys.get(KEY).is_some()) {
+        Some(keys) => keys.count(KEY),
+        None => hf.count("max_position_embeddings"),
     }
 }
 
