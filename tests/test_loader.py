@@ -44,6 +44,16 @@ TINY = dict(
     rope_theta=50000.0,
     rms_norm_eps=1e-5,
 )
+# The normalized scales of a model without any.
+NO_SCALES = {
+    "embedding": 1.0,
+    "residual": 1.0,
+    "attention": None,
+    "logits_divisor": 1.0,
+    "attention_logit_cap": None,
+    "final_logit_cap": None,
+    "query_temperature": None,
+}
 TINY_MODELS = {
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
@@ -147,7 +157,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "moe": None,
         "pooling": None,
         "rotary_dim": None,
-        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None, "query_temperature": None},
+        "scales": NO_SCALES,
         "no_rope_layers": [],
         "sliding_window": None,
         "activation": "silu",
@@ -158,7 +168,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
 def test_granite_scales_and_smollm3_nope_layers_are_normalized():
     granite = {**BASE_CONFIG, "architectures": ["GraniteForCausalLM"], "embedding_multiplier": 12.0, "residual_multiplier": 0.22}
     scales = normalize_hf_config({**granite, "attention_multiplier": 0.015625, "logits_scaling": 8.0})["scales"]
-    assert scales == {"embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0, "attention_logit_cap": None, "final_logit_cap": None, "query_temperature": None}
+    assert scales == {**NO_SCALES, "embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0}
     smollm3 = {**BASE_CONFIG, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}
     assert normalize_hf_config(smollm3)["no_rope_layers"] == [3, 7]
 
@@ -546,7 +556,7 @@ def test_default_model_config(default_model):
         "moe": None,
         "pooling": None,
         "rotary_dim": None,
-        "scales": {"embedding": 1.0, "residual": 1.0, "attention": None, "logits_divisor": 1.0, "attention_logit_cap": None, "final_logit_cap": None, "query_temperature": None},
+        "scales": NO_SCALES,
         "no_rope_layers": [],
         "sliding_window": None,
         "activation": "silu",

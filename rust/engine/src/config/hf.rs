@@ -346,13 +346,16 @@ mod tests {
             raw.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
             raw
         };
-        for raw in [ministral3(json!({ "rope_theta": null, "rope_parameters": v5_parameters })), ministral3(json!({ "rope_theta": 1e6, "rope_scaling": v4_scaling }))] {
+        let v5 = ministral3(json!({ "rope_theta": null, "rope_parameters": v5_parameters }));
+        for raw in [v5, ministral3(json!({ "rope_theta": 1e6, "rope_scaling": v4_scaling }))] {
             let cfg = ModelConfig::from_hf_config(&raw).unwrap();
-            let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, attention_factor }) = cfg.rope_scaling else {
+            let Some(RopeScaling::Yarn { factor, original_max_position_embeddings: original, beta_fast, beta_slow, truncate, attention_factor }) =
+                cfg.rope_scaling
+            else {
                 panic!("no YaRN")
             };
             assert_eq!((cfg.architecture.as_str(), cfg.rope_theta), ("ministral3", 1e6));
-            assert_eq!((factor, original_max_position_embeddings, beta_fast, beta_slow, truncate, attention_factor), (16.0, 16384, 32.0, 1.0, true, 1.0));
+            assert_eq!((factor, original, beta_fast, beta_slow, truncate, attention_factor), (16.0, 16384, 32.0, 1.0, true, 1.0));
             assert_eq!(cfg.scales.query_temperature, Some(QueryTemperature { beta: 0.1, length: 16384 }));
         }
         // gpt-oss: no mscales (the attention factor 1 + 0.1 ln 32), an exact blend.
