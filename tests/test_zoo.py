@@ -15,9 +15,9 @@ import transformers
 from gguf_convert import convert
 from zoo_models import FAMILIES, build_family
 
-SUPPORTED = ("gemma2", "gemma3", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
+SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3", "phi3", "phi3_longrope")
+GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "phi3", "phi3_longrope")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 # rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from
@@ -85,5 +85,5 @@ def test_a_gguf_file_of_a_family_read_from_folders_only_is_refused_naming_what_r
     """llama.cpp's converter writes the GGUF file; rsgl reads Granite from Hugging Face folders so far."""
     build_family("granite", tmp_path / "granite")
     gguf_file = convert(tmp_path / "granite", tmp_path / "granite.gguf")
-    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, .* GGUF"):
+    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, phi3, glm4, gemma2, gemma3, .* GGUF"):
         rsgl.Engine(str(gguf_file), progress=False)

@@ -2,7 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{gemma, llama, olmo2, Assembly};
+use crate::model::archs::{gemma, glm4, llama, olmo2, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -62,6 +62,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "granite", hf_class: "GraniteForCausalLM", ..PLAIN },
     Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", assembly: olmo2::OLMO2, ..PLAIN },
     Architecture { name: "phi3", hf_class: "Phi3ForCausalLM", gguf_name: Some("phi3"), sliding_window: true, ..PLAIN },
+    Architecture { name: "glm4", hf_class: "Glm4ForCausalLM", gguf_name: Some("glm4"), assembly: glm4::GLM4, ..PLAIN },
     Architecture { name: "gemma2", hf_class: "Gemma2ForCausalLM", gguf_name: Some("gemma2"), assembly: gemma::GEMMA2, global_layer_every: Some(2), ..PLAIN },
     Architecture {
         name: "gemma3_text",
@@ -147,7 +148,7 @@ mod tests {
         assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
-        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, qwen2moe, qwen3moe");
+        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, phi3, glm4, gemma2, gemma3, qwen2moe, qwen3moe");
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), None);
     }
 }

@@ -100,6 +100,9 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     let assembly = Architecture::named(architecture).expect("a GGUF file's architecture is a known one").assembly;
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
+    // A file without gate matrices stacks each gate's rows before its up projection's, in
+    // `ffn_up` (Phi-3, GLM-4): the Hugging Face checkpoint's `gate_up_proj`.
+    let fused_gate_up = !directory.tensors.iter().any(|info| info.name.ends_with(".ffn_gate.weight"));
     let mut tensors = Vec::new();
     for info in &directory.tensors {
         let kind = GgmlType::from_id(info.type_id).ok_or_else(|| {
@@ -137,8 +140,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         }
         let module = match base {
             "ffn_gate_inp" => Some(format!("{block}.gate")),
-            // Phi-3's up projection stacks the gate's rows before its own.
-            "ffn_up" if architecture == "phi3" => Some(format!("{block}.gate_up_proj")),
+            "ffn_up" if fused_gate_up => Some(format!("{block}.gate_up_proj")),
             _ => lookup(SHARED_EXPERT_TENSORS, base)
                 .map(|m| format!("{block}.{m}"))
                 .or_else(|| lookup(LAYER_TENSORS, base).or_else(|| norm_name(&assembly, base)).map(|m| format!("model.layers.{layer}.{m}"))),
