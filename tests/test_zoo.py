@@ -7,9 +7,11 @@ families rsgl does not run yet are refused with an error naming what it runs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import rsgl
+import safetensors.torch
 import torch
 import transformers
 from gguf_convert import convert
@@ -70,6 +72,43 @@ def test_longrope_long_factors_match_transformers(tmp_path):
     config["original_max_position_embeddings"] = 0
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
+
+
+def gemma3_vision_language_checkpoint(path: Path, layout: str) -> transformers.Gemma3ForConditionalGeneration:
+    """The tiny Gemma 3 text model inside a Gemma3ForConditionalGeneration with a tiny SigLIP tower, saved by
+    transformers 5 (`layout="transformers5"`) or as the Hub's Gemma 3 4B-27B folders are (transformers 4: weights
+    under `language_model.model.*`, a text_config that lists only the keys differing from Gemma3TextConfig's)."""
+    text = build_family("gemma3", path)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)
+    # Gemma3TextConfig's query_pre_attn_scalar (256), which the transformers 4 layout then leaves to the defaults.
+    text_config = text.config.to_dict() | {"query_pre_attn_scalar": 256}
+    config = transformers.Gemma3Config(text_config=text_config, vision_config=vision, mm_tokens_per_image=4)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.weight = model.model.language_model.embed_tokens.weight
+    (path / "model.safetensors").unlink()
+    model.save_pretrained(path)
+    if layout == "transformers4":
+        weights = safetensors.torch.load_file(path / "model.safetensors")
+        renamed = {name.replace("model.language_model.", "language_model.model.").replace("model.vision_tower.", "vision_tower."): w for name, w in weights.items()}
+        safetensors.torch.save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+        saved = json.loads((path / "config.json").read_text())
+        text_config = saved["text_config"]
+        rope = text_config.pop("rope_parameters")
+        text_config.update(rope_theta=rope["full_attention"]["rope_theta"], rope_local_base_freq=rope["sliding_attention"]["rope_theta"])
+        text_config["sliding_window_pattern"] = text_config.pop("layer_types").index("full_attention") + 1
+        defaults = transformers.Gemma3TextConfig().to_dict() | {"rope_local_base_freq": 10000.0, "sliding_window_pattern": 6}
+        saved["text_config"] = {key: value for key, value in text_config.items() if key == "model_type" or defaults.get(key) != value}
+        assert "query_pre_attn_scalar" not in saved["text_config"]
+        (path / "config.json").write_text(json.dumps(saved))
+    return model
+
+
+@pytest.mark.parametrize("layout", ["transformers5", "transformers4"])
+def test_a_vision_language_checkpoint_runs_its_language_model_on_text(layout, tmp_path):
+    model = gemma3_vision_language_checkpoint(tmp_path, layout)
     want = [transformers_greedy(model, ids) for ids in PROMPTS]
     assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
 

@@ -27,6 +27,9 @@ pub struct Architecture {
     pub local_rope_theta: Option<f64>,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
+    /// transformers' defaults for this model's config (JSON), for the `text_config` of a
+    /// vision-language checkpoint, where transformers 4 writes only the keys that differ.
+    pub nested_config_defaults: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -51,6 +54,7 @@ const PLAIN: Architecture = Architecture {
     global_layer_every: None,
     local_rope_theta: None,
     moe: None,
+    nested_config_defaults: None,
 };
 
 pub const ARCHITECTURES: &[Architecture] = &[
@@ -71,6 +75,14 @@ pub const ARCHITECTURES: &[Architecture] = &[
         assembly: gemma::GEMMA3,
         global_layer_every: Some(6),
         local_rope_theta: Some(10000.0),
+        // Gemma3TextConfig's defaults (the 2B-sized text model of transformers 4.50).
+        nested_config_defaults: Some(
+            r#"{"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
+                "sliding_window_pattern": 6, "tie_word_embeddings": true}"#
+        ),
         ..PLAIN
     },
     Architecture {
