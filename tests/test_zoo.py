@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import rsgl
 import safetensors.torch
 import torch
 import transformers
 from gguf_convert import convert
+from tiny_models import with_weights_rounded
 from zoo_models import FAMILIES, build_family
 
 SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
@@ -62,6 +64,22 @@ def test_float32_greedy_tokens_match_transformers(family):
     if name in GGUF_SUPPORTED:
         gguf_file = convert(path, path.parent / f"{name}.gguf")
         assert rsgl_greedy(gguf_file, prompts, dtype="float32") == (want, want)
+
+
+def test_bfloat16_weights_match_the_rounded_model(family):
+    """bf16 weights against transformers with the same weights rounded; bf16 dot products (AVX-512 BF16, Arm BF16)
+    round activations too, where the tolerance is wider, as in test_parity."""
+    name, path, model = family
+    rounded = with_weights_rounded(model, "bfloat16")
+    prompts = SHORT_PROMPTS if name == "phi3_longrope" else PROMPTS
+    with rsgl.Engine(str(path), dtype="bfloat16", kv_cache_dtype="float32", threads=1, progress=False) as engine:
+        rounds_activations = engine.get_server_info()["kernels"] != "avx2"
+        for ids in prompts:
+            out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+            got = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32)
+            with torch.no_grad():
+                want = rounded(torch.tensor([ids])).logits[0, -1].numpy()
+            assert np.abs(got - want).max() <= (3e-2 * np.abs(want).max() if rounds_activations else 1e-3)
 
 
 def test_longrope_long_factors_match_transformers(tmp_path):
