@@ -21,7 +21,7 @@ from zoo_models import FAMILIES, build_family
 
 SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "phi3", "phi3_longrope")
+GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "olmo2", "phi3", "phi3_longrope", "smollm3")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 # rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from
@@ -138,9 +138,9 @@ def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
         rsgl.Engine(str(tmp_path), progress=False)
 
 
-def test_a_gguf_file_of_a_family_read_from_folders_only_is_refused_naming_what_runs(tmp_path):
-    """llama.cpp's converter writes the GGUF file; rsgl reads Granite from Hugging Face folders so far."""
-    build_family("granite", tmp_path / "granite")
-    gguf_file = convert(tmp_path / "granite", tmp_path / "granite.gguf")
-    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, phi3, glm4, gemma2, gemma3, .* GGUF"):
+def test_a_gguf_file_of_a_family_not_run_yet_is_refused_naming_what_runs(tmp_path):
+    """llama.cpp's converter writes the GGUF file of a family rsgl does not run (gpt-oss)."""
+    build_family("gpt_oss", tmp_path / "gpt_oss")
+    gguf_file = convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf")
+    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'gpt-oss' model; rsgl runs llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, .* GGUF"):
         rsgl.Engine(str(gguf_file), progress=False)

@@ -25,6 +25,9 @@ pub struct Architecture {
     pub global_layer_every: Option<usize>,
     /// The sliding layers' rope base where the files do not say (their rotation is unscaled).
     pub local_rope_theta: Option<f64>,
+    /// Each `n`th layer leaves q and k unrotated where a checkpoint does not list its NoPE
+    /// layers (GGUF files: llama.cpp hard-codes SmolLM3's every 4th).
+    pub no_rope_layer_every: Option<usize>,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
     /// transformers' defaults for this model's config (JSON), for the `text_config` of a
@@ -53,6 +56,7 @@ const PLAIN: Architecture = Architecture {
     sliding_window: false,
     global_layer_every: None,
     local_rope_theta: None,
+    no_rope_layer_every: None,
     moe: None,
     nested_config_defaults: None,
 };
@@ -62,9 +66,9 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: Some("mistral"), sliding_window: true, ..PLAIN },
     Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: Some("qwen2"), attention_bias: true, ..PLAIN },
     Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: Some("qwen3"), assembly: llama::QWEN3, ..PLAIN },
-    Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", ..PLAIN },
-    Architecture { name: "granite", hf_class: "GraniteForCausalLM", ..PLAIN },
-    Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", assembly: olmo2::OLMO2, ..PLAIN },
+    Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", gguf_name: Some("smollm3"), no_rope_layer_every: Some(4), ..PLAIN },
+    Architecture { name: "granite", hf_class: "GraniteForCausalLM", gguf_name: Some("granite"), ..PLAIN },
+    Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", gguf_name: Some("olmo2"), assembly: olmo2::OLMO2, ..PLAIN },
     Architecture { name: "phi3", hf_class: "Phi3ForCausalLM", gguf_name: Some("phi3"), sliding_window: true, ..PLAIN },
     Architecture { name: "glm4", hf_class: "Glm4ForCausalLM", gguf_name: Some("glm4"), assembly: glm4::GLM4, ..PLAIN },
     Architecture { name: "gemma2", hf_class: "Gemma2ForCausalLM", gguf_name: Some("gemma2"), assembly: gemma::GEMMA2, global_layer_every: Some(2), ..PLAIN },
@@ -160,7 +164,8 @@ mod tests {
         assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
-        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, phi3, glm4, gemma2, gemma3, qwen2moe, qwen3moe");
-        assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), None);
+        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, qwen2moe, qwen3moe");
+        assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
+        assert_eq!(Architecture::of_gguf("gpt-oss", false).map(|a| a.name), None);
     }
 }

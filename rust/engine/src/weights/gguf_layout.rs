@@ -11,8 +11,9 @@ use crate::error::{EngineError, Result};
 use crate::model::archs::Assembly;
 use std::path::{Path, PathBuf};
 
-/// Architectures whose q/k rows llama.cpp's converter permutes (qwen files are not).
-const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral"];
+/// Architectures whose q/k rows llama.cpp's converter permutes: those its `LlamaModel` class
+/// converts (SmolLM3 and Granite subclass it); qwen, phi3, gemma and olmo2 files are not permuted.
+const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "smollm3", "granite"];
 
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
