@@ -13,6 +13,7 @@ import pytest
 import rsgl
 import torch
 from conftest import DENSE_ARCHS, MOE_ARCHS
+from tiny_models import with_weights_rounded
 
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
 
@@ -102,11 +103,7 @@ def test_batch_of_different_lengths_matches(pair):
 @pytest.mark.parametrize("arch", ["llama", "qwen3"])
 def test_16_bit_weights_match_the_rounded_model(tiny_models, arch, dtype):
     path, hf = tiny_models[arch]
-    # rsgl holds the matrices of linear layers (lm_head too) and the embedding in `dtype`.
-    rounded = copy.deepcopy(hf)
-    for module in rounded.modules():
-        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
+    rounded = with_weights_rounded(hf, dtype)
     prompts = [prompt(n, 300 + n) for n in (1, 9, 64)]
     # Float32 pages, so only the weights are rounded (16-bit weights get int8 pages by default).
     with rsgl.Engine(path, dtype=dtype, kv_cache_dtype="float32", threads=2, max_total_tokens=2048, progress=False) as engine:

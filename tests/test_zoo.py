@@ -8,17 +8,21 @@ naming what it runs."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import pytest
 import rsgl
+import safetensors.torch
 import torch
 import transformers
 from gguf_convert import convert
+from tiny_models import with_weights_rounded
 from zoo_models import FAMILIES, build_family
 
-SUPPORTED = ("gemma2", "gemma3", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
+SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3", "ministral3", "phi3", "phi3_longrope")
+GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 # rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from
@@ -63,6 +67,22 @@ def test_float32_greedy_tokens_match_transformers(family):
         assert rsgl_greedy(gguf_file, prompts, dtype="float32") == (want, want)
 
 
+def test_bfloat16_weights_match_the_rounded_model(family):
+    """bf16 weights against transformers with the same weights rounded; bf16 dot products (AVX-512 BF16, Arm BF16)
+    round activations too, where the tolerance is wider, as in test_parity."""
+    name, path, model = family
+    rounded = with_weights_rounded(model, "bfloat16")
+    prompts = SHORT_PROMPTS if name == "phi3_longrope" else PROMPTS
+    with rsgl.Engine(str(path), dtype="bfloat16", kv_cache_dtype="float32", threads=1, progress=False) as engine:
+        rounds_activations = engine.get_server_info()["kernels"] != "avx2"
+        for ids in prompts:
+            out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_prompt_logits=True)
+            got = np.array(out["meta_info"]["prompt_logits"], dtype=np.float32)
+            with torch.no_grad():
+                want = rounded(torch.tensor([ids])).logits[0, -1].numpy()
+            assert np.abs(got - want).max() <= (3e-2 * np.abs(want).max() if rounds_activations else 1e-3)
+
+
 def test_longrope_long_factors_match_transformers(tmp_path):
     build_family("phi3_longrope", tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
@@ -71,6 +91,43 @@ def test_longrope_long_factors_match_transformers(tmp_path):
     config["original_max_position_embeddings"] = 0
     (tmp_path / "config.json").write_text(json.dumps(config))
     model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
+
+
+def gemma3_vision_language_checkpoint(path: Path, layout: str) -> transformers.Gemma3ForConditionalGeneration:
+    """The tiny Gemma 3 text model inside a Gemma3ForConditionalGeneration with a tiny SigLIP tower, saved by
+    transformers 5 (`layout="transformers5"`) or as the Hub's Gemma 3 4B-27B folders are (transformers 4: weights
+    under `language_model.model.*`, a text_config that lists only the keys differing from Gemma3TextConfig's)."""
+    text = build_family("gemma3", path)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14)
+    # Gemma3TextConfig's query_pre_attn_scalar (256), which the transformers 4 layout then leaves to the defaults.
+    text_config = text.config.to_dict() | {"query_pre_attn_scalar": 256}
+    config = transformers.Gemma3Config(text_config=text_config, vision_config=vision, mm_tokens_per_image=4)
+    model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.weight = model.model.language_model.embed_tokens.weight
+    (path / "model.safetensors").unlink()
+    model.save_pretrained(path)
+    if layout == "transformers4":
+        weights = safetensors.torch.load_file(path / "model.safetensors")
+        renamed = {name.replace("model.language_model.", "language_model.model.").replace("model.vision_tower.", "vision_tower."): w for name, w in weights.items()}
+        safetensors.torch.save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
+        saved = json.loads((path / "config.json").read_text())
+        text_config = saved["text_config"]
+        rope = text_config.pop("rope_parameters")
+        text_config.update(rope_theta=rope["full_attention"]["rope_theta"], rope_local_base_freq=rope["sliding_attention"]["rope_theta"])
+        text_config["sliding_window_pattern"] = text_config.pop("layer_types").index("full_attention") + 1
+        defaults = transformers.Gemma3TextConfig().to_dict() | {"rope_local_base_freq": 10000.0, "sliding_window_pattern": 6}
+        saved["text_config"] = {key: value for key, value in text_config.items() if key == "model_type" or defaults.get(key) != value}
+        assert "query_pre_attn_scalar" not in saved["text_config"]
+        (path / "config.json").write_text(json.dumps(saved))
+    return model
+
+
+@pytest.mark.parametrize("layout", ["transformers5", "transformers4"])
+def test_a_vision_language_checkpoint_runs_its_language_model_on_text(layout, tmp_path):
+    model = gemma3_vision_language_checkpoint(tmp_path, layout)
     want = [transformers_greedy(model, ids) for ids in PROMPTS]
     assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
 
@@ -94,9 +151,9 @@ def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
         rsgl.Engine(str(tmp_path), progress=False)
 
 
-def test_a_gguf_file_of_a_family_read_from_folders_only_is_refused_naming_what_runs(tmp_path):
-    """llama.cpp's converter writes the GGUF file; rsgl reads Granite from Hugging Face folders so far."""
-    build_family("granite", tmp_path / "granite")
-    gguf_file = convert(tmp_path / "granite", tmp_path / "granite.gguf")
-    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'granite' model; rsgl runs llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, .* GGUF"):
+def test_a_gguf_file_of_a_family_not_run_yet_is_refused_naming_what_runs(tmp_path):
+    """llama.cpp's converter writes the GGUF file of a family rsgl does not run (gpt-oss)."""
+    build_family("gpt_oss", tmp_path / "gpt_oss")
+    gguf_file = convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf")
+    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'gpt-oss' model; rsgl runs llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, .* GGUF"):
         rsgl.Engine(str(gguf_file), progress=False)

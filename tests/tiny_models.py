@@ -31,3 +31,18 @@ def byte_tokenizer() -> Tokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
     return tokenizer
+
+
+def with_weights_rounded(model, dtype: str):
+    """A copy of `model` whose matrices rsgl holds in a 16-bit `dtype` (every linear layer's, lm_head's and the
+    embedding's) are rounded to it, computing in float32 as rsgl does."""
+    import copy
+
+    import torch
+
+    rounded = copy.deepcopy(model)
+    for module in rounded.modules():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
+    return rounded
+

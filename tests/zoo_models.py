@@ -69,6 +69,15 @@ OVERRIDES = {
             llama_4_scaling_beta=0.1,
         ),
     ),
+    # Alternating 8-token sliding and global layers, 4 experts (2 per token), YaRN past 64 tokens.
+    "gpt_oss": dict(
+        model_type="gpt_oss",
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, truncate=False),
+    ),
 }
 FAMILIES = tuple(OVERRIDES)
 

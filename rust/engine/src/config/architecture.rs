@@ -2,7 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{gemma, llama, olmo2, Assembly};
+use crate::model::archs::{gemma, glm4, llama, olmo2, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -25,8 +25,14 @@ pub struct Architecture {
     pub global_layer_every: Option<usize>,
     /// The sliding layers' rope base where the files do not say (their rotation is unscaled).
     pub local_rope_theta: Option<f64>,
+    /// Each `n`th layer leaves q and k unrotated where a checkpoint does not list its NoPE
+    /// layers (GGUF files: llama.cpp hard-codes SmolLM3's every 4th).
+    pub no_rope_layer_every: Option<usize>,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
+    /// transformers' defaults for this model's config (JSON), for the `text_config` of a
+    /// vision-language checkpoint, where transformers 4 writes only the keys that differ.
+    pub nested_config_defaults: Option<&'static str>,
 }
 
 #[derive(Debug, Serialize)]
@@ -50,7 +56,9 @@ const PLAIN: Architecture = Architecture {
     sliding_window: false,
     global_layer_every: None,
     local_rope_theta: None,
+    no_rope_layer_every: None,
     moe: None,
+    nested_config_defaults: None,
 };
 
 pub const ARCHITECTURES: &[Architecture] = &[
@@ -58,10 +66,11 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: Some("mistral"), sliding_window: true, ..PLAIN },
     Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: Some("qwen2"), attention_bias: true, ..PLAIN },
     Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: Some("qwen3"), assembly: llama::QWEN3, ..PLAIN },
-    Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", ..PLAIN },
-    Architecture { name: "granite", hf_class: "GraniteForCausalLM", ..PLAIN },
-    Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", assembly: olmo2::OLMO2, ..PLAIN },
+    Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", gguf_name: Some("smollm3"), no_rope_layer_every: Some(4), ..PLAIN },
+    Architecture { name: "granite", hf_class: "GraniteForCausalLM", gguf_name: Some("granite"), ..PLAIN },
+    Architecture { name: "olmo2", hf_class: "Olmo2ForCausalLM", gguf_name: Some("olmo2"), assembly: olmo2::OLMO2, ..PLAIN },
     Architecture { name: "phi3", hf_class: "Phi3ForCausalLM", gguf_name: Some("phi3"), sliding_window: true, ..PLAIN },
+    Architecture { name: "glm4", hf_class: "Glm4ForCausalLM", gguf_name: Some("glm4"), assembly: glm4::GLM4, ..PLAIN },
     Architecture { name: "gemma2", hf_class: "Gemma2ForCausalLM", gguf_name: Some("gemma2"), assembly: gemma::GEMMA2, global_layer_every: Some(2), ..PLAIN },
     Architecture {
         name: "gemma3_text",
@@ -70,6 +79,14 @@ pub const ARCHITECTURES: &[Architecture] = &[
         assembly: gemma::GEMMA3,
         global_layer_every: Some(6),
         local_rope_theta: Some(10000.0),
+        // Gemma3TextConfig's defaults (the 2B-sized text model of transformers 4.50).
+        nested_config_defaults: Some(
+            r#"{"vocab_size": 262208, "hidden_size": 2304, "intermediate_size": 9216, "num_hidden_layers": 26,
+                "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "query_pre_attn_scalar": 256,
+                "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6,
+                "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "sliding_window": 4096,
+                "sliding_window_pattern": 6, "tie_word_embeddings": true}"#,
+        ),
         ..PLAIN
     },
     // Its YaRN and query temperature come from the config.
@@ -149,7 +166,11 @@ mod tests {
         assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
-        assert_eq!(Architecture::list(|a| a.gguf_name), "llama, mistral, qwen2, qwen3, phi3, gemma2, gemma3, mistral3, qwen2moe, qwen3moe");
-        assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), None);
+        assert_eq!(
+            Architecture::list(|a| a.gguf_name),
+            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe"
+        );
+        assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
+        assert_eq!(Architecture::of_gguf("gpt-oss", false).map(|a| a.name), None);
     }
 }

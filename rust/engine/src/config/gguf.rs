@@ -78,7 +78,7 @@ impl ModelConfig {
             moe: architecture.moe.as_ref().map(|facts| moe(&keys, facts)).transpose()?,
             pooling: keys.optional_count("pooling_type")?.and_then(Pooling::from_gguf),
             scales: scales(&keys, architecture, [hidden_size, heads, head_dim, num_hidden_layers])?,
-            no_rope_layers: Vec::new(),
+            no_rope_layers: no_rope_layers(architecture, num_hidden_layers),
             sliding_window: sliding_window(&keys, architecture, num_hidden_layers)?,
             activation: architecture.assembly.activation,
             // llama.cpp's converter stores Gemma's norm weights as the `1 + w` they scale by.
@@ -122,31 +122,44 @@ fn yarn(keys: &Keys) -> Result<RopeScaling> {
     })
 }
 
-/// Gemma's embedding scale and soft caps, and Ministral 3's query temperature (over
-/// `attention.temperature_length`, else the original context, which its files give). GGUF
+/// Granite's multipliers, which its converter writes only where the config sets them (else they
+/// are neutral), Ministral 3's query temperature (over `attention.temperature_length`, else the
+/// original context, which its files give), and Gemma's embedding scale and soft caps. GGUF
 /// files keep no `query_pre_attn_scalar`: llama.cpp takes it to be `head_dim` except in the 27B
 /// Gemmas (46 or 62 layers), where it is `hidden_size / heads`, as their configs say.
 fn scales(keys: &Keys, architecture: &Architecture, [hidden, heads, head_dim, layers]: [usize; 4]) -> Result<Scales> {
-    let cap = |key: &str| -> Result<Option<f32>> { Ok(keys.number(key)?.map(|cap| cap as f32)) };
-    let query_temperature = match keys.number("attention.temperature_scale")?.filter(|beta| *beta != 0.0) {
-        Some(beta) => {
-            let length = keys.first_count(&["attention.temperature_length", "rope.scaling.original_context_length"])?;
-            Some(QueryTemperature { beta: beta as f32, length })
-        }
-        None => None,
-    };
+    let optional = |key: &str| -> Result<Option<f32>> { Ok(keys.number(key)?.map(|value| value as f32)) };
     if !architecture.assembly.embedding_times_sqrt_hidden {
-        return Ok(Scales { query_temperature, ..Scales::default() });
+        let one = |key: &str| -> Result<f32> { Ok(keys.number(key)?.unwrap_or(1.0) as f32) };
+        let query_temperature = match optional("attention.temperature_scale")?.filter(|&beta| beta != 0.0) {
+            Some(beta) => Some(QueryTemperature { beta, length: keys.first_count(&["attention.temperature_length", "rope.scaling.original_context_length"])? }),
+            None => None,
+        };
+        return Ok(Scales {
+            embedding: one("embedding_scale")?,
+            residual: one("residual_scale")?,
+            // llama.cpp reads 0 as unset: 1/sqrt(head_dim).
+            attention: optional("attention.scale")?.filter(|&scale| scale != 0.0),
+            // Granite's `logits_scaling`, the logits' divisor in llama.cpp as in transformers (of
+            // the architectures rsgl runs, only Granite's converter writes the key).
+            logits_divisor: one("logit_scale")?,
+            query_temperature,
+            ..Scales::default()
+        });
     }
     let query_pre_attn_scalar = if matches!(layers, 46 | 62) { hidden / heads.max(1) } else { head_dim };
     Ok(Scales {
         embedding: (hidden as f32).sqrt(),
         attention: Some(1.0 / (query_pre_attn_scalar as f32).sqrt()),
-        attention_logit_cap: cap("attn_logit_softcapping")?,
-        final_logit_cap: cap("final_logit_softcapping")?,
-        query_temperature,
+        attention_logit_cap: optional("attn_logit_softcapping")?,
+        final_logit_cap: optional("final_logit_softcapping")?,
         ..Scales::default()
     })
+}
+
+/// SmolLM3's NoPE layers, which GGUF files do not list: each `n`th, as llama.cpp assumes.
+fn no_rope_layers(architecture: &Architecture, layers: usize) -> Vec<usize> {
+    architecture.no_rope_layer_every.map_or_else(Vec::new, |every| (0..layers).filter(|layer| (layer + 1) % every == 0).collect())
 }
 
 /// Gemma's sliding layers: `attention.sliding_window_pattern` (a flag per layer, or every how

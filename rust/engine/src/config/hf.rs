@@ -18,6 +18,7 @@ impl ModelConfig {
     pub fn from_hf_config<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
         let raw = Map::<String, Value>::deserialize(de)
             .map_err(|e| EngineError::ModelLoad(format!("config.json holds no JSON object ({e}); download the model again.")))?;
+        let raw = language_model_config(raw)?;
         let hf = Keys::new(&raw, "config.json".into(), REMEDY);
         let architecture = architecture(&hf)?;
         if hf.flag("mlp_bias") {
@@ -58,6 +59,29 @@ impl ModelConfig {
         config.validate()?;
         Ok(config)
     }
+}
+
+/// A vision-language checkpoint's language model, which rsgl runs on text (Gemma 3 4B and up):
+/// its `text_config` over its config class's defaults, which transformers 4 leaves out of nested
+/// configs (Gemma 3 4B's lists 6 keys), named by its `model_type`. Other configs as they are.
+fn language_model_config(mut raw: Map<String, Value>) -> Result<Map<String, Value>> {
+    let Some(Value::Object(text)) = raw.remove("text_config") else { return Ok(raw) };
+    let model_type = text.get("model_type").and_then(Value::as_str).unwrap_or_default();
+    let architecture = Architecture::named(model_type).ok_or_else(|| {
+        EngineError::UnsupportedModel(format!(
+            "rsgl does not support this model's language model ({}); it runs {}.",
+            quoted(&Value::from(model_type)),
+            Architecture::list(|a| Some(a.name))
+        ))
+    })?;
+    let mut config = match architecture.nested_config_defaults {
+        Some(defaults) => serde_json::from_str(defaults).expect("the architecture table's defaults are JSON"),
+        None => Map::new(),
+    };
+    // Where the language model does not say, the whole model's config does.
+    config.extend(raw.into_iter().filter(|(key, _)| key == "tie_word_embeddings"));
+    config.extend(text);
+    Ok(config)
 }
 
 fn architecture(hf: &Keys) -> Result<&'static Architecture> {
@@ -327,6 +351,25 @@ mod tests {
         assert!(
             message(llama(json!({ "rope_scaling": { "rope_type": "llama3", "factor": 8.0 } }))).contains("lacks low_freq_factor, high_freq_factor, original")
         );
+    }
+
+    /// Gemma 3 4B's config.json as on the Hub: the language model's keys that differ from
+    /// Gemma3TextConfig's, inside the vision-language model's.
+    #[test]
+    fn reads_the_language_model_of_a_vision_language_config() {
+        let raw = json!({
+            "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
+            "text_config": { "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
+                             "rope_scaling": { "factor": 8.0, "rope_type": "linear" }, "sliding_window": 1024 },
+            "vision_config": { "model_type": "siglip_vision_model", "hidden_size": 1152 },
+        });
+        let cfg = ModelConfig::from_hf_config(&raw).unwrap();
+        assert_eq!((cfg.architecture.as_str(), cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size), ("gemma3_text", 2560, 34, 256, 262208));
+        assert_eq!((cfg.scales.attention, cfg.tie_word_embeddings, cfg.rope_theta), (Some(1.0 / 16.0), true, 1e6));
+        let window = cfg.sliding_window.unwrap();
+        assert_eq!((window.size, window.layers.len(), window.rope_theta), (1024, 29, Some(1e4)));
+        let unknown = json!({ "architectures": ["LlavaForConditionalGeneration"], "text_config": { "model_type": "vicuna" } });
+        assert!(message(unknown).contains("this model's language model ('vicuna')"));
     }
 
     /// Ministral 3's config.json (transformers 5 layout, and as transformers 4 would write it):

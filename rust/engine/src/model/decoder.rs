@@ -15,7 +15,7 @@ use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
 use rsgl_kernels::pool::SendPtr;
-use rsgl_kernels::{AttentionTask, RopeStyle, ThreadPool, WeightDtype};
+use rsgl_kernels::{AttentionTask, ThreadPool, WeightDtype};
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -235,11 +235,11 @@ impl DecoderModel {
                 &w.remaining_names()[..w.len().min(5)]
             )));
         }
-        // Checkpoints in Hugging Face's layout rotate halves (llama.cpp's q/k permutation is
-        // undone when a GGUF file is loaded).
-        let mut ropes = vec![Rope::global(&cfg, max_positions, RopeStyle::Neox)];
+        // GGUF files are read in the Hugging Face layout (llama.cpp's q/k permutation is undone),
+        // so the family's rope style holds for both.
+        let mut ropes = vec![Rope::global(&cfg, max_positions, assembly.rope_style)];
         if let Some(theta) = cfg.sliding_window.as_ref().and_then(|window| window.rope_theta) {
-            ropes.push(Rope::new(&cfg, theta, None, max_positions, RopeStyle::Neox));
+            ropes.push(Rope::new(&cfg, theta, None, max_positions, assembly.rope_style));
         }
         let reduce = AllReduce::new(shards.len());
         let homes: Vec<usize> = computes.iter().filter_map(|c| c.home_cpu).collect();

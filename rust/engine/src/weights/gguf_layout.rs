@@ -11,8 +11,10 @@ use crate::error::{EngineError, Result};
 use crate::model::archs::Assembly;
 use std::path::{Path, PathBuf};
 
-/// Architectures whose q/k rows llama.cpp's converter permutes (qwen files are not).
-const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "ministral3"];
+/// Architectures whose q/k rows llama.cpp's converter permutes: those its `LlamaModel` class
+/// converts (SmolLM3, Granite and Ministral 3 subclass it); qwen, phi3, gemma and olmo2 files are
+/// not permuted.
+const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "smollm3", "granite", "ministral3"];
 
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
@@ -100,6 +102,9 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     let assembly = Architecture::named(architecture).expect("a GGUF file's architecture is a known one").assembly;
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
+    // A file without gate matrices stacks each gate's rows before its up projection's, in
+    // `ffn_up` (Phi-3, GLM-4): the Hugging Face checkpoint's `gate_up_proj`.
+    let fused_gate_up = !directory.tensors.iter().any(|info| info.name.ends_with(".ffn_gate.weight"));
     let mut tensors = Vec::new();
     for info in &directory.tensors {
         let kind = GgmlType::from_id(info.type_id).ok_or_else(|| {
@@ -137,8 +142,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         }
         let module = match base {
             "ffn_gate_inp" => Some(format!("{block}.gate")),
-            // Phi-3's up projection stacks the gate's rows before its own.
-            "ffn_up" if architecture == "phi3" => Some(format!("{block}.gate_up_proj")),
+            "ffn_up" if fused_gate_up => Some(format!("{block}.gate_up_proj")),
             _ => lookup(SHARED_EXPERT_TENSORS, base)
                 .map(|m| format!("{block}.{m}"))
                 .or_else(|| lookup(LAYER_TENSORS, base).or_else(|| norm_name(&assembly, base)).map(|m| format!("model.layers.{layer}.{m}"))),

@@ -224,7 +224,9 @@ impl WeightStore {
         for path in paths {
             let file = MappedFile::open(path)?;
             let source = store.sources.len();
-            for tensor in safetensors::read_directory(&file)? {
+            for mut tensor in safetensors::read_directory(&file)? {
+                let Some(name) = language_model_name(&tensor.name) else { continue };
+                tensor.name = name;
                 if int4.is_some() && grouped::is_piece(&tensor.name) {
                     pieces.push((source, tensor));
                     continue;
@@ -585,6 +587,22 @@ impl Drop for MatrixRows {
         }
         progress.advance(self.entry.byte_len());
     }
+}
+
+
+/// A tensor of a vision-language checkpoint under its name in the text model (transformers 4
+/// saves the language model as `language_model.model.*`, 5 as `model.language_model.*`); None
+/// for the vision tower and its projector, which rsgl does not read yet. Other names as they are.
+fn language_model_name(name: &str) -> Option<String> {
+    const VISION: [&str; 4] = ["vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."];
+    if VISION.iter().any(|prefix| name.starts_with(prefix)) {
+        return None;
+    }
+    Some(match (name.strip_prefix("language_model."), name.strip_prefix("model.language_model.")) {
+        (Some(text_model), _) => text_model.to_string(),
+        (_, Some(layers)) => format!("model.{layers}"),
+        _ => name.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -5,6 +5,7 @@
 
 use super::{Assembly, Norms, QkNorm};
 use crate::config::Activation;
+use rsgl_kernels::RopeStyle;
 
 pub const GEMMA2: Assembly = Assembly {
     attention: Norms { pre: Some("input_layernorm"), post: Some("post_attention_layernorm") },
@@ -13,6 +14,7 @@ pub const GEMMA2: Assembly = Assembly {
     activation: Activation::GeluTanh,
     norm_weight_offset: 1.0,
     embedding_times_sqrt_hidden: true,
+    rope_style: RopeStyle::Neox,
 };
 
 pub const GEMMA3: Assembly = Assembly { qk_norm: QkNorm::PerHead, ..GEMMA2 };

@@ -4,6 +4,7 @@
 
 use super::{Assembly, Norms, QkNorm};
 use crate::config::Activation;
+use rsgl_kernels::RopeStyle;
 
 const PRE_NORMS: (Norms, Norms) = (Norms { pre: Some("input_layernorm"), post: None }, Norms { pre: Some("post_attention_layernorm"), post: None });
 
@@ -14,6 +15,7 @@ pub const LLAMA: Assembly = Assembly {
     activation: Activation::Silu,
     norm_weight_offset: 0.0,
     embedding_times_sqrt_hidden: false,
+    rope_style: RopeStyle::Neox,
 };
 
 /// Qwen3 normalizes each head of q and k.

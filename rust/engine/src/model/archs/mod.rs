@@ -3,11 +3,13 @@
 //! (`model::decoder`) runs any assembly; a family is a few lines here, not a branch there.
 
 pub mod gemma;
+pub mod glm4;
 pub mod llama;
 pub mod olmo2;
 
 use crate::config::Activation;
-use serde::Serialize;
+use rsgl_kernels::RopeStyle;
+use serde::{Serialize, Serializer};
 
 /// Where a sublayer's (attention's or the MLP's) RMS norms sit, by their checkpoint names:
 /// `pre` on its input, `post` on its output before it joins the residual stream.
@@ -43,4 +45,15 @@ pub struct Assembly {
     pub norm_weight_offset: f32,
     /// The embeddings are multiplied by sqrt(hidden_size) (Gemma).
     pub embedding_times_sqrt_hidden: bool,
+    /// How the checkpoint pairs each head's rotated elements: Hugging Face's halves, or GLM's
+    /// interleaved pairs.
+    #[serde(serialize_with = "rope_style_name")]
+    pub rope_style: RopeStyle,
+}
+
+fn rope_style_name<S: Serializer>(style: &RopeStyle, serializer: S) -> Result<S::Ok, S::Error> {
+    serializer.serialize_str(match style {
+        RopeStyle::Neox => "neox",
+        RopeStyle::GptJ => "gptj",
+    })
 }
