@@ -144,6 +144,20 @@ def test_yarn_attention_factor_matches_transformers(tmp_path):
     assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
 
 
+def test_a_mistral3_vision_language_checkpoint_runs_its_ministral3_language_model_on_text(tmp_path):
+    """Ministral 3 as the Hub has it: its text model inside a Mistral3ForConditionalGeneration (here with a
+    tiny Pixtral tower), whose greedy tokens on text are the text model's."""
+    text = build_family("ministral3", tmp_path)
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, head_dim=8, image_size=28, patch_size=14)
+    model = transformers.Mistral3ForConditionalGeneration(transformers.Mistral3Config(text_config=text.config.to_dict(), vision_config=vision)).eval()
+    model.model.language_model.load_state_dict(text.model.state_dict())
+    model.lm_head.load_state_dict(text.lm_head.state_dict())
+    (tmp_path / "model.safetensors").unlink()
+    model.save_pretrained(tmp_path)
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
+
+
 @pytest.mark.parametrize("family", [name for name in FAMILIES if name not in SUPPORTED])
 def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
     build_family(family, tmp_path)

@@ -589,7 +589,6 @@ impl Drop for MatrixRows {
     }
 }
 
-
 /// A tensor of a vision-language checkpoint under its name in the text model (transformers 4
 /// saves the language model as `language_model.model.*`, 5 as `model.language_model.*`); None
 /// for the vision tower and its projector, which rsgl does not read yet. Other names as they are.
