@@ -111,7 +111,9 @@ def gemma3_vision_language_checkpoint(path: Path, layout: str) -> transformers.G
     model.save_pretrained(path)
     if layout == "transformers4":
         weights = safetensors.torch.load_file(path / "model.safetensors")
-        renamed = {name.replace("model.language_model.", "language_model.model.").replace("model.vision_tower.", "vision_tower."): w for name, w in weights.items()}
+        renamed = {
+            name.replace("model.language_model.", "language_model.model.").replace("model.vision_tower.", "vision_tower."): w for name, w in weights.items()
+        }
         safetensors.torch.save_file(renamed, path / "model.safetensors", metadata={"format": "pt"})
         saved = json.loads((path / "config.json").read_text())
         text_config = saved["text_config"]
@@ -169,5 +171,7 @@ def test_a_gguf_file_of_a_family_not_run_yet_is_refused_naming_what_runs(tmp_pat
     """llama.cpp's converter writes the GGUF file of a family rsgl does not run (gpt-oss)."""
     build_family("gpt_oss", tmp_path / "gpt_oss")
     gguf_file = convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf")
-    with pytest.raises(rsgl.UnsupportedModelError, match="holds a 'gpt-oss' model; rsgl runs llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, .* GGUF"):
+    with pytest.raises(
+        rsgl.UnsupportedModelError, match="holds a 'gpt-oss' model; rsgl runs llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, .* GGUF"
+    ):
         rsgl.Engine(str(gguf_file), progress=False)

@@ -45,4 +45,3 @@ def with_weights_rounded(model, dtype: str):
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
     return rounded
-

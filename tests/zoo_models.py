@@ -76,7 +76,9 @@ OVERRIDES = {
         num_local_experts=4,
         num_experts_per_tok=2,
         sliding_window=8,
-        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, truncate=False),
+        rope_parameters=dict(
+            rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, truncate=False
+        ),
     ),
 }
 FAMILIES = tuple(OVERRIDES)

@@ -16,6 +16,10 @@ use std::path::{Path, PathBuf};
 /// not permuted.
 const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "smollm3", "granite", "ministral3"];
 
+/// Architectures whose `ffn_up` stacks each gate's rows before the up projection's: the Hugging
+/// Face checkpoint's `gate_up_proj`.
+const FUSED_GATE_UP_ARCHITECTURES: &[&str] = &["phi3", "glm4"];
+
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_qkv", "self_attn.qkv_proj"),
@@ -102,9 +106,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     let assembly = Architecture::named(architecture).expect("a GGUF file's architecture is a known one").assembly;
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
-    // A file without gate matrices stacks each gate's rows before its up projection's, in
-    // `ffn_up` (Phi-3, GLM-4): the Hugging Face checkpoint's `gate_up_proj`.
-    let fused_gate_up = !directory.tensors.iter().any(|info| info.name.ends_with(".ffn_gate.weight"));
+    let fused_gate_up = FUSED_GATE_UP_ARCHITECTURES.contains(&architecture);
     let mut tensors = Vec::new();
     for info in &directory.tensors {
         let kind = GgmlType::from_id(info.type_id).ok_or_else(|| {
