@@ -307,6 +307,11 @@ def test_hf_tokenizer_and_generation_files(tiny_folders, tmp_path):
     assert loaded.eos_token_ids == [2, 0]
     assert loaded.generation_config["temperature"] == 0.6
     assert loaded.chat_template == "{{ messages[0]['content'] }}"
+    # A vision-language model's processor keeps its template in chat_template.json.
+    del tokenizer_config["chat_template"]
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (folder / "chat_template.json").write_text(json.dumps({"chat_template": "{{ messages[-1]['content'] }}"}))
+    assert load(folder).chat_template == "{{ messages[-1]['content'] }}"
     assert loaded.special_token_ids == [0, 1, 2]
     assert len(loaded.token_bytes) == 320 and loaded.token_bytes[-1] == b""
     for text in SAMPLE_TEXTS:

@@ -277,11 +277,13 @@ def _read_tokenizer(path: Path) -> Tokenizer | None:
 
 def _chat_template(folder: Path, tokenizer_config: JsonObject) -> str | None:
     """transformers 5.x writes `chat_template.jinja`; older folders keep it in tokenizer_config.json,
-    as a string or as a list of named templates."""
+    as a string or as a list of named templates, or (a vision-language model's processor) in
+    `chat_template.json`."""
     template_file = folder / "chat_template.jinja"
     if template_file.is_file():
         return template_file.read_text(encoding="utf-8")
-    template = tokenizer_config.get("chat_template")
+    processor_template = _read_optional_json(folder / "chat_template.json").get("chat_template")
+    template = tokenizer_config.get("chat_template") or processor_template
     if isinstance(template, list):
         return {entry["name"]: entry["template"] for entry in template}.get("default")
     return template
