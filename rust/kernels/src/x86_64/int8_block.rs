@@ -47,28 +47,71 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool>(t: &Til
     }
 }
 
-// As the 4-bit AVX2 tile: decode takes both halves of its panels per block, a batch one half
-// at a time.
+// Decode takes a tile's panels whole, a batch one half at a time.
 #[inline(always)]
 unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     if R == 1 {
-        halves_avx2::<R, NP, 2>(t, blocks, 0);
+        decode_avx2::<NP>(t, blocks);
     } else {
         for half in 0..2 {
-            halves_avx2::<R, NP, 1>(t, blocks.clone(), half);
+            half_avx2::<R, NP>(t, blocks.clone(), half);
         }
     }
 }
 
-/// `R` rows by halves `first_half..first_half + H` of `NP` panels.
-// Panels and halves index the accumulator tile, the records and the masks in lockstep.
+/// One row by all of `NP` panels: each group of the row's activations is broadcast (and its
+/// magnitudes taken) once for every panel and half, which share it. The float steps are the
+/// batched tile's, in its order.
+// Panels and halves index the accumulators, the records and the masks in lockstep.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>, first_half: usize) {
+unsafe fn decode_avx2<const NP: usize>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let (offset, ones) = (_mm256_set1_epi8(t.w.offset as i8), _mm256_set1_epi16(1));
-    let masks: [[__m256i; H]; NP] = std::array::from_fn(|p| std::array::from_fn(|h| t.half_mask(p, first_half + h, t.w.n)));
-    let mut acc: [[[__m256; H]; NP]; R] =
-        std::array::from_fn(|r| std::array::from_fn(|p| std::array::from_fn(|h| t.load8(r, p, first_half + h, masks[p][h], blocks.start == 0))));
+    let masks: [[__m256i; 2]; NP] = std::array::from_fn(|p| std::array::from_fn(|h| t.half_mask(p, h, t.w.n)));
+    let mut acc: [[__m256; 2]; NP] = std::array::from_fn(|p| std::array::from_fn(|h| t.load8(0, p, h, masks[p][h], blocks.start == 0)));
+    for b in blocks {
+        let (x, dx, _) = t.x_block(0, b);
+        let records: [*const u8; NP] = std::array::from_fn(|p| t.w.record(t.panel + p, b));
+        for rec in records {
+            prefetch_ahead(rec, RECORD_BYTES);
+        }
+        // The record's two scales per output: inputs 0..16 (groups 0..4), then 16..32.
+        for k in 0..2 {
+            let mut sums = [[_mm256_setzero_si256(); 2]; NP];
+            for g in 4 * k..4 * k + 4 {
+                let xg = _mm256_set1_epi32(group(x, g));
+                let magnitudes = _mm256_abs_epi8(xg);
+                for p in 0..NP {
+                    for h in 0..2 {
+                        let w = _mm256_sub_epi8(_mm256_loadu_si256(records[p].add(64 * g + 32 * h) as *const _), offset);
+                        let pairs = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(w, xg));
+                        sums[p][h] = _mm256_add_epi32(sums[p][h], _mm256_madd_epi16(pairs, ones));
+                    }
+                }
+            }
+            for p in 0..NP {
+                for h in 0..2 {
+                    let d = _mm256_cvtph_ps(_mm_loadu_si128(records[p].add(QUANT_BYTES + 32 * k + 16 * h) as *const _));
+                    acc[p][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[p][h]), _mm256_mul_ps(d, _mm256_set1_ps(dx)), acc[p][h]);
+                }
+            }
+        }
+    }
+    for p in 0..NP {
+        for h in 0..2 {
+            t.store8(0, p, h, masks[p][h], acc[p][h]);
+        }
+    }
+}
+
+/// `R` rows by half `half` of `NP` panels.
+// Panels index the accumulator tile, the records and the masks in lockstep.
+#[allow(clippy::needless_range_loop)]
+#[inline(always)]
+unsafe fn half_avx2<const R: usize, const NP: usize>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>, half: usize) {
+    let (offset, ones) = (_mm256_set1_epi8(t.w.offset as i8), _mm256_set1_epi16(1));
+    let masks: [__m256i; NP] = std::array::from_fn(|p| t.half_mask(p, half, t.w.n));
+    let mut acc: [[__m256; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load8(r, p, half, masks[p], blocks.start == 0)));
     for b in blocks {
         let x: [(*const i8, f32); R] = std::array::from_fn(|r| {
             let (x, dx, _) = t.x_block(r, b);
@@ -76,35 +119,30 @@ unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize>(t: &Tile<
         });
         for p in 0..NP {
             let rec = t.w.record(t.panel + p, b);
-            if first_half == 0 {
+            if half == 0 {
                 prefetch_ahead(rec, RECORD_BYTES);
             }
-            for h in 0..H {
-                let half = first_half + h;
-                // The record's two scales per output: inputs 0..16 (groups 0..4), then 16..32.
-                for k in 0..2 {
-                    let mut sums = [_mm256_setzero_si256(); R];
-                    for g in 4 * k..4 * k + 4 {
-                        let w = _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset);
-                        for_each_row!(R, |r| {
-                            let xg = _mm256_set1_epi32(group(x[r].0, g));
-                            let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xg), _mm256_sign_epi8(w, xg));
-                            sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
-                        });
-                    }
-                    let d = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * k + 16 * half) as *const _));
+            // The record's two scales per output: inputs 0..16 (groups 0..4), then 16..32.
+            for k in 0..2 {
+                let mut sums = [_mm256_setzero_si256(); R];
+                for g in 4 * k..4 * k + 4 {
+                    let w = _mm256_sub_epi8(_mm256_loadu_si256(rec.add(64 * g + 32 * half) as *const _), offset);
                     for_each_row!(R, |r| {
-                        acc[r][p][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x[r].1)), acc[r][p][h]);
+                        let xg = _mm256_set1_epi32(group(x[r].0, g));
+                        let pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(xg), _mm256_sign_epi8(w, xg));
+                        sums[r] = _mm256_add_epi32(sums[r], _mm256_madd_epi16(pairs, ones));
                     });
                 }
+                let d = _mm256_cvtph_ps(_mm_loadu_si128(rec.add(QUANT_BYTES + 32 * k + 16 * half) as *const _));
+                for_each_row!(R, |r| {
+                    acc[r][p] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums[r]), _mm256_mul_ps(d, _mm256_set1_ps(x[r].1)), acc[r][p]);
+                });
             }
         }
     }
     for (r, acc) in acc.iter().enumerate() {
-        for (p, halves) in acc.iter().enumerate() {
-            for (h, values) in halves.iter().enumerate() {
-                t.store8(r, p, first_half + h, masks[p][h], *values);
-            }
+        for (p, values) in acc.iter().enumerate() {
+            t.store8(r, p, half, masks[p], *values);
         }
     }
 }
