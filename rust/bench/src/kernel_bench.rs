@@ -48,11 +48,12 @@ enum Op {
         n: usize,
         k: usize,
     },
-    /// The same with 8-bit block weights (Q8_0-like)
+    /// The same with 8-bit block weights of `bits`-bit quants (Q8_0-, Q6_K- and Q5_0-like)
     GemmQ8 {
         m: usize,
         n: usize,
         k: usize,
+        bits: u32,
     },
     Dot {
         n: usize,
@@ -99,6 +100,8 @@ fn cases() -> Vec<Op> {
     for dtype in [WeightDtype::BF16, WeightDtype::F16, WeightDtype::F32] {
         cases.extend(shapes.map(|(m, n, k)| Op::Gemm { m, n, k, dtype }));
     }
+    // A wide bf16 layer (3-4B models' down projections: 8192 inputs), batched and in prefill.
+    cases.extend([(16, 2048, 8192), (512, 2048, 8192)].map(|(m, n, k)| Op::Gemm { m, n, k, dtype: WeightDtype::BF16 }));
     // Speculative decoding's verify passes: 2 to 8 rows.
     let verify_shapes = [(2, 3072, 576), (5, 3072, 576), (8, 3072, 576)];
     cases.extend(shapes.iter().chain(&verify_shapes).map(|&(m, n, k)| Op::GemmI8 { m, n, k }));
@@ -114,7 +117,13 @@ fn cases() -> Vec<Op> {
         (128, 16384, 2048),
     ];
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k }));
-    cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k }));
+    cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k, bits: 8 }));
+    // Narrower quants where the bytes read or the unpacking could decide: decode, a decode
+    // batch and a prefill.
+    let narrow_shapes = [(1, 3072, 576), (1, 16384, 2048), (16, 16384, 2048), (512, 3072, 576)];
+    for bits in [6, 5] {
+        cases.extend(narrow_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k, bits }));
+    }
     cases.extend([
         Op::Dot { n: 16384 },
         Op::Axpy { n: 16384 },
@@ -139,7 +148,9 @@ impl Op {
             Op::Gemm { dtype: WeightDtype::F16, .. } => "gemm_f16",
             Op::GemmI8 { .. } => "gemm_w8a8",
             Op::GemmQ4 { .. } => "gemm_q4",
-            Op::GemmQ8 { .. } => "gemm_q8",
+            Op::GemmQ8 { bits: 8, .. } => "gemm_q8",
+            Op::GemmQ8 { bits: 6, .. } => "gemm_q6",
+            Op::GemmQ8 { .. } => "gemm_q5",
             Op::Dot { .. } => "dot",
             Op::Axpy { .. } => "axpy",
             Op::AddRmsNorm { .. } => "add_rmsnorm",
@@ -156,7 +167,7 @@ impl Op {
 
     fn shape(self) -> String {
         match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k, .. } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
             Op::Rope { heads } => format!("[{heads}x{HEAD_DIM}]"),
             Op::TopK { n, k } => format!("[{n}] k={k}"),
             Op::Attention { tokens, span } => format!("{tokens}x{GROUP} rows, {span} keys"),
@@ -171,7 +182,7 @@ impl Op {
             Op::Gemm { m, n, k, dtype } => json!({ "m": m, "n": n, "k": k, "dtype": format!("{dtype:?}") }),
             Op::GemmI8 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "w8a8_int8" }),
             Op::GemmQ4 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "q4_blocks" }),
-            Op::GemmQ8 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "q8_blocks" }),
+            Op::GemmQ8 { m, n, k, bits } => json!({ "m": m, "n": n, "k": k, "dtype": format!("q{bits}_blocks") }),
             Op::Rope { heads } => json!({ "heads": heads, "head_dim": HEAD_DIM }),
             Op::TopK { n, k } => json!({ "n": n, "k": k }),
             Op::Attention { tokens, span } => json!({ "tokens": tokens, "span": span, "group": GROUP, "head_dim": HEAD_DIM, "page_size": PAGE }),
@@ -185,7 +196,7 @@ impl Op {
     /// queries are `x`), `x` and a second vector otherwise.
     fn operand_lens(self) -> (usize, usize) {
         match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k } => (m * k, n * k),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k, .. } => (m * k, n * k),
             Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
             Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
             Op::Dot { n }
@@ -207,7 +218,8 @@ impl Op {
             Op::Gemm { n, k, dtype, .. } => return (n * k * dtype.bytes()) as f64,
             Op::GemmI8 { n, k, .. } => return (n * k) as f64,
             Op::GemmQ4 { n, k, .. } => return (n * k * 5 / 8) as f64,
-            Op::GemmQ8 { n, k, .. } => return (n * k * 9 / 8) as f64,
+            // A bit per weight of f16 scales (one per 16) beside the quants.
+            Op::GemmQ8 { n, k, bits, .. } => return (n * k * (bits as usize + 1) / 8) as f64,
             Op::Attention { .. } => 2 * y * 4,
             Op::Softmax { .. } | Op::Argmax { .. } | Op::TopK { .. } | Op::TokenMask { .. } => x * 4,
             _ => (x + y) * 4,
@@ -217,7 +229,7 @@ impl Op {
 
     fn flops(self, threads: usize) -> f64 {
         let per_thread = match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k } => return (2 * m * n * k) as f64,
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k, .. } => return (2 * m * n * k) as f64,
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } => 2 * n,
             // Two products per key and dimension (scores, then values) for each row.
             Op::Attention { tokens, span } => 4 * tokens * GROUP * span * HEAD_DIM,
@@ -418,7 +430,7 @@ fn measure_all(threads: usize, only: Option<&str>) -> Vec<Measurement> {
             Op::Gemm { n, k, dtype, .. } => Operand::Packed(PackedWeights::pack(&raw, n, k, dtype)),
             Op::GemmI8 { n, k, .. } => Operand::Int8(Int8Weights::quantize(&raw, n, k)),
             Op::GemmQ4 { n, k, .. } => Operand::Int4(Int4Weights::quantize(&raw, n, k, Int4Offset::Min)),
-            Op::GemmQ8 { n, k, .. } => Operand::Int8Blocks(Int8BlockWeights::quantize(&raw, n, k)),
+            Op::GemmQ8 { n, k, bits, .. } => Operand::Int8Blocks(Int8BlockWeights::quantize(&raw, n, k, bits)),
             Op::Rope { .. } => {
                 // cos | sin of one position, as the engine's tables hold them.
                 let angles: Vec<f64> = (0..HEAD_DIM / 2).map(|i| 300.0 * 1e-4f64.powf(i as f64 / 32.0)).collect();

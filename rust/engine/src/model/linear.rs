@@ -62,8 +62,8 @@ enum Format {
     /// W8A8, one scale per row.
     Int8,
     Int4(Int4Offset),
-    /// 8-bit blocks with quants offset by this.
-    Int8Blocks(u8),
+    /// 8-bit blocks of quants of this many bits.
+    Int8Blocks(u32),
 }
 
 impl Format {
@@ -76,7 +76,7 @@ impl Format {
             Some(Quantization::W4A8) if !cols.is_multiple_of(QBLOCK) => Format::Float(dtype),
             Some(Quantization::W4A8) => Format::Int4(Int4Offset::Min),
             Some(Quantization::Gguf | Quantization::Awq | Quantization::Gptq) => {
-                stored.int4_offset().map(Format::Int4).or(stored.int8_block_offset().map(Format::Int8Blocks)).unwrap_or(Format::Float(dtype))
+                stored.int4_offset().map(Format::Int4).or(stored.int8_block_bits().map(Format::Int8Blocks)).unwrap_or(Format::Float(dtype))
             }
         }
     }
@@ -110,7 +110,7 @@ impl Weights {
                     out.quantize(&floats(row), offset);
                 }
             })),
-            Format::Int8Blocks(offset) => Weights::Int8Blocks(Int8BlockWeights::pack_rows(n, k, offset, pool, &|row, out| (rows.read_q8)(row, out))),
+            Format::Int8Blocks(bits) => Weights::Int8Blocks(Int8BlockWeights::pack_rows(n, k, bits, pool, &|row, out| (rows.read_q8)(row, out))),
         }
     }
 

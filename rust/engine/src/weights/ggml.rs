@@ -117,13 +117,13 @@ impl GgmlType {
         }
     }
 
-    /// The offset of this type's quants in the 8-bit block kernels' blocks ([`int8_blocks`]), or
+    /// The bits of this type's quants in the 8-bit block kernels' blocks ([`int8_blocks`]), or
     /// None if it is not a type they run.
-    pub fn int8_block_offset(self) -> Option<u8> {
+    pub fn int8_block_bits(self) -> Option<u32> {
         match self {
-            GgmlType::Q8_0 => Some(128),
-            GgmlType::Q6K => Some(32),
-            GgmlType::Q5_0 => Some(16),
+            GgmlType::Q8_0 => Some(8),
+            GgmlType::Q6K => Some(6),
+            GgmlType::Q5_0 => Some(5),
             _ => None,
         }
     }
@@ -430,7 +430,7 @@ mod tests {
             dequantize_row(kind, &bytes, &mut want);
             let mut row = Int8BlockRow::new(cols);
             int8_blocks(kind, &bytes, &mut row);
-            let offset = kind.int8_block_offset().unwrap() as f32;
+            let offset = (1 << (kind.int8_block_bits().unwrap() - 1)) as f32;
             for (i, want) in want.iter().enumerate() {
                 let got = (row.quants[i] as f32 - offset) * f16_to_f32(row.scales[i / HALF_BLOCK]);
                 assert!((got - want).abs() <= want.abs() / 2048.0 + 1e-6, "{} value {i}: {got} vs {want}", kind.name());

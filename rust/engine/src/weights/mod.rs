@@ -66,11 +66,11 @@ impl Stored {
         }
     }
 
-    /// The offset of this type's quants in the 8-bit block kernels' blocks, or None if it is
-    /// not a type they run.
-    pub fn int8_block_offset(self) -> Option<u8> {
+    /// The bits of this type's quants in the 8-bit block kernels' blocks, or None if it is not
+    /// a type they run.
+    pub fn int8_block_bits(self) -> Option<u32> {
         match self {
-            Stored::Ggml(kind) => kind.int8_block_offset(),
+            Stored::Ggml(kind) => kind.int8_block_bits(),
             Stored::Int8 | Stored::Grouped(_) => None,
         }
     }
@@ -560,7 +560,7 @@ impl MatrixRows {
     }
 
     /// Row `row`'s 8-bit blocks into `out` (see [`ggml::int8_blocks`]); the tensor must be stored
-    /// in a type with an [`Stored::int8_block_offset`].
+    /// in a type with [`Stored::int8_block_bits`].
     pub fn read_q8(&self, row: usize, out: &mut Int8BlockRow) {
         let Stored::Ggml(kind) = self.stored() else { panic!("read_q8 reads GGUF 8-bit block tensors only") };
         ggml::int8_blocks(kind, self.stored_row(row), out);

@@ -55,27 +55,28 @@ pub fn for_each_tile(m: usize, panels: Range<usize>, max_rows: usize, panels_per
     for_each_tile_in_chunks(m, panels, max_rows, panels_per_tile, 1, 1, |row, rows, panel, np, _| tile(row, rows, panel, np));
 }
 
-/// Runs `body` with `r` = 0, ..., R - 1 (R a const of at most 8) as straight-line code, so each
-/// row index is a constant and a tile's per-row accumulators stay in registers: LLVM does not
-/// unroll a loop over 8 rows of a block tile and keeps its accumulator array on the stack (with
-/// the 8-bit block tiles it then spills their weights too). A macro, not a function taking a
-/// closure: closures do not inherit `#[target_feature]`, so the intrinsics in one would not inline.
-/// (x86_64's 8-bit block tiles use it; aarch64's tiles are at most 4 rows or paired by SMMLA.)
+/// Runs `body` with `i` = 0, ..., N - 1 (N a const of at most 8) as straight-line code, so each
+/// index is a constant: a tile's per-row accumulators stay in registers (LLVM does not unroll a
+/// loop over 8 rows of a block tile and keeps its accumulator array on the stack; with the 8-bit
+/// block tiles it then spills their weights too), and shifts by an index fold to immediates. A
+/// macro, not a function taking a closure: closures do not inherit `#[target_feature]`, so the
+/// intrinsics in one would not inline. (x86_64's block tiles use it; aarch64's tiles are at most
+/// 4 rows or paired by SMMLA.)
 #[cfg(target_arch = "x86_64")]
-macro_rules! for_each_row {
-    ($rows:expr, |$r:ident| $body:block) => {{
-        const { assert!($rows <= 8, "for_each_row unrolls at most 8 rows") };
-        for_each_row!(@each $rows, $r, $body, 0 1 2 3 4 5 6 7);
+macro_rules! unroll {
+    ($steps:expr, |$i:ident| $body:block) => {{
+        const { assert!($steps <= 8, "unroll unrolls at most 8 steps") };
+        unroll!(@each $steps, $i, $body, 0 1 2 3 4 5 6 7);
     }};
-    (@each $rows:expr, $r:ident, $body:block, $($n:literal)*) => {{
-        $(if $n < $rows {
-            let $r: usize = $n;
+    (@each $steps:expr, $i:ident, $body:block, $($n:literal)*) => {{
+        $(if $n < $steps {
+            let $i: usize = $n;
             $body
         })*
     }};
 }
 #[cfg(target_arch = "x86_64")]
-pub(crate) use for_each_row;
+pub(crate) use unroll;
 
 /// [`for_each_tile`] for the block-quantized GEMMs, with the inner dimension cut into chunks of
 /// `chunk` blocks: `tile(first_row, rows, first_panel, panels, blocks)` runs every row tile of a

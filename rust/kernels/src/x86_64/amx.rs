@@ -29,12 +29,12 @@
 
 use super::int4::{gemm_q4_vnni, prefetch_ahead, Tile};
 use super::int8::gemm_i8_vnni;
-use super::int8_block::gemm_q8_vnni;
+use super::int8_block::{gemm_q8_vnni, quants_avx512};
 use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES, QBLOCK};
 use crate::int8::{Int8Weights, QuantizedRows};
-use crate::int8_block::{Int8BlockWeights, QUANT_BYTES, RECORD_BYTES};
+use crate::int8_block::{by_quant_bits, quant_bytes, record_bytes, Int8BlockWeights};
 use crate::packed::PANEL;
-use crate::portable::gemm::{for_each_row, for_each_tile_in_chunks};
+use crate::portable::gemm::{for_each_tile_in_chunks, unroll};
 use std::arch::asm;
 use std::arch::x86_64::*;
 use std::mem::MaybeUninit;
@@ -143,17 +143,7 @@ impl AmxBlocks for Int8BlockWeights {
 
     #[inline(always)]
     unsafe fn unpack(&self, p: usize, b: usize, weights: *mut u8, coefs: *mut f32) {
-        let rec = self.record(p, b);
-        prefetch_ahead(rec, RECORD_BYTES);
-        // |q - offset| <= 127 (see `crate::int8_block`): the wrapping byte difference is exact.
-        let offset = _mm512_set1_epi8(self.offset as i8);
-        for g in 0..8 {
-            let v = _mm512_loadu_si512(rec.add(64 * g) as *const _);
-            _mm512_store_si512(weights.add(64 * g) as *mut _, _mm512_sub_epi8(v, offset));
-        }
-        for h in 0..2 {
-            _mm512_store_ps(coefs.add(PANEL * h), _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(QUANT_BYTES + 2 * PANEL * h) as *const _)));
-        }
+        by_quant_bits!(self.bits, unpack_int8_blocks, (self, p, b, weights, coefs))
     }
 
     #[inline(always)]
@@ -163,6 +153,21 @@ impl AmxBlocks for Int8BlockWeights {
             acc = _mm512_fmadd_ps(s, _mm512_mul_ps(_mm512_load_ps(coefs.add(PANEL * h)), _mm512_set1_ps(*dx)), acc);
         }
         acc
+    }
+}
+
+/// [`AmxBlocks::unpack`] of 8-bit block weights of `BITS`-bit quants.
+#[inline(always)]
+unsafe fn unpack_int8_blocks<const BITS: u32>(w: &Int8BlockWeights, p: usize, b: usize, weights: *mut u8, coefs: *mut f32) {
+    let rec = w.record(p, b);
+    prefetch_ahead(rec, record_bytes(BITS));
+    // |q - offset| <= 127 (see `crate::int8_block`): the wrapping byte difference is exact.
+    let offset = _mm512_set1_epi8(w.offset() as i8);
+    for g in 0..8 {
+        _mm512_store_si512(weights.add(64 * g) as *mut _, _mm512_sub_epi8(quants_avx512::<BITS>(rec, g), offset));
+    }
+    for h in 0..2 {
+        _mm512_store_ps(coefs.add(PANEL * h), _mm512_cvtph_ps(_mm256_loadu_si256(rec.add(quant_bytes(BITS) + 2 * PANEL * h) as *const _)));
     }
 }
 
@@ -293,7 +298,7 @@ unsafe fn epilogue<W: AmxBlocks, const R: usize>(t: &Tile<W>, first: usize, bloc
     for (i, b) in blocks.enumerate() {
         let coefs = (&raw const (*s).coefs[i]).cast::<f32>();
         let sums = (&raw const (*s).sums[i * W::DOTS]).cast::<i32>().add(first * PANEL);
-        for_each_row!(R, |r| {
+        unroll!(R, |r| {
             let (_, dx, tx) = t.x.block_scales(t.row + first + r, b);
             acc[r] = W::step(acc[r], sums.add(r * PANEL), ROWS * PANEL, coefs, dx, tx);
         });

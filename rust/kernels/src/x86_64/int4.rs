@@ -16,7 +16,7 @@
 
 use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
 use crate::packed::PANEL;
-use crate::portable::gemm::{for_each_row, for_each_tile_in_chunks};
+use crate::portable::gemm::{for_each_tile_in_chunks, unroll};
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -190,7 +190,7 @@ unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(rec.add(64 * c + 32 * half) as *const _);
                     let (low, high) = (_mm256_and_si256(v, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
-                    for_each_row!(R, |r| {
+                    unroll!(R, |r| {
                         let low = _mm256_maddubs_epi16(low, _mm256_set1_epi32(group(x[r], c)));
                         let high = _mm256_maddubs_epi16(high, _mm256_set1_epi32(group(x[r], c + 4)));
                         sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(low, high));
@@ -198,7 +198,7 @@ unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN
                 }
                 let (d, m) =
                     scale_min::<_, MIN>(rec, 16 * half, |at| _mm256_cvtph_ps(_mm_loadu_si128(at as *const _)), |d| _mm256_mul_ps(d, _mm256_set1_ps(-8.0)));
-                for_each_row!(R, |r| {
+                unroll!(R, |r| {
                     let (_, dx, tx) = t.x.block_scales(t.row + r, b);
                     let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], _mm256_set1_epi16(1)));
                     let sum = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(*dx)), acc[r][p][h]);
@@ -217,32 +217,33 @@ unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN
 }
 
 /// The tile closure of [`for_each_tile_in_chunks`] calling `tile::<R, NP, MIN>` for the
-/// run-time shape and the weights' offset (`MIN`: they store minimums). Shared with the
-/// 8-bit block GEMMs, whose tiles take `MIN` and ignore it.
+/// run-time shape and the weights' offset (`MIN`: they store minimums), then any generics
+/// given after the tile's name (`tile::<BITS>` calls `tile::<R, NP, MIN, BITS>`). Shared with
+/// the 8-bit block GEMMs, whose tiles take `MIN` and ignore it.
 macro_rules! block_tiles {
-    ($tile:ident, $t:expr, $min:expr) => {
+    ($tile:ident $(::<$($g:tt),*>)?, $t:expr, $min:expr) => {
         |row, rows, panel, np, blocks| {
             let t = &Tile { row, panel, ..*$t };
             if $min {
-                block_tiles!(@shape $tile, t, rows, np, true, blocks)
+                block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, true, blocks)
             } else {
-                block_tiles!(@shape $tile, t, rows, np, false, blocks)
+                block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, false, blocks)
             }
         }
     };
-    (@shape $tile:ident, $t:expr, $rows:expr, $np:expr, $min:literal, $blocks:expr) => {
+    (@shape $tile:ident, ($($g:tt)*), $t:expr, $rows:expr, $np:expr, $min:literal, $blocks:expr) => {
         match ($rows, $np) {
-            (1, 1) => $tile::<1, 1, $min>($t, $blocks),
-            (1, 2) => $tile::<1, 2, $min>($t, $blocks),
-            (1, 3) => $tile::<1, 3, $min>($t, $blocks),
-            (1, 4) => $tile::<1, 4, $min>($t, $blocks),
-            (2, _) => $tile::<2, 1, $min>($t, $blocks),
-            (3, _) => $tile::<3, 1, $min>($t, $blocks),
-            (4, _) => $tile::<4, 1, $min>($t, $blocks),
-            (5, _) => $tile::<5, 1, $min>($t, $blocks),
-            (6, _) => $tile::<6, 1, $min>($t, $blocks),
-            (7, _) => $tile::<7, 1, $min>($t, $blocks),
-            (8, _) => $tile::<8, 1, $min>($t, $blocks),
+            (1, 1) => $tile::<1, 1, $min $($g)*>($t, $blocks),
+            (1, 2) => $tile::<1, 2, $min $($g)*>($t, $blocks),
+            (1, 3) => $tile::<1, 3, $min $($g)*>($t, $blocks),
+            (1, 4) => $tile::<1, 4, $min $($g)*>($t, $blocks),
+            (2, _) => $tile::<2, 1, $min $($g)*>($t, $blocks),
+            (3, _) => $tile::<3, 1, $min $($g)*>($t, $blocks),
+            (4, _) => $tile::<4, 1, $min $($g)*>($t, $blocks),
+            (5, _) => $tile::<5, 1, $min $($g)*>($t, $blocks),
+            (6, _) => $tile::<6, 1, $min $($g)*>($t, $blocks),
+            (7, _) => $tile::<7, 1, $min $($g)*>($t, $blocks),
+            (8, _) => $tile::<8, 1, $min $($g)*>($t, $blocks),
             (rows, panels) => unreachable!("no block tile of {rows} rows by {panels} panels"),
         }
     };
