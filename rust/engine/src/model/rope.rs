@@ -6,15 +6,22 @@ use crate::config::{ModelConfig, RopeScaling};
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::RopeStyle;
 use std::f64::consts::PI;
+use std::sync::OnceLock;
+
+/// Positions per block of the tables.
+const BLOCK_POSITIONS: usize = 1024;
 
 pub struct Rope {
     head_dim: usize,
     /// The dimensions rotated, at the start of each head.
     rotary_dim: usize,
     style: RopeStyle,
-    /// `[position][rotary_dim]`
-    cos: Vec<f32>,
-    sin: Vec<f32>,
+    frequencies: Frequencies,
+    /// `[block][position in block][cos | sin][rotary_dim]`, each block computed the first time
+    /// one of its positions rotates: tables for a model's whole context would hold hundreds of
+    /// MB (Gemma 3 4B: 131,072 positions x 256 dimensions x 2 tables x 2 bases) that a server
+    /// answering short prompts never reads.
+    blocks: Vec<OnceLock<Box<[f32]>>>,
 }
 
 /// What rotates position `p`: the inverse frequencies of each pair of rotated dimensions
@@ -98,24 +105,32 @@ impl Rope {
     pub fn new(cfg: &ModelConfig, theta: f64, scaling: Option<&RopeScaling>, max_positions: usize, style: RopeStyle) -> Rope {
         let (head_dim, rotary_dim) = (cfg.head_dim, cfg.rotary_dim.unwrap_or(cfg.head_dim));
         let frequencies = Frequencies::new(rotary_dim, theta, scaling);
-        let d = rotary_dim;
-        let (mut cos, mut sin) = (vec![0.0; max_positions * d], vec![0.0; max_positions * d]);
+        let blocks = (0..max_positions.div_ceil(BLOCK_POSITIONS)).map(|_| OnceLock::new()).collect();
+        Rope { head_dim, rotary_dim, style, frequencies, blocks }
+    }
+
+    /// The cos and sin tables of the positions of block `block`.
+    fn block(&self, block: usize) -> Box<[f32]> {
+        let d = self.rotary_dim;
+        let mut tables = vec![0.0; BLOCK_POSITIONS * 2 * d];
         let mut angles = vec![0.0; d / 2];
-        for p in 0..max_positions {
-            angles.iter_mut().zip(frequencies.at(p)).for_each(|(a, f)| *a = p as f64 * f);
-            let (cos, sin) = (&mut cos[p * d..(p + 1) * d], &mut sin[p * d..(p + 1) * d]);
-            rope_tables(&angles, style, cos, sin);
-            if frequencies.amplitude != 1.0 {
-                cos.iter_mut().chain(sin.iter_mut()).for_each(|value| *value *= frequencies.amplitude);
+        for (i, tables) in tables.chunks_exact_mut(2 * d).enumerate() {
+            let p = block * BLOCK_POSITIONS + i;
+            angles.iter_mut().zip(self.frequencies.at(p)).for_each(|(a, f)| *a = p as f64 * f);
+            let (cos, sin) = tables.split_at_mut(d);
+            rope_tables(&angles, self.style, cos, sin);
+            if self.frequencies.amplitude != 1.0 {
+                tables.iter_mut().for_each(|value| *value *= self.frequencies.amplitude);
             }
         }
-        Rope { head_dim, rotary_dim, style, cos, sin }
+        tables.into_boxed_slice()
     }
 
     /// Rotates every head in `heads` (concatenated) for position `pos`.
     pub fn apply(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], pos: usize) {
-        let at = pos * self.rotary_dim..(pos + 1) * self.rotary_dim;
-        let (cos, sin) = (&self.cos[at.clone()], &self.sin[at]);
+        let (d, block) = (self.rotary_dim, pos / BLOCK_POSITIONS);
+        let tables = self.blocks.get(block).unwrap_or_else(|| panic!("rope: position {pos} is past the model's context")).get_or_init(|| self.block(block));
+        let (cos, sin) = tables[(pos % BLOCK_POSITIONS) * 2 * d..][..2 * d].split_at(d);
         if self.rotary_dim == self.head_dim {
             (kernels.rope)(heads, cos, sin, self.style);
         } else {
