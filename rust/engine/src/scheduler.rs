@@ -185,10 +185,14 @@ impl Scheduler {
         self.admit(kv);
         let mut batch = Batch::default();
         let mut budget = self.token_budget;
-        for (index, seq) in self.running.iter().enumerate() {
-            if seq.is_decoding() {
-                batch.push(BatchEntry::new(index, seq, seq.kv.computed, seq.tokens.len()));
-                budget = budget.saturating_sub(1 + seq.draft_len());
+        for index in 0..self.running.len() {
+            let seq = &self.running[index];
+            let (start, end) = (seq.kv.computed, seq.tokens.len());
+            // A request admitted in this step may be decoding already (retracted after its
+            // prompt): it gets its window pages here, or waits a step.
+            if seq.is_decoding() && self.grow_window(index, start, end) == end {
+                batch.push(BatchEntry::new(index, &self.running[index], start, end));
+                budget = budget.saturating_sub(end - start); // the token and its draft
             }
         }
         for index in 0..self.running.len() {

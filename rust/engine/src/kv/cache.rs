@@ -118,12 +118,13 @@ impl KvPart {
         }
     }
 
-    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent).
+    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent);
+    /// [`NO_PAGE`]'s lie past every storage, so they are never read unnoticed.
     fn page_ranges(&self, page: u32) -> (Range<usize>, Range<usize>) {
         let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
-        let elements = page_head_start(page, 0, heads, ps, hd)..page_head_start(page + 1, 0, heads, ps, hd);
-        let scales = page_head_scale_start(page, 0, heads, ps)..page_head_scale_start(page + 1, 0, heads, ps);
-        (elements, scales)
+        let elements = page_head_start(page, 0, heads, ps, hd);
+        let scales = page_head_scale_start(page, 0, heads, ps);
+        (elements..elements + heads * ps * hd, scales..scales + heads * ps)
     }
 
     /// One layer's storage, for the attention kernels.
