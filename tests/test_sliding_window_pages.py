@@ -2,8 +2,8 @@
 layers slide over 8 tokens). With pages of 4 tokens a request holds at most 3 window pages between
 steps (the 8 keys its next token reads, over at most 3 pages), however long its prompt, while its
 greedy tokens stay transformers'; a later request sharing the prompt finds it in the radix cache;
-the disk tier, speculative decoding and a window pool too small to cache much keep the tokens
-right; and after a drain both pools are whole again."""
+the disk tier, speculative decoding, tensor parallelism and a window pool too small to cache much
+keep the tokens right; and after a drain both pools are whole again."""
 
 from __future__ import annotations
 
@@ -124,6 +124,13 @@ def test_speculative_decoding_keeps_the_tokens(gemma3):
     with engine(path, speculative_algorithm="ngram", speculative_num_draft_tokens=4) as llm:
         for ids in (repetitive, LONG):
             assert llm.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] == transformers_greedy(model, ids)
+        assert_drained(llm)
+
+
+def test_tensor_parallel_ranks_keep_their_heads_window_pages(gemma3):
+    path, model = gemma3
+    with engine(path, tp_size=2, threads=2) as llm:
+        assert llm.generate(input_ids=LONG, sampling_params=GREEDY)["output_ids"] == transformers_greedy(model, LONG)
         assert_drained(llm)
 
 
