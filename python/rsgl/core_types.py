@@ -84,6 +84,7 @@ class EngineOptions(TypedDict, total=False):
     speculative_draft_budget: bool
     hicache_dir: str | None
     hicache_size_gb: float
+    swa_full_tokens_ratio: float
 
 
 class TopLogprob(TypedDict):
@@ -174,6 +175,10 @@ class EngineStats(TypedDict):
     context_length: int
     radix_cache: bool
     cached_pages: int
+    kv_window_pages_total: int
+    kv_window_pages_free: int
+    window_cached_pages: int
+    sliding_window: int
     prompt_tokens: int
     cache_hit_tokens: int
     cache_hit_rate: float

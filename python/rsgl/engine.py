@@ -97,6 +97,8 @@ class Engine:
     ("float32"; "bfloat16": half the bytes per token, so twice the tokens per budget; "int8": one byte
     per element plus a float32 scale per token and kv head, attention reading it directly; None:
     `default_kv_cache_dtype` of the weights),
+    `swa_full_tokens_ratio` (for models with sliding-window layers, which keep only their window's KV in pages of their
+    own: tokens of that pool per token of the global layers' pool, the budget split to give both; default 0.8),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
     core; default True), `tp_size` (tensor parallelism inside the engine: each of `tp_size` ranks holds a slice of
     every layer and the KV cache of its kv heads, on its own share of the threads, one NUMA node each where there are
@@ -177,6 +179,7 @@ class Engine:
         speculative_draft_budget: bool = True,
         hicache_dir: str | os.PathLike[str] | None = None,
         hicache_size_gb: float = 16.0,
+        swa_full_tokens_ratio: float = 0.8,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -227,6 +230,7 @@ class Engine:
             "speculative_draft_budget": speculative_draft_budget,
             "hicache_dir": None if hicache_dir is None else os.fspath(hicache_dir),
             "hicache_size_gb": hicache_size_gb,
+            "swa_full_tokens_ratio": swa_full_tokens_ratio,
         }
         store = self.model.open_weights()
         store.show_progress(progress)

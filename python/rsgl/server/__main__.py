@@ -40,6 +40,11 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "help": "element type of the KV cache (default: int8 for 16-bit and int8 weights, float32 otherwise; bfloat16 holds twice "
         "float32's tokens, int8 with a scale per token and head almost four times)",
     },
+    "--swa-full-tokens-ratio": {
+        "type": float,
+        "help": "for models with sliding-window layers (Gemma 2 and 3): tokens of the sliding layers' window pages per token of "
+        "the global layers' pages, the KV budget split to give both (default 0.8)",
+    },
     "--hicache-dir": {
         "help": "keep every computed KV page also in a file in this folder (the prefix cache's disk tier): prompts whose "
         "prefix memory no longer holds read it back instead of recomputing it, also after a restart (default: off)",

@@ -31,6 +31,10 @@ def kv_pages_used(info: ServerInfo) -> int:
     return int(info["kv_pages_total"] - info["kv_pages_free"] - info["cached_pages"])
 
 
+def kv_window_pages_used(info: ServerInfo) -> int:
+    return int(info["kv_window_pages_total"] - info["kv_window_pages_free"] - info["window_cached_pages"])
+
+
 def kv_usage(info: ServerInfo) -> float:
     """Fraction of the KV-cache pool held by requests."""
     return kv_pages_used(info) / max(int(info["kv_pages_total"]), 1)
@@ -65,6 +69,9 @@ ENGINE_GAUGES: tuple[EngineMetric, ...] = (
     ("rsgl:kv_pages_used", "KV-cache pages held by requests (not counting unused cached prefixes).", kv_pages_used),
     ("rsgl:kv_pages_cached", "KV-cache pages holding cached prefixes no request uses (evictable).", lambda i: i["cached_pages"]),
     ("rsgl:kv_pages_total", "KV-cache pages in the pool.", lambda i: i["kv_pages_total"]),
+    ("rsgl:kv_window_pages_used", "Sliding layers' window pages held by requests (0 for models without).", kv_window_pages_used),
+    ("rsgl:kv_window_pages_cached", "Sliding layers' window pages of cached prefixes no request reads (evictable).", lambda i: i["window_cached_pages"]),
+    ("rsgl:kv_window_pages_total", "Sliding layers' window pages in their pool.", lambda i: i["kv_window_pages_total"]),
     ("rsgl:hicache_pages_used", "KV pages the disk tier holds.", disk_tier("used_pages")),
     ("rsgl:hicache_pages_total", "KV pages the disk tier's file may hold.", disk_tier("capacity_pages")),
     ("rsgl:kv_usage", "Fraction of the KV-cache pool held by requests.", kv_usage),

@@ -10,6 +10,8 @@ mod keys;
 pub use architecture::{Architecture, MoeFacts, ARCHITECTURES};
 
 use crate::error::{EngineError, Result};
+use crate::kv::window::window_pages_per_request;
+use crate::kv::Pools;
 use crate::policy::SchedulePolicy;
 use crate::pooling::Pooling;
 use crate::request::deserialize_with_path;
@@ -304,6 +306,11 @@ impl ModelConfig {
         self.num_attention_heads * self.head_dim
     }
 
+    /// Whether `layer` attends within a sliding window.
+    pub fn is_sliding(&self, layer: usize) -> bool {
+        self.sliding_window.as_ref().is_some_and(|window| window.layers.contains(&layer))
+    }
+
     pub fn kv_size(&self) -> usize {
         self.num_key_value_heads * self.head_dim
     }
@@ -466,6 +473,9 @@ pub struct EngineOptions {
     pub hicache_dir: Option<String>,
     /// Most GiB the disk tier's file takes; the least recently used pages make room.
     pub hicache_size_gb: f64,
+    /// Where the model's sliding layers keep only their window's KV (in window pages of their
+    /// own), how many tokens their pool holds per token of the global layers' pool.
+    pub swa_full_tokens_ratio: f64,
 }
 
 impl Default for EngineOptions {
@@ -496,6 +506,7 @@ impl Default for EngineOptions {
             speculative_draft_budget: true,
             hicache_dir: None,
             hicache_size_gb: 16.0,
+            swa_full_tokens_ratio: 0.8,
         }
     }
 }
@@ -519,6 +530,9 @@ impl EngineOptions {
         }
         if opts.kv_cache_memory_gb.is_nan() || opts.kv_cache_memory_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
+        }
+        if !(opts.swa_full_tokens_ratio > 0.0 && opts.swa_full_tokens_ratio.is_finite()) {
+            return Err(EngineError::InvalidRequest("engine option swa_full_tokens_ratio must be positive".into()));
         }
         if opts.hicache_size_gb.is_nan() || opts.hicache_size_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option hicache_size_gb must be positive".into()));
@@ -545,11 +559,32 @@ impl EngineOptions {
         self.context_length.unwrap_or(cfg.max_position_embeddings)
     }
 
-    /// Number of KV pages the pool gets.
-    pub fn kv_pages(&self, cfg: &ModelConfig) -> usize {
-        let tokens = self
-            .max_total_tokens
-            .unwrap_or_else(|| (self.kv_cache_memory_gb * (1u64 << 30) as f64 / cfg.kv_bytes_per_token(self.kv_cache_dtype) as f64) as usize);
-        tokens.div_ceil(self.page_size)
+    /// The sliding window whose layers keep only its KV, in window pages of their own: the
+    /// model's, where it is shorter than the context (a longer one never slides past a page).
+    pub fn paged_window<'c>(&self, cfg: &'c ModelConfig) -> Option<&'c SlidingWindow> {
+        cfg.sliding_window.as_ref().filter(|window| window.size < self.context_length(cfg))
+    }
+
+    /// Most draft tokens a request verifies in one step (0 without speculative decoding).
+    pub fn max_draft_tokens(&self) -> usize {
+        self.speculative_algorithm.map_or(0, |_| self.speculative_num_draft_tokens)
+    }
+
+    /// How many pages the KV pools get: `max_total_tokens` (else what `kv_cache_memory_gb` holds)
+    /// of every layer; with a [`Self::paged_window`], of the global layers, beside
+    /// `swa_full_tokens_ratio` as many (at least one request's window) of the sliding ones.
+    pub fn kv_pools(&self, cfg: &ModelConfig) -> Pools {
+        let budget = self.kv_cache_memory_gb * (1u64 << 30) as f64;
+        let Some(window) = self.paged_window(cfg) else {
+            let tokens = self.max_total_tokens.unwrap_or_else(|| (budget / cfg.kv_bytes_per_token(self.kv_cache_dtype) as f64) as usize);
+            return Pools { pages: tokens.div_ceil(self.page_size), window_pages: None };
+        };
+        let layer_bytes = (cfg.kv_bytes_per_token(self.kv_cache_dtype) / cfg.num_hidden_layers) as f64;
+        let (sliding, ratio) = (window.layers.len() as f64, self.swa_full_tokens_ratio);
+        let global = cfg.num_hidden_layers as f64 - sliding;
+        let tokens = self.max_total_tokens.unwrap_or_else(|| (budget / (layer_bytes * (global + ratio * sliding))) as usize);
+        let window_tokens = (tokens as f64 * ratio) as usize;
+        let one_request = window_pages_per_request(window.size, self.page_size, self.max_draft_tokens());
+        Pools { pages: tokens.div_ceil(self.page_size), window_pages: Some(window_tokens.div_ceil(self.page_size).max(one_request)) }
     }
 }

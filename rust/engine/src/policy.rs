@@ -67,8 +67,8 @@ mod tests {
 
     fn order(policy: SchedulePolicy) -> Vec<usize> {
         let mut cache = RadixCache::new(2);
-        cache.insert(0, &[1, 2, 3, 4, 5, 6], &[0, 1, 2]);
-        cache.insert(0, &[1, 2, 9, 9], &[0, 3]);
+        cache.insert(0, &[1, 2, 3, 4, 5, 6], &[0, 1, 2], &[]);
+        cache.insert(0, &[1, 2, 9, 9], &[0, 3], &[]);
         let waiting = [seq(&[7, 7, 7]), seq(&[1, 2, 9, 9, 0]), seq(&[1, 2, 3, 4, 5, 6, 0]), seq(&[1, 2, 3, 4, 8])];
         admission_order(policy, &waiting.iter().collect::<Vec<_>>(), &mut cache)
     }

@@ -9,19 +9,72 @@
 //! With the disk tier on, a request's prompt pages past what memory holds are read back from
 //! disk at admission (the kernel prefetches them while it waits), and every page a request
 //! completes is written there too ([`Scheduler::persist`]).
+//!
+//! Where the sliding layers keep only their window ([`WindowPool`]), a request gets window pages
+//! for the tokens a step writes (a decoding request's with its global pages, a prompt chunk's
+//! when the step is planned, shortened to what the pool gives), and after each step releases
+//! those wholly behind the window of its next token ([`Scheduler::slide_window`]).
 
 use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
 use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash, PageRecord};
-use crate::kv::{KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache};
+use crate::kv::window::{covered_pages, first_window_page, window_pages_per_request, NO_PAGE};
+use crate::kv::{Freed, KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache};
 use crate::policy::{admission_order, SchedulePolicy};
-use crate::sequence::Sequence;
+use crate::sequence::{SeqKv, Sequence};
 use std::collections::VecDeque;
+
+/// The sliding layers' window pages, for a model whose sliding layers keep only their window.
+pub(crate) struct WindowPool {
+    pool: PagePool,
+    /// Positions a sliding layer's query sees, its own included.
+    window: usize,
+    /// Window pages one request holds at most between steps: admission keeps this many for each.
+    per_request: usize,
+}
+
+impl WindowPool {
+    pub fn new(pool: PagePool, window: usize, max_draft_tokens: usize) -> Self {
+        let per_request = window_pages_per_request(window, pool.page_size(), max_draft_tokens);
+        WindowPool { pool, window, per_request }
+    }
+
+    /// The first window page a query at `pos` reads.
+    fn first_page(&self, pos: usize) -> usize {
+        first_window_page(pos, self.pool.page_size(), self.window)
+    }
+
+    /// Releases the window pages of `kv` wholly before its next token's window: its own into the
+    /// pool; the cache's are unpinned (the cache keeps them, evictable).
+    fn release_behind(&mut self, kv: &mut SeqKv, cache: &mut dyn PrefixCache) {
+        let (start, end) = (kv.window_start, self.first_page(kv.computed).min(kv.window.len()));
+        if end <= start {
+            return;
+        }
+        let shared = kv.shared_pages.clamp(start, end);
+        cache.unpin_window(&kv.window[start..shared]);
+        let mut own: Vec<u32> = kv.window[shared..end].iter().copied().filter(|&p| p != NO_PAGE).collect();
+        self.pool.release(&mut own);
+        kv.window[start..end].fill(NO_PAGE);
+        kv.window_start = end;
+    }
+
+    /// Takes up to `n` window pages, evicting the cache's unpinned ones while the pool is short.
+    fn take(&mut self, n: usize, cache: &mut dyn PrefixCache) -> Vec<u32> {
+        let short = n.saturating_sub(self.pool.free_pages());
+        if short > 0 {
+            let mut freed = cache.evict_window(short);
+            self.pool.release(&mut freed);
+        }
+        self.pool.alloc(n.min(self.pool.free_pages())).expect("no more than are free")
+    }
+}
 
 pub(crate) struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
     pool: PagePool,
+    window: Option<WindowPool>,
     cache: Box<dyn PrefixCache>,
     disk: Option<DiskTier>,
     policy: SchedulePolicy,
@@ -39,6 +92,9 @@ pub(crate) struct SchedulerCounts {
     pub waiting: usize,
     pub free_pages: usize,
     pub cached_pages: usize,
+    pub window_free_pages: usize,
+    /// Window pages the cache keeps that no request reads.
+    pub window_cached_pages: usize,
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub retractions: u64,
@@ -46,12 +102,17 @@ pub(crate) struct SchedulerCounts {
 }
 
 impl Scheduler {
-    pub fn new(pool: PagePool, opts: &EngineOptions, disk: Option<DiskTier>) -> Self {
-        let cache: Box<dyn PrefixCache> = if opts.disable_radix_cache { Box::new(NoPrefixCache) } else { Box::new(RadixCache::new(pool.page_size())) };
+    pub fn new(pool: PagePool, window: Option<WindowPool>, opts: &EngineOptions, disk: Option<DiskTier>) -> Self {
+        let cache: Box<dyn PrefixCache> = match &window {
+            _ if opts.disable_radix_cache => Box::new(NoPrefixCache),
+            Some(window) => Box::new(RadixCache::windowed(pool.page_size(), window.window)),
+            None => Box::new(RadixCache::new(pool.page_size())),
+        };
         Scheduler {
             waiting: VecDeque::new(),
             running: Vec::new(),
             pool,
+            window,
             cache,
             disk,
             policy: opts.schedule_policy,
@@ -107,6 +168,8 @@ impl Scheduler {
             waiting: self.waiting.len(),
             free_pages: self.pool.free_pages(),
             cached_pages: self.cache.cached_pages(),
+            window_free_pages: self.window.as_ref().map_or(0, |w| w.pool.free_pages()),
+            window_cached_pages: self.cache.evictable_window_pages(),
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
@@ -122,29 +185,67 @@ impl Scheduler {
         self.admit(kv);
         let mut batch = Batch::default();
         let mut budget = self.token_budget;
-        for (index, seq) in self.running.iter().enumerate() {
-            if seq.is_decoding() {
-                batch.push(BatchEntry::new(index, seq, seq.kv.computed, seq.tokens.len()));
-                budget = budget.saturating_sub(1 + seq.draft_len());
+        for index in 0..self.running.len() {
+            let seq = &self.running[index];
+            let (start, end) = (seq.kv.computed, seq.tokens.len());
+            // A request admitted in this step may be decoding already (retracted after its
+            // prompt): it gets its window pages here, or waits a step.
+            if seq.is_decoding() && self.grow_window(index, start, end) == end {
+                batch.push(BatchEntry::new(index, &self.running[index], start, end));
+                budget = budget.saturating_sub(end - start); // the token and its draft
             }
         }
-        for (index, seq) in self.running.iter().enumerate() {
+        for index in 0..self.running.len() {
+            let seq = &self.running[index];
             let start = seq.kv.computed;
             if !seq.is_decoding() && budget > 0 {
                 let end = seq.tokens.len().min(start + budget);
-                budget -= end - start;
-                batch.push(BatchEntry::new(index, seq, start, end));
+                let end = self.grow_window(index, start, end);
+                if end > start {
+                    budget -= end - start;
+                    batch.push(BatchEntry::new(index, &self.running[index], start, end));
+                }
             }
         }
         batch
+    }
+
+    /// Gives request `index` the window pages its tokens `start..end` are written to; returns
+    /// how far it can go: `end`, or the start of the first page the window pool could not give.
+    fn grow_window(&mut self, index: usize, start: usize, end: usize) -> usize {
+        let Some(window) = &mut self.window else { return end };
+        let ps = window.pool.page_size();
+        let table = &mut self.running[index].kv.window;
+        let missing: Vec<usize> = (start / ps..end.div_ceil(ps)).filter(|&p| table[p] == NO_PAGE).collect();
+        let pages = window.take(missing.len(), self.cache.as_mut());
+        for (&p, &page) in missing.iter().zip(&pages) {
+            table[p] = page;
+        }
+        missing.get(pages.len()).map_or(end, |&short| end.min(short * ps))
+    }
+
+    /// Releases the window pages request `index` no longer reads, once a step advanced it.
+    pub fn slide_window(&mut self, index: usize) {
+        if let Some(window) = &mut self.window {
+            window.release_behind(&mut self.running[index].kv, self.cache.as_mut());
+        }
+    }
+
+    /// Hands pages the cache let go back to their pools.
+    fn give_back(&mut self, mut freed: Freed) {
+        self.pool.release(&mut freed.pages);
+        match &mut self.window {
+            Some(window) => window.pool.release(&mut freed.window),
+            None => debug_assert!(freed.window.is_empty(), "window pages without a window pool"),
+        }
     }
 
     /// Evicts cached prefixes until `n` pages are free (or nothing evictable is left).
     fn make_room(&mut self, n: usize) -> bool {
         let short = n.saturating_sub(self.pool.free_pages());
         if short > 0 {
-            let mut freed = self.cache.evict(short);
-            self.pool.release(&mut freed);
+            let freed = self.cache.evict(short);
+            self.give_back(freed);
         }
         self.pool.free_pages() >= n
     }
@@ -155,21 +256,29 @@ impl Scheduler {
         self.pool.alloc(n)
     }
 
-    /// Gives every running request the pages its next token needs, retracting the most recently
-    /// admitted requests while the pool (and the evictable cache) cannot provide them.
+    /// Gives every running request the pages its next token needs (a decoding request its
+    /// window pages too), retracting the most recently admitted requests while the pools (and
+    /// the evictable cache) cannot provide them.
     fn grow_pages(&mut self) {
         let mut i = 0;
         while i < self.running.len() {
-            let need = self.pool.pages_for(self.running[i].tokens.len()).saturating_sub(self.running[i].kv.pages.len());
-            if need == 0 {
-                i += 1;
-                continue;
-            }
-            if let Some(pages) = self.take_pages(need) {
-                self.running[i].kv.pages.extend(pages);
+            let seq = &self.running[i];
+            let need = self.pool.pages_for(seq.tokens.len()).saturating_sub(seq.kv.pages.len());
+            let (decoding, start, end) = (seq.is_decoding(), seq.kv.computed, seq.tokens.len());
+            let grown = need == 0
+                || self.take_pages(need).is_some_and(|pages| {
+                    let kv = &mut self.running[i].kv;
+                    kv.pages.extend(pages);
+                    if self.window.is_some() {
+                        kv.window.resize(kv.pages.len(), NO_PAGE);
+                    }
+                    true
+                });
+            // Submit checked that one request fits the whole pool, and admission that every
+            // running request's window fits the window pool, so retracting others ends this loop.
+            if grown && (!decoding || self.grow_window(i, start, end) == end) {
                 i += 1;
             } else {
-                // Submit checked that one request fits the whole pool, so retracting others ends this loop.
                 let victim = self.running.len() - 1;
                 self.retract(victim);
             }
@@ -192,35 +301,73 @@ impl Scheduler {
         let mut slots: Vec<Option<Sequence>> = queue.into_iter().map(Some).collect();
         let mut budget = self.token_budget;
         let first_admitted = self.running.len();
+        let ps = self.pool.page_size();
         for i in order {
             if self.running.len() >= self.max_running || budget == 0 {
                 break;
             }
+            if self.window.as_ref().is_some_and(|w| w.pool.num_pages() < w.per_request * (self.running.len() + 1)) {
+                break; // every running request may hold a window's pages at once
+            }
             let seq = slots[i].as_mut().expect("each index once");
             let cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
             let chain = self.disk_chain(seq, cached.pages.len());
-            let matched = cached.pages.len().max(chain.len()) * self.pool.page_size();
+            let matched = cached.pages.len().max(chain.len()) * ps;
             if self.cache.keeps_prefixes() && self.shares_uncached_prefix(seq, matched, first_admitted) {
                 continue; // computed once by the other request, then found in the cache
             }
             self.cache.lock(cached.node); // before evicting for our own pages
+                                          // The cached window pages the request reads after the cached prefix, pinned before
+                                          // evicting for our own pages: after a longer prefix (read from disk) it reads no
+                                          // earlier ones.
+            let window_read = self.window.as_ref().map_or(0, |w| w.first_page(cached.pages.len() * ps));
+            self.cache.pin_window(cached.window.get(window_read..).unwrap_or_default());
             let need = self.pool.pages_for(seq.tokens.len()) - cached.pages.len();
             // Leave a page per running request for its next decode page, so admitting does
             // not force a retraction right away (an empty batch always admits: progress).
             let headroom = self.running.len();
             let own = if self.make_room(need + headroom) { self.pool.alloc(need) } else { None };
-            let Some(own) = own else {
-                self.cache.unlock(cached.node);
-                break; // no room: later requests wait too rather than overtake
+            // The window pages of the pages read from disk that the request's window reads.
+            let on_disk = chain.len().max(cached.pages.len());
+            let disk_window = self.window.as_ref().map_or(0..0, |w| w.first_page(on_disk * ps).max(cached.pages.len())..on_disk);
+            let own_window = match (&mut self.window, &own) {
+                (Some(window), Some(_)) => window.take(disk_window.len(), self.cache.as_mut()),
+                _ => Vec::new(),
+            };
+            let (own, own_window) = match own {
+                Some(own) if own_window.len() == disk_window.len() => (own, own_window),
+                own => {
+                    self.give_back(Freed { pages: own.unwrap_or_default(), window: own_window });
+                    self.cache.unpin_window(cached.window.get(window_read..).unwrap_or_default());
+                    self.cache.unlock(cached.node);
+                    break; // no room: later requests wait too rather than overtake
+                }
             };
             let mut seq = slots[i].take().expect("present");
-            let read = self.read_from_disk(&seq, &chain, cached.pages.len(), &own, kv);
-            let matched = (cached.pages.len() + read) * self.pool.page_size();
-            if seq.kv.admit(cached.pages, own, cached.node, matched) {
+            let mut window_table = Vec::new();
+            if self.window.is_some() {
+                window_table = vec![NO_PAGE; cached.pages.len() + own.len()];
+                window_table[window_read..cached.pages.len()].copy_from_slice(&cached.window[window_read..]);
+                window_table[disk_window].copy_from_slice(&own_window);
+            }
+            let read = self.read_from_disk(&seq, &chain, cached.pages.len(), &own, &window_table, kv);
+            let mut reached = cached.pages.len() + read;
+            if let Some(window) = &self.window {
+                // A read that failed may leave a gap a shorter prefix's window reads.
+                reached = covered_pages(&window_table[..reached], ps, window.window);
+            }
+            let cached_pages = cached.pages.len();
+            let matched = reached * ps;
+            let first = seq.kv.admit(cached.pages, own, cached.node, matched);
+            if let Some(window) = &mut self.window {
+                (seq.kv.window, seq.kv.window_start) = (window_table, window_read);
+                window.release_behind(&mut seq.kv, self.cache.as_mut());
+            }
+            if first {
                 self.admitted_prompt_tokens += seq.prompt_len as u64;
                 self.cache_hit_tokens += matched as u64;
                 if let Some(disk) = &mut self.disk {
-                    disk.count_hit_tokens(read * self.pool.page_size());
+                    disk.count_hit_tokens((reached - cached_pages) * ps);
                 }
             }
             budget = budget.saturating_sub(seq.tokens.len() - matched);
@@ -240,16 +387,16 @@ impl Scheduler {
     }
 
     /// Reads the pages of `chain` from page `first` on from disk into the request's first
-    /// `own` pages; returns how many were read (up to the first that failed its checks: the
-    /// rest are recomputed).
-    fn read_from_disk(&mut self, seq: &Sequence, chain: &[PageHash], first: usize, own: &[u32], kv: &mut KvCache) -> usize {
+    /// `own` pages (and the window pages `window` gives them, where it gives one); returns how
+    /// many were read (up to the first that failed its checks: the rest are recomputed).
+    fn read_from_disk(&mut self, seq: &Sequence, chain: &[PageHash], first: usize, own: &[u32], window: &[u32], kv: &mut KvCache) -> usize {
         let Some(disk) = &mut self.disk else { return 0 };
         let ps = self.pool.page_size();
         (first..chain.len())
             .zip(own)
             .take_while(|&(p, &page)| {
                 let record = PageRecord::in_chain(seq.kv.namespace, chain, p, &seq.tokens[p * ps..(p + 1) * ps]);
-                disk.read(&record, |bytes| kv.copy_page_in(page, bytes))
+                disk.read(&record, |bytes| kv.copy_page_in(page, window.get(p).copied().unwrap_or(NO_PAGE), bytes))
             })
             .count()
     }
@@ -266,7 +413,8 @@ impl Scheduler {
         let hashes = page_hashes(seq.kv.namespace, &seq.tokens[..full * ps], ps);
         for p in from / ps..full {
             let record = PageRecord::in_chain(seq.kv.namespace, &hashes, p, &seq.tokens[p * ps..(p + 1) * ps]);
-            disk.store(record, |out| kv.copy_page_out(seq.kv.pages[p], out));
+            // Written before the step's window pages slide: every page completed has its own.
+            disk.store(record, |out| kv.copy_page_out(seq.kv.pages[p], seq.kv.window.get(p).copied().unwrap_or(NO_PAGE), out));
         }
     }
 
@@ -285,18 +433,26 @@ impl Scheduler {
     pub fn cache_progress(&mut self, index: usize) {
         let page = self.pool.page_size();
         let seq = &mut self.running[index];
-        let full = seq.kv.computed / page;
-        if full <= seq.kv.shared_pages {
+        let kv = &mut seq.kv;
+        let full = kv.computed / page;
+        if full <= kv.shared_pages {
             return;
         }
-        let (shared, mut redundant) = self.cache.share(seq.kv.namespace, &seq.tokens[..full * page], &seq.kv.pages[..full]);
+        let (shared, redundant) = self.cache.share(kv.namespace, &seq.tokens[..full * page], &kv.pages[..full], kv.window.get(..full).unwrap_or_default());
         self.cache.lock(shared.node);
-        if let Some(old) = seq.kv.cache_node.replace(shared.node) {
+        if let Some(old) = kv.cache_node.replace(shared.node) {
             self.cache.unlock(old);
         }
-        seq.kv.pages[..full].copy_from_slice(&shared.pages);
-        seq.kv.shared_pages = full;
-        self.pool.release(&mut redundant);
+        let now_shared = shared.pages.len(); // `full`, or none when the cache keeps nothing
+        kv.pages[..now_shared].copy_from_slice(&shared.pages);
+        if now_shared > kv.shared_pages && !kv.window.is_empty() {
+            // The request reads the cache's copies of its window pages from now on.
+            let reads = kv.shared_pages.max(kv.window_start)..now_shared;
+            kv.window[reads.clone()].copy_from_slice(&shared.window[reads.clone()]);
+            self.cache.pin_window(&kv.window[reads]);
+        }
+        kv.shared_pages = now_shared;
+        self.give_back(redundant);
     }
 
     /// Removes a running request for good, caching its computed pages.
@@ -307,18 +463,24 @@ impl Scheduler {
     }
 
     /// Hands a request's pages back: whole computed pages to the cache (of a request that
-    /// caches its prefix), the rest to the pool.
+    /// caches its prefix), the rest to the pools.
     fn release(&mut self, seq: &mut Sequence) {
         let page = self.pool.page_size();
-        let full = if seq.caches_prefix() { (seq.kv.computed / page).min(seq.kv.pages.len()) } else { 0 };
-        let mut tail = seq.kv.pages.split_off(full);
-        let mut unkept = self.cache.adopt(seq.kv.namespace, &seq.tokens[..full * page], &seq.kv.pages);
-        self.pool.release(&mut unkept);
-        self.pool.release(&mut tail);
-        if let Some(node) = seq.kv.cache_node.take() {
+        let caches = seq.caches_prefix();
+        let kv = &mut seq.kv;
+        let full = if caches { (kv.computed / page).min(kv.pages.len()) } else { 0 };
+        if !kv.window.is_empty() {
+            self.cache.unpin_window(&kv.window[kv.window_start.min(kv.shared_pages)..kv.shared_pages]);
+        }
+        let tail = kv.pages.split_off(full);
+        let window_tail = kv.window.split_off(full.min(kv.window.len()));
+        let unkept = self.cache.adopt(kv.namespace, &seq.tokens[..full * page], &kv.pages, &kv.window);
+        self.give_back(unkept);
+        self.give_back(Freed { pages: tail, window: window_tail.into_iter().filter(|&p| p != NO_PAGE).collect() });
+        if let Some(node) = kv.cache_node.take() {
             self.cache.unlock(node);
         }
-        seq.kv.reset();
+        kv.reset();
     }
 
     /// Empties the prefix cache; refused (false) while requests are queued or running.
@@ -326,8 +488,8 @@ impl Scheduler {
         if !self.is_idle() {
             return false;
         }
-        let mut pages = self.cache.flush().expect("no request holds a lock when idle");
-        self.pool.release(&mut pages);
+        let freed = self.cache.flush().expect("no request holds a lock when idle");
+        self.give_back(freed);
         if let Some(disk) = &mut self.disk {
             disk.clear();
         }

@@ -126,7 +126,7 @@ impl Sim {
         self.tree.lock(node);
         let need = self.pool.pages_for(tokens.len()) - shared.len();
         if self.pool.free_pages() < need {
-            let evicted = self.tree.evict(need - self.pool.free_pages());
+            let evicted = self.tree.evict(need - self.pool.free_pages()).pages;
             self.take_evicted(evicted);
         }
         let Some(own) = self.pool.alloc(need) else {
@@ -150,7 +150,8 @@ impl Sim {
     /// Inserts the request's whole pages; releases the duplicates; returns the end node.
     fn insert_full(&mut self, r: &Req) -> NodeId {
         let full = r.tokens.len() / self.ps;
-        let (dups, end) = self.tree.insert(r.ns, &r.tokens[..full * self.ps], &r.pages[..full]);
+        let (dups, end) = self.tree.insert(r.ns, &r.tokens[..full * self.ps], &r.pages[..full], &[]);
+        let dups = dups.pages;
         let dup_set: HashSet<u32> = dups.iter().copied().collect();
         assert_eq!(dup_set.len(), dups.len(), "a duplicate returned twice");
         for &p in &dups {
@@ -236,7 +237,7 @@ impl Sim {
             }
             Op::Evict(n) => {
                 let before = self.tree.evictable_pages();
-                let evicted = self.tree.evict(n);
+                let evicted = self.tree.evict(n).pages;
                 assert_eq!(before - self.tree.evictable_pages(), evicted.len());
                 if evicted.len() < n {
                     assert_eq!(self.tree.evictable_pages(), 0, "evict stopped short with evictable pages left");
@@ -245,7 +246,7 @@ impl Sim {
             }
             Op::Flush => {
                 if self.active.is_empty() {
-                    let pages = self.tree.flush().expect("flush with no locks");
+                    let pages = self.tree.flush().expect("flush with no locks").pages;
                     self.release(pages, Owner::Tree);
                     assert_eq!(self.pool.free_pages(), self.pool.num_pages(), "flush frees the whole pool");
                 } else {
@@ -263,7 +264,7 @@ impl Sim {
             self.finish(0, false);
             self.check();
         }
-        let pages = self.tree.flush().expect("no locks left");
+        let pages = self.tree.flush().expect("no locks left").pages;
         self.release(pages, Owner::Tree);
         assert_eq!(self.pool.free_pages(), self.pool.num_pages());
         self.tree.check_invariants();

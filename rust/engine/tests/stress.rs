@@ -1,6 +1,7 @@
 //! 500 requests with random lengths, shared prefixes, aborts and n > 1 samples, through a KV pool
 //! far too small to hold them at once: every request ends as asked, greedy outputs equal the same
-//! requests run one at a time without the prefix cache, and the pool drains back to empty.
+//! requests run one at a time without the prefix cache, and the pool drains back to empty. Again
+//! with a sliding layer that keeps only its window, its window pool small too.
 
 mod common;
 
@@ -38,11 +39,28 @@ fn cases(count: usize) -> Vec<Case> {
 
 #[test]
 fn five_hundred_requests_through_a_small_pool() {
+    same_outputs_as_alone(&["fcfs", "lpm", "dfs-weight"], |opts| engine("llama", opts));
+}
+
+#[test]
+fn five_hundred_requests_through_small_pools_with_a_sliding_layer() {
+    same_outputs_as_alone(&["fcfs", "lpm"], |opts| {
+        // 24 window pages of 4 tokens: 8 requests' windows (of 6 tokens: 3 pages each) at a time.
+        let opts = opts.replace('}', r#", "swa_full_tokens_ratio": 0.6}"#);
+        let e = sliding_engine(6, &opts);
+        assert_eq!(e.stats().kv_window_pages_total, 24);
+        e
+    });
+}
+
+/// Runs the cases under each policy on engines `make` starts (from their options), and checks
+/// the outputs against the same requests run one at a time without the prefix cache.
+fn same_outputs_as_alone(policies: &[&str], make: impl Fn(&str) -> rsgl_engine::Engine) {
     let cases = cases(500);
-    let alone = engine("llama", r#"{"page_size": 4, "max_total_tokens": 160, "disable_radix_cache": true, "threads": 2}"#);
+    let alone = make(r#"{"page_size": 4, "max_total_tokens": 160, "disable_radix_cache": true, "threads": 2}"#);
     let mut reference = HashMap::new();
-    for policy in ["fcfs", "lpm", "dfs-weight"] {
-        let outputs = run_all(&cases, policy);
+    for policy in policies {
+        let outputs = run_all(&cases, policy, &make);
         for c in cases.iter().filter(|c| outputs.contains_key(&c.rid)) {
             let want = reference.entry(c.rid.clone()).or_insert_with(|| collect(alone.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).0);
             assert_eq!(want, &outputs[&c.rid], "{policy}: {} differs from its run alone", c.rid);
@@ -52,14 +70,11 @@ fn five_hundred_requests_through_a_small_pool() {
 }
 
 /// Runs every case at once under `policy`; returns the outputs of those that finished.
-fn run_all(cases: &[Case], policy: &str) -> HashMap<String, Vec<u32>> {
+fn run_all(cases: &[Case], policy: &str, make: impl Fn(&str) -> rsgl_engine::Engine) -> HashMap<String, Vec<u32>> {
     // 40 pages of 4 tokens: a handful of requests at a time, so decodes must retract others.
-    let e = engine(
-        "llama",
-        &format!(
-            r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}"}}"#
-        ),
-    );
+    let e = make(&format!(
+        r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}"}}"#
+    ));
     let streams: Vec<_> = cases.iter().map(|c| e.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).collect();
     for c in cases.iter().filter(|c| c.abort) {
         e.abort(&c.rid);

@@ -14,7 +14,7 @@ use crate::kv::{KvCache, PagePool};
 use crate::model::{Compute, DecoderModel, ModelOutput, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
-use crate::scheduler::Scheduler;
+use crate::scheduler::{Scheduler, WindowPool};
 use crate::spec::Speculator;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
@@ -136,8 +136,10 @@ impl Engine {
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
         let fingerprint = opts.hicache_dir.as_ref().map(|_| cache_fingerprint(&cfg, &weights, &opts));
         let model = DecoderModel::new(cfg, weights, context_length, precision, output, computes)?;
-        let num_pages = opts.kv_pages(model.config());
-        let kv = KvCache::new(model.config(), num_pages, opts.page_size, opts.kv_cache_dtype, &model.kv_heads_per_rank());
+        let pools = opts.kv_pools(model.config());
+        let num_pages = pools.pages;
+        let window = opts.paged_window(model.config()).map_or(0, |window| window.size);
+        let kv = KvCache::new(model.config(), pools, opts.page_size, opts.kv_cache_dtype, &model.kv_heads_per_rank());
         let mut disk = match (&opts.hicache_dir, fingerprint) {
             (Some(dir), Some(fingerprint)) => {
                 let options = DiskTierOptions { dir: dir.into(), capacity_bytes: (opts.hicache_size_gb * (1u64 << 30) as f64) as u64, fingerprint };
@@ -157,6 +159,9 @@ impl Engine {
             kv_cache_dtype: opts.kv_cache_dtype,
             kv_pages_total: num_pages,
             kv_pages_free: num_pages,
+            kv_window_pages_total: pools.window_pages.unwrap_or_default(),
+            kv_window_pages_free: pools.window_pages.unwrap_or_default(),
+            sliding_window: window,
             radix_cache: !opts.disable_radix_cache,
             page_size: opts.page_size,
             max_total_tokens: num_pages * opts.page_size,
@@ -175,7 +180,12 @@ impl Engine {
         let worker = Worker {
             model,
             kv,
-            scheduler: Scheduler::new(PagePool::new(num_pages, opts.page_size), &opts, disk),
+            scheduler: Scheduler::new(
+                PagePool::new(num_pages, opts.page_size),
+                pools.window_pages.map(|pages| WindowPool::new(PagePool::new(pages, opts.page_size), window, opts.max_draft_tokens())),
+                &opts,
+                disk,
+            ),
             tokenizer: table,
             grammars: grammars.clone(),
             grammar_queue: Vec::new(),

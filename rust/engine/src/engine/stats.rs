@@ -31,6 +31,15 @@ pub struct EngineStats {
     pub context_length: usize,
     pub radix_cache: bool,
     pub cached_pages: usize,
+    /// Where the sliding layers keep only their window's KV: their window pages (of
+    /// `page_size` tokens, for those layers only), free ones, and ones the prefix cache keeps
+    /// that no request reads (evictable); all 0 for other models. `kv_pages_*` are then the
+    /// global layers' pages.
+    pub kv_window_pages_total: usize,
+    pub kv_window_pages_free: usize,
+    pub window_cached_pages: usize,
+    /// Positions a sliding layer's query sees, where they keep only those (else 0).
+    pub sliding_window: usize,
     /// Prompt tokens of admitted requests, and how many of them came from the cache.
     pub prompt_tokens: u64,
     pub cache_hit_tokens: u64,

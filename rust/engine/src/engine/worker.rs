@@ -259,6 +259,11 @@ impl Worker {
                 finished.push((index, None));
             }
         }
+        // Every request the step advanced (its draft checked) no longer reads what fell behind
+        // its window.
+        for entry in batch.entries() {
+            self.scheduler.slide_window(entry.index);
+        }
         // Highest index first: retiring swaps the last request into the freed slot.
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.scheduler.retire(i), out)).collect();
@@ -302,6 +307,8 @@ impl Worker {
         s.waiting_requests = counts.waiting;
         s.kv_pages_free = counts.free_pages;
         s.cached_pages = counts.cached_pages;
+        s.kv_window_pages_free = counts.window_free_pages;
+        s.window_cached_pages = counts.window_cached_pages;
         s.prompt_tokens = counts.admitted_prompt_tokens;
         s.cache_hit_tokens = counts.cache_hit_tokens;
         s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };

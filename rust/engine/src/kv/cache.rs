@@ -1,8 +1,10 @@
 //! Storage of K and V for every page of the pool, per layer, in the layout the attention
 //! kernels read ([`rsgl_kernels::paged`]): per page and kv head, keys `[head_dim][page_size]`
 //! (transposed) and values `[page_size][head_dim]`; int8 pages also keep one scale per token
-//! and kv head.
+//! and kv head. Where the sliding layers have a pool of their own, their storage is indexed by
+//! window pages ([`super::window`]) and holds that pool's pages only.
 
+use super::window::NO_PAGE;
 use crate::config::{KvCacheDtype, ModelConfig};
 use rsgl_kernels::memory::HugePageBuffer;
 use rsgl_kernels::packed::f32_to_bf16;
@@ -76,18 +78,30 @@ pub struct KvPart {
     head_dim: usize,
     keys: Vec<Store>,
     values: Vec<Store>,
+    /// Per layer: whether its pages are window pages.
+    windowed: Vec<bool>,
 }
 
 impl KvPart {
-    fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize, dtype: KvCacheDtype, kv_heads: usize) -> KvPart {
-        let per_layer = num_pages * page_size * kv_heads * cfg.head_dim;
+    fn new(cfg: &ModelConfig, pools: Pools, page_size: usize, dtype: KvCacheDtype, kv_heads: usize) -> KvPart {
+        let windowed: Vec<bool> = (0..cfg.num_hidden_layers).map(|layer| pools.window_pages.is_some() && cfg.is_sliding(layer)).collect();
+        let store = |&windowed: &bool| {
+            let pages = if windowed { pools.window_pages.unwrap_or_default() } else { pools.pages };
+            Store::new(dtype, pages * page_size * kv_heads * cfg.head_dim, cfg.head_dim)
+        };
         KvPart {
             page_size,
             kv_heads,
             head_dim: cfg.head_dim,
-            keys: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer, cfg.head_dim)).collect(),
-            values: (0..cfg.num_hidden_layers).map(|_| Store::new(dtype, per_layer, cfg.head_dim)).collect(),
+            keys: windowed.iter().map(store).collect(),
+            values: windowed.iter().map(store).collect(),
+            windowed,
         }
+    }
+
+    /// Whether `layer`'s pages are window pages (read through a sequence's window page table).
+    pub fn is_windowed(&self, layer: usize) -> bool {
+        self.windowed[layer]
     }
 
     /// Stores one token's K and V (`[kv_head][head_dim]` each, this part's heads) at position
@@ -104,12 +118,13 @@ impl KvPart {
         }
     }
 
-    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent).
+    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent);
+    /// [`NO_PAGE`]'s lie past every storage, so they are never read unnoticed.
     fn page_ranges(&self, page: u32) -> (Range<usize>, Range<usize>) {
         let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
-        let elements = page_head_start(page, 0, heads, ps, hd)..page_head_start(page + 1, 0, heads, ps, hd);
-        let scales = page_head_scale_start(page, 0, heads, ps)..page_head_scale_start(page + 1, 0, heads, ps);
-        (elements, scales)
+        let elements = page_head_start(page, 0, heads, ps, hd);
+        let scales = page_head_scale_start(page, 0, heads, ps);
+        (elements..elements + heads * ps * hd, scales..scales + heads * ps)
     }
 
     /// One layer's storage, for the attention kernels.
@@ -124,6 +139,15 @@ impl KvPart {
     }
 }
 
+/// How many pages the KV pools hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pools {
+    /// Pages of every layer (of the global layers where the sliding ones have a pool of their own).
+    pub pages: usize,
+    /// Window pages of the sliding layers, when they keep only their window's KV.
+    pub window_pages: Option<usize>,
+}
+
 /// Every page's K and V, held in one part per tensor-parallel rank (one part without).
 pub struct KvCache {
     parts: Vec<KvPart>,
@@ -131,9 +155,9 @@ pub struct KvCache {
 
 impl KvCache {
     /// `kv_heads_per_part`: how many kv heads each part holds, in head order.
-    pub fn new(cfg: &ModelConfig, num_pages: usize, page_size: usize, dtype: KvCacheDtype, kv_heads_per_part: &[usize]) -> Self {
+    pub fn new(cfg: &ModelConfig, pools: Pools, page_size: usize, dtype: KvCacheDtype, kv_heads_per_part: &[usize]) -> Self {
         assert_eq!(kv_heads_per_part.iter().sum::<usize>(), cfg.num_key_value_heads, "the parts hold every kv head once");
-        KvCache { parts: kv_heads_per_part.iter().map(|&heads| KvPart::new(cfg, num_pages, page_size, dtype, heads)).collect() }
+        KvCache { parts: kv_heads_per_part.iter().map(|&heads| KvPart::new(cfg, pools, page_size, dtype, heads)).collect() }
     }
 
     /// The parts, one per tensor-parallel rank.
@@ -144,39 +168,50 @@ impl KvCache {
     /// Bytes of one page's K and V (and int8 scales) over every layer: what the disk tier keeps.
     pub fn page_bytes(&self) -> usize {
         let mut bytes = 0;
-        self.page_parts(0, |part| bytes += part.len());
+        self.page_parts(0, 0, |part| bytes += part.len());
         bytes
     }
 
-    /// Copies page `page` of every layer into `out` ([`Self::page_bytes`] long).
-    pub fn copy_page_out(&self, page: u32, out: &mut [u8]) {
+    /// Copies page `page` of every layer (window page `window_page` of the windowed ones) into
+    /// `out` ([`Self::page_bytes`] long), layer by layer as without window pages.
+    pub fn copy_page_out(&self, page: u32, window_page: u32, out: &mut [u8]) {
         let mut at = 0;
-        self.page_parts(page, |part| {
+        self.page_parts(page, window_page, |part| {
             out[at..at + part.len()].copy_from_slice(part);
             at += part.len();
         });
     }
 
-    /// Overwrites page `page` of every layer with bytes [`Self::copy_page_out`] gave.
-    pub fn copy_page_in(&mut self, page: u32, bytes: &[u8]) {
+    /// Overwrites page `page` of every layer with bytes [`Self::copy_page_out`] gave, the
+    /// windowed layers' into `window_page` (skipped where it is [`NO_PAGE`]: behind the window).
+    pub fn copy_page_in(&mut self, page: u32, window_page: u32, bytes: &[u8]) {
         let mut at = 0;
+        let skip_window = window_page == NO_PAGE;
         for part in &mut self.parts {
-            let (elements, scales) = part.page_ranges(page);
-            for store in part.keys.iter_mut().zip(&mut part.values).flat_map(|(k, v)| [k, v]) {
-                for bytes_of in store.page_bytes_mut(elements.clone(), scales.clone()) {
-                    bytes_of.copy_from_slice(&bytes[at..at + bytes_of.len()]);
+            // A skipped page's pieces are as long as page 0's.
+            let ranges = [part.page_ranges(page), part.page_ranges(if skip_window { 0 } else { window_page })];
+            let layers = part.keys.iter_mut().zip(&mut part.values).zip(&part.windowed);
+            for (store, &windowed) in layers.flat_map(|((k, v), w)| [(k, w), (v, w)]) {
+                let (elements, scales) = ranges[usize::from(windowed)].clone();
+                for bytes_of in store.page_bytes_mut(elements, scales) {
+                    if !(windowed && skip_window) {
+                        bytes_of.copy_from_slice(&bytes[at..at + bytes_of.len()]);
+                    }
                     at += bytes_of.len();
                 }
             }
         }
     }
 
-    /// Calls `visit` with each piece of page `page` in the order the disk tier stores them.
-    fn page_parts(&self, page: u32, mut visit: impl FnMut(&[u8])) {
+    /// Calls `visit` with each piece of page `page` (`window_page` in windowed layers) in the
+    /// order the disk tier stores them.
+    fn page_parts(&self, page: u32, window_page: u32, mut visit: impl FnMut(&[u8])) {
         for part in &self.parts {
-            let (elements, scales) = part.page_ranges(page);
-            for store in part.keys.iter().zip(&part.values).flat_map(|(k, v)| [k, v]) {
-                store.page_bytes(elements.clone(), scales.clone()).into_iter().for_each(&mut visit);
+            let ranges = [part.page_ranges(page), part.page_ranges(window_page)];
+            let layers = part.keys.iter().zip(&part.values).zip(&part.windowed);
+            for (store, &windowed) in layers.flat_map(|((k, v), w)| [(k, w), (v, w)]) {
+                let (elements, scales) = ranges[usize::from(windowed)].clone();
+                store.page_bytes(elements, scales).into_iter().for_each(&mut visit);
             }
         }
     }
@@ -203,18 +238,52 @@ mod tests {
     use super::*;
     use crate::config::ModelConfig;
 
-    #[test]
-    fn a_page_copied_out_and_in_is_the_same_page_for_every_dtype() {
-        let cfg: ModelConfig = serde_json::from_value(serde_json::json!({
+    /// Two layers of two kv heads of 4 dimensions; layer 0 slides over 2 tokens if `sliding`.
+    fn tiny_config(sliding: bool) -> ModelConfig {
+        let mut json = serde_json::json!({
             "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
             "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
             "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 16
-        }))
-        .expect("a tiny config");
+        });
+        if sliding {
+            json["sliding_window"] = serde_json::json!({"size": 2, "layers": [0], "rope_theta": null});
+        }
+        serde_json::from_value(json).expect("a tiny config")
+    }
+
+    #[test]
+    fn a_windowed_layer_keeps_its_part_of_a_page_in_its_window_page() {
+        let cfg = tiny_config(true);
+        let pools = Pools { pages: 3, window_pages: Some(2) };
+        let mut kv = KvCache::new(&cfg, pools, 2, KvCacheDtype::Float32, &[2]);
+        let part = &mut kv.parts_mut()[0];
+        assert!(part.is_windowed(0) && !part.is_windowed(1));
+        let row: Vec<f32> = (1..=8).map(|i| i as f32).collect();
+        part.write(0, &[1], 1, &row, &row); // window page 1
+        part.write(1, &[2], 1, &row, &row); // page 2
+        let mut page = vec![0u8; kv.page_bytes()];
+        kv.copy_page_out(2, 1, &mut page);
+        let half = page.len() / 2; // layer 0's K and V, then layer 1's
+        assert!(page[..half].iter().any(|&b| b != 0) && page[half..].iter().any(|&b| b != 0));
+        let mut copy = vec![0u8; kv.page_bytes()];
+        kv.copy_page_in(0, 0, &page);
+        kv.copy_page_out(0, 0, &mut copy);
+        assert_eq!(page, copy);
+        // Behind the window only the global layers' part is read in.
+        let mut fresh = KvCache::new(&cfg, pools, 2, KvCacheDtype::Float32, &[2]);
+        fresh.copy_page_in(1, NO_PAGE, &page);
+        fresh.copy_page_out(1, 0, &mut copy);
+        assert!(copy[..half].iter().all(|&b| b == 0));
+        assert_eq!(copy[half..], page[half..]);
+    }
+
+    #[test]
+    fn a_page_copied_out_and_in_is_the_same_page_for_every_dtype() {
+        let cfg = tiny_config(false);
         for dtype in [KvCacheDtype::Float32, KvCacheDtype::Bfloat16, KvCacheDtype::Int8] {
             // Two parts, one kv head each, as a tensor-parallel pair holds them.
-            let mut kv = KvCache::new(&cfg, 3, 2, dtype, &[1, 1]);
+            let mut kv = KvCache::new(&cfg, Pools { pages: 3, window_pages: None }, 2, dtype, &[1, 1]);
             let row: Vec<f32> = (0..4).map(|i| i as f32 - 2.5).collect();
             for (layer, pos) in [(0, 2), (1, 3)] {
                 for part in kv.parts_mut() {
@@ -222,13 +291,13 @@ mod tests {
                 }
             }
             let mut page = vec![0u8; kv.page_bytes()];
-            kv.copy_page_out(1, &mut page);
+            kv.copy_page_out(1, NO_PAGE, &mut page);
             assert!(page.iter().any(|&b| b != 0), "{dtype:?}: the written rows are in the page");
-            kv.copy_page_in(2, &page);
+            kv.copy_page_in(2, NO_PAGE, &page);
             let mut copy = vec![0u8; kv.page_bytes()];
-            kv.copy_page_out(2, &mut copy);
+            kv.copy_page_out(2, NO_PAGE, &mut copy);
             assert_eq!(page, copy, "{dtype:?}");
-            kv.copy_page_out(0, &mut copy);
+            kv.copy_page_out(0, NO_PAGE, &mut copy);
             assert!(copy.iter().all(|&b| b == 0), "{dtype:?}: other pages are untouched");
         }
     }

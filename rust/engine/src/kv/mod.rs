@@ -1,13 +1,15 @@
 //! The paged KV cache: a pool of fixed-size pages ([`PagePool`]) and their storage ([`KvCache`]),
 //! the radix tree sharing computed prefixes ([`RadixCache`]), and its disk tier ([`disk`]).
+//! Sliding layers may keep their KV in window pages of a second pool ([`window`]).
 
 mod cache;
 pub mod disk;
 mod page_pool;
 mod prefix_cache;
 mod radix;
+pub mod window;
 
-pub use cache::{KvCache, KvPart};
+pub use cache::{KvCache, KvPart, Pools};
 pub use page_pool::PagePool;
 pub(crate) use prefix_cache::{NoPrefixCache, PrefixCache};
-pub use radix::{NodeId, PrefixMatch, RadixCache};
+pub use radix::{Freed, NodeId, PrefixMatch, RadixCache};

@@ -2,13 +2,15 @@
 //! [`NoPrefixCache`] stands in when prefix caching is off, so the scheduler never branches on
 //! whether a cache exists.
 
-use super::{NodeId, PrefixMatch, RadixCache};
+use super::window::NO_PAGE;
+use super::{Freed, NodeId, PrefixMatch, RadixCache};
 
 /// Computed KV pages kept by token prefix, for requests admitted later to share.
 ///
 /// Pages the cache keeps are not free in the pool until [`evict`](PrefixCache::evict) or
 /// [`flush`](PrefixCache::flush) hands them back; every method that returns page ids returns
-/// pages the caller must release into the pool.
+/// pages the caller must release into the pool. With sliding layers of their own pool, each page
+/// comes with its window page (`window` arguments; empty for other models).
 pub(crate) trait PrefixCache: Send {
     /// The longest cached prefix of `key` in `namespace`, in whole pages.
     fn match_prefix(&mut self, namespace: u64, key: &[u32]) -> PrefixMatch;
@@ -21,21 +23,33 @@ pub(crate) trait PrefixCache: Send {
 
     fn unlock(&mut self, node: NodeId);
 
-    /// Shares the whole pages a running request has computed (`pages` hold `key`), so requests
-    /// admitted later find them. Returns the prefix the request should point at from now on (to
-    /// lock in place of its old one) and the request's own pages made redundant by it.
-    fn share(&mut self, namespace: u64, key: &[u32], pages: &[u32]) -> (PrefixMatch, Vec<u32>);
+    /// Pins window pages a request reads (a lock does not protect them).
+    fn pin_window(&mut self, pages: &[u32]);
+
+    fn unpin_window(&mut self, pages: &[u32]);
+
+    /// Shares the whole pages a running request has computed (`pages` and `window` hold `key`),
+    /// so requests admitted later find them. Returns the prefix the request should point at from
+    /// now on (to lock in place of its old one; none when nothing is kept) and the request's own
+    /// pages made redundant by it.
+    fn share(&mut self, namespace: u64, key: &[u32], pages: &[u32], window: &[u32]) -> (PrefixMatch, Freed);
 
     /// Takes the computed whole pages of a request that leaves; returns the ones not kept.
-    fn adopt(&mut self, namespace: u64, key: &[u32], pages: &[u32]) -> Vec<u32>;
+    fn adopt(&mut self, namespace: u64, key: &[u32], pages: &[u32], window: &[u32]) -> Freed;
 
     /// Frees at least `pages` pages of unlocked prefixes, least recently used first, if it can.
-    fn evict(&mut self, pages: usize) -> Vec<u32>;
+    fn evict(&mut self, pages: usize) -> Freed;
+
+    /// Frees at least `pages` window pages no request pins, least recently used first, if it can.
+    fn evict_window(&mut self, pages: usize) -> Vec<u32>;
 
     /// Drops every prefix; `None` (and nothing dropped) while any is locked.
-    fn flush(&mut self) -> Option<Vec<u32>>;
+    fn flush(&mut self) -> Option<Freed>;
 
     fn cached_pages(&self) -> usize;
+
+    /// Window pages held that no request pins (what [`Self::evict_window`] can free).
+    fn evictable_window_pages(&self) -> usize;
 
     /// Whether what one request computes can be found by the next: only then is it worth
     /// holding a request back to share a prefix another is computing.
@@ -63,29 +77,46 @@ impl PrefixCache for RadixCache {
         RadixCache::unlock(self, node);
     }
 
-    fn share(&mut self, namespace: u64, key: &[u32], pages: &[u32]) -> (PrefixMatch, Vec<u32>) {
-        let (duplicates, _) = self.insert(namespace, key, pages);
+    fn pin_window(&mut self, pages: &[u32]) {
+        RadixCache::pin_window(self, pages);
+    }
+
+    fn unpin_window(&mut self, pages: &[u32]) {
+        RadixCache::unpin_window(self, pages);
+    }
+
+    fn share(&mut self, namespace: u64, key: &[u32], pages: &[u32], window: &[u32]) -> (PrefixMatch, Freed) {
+        let (duplicates, node) = self.insert(namespace, key, pages, window);
         // An earlier copy of the same tokens may have won: point at the tree's pages.
-        (RadixCache::match_prefix(self, namespace, key), duplicates)
+        let (pages, window) = self.path_pages(node);
+        (PrefixMatch { pages, window, node }, duplicates)
     }
 
-    fn adopt(&mut self, namespace: u64, key: &[u32], pages: &[u32]) -> Vec<u32> {
+    fn adopt(&mut self, namespace: u64, key: &[u32], pages: &[u32], window: &[u32]) -> Freed {
         if pages.is_empty() {
-            return Vec::new(); // nothing to keep: leave the tree's LRU clock alone
+            return Freed::default(); // nothing to keep: leave the tree's LRU clock alone
         }
-        self.insert(namespace, key, pages).0
+        self.insert(namespace, key, pages, window).0
     }
 
-    fn evict(&mut self, pages: usize) -> Vec<u32> {
+    fn evict(&mut self, pages: usize) -> Freed {
         RadixCache::evict(self, pages)
     }
 
-    fn flush(&mut self) -> Option<Vec<u32>> {
+    fn evict_window(&mut self, pages: usize) -> Vec<u32> {
+        RadixCache::evict_window(self, pages)
+    }
+
+    fn flush(&mut self) -> Option<Freed> {
         RadixCache::flush(self)
     }
 
     fn cached_pages(&self) -> usize {
         RadixCache::cached_pages(self)
+    }
+
+    fn evictable_window_pages(&self) -> usize {
+        RadixCache::evictable_window_pages(self)
     }
 
     fn keeps_prefixes(&self) -> bool {
@@ -103,7 +134,7 @@ pub(crate) struct NoPrefixCache;
 
 impl PrefixCache for NoPrefixCache {
     fn match_prefix(&mut self, _namespace: u64, _key: &[u32]) -> PrefixMatch {
-        PrefixMatch { pages: Vec::new(), node: 0 }
+        PrefixMatch { pages: Vec::new(), window: Vec::new(), node: 0 }
     }
 
     fn cached_prefix_pages(&self, _namespace: u64, _key: &[u32]) -> usize {
@@ -114,23 +145,36 @@ impl PrefixCache for NoPrefixCache {
 
     fn unlock(&mut self, _node: NodeId) {}
 
-    fn share(&mut self, _namespace: u64, _key: &[u32], pages: &[u32]) -> (PrefixMatch, Vec<u32>) {
-        (PrefixMatch { pages: pages.to_vec(), node: 0 }, Vec::new())
+    fn pin_window(&mut self, _pages: &[u32]) {}
+
+    fn unpin_window(&mut self, _pages: &[u32]) {}
+
+    fn share(&mut self, namespace: u64, key: &[u32], _pages: &[u32], _window: &[u32]) -> (PrefixMatch, Freed) {
+        // The request keeps its pages: they go back to the pools when it leaves.
+        (self.match_prefix(namespace, key), Freed::default())
     }
 
-    fn adopt(&mut self, _namespace: u64, _key: &[u32], pages: &[u32]) -> Vec<u32> {
-        pages.to_vec()
+    fn adopt(&mut self, _namespace: u64, _key: &[u32], pages: &[u32], window: &[u32]) -> Freed {
+        Freed { pages: pages.to_vec(), window: window.iter().copied().filter(|&p| p != NO_PAGE).collect() }
     }
 
-    fn evict(&mut self, _pages: usize) -> Vec<u32> {
+    fn evict(&mut self, _pages: usize) -> Freed {
+        Freed::default()
+    }
+
+    fn evict_window(&mut self, _pages: usize) -> Vec<u32> {
         Vec::new()
     }
 
-    fn flush(&mut self) -> Option<Vec<u32>> {
-        Some(Vec::new())
+    fn flush(&mut self) -> Option<Freed> {
+        Some(Freed::default())
     }
 
     fn cached_pages(&self) -> usize {
+        0
+    }
+
+    fn evictable_window_pages(&self) -> usize {
         0
     }
 

@@ -39,9 +39,23 @@ pub struct SeqChunk<'a> {
     pub start_pos: usize,
     /// The sequence's page table, covering at least `start_pos + tokens.len()` positions.
     pub pages: &'a [u32],
+    /// Its window page table, which layers whose KV lives in window pages read and write
+    /// (entries behind their window are released); empty without such layers.
+    pub window_pages: &'a [u32],
     /// The tokens (counted from `tokens[0]`) after which an output row is returned, one each in
     /// batch order (the batch decides: see `BatchEntry::new`).
     pub rows: Range<usize>,
+}
+
+impl SeqChunk<'_> {
+    /// The page table of layers whose KV lives in window pages (`windowed`), or of the others.
+    fn table(&self, windowed: bool) -> &[u32] {
+        if windowed {
+            self.window_pages
+        } else {
+            self.pages
+        }
+    }
 }
 
 /// What a forward pass returns per row.
@@ -357,11 +371,12 @@ impl DecoderModel {
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
             let mut qkv = layer.qkv.forward(c, &normed);
             self.position_qk(rank, layer, &mut qkv, &step.positions);
+            let windowed = kv.is_windowed(l);
             for (t, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
                 let (k, v) = row[qs..].split_at(kvs);
-                kv.write(l, step.seqs[step.token_seq[t]].pages, step.positions[t], k, v);
+                kv.write(l, step.seqs[step.token_seq[t]].table(windowed), step.positions[t], k, v);
             }
-            let attn = self.attention(rank, layer, &kv.layer(l), &qkv, step.seqs);
+            let attn = self.attention(rank, layer, &kv.layer(l), windowed, &qkv, step.seqs);
             let mut attn_out = layer.o.forward(c, &attn);
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
             let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);
@@ -455,7 +470,7 @@ impl DecoderModel {
     /// `window` of them in a sliding layer), for this rank's kv heads, as tasks of one kv head's
     /// query group over a run of consecutive tokens, handed out dynamically (prefill tasks late
     /// in a prompt cost more than early ones).
-    fn attention(&self, rank: &RankModel, layer: &Layer, paged: &rsgl_kernels::PagedKv, qkv: &[f32], seqs: &[SeqChunk]) -> Vec<f32> {
+    fn attention(&self, rank: &RankModel, layer: &Layer, paged: &rsgl_kernels::PagedKv, windowed: bool, qkv: &[f32], seqs: &[SeqChunk]) -> Vec<f32> {
         let hd = self.cfg.head_dim;
         let (kv_heads, qs) = (rank.shard.kv_heads.len(), rank.q_size(hd));
         let group = self.cfg.num_attention_heads / self.cfg.num_key_value_heads;
@@ -478,7 +493,7 @@ impl DecoderModel {
             let (s, t, tokens, first_pos, h) = tasks[i];
             let task = AttentionTask {
                 kv: paged,
-                pages: seqs[s].pages,
+                pages: seqs[s].table(windowed),
                 kv_head: h,
                 group,
                 q: &qkv[t * row + h * group * hd..],

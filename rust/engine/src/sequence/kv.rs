@@ -8,8 +8,14 @@ pub(crate) struct SeqKv {
     pub computed: usize,
     /// Page table: token `i` lives in page `pages[i / page_size]`.
     pub pages: Vec<u32>,
-    /// Leading pages the prefix cache owns (shared), not this request.
+    /// Leading pages the prefix cache owns (shared), not this request (their window pages too).
     pub shared_pages: usize,
+    /// Where the sliding layers have window pages of their own: their page table, as long as
+    /// `pages`, with `NO_PAGE` before `window_start` and where none is allocated yet (else empty).
+    pub window: Vec<u32>,
+    /// Window pages before this one were released: no query of the request reads them any more.
+    /// Of the others, the shared ones are pinned in the prefix cache.
+    pub window_start: usize,
     /// The prefix-cache node this request holds locked (the end of its shared prefix).
     pub cache_node: Option<NodeId>,
     /// Prefix-cache namespace (from the cache salt): requests in different ones share nothing.
@@ -25,6 +31,8 @@ impl SeqKv {
             computed: 0,
             pages: Vec::new(),
             shared_pages: 0,
+            window: Vec::new(),
+            window_start: 0,
             cache_node: None,
             namespace: cache_salt.map_or(0, namespace_of),
             cached_tokens: 0,
@@ -53,6 +61,8 @@ impl SeqKv {
     pub fn reset(&mut self) {
         self.pages.clear();
         self.shared_pages = 0;
+        self.window.clear();
+        self.window_start = 0;
         self.cache_node = None;
         self.computed = 0;
     }

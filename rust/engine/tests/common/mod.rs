@@ -1,6 +1,7 @@
 //! A tiny random Llama-family model and helpers shared by the engine's integration tests.
 #![allow(dead_code)] // each test file uses its own subset
 
+use rsgl_engine::config::SlidingWindow;
 use rsgl_engine::sample::Rng;
 use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, Output, WeightStore};
 use std::time::Duration;
@@ -87,7 +88,18 @@ pub fn weights(cfg: &ModelConfig) -> WeightStore {
 }
 
 pub fn engine(arch: &str, opts: &str) -> Engine {
-    let cfg = config(arch);
+    engine_of(config(arch), opts)
+}
+
+/// The tiny Llama with its first layer sliding over `window` tokens (which, shorter than the
+/// context, keeps only its window's KV in window pages).
+pub fn sliding_engine(window: usize, opts: &str) -> Engine {
+    let mut cfg = config("llama");
+    cfg.sliding_window = Some(SlidingWindow { size: window, layers: vec![0], rope_theta: None });
+    engine_of(cfg, opts)
+}
+
+fn engine_of(cfg: ModelConfig, opts: &str) -> Engine {
     let w = weights(&cfg);
     Engine::start(cfg, w, None, vec![], EngineOptions::from_json(opts).unwrap()).unwrap()
 }
@@ -113,16 +125,18 @@ pub fn prompt(seed: u64, len: usize) -> Vec<u32> {
     (0..len).map(|_| (rng.next_u64() % VOCAB as u64) as u32).collect()
 }
 
-/// Waits until no request is queued or running, checks that every page is free or cached,
-/// then flushes the cache and checks that every page is free.
+/// Waits until no request is queued or running, checks that every page (and window page) is
+/// free or cached, then flushes the cache and checks that every page is free.
 pub fn assert_drained(e: &Engine) {
     for _ in 0..500 {
         let s = e.stats();
         if s.running_requests == 0 && s.waiting_requests == 0 {
             assert_eq!(s.kv_pages_free + s.cached_pages, s.kv_pages_total, "pages leaked: {s:?}");
+            assert_eq!(s.kv_window_pages_free + s.window_cached_pages, s.kv_window_pages_total, "window pages leaked: {s:?}");
             assert!(e.flush_cache().unwrap(), "flush refused on an idle engine");
             let s = e.stats();
             assert_eq!((s.kv_pages_free, s.cached_pages), (s.kv_pages_total, 0), "{s:?}");
+            assert_eq!((s.kv_window_pages_free, s.window_cached_pages), (s.kv_window_pages_total, 0), "{s:?}");
             return;
         }
         std::thread::sleep(Duration::from_millis(10));
