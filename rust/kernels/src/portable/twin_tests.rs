@@ -27,7 +27,7 @@ fn run_gemm(kern: &Kernels, x: &[f32], w: &PackedWeights, panels: std::ops::Rang
 fn check_gemm(simd: &Kernels) {
     let reference = Kernels::portable();
     for dtype in [WeightDtype::F32, WeightDtype::F16, WeightDtype::BF16] {
-        // 577 inputs: chunked paths (AVX2's widened bf16 panels, 256 inputs a chunk) end on a short, odd chunk.
+        // 577 inputs: wide and odd; 53 rows: more than one 48-row block of AVX2's widened bf16 panels.
         for k in [1, 3, 7, 16, 17, 33, 100, 577] {
             for (m, n) in [(1, 1), (1, 37), (1, 81), (2, 40), (3, 7), (5, 48), (13, 17), (14, 65), (29, 33), (53, 21)] {
                 let x = data(m * k, 1.0);

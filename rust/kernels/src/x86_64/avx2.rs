@@ -5,11 +5,9 @@
 //! bf16, whose pairs widen with a shift (even `k`) and a mask (odd `k`). A tile of one or two
 //! rows (decode) spans several panels instead: each accumulator is one chain of dependent FMAs,
 //! and two chains per row cannot keep up with the memory (one ymm of weights per FMA latency).
-//! A GEMM of many rows (prefill) widens each bf16 panel to f32 once per block of rows, a chunk of
-//! inputs at a time, then runs the f32 tiles over the chunk while it sits in L1: the widening is
-//! paid once per 48 rows, not once per 4. Every output is a sequential sum over `k` either way (a
-//! chunk continues the sums the previous one stored: an f32 store and reload is exact), so
-//! results do not depend on `m`.
+//! A GEMM of many rows (prefill) widens each bf16 panel to f32 once per block of rows, then runs
+//! the f32 tiles over it: the widening is paid once per 48 rows, not once per 4. Every output is
+//! a sequential sum over `k` either way, so results do not depend on `m`.
 
 use crate::dispatch::GemmArgs;
 use crate::packed::{PackedWeights, WeightDtype, PANEL};
@@ -20,12 +18,7 @@ use std::ops::Range;
 /// Where a tile reads and writes: activation/weight element offsets and the output corner.
 struct Tile {
     x: usize,
-    /// Elements between activation rows.
-    ldx: usize,
-    /// Inputs the tile sums over.
     k: usize,
-    /// Whether the sums continue from what `out` holds (a later chunk of the inputs).
-    resume: bool,
     /// First weight element of the tile's first panel, and elements between panels.
     w: usize,
     w_stride: usize,
@@ -33,23 +26,6 @@ struct Tile {
     ldo: usize,
     /// Valid output columns from `out` on (over all the tile's panels).
     cols: usize,
-}
-
-/// The tile's starting sums: zero, or what `out` holds when it resumes.
-#[inline(always)]
-unsafe fn start<const R: usize, const NP: usize>(t: &Tile) -> [[[__m256; 2]; NP]; R] {
-    let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
-    if t.resume {
-        for (r, row) in acc.iter_mut().enumerate() {
-            for (p, halves) in row.iter_mut().enumerate() {
-                let valid = t.cols.saturating_sub(p * PANEL).min(PANEL);
-                let mut spill = [0f32; PANEL];
-                std::ptr::copy_nonoverlapping(t.out.add(r * t.ldo + p * PANEL), spill.as_mut_ptr(), valid);
-                *halves = [_mm256_loadu_ps(spill.as_ptr()), _mm256_loadu_ps(spill.as_ptr().add(8))];
-            }
-        }
-    }
-    acc
 }
 
 #[inline(always)]
@@ -83,7 +59,7 @@ const PREFETCH_BYTES: usize = 1024;
 #[inline(always)]
 unsafe fn tile_wide<const R: usize, const NP: usize>(x: *const f32, t: &Tile, weights: (*const i8, usize), load: impl Fn(usize) -> __m256) {
     let (prefetch_base, elem_bytes) = weights;
-    let mut acc = start::<R, NP>(t);
+    let mut acc = [[[_mm256_setzero_ps(); 2]; NP]; R];
     for kk in 0..t.k {
         let mut wv = [[_mm256_setzero_ps(); 2]; NP];
         for (p, v) in wv.iter_mut().enumerate() {
@@ -94,7 +70,7 @@ unsafe fn tile_wide<const R: usize, const NP: usize>(x: *const f32, t: &Tile, we
             *v = [load(at), load(at + 8)];
         }
         for (r, row) in acc.iter_mut().enumerate() {
-            let xv = _mm256_set1_ps(*x.add(t.x + r * t.ldx + kk));
+            let xv = _mm256_set1_ps(*x.add(t.x + r * t.k + kk));
             for (a, v) in row.iter_mut().zip(&wv) {
                 a[0] = _mm256_fmadd_ps(xv, v[0], a[0]);
                 a[1] = _mm256_fmadd_ps(xv, v[1], a[1]);
@@ -121,7 +97,7 @@ unsafe fn tile_bf16<const R: usize, const NP: usize>(x: *const f32, w: *const u1
             let odd = [_mm256_castsi256_ps(_mm256_and_si256(pair0, high)), _mm256_castsi256_ps(_mm256_and_si256(pair1, high))];
             for (r, row) in acc.iter_mut().enumerate() {
                 let a = &mut row[p];
-                let xr = x.add(t.x + r * t.ldx + 2 * kp);
+                let xr = x.add(t.x + r * t.k + 2 * kp);
                 let x0 = _mm256_set1_ps(*xr);
                 a[0] = _mm256_fmadd_ps(x0, even[0], a[0]);
                 a[1] = _mm256_fmadd_ps(x0, even[1], a[1]);
@@ -142,11 +118,6 @@ const WIDEN_FROM_ROWS: usize = 8;
 /// Rows of an f32 tile, and the row block a widened panel serves.
 const WIDE_ROWS: usize = 6;
 const WIDE_ROW_BLOCK: usize = WIDE_ROWS * 8;
-/// Inputs of a widened chunk: 16 KiB of f32 weights, which stay in L1 beside a tile's
-/// activations while the row block's tiles pass over them (a whole widened panel of a wide
-/// matrix, 512 KiB at k = 8192, was read from L2 or beyond by every tile). Even: bf16 panels
-/// hold pairs of inputs.
-const WIDE_CHUNK: usize = 256;
 
 /// A bf16 panel (`[k / 2][PANEL][2]`) widened to the f32 panel layout (`[k][PANEL]`): the same
 /// values `tile_bf16` widens in registers.
@@ -177,26 +148,21 @@ macro_rules! by_shape {
 /// Panels a one-row tile spans (8 independent accumulator chains); a two-row tile spans half.
 const DECODE_PANELS: usize = 4;
 
-/// bf16 weights for many rows: each panel widened a chunk of inputs at a time, once per row
-/// block, then f32 tiles over the chunk.
+/// bf16 weights for many rows: each panel widened once per row block, then f32 tiles.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_bf16_widened(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let (k, stride, x) = (w.k, w.panel_stride(), a.x.as_ptr());
-    let mut widened = vec![0f32; WIDE_CHUNK * PANEL];
+    let mut widened = vec![0f32; k * PANEL];
     let wp = widened.as_ptr();
     for block in (0..a.m).step_by(WIDE_ROW_BLOCK) {
         let block_end = (block + WIDE_ROW_BLOCK).min(a.m);
         for panel in panels.clone() {
+            widen_panel(w.half_data().as_ptr().add(panel * stride), k, &mut widened);
             let cols = (w.n - panel * PANEL).min(PANEL);
-            for first in (0..k).step_by(WIDE_CHUNK) {
-                let len = WIDE_CHUNK.min(k - first);
-                widen_panel(w.half_data().as_ptr().add(panel * stride + first * PANEL), len, &mut widened);
-                for row in (block..block_end).step_by(WIDE_ROWS) {
-                    let rows = WIDE_ROWS.min(block_end - row);
-                    let t =
-                        Tile { x: row * k + first, ldx: k, k: len, resume: first > 0, w: 0, w_stride: 0, out: out.add(row * ldo + panel * PANEL), ldo, cols };
-                    by_shape!(rows, 1, tile_wide, (x, &t, (wp.cast(), 4), |at: usize| _mm256_loadu_ps(wp.add(at))));
-                }
+            for row in (block..block_end).step_by(WIDE_ROWS) {
+                let rows = WIDE_ROWS.min(block_end - row);
+                let t = Tile { x: row * k, k, w: 0, w_stride: 0, out: out.add(row * ldo + panel * PANEL), ldo, cols };
+                by_shape!(rows, 1, tile_wide, (x, &t, (wp.cast(), 4), |at: usize| _mm256_loadu_ps(wp.add(at))));
             }
         }
     }
@@ -213,7 +179,7 @@ unsafe fn gemm_avx2(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: 
     let x = a.x.as_ptr();
     for_each_tile(a.m, panels, max_rows, panels_per_tile, |row, rows, panel, np| {
         let cols = (w.n - panel * PANEL).min(np * PANEL);
-        let t = Tile { x: row * k, ldx: k, k, resume: false, w: panel * stride, w_stride: stride, out: out.add(row * ldo + panel * PANEL), ldo, cols };
+        let t = Tile { x: row * k, k, w: panel * stride, w_stride: stride, out: out.add(row * ldo + panel * PANEL), ldo, cols };
         match w.dtype {
             WeightDtype::BF16 => by_shape!(rows, np, tile_bf16, (x, w.half_data().as_ptr(), &t)),
             WeightDtype::F32 => {
