@@ -118,6 +118,8 @@ fn cases() -> Vec<Op> {
     ];
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k }));
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k, bits: 8 }));
+    // Gemma 3 1B's decode: its 262,144-row tied lm_head (Q8_0) and gate|up (Q5_0) at hidden 1152.
+    cases.extend([Op::GemmQ8 { m: 1, n: 262144, k: 1152, bits: 8 }, Op::GemmQ8 { m: 1, n: 13824, k: 1152, bits: 5 }]);
     // Narrower quants where the bytes read or the unpacking could decide: decode, a decode
     // batch and a prefill.
     let narrow_shapes = [(1, 3072, 576), (1, 16384, 2048), (16, 16384, 2048), (512, 3072, 576)];

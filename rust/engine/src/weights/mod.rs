@@ -470,6 +470,10 @@ impl Drop for WeightStore {
     }
 }
 
+/// Rows of a tensor being packed between two hand-backs of their file pages (see
+/// [`MatrixRows::row_read`]): a few hundred KiB of a large matrix.
+const RELEASE_ROWS: usize = 256;
+
 /// One tensor of a store, read a row at a time; dropping it releases its pages of the file.
 pub struct MatrixRows {
     source: Arc<Source>,
@@ -490,6 +494,22 @@ impl MatrixRows {
 
     pub fn cols(&self) -> usize {
         self.entry.cols()
+    }
+
+    /// Called once row `row` has been read: a taken tensor read in order hands back the file
+    /// pages of every [`RELEASE_ROWS`] rows as they are done, so the largest matrix (a tied
+    /// embedding of 262,144 rows) does not sit in memory twice until its last row is packed.
+    /// Threads packing other rows that still need a handed-back page read it again from the
+    /// page cache.
+    fn row_read(&self, row: usize) {
+        let done = row + 1;
+        if self.taken.is_none() || !matches!(self.entry.order, RowOrder::Plain) || !done.is_multiple_of(RELEASE_ROWS) {
+            return;
+        }
+        if let Source::Mapped(file) = &*self.source {
+            let start = self.entry.offset + (done - RELEASE_ROWS) * self.row_bytes;
+            file.release(start..start + RELEASE_ROWS * self.row_bytes);
+        }
     }
 
     fn stored_row(&self, row: usize) -> &[u8] {
@@ -513,6 +533,7 @@ impl MatrixRows {
             }
             Stored::Grouped(_) => self.groups().read_f32(self.unpacked_row(row), row, out),
         }
+        self.row_read(row);
     }
 
     fn groups(&self) -> &GroupedTensor {
@@ -549,6 +570,7 @@ impl MatrixRows {
         match self.stored() {
             Stored::Ggml(kind) if kind.int4_offset().is_some() => {
                 ggml::int4_blocks(kind, self.stored_row(row), out, offset);
+                self.row_read(row);
                 true
             }
             Stored::Grouped(kind) if kind.whole_blocks && offset == Int4Offset::Min => {
@@ -564,6 +586,7 @@ impl MatrixRows {
     pub fn read_q8(&self, row: usize, out: &mut Int8BlockRow) {
         let Stored::Ggml(kind) = self.stored() else { panic!("read_q8 reads GGUF 8-bit block tensors only") };
         ggml::int8_blocks(kind, self.stored_row(row), out);
+        self.row_read(row);
     }
 
     /// Row `row`'s int8 values into `out` and its scale, if the tensor is stored as W8A8 int8.
@@ -572,6 +595,7 @@ impl MatrixRows {
             return None;
         }
         out.iter_mut().zip(self.stored_row(row)).for_each(|(o, &q)| *o = q as i8);
+        self.row_read(row);
         Some(self.scales[row])
     }
 }
