@@ -99,6 +99,14 @@ fn architecture(hf: &Keys) -> Result<&'static Architecture> {
 
 /// The activation config.json names (Gemma's key is `hidden_activation`), else the family's.
 fn activation(hf: &Keys, architecture: &Architecture) -> Result<Activation> {
+    // gpt-oss's experts ignore `hidden_act` ("silu"): their clamp and slope are fixed.
+    if architecture.assembly.activation == Activation::ClampedSwiglu {
+        let (limit, alpha) = (hf.number("swiglu_limit")?, hf.number("swiglu_alpha")?);
+        if limit.is_some_and(|l| l != 7.0) || alpha.is_some_and(|a| (a - 1.702).abs() > 1e-6) {
+            return Err(EngineError::UnsupportedModel("this gpt-oss model's SwiGLU limit or slope is not 7 and 1.702, the only ones rsgl runs.".into()));
+        }
+        return Ok(Activation::ClampedSwiglu);
+    }
     let Some(named) = hf.set("hidden_activation").or_else(|| hf.set("hidden_act")) else { return Ok(architecture.assembly.activation) };
     match named.as_str() {
         Some("silu" | "swish") => Ok(Activation::Silu),
