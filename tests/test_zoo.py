@@ -22,7 +22,7 @@ from zoo_models import FAMILIES, build_family
 
 SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
+GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 # rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from

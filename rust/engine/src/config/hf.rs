@@ -491,6 +491,24 @@ mod tests {
     }
 
     #[test]
+    fn normalizes_a_gpt_oss_config() {
+        let gpt_oss = llama(json!({
+            "architectures": ["GptOssForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 96,
+            "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], "num_hidden_layers": 2,
+            "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+        }));
+        let cfg = ModelConfig::from_hf_config(&gpt_oss).unwrap();
+        let moe = cfg.moe.as_ref().unwrap();
+        // hidden_act says "silu", but its experts' SwiGLU is the clamped one.
+        assert_eq!((cfg.architecture.as_str(), cfg.activation, cfg.attention_bias), ("gpt_oss", Activation::ClampedSwiglu, true));
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size, moe.norm_topk_prob), (4, 2, 96, true));
+        assert_eq!(cfg.sliding_window, Some(SlidingWindow { size: 8, layers: vec![0], rope_theta: None }));
+        let mut other_limit = gpt_oss;
+        other_limit["swiglu_limit"] = json!(10.0);
+        assert!(message(other_limit).contains("SwiGLU limit"));
+    }
+
+    #[test]
     fn refuses_what_the_runner_does_not_implement_and_broken_configs() {
         let refusal = |raw: Value| ModelConfig::from_hf_config(&raw).unwrap_err();
         assert!(

@@ -274,7 +274,10 @@ pub(crate) mod tests {
                 for d in 0..hd {
                     let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * tokens + j) * hd + d] as f64).sum();
                     let g = got[t * stride + head * hd + d] as f64;
-                    assert!((want - g).abs() < tolerance, "{stored:?} window {window:?} cap {softcap:?} sinks {with_sinks} t={t} head={head} d={d}: {want} vs {g}");
+                    assert!(
+                        (want - g).abs() < tolerance,
+                        "{stored:?} window {window:?} cap {softcap:?} sinks {with_sinks} t={t} head={head} d={d}: {want} vs {g}"
+                    );
                 }
             }
         }
