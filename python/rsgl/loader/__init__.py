@@ -349,6 +349,8 @@ def _stacked_experts_where_stored(shapes: dict[str, tuple[int, ...]], found: set
     [E, hidden, 2 * inter], gate and up interleaved; `mlp.experts.down_proj` [E, inter, hidden]) and
     names its router `mlp.router`: where `found` has them, they replace the per-expert matrices."""
     moe = config["moe"]
+    if moe is None:
+        return shapes
     for name in [name for name in found if name.endswith(".mlp.experts.gate_up_proj")]:
         block = name.removesuffix("experts.gate_up_proj")
         experts, hidden, inter = moe["num_experts"], config["hidden_size"], moe["expert_intermediate_size"]
