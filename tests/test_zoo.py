@@ -2,8 +2,8 @@
 wrote (tests/zoo_models.py): float32 greedy tokens identical to transformers' for prompts of 1, 11
 and 81 tokens (past Gemma's 8-token sliding windows and Ministral 3's 64-token original context),
 alone and batched, again with their prefixes cached, from the Hugging Face folder and from the GGUF
-file llama.cpp's converter writes of it; families rsgl does not run yet are refused with an error
-naming what it runs."""
+file llama.cpp's converter writes of it (gpt-oss from its Hugging Face folder only); families rsgl does
+not run yet are refused with an error naming what it runs."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gguf_convert import convert
 from tiny_models import with_weights_rounded
 from zoo_models import FAMILIES, build_family
 
-SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
+SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
 GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 NEW_TOKENS = 12
@@ -168,7 +168,8 @@ def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
 
 
 def test_a_gguf_file_of_a_family_not_run_yet_is_refused_naming_what_runs(tmp_path):
-    """llama.cpp's converter writes the GGUF file of a family rsgl does not run (gpt-oss)."""
+    """llama.cpp's converter writes the GGUF file of a family rsgl does not read from GGUF yet (gpt-oss: its
+    files hold MXFP4 experts)."""
     build_family("gpt_oss", tmp_path / "gpt_oss")
     gguf_file = convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf")
     with pytest.raises(

@@ -34,8 +34,8 @@ def byte_tokenizer() -> Tokenizer:
 
 
 def with_weights_rounded(model, dtype: str):
-    """A copy of `model` whose matrices rsgl holds in a 16-bit `dtype` (every linear layer's, lm_head's and the
-    embedding's) are rounded to it, computing in float32 as rsgl does."""
+    """A copy of `model` whose matrices rsgl holds in a 16-bit `dtype` (every linear layer's and expert's,
+    lm_head's and the embedding's) are rounded to it, computing in float32 as rsgl does."""
     import copy
 
     import torch
@@ -44,4 +44,8 @@ def with_weights_rounded(model, dtype: str):
     for module in rounded.modules():
         if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
             module.weight.data = module.weight.data.to(getattr(torch, dtype)).float()
+    # Experts stored stacked (gpt-oss's `experts.gate_up_proj`, `experts.down_proj`), which rsgl splits into linear layers.
+    for name, param in rounded.named_parameters():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            param.data = param.data.to(getattr(torch, dtype)).float()
     return rounded

@@ -69,7 +69,8 @@ OVERRIDES = {
             llama_4_scaling_beta=0.1,
         ),
     ),
-    # Alternating 8-token sliding and global layers, 4 experts (2 per token), YaRN past 64 tokens.
+    # Alternating 8-token sliding and global layers, attention sinks, 4 experts (2 per token) with biases and the
+    # clamped SwiGLU, YaRN past 64 tokens.
     "gpt_oss": dict(
         model_type="gpt_oss",
         head_dim=16,
@@ -80,6 +81,8 @@ OVERRIDES = {
             rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, truncate=False
         ),
     ),
+    # A family rsgl does not run (LayerNorm, an ungated MLP): it must be refused with a clear error.
+    "starcoder2": dict(model_type="starcoder2"),
 }
 FAMILIES = tuple(OVERRIDES)
 
@@ -87,9 +90,12 @@ FAMILIES = tuple(OVERRIDES)
 # Gemma scales embeddings by sqrt(64) = 8, ties them to the LM head, and normalizes each attention output
 # (the context's mean, under flat attention): at std 0.15 every prompt generates one token over and over.
 # Smaller embeddings and sharper attention give varied tokens.
-GEMMA_INITS = {
+# gpt-oss: its expert biases (`*_proj_bias`) are not `.bias`; sinks around 1 take a real share of each softmax;
+# gate/up at std 0.6 put many values past the SwiGLU's clamp at 7, so a missed sink or clamp changes the tokens.
+FAMILY_INITS = {
     "gemma2": {"embed_tokens.weight": (0.0, 0.05), "q_proj.weight": (0.0, 0.45)},
     "gemma3": {"embed_tokens.weight": (0.0, 0.05), "q_norm.weight": (2.0, 0.1)},  # q scaled by 1 + 2: q_norm flattens a larger q_proj
+    "gpt_oss": {"gate_up_proj": (0.0, 0.6), "_proj_bias": (0.0, 0.15), "sinks": (1.0, 1.0)},
 }
 
 
@@ -113,7 +119,7 @@ def build_family(family: str, path):
     torch.manual_seed(sum(map(ord, family)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     neutral = 0.0 if family.startswith("gemma") else 1.0  # Gemma's RMSNorm scales by (1 + weight)
-    inits = {**GEMMA_INITS.get(family, {}), "norm.weight": (neutral, 0.1), ".bias": (0.0, config.initializer_range)}
+    inits = {**FAMILY_INITS.get(family, {}), "norm.weight": (neutral, 0.1), ".bias": (0.0, config.initializer_range)}
     with torch.no_grad():
         for name, weight in model.named_parameters():
             for suffix, (mean, std) in inits.items():

@@ -300,6 +300,7 @@ _FUSED_PROJECTIONS = (
 def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = ()) -> dict[str, tuple[int, ...]]:
     """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape; the
     projections the checkpoint whose tensor names are `found` fuses, fused."""
+    found = set(found)
     hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     head_dim = config["head_dim"]
     q_rows = config["num_attention_heads"] * head_dim
@@ -316,6 +317,9 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = ()) -> di
             if config["attention_bias"]:
                 shapes[prefix + f"self_attn.{proj}_proj.bias"] = (rows,)
         shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_rows)
+        # Read where the checkpoint has them (gpt-oss): o_proj's bias and a sink logit per q head.
+        optional = {prefix + "self_attn.o_proj.bias": (hidden,), prefix + "self_attn.sinks": (config["num_attention_heads"],)}
+        shapes.update({name: shape for name, shape in optional.items() if name in found})
         if qk_norm:
             shapes[prefix + "self_attn.q_norm.weight"] = (qk_norm[0],)
             shapes[prefix + "self_attn.k_norm.weight"] = (qk_norm[1],)
@@ -326,7 +330,7 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = ()) -> di
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
-    return _fused_where_stored(shapes, set(found))
+    return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config)
 
 
 def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> dict[str, tuple[int, ...]]:
@@ -337,6 +341,28 @@ def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> 
                 prefix = name.removesuffix(f"{fused}.weight")
                 stacked = [shapes.pop(f"{prefix}{part}.weight") for part in parts]
                 shapes[name] = (sum(rows for rows, _ in stacked), stacked[0][1])
+    return shapes
+
+
+def _stacked_experts_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str], config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """gpt-oss stores a layer's experts stacked and transposed (`mlp.experts.gate_up_proj`
+    [E, hidden, 2 * inter], gate and up interleaved; `mlp.experts.down_proj` [E, inter, hidden]) and
+    names its router `mlp.router`: where `found` has them, they replace the per-expert matrices."""
+    moe = config["moe"]
+    if moe is None:
+        return shapes
+    for name in [name for name in found if name.endswith(".mlp.experts.gate_up_proj")]:
+        block = name.removesuffix("experts.gate_up_proj")
+        experts, hidden, inter = moe["num_experts"], config["hidden_size"], moe["expert_intermediate_size"]
+        for expert in range(experts):
+            for proj in ("gate_proj", "up_proj", "down_proj"):
+                shapes.pop(f"{block}experts.{expert}.{proj}.weight", None)
+        shapes[name] = (experts, hidden, 2 * inter)
+        shapes[f"{block}experts.down_proj"] = (experts, inter, hidden)
+        if f"{block}router.weight" in found:
+            shapes[f"{block}router.weight"] = shapes.pop(f"{block}gate.weight")
+        biases = {f"{block}router.bias": (experts,), f"{name}_bias": (experts, 2 * inter), f"{block}experts.down_proj_bias": (experts, hidden)}
+        shapes.update({bias: shape for bias, shape in biases.items() if bias in found})
     return shapes
 
 

@@ -287,6 +287,7 @@ impl Op {
                     scale: 0.125,
                     window: None,
                     softcap: None,
+                    sinks: None,
                 };
                 let mut out = vec![0.0; x_len];
                 for _ in 0..iters {

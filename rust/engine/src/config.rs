@@ -99,6 +99,9 @@ pub enum Activation {
     Silu,
     /// GeGLU with GELU's tanh approximation (Gemma: `gelu_pytorch_tanh`).
     GeluTanh,
+    /// gpt-oss's SwiGLU, its inputs clamped to 7 and `up` shifted by one
+    /// (`rsgl_kernels::portable::clamped_swiglu_mul`).
+    ClampedSwiglu,
 }
 
 /// Granite's `embedding_multiplier`, `residual_multiplier` (on each sublayer's output before it

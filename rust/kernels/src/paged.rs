@@ -126,9 +126,17 @@ pub struct AttentionTask<'a> {
     /// Logit soft-capping (Gemma 2): each scaled score `s` becomes `cap * tanh(s / cap)` before
     /// the softmax ([`crate::portable::softcap`]).
     pub softcap: Option<f32>,
+    /// Attention sinks (gpt-oss): one learned logit per group head, in the softmax's
+    /// denominator only (it takes probability mass but adds no value).
+    pub sinks: Option<&'a [f32]>,
 }
 
 impl AttentionTask<'_> {
+    /// Group head `g`'s sink logit, if the task has sinks.
+    pub fn sink(&self, g: usize) -> Option<f32> {
+        self.sinks.map(|sinks| sinks[g])
+    }
+
     /// Keys query token `t` sees end here (exclusive): its own position's is the last.
     pub fn span(&self, t: usize) -> usize {
         self.first_pos + t + 1
@@ -156,6 +164,7 @@ impl AttentionTask<'_> {
         assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the page table is too short");
         let last = (self.tokens - 1) * self.q_stride + self.group * hd;
         assert!(self.q.len() >= last, "attention: q is too short");
+        assert!(self.sinks.is_none_or(|sinks| sinks.len() >= self.group), "attention: fewer sinks than group heads");
         let read = &self.pages[self.used_pages()];
         let end = read.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::page_head_len(kv.page_size, hd);
         assert!(kv.keys.len() >= end && kv.values.len() >= end, "attention: a page lies outside the storage");

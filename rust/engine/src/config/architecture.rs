@@ -2,7 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{gemma, glm4, llama, olmo2, Assembly};
+use crate::model::archs::{gemma, glm4, gpt_oss, llama, olmo2, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -113,6 +113,18 @@ pub const ARCHITECTURES: &[Architecture] = &[
         gguf_name: Some("qwen3moe"),
         assembly: llama::QWEN3,
         moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
+        ..PLAIN
+    },
+    Architecture {
+        name: "gpt_oss",
+        hf_class: "GptOssForCausalLM",
+        // Its GGUF files hold MXFP4 experts, which rsgl does not read yet.
+        gguf_name: None,
+        assembly: gpt_oss::GPT_OSS,
+        attention_bias: true,
+        // Even layers slide, odd ones attend to every position (transformers' default layer_types).
+        global_layer_every: Some(2),
+        moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
         ..PLAIN
     },
 ];

@@ -99,6 +99,14 @@ fn architecture(hf: &Keys) -> Result<&'static Architecture> {
 
 /// The activation config.json names (Gemma's key is `hidden_activation`), else the family's.
 fn activation(hf: &Keys, architecture: &Architecture) -> Result<Activation> {
+    // gpt-oss's experts ignore `hidden_act` ("silu"): their clamp and slope are fixed.
+    if architecture.assembly.activation == Activation::ClampedSwiglu {
+        let (limit, alpha) = (hf.number("swiglu_limit")?, hf.number("swiglu_alpha")?);
+        if limit.is_some_and(|l| l != 7.0) || alpha.is_some_and(|a| (a - 1.702).abs() > 1e-6) {
+            return Err(EngineError::UnsupportedModel("this gpt-oss model's SwiGLU limit or slope is not 7 and 1.702, the only ones rsgl runs.".into()));
+        }
+        return Ok(Activation::ClampedSwiglu);
+    }
     let Some(named) = hf.set("hidden_activation").or_else(|| hf.set("hidden_act")) else { return Ok(architecture.assembly.activation) };
     match named.as_str() {
         Some("silu" | "swish") => Ok(Activation::Silu),
@@ -480,6 +488,24 @@ mod tests {
         let mut mixed = qwen;
         mixed["mlp_only_layers"] = json!([0]);
         assert!(message(mixed).contains("dense and sparse"));
+    }
+
+    #[test]
+    fn normalizes_a_gpt_oss_config() {
+        let gpt_oss = llama(json!({
+            "architectures": ["GptOssForCausalLM"], "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 96,
+            "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"], "num_hidden_layers": 2,
+            "swiglu_limit": 7.0, "swiglu_alpha": 1.702,
+        }));
+        let cfg = ModelConfig::from_hf_config(&gpt_oss).unwrap();
+        let moe = cfg.moe.as_ref().unwrap();
+        // hidden_act says "silu", but its experts' SwiGLU is the clamped one.
+        assert_eq!((cfg.architecture.as_str(), cfg.activation, cfg.attention_bias), ("gpt_oss", Activation::ClampedSwiglu, true));
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size, moe.norm_topk_prob), (4, 2, 96, true));
+        assert_eq!(cfg.sliding_window, Some(SlidingWindow { size: 8, layers: vec![0], rope_theta: None }));
+        let mut other_limit = gpt_oss;
+        other_limit["swiglu_limit"] = json!(10.0);
+        assert!(message(other_limit).contains("SwiGLU limit"));
     }
 
     #[test]

@@ -112,6 +112,9 @@ struct Layer {
     rope: Option<usize>,
     /// Sliding-window layers: how many positions back a query sees (its own included).
     window: Option<usize>,
+    /// Attention sinks (gpt-oss's `self_attn.sinks`, where the checkpoint has them): a learned
+    /// logit per q head of this rank, in its softmax's denominator.
+    sinks: Option<Vec<f32>>,
     o: Linear,
     mlp_norms: SublayerNorms,
     mlp: Mlp,
@@ -195,6 +198,7 @@ impl DecoderModel {
                 }
                 None => (None, None),
             };
+            let sinks = w.take_optional(&format!("{attn}.sinks"), &[cfg.num_attention_heads])?;
             let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, &cfg)?;
             let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, &cfg)?;
             let sliding = cfg.sliding_window.as_ref().filter(|window| window.layers.contains(&l));
@@ -214,6 +218,7 @@ impl DecoderModel {
                     k_norm: k_norm.clone(),
                     rope,
                     window: sliding.map(|window| window.size),
+                    sinks: sinks.as_ref().map(|sinks| sinks[shard.q_heads.clone()].to_vec()),
                     o: Linear::fused(vec![o.input_columns(q_rows, shard.adds_bias())], dtype, quantization, pool),
                     mlp_norms: mlp_norms.clone(),
                     mlp,
@@ -503,6 +508,7 @@ impl DecoderModel {
                 scale,
                 window: layer.window,
                 softcap: self.cfg.scales.attention_logit_cap,
+                sinks: layer.sinks.as_ref().map(|sinks| &sinks[h * group..(h + 1) * group]),
             };
             // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
             unsafe { (kern.attention)(&task, dst.get().add(t * qs + h * group * hd), qs) };

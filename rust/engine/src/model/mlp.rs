@@ -71,6 +71,8 @@ impl GatedMlp {
         let activate = match self.activation {
             Activation::Silu => c.kernels.silu_mul,
             Activation::GeluTanh => c.kernels.gelu_tanh_mul,
+            // Scalar on every ISA (so the same bits everywhere); only gpt-oss's experts use it.
+            Activation::ClampedSwiglu => rsgl_kernels::portable::clamped_swiglu_mul,
         };
         c.pool.for_chunks_mut(&mut act, inter, &|row, out| {
             let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
@@ -112,9 +114,11 @@ impl Mlp {
         } else {
             (format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"])
         };
+        split_stacked_experts(w, &block, (num_experts, h, inter))?;
         // The router runs on every rank (small, and every rank routes the same rows); each
-        // expert is split as a dense MLP is.
-        let mut routers = replicated(&take_linear(w, &format!("{block}.gate"), num_experts, h)?, ranks).into_iter();
+        // expert is split as a dense MLP is. gpt-oss names it `router` (with a bias).
+        let router = if w.contains(&format!("{block}.router.weight")) { "router" } else { "gate" };
+        let mut routers = replicated(&take_linear(w, &format!("{block}.{router}"), num_experts, h)?, ranks).into_iter();
         let mut experts: Vec<Vec<GatedMlp>> = ranks.iter().map(|_| Vec::with_capacity(num_experts)).collect();
         for e in 0..num_experts {
             for (rank_experts, expert) in
@@ -147,6 +151,44 @@ impl Mlp {
             Mlp::Moe(moe) => moe.forward(c, x),
         }
     }
+}
+
+/// gpt-oss stores all of a layer's experts in one tensor each, transposed from nn.Linear
+/// (`x @ W`): `experts.gate_up_proj` `[E, hidden, 2 * inter]` with gate and up interleaved on
+/// the last dimension (gate the even columns), `experts.down_proj` `[E, inter, hidden]`, and
+/// their biases `[E, 2 * inter]` and `[E, hidden]`. Each expert's slices go back into the store
+/// under the per-expert names (`experts.{e}.gate_proj.weight` `[inter, hidden]`, ...) that the
+/// loader of separate experts reads. A no-op for checkpoints without them.
+fn split_stacked_experts(w: &mut WeightStore, block: &str, (experts, h, inter): (usize, usize, usize)) -> Result<()> {
+    let stacked = |name: &str| format!("{block}.experts.{name}");
+    if !w.contains(&stacked("gate_up_proj")) {
+        return Ok(());
+    }
+    let gate_up = w.take(&stacked("gate_up_proj"), &[experts, h, 2 * inter])?;
+    let down = w.take(&stacked("down_proj"), &[experts, inter, h])?;
+    let gate_up_bias = w.take_optional(&stacked("gate_up_proj_bias"), &[experts, 2 * inter])?;
+    let down_bias = w.take_optional(&stacked("down_proj_bias"), &[experts, h])?;
+    // Row `r` of the nn.Linear weight is column `pick(r)` of the stored `[inputs, cols]` matrix.
+    let transposed = |m: &[f32], rows: usize, inputs: usize, cols: usize, pick: &dyn Fn(usize) -> usize| -> Vec<f32> {
+        (0..rows).flat_map(|r| (0..inputs).map(move |i| (r, i))).map(|(r, i)| m[i * cols + pick(r)]).collect()
+    };
+    for e in 0..experts {
+        let name = |proj: &str, part: &str| format!("{block}.experts.{e}.{proj}.{part}");
+        let gu = &gate_up[e * h * 2 * inter..(e + 1) * h * 2 * inter];
+        for (proj, parity) in [("gate_proj", 0), ("up_proj", 1)] {
+            w.insert(&name(proj, "weight"), vec![inter, h], transposed(gu, inter, h, 2 * inter, &|r| 2 * r + parity))?;
+            if let Some(bias) = &gate_up_bias {
+                let bias = &bias[e * 2 * inter..(e + 1) * 2 * inter];
+                w.insert(&name(proj, "bias"), vec![inter], (0..inter).map(|r| bias[2 * r + parity]).collect())?;
+            }
+        }
+        let d = &down[e * inter * h..(e + 1) * inter * h];
+        w.insert(&name("down_proj", "weight"), vec![h, inter], transposed(d, h, inter, h, &|r| r))?;
+        if let Some(bias) = &down_bias {
+            w.insert(&name("down_proj", "bias"), vec![h], bias[e * h..(e + 1) * h].to_vec())?;
+        }
+    }
+    Ok(())
 }
 
 impl Experts {

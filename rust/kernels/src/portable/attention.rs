@@ -3,7 +3,8 @@
 use crate::paged::AttentionTask;
 
 /// Writes token `t`, group head `g` of `task` at `out[t * out_stride + g * head_dim..]`:
-/// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys
+/// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys (the head's sink logit, if
+/// any, joining the softmax's denominator)
 /// `first_key(t)..span(t)`, each score a sequential fused sum over the head's dimensions (soft
 /// capped with [`super::softcap`] when the task says so), the softmax over exactly those keys,
 /// and the values summed, fused, in key order.
@@ -32,7 +33,7 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
             if let Some(cap) = task.softcap {
                 super::softcap(&mut scores, cap);
             }
-            super::softmax(&mut scores);
+            super::softmax_with_sink(&mut scores, task.sink(g));
             let o = std::slice::from_raw_parts_mut(out.add(t * out_stride + g * hd), hd);
             o.fill(0.0);
             for (j, p) in keys.clone().zip(&scores) {
@@ -166,14 +167,20 @@ pub(crate) mod tests {
         }
     }
 
-    /// The queries of a test task: `tokens` from `first_pos`, with a sliding window and a soft
-    /// cap.
+    /// The queries of a test task: `tokens` from `first_pos`, with a sliding window, a soft
+    /// cap and attention sinks ([`sinks`]).
     #[derive(Clone, Copy, Debug)]
     struct Queries {
         tokens: usize,
         first_pos: usize,
         window: Option<usize>,
         softcap: Option<f32>,
+        sinks: bool,
+    }
+
+    /// The sink logits of a test's `heads` q heads: around the scores' size, so they matter.
+    fn sinks(heads: usize) -> Vec<f32> {
+        data(heads, 2.0)
     }
 
     impl Queries {
@@ -183,10 +190,20 @@ pub(crate) mod tests {
         }
     }
 
-    /// Windows and soft caps the tests cover: windows of 1 key, smaller than a page, not a
+    /// Windows, soft caps and sinks the tests cover: windows of 1 key, smaller than a page, not a
     /// multiple of the page size, and larger than the context.
-    const VARIANTS: [(Option<usize>, Option<f32>); 7] =
-        [(None, None), (Some(1), None), (Some(3), Some(0.8)), (Some(7), None), (Some(20), Some(2.0)), (Some(1000), None), (None, Some(0.5))];
+    const VARIANTS: [(Option<usize>, Option<f32>, bool); 10] = [
+        (None, None, false),
+        (Some(1), None, false),
+        (Some(3), Some(0.8), false),
+        (Some(7), None, false),
+        (Some(20), Some(2.0), false),
+        (Some(1000), None, false),
+        (None, Some(0.5), false),
+        (None, None, true),
+        (Some(1), None, true),
+        (Some(7), Some(0.8), true),
+    ];
 
     /// Runs one task per kv head; q and out are `[tokens][kv_heads * group * head_dim]`.
     fn run(kern: &Kernels, f: &Fixture, stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
@@ -198,6 +215,7 @@ pub(crate) mod tests {
         let kv = f.kv(stored);
         let stride = f.kv_heads * group * f.head_dim;
         let mut out = vec![f32::NAN; at.tokens * stride];
+        let sinks = sinks(f.kv_heads * group);
         for h in 0..f.kv_heads {
             let task = AttentionTask {
                 kv: &kv,
@@ -211,6 +229,7 @@ pub(crate) mod tests {
                 scale: 1.0 / (f.head_dim as f32).sqrt(),
                 window: at.window,
                 softcap: at.softcap,
+                sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
             };
             // SAFETY: `out` holds every row the task writes, and nothing else runs.
             unsafe { (kern.attention)(&task, out.as_mut_ptr().add(h * group * f.head_dim), stride) };
@@ -224,18 +243,19 @@ pub(crate) mod tests {
     #[test]
     fn portable_attention_matches_dense_causal_attention() {
         for (stored, tolerance) in [(Stored::F32, 1e-5), (Stored::Int8, 2e-2)] {
-            for (window, softcap) in VARIANTS {
-                dense_check(stored, tolerance, window, softcap);
+            for (window, softcap, with_sinks) in VARIANTS {
+                dense_check(stored, tolerance, window, softcap, with_sinks);
             }
         }
     }
 
-    fn dense_check(stored: Stored, tolerance: f64, window: Option<usize>, softcap: Option<f32>) {
+    fn dense_check(stored: Stored, tolerance: f64, window: Option<usize>, softcap: Option<f32>, with_sinks: bool) {
         let (kv_heads, group, hd, tokens) = (2, 3, 8, 11);
         let f = Fixture::new(4, kv_heads, hd, tokens);
         let stride = kv_heads * group * hd;
         let q = data(tokens * stride, 9.0);
-        let got = run(&Kernels::portable(), &f, stored, group, &q, Queries { tokens, first_pos: 0, window, softcap });
+        let got = run(&Kernels::portable(), &f, stored, group, &q, Queries { tokens, first_pos: 0, window, softcap, sinks: with_sinks });
+        let sinks = sinks(kv_heads * group);
         for t in 0..tokens {
             let keys = (t + 1).saturating_sub(window.unwrap_or(usize::MAX))..t + 1;
             for head in 0..kv_heads * group {
@@ -248,12 +268,16 @@ pub(crate) mod tests {
                         softcap.map_or(s, |cap| cap as f64 * (s / cap as f64).tanh())
                     })
                     .collect();
-                let max = scores.iter().copied().fold(f64::MIN, f64::max);
-                let total: f64 = scores.iter().map(|s| (s - max).exp()).sum();
+                let sink = with_sinks.then(|| sinks[head] as f64);
+                let max = scores.iter().copied().chain(sink).fold(f64::MIN, f64::max);
+                let total: f64 = scores.iter().copied().chain(sink).map(|s| (s - max).exp()).sum();
                 for d in 0..hd {
                     let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * tokens + j) * hd + d] as f64).sum();
                     let g = got[t * stride + head * hd + d] as f64;
-                    assert!((want - g).abs() < tolerance, "{stored:?} window {window:?} cap {softcap:?} t={t} head={head} d={d}: {want} vs {g}");
+                    assert!(
+                        (want - g).abs() < tolerance,
+                        "{stored:?} window {window:?} cap {softcap:?} sinks {with_sinks} t={t} head={head} d={d}: {want} vs {g}"
+                    );
                 }
             }
         }
@@ -270,8 +294,8 @@ pub(crate) mod tests {
             let stride = kv_heads * group * hd;
             let q = data(tokens * stride, 10.0);
             for stored in STORED {
-                for (window, softcap) in VARIANTS {
-                    let at = Queries { tokens, first_pos, window, softcap };
+                for (window, softcap, sinks) in VARIANTS {
+                    let at = Queries { tokens, first_pos, window, softcap, sinks };
                     let want = run(&reference, &f, stored, group, &q, at);
                     let got = run(simd, &f, stored, group, &q, at);
                     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
@@ -295,7 +319,7 @@ pub(crate) mod tests {
     #[test]
     fn a_window_ignores_what_lies_before_it() {
         let (page_size, kv_heads, hd, group, tokens, first_pos) = (4, 2, 16, 2, 3, 29);
-        let at = Queries { tokens, first_pos, window: Some(9), softcap: Some(1.5) };
+        let at = Queries { tokens, first_pos, window: Some(9), softcap: Some(1.5), sinks: true };
         let first_key = first_pos + 1 - 9;
         let clean = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
         let mut poisoned = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);

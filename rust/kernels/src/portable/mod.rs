@@ -143,14 +143,34 @@ pub fn softcap(x: &mut [f32], cap: f32) {
 
 /// Softmax in place: `exp(x - max)`, summed into [`SUM_LANES`] partial sums, times `1 / sum`.
 pub fn softmax(x: &mut [f32]) {
+    softmax_with_sink(x, None);
+}
+
+/// [`softmax`] with an optional extra logit (an attention sink, gpt-oss) that joins the max and
+/// the denominator but has no output of its own: its exponential is added after the partial sums.
+pub fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let max = sink.map_or(max, |s| max.max(s));
     let mut partials = [0f32; SUM_LANES];
     for (i, v) in x.iter_mut().enumerate() {
         *v = exp(*v - max);
         partials[i % SUM_LANES] += *v;
     }
-    let inv = 1.0 / add_partials(partials);
+    let sum = add_partials(partials);
+    let inv = 1.0 / sink.map_or(sum, |s| sum + exp(s - max));
     x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// gpt-oss's SwiGLU: `out = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 * g)` with
+/// `g = min(gate, 7)`.
+pub fn clamped_swiglu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    const LIMIT: f32 = 7.0;
+    const ALPHA: f32 = 1.702;
+    for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        let g = g.min(LIMIT);
+        let u = u.clamp(-LIMIT, LIMIT);
+        *o = (u + 1.0) * (g / (1.0 + exp(-ALPHA * g)));
+    }
 }
 
 /// How a rotary embedding pairs a head's elements.

@@ -4,7 +4,7 @@
 //!    one dimension at a time, so each key vector loaded serves every row of the group and block,
 //!    and a decode's few rows still keep two FMA chains each in flight.
 //! 2. Per row, over exactly its own keys (its window, up to its position): the soft cap, if
-//!    any, and the softmax; every other key's probability is zero.
+//!    any, and the softmax (with the head's sink logit, if any, in its denominator); every other key's probability is zero.
 //! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key.
 //!
 //! Int8 pages are widened in registers: a key's scale multiplies its score (it factors out of
@@ -17,7 +17,7 @@
 //! Each row's arithmetic is the same whatever rows share its task, so a query gets the same bits
 //! alone, in a decode batch or in a prefill chunk.
 
-use super::elementwise::{softcap, softmax};
+use super::elementwise::{softcap, softmax_with_sink};
 use super::F32Vector;
 use crate::packed::bf16_to_f32;
 use crate::paged::{AttentionTask, KvSlice};
@@ -129,7 +129,7 @@ unsafe fn attention_over<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: P
         if let Some(cap) = task.softcap {
             softcap::<V>(&mut row[keys.clone()], cap);
         }
-        softmax::<V>(&mut row[keys.clone()]);
+        softmax_with_sink::<V>(&mut row[keys.clone()], task.sink(r % task.group));
         row[..keys.start].fill(0.0);
         row[keys.end..].fill(0.0);
         if E::SCALED {

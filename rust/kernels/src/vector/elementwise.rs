@@ -175,9 +175,16 @@ unsafe fn scale<V: F32Vector>(x: &mut [f32], by: f32) {
 
 #[inline(always)]
 pub unsafe fn softmax<V: F32Vector>(x: &mut [f32]) {
+    softmax_with_sink::<V>(x, None);
+}
+
+/// [`portable::softmax_with_sink`]'s twin.
+#[inline(always)]
+pub unsafe fn softmax_with_sink<V: F32Vector>(x: &mut [f32], sink: Option<f32>) {
     let max = max_of::<V>(x);
+    let max = sink.map_or(max, |s| max.max(s));
     let sum = exp_shifted::<V>(x, max);
-    scale::<V>(x, 1.0 / sum);
+    scale::<V>(x, 1.0 / sink.map_or(sum, |s| sum + portable::exp(s - max)));
 }
 
 #[inline(always)]

@@ -4,6 +4,7 @@
 
 pub mod gemma;
 pub mod glm4;
+pub mod gpt_oss;
 pub mod llama;
 pub mod olmo2;
 
