@@ -18,8 +18,8 @@ from gguf_convert import converter
 from rsgl.chat_template import render_chat
 from rsgl.server.__main__ import parse_args
 from rsgl.server.chat_reader import ChatReader
-from rsgl.server.reasoning import HarmonySplitter, reasoning_parser_for_template
 from rsgl.server.openai_api import chat_messages
+from rsgl.server.reasoning import HarmonySplitter, reasoning_parser_for_template
 from rsgl.server.tool_request import offered_functions
 from rsgl.tools import FORMATS, format_for_template, messages_for_template
 from rsgl.tools.formats.harmony import HarmonyFormat, read_messages
@@ -102,7 +102,9 @@ def reference(harmony, messages: list, effort: str = "medium", tools: list[dict]
     system = system.with_conversation_start_date(datetime.date.today().isoformat())
     developer = oh.DeveloperContent.new().with_instructions("Answer briefly.")
     if tools:
-        developer = developer.with_function_tools([oh.ToolDescription.new(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in tools])
+        developer = developer.with_function_tools(
+            [oh.ToolDescription.new(t["function"]["name"], t["function"]["description"], t["function"]["parameters"]) for t in tools]
+        )
     conversation = oh.Conversation.from_messages(
         [oh.Message.from_role_and_content(oh.Role.SYSTEM, system), oh.Message.from_role_and_content(oh.Role.DEVELOPER, developer), *messages]
     )
@@ -159,7 +161,7 @@ def test_channels_split_into_reasoning_content_and_calls():
     choice = reader.choice(0, "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>", None, "stop")
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "get_time"
     # Output that is not harmony at all is the content.
-    assert reader.fields("no channels here", finished=True) == ("", "no channels here", [])
+    assert reader.fields("no channels<|end|> here", finished=True) == ("", "no channels here", [])
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 11])
@@ -188,7 +190,8 @@ def test_partial_markers_and_headers_are_held_back():
 @pytest.fixture(scope="module")
 def harmony_model(tmp_path_factory, template: str) -> Path:
     path = tmp_path_factory.mktemp("gpt-oss-harmony")
-    build_family("gpt_oss", path, special_tokens=HARMONY_TOKENS)
+    # One token per byte: a prompt with tools takes about a thousand.
+    build_family("gpt_oss", path, special_tokens=HARMONY_TOKENS, max_position_embeddings=4096)
     tokenizer = Tokenizer.from_file(str(path / "tokenizer.json"))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|return|>", "pad_token": "<|endoftext|>", "chat_template": template}
     (path / "tokenizer_config.json").write_text(json.dumps(config))
@@ -203,9 +206,11 @@ def harmony_server(tmp_path_factory, harmony_model: Path):
         yield url
 
 
-def end_token_bias(model: Path) -> dict[str, int]:
-    """A random model writes reasoning until it happens to pick `<|end|>`: favoured, it ends it at once."""
-    return {str(Tokenizer.from_file(str(model / "tokenizer.json")).token_to_id("<|end|>")): 100}
+def favoured(model: Path, *tokens: str, bias: int = 100) -> dict[str, int]:
+    """A logit_bias favouring `tokens`. A random model writes reasoning until it happens to pick
+    `<|end|>`: favoured, it ends it at once or soon."""
+    tokenizer = Tokenizer.from_file(str(model / "tokenizer.json"))
+    return {str(tokenizer.token_to_id(token)): bias for token in tokens}
 
 
 @pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_time"}}])
@@ -213,7 +218,7 @@ def end_token_bias(model: Path) -> dict[str, int]:
 def test_forced_calls_come_back_as_tool_calls(harmony_server: str, harmony_model: Path, tool_choice, stream: bool):
     client = openai_client(harmony_server)
     request = dict(model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, seed=3)
-    request["logit_bias"] = end_token_bias(harmony_model)
+    request["logit_bias"] = favoured(harmony_model, "<|end|>")
     if stream:
         name, arguments, content, finish_reason = "", "", "", None
         for chunk in client.chat.completions.create(**request, stream=True):
@@ -234,6 +239,23 @@ def test_forced_calls_come_back_as_tool_calls(harmony_server: str, harmony_model
     jsonschema.validate(json.loads(arguments), SCHEMAS[name])
 
 
+def test_forced_calls_may_reason_first(harmony_server: str, harmony_model: Path):
+    """Sampled hot, with "a" and `<|end|>` somewhat favoured, some answers reason a little (some
+    "a"s and noise) before their call, in the analysis message the grammar allows first."""
+    client = openai_client(harmony_server)
+    tool_choice = {"type": "function", "function": {"name": "get_time"}}
+    bias = favoured(harmony_model, "a", "<|end|>", bias=30)
+    answer = client.chat.completions.create(
+        model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=200, n=4, seed=1, temperature=8, logit_bias=bias
+    )
+    for choice in answer.choices:
+        [call] = choice.message.tool_calls
+        jsonschema.validate(json.loads(call.function.arguments), TIME)
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+    reasoning = [getattr(choice.message, "reasoning_content", None) or "" for choice in answer.choices]
+    assert any(reasoning) and not any("<|" in text for text in reasoning), reasoning
+
+
 def prompt_tokens(url: str, **fields) -> int:
     response = httpx.post(f"{url}/v1/chat/completions", headers=AUTH, json={"messages": QUESTION, "max_tokens": 1, **fields}, timeout=60)
     assert response.status_code == 200, response.text
@@ -245,7 +267,7 @@ def test_reasoning_effort_and_history_reach_the_prompt(harmony_server: str, harm
     tokenizer = Tokenizer.from_file(str(harmony_model / "tokenizer.json"))
 
     def expected(messages: list[dict], **kwargs) -> int:
-        return len(tokenizer.encode(rendered(template, messages, **kwargs), add_special_tokens=False))
+        return len(tokenizer.encode(rendered(template, messages, **kwargs)).ids)  # with the BOS the server adds too
 
     for effort in ("low", "high"):
         assert prompt_tokens(harmony_server, reasoning_effort=effort) == expected(QUESTION, reasoning_effort=effort)

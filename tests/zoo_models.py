@@ -109,11 +109,11 @@ def zoo_tokenizer() -> Tokenizer:
     return Tokenizer.from_str(json.dumps(spec))
 
 
-def build_family(family: str, path, special_tokens: tuple[str, ...] = ()):
+def build_family(family: str, path, special_tokens: tuple[str, ...] = (), **config_overrides):
     """Saves a random model of one of FAMILIES, and its tokenizer (with `special_tokens` added after
     its own), to `path`; returns the transformers model."""
     path = Path(path)
-    overrides = dict(OVERRIDES[family])
+    overrides = {**OVERRIDES[family], **config_overrides}
     model_type = overrides.pop("model_type")
     tokenizer = zoo_tokenizer()
     tokenizer.add_special_tokens(list(special_tokens))

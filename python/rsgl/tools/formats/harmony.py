@@ -27,8 +27,8 @@ END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
 MESSAGE_ENDS = (END, CALL, RETURN)
 FUNCTIONS = "functions."  # the namespace of the request's tools; other recipients are built-in tools
 RECIPIENT = re.compile(r"\bto=([^\s<]+)")
-# What a template's text gives away about harmony (also the marker that opens calls once split off).
-CLUE = CHANNEL
+MARKER = re.compile("|".join(map(re.escape, (START, CHANNEL, CONSTRAIN, MESSAGE, END, CALL, RETURN))))
+CLUE = CHANNEL  # what gives a harmony chat template away
 
 
 @dataclass(frozen=True)
@@ -47,14 +47,14 @@ def read_messages(text: str, finished: bool) -> list[HarmonyMessage]:
     """The messages of an assistant's output (which starts in its first header, the prompt having
     opened it with `<|start|>assistant`). Until the output is `finished`, a message whose header is
     still being written is left out and a body's tail that may become a marker is held back; once
-    finished, text that is not in a message is kept as such (channel None)."""
+    finished, text that is not in a message is kept, without markers, as a message of no channel."""
     messages = []
     segments = text.split(START)
     for i, segment in enumerate(segments):
         header, opened, rest = segment.partition(MESSAGE)
         if not opened:
             if finished and segment.strip():
-                messages.append(HarmonyMessage(None, None, segment))
+                messages.append(HarmonyMessage(None, None, MARKER.sub("", segment)))
             continue
         ends = [index for end in MESSAGE_ENDS if (index := rest.find(end)) >= 0]
         if ends:
@@ -97,5 +97,8 @@ class HarmonyFormat(ToolCallFormat):
         ]
         for i, function in enumerate(functions):
             recipient = lark_literal(f"commentary to={FUNCTIONS}{function.name} ")
-            rules += [f'call{i}: <|channel|> {recipient} <|constrain|> "json" <|message|> args{i} <|call|>', f"args{i}: {lark_json(closed(function.parameters))}"]
+            rules += [
+                f'call{i}: <|channel|> {recipient} <|constrain|> "json" <|message|> args{i} <|call|>',
+                f"args{i}: {lark_json(closed(function.parameters))}",
+            ]
         return {"ebnf": "\n".join(rules) + "\n"}
