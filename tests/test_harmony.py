@@ -139,6 +139,14 @@ def test_tools_and_their_history_render_as_openai_harmony(template: str, harmony
     assert "type get_weather = (_: {" in ours and "<|start|>assistant to=functions.get_weather<|channel|>commentary json<|message|>" in ours
 
 
+def test_the_reasoning_behind_a_pending_call_goes_back_as_analysis(template: str):
+    call = {"role": "assistant", "content": None, "reasoning_content": "Need the weather.", "tool_calls": [PAST_CALL]}
+    prompt = rendered(template, [*QUESTION, call, HISTORY[3]], TOOLS)
+    assert "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather" in prompt
+    # Once a final answer follows, the reasoning is dropped, as harmony says.
+    assert "Need the weather." not in rendered(template, [*QUESTION, call, *HISTORY[3:]], TOOLS)
+
+
 # ---- reading the output -----------------------------------------------------------------------------
 
 

@@ -230,7 +230,18 @@ def chat_message(message: Any, param: str) -> JsonObject:
         raise bad_request(f"{param} must be an object whose role is one of {', '.join(CHAT_ROLES)}", param)
     role = "system" if message["role"] == "developer" else message["role"]  # "developer" is OpenAI's newer "system"
     check_past_calls(message, param)
-    return {**message, "role": role, "content": message_text(message.get("content"), f"{param}.content")}
+    return {**message, **past_reasoning(message, param), "role": role, "content": message_text(message.get("content"), f"{param}.content")}
+
+
+def past_reasoning(message: JsonObject, param: str) -> JsonObject:
+    """An assistant turn's `reasoning_content`, as this server answers it, also under the name some
+    templates read it by (`thinking`: gpt-oss's keeps the reasoning that led to a call)."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None or "thinking" in message:
+        return {}
+    if not isinstance(reasoning, str):
+        raise bad_request(f"{param}.reasoning_content must be a string", param)
+    return {"thinking": reasoning}
 
 
 def message_text(content: Any, param: str) -> str:
