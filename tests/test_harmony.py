@@ -158,6 +158,21 @@ def test_harmony_is_picked_from_the_template_and_by_sglang_names(template: str):
     assert (args.tool_call_parser, args.reasoning_parser) == ("gpt-oss", "gpt-oss")
 
 
+@pytest.mark.parametrize(
+    "answer",
+    [
+        ANSWER + "<|call|>",
+        "<|channel|>final<|message|>Sunny.<|return|>",
+        '<|channel|>analysis<|message|>Hm.<|end|><|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{"zone": "UTC"}<|call|>',
+    ],
+)
+def test_messages_read_as_openai_harmony_reads_them(harmony, answer: str):
+    oh, encoding = harmony
+    tokens = encoding.encode(answer, allowed_special="all")
+    expected = [(m.channel, m.recipient, m.content[0].text) for m in encoding.parse_messages_from_completion_tokens(tokens, oh.Role.ASSISTANT)]
+    assert [(m.channel, m.recipient, m.body) for m in read_messages(answer, finished=True)] == expected
+
+
 def test_channels_split_into_reasoning_content_and_calls():
     reader = ChatReader(FORMATS["gpt-oss"], HarmonySplitter())
     reasoning, content, [call] = reader.fields(ANSWER, finished=True)
