@@ -18,6 +18,7 @@ from gguf_convert import converter
 from rsgl.chat_template import render_chat
 from rsgl.server.__main__ import parse_args
 from rsgl.server.chat_reader import ChatReader
+from rsgl.server.errors import APIError
 from rsgl.server.openai_api import chat_messages
 from rsgl.server.reasoning import HarmonySplitter, reasoning_parser_for_template
 from rsgl.server.tool_request import offered_functions
@@ -147,6 +148,8 @@ def test_the_reasoning_behind_a_pending_call_goes_back_as_analysis(template: str
     assert "<|start|>assistant<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant to=functions.get_weather" in prompt
     # Once a final answer follows, the reasoning is dropped, as harmony says.
     assert "Need the weather." not in rendered(template, [*QUESTION, call, *HISTORY[3:]], TOOLS)
+    with pytest.raises(APIError, match=r"messages\[2\]\.reasoning_content must be a string"):
+        chat_messages({"messages": [*QUESTION, {**call, "reasoning_content": ["Need", "the weather."]}]})
 
 
 # ---- reading the output -----------------------------------------------------------------------------
