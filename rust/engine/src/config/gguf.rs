@@ -31,7 +31,7 @@ impl ModelConfig {
         let rope_scaling = match keys.get("rope.scaling.type").filter(|kind| *kind != "none") {
             None => None,
             Some(kind) if kind == "linear" => Some(RopeScaling::Linear { factor: keys.required_number("rope.scaling.factor")? }),
-            Some(kind) if kind == "yarn" => Some(yarn(&keys)?),
+            Some(kind) if kind == "yarn" => Some(yarn(&keys, architecture)?),
             Some(kind) => {
                 return Err(EngineError::UnsupportedModel(format!("{source} uses {} RoPE scaling, which rsgl does not support yet in GGUF.", quoted(kind))))
             }
@@ -104,8 +104,9 @@ fn longrope(keys: &Keys, store: &WeightStore) -> Result<RopeScaling> {
 /// YaRN as llama.cpp's converter writes it. The attention factor is transformers' own where
 /// the file has it (`yarn_attn_factor`), else derived taking `yarn_log_multiplier` for
 /// `mscale_all_dim` and `mscale` to be 1, as llama.cpp does for Ministral 3 (DeepSeek files
-/// store 0.1 × mscale_all_dim there).
-fn yarn(keys: &Keys) -> Result<RopeScaling> {
+/// store 0.1 × mscale_all_dim there). The blend's bounds are rounded as transformers rounds
+/// them for the family (ggml always rounds them out).
+fn yarn(keys: &Keys, architecture: &Architecture) -> Result<RopeScaling> {
     let factor = keys.required_number("rope.scaling.factor")?;
     let attention_factor = match keys.number("rope.scaling.yarn_attn_factor")? {
         Some(given) => given,
@@ -116,8 +117,7 @@ fn yarn(keys: &Keys) -> Result<RopeScaling> {
         original_max_position_embeddings: keys.count("rope.scaling.original_context_length")?,
         beta_fast: keys.number("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: keys.number("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
-        // ggml always rounds the blend's bounds out.
-        truncate: true,
+        truncate: architecture.yarn_truncates,
         attention_factor,
     })
 }

@@ -177,6 +177,37 @@ fn gguf_tensors_come_out_in_hugging_face_names_and_layout() {
 }
 
 #[test]
+fn gpt_oss_gguf_tensors_come_out_as_its_hugging_face_parameters() {
+    let hidden = 2;
+    let f32_bytes = |values: &[f32]| le_bytes(values, f32::to_le_bytes);
+    // Two experts' biases of three rows, stacked: [experts, rows] is dims [rows, experts].
+    let gate_bias = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let file = TempFile::new(
+        "gpt-oss.gguf",
+        &gguf(&[
+            ("blk.0.attn_sinks.weight", vec![2], 0, f32_bytes(&[0.5, -0.5])),
+            ("blk.0.post_attention_norm.weight", vec![hidden], 0, f32_bytes(&[1.0, 2.0])),
+            ("blk.0.ffn_gate_exps.bias", vec![3, 2], 0, f32_bytes(&gate_bias)),
+            ("blk.0.ffn_gate_inp.bias", vec![2], 0, f32_bytes(&[7.0, 8.0])),
+        ]),
+    );
+    let store = WeightStore::open_gguf(&file.0, "gpt_oss", 2, 1).unwrap();
+    assert_eq!(
+        store.names(),
+        [
+            "model.layers.0.mlp.experts.0.gate_proj.bias",
+            "model.layers.0.mlp.experts.1.gate_proj.bias",
+            "model.layers.0.mlp.gate.bias",
+            "model.layers.0.post_attention_layernorm.weight",
+            "model.layers.0.self_attn.sinks",
+        ]
+    );
+    assert_eq!(store.read("model.layers.0.mlp.experts.1.gate_proj.bias").unwrap(), gate_bias[3..]);
+    assert_eq!(store.shape("model.layers.0.mlp.experts.1.gate_proj.bias"), Some(&[3][..]));
+    assert_eq!(store.read("model.layers.0.self_attn.sinks").unwrap(), [0.5, -0.5]);
+}
+
+#[test]
 fn a_sharded_gguf_model_maps_every_shard_whichever_is_named() {
     let row = |value: f32| le_bytes(&[value; 4], f32::to_le_bytes);
     let first = TempFile::new("split-00001-of-00002.gguf", &gguf(&[("token_embd.weight", vec![4, 1], 0, row(1.0))]));
