@@ -144,8 +144,23 @@ SHAPES = {
     "phi4-mini": Shape(
         "phi3", 3072, 32, 24, 8, 128, 8192, True, 10000.0, vocab=PHI4_VOCAB, partial_rotary=0.75, longrope_original=4096, longrope_context=131072
     ),
+    # gpt-oss-20b's ffn is its experts' (it has no dense MLP).
     "gpt-oss-20b": Shape(
-        "gpt-oss", 2880, 24, 64, 8, 64, 2880, False, 150000.0, experts=32, experts_used=4, expert_ffn=2880, vocab=GPT_OSS_VOCAB, sliding_window=128, yarn_factor=32.0
+        "gpt-oss",
+        2880,
+        24,
+        64,
+        8,
+        64,
+        2880,
+        False,
+        150000.0,
+        experts=32,
+        experts_used=4,
+        expert_ffn=2880,
+        vocab=GPT_OSS_VOCAB,
+        sliding_window=128,
+        yarn_factor=32.0,
     ),
 }
 # Formats llama.cpp's quantizer makes from the F16 file.
@@ -237,7 +252,6 @@ class Values:
         out[:, :2] = np.abs(self.draw(blocks) / 40 + 1e-4).astype(np.float16).reshape(-1, 1).view(np.uint8)
         out[:, 2:] = np.resize(np.roll(self.pool.view(np.uint8), -int(self.rng.integers(0, POOL_VALUES))), (blocks, 32))
         return out.reshape(*dims[:-1], dims[-1] // 32 * 34)
-
 
     def bytes_between(self, count: int, low: int, high: int) -> np.ndarray:
         return self.rng.integers(low, high, size=count, dtype=np.uint8)
