@@ -187,3 +187,39 @@ fn moe(keys: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {
         shared_expert_intermediate_size: keys.optional_count("expert_shared_feed_forward_length")?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::tests::{gguf_with_metadata, TempFile};
+    use serde_json::json;
+
+    /// gpt-oss-20b's metadata as llama.cpp's converter writes it (4 layers), and the tensors the
+    /// config reads: what the file leaves unsaid (the unrounded YaRN blend, which layers slide,
+    /// the renormalized top-k) comes from the architecture, as transformers has it.
+    #[test]
+    fn a_gpt_oss_gguf_file_reads_as_its_hugging_face_config() {
+        let metadata = json!({
+            "general.architecture": "gpt-oss", "gpt-oss.block_count": 4, "gpt-oss.context_length": 131072,
+            "gpt-oss.embedding_length": 32, "gpt-oss.feed_forward_length": 2880, "gpt-oss.attention.head_count": 64,
+            "gpt-oss.attention.head_count_kv": 8, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0,
+            "gpt-oss.rope.scaling.original_context_length": 4096, "gpt-oss.rope.scaling.yarn_beta_fast": 32.0,
+            "gpt-oss.rope.scaling.yarn_beta_slow": 1.0, "gpt-oss.rope.freq_base": 150000.0,
+            "gpt-oss.attention.layer_norm_rms_epsilon": 1e-5, "gpt-oss.expert_count": 32, "gpt-oss.expert_used_count": 4,
+            "gpt-oss.attention.key_length": 64, "gpt-oss.attention.value_length": 64, "gpt-oss.attention.sliding_window": 128,
+            "gpt-oss.expert_feed_forward_length": 2880,
+        });
+        let f32_tensor = |name, dims: Vec<u64>| (name, dims.clone(), 0, vec![0u8; 4 * dims.iter().product::<u64>() as usize]);
+        let tensors = [f32_tensor("token_embd.weight", vec![32, 3]), f32_tensor("output.weight", vec![32, 3]), f32_tensor("blk.0.attn_q.bias", vec![4096])];
+        let file = TempFile::new("gpt-oss-config.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &tensors));
+        let cfg = ModelConfig::from_gguf(&file.0).unwrap();
+        assert_eq!((cfg.architecture.as_str(), cfg.vocab_size, cfg.head_dim, cfg.attention_bias, cfg.tie_word_embeddings), ("gpt_oss", 3, 64, true, false));
+        let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, truncate, attention_factor, .. }) = cfg.rope_scaling else { panic!("no YaRN") };
+        assert_eq!((factor, original_max_position_embeddings, truncate, attention_factor), (32.0, 4096, false, 1.0 + 0.1 * 32f64.ln()));
+        let window = cfg.sliding_window.expect("a sliding window");
+        assert_eq!((window.size, window.layers, window.rope_theta), (128, vec![0, 2], None));
+        let moe = cfg.moe.expect("experts");
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size, moe.norm_topk_prob), (32, 4, 2880, true));
+        assert_eq!(cfg.activation, crate::config::Activation::ClampedSwiglu);
+    }
+}

@@ -3,10 +3,10 @@ use rsgl_kernels::packed::{f16_to_f32, f32_to_f16};
 use serde_json::{json, Map};
 
 /// A file under the temp dir, removed on drop.
-struct TempFile(PathBuf);
+pub(crate) struct TempFile(pub(crate) PathBuf);
 
 impl TempFile {
-    fn new(name: &str, bytes: &[u8]) -> TempFile {
+    pub(crate) fn new(name: &str, bytes: &[u8]) -> TempFile {
         let path = std::env::temp_dir().join(format!("rsgl-weights-{}-{name}", std::process::id()));
         std::fs::write(&path, bytes).unwrap();
         TempFile(path)
@@ -39,10 +39,28 @@ fn safetensors(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
 /// A GGUF v3 file with no metadata holding `tensors` as (name, dims innermost first, type id,
 /// raw bytes), data aligned to 32 bytes.
 fn gguf(tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
+    gguf_with_metadata(&Map::new(), tensors)
+}
+
+/// A GGUF v3 file holding `metadata` (strings, booleans, whole numbers as u32 and other numbers
+/// as f32, as llama.cpp's converter writes them) and `tensors`, as `gguf` does.
+pub(crate) fn gguf_with_metadata(metadata: &Map<String, serde_json::Value>, tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
+    let string = |s: &str| [(s.len() as u64).to_le_bytes().to_vec(), s.as_bytes().to_vec()].concat();
     let mut out = b"GGUF".to_vec();
     out.extend(3u32.to_le_bytes());
     out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend(0u64.to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        out.extend(string(key));
+        match value {
+            serde_json::Value::String(text) => out.extend([8u32.to_le_bytes().to_vec(), string(text)].concat()),
+            serde_json::Value::Bool(flag) => out.extend([7u32.to_le_bytes().to_vec(), vec![u8::from(*flag)]].concat()),
+            number => match number.as_u64() {
+                Some(whole) => out.extend([4u32.to_le_bytes(), (whole as u32).to_le_bytes()].concat()),
+                None => out.extend([6u32.to_le_bytes(), (number.as_f64().expect("a number") as f32).to_le_bytes()].concat()),
+            },
+        }
+    }
     let mut data: Vec<u8> = Vec::new();
     for (name, dims, kind, bytes) in tensors {
         out.extend((name.len() as u64).to_le_bytes());
