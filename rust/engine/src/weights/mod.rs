@@ -629,4 +629,4 @@ fn language_model_name(name: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
