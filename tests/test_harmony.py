@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import jsonschema
 import pytest
-from gguf_convert import converter
+from gguf_convert import convert, converter
+from rsgl import Engine
 from rsgl.chat_template import render_chat
 from rsgl.server.__main__ import parse_args
 from rsgl.server.chat_reader import ChatReader
@@ -282,6 +283,19 @@ def test_forced_calls_may_reason_first(harmony_server: str, harmony_model: Path)
         assert choice.finish_reason == "tool_calls" and not choice.message.content
     reasoning = [getattr(choice.message, "reasoning_content", None) or "" for choice in answer.choices]
     assert any(reasoning) and not any("<|" in text for text in reasoning), reasoning
+
+
+@pytest.mark.parametrize("layout", ["folder", "gguf"])
+def test_a_turn_ends_at_return_and_at_call(harmony_model: Path, layout: str, tmp_path: Path):
+    """The folder's generation_config lists both end tokens; a GGUF file keeps one eos id, and the
+    other comes from its text, as llama.cpp adds it."""
+    model = harmony_model if layout == "folder" else convert(harmony_model, tmp_path / "harmony.gguf")
+    params = {"temperature": 0, "max_new_tokens": 8}
+    with Engine(str(model), threads=1, progress=False) as engine:
+        for token in ("<|return|>", "<|call|>"):
+            [ended] = favoured(harmony_model, token).values()
+            out = engine.generate(input_ids=[5, 6, 7], sampling_params={**params, "logit_bias": favoured(harmony_model, token)})
+            assert out["meta_info"]["completion_tokens"] == 1 and out["meta_info"]["finish_reason"]["type"] == "stop", (token, ended, out)
 
 
 def prompt_tokens(url: str, **fields) -> int:
