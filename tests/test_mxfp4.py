@@ -56,7 +56,8 @@ def mxfp4_model(tmp_path_factory):
             params[name].copy_(torch.from_numpy(dequantize_mxfp4(blocks, scales)).transpose(1, 2))
     safetensors.torch.save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     config = json.loads((path / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+    not_converted = ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]
+    config["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": not_converted}
     (path / "config.json").write_text(json.dumps(config))
     return path, model
 

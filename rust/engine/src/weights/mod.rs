@@ -222,7 +222,8 @@ impl WeightStore {
 
     fn add_float(&mut self, name: &str, shape: Vec<usize>, source: Source) {
         self.sources.push(Arc::new(source));
-        let entry = Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain, groups: None, scales: None };
+        let entry =
+            Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain, groups: None, scales: None };
         self.add(name.to_string(), entry);
     }
 
@@ -275,8 +276,15 @@ impl WeightStore {
             store.add_int4_layers(pieces, int4)?;
         }
         for tensor in hf_mxfp4::assemble(mxfp4_pieces, &|source| store.sources[source].describe())? {
-            let entry =
-                Entry { source: tensor.source, shape: tensor.shape, stored: Stored::HfMxfp4, offset: tensor.codes, order: RowOrder::Plain, groups: None, scales: Some(tensor.scales) };
+            let entry = Entry {
+                source: tensor.source,
+                shape: tensor.shape,
+                stored: Stored::HfMxfp4,
+                offset: tensor.codes,
+                order: RowOrder::Plain,
+                groups: None,
+                scales: Some(tensor.scales),
+            };
             store.add(tensor.name, entry);
         }
         store.name_as_causal_lm();

@@ -425,8 +425,10 @@ fn hf_mxfp4_blocks_and_scales_read_as_stored() {
     let blocks: Vec<u8> = (0..experts * rows * cols / 2).map(|i| (i * 37 % 256) as u8).collect();
     let scales: Vec<u8> = (0..experts * rows * cols / QBLOCK).map(|i| [0, 1, 119, 127, 130, 200][i % 6]).collect();
     let name = "model.layers.0.mlp.experts.gate_up_proj";
-    let codes_file = TempFile::new("mxfp4-blocks.safetensors", &safetensors(&[(&format!("{name}_blocks"), "U8", vec![experts, rows, cols / QBLOCK, 16], blocks.clone())]));
-    let scales_file = TempFile::new("mxfp4-scales.safetensors", &safetensors(&[(&format!("{name}_scales"), "U8", vec![experts, rows, cols / QBLOCK], scales.clone())]));
+    let codes_file =
+        TempFile::new("mxfp4-blocks.safetensors", &safetensors(&[(&format!("{name}_blocks"), "U8", vec![experts, rows, cols / QBLOCK, 16], blocks.clone())]));
+    let scales_file =
+        TempFile::new("mxfp4-scales.safetensors", &safetensors(&[(&format!("{name}_scales"), "U8", vec![experts, rows, cols / QBLOCK], scales.clone())]));
     let mut store = WeightStore::open_safetensors(&[codes_file.0.clone(), scales_file.0.clone()]).unwrap();
     assert_eq!((store.shape(name), store.stored(name).map(Stored::name)), (Some(&[experts, rows, cols][..]), Some("MXFP4")));
     // Stored row `r`'s value `i`: HF's byte `j` of a block holds values 2j (low) and 2j + 1.
@@ -435,7 +437,8 @@ fn hf_mxfp4_blocks_and_scales_read_as_stored() {
         let magnitude = E2M1[code as usize % 8] * if code >= 8 { -1.0 } else { 1.0 };
         magnitude as f64 * 2f64.powi(scales[r * cols / QBLOCK + i / QBLOCK] as i32 - 127)
     };
-    let views: Vec<(String, usize, usize, usize)> = (0..experts).flat_map(|e| [(format!("e{e}.gate"), e * rows, 2, rows / 2), (format!("e{e}.up"), e * rows + 1, 2, rows / 2)]).collect();
+    let views: Vec<(String, usize, usize, usize)> =
+        (0..experts).flat_map(|e| [(format!("e{e}.gate"), e * rows, 2, rows / 2), (format!("e{e}.up"), e * rows + 1, 2, rows / 2)]).collect();
     store.split_rows(name, &views).unwrap();
     assert!(!store.contains(name));
     for (view, first, step, count) in views {
@@ -450,7 +453,9 @@ fn hf_mxfp4_blocks_and_scales_read_as_stored() {
         }
         let mut blocks = Int4Row::new(cols);
         assert!(!matrix.read_q4(0, &mut blocks, Int4Offset::Min), "MXFP4 reads only as MXFP4");
-        let packed = Int4Weights::pack_rows(count, cols, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| assert!(matrix.read_q4(row, out, Int4Offset::Mxfp4)));
+        let packed = Int4Weights::pack_rows(count, cols, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| {
+            assert!(matrix.read_q4(row, out, Int4Offset::Mxfp4))
+        });
         for row in 0..count {
             matrix.read_f32(row, &mut floats);
             assert_eq!(packed.row(row), floats, "{view} row {row}: packed blocks vs floats");

@@ -167,7 +167,13 @@ pub(super) unsafe fn levels_avx512<const OFFSET: u8>(quants: __m512i) -> __m512i
 /// A record's scales and minimums of its 16 outputs as AVX-512 vectors.
 #[inline(always)]
 pub(super) unsafe fn scale_min_avx512<const OFFSET: u8>(rec: *const u8) -> (__m512, __m512) {
-    scale_min::<_, OFFSET>(rec, 0, |at| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const _)), |at| e8m0_half_avx512(at), |d, c| _mm512_mul_ps(d, _mm512_set1_ps(c)))
+    scale_min::<_, OFFSET>(
+        rec,
+        0,
+        |at| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const _)),
+        |at| e8m0_half_avx512(at),
+        |d, c| _mm512_mul_ps(d, _mm512_set1_ps(c)),
+    )
 }
 
 /// `R` rows by `NP` panels, the weights' offset `OFFSET` ([`Int4Offset::id`]).
