@@ -106,41 +106,34 @@ impl Int4Row {
     /// scale `2^(floor(log2(amax)) - 2)`, each value to its nearest code) do.
     pub fn quantize(&mut self, row: &[f32], offset: Int4Offset) {
         for (b, values) in row.chunks_exact(QBLOCK).enumerate() {
-            let (d, m, q): (f32, f32, [u8; QBLOCK]) = match offset {
-                Int4Offset::Mxfp4 => {
-                    let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
-                    let e = if amax > 0.0 { (amax.log2().floor() as i32 - 2 + 127).clamp(0, 254) as u8 } else { 0 };
-                    let d = e8m0_half(e);
-                    let nearest = |v: f32| (0..16u8).min_by(|&a, &b| level_distance(a, d, v).total_cmp(&level_distance(b, d, v))).expect("16 codes");
-                    self.scales[b] = e as u16;
-                    self.mins[b] = 0;
-                    self.set_nibbles(b, &std::array::from_fn(|j| nearest(values[j])));
-                    continue;
-                }
+            // The stored scale and minimum (f16 bits; MXFP4: the e8m0 byte and none) and quants.
+            let (scale, min, q): (u16, u16, [u8; QBLOCK]) = match offset {
                 Int4Offset::Eight => {
                     let extreme = values.iter().fold(0f32, |e, &v| if v.abs() > e.abs() { v } else { e });
                     let d = extreme / -8.0;
                     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    (d, 0.0, std::array::from_fn(|j| ((values[j] * inv + 8.5) as i32).clamp(0, 15) as u8))
+                    (f32_to_f16(d), 0, std::array::from_fn(|j| ((values[j] * inv + 8.5) as i32).clamp(0, 15) as u8))
                 }
                 Int4Offset::Min => {
                     let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
                     let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let d = (hi - lo) / 15.0;
                     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    (d, lo, std::array::from_fn(|j| (((values[j] - lo) * inv + 0.5) as i32).clamp(0, 15) as u8))
+                    (f32_to_f16(d), f32_to_f16(lo), std::array::from_fn(|j| (((values[j] - lo) * inv + 0.5) as i32).clamp(0, 15) as u8))
+                }
+                Int4Offset::Mxfp4 => {
+                    let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let e = if amax > 0.0 { (amax.log2().floor() as i32 - 2 + 127).clamp(0, 254) as u8 } else { 0 };
+                    let d = e8m0_half(e);
+                    let nearest = |v: f32| (0..16u8).min_by(|&a, &b| level_distance(a, d, v).total_cmp(&level_distance(b, d, v))).expect("16 codes");
+                    (e as u16, 0, std::array::from_fn(|j| nearest(values[j])))
                 }
             };
-            self.scales[b] = f32_to_f16(d);
-            self.mins[b] = f32_to_f16(m);
-            self.set_nibbles(b, &q);
-        }
-    }
-
-    /// Block `b`'s quants, in GGUF's order (byte `j`: values `j` and `j + 16`).
-    fn set_nibbles(&mut self, b: usize, q: &[u8; QBLOCK]) {
-        for j in 0..QBLOCK / 2 {
-            self.nibbles[b * QBLOCK / 2 + j] = q[j] | (q[j + 16] << 4);
+            self.scales[b] = scale;
+            self.mins[b] = min;
+            for j in 0..QBLOCK / 2 {
+                self.nibbles[b * QBLOCK / 2 + j] = q[j] | (q[j + 16] << 4);
+            }
         }
     }
 }
