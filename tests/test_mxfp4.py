@@ -66,7 +66,7 @@ def test_quantizer_rounds_to_the_nearest_code_under_a_power_of_two_scale():
     row = np.array([[0.0] * 31 + [6.0]], dtype=np.float32) * np.float32(2.0**-3)
     row[0, 1:5] = [0.03, -0.06, 0.1, 0.7]
     blocks, scales = quantize_mxfp4(row)
-    assert scales.tolist() == [124]  # amax 0.75: scale 2^(floor(log2 0.75) - 2) = 2^-3
+    assert scales.tolist() == [[124]]  # amax 0.75: scale 2^(floor(log2 0.75) - 2) = 2^-3
     assert dequantize_mxfp4(blocks, scales)[0, :5].tolist() == [0.0, 0.0, -0.0625, 0.125, 0.75]
 
 
