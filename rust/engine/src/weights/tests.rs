@@ -465,3 +465,37 @@ fn hf_mxfp4_blocks_and_scales_read_as_stored() {
     let text = error_text(WeightStore::open_safetensors(std::slice::from_ref(&lone.0)));
     assert!(text.contains("gate_up_proj_scales") && text.contains("incomplete"), "{text}");
 }
+
+/// A GGUF file's MXFP4 experts (type 39) split per expert, read as the W4A8 kernels' MXFP4
+/// blocks as they are and as floats the values their codes and scales mean.
+#[test]
+fn gguf_mxfp4_experts_read_as_stored() {
+    use rsgl_kernels::int4::{Int4Offset, Int4Weights, QBLOCK};
+    use rsgl_kernels::ThreadPool;
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let (experts, rows, cols) = (2, 3, 64);
+    // A block: the e8m0 byte, then 16 bytes, byte j holding value j (low nibble) and j + 16.
+    let blocks: Vec<u8> = (0..experts * rows * cols / QBLOCK)
+        .flat_map(|b| std::iter::once(118 + (b % 12) as u8).chain((0..16).map(move |j| ((b * 16 + j) * 37 % 256) as u8)))
+        .collect();
+    let file = TempFile::new("mxfp4.gguf", &gguf(&[("blk.0.ffn_up_exps.weight", vec![cols as u64, rows as u64, experts as u64], 39, blocks.clone())]));
+    let mut store = WeightStore::open_gguf(&file.0, "qwen3_moe", 1, 1).unwrap();
+    for e in 0..experts {
+        let name = format!("model.layers.0.mlp.experts.{e}.up_proj.weight");
+        assert_eq!(store.stored(&name), Some(Stored::Ggml(GgmlType::Mxfp4)));
+        let matrix = store.take_matrix(&name, rows, cols).unwrap();
+        let packed =
+            Int4Weights::pack_rows(rows, cols, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| assert!(matrix.read_q4(row, out, Int4Offset::Mxfp4)));
+        let mut floats = vec![0.0; cols];
+        for row in 0..rows {
+            matrix.read_f32(row, &mut floats);
+            for (i, got) in floats.iter().enumerate() {
+                let block = &blocks[((e * rows + row) * cols / QBLOCK + i / QBLOCK) * 17..][..17];
+                let code = (block[1 + i % 16] >> (4 * (i % QBLOCK / 16))) & 0x0f;
+                let want = E2M1[code as usize % 8] * if code >= 8 { -1.0 } else { 1.0 } * 2f32.powi(block[0] as i32 - 127);
+                assert_eq!(*got, want, "expert {e} row {row} value {i}");
+            }
+            assert_eq!(packed.row(row), floats, "expert {e} row {row}: packed blocks vs floats");
+        }
+    }
+}
