@@ -3,6 +3,7 @@ at sizes that matter without downloading anything.
 
     python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe|gemma3-1b|gemma3-4b|phi4-mini \\
         --format gguf-f16|gguf-q8_0|gguf-q4_0|gguf-q4_k_m|safetensors-bf16 [--layers N] [--out PATH] [--force]
+    python benches/synth_model.py --shape gpt-oss-20b --format safetensors-mxfp4|gguf-mxfp4 [--layers N] ...
 
 Shapes (the tokenizer stays the default model's, 49,152 tokens; the Gemma and Phi shapes pad its
 token list to their vocabularies, 262,144 and 200,064 entries, see below):
@@ -22,6 +23,16 @@ token list to their vocabularies, 262,144 and 200,064 entries, see below):
   context 4k, real context 128k, attention factor sqrt(1 + ln 32 / ln 4096) = 1.19), no sliding
   window. Its GGUF context is written as 8k; its config.json keeps max_position_embeddings 131072,
   from which transformers derives LongRoPE's attention factor.
+- gpt-oss-20b: OpenAI's gpt-oss-20b (hidden 2880, 24 layers, 64 heads / 8 kv heads of 64, 32
+  experts of ffn 2880, 4 active, 201,088 tokens, untied), as OpenAI released it: experts in MXFP4
+  (`*_blocks`: 32 4-bit e2m1 values in 16 bytes, `*_scales`: one e8m0 byte per block), everything
+  else in bf16, q/k/v/o, router and expert biases, a sink logit per head, sliding window 128 on
+  even layers, YaRN (factor 32 over an original 4k context, rope base 150000, unrounded blend).
+  Its context is written as 8k (the real 128k would size engines' KV caches past this machine).
+  `safetensors-mxfp4` writes that folder; `gguf-mxfp4` is the GGUF file llama.cpp's converter
+  makes of it (the experts repacked to ggml's MXFP4, the rest bf16; the folder is written first
+  if missing). Block bytes are random (every 4-bit code equally likely); scales are 2^-8 to 2^-5,
+  so that weights have the magnitude of trained ones (|w| up to 6 * 2^-5).
 
 Gemma's vocabulary (262,144 entries) is a large share of a small model's work (the tied lm_head
 of gemma3-1b is 30% of its weights), so the Gemma shapes keep it, as phi4-mini keeps Phi-4's
@@ -84,6 +95,7 @@ class Shape:
     partial_rotary: float = 1.0  # Phi-4-mini: rope turns the first 0.75 of each head's dims
     longrope_original: int = 0  # Phi-4-mini: LongRoPE's original context (its long factors apply past it)
     longrope_context: int = 0  # ... and the real context (config.json's max_position_embeddings)
+    yarn_factor: float = 0.0  # gpt-oss: YaRN over GPT_OSS_ORIGINAL_CONTEXT
 
     @property
     def gemma(self) -> bool:
@@ -94,6 +106,10 @@ class Shape:
         return self.architecture == "phi3"
 
     @property
+    def gpt_oss(self) -> bool:
+        return self.architecture == "gpt-oss"
+
+    @property
     def rotary_dim(self) -> int:
         """The dims rope turns in each head (Phi3MiniModel computes int(factor * hidden) // heads, the
         same where head_dim is hidden / heads, as in Phi; Qwen3's head_dim is not)."""
@@ -101,13 +117,17 @@ class Shape:
 
     @property
     def rms_eps(self) -> float:
-        return 1e-5 if self.architecture in ("llama", "phi3") else 1e-6
+        return 1e-5 if self.architecture in ("llama", "phi3", "gpt-oss") else 1e-6
 
 
 GEMMA_VOCAB = 262144
 GEMMA_GLOBAL_EVERY = 6  # sliding_window_pattern: layers 5, 11, 17, ... attend globally
 GEMMA_LOCAL_ROPE_THETA = 10000.0
 PHI4_VOCAB = 200064
+GPT_OSS_VOCAB = 201088
+GPT_OSS_ORIGINAL_CONTEXT = 4096
+MXFP4_BLOCK = 32  # values per block: 16 bytes of 4-bit codes and one scale byte
+MXFP4_SCALES = (119, 123)  # e8m0 scale bytes drawn from [119, 123): 2^-8 to 2^-5
 
 
 SHAPES = {
@@ -124,10 +144,30 @@ SHAPES = {
     "phi4-mini": Shape(
         "phi3", 3072, 32, 24, 8, 128, 8192, True, 10000.0, vocab=PHI4_VOCAB, partial_rotary=0.75, longrope_original=4096, longrope_context=131072
     ),
+    # gpt-oss-20b's ffn is its experts' (it has no dense MLP).
+    "gpt-oss-20b": Shape(
+        "gpt-oss",
+        2880,
+        24,
+        64,
+        8,
+        64,
+        2880,
+        False,
+        150000.0,
+        experts=32,
+        experts_used=4,
+        expert_ffn=2880,
+        vocab=GPT_OSS_VOCAB,
+        sliding_window=128,
+        yarn_factor=32.0,
+    ),
 }
 # Formats llama.cpp's quantizer makes from the F16 file.
 LLAMA_CPP_QUANTIZED = ("gguf-q4_0", "gguf-q4_k_m")
-FORMATS = ("gguf-f16", "gguf-q8_0", *LLAMA_CPP_QUANTIZED, "safetensors-bf16")
+# gpt-oss's formats: OpenAI's MXFP4 folder, and the GGUF file llama.cpp's converter makes of it.
+MXFP4_FORMATS = ("safetensors-mxfp4", "gguf-mxfp4")
+FORMATS = ("gguf-f16", "gguf-q8_0", *LLAMA_CPP_QUANTIZED, "safetensors-bf16", *MXFP4_FORMATS)
 
 
 def longrope_factors(shape: Shape) -> tuple[list[float], list[float]]:
@@ -212,6 +252,9 @@ class Values:
         out[:, :2] = np.abs(self.draw(blocks) / 40 + 1e-4).astype(np.float16).reshape(-1, 1).view(np.uint8)
         out[:, 2:] = np.resize(np.roll(self.pool.view(np.uint8), -int(self.rng.integers(0, POOL_VALUES))), (blocks, 32))
         return out.reshape(*dims[:-1], dims[-1] // 32 * 34)
+
+    def bytes_between(self, count: int, low: int, high: int) -> np.ndarray:
+        return self.rng.integers(low, high, size=count, dtype=np.uint8)
 
 
 def default_model_gguf() -> gguf.GGUFReader:
@@ -355,6 +398,98 @@ def hf_name(gguf_name: str, shape: Shape) -> list[tuple[str, int | None]]:
     return [(f"{p}{layer_names[module]}.weight", None)]
 
 
+def gpt_oss_tensors(shape: Shape, vocab: int) -> list[list[tuple[str, str, tuple[int, ...]]]]:
+    """(name, safetensors dtype, shape) of every tensor of OpenAI's gpt-oss layout, grouped: the
+    embedding, each layer, then the final norm and lm_head (a layer's MXFP4 blocks stay beside
+    their scales, as llama.cpp's converter reads them in order)."""
+    h, q, kv, e, f = shape.hidden, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.experts, shape.expert_ffn
+    groups: list[list[tuple[str, str, tuple[int, ...]]]] = [[("model.embed_tokens.weight", "BF16", (vocab, h))]]
+    for layer in range(shape.layers):
+        p = f"model.layers.{layer}."
+        attention = [(p + "input_layernorm.weight", "BF16", (h,)), (p + "post_attention_layernorm.weight", "BF16", (h,))]
+        for proj, rows, cols in (("q_proj", q, h), ("k_proj", kv, h), ("v_proj", kv, h), ("o_proj", h, q)):
+            attention += [(f"{p}self_attn.{proj}.weight", "BF16", (rows, cols)), (f"{p}self_attn.{proj}.bias", "BF16", (rows,))]
+        attention.append((p + "self_attn.sinks", "BF16", (shape.heads,)))
+        router = [(p + "mlp.router.weight", "BF16", (e, h)), (p + "mlp.router.bias", "BF16", (e,))]
+        experts = []
+        for proj, rows, cols in (("gate_up_proj", 2 * f, h), ("down_proj", h, f)):
+            experts += [
+                (f"{p}mlp.experts.{proj}_blocks", "U8", (e, rows, cols // MXFP4_BLOCK, MXFP4_BLOCK // 2)),
+                (f"{p}mlp.experts.{proj}_scales", "U8", (e, rows, cols // MXFP4_BLOCK)),
+                (f"{p}mlp.experts.{proj}_bias", "BF16", (e, rows)),
+            ]
+        groups.append(attention + router + experts)
+    groups.append([("model.norm.weight", "BF16", (h,)), ("lm_head.weight", "BF16", (vocab, h))])
+    return groups
+
+
+def write_gpt_oss_tensor(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
+    """One tensor's bytes, a slab of rows at a time (the 201,088-row embedding is 1.2 GB of bf16)."""
+    if name.endswith("_scales"):
+        out.write(values.bytes_between(int(np.prod(dims)), *MXFP4_SCALES).tobytes())
+        return
+    if name.endswith("_blocks"):
+        for _ in range(dims[0]):  # an expert at a time
+            out.write(values.bytes_between(int(np.prod(dims[1:])), 0, 256).tobytes())
+        return
+    rows_per_slab = max(1, (1 << 24) // int(np.prod(dims[1:])))
+    for start in range(0, dims[0], rows_per_slab):
+        slab = (min(rows_per_slab, dims[0] - start), *dims[1:])
+        # Sinks around 0, as trained ones are (a few units at most).
+        weights = values.tensor(name, slab).astype(np.float32) * (50.0 if name.endswith("sinks") else 1.0)
+        out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+
+
+def write_gpt_oss_folder(shape: Shape, folder: Path) -> None:
+    """OpenAI's gpt-oss layout (MXFP4 experts, the rest bf16) in safetensors shards of about
+    SHARD_BYTES, whole layers each, written tensor by tensor."""
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, eos_token_id = write_tokenizer_files(shape, folder)
+    item_bytes = {"BF16": 2, "U8": 1}
+    shards: list[list[tuple[str, str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for group in gpt_oss_tensors(shape, vocab):
+        group_bytes = sum(item_bytes[dtype] * int(np.prod(dims)) for _, dtype, dims in group)
+        if size + group_bytes > SHARD_BYTES and shards[-1]:
+            shards.append([])
+            size = 0
+        shards[-1] += group
+        size += group_bytes
+    values = Values()
+    weight_map = {}
+    for index, shard in enumerate(shards):
+        file_name = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        offset = 0
+        for name, dtype, dims in shard:
+            nbytes = item_bytes[dtype] * int(np.prod(dims))
+            header[name] = {"dtype": dtype, "shape": list(dims), "data_offsets": [offset, offset + nbytes]}
+            offset += nbytes
+            weight_map[name] = file_name
+        encoded = json.dumps(header).encode()
+        encoded += b" " * (-len(encoded) % 8)
+        with (folder / file_name).open("wb") as out:
+            out.write(len(encoded).to_bytes(8, "little"))
+            out.write(encoded)
+            for name, _, dims in shard:
+                write_gpt_oss_tensor(out, values, name, dims)
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+    (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
+
+
+def convert_with_llama_cpp(folder: Path, path: Path) -> None:
+    """The GGUF file llama.cpp's converter writes of `folder` (MXFP4 experts stay MXFP4, the rest bf16),
+    through the tests' wrapper, which teaches it the default model's byte-level tokenizer."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from gguf_convert import convert
+
+    partial = path.with_suffix(".partial")
+    convert(folder, partial, outtype="bf16")
+    partial.replace(path)
+
+
 def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
     config: dict[str, Any] = {
         "hidden_size": shape.hidden, "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
@@ -376,6 +511,24 @@ def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
         }  # fmt: skip
         return {"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", **config, **gemma}
     config["hidden_act"] = "silu"
+    if shape.gpt_oss:
+        # As OpenAI's gpt-oss-20b config.json has it (transformers 4.55), but for the context (see the shapes).
+        gpt_oss = {
+            "attention_bias": True, "attention_dropout": 0.0, "num_local_experts": shape.experts,
+            "num_experts_per_tok": shape.experts_used, "experts_per_token": shape.experts_used,
+            "initial_context_length": GPT_OSS_ORIGINAL_CONTEXT, "sliding_window": shape.sliding_window,
+            "layer_types": ["sliding_attention" if layer % 2 == 0 else "full_attention" for layer in range(shape.layers)],
+            "rope_scaling": {
+                "rope_type": "yarn", "factor": shape.yarn_factor, "original_max_position_embeddings": GPT_OSS_ORIGINAL_CONTEXT,
+                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+            },
+            "swiglu_limit": 7.0, "router_aux_loss_coef": 0.9, "output_router_logits": False, "pad_token_id": eos_token_id,
+            "quantization_config": {
+                "quant_method": "mxfp4",
+                "modules_to_not_convert": ["model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"],
+            },
+        }  # fmt: skip
+        return {"architectures": ["GptOssForCausalLM"], "model_type": "gpt_oss", **config, **gpt_oss}
     if shape.phi3:
         # As Microsoft's Phi-4-mini-instruct config.json has it (transformers 4.45 layout), but for
         # its sliding_window (262144 there, null here: see write_gguf). max_position_embeddings stays
@@ -403,7 +556,9 @@ def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config}
 
 
-def write_safetensors_folder(shape: Shape, folder: Path) -> None:
+def write_tokenizer_files(shape: Shape, folder: Path) -> tuple[int, int]:
+    """The default model's tokenizer (padded to the shape's vocabulary) and chat template, as
+    transformers saves them; returns the vocabulary size and the end-of-sequence token id."""
     from rsgl.loader import load_model
 
     model = load_model(None, progress=False)
@@ -415,7 +570,18 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     # Gemma's vocabulary: the filler tokens as plain BPE vocabulary entries (no merge reaches them).
     filler = filler_tokens(list(model.tokenizer.get_vocab(with_added_tokens=True)), vocab) if vocab > source_vocab else []
     tokenizer["model"]["vocab"] |= {token: source_vocab + index for index, token in enumerate(filler)}
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
+    # tokenizer_class: else transformers 5 builds the tokenizer its config's model_type names (Llama's,
+    # Gemma's) from tokenizer.json's vocabulary, which is not that tokenizer's.
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": model.eos_token, "add_bos_token": False}
+    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    (folder / "chat_template.jinja").write_text(model.chat_template)
+    return vocab, model.eos_token_ids[0]
+
+
+def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
+    vocab, eos_token_id = write_tokenizer_files(shape, folder)
     # (name, shape) of every tensor, in shards of at most SHARD_BYTES of bf16.
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
@@ -448,13 +614,7 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
                 weights = values.tensor(name, dims, norm_offset=0.0 if shape.gemma else 1.0).astype(np.float32)
                 out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, model.eos_token_ids[0]), indent=1))
-    (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
-    # tokenizer_class: else transformers 5 builds the tokenizer its config's model_type names (Llama's,
-    # Gemma's) from tokenizer.json's vocabulary, which is not that tokenizer's.
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": model.eos_token, "add_bos_token": False}
-    (folder / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
-    (folder / "chat_template.jinja").write_text(model.chat_template)
+    (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
 
 
 def output_path(shape_name: str, kind: str, layers: int | None) -> Path:
@@ -479,9 +639,18 @@ def main() -> None:
     if out.exists() and not args.force:
         print(out)
         return
+    if shape.gpt_oss != (args.format in MXFP4_FORMATS):
+        raise SystemExit(f"--shape {args.shape} is not written as {args.format}: gpt-oss-20b is written as {' or '.join(MXFP4_FORMATS)}, the other shapes not")
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if args.format in LLAMA_CPP_QUANTIZED:
+    if args.format == "gguf-mxfp4":
+        source = output_path(args.shape, "safetensors-mxfp4", args.layers)
+        if not source.exists():
+            write_gpt_oss_folder(shape, source)
+        convert_with_llama_cpp(source, out)
+    elif args.format == "safetensors-mxfp4":
+        write_gpt_oss_folder(shape, out)
+    elif args.format in LLAMA_CPP_QUANTIZED:
         source = output_path(args.shape, "gguf-f16", args.layers)
         if not source.exists():
             write_gguf(shape, "gguf-f16", source)

@@ -1,5 +1,6 @@
 """Tensor parallelism inside one engine (`tp_size`, `--tp`) on the default model: two ranks give
-one rank's greedy tokens, through `rsgl.Engine` and through the server with an `openai` client.
+one rank's greedy tokens, through `rsgl.Engine` and through the server with an `openai` client; a tiny
+gpt-oss (per-head attention sinks and biased experts, each rank taking its share) gives transformers' tokens.
 
 Compared with float activations (float32 weights, or the GGUF blocks with 16-bit activations):
 with 8-bit activations each rank's partial sums round differently, and the per-block int8
@@ -13,8 +14,10 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+import torch
 from rsgl import Engine, InvalidRequestError
 from server_helpers import running_server
+from zoo_models import build_family
 
 PROMPTS = ["The capital of France is", "Write a haiku about the sea.", "def fibonacci(n):", "List three colors:", "Once upon a time"]
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
@@ -57,3 +60,15 @@ def test_the_server_with_two_ranks_answers_as_one_rank_does(tmp_path: Path):
             )
             assert answer.choices[0].text == text
         assert httpx.get(f"{url}/get_server_info").json()["tp_size"] == 2
+
+
+def test_two_ranks_split_gpt_oss_sinks_and_experts_as_transformers_runs_them(tmp_path: Path):
+    model = build_family("gpt_oss", tmp_path)
+    prompts = [[1, *range(3, 14)], [2, *range(40, 61)]]  # past the 8-token window
+    with torch.no_grad():
+        want = [
+            model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)[0, len(ids) :].tolist() for ids in prompts
+        ]
+    with Engine(str(tmp_path), threads=2, tp_size=2, dtype="float32", progress=False) as engine:
+        got = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
+    assert [r["output_ids"] for r in got] == want  # type: ignore[index]

@@ -14,7 +14,7 @@ import rsgl
 from conftest import build_tiny
 from rsgl.chat_template import render_chat
 from rsgl.server.chat_reader import ChatReader
-from rsgl.server.reasoning import ReasoningSplitter
+from rsgl.server.reasoning import REASONING_PARSERS, ThinkSplitter
 from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
 from server_helpers import API_KEY, AUTH, assert_openai_error, openai_client, running_server
 from test_loader import train_byte_level_tokenizer
@@ -349,7 +349,7 @@ MISTRAL_NAMED = FORMATS["mistral"].for_template("{{ '[TOOL_CALLS]' + call.name +
 EACH_FORMAT = {**FORMATS, "mistral-named": MISTRAL_NAMED}
 
 
-@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "mistral-named", "pythonic"])
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "mistral-named", "pythonic", "gpt-oss"])
 def test_each_format_reads_back_what_it_writes(name: str):
     call_format = EACH_FORMAT[name]
     calls = [ToolCall("get_weather", '{"city":"Paris","days":[1,true,null]}'), ToolCall("get_time", "{}")]
@@ -403,13 +403,13 @@ def test_pythonic_calls_read_json_constants_as_forced_calls_write_them():
 
 def test_reasoning_splits_off_and_streams_in_order():
     text = "<think>\nThe user wants Paris.</think>\n\nIt is sunny."
-    for splitter in (ReasoningSplitter(starts_inside=False), ReasoningSplitter.for_prompt("deepseek-r1", "...")):
+    for splitter in (ThinkSplitter(starts_inside=False), REASONING_PARSERS["deepseek-r1"]("...")):
         assert splitter.split(text, finished=True) == ("The user wants Paris.", "It is sunny.")
-    assert ReasoningSplitter.for_prompt("deepseek-r1", "").split("Hmm.</think>Yes.", True) == ("Hmm.", "Yes.")
-    assert ReasoningSplitter.for_prompt("qwen3", "").split("Yes.", True) == ("", "Yes.")
-    assert ReasoningSplitter.for_prompt("qwen3", "<|im_start|>assistant\n<think>\n").split("Hmm.</think>Yes.", True) == ("Hmm.", "Yes.")
-    assert ReasoningSplitter.for_prompt("deepseek-r1", "<think>\n\n</think>\n\n").split("Yes.", True) == ("", "Yes.")
-    deltas = ChatReader(FORMATS["hermes"], ReasoningSplitter(starts_inside=False)).deltas()
+    assert REASONING_PARSERS["deepseek-r1"]("").split("Hmm.</think>Yes.", True) == ("Hmm.", "Yes.")
+    assert REASONING_PARSERS["qwen3"]("").split("Yes.", True) == ("", "Yes.")
+    assert REASONING_PARSERS["qwen3"]("<|im_start|>assistant\n<think>\n").split("Hmm.</think>Yes.", True) == ("Hmm.", "Yes.")
+    assert REASONING_PARSERS["deepseek-r1"]("<think>\n\n</think>\n\n").split("Yes.", True) == ("", "Yes.")
+    deltas = ChatReader(FORMATS["hermes"], ThinkSplitter(starts_inside=False)).deltas()
     answer = text + '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>'
     chunks = [deltas.chunk_choice(0, answer[i : i + 3], None, None if i + 3 < len(answer) else "stop") for i in range(0, len(answer), 3)]
     assert "".join(c["delta"].get("reasoning_content", "") for c in chunks) == "The user wants Paris."

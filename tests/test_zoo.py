@@ -2,8 +2,8 @@
 wrote (tests/zoo_models.py): float32 greedy tokens identical to transformers' for prompts of 1, 11
 and 81 tokens (past Gemma's 8-token sliding windows and Ministral 3's 64-token original context),
 alone and batched, again with their prefixes cached, from the Hugging Face folder and from the GGUF
-file llama.cpp's converter writes of it (gpt-oss from its Hugging Face folder only); families rsgl does
-not run yet are refused with an error naming what it runs."""
+file llama.cpp's converter writes of it; families rsgl does not run yet are refused with an error naming
+what it runs."""
 
 from __future__ import annotations
 
@@ -17,12 +17,13 @@ import safetensors.torch
 import torch
 import transformers
 from gguf_convert import convert
+from rsgl import _core
 from tiny_models import with_weights_rounded
 from zoo_models import FAMILIES, build_family
 
 SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Families rsgl reads from GGUF files as well.
-GGUF_SUPPORTED = ("gemma2", "gemma3", "glm4", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
+GGUF_SUPPORTED = SUPPORTED
 NEW_TOKENS = 12
 PROMPTS = [[1], [1, *range(60, 70)], [1, *range(3, 83)]]
 # rsgl rotates positions below LongRoPE's original context (64 here) with its short factors and those from
@@ -65,6 +66,16 @@ def test_float32_greedy_tokens_match_transformers(family):
     if name in GGUF_SUPPORTED:
         gguf_file = convert(path, path.parent / f"{name}.gguf")
         assert rsgl_greedy(gguf_file, prompts, dtype="float32") == (want, want)
+
+
+def test_gpt_oss_gguf_config_is_its_folders(tmp_path):
+    """What a gpt-oss GGUF file cannot say (its YaRN's unrounded blend, which layers slide) comes from the
+    architecture: rsgl reads the file llama.cpp's converter writes as the folder it came from."""
+    build_family("gpt_oss", tmp_path / "gpt_oss")
+    from_folder = _core.normalize_hf_config(json.loads((tmp_path / "gpt_oss" / "config.json").read_text()))
+    from_gguf = _core.gguf_config(convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf"))
+    assert from_gguf["rope_scaling"]["truncate"] is False and from_gguf["sliding_window"]["layers"] == [0]
+    assert from_gguf == from_folder | {"pooling": None}
 
 
 def test_bfloat16_weights_match_the_rounded_model(family):
@@ -168,11 +179,10 @@ def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
 
 
 def test_a_gguf_file_of_a_family_not_run_yet_is_refused_naming_what_runs(tmp_path):
-    """llama.cpp's converter writes the GGUF file of a family rsgl does not read from GGUF yet (gpt-oss: its
-    files hold MXFP4 experts)."""
-    build_family("gpt_oss", tmp_path / "gpt_oss")
-    gguf_file = convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf")
+    """llama.cpp's converter writes the GGUF file of a family rsgl does not run (Starcoder 2)."""
+    build_family("starcoder2", tmp_path / "starcoder2")
+    gguf_file = convert(tmp_path / "starcoder2", tmp_path / "starcoder2.gguf")
     with pytest.raises(
-        rsgl.UnsupportedModelError, match="holds a 'gpt-oss' model; rsgl runs llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, .* GGUF"
+        rsgl.UnsupportedModelError, match="holds a 'starcoder2' model; rsgl runs llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, .*gpt-oss GGUF"
     ):
         rsgl.Engine(str(gguf_file), progress=False)

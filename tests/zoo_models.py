@@ -109,12 +109,14 @@ def zoo_tokenizer() -> Tokenizer:
     return Tokenizer.from_str(json.dumps(spec))
 
 
-def build_family(family: str, path):
-    """Saves a random model of one of FAMILIES, and its tokenizer, to `path`; returns the transformers model."""
+def build_family(family: str, path, special_tokens: tuple[str, ...] = (), **config_overrides):
+    """Saves a random model of one of FAMILIES, and its tokenizer (with `special_tokens` added after
+    its own), to `path`; returns the transformers model."""
     path = Path(path)
-    overrides = dict(OVERRIDES[family])
+    overrides = {**OVERRIDES[family], **config_overrides}
     model_type = overrides.pop("model_type")
     tokenizer = zoo_tokenizer()
+    tokenizer.add_special_tokens(list(special_tokens))
     config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": tokenizer.get_vocab_size(), "pad_token_id": 0, **overrides})
     torch.manual_seed(sum(map(ord, family)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()

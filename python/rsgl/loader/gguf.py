@@ -58,10 +58,17 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
     )
 
 
+# Tokens that end a turn beside the file's one eos id, by their text, as llama.cpp adds them: harmony's
+# (gpt-oss) `<|return|>` after an answer and `<|call|>` after a tool call (its Hugging Face
+# generation_config lists both; its GGUF files keep only the first).
+TURN_END_TEXTS = ("<|return|>", "<|call|>")
+
+
 def _tokenizer_fields(metadata: dict[str, Any], vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
     tokens = metadata.get("tokenizer.ggml.tokens")
     roles = ("bos", "eos", "eot", "unknown", "padding")
     ids = {role: metadata.get(f"tokenizer.ggml.{role}_token_id") for role in roles}
+    turn_ends = [index for index, text in enumerate(tokens or ()) if text in TURN_END_TEXTS]
     model = metadata.get("tokenizer.ggml.model", "none")
     tokenizer = None
     if tokens is not None and not skip_tokenizer_init:
@@ -90,7 +97,7 @@ def _tokenizer_fields(metadata: dict[str, Any], vocab_size: int, skip_tokenizer_
         # llama.cpp adds BOS for SentencePiece vocabularies unless the file says otherwise.
         add_bos_token=bool(metadata.get("tokenizer.ggml.add_bos_token", model == "llama")),
         bos_token_id=ids["bos"],
-        eos_token_ids=unique_ints(ids["eos"], ids["eot"]),
+        eos_token_ids=unique_ints(ids["eos"], ids["eot"], *turn_ends),
         generation_config={},
         token_bytes=None if tokenizer is None else token_bytes(tokenizer, vocab_size),
         special_token_ids=[] if tokenizer is None else special_token_ids(tokenizer),

@@ -19,7 +19,7 @@ from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
 from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, startup_summary
-from rsgl.server.reasoning import REASONING_PARSERS, THINK_END
+from rsgl.server.reasoning import REASONING_PARSERS, THINK_END, THINK_TAG_PARSERS
 from rsgl.server.watchdog import exit_after
 from rsgl.tools import FORMATS
 
@@ -137,13 +137,15 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
         "--tool-call-parser",
         choices=sorted(FORMATS),
         help="how the model writes tool calls: hermes / qwen25 (<tool_call> JSON), llama3 (JSON), mistral ([TOOL_CALLS]), "
-        "pythonic ([f(a=1)]) (default: guessed from the chat template; hermes for templates that do not render tools)",
+        "pythonic ([f(a=1)]), gpt-oss (harmony's commentary channel) (default: guessed from the chat template; hermes for "
+        "templates that do not render tools)",
     )
     chat.add_argument(
         "--reasoning-parser",
         choices=sorted(REASONING_PARSERS),
         help="split <think>...</think> into reasoning_content (deepseek-r1: the output starts inside it; qwen3: when it opens "
-        "one); sets --think-end-token to </think> unless given, so structured output and forced tool calls apply after it",
+        "one), which sets --think-end-token to </think> unless given, so structured output and forced tool calls apply after "
+        "it; gpt-oss: harmony's analysis channel (the default for harmony chat templates)",
     )
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
@@ -163,7 +165,7 @@ def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     options = {name: value for name in names if (value := getattr(args, name)) is not None}
     if args.served_model_name:
         options["served_model_name"] = args.served_model_name[0]
-    if args.reasoning_parser and args.think_end_token is None:
+    if args.reasoning_parser in THINK_TAG_PARSERS and args.think_end_token is None:
         options["think_end_token"] = THINK_END
     return options
 

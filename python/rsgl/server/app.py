@@ -52,8 +52,8 @@ def build_app(
     blocked for `watchdog_seconds` has every thread's stack logged. Every `log_interval` seconds
     (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end.
     The OpenAI API takes the engine's served model name, `model_aliases` and "default" as `model`;
-    `chat_parsers` names its tool-call and reasoning parsers (default: the tool-call format guessed
-    from the template, no reasoning parser)."""
+    `chat_parsers` names its tool-call and reasoning parsers (default: both guessed from the
+    template; no reasoning parser but harmony's)."""
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(

@@ -13,7 +13,7 @@ from rsgl.engine import Engine, json_schema_warnings
 from rsgl.errors import InvalidRequestError
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.errors import bad_request
-from rsgl.server.reasoning import ReasoningSplitter
+from rsgl.server.reasoning import REASONING_PARSERS, ReasoningSplitter, reasoning_parser_for_template
 from rsgl.server.tool_request import ToolRequest
 from rsgl.tools import FORMATS, Function, ToolCallFormat, format_for_template, messages_for_template, template_renders_tools
 
@@ -21,13 +21,18 @@ from rsgl.tools import FORMATS, Function, ToolCallFormat, format_for_template, m
 @dataclass(frozen=True)
 class ChatParsers:
     """The server's `--tool-call-parser` (None: guessed from the chat template) and
-    `--reasoning-parser` (None: reasoning stays in the content)."""
+    `--reasoning-parser` (None: guessed from the chat template for models that always reason in
+    their own format, else the reasoning stays in the content)."""
 
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
 
     def call_format(self, template: str | None) -> ToolCallFormat:
         return FORMATS[self.tool_call_parser].for_template(template) if self.tool_call_parser else format_for_template(template)
+
+    def reasoning(self, template: str | None, prompt: str) -> ReasoningSplitter | None:
+        parser = self.reasoning_parser or reasoning_parser_for_template(template)
+        return REASONING_PARSERS[parser](prompt) if parser else None
 
 
 @dataclass(frozen=True)
@@ -47,8 +52,9 @@ async def prepare_chat(engine: Engine, messages: list[JsonObject], tools: ToolRe
     if tools.forced is not None:
         report_relaxed_parameters(engine, tools.forced)
         await check_compiles(engine, constraint)
-    overrides = {"skip_special_tokens": False} if tools.offered and call_format.keeps_special_tokens else {}
-    reasoning = ReasoningSplitter.for_prompt(parsers.reasoning_parser, prompt) if parsers.reasoning_parser else None
+    reasoning = parsers.reasoning(template, prompt)
+    keeps_special_tokens = (tools.offered and call_format.keeps_special_tokens) or (reasoning is not None and reasoning.keeps_special_tokens)
+    overrides = {"skip_special_tokens": False} if keeps_special_tokens else {}
     return PreparedChat(prompt, constraint, overrides, ChatReader(call_format if tools.offered else None, reasoning))
 
 

@@ -40,6 +40,7 @@ DEFAULT_MODEL_NAME = "default"  # accepted whatever the served model's name, as 
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 GRAMMAR_FIELDS = ("regex", "ebnf", "json_schema")
 TEMPLATE_VARIABLES = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
+REASONING_EFFORTS = ("low", "medium", "high")  # the ones gpt-oss was trained with
 
 
 # ---- endpoints ----------------------------------------------------------------------------------
@@ -107,7 +108,20 @@ def chat_template_kwargs(body: JsonObject) -> JsonObject:
     kwargs = optional_dict(body, "chat_template_kwargs")
     if taken := sorted(TEMPLATE_VARIABLES.intersection(kwargs)):
         raise bad_request(f"chat_template_kwargs cannot set {', '.join(taken)}: the server sets them from the request", "chat_template_kwargs")
-    return kwargs
+    return {**kwargs, **reasoning_effort(body, kwargs)}
+
+
+def reasoning_effort(body: JsonObject, template_kwargs: JsonObject) -> JsonObject:
+    """OpenAI's `reasoning_effort`, for the chat template's variable of that name (gpt-oss's
+    template writes it in the system message; templates that do not read it ignore it)."""
+    effort = body.get("reasoning_effort")
+    if effort is None:
+        return {}
+    if effort not in REASONING_EFFORTS:
+        raise bad_request(f"reasoning_effort must be one of {', '.join(REASONING_EFFORTS)}, got {effort!r}", "reasoning_effort")
+    if template_kwargs.get("reasoning_effort", effort) != effort:
+        raise bad_request("reasoning_effort and chat_template_kwargs.reasoning_effort differ: give one of them", "reasoning_effort")
+    return {"reasoning_effort": effort}
 
 
 def reject_unsupported(body: JsonObject, names: tuple[str, ...]) -> None:
@@ -216,7 +230,18 @@ def chat_message(message: Any, param: str) -> JsonObject:
         raise bad_request(f"{param} must be an object whose role is one of {', '.join(CHAT_ROLES)}", param)
     role = "system" if message["role"] == "developer" else message["role"]  # "developer" is OpenAI's newer "system"
     check_past_calls(message, param)
-    return {**message, "role": role, "content": message_text(message.get("content"), f"{param}.content")}
+    return {**message, **past_reasoning(message, param), "role": role, "content": message_text(message.get("content"), f"{param}.content")}
+
+
+def past_reasoning(message: JsonObject, param: str) -> JsonObject:
+    """An assistant turn's `reasoning_content`, as this server answers it, also under the name some
+    templates read it by (`thinking`: gpt-oss's keeps the reasoning that led to a call)."""
+    reasoning = message.get("reasoning_content")
+    if reasoning is None or "thinking" in message:
+        return {}
+    if not isinstance(reasoning, str):
+        raise bad_request(f"{param}.reasoning_content must be a string", param)
+    return {"thinking": reasoning}
 
 
 def message_text(content: Any, param: str) -> str:

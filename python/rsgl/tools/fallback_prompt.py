@@ -34,9 +34,10 @@ def messages_for_template(
 
 
 def with_parsed_arguments(message: JsonObject) -> JsonObject:
-    """Templates write a past call's arguments with `tojson`: they need the object, not OpenAI's JSON text."""
+    """Templates write a past call's arguments with `tojson`: they need the object, not OpenAI's JSON
+    text. An empty or null `tool_calls` is dropped: templates test for the key (gpt-oss's does)."""
     if not message.get("tool_calls"):
-        return message
+        return {key: value for key, value in message.items() if key != "tool_calls"}
     calls = [{**call, "function": {**call["function"], "arguments": orjson.loads(call["function"]["arguments"])}} for call in message["tool_calls"]]
     return {**message, "tool_calls": calls}
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from rsgl.tools.formats.base import ToolCallFormat
+from rsgl.tools.formats.harmony import CLUE as HARMONY_CLUE
+from rsgl.tools.formats.harmony import HarmonyFormat
 from rsgl.tools.formats.hermes import HermesFormat
 from rsgl.tools.formats.llama3 import PYTHON_TAG, Llama3Format
 from rsgl.tools.formats.mistral import MARKER as MISTRAL_MARKER
@@ -15,9 +17,10 @@ FORMATS: dict[str, ToolCallFormat] = {
     "llama3": Llama3Format(),
     "mistral": MistralFormat(),
     "pythonic": PythonicFormat(),
+    "gpt-oss": HarmonyFormat(),
 }
 # What a template's text gives away about the format its model was trained on, checked in order.
-TEMPLATE_CLUES = (("<tool_call>", "hermes"), (MISTRAL_MARKER, "mistral"), (PYTHON_TAG, "llama3"), ("ipython", "llama3"))
+TEMPLATE_CLUES = ((HARMONY_CLUE, "gpt-oss"), ("<tool_call>", "hermes"), (MISTRAL_MARKER, "mistral"), (PYTHON_TAG, "llama3"), ("ipython", "llama3"))
 # Also the format rsgl describes to models whose template does not render tools.
 DEFAULT_FORMAT = "hermes"
 

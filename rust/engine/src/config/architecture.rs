@@ -28,6 +28,10 @@ pub struct Architecture {
     /// Each `n`th layer leaves q and k unrotated where a checkpoint does not list its NoPE
     /// layers (GGUF files: llama.cpp hard-codes SmolLM3's every 4th).
     pub no_rope_layer_every: Option<usize>,
+    /// transformers rounds YaRN's blend bounds out to whole indices unless the config says
+    /// `truncate: false`, which GGUF files cannot say (ggml always rounds): false for the
+    /// families whose released configs say so.
+    pub yarn_truncates: bool,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
     /// transformers' defaults for this model's config (JSON), for the `text_config` of a
@@ -57,6 +61,7 @@ const PLAIN: Architecture = Architecture {
     global_layer_every: None,
     local_rope_theta: None,
     no_rope_layer_every: None,
+    yarn_truncates: true,
     moe: None,
     nested_config_defaults: None,
 };
@@ -118,12 +123,14 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "gpt_oss",
         hf_class: "GptOssForCausalLM",
-        // Its GGUF files hold MXFP4 experts, which rsgl does not read yet.
-        gguf_name: None,
+        gguf_name: Some("gpt-oss"),
         assembly: gpt_oss::GPT_OSS,
         attention_bias: true,
-        // Even layers slide, odd ones attend to every position (transformers' default layer_types).
+        // Even layers slide, odd ones attend to every position (transformers' default layer_types,
+        // and llama.cpp's pattern for gpt-oss files).
         global_layer_every: Some(2),
+        // OpenAI's configs set `truncate: false`.
+        yarn_truncates: false,
         moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
         ..PLAIN
     },
@@ -180,9 +187,10 @@ mod tests {
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(
             Architecture::list(|a| a.gguf_name),
-            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe"
+            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss"
         );
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
-        assert_eq!(Architecture::of_gguf("gpt-oss", false).map(|a| a.name), None);
+        assert_eq!(Architecture::of_gguf("gpt-oss", true).map(|a| a.name), Some("gpt_oss"));
+        assert_eq!(Architecture::of_gguf("starcoder2", false).map(|a| a.name), None);
     }
 }

@@ -31,7 +31,7 @@ impl ModelConfig {
         let rope_scaling = match keys.get("rope.scaling.type").filter(|kind| *kind != "none") {
             None => None,
             Some(kind) if kind == "linear" => Some(RopeScaling::Linear { factor: keys.required_number("rope.scaling.factor")? }),
-            Some(kind) if kind == "yarn" => Some(yarn(&keys)?),
+            Some(kind) if kind == "yarn" => Some(yarn(&keys, architecture)?),
             Some(kind) => {
                 return Err(EngineError::UnsupportedModel(format!("{source} uses {} RoPE scaling, which rsgl does not support yet in GGUF.", quoted(kind))))
             }
@@ -104,8 +104,9 @@ fn longrope(keys: &Keys, store: &WeightStore) -> Result<RopeScaling> {
 /// YaRN as llama.cpp's converter writes it. The attention factor is transformers' own where
 /// the file has it (`yarn_attn_factor`), else derived taking `yarn_log_multiplier` for
 /// `mscale_all_dim` and `mscale` to be 1, as llama.cpp does for Ministral 3 (DeepSeek files
-/// store 0.1 × mscale_all_dim there).
-fn yarn(keys: &Keys) -> Result<RopeScaling> {
+/// store 0.1 × mscale_all_dim there). The blend's bounds are rounded as transformers rounds
+/// them for the family (ggml always rounds them out).
+fn yarn(keys: &Keys, architecture: &Architecture) -> Result<RopeScaling> {
     let factor = keys.required_number("rope.scaling.factor")?;
     let attention_factor = match keys.number("rope.scaling.yarn_attn_factor")? {
         Some(given) => given,
@@ -116,8 +117,7 @@ fn yarn(keys: &Keys) -> Result<RopeScaling> {
         original_max_position_embeddings: keys.count("rope.scaling.original_context_length")?,
         beta_fast: keys.number("rope.scaling.yarn_beta_fast")?.unwrap_or(32.0),
         beta_slow: keys.number("rope.scaling.yarn_beta_slow")?.unwrap_or(1.0),
-        // ggml always rounds the blend's bounds out.
-        truncate: true,
+        truncate: architecture.yarn_truncates,
         attention_factor,
     })
 }
@@ -186,4 +186,40 @@ fn moe(keys: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {
         norm_topk_prob: keys.get("expert_weights_norm").map_or(facts.gguf_renormalizes_top_k, truthy),
         shared_expert_intermediate_size: keys.optional_count("expert_shared_feed_forward_length")?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::weights::tests::{gguf_with_metadata, TempFile};
+    use serde_json::json;
+
+    /// gpt-oss-20b's metadata as llama.cpp's converter writes it (4 layers), and the tensors the
+    /// config reads: what the file leaves unsaid (the unrounded YaRN blend, which layers slide,
+    /// the renormalized top-k) comes from the architecture, as transformers has it.
+    #[test]
+    fn a_gpt_oss_gguf_file_reads_as_its_hugging_face_config() {
+        let metadata = json!({
+            "general.architecture": "gpt-oss", "gpt-oss.block_count": 4, "gpt-oss.context_length": 131072,
+            "gpt-oss.embedding_length": 32, "gpt-oss.feed_forward_length": 2880, "gpt-oss.attention.head_count": 64,
+            "gpt-oss.attention.head_count_kv": 8, "gpt-oss.rope.scaling.type": "yarn", "gpt-oss.rope.scaling.factor": 32.0,
+            "gpt-oss.rope.scaling.original_context_length": 4096, "gpt-oss.rope.scaling.yarn_beta_fast": 32.0,
+            "gpt-oss.rope.scaling.yarn_beta_slow": 1.0, "gpt-oss.rope.freq_base": 150000.0,
+            "gpt-oss.attention.layer_norm_rms_epsilon": 1e-5, "gpt-oss.expert_count": 32, "gpt-oss.expert_used_count": 4,
+            "gpt-oss.attention.key_length": 64, "gpt-oss.attention.value_length": 64, "gpt-oss.attention.sliding_window": 128,
+            "gpt-oss.expert_feed_forward_length": 2880,
+        });
+        let f32_tensor = |name, dims: Vec<u64>| (name, dims.clone(), 0, vec![0u8; 4 * dims.iter().product::<u64>() as usize]);
+        let tensors = [f32_tensor("token_embd.weight", vec![32, 3]), f32_tensor("output.weight", vec![32, 3]), f32_tensor("blk.0.attn_q.bias", vec![4096])];
+        let file = TempFile::new("gpt-oss-config.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &tensors));
+        let cfg = ModelConfig::from_gguf(&file.0).unwrap();
+        assert_eq!((cfg.architecture.as_str(), cfg.vocab_size, cfg.head_dim, cfg.attention_bias, cfg.tie_word_embeddings), ("gpt_oss", 3, 64, true, false));
+        let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, truncate, attention_factor, .. }) = cfg.rope_scaling else { panic!("no YaRN") };
+        assert_eq!((factor, original_max_position_embeddings, truncate, attention_factor), (32.0, 4096, false, 1.0 + 0.1 * 32f64.ln()));
+        let window = cfg.sliding_window.expect("a sliding window");
+        assert_eq!((window.size, window.layers, window.rope_theta), (128, vec![0, 2], None));
+        let moe = cfg.moe.expect("experts");
+        assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size, moe.norm_topk_prob), (32, 4, 2880, true));
+        assert_eq!(cfg.activation, crate::config::Activation::ClampedSwiglu);
+    }
 }

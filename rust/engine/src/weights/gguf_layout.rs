@@ -33,9 +33,12 @@ const LAYER_TENSORS: &[(&str, &str)] = &[
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
 ];
-/// Stacked expert tensors `[experts, rows, cols]` and which SwiGLU matrix each holds (0 gate,
-/// 1 up, 2 down).
+/// Stacked expert tensors (weights `[experts, rows, cols]`, biases `[experts, rows]`) and which
+/// SwiGLU matrix each holds (0 gate, 1 up, 2 down).
 const EXPERT_TENSORS: &[(&str, usize)] = &[("ffn_gate_exps", 0), ("ffn_up_exps", 1), ("ffn_down_exps", 2)];
+/// Layer tensors that are parameters of a Hugging Face module, not modules with a weight: the
+/// converter adds `.weight` to their names.
+const LAYER_PARAMETERS: &[(&str, &str)] = &[("attn_sinks.weight", "self_attn.sinks")];
 const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
     ("ffn_gate_shexp", "shared_expert.gate_proj"),
     ("ffn_up_shexp", "shared_expert.up_proj"),
@@ -44,11 +47,13 @@ const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
 ];
 
 /// The Hugging Face name of a layer's norm llama.cpp calls `base`, by where it sits: `ffn_norm`
-/// is a Llama's `post_attention_layernorm` and a Gemma's `pre_feedforward_layernorm`.
+/// is a Llama's `post_attention_layernorm` and a Gemma's `pre_feedforward_layernorm`;
+/// `post_attention_norm` follows the attention, as its output's norm (Gemma, OLMo 2) or, in a
+/// block without one, as the MLP's pre-norm (llama.cpp's name for gpt-oss's).
 fn norm_name(assembly: &Assembly, base: &str) -> Option<&'static str> {
     match base {
         "attn_norm" => assembly.attention.pre,
-        "post_attention_norm" => assembly.attention.post,
+        "post_attention_norm" => assembly.attention.post.or(assembly.mlp.pre),
         "ffn_norm" => assembly.mlp.pre,
         "post_ffw_norm" => assembly.mlp.post,
         _ => None,
@@ -132,14 +137,19 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         let block = format!("model.layers.{layer}.{}", if mixtral { "block_sparse_moe" } else { "mlp" });
         if let Some(&(_, matrix)) = EXPERT_TENSORS.iter().find(|(gguf, _)| *gguf == base) {
             let names = if mixtral { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
-            let [experts, rows, cols] = shape[..] else {
-                return Err(EngineError::ModelLoad(format!("{path}: expert tensor {} has shape {shape:?}, not [experts, rows, cols]", info.name)));
-            };
-            let expert_bytes = rows * kind.row_bytes(cols).expect("whole blocks");
+            let (&experts, each) = shape.split_first().filter(|(_, each)| matches!(each.len(), 1 | 2)).ok_or_else(|| {
+                EngineError::ModelLoad(format!("{path}: expert tensor {} has shape {shape:?}, not [experts, rows, cols] or [experts, rows]", info.name))
+            })?;
+            let (&cols, rows) = each.split_last().expect("one or two dimensions");
+            let expert_bytes = rows.iter().product::<usize>() * kind.row_bytes(cols).expect("whole blocks");
             for expert in 0..experts {
                 let name = format!("{block}.experts.{expert}.{}.{suffix}", names[matrix]);
-                tensors.push(tensor(name, vec![rows, cols], info.data.start + expert * expert_bytes, None));
+                tensors.push(tensor(name, each.to_vec(), info.data.start + expert * expert_bytes, None));
             }
+            continue;
+        }
+        if let Some(parameter) = lookup(LAYER_PARAMETERS, &format!("{base}.{suffix}")) {
+            tensors.push(tensor(format!("model.layers.{layer}.{parameter}"), shape, info.data.start, None));
             continue;
         }
         let module = match base {

@@ -723,4 +723,4 @@ fn language_model_name(name: &str) -> Option<String> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

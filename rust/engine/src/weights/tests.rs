@@ -3,10 +3,10 @@ use rsgl_kernels::packed::{f16_to_f32, f32_to_f16};
 use serde_json::{json, Map};
 
 /// A file under the temp dir, removed on drop.
-struct TempFile(PathBuf);
+pub(crate) struct TempFile(pub(crate) PathBuf);
 
 impl TempFile {
-    fn new(name: &str, bytes: &[u8]) -> TempFile {
+    pub(crate) fn new(name: &str, bytes: &[u8]) -> TempFile {
         let path = std::env::temp_dir().join(format!("rsgl-weights-{}-{name}", std::process::id()));
         std::fs::write(&path, bytes).unwrap();
         TempFile(path)
@@ -39,10 +39,28 @@ fn safetensors(tensors: &[(&str, &str, Vec<usize>, Vec<u8>)]) -> Vec<u8> {
 /// A GGUF v3 file with no metadata holding `tensors` as (name, dims innermost first, type id,
 /// raw bytes), data aligned to 32 bytes.
 fn gguf(tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
+    gguf_with_metadata(&Map::new(), tensors)
+}
+
+/// A GGUF v3 file holding `metadata` (strings, booleans, whole numbers as u32 and other numbers
+/// as f32, as llama.cpp's converter writes them) and `tensors`, as `gguf` does.
+pub(crate) fn gguf_with_metadata(metadata: &Map<String, serde_json::Value>, tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
+    let string = |s: &str| [(s.len() as u64).to_le_bytes().to_vec(), s.as_bytes().to_vec()].concat();
     let mut out = b"GGUF".to_vec();
     out.extend(3u32.to_le_bytes());
     out.extend((tensors.len() as u64).to_le_bytes());
-    out.extend(0u64.to_le_bytes());
+    out.extend((metadata.len() as u64).to_le_bytes());
+    for (key, value) in metadata {
+        out.extend(string(key));
+        match value {
+            serde_json::Value::String(text) => out.extend([8u32.to_le_bytes().to_vec(), string(text)].concat()),
+            serde_json::Value::Bool(flag) => out.extend([7u32.to_le_bytes().to_vec(), vec![u8::from(*flag)]].concat()),
+            number => match number.as_u64() {
+                Some(whole) => out.extend([4u32.to_le_bytes(), (whole as u32).to_le_bytes()].concat()),
+                None => out.extend([6u32.to_le_bytes(), (number.as_f64().expect("a number") as f32).to_le_bytes()].concat()),
+            },
+        }
+    }
     let mut data: Vec<u8> = Vec::new();
     for (name, dims, kind, bytes) in tensors {
         out.extend((name.len() as u64).to_le_bytes());
@@ -174,6 +192,37 @@ fn gguf_tensors_come_out_in_hugging_face_names_and_layout() {
     let store = WeightStore::open_gguf(&file.0, "qwen3_moe", heads, kv_heads).unwrap();
     assert_eq!(store.read("model.layers.0.self_attn.q_proj.weight").unwrap(), interleave_heads(&q, head_dim).concat());
     assert!(store.contains("model.layers.0.mlp.experts.1.up_proj.weight"));
+}
+
+#[test]
+fn gpt_oss_gguf_tensors_come_out_as_its_hugging_face_parameters() {
+    let hidden = 2;
+    let f32_bytes = |values: &[f32]| le_bytes(values, f32::to_le_bytes);
+    // Two experts' biases of three rows, stacked: [experts, rows] is dims [rows, experts].
+    let gate_bias = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let file = TempFile::new(
+        "gpt-oss.gguf",
+        &gguf(&[
+            ("blk.0.attn_sinks.weight", vec![2], 0, f32_bytes(&[0.5, -0.5])),
+            ("blk.0.post_attention_norm.weight", vec![hidden], 0, f32_bytes(&[1.0, 2.0])),
+            ("blk.0.ffn_gate_exps.bias", vec![3, 2], 0, f32_bytes(&gate_bias)),
+            ("blk.0.ffn_gate_inp.bias", vec![2], 0, f32_bytes(&[7.0, 8.0])),
+        ]),
+    );
+    let store = WeightStore::open_gguf(&file.0, "gpt_oss", 2, 1).unwrap();
+    assert_eq!(
+        store.names(),
+        [
+            "model.layers.0.mlp.experts.0.gate_proj.bias",
+            "model.layers.0.mlp.experts.1.gate_proj.bias",
+            "model.layers.0.mlp.gate.bias",
+            "model.layers.0.post_attention_layernorm.weight",
+            "model.layers.0.self_attn.sinks",
+        ]
+    );
+    assert_eq!(store.read("model.layers.0.mlp.experts.1.gate_proj.bias").unwrap(), gate_bias[3..]);
+    assert_eq!(store.shape("model.layers.0.mlp.experts.1.gate_proj.bias"), Some(&[3][..]));
+    assert_eq!(store.read("model.layers.0.self_attn.sinks").unwrap(), [0.5, -0.5]);
 }
 
 #[test]
