@@ -1,7 +1,8 @@
 """MXFP4 checkpoints as the released gpt-oss folders store them: the tiny gpt-oss fixture
 (tests/zoo_models.py) with its experts quantized here to MXFP4 (e2m1 codes rounded to nearest under
 one e8m0 scale per block of 32, as OCP and llama.cpp quantize) and written as transformers'
-`_blocks`/`_scales` pairs. rsgl runs them as stored on the W4A8 kernels and gives transformers'
+`_blocks`/`_scales` pairs, and the GGUF file llama.cpp's converter writes of that folder (its MXFP4
+blocks repacked as they are). rsgl runs both as stored on the W4A8 kernels and gives transformers'
 greedy tokens with the same weights dequantized; an explicit dtype dequantizes them."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import pytest
 import rsgl
 import safetensors.torch
 import torch
+from gguf_convert import convert
 from rsgl.loader import load_model
 from test_zoo import PROMPTS, rsgl_greedy, transformers_greedy
 from zoo_models import build_family
@@ -83,3 +85,14 @@ def test_mxfp4_checkpoints_run_as_stored(mxfp4_model):
         assert engine.get_server_info()["quantization"] == "mxfp4"
     # An explicit dtype dequantizes the experts to floats.
     assert rsgl_greedy(path, PROMPTS, dtype="float32") == (want, want)
+
+
+def test_mxfp4_gguf_files_run_as_stored(mxfp4_model, tmp_path):
+    path, model = mxfp4_model
+    gguf_file = convert(path, tmp_path / "gpt_oss_mxfp4.gguf")
+    loaded = load_model(str(gguf_file), progress=False)
+    stored = {name: kind for name, _, kind in loaded.open_weights().tensors()}
+    assert stored["model.layers.0.mlp.experts.0.gate_proj.weight"] == "MXFP4" and stored["model.embed_tokens.weight"] == "F32"
+    assert (loaded.quantization, loaded.dtype) == ("gguf", "float32")
+    want = [transformers_greedy(model, ids) for ids in PROMPTS]
+    assert rsgl_greedy(gguf_file, PROMPTS, activation_bits=16) == (want, want)
