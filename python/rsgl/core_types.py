@@ -70,7 +70,7 @@ class EngineOptions(TypedDict, total=False):
     pin_threads: bool
     tp_size: int
     dtype: Literal["float32", "bfloat16", "float16"]
-    quantization: Literal["w8a8_int8", "w4a8", "gguf", "awq", "gptq"] | None
+    quantization: Literal["w8a8_int8", "w4a8", "gguf", "awq", "gptq", "mxfp4"] | None
     quantize_lm_head: bool
     activation_bits: Literal[8, 16]
     random_seed: int

@@ -37,7 +37,7 @@ from rsgl.loader import load_model
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
 # What `quantization` accepts (None: weights stay in `dtype`).
-QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf", "awq", "gptq")
+QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf", "awq", "gptq", "mxfp4")
 KV_CACHE_DTYPES = ("float32", "bfloat16", "int8")
 
 logger = logging.getLogger("rsgl")
@@ -114,8 +114,9 @@ class Engine:
     load, one scale per output channel, activations quantized per token; "w4a8": to 4 bits in
     groups of 32 with a scale and minimum each, activations quantized per group; "gguf": a
     quantized GGUF file's blocks as they are, the default for such files; "awq", "gptq": a 4-bit
-    AWQ or GPTQ checkpoint's groups as they are, the default for such checkpoints; None: weights
-    in `dtype`),
+    AWQ or GPTQ checkpoint's groups as they are, the default for such checkpoints; "mxfp4": an
+    MXFP4 checkpoint's (gpt-oss's experts) blocks as they are, the default for such checkpoints;
+    None: weights in `dtype`),
     `quantize_lm_head` (with `quantization`, the lm_head too; it stays in `dtype` by default),
     `activation_bits` (the 4-bit and 8-bit block layers' activations: 8, int8 per group of 32 as
     llama.cpp does, the default; 16, int8 plus the int8 residual of that rounding, as close to
@@ -195,10 +196,10 @@ class Engine:
         if quantization is not None:
             self.model.precision_note = None  # the precision asked for, not the default model's
         stored = self.model.stored_quantization
-        if quantization in ("awq", "gptq") and quantization != stored:
+        if quantization in ("awq", "gptq", "mxfp4") and quantization != stored:
             raise InvalidRequestError(
                 f"quantization={quantization!r} runs {quantization.upper()} checkpoints as they are stored, and "
-                f"{self.model.source} holds {f'{stored} weights' if stored else 'float weights'}. A 4-bit AWQ or GPTQ "
+                f"{self.model.source} holds {f'{stored} weights' if stored else 'float weights'}. A 4-bit AWQ, GPTQ or MXFP4 "
                 "checkpoint runs as stored without the option; to quantize float weights at load use 'w4a8' (4-bit) or 'w8a8_int8'."
             )
         self.tokenizer = self.model.tokenizer

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, TypedDict
@@ -42,7 +42,9 @@ _ACCEPTED_DTYPES = ("auto", *_DTYPE_ALIASES)
 WEIGHT_DTYPE_PROBE = "model.layers.0.mlp.down_proj.weight"
 # Quantizations a checkpoint brings with it, run as stored (a layer of a type without integer
 # kernels in `dtype`); an explicit `dtype=` dequantizes the checkpoint instead.
-STORED_QUANTIZATIONS = ("gguf", "awq", "gptq")
+STORED_QUANTIZATIONS = ("gguf", "awq", "gptq", "mxfp4")
+# The storage type the core lists a Hugging Face MXFP4 tensor as (`{name}_blocks` with `{name}_scales`).
+MXFP4 = "MXFP4"
 # (shape, storage type) of each tensor of a checkpoint, by name.
 Tensors = dict[str, tuple[tuple[int, ...], str]]
 
@@ -190,7 +192,7 @@ class LoadedModel(TokenizerFields):
     dtype: str
     # The quantization the engine runs the checkpoint in by default, packed as it is stored
     # ("w8a8_int8": int8 weights; "gguf": a GGUF file's quantized blocks; "awq", "gptq": 4-bit
-    # groups), or None (`dtype`).
+    # groups; "mxfp4": MXFP4 blocks), or None (`dtype`).
     quantization: str | None = None
     # How the checkpoint stores its weights, whatever `dtype=` asked for (None: floats).
     stored_quantization: str | None = None
@@ -202,8 +204,10 @@ class LoadedModel(TokenizerFields):
         """Every tensor the engine needs, (Hugging Face name, float32 C-contiguous array), one at
         a time (int8 weights scaled back to floats, 4-bit ones dequantized)."""
         store = self.open_weights()
-        shapes = {name: shape for name, shape, _ in store.tensors()}
-        for name in with_progress(list(expected_tensor_shapes(self.config, shapes)), self.progress):
+        listed = store.tensors()
+        shapes = {name: shape for name, shape, _ in listed}
+        mxfp4 = {name for name, _, stored in listed if stored == MXFP4}
+        for name in with_progress(list(expected_tensor_shapes(self.config, shapes, mxfp4)), self.progress):
             yield name, np.frombuffer(store.read(name), dtype="<f4").reshape(shapes[name])
 
 
@@ -297,9 +301,10 @@ _FUSED_PROJECTIONS = (
 )
 
 
-def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = ()) -> dict[str, tuple[int, ...]]:
+def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
     """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape; the
-    projections the checkpoint whose tensor names are `found` fuses, fused."""
+    projections the checkpoint whose tensor names are `found` fuses, fused (`mxfp4`: those of
+    them stored as MXFP4, see `_stacked_experts_where_stored`)."""
     found = set(found)
     hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     head_dim = config["head_dim"]
@@ -330,7 +335,7 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = ()) -> di
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
-    return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config)
+    return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config, set(mxfp4))
 
 
 def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> dict[str, tuple[int, ...]]:
@@ -344,10 +349,13 @@ def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> 
     return shapes
 
 
-def _stacked_experts_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str], config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _stacked_experts_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str], config: ModelConfig, mxfp4: set[str]) -> dict[str, tuple[int, ...]]:
     """gpt-oss stores a layer's experts stacked and transposed (`mlp.experts.gate_up_proj`
     [E, hidden, 2 * inter], gate and up interleaved; `mlp.experts.down_proj` [E, inter, hidden]) and
-    names its router `mlp.router`: where `found` has them, they replace the per-expert matrices."""
+    names its router `mlp.router`: where `found` has them, they replace the per-expert matrices.
+    Its MXFP4 checkpoints store them as nn.Linear ([E, 2 * inter, hidden] with gate and up
+    interleaved by row, [E, hidden, inter]), as `{name}_blocks` and `{name}_scales` the core lists
+    as one tensor `{name}` stored as MXFP4 (those in `mxfp4`)."""
     moe = config["moe"]
     if moe is None:
         return shapes
@@ -357,8 +365,12 @@ def _stacked_experts_where_stored(shapes: dict[str, tuple[int, ...]], found: set
         for expert in range(experts):
             for proj in ("gate_proj", "up_proj", "down_proj"):
                 shapes.pop(f"{block}experts.{expert}.{proj}.weight", None)
-        shapes[name] = (experts, hidden, 2 * inter)
-        shapes[f"{block}experts.down_proj"] = (experts, inter, hidden)
+        if name in mxfp4:
+            shapes[name] = (experts, 2 * inter, hidden)
+            shapes[f"{block}experts.down_proj"] = (experts, hidden, inter)
+        else:
+            shapes[name] = (experts, hidden, 2 * inter)
+            shapes[f"{block}experts.down_proj"] = (experts, inter, hidden)
         if f"{block}router.weight" in found:
             shapes[f"{block}router.weight"] = shapes.pop(f"{block}gate.weight")
         biases = {f"{block}router.bias": (experts,), f"{name}_bias": (experts, 2 * inter), f"{block}experts.down_proj_bias": (experts, hidden)}
@@ -386,9 +398,10 @@ def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig) -> dict[str, t
     return shapes
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, source: Path) -> None:
-    """Fail before loading when the files lack a tensor the config needs, or hold it in another shape."""
-    expected = expected_tensor_shapes(config, found)
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, source: Path, mxfp4: Collection[str] = ()) -> None:
+    """Fail before loading when the files lack a tensor the config needs, or hold it in another
+    shape (`mxfp4`: the names of `found` stored as MXFP4)."""
+    expected = expected_tensor_shapes(config, found, mxfp4)
     missing = [name for name in expected if name not in found]
     if missing:
         raise ModelLoadError(

@@ -51,9 +51,10 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         # float32 files compute in float32; F16, BF16 and quantized ones in bfloat16, the fast 16-bit
         # path on CPUs (vLLM's CPU backend casts float16 to bfloat16 too); dtype="float16" keeps F16.
         dtype=_NATIVE_DTYPE.get(tensors[probe][1], "bfloat16"),
-        # A quantized file runs in its own quantization, as llama.cpp runs it: the core packs
-        # the blocks it has integer kernels for as they are, the rest in `dtype`.
-        quantization=None if tensors[probe][1] in _FLOAT_TYPES else "gguf",
+        # A quantized file (any tensor quantized: a gpt-oss file's MXFP4 experts beside float
+        # embeddings too) runs in its own quantization, as llama.cpp runs it: the core packs the
+        # blocks it has integer kernels for as they are, the rest in `dtype`.
+        quantization=None if all(stored in _FLOAT_TYPES for _, stored in tensors.values()) else "gguf",
         **vars(_tokenizer_fields(WeightStore.gguf_metadata(path), config["vocab_size"], skip_tokenizer_init)),
     )
 

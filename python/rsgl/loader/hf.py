@@ -19,6 +19,7 @@ from rsgl._core import WeightStore, normalize_hf_config
 from rsgl._typing import JsonObject
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
+    MXFP4,
     WEIGHT_DTYPE_PROBE,
     LoadedModel,
     ModelConfig,
@@ -70,13 +71,14 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
 # ---------------------------------------------------------------------------------------------
 
 # Quantization schemes whose checkpoints rsgl reads (`quantization_config.quant_method`).
-_QUANT_METHODS = ("w8a8_int8", "w4a8", "awq", "gptq")
+_QUANT_METHODS = ("w8a8_int8", "w4a8", "awq", "gptq", "mxfp4")
 # What the core lists a packed 4-bit checkpoint's layers as, by method, and how they are stored
 # (GPTQ_ACT_ORDER: groups by g_idx, run in floats).
 _PACKED_LAYERS = {
     "awq": (("AWQ",), "qweight, qzeros, scales"),
     "gptq": (("GPTQ", "GPTQ_ACT_ORDER"), "qweight, qzeros, scales"),
     "w4a8": (("Q4_1",), "uint8 rows of Q4_1 blocks"),
+    "mxfp4": ((MXFP4,), "uint8 _blocks and _scales"),
 }
 # The checkpoint formats of GPTQ quantization_configs -> the core's packing names (v1 stores each
 # zero point minus one, v2 as it is).
@@ -201,13 +203,14 @@ def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path
 
 def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantization: str | None) -> None:
     shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
-    check_tensor_shapes(shapes, config, folder)
-    expected = expected_tensor_shapes(config, shapes)
+    mxfp4 = {name for name, (_, stored) in tensors.items() if stored == MXFP4}
+    check_tensor_shapes(shapes, config, folder, mxfp4)
+    expected = expected_tensor_shapes(config, shapes, mxfp4)
     if quantization in _PACKED_LAYERS and not any(tensors[name][1] in _PACKED_LAYERS[quantization][0] for name in expected):
         probe = WEIGHT_DTYPE_PROBE if WEIGHT_DTYPE_PROBE in expected else "model.layers.0.self_attn.q_proj.weight"
         raise UnsupportedModelError(
             f"{folder}'s config.json names {quantization!r} quantization, but no layer is stored that way "
-            f"({_PACKED_LAYERS[quantization][1]}): {probe} is {tensors[probe][1]}. rsgl reads AWQ, GPTQ and w4a8 4-bit "
+            f"({_PACKED_LAYERS[quantization][1]}): {probe} is {tensors[probe][1]}. rsgl reads AWQ, GPTQ, MXFP4 and w4a8 4-bit "
             "checkpoints, w8a8_int8 ones and unquantized ones: fix config.json's quantization_config."
         )
     int8 = {name for name in expected if tensors[name][1] == "I8"}

@@ -59,10 +59,10 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     },
     "--dtype": {"help": "weight precision: auto (float32 for float32 checkpoints, else bfloat16), float32, bfloat16, float16"},
     "--quantization": {
-        "choices": ["w8a8_int8", "w4a8", "gguf", "awq", "gptq"],
+        "choices": ["w8a8_int8", "w4a8", "gguf", "awq", "gptq", "mxfp4"],
         "help": "quantize the linear layers at load: w8a8_int8 (int8 weights per channel, int8 activations per token), "
-        "w4a8 (4-bit weights in groups of 32, int8 activations per group); gguf, awq, gptq (the default for quantized GGUF "
-        "files and 4-bit AWQ / GPTQ checkpoints): their weights as they are stored",
+        "w4a8 (4-bit weights in groups of 32, int8 activations per group); gguf, awq, gptq, mxfp4 (the default for quantized GGUF "
+        "files and 4-bit AWQ / GPTQ / MXFP4 checkpoints): their weights as they are stored",
     },
     "--quantize-lm-head": {"action": "store_true", "default": None, "help": "with --quantization, quantize the lm_head too"},
     "--activation-bits": {

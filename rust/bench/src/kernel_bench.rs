@@ -41,12 +41,13 @@ enum Op {
         n: usize,
         k: usize,
     },
-    /// The same with 4-bit block weights (Q4_1-like, with minimums; activations quantized per
-    /// block inside the call)
+    /// The same with 4-bit block weights (Q4_1-like with minimums, or MXFP4; activations
+    /// quantized per block inside the call)
     GemmQ4 {
         m: usize,
         n: usize,
         k: usize,
+        offset: Int4Offset,
     },
     /// The same with 8-bit block weights of `bits`-bit quants (Q8_0-, Q6_K- and Q5_0-like)
     GemmQ8 {
@@ -116,7 +117,12 @@ fn cases() -> Vec<Op> {
         (16, 16384, 2048),
         (128, 16384, 2048),
     ];
-    cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k }));
+    cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k, offset: Int4Offset::Min }));
+    // gpt-oss-20b's experts (gate|up, down) at decode, in MXFP4 as its checkpoints store them and
+    // in Q4_1-like blocks beside.
+    for offset in [Int4Offset::Mxfp4, Int4Offset::Min] {
+        cases.extend([(1, 5760, 2880), (1, 2880, 2880)].map(|(m, n, k)| Op::GemmQ4 { m, n, k, offset }));
+    }
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k, bits: 8 }));
     // Gemma 3 1B's decode: its 262,144-row tied lm_head (Q8_0) and gate|up (Q5_0) at hidden 1152.
     cases.extend([Op::GemmQ8 { m: 1, n: 262144, k: 1152, bits: 8 }, Op::GemmQ8 { m: 1, n: 13824, k: 1152, bits: 5 }]);
@@ -149,6 +155,7 @@ impl Op {
             Op::Gemm { dtype: WeightDtype::BF16, .. } => "gemm_bf16",
             Op::Gemm { dtype: WeightDtype::F16, .. } => "gemm_f16",
             Op::GemmI8 { .. } => "gemm_w8a8",
+            Op::GemmQ4 { offset: Int4Offset::Mxfp4, .. } => "gemm_mxfp4",
             Op::GemmQ4 { .. } => "gemm_q4",
             Op::GemmQ8 { bits: 8, .. } => "gemm_q8",
             Op::GemmQ8 { bits: 6, .. } => "gemm_q6",
@@ -169,7 +176,7 @@ impl Op {
 
     fn shape(self) -> String {
         match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k, .. } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k, .. } | Op::GemmQ8 { m, n, k, .. } => format!("[{m}x{k}]·[{n}x{k}]ᵀ"),
             Op::Rope { heads } => format!("[{heads}x{HEAD_DIM}]"),
             Op::TopK { n, k } => format!("[{n}] k={k}"),
             Op::Attention { tokens, span } => format!("{tokens}x{GROUP} rows, {span} keys"),
@@ -183,7 +190,7 @@ impl Op {
         match self {
             Op::Gemm { m, n, k, dtype } => json!({ "m": m, "n": n, "k": k, "dtype": format!("{dtype:?}") }),
             Op::GemmI8 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "w8a8_int8" }),
-            Op::GemmQ4 { m, n, k } => json!({ "m": m, "n": n, "k": k, "dtype": "q4_blocks" }),
+            Op::GemmQ4 { m, n, k, offset } => json!({ "m": m, "n": n, "k": k, "dtype": if offset == Int4Offset::Mxfp4 { "mxfp4" } else { "q4_blocks" } }),
             Op::GemmQ8 { m, n, k, bits } => json!({ "m": m, "n": n, "k": k, "dtype": format!("q{bits}_blocks") }),
             Op::Rope { heads } => json!({ "heads": heads, "head_dim": HEAD_DIM }),
             Op::TopK { n, k } => json!({ "n": n, "k": k }),
@@ -198,7 +205,7 @@ impl Op {
     /// queries are `x`), `x` and a second vector otherwise.
     fn operand_lens(self) -> (usize, usize) {
         match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k, .. } => (m * k, n * k),
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k, .. } | Op::GemmQ8 { m, n, k, .. } => (m * k, n * k),
             Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
             Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
             Op::Dot { n }
@@ -219,6 +226,8 @@ impl Op {
         let per_thread = match self {
             Op::Gemm { n, k, dtype, .. } => return (n * k * dtype.bytes()) as f64,
             Op::GemmI8 { n, k, .. } => return (n * k) as f64,
+            // MXFP4: an e8m0 byte per 32 quants; else an f16 scale and minimum.
+            Op::GemmQ4 { n, k, offset: Int4Offset::Mxfp4, .. } => return (n * k * 17 / 32) as f64,
             Op::GemmQ4 { n, k, .. } => return (n * k * 5 / 8) as f64,
             // A bit per weight of f16 scales (one per 16) beside the quants.
             Op::GemmQ8 { n, k, bits, .. } => return (n * k * (bits as usize + 1) / 8) as f64,
@@ -231,7 +240,7 @@ impl Op {
 
     fn flops(self, threads: usize) -> f64 {
         let per_thread = match self {
-            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k } | Op::GemmQ8 { m, n, k, .. } => return (2 * m * n * k) as f64,
+            Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k, .. } | Op::GemmQ8 { m, n, k, .. } => return (2 * m * n * k) as f64,
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } => 2 * n,
             // Two products per key and dimension (scores, then values) for each row.
             Op::Attention { tokens, span } => 4 * tokens * GROUP * span * HEAD_DIM,
@@ -432,7 +441,7 @@ fn measure_all(threads: usize, only: Option<&str>) -> Vec<Measurement> {
         let operand = match op {
             Op::Gemm { n, k, dtype, .. } => Operand::Packed(PackedWeights::pack(&raw, n, k, dtype)),
             Op::GemmI8 { n, k, .. } => Operand::Int8(Int8Weights::quantize(&raw, n, k)),
-            Op::GemmQ4 { n, k, .. } => Operand::Int4(Int4Weights::quantize(&raw, n, k, Int4Offset::Min)),
+            Op::GemmQ4 { n, k, offset, .. } => Operand::Int4(Int4Weights::quantize(&raw, n, k, offset)),
             Op::GemmQ8 { n, k, bits, .. } => Operand::Int8Blocks(Int8BlockWeights::quantize(&raw, n, k, bits)),
             Op::Rope { .. } => {
                 // cos | sin of one position, as the engine's tables hold them.

@@ -403,13 +403,17 @@ pub enum Quantization {
     /// layers, whose groups are not runs of inputs, run in `dtype` (SGLang's `gptq`).
     #[serde(rename = "gptq")]
     Gptq,
+    /// An MXFP4 checkpoint's e2m1 blocks (gpt-oss's experts) packed as they are for the W4A8
+    /// kernels, its other layers in `dtype` (transformers' `mxfp4`).
+    #[serde(rename = "mxfp4")]
+    Mxfp4,
 }
 
 impl Quantization {
-    /// Whether the checkpoint chose each layer's format (GGUF, AWQ, GPTQ files): a layer runs as
+    /// Whether the checkpoint chose each layer's format (GGUF, AWQ, GPTQ, MXFP4 files): a layer runs as
     /// stored where kernels take its type, in `dtype` elsewhere, the lm_head included.
     pub fn as_stored(self) -> bool {
-        matches!(self, Quantization::Gguf | Quantization::Awq | Quantization::Gptq)
+        matches!(self, Quantization::Gguf | Quantization::Awq | Quantization::Gptq | Quantization::Mxfp4)
     }
 }
 

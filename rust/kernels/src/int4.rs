@@ -1,12 +1,14 @@
 //! The W4A8 scheme's data: 4-bit weights in blocks of [`QBLOCK`] inputs, each block of each
 //! output with its own f16 scale and either the fixed offset 8 (`value = d * (q - 8)`, GGUF's
-//! Q4_0) or its own f16 minimum (`value = d * q + m`, Q4_1 and the K-quants' sub-blocks); and
-//! activations quantized to int8 per block of [`QBLOCK`] values of a row (one scale each) right
-//! before each GEMM, as llama.cpp quantizes them for its 4-bit dot products.
+//! Q4_0) or its own f16 minimum (`value = d * q + m`, Q4_1 and the K-quants' sub-blocks), or
+//! MXFP4's e2m1 codes with an e8m0 scale (see [`Int4Offset::Mxfp4`]); and activations quantized
+//! to int8 per block of [`QBLOCK`] values of a row (one scale each) right before each GEMM, as
+//! llama.cpp quantizes them for its 4-bit dot products.
 //!
 //! Layout: an `[n, k]` matrix is cut into panels of [`PANEL`] outputs; a panel is a run of
-//! records, one per input block: [`NIBBLE_BYTES`] of quants, 16 f16 scales, then with minimums
-//! 16 f16 minimums. One record per block keeps decode's reads at one stream per panel.
+//! records, one per input block: [`NIBBLE_BYTES`] of quants, 16 f16 scales (MXFP4: 16 e8m0
+//! bytes), then with minimums 16 f16 minimums. One record per block keeps decode's reads at one
+//! stream per panel.
 //! The quants are four 64-byte chunks; in chunk `c`, byte `4 * o + i` holds output `o`'s input
 //! `4c + i` in its low nibble and input `16 + 4c + i` in its high one. That is GGUF's own order
 //! of a block's values (byte `j` holds values `j` and `j + 16`), so packing a GGUF block moves
@@ -18,8 +20,13 @@
 //! Per block, with `s = Σ q_w q_x` (q_w in 0..=15), `dx` the activation block's scale and
 //! `tx = (Σ q_x) as f32 * dx` (computed once, when the activations are quantized), each
 //! output's `acc` (from 0) takes `acc = fma(m, tx, fma(s as f32, d * dx, acc))`, where the
-//! offset 8 is the minimum `m = -8 d` (exact). One form for both keeps the kernels' per-row
+//! offset 8 is the minimum `m = -8 d` (exact). One form for all keeps the kernels' per-row
 //! work to a conversion, a multiply and two FMAs with operands broadcast from memory.
+//!
+//! MXFP4 runs the same sums on levels looked up from its codes in registers ([`E2M1_LEVELS`]:
+//! `2 * value + 12`, 0..=24, unsigned like the other quants) with `d = 2^(e - 128)` exactly from
+//! the block's e8m0 byte `e` ([`e8m0_half`]) and `m = -12 d`: the weights stay at 4 bits plus
+//! one byte of scale per block, as the checkpoint stores them.
 
 use crate::int8::round_to_i8;
 use crate::memory::Frozen;
@@ -33,17 +40,55 @@ pub const NIBBLE_BYTES: usize = PANEL * QBLOCK / 2;
 /// Bytes of a record's 16 f16 scales (and of its minimums).
 const HALVES_BYTES: usize = PANEL * 2;
 
-/// What a block's quants are offset by.
+/// What a block's quants are offset by (and so what they and its scale mean).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Int4Offset {
     /// `value = d * (q - 8)`.
     Eight,
     /// `value = d * q + m`, with `m` stored per block.
     Min,
+    /// MXFP4 (OCP microscaling): `q` an e2m1 code, `value = d * (E2M1_LEVELS[q] - 12)` with
+    /// `d = e8m0_half(e)` of the block's e8m0 byte `e` (scale `2^(e - 127)`). Exact for every
+    /// `e` up to 251 (scale 2^124); past that `24 d` overflows f32, as would the values.
+    Mxfp4,
 }
 
+impl Int4Offset {
+    /// The offset as the kernels' tiles take it, a const generic.
+    pub const fn id(self) -> u8 {
+        self as u8
+    }
+
+    /// The integer the kernels multiply for quant `q`.
+    #[inline(always)]
+    pub fn level(self, q: u8) -> u8 {
+        match self {
+            Int4Offset::Mxfp4 => E2M1_LEVELS[q as usize],
+            Int4Offset::Eight | Int4Offset::Min => q,
+        }
+    }
+}
+
+/// MXFP4's e2m1 codes (bit 3 the sign, then 0, 0.5, 1, 1.5, 2, 3, 4, 6) as the integers the
+/// kernels multiply: twice the value (an integer) plus 12, so every level is an unsigned byte
+/// and the integer dot products of the other offsets take it unchanged.
+pub const E2M1_LEVELS: [u8; 16] = [12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0];
+
+/// Half the scale of an e8m0 byte, `2^(e - 128)` (the levels are twice the values), exactly:
+/// `e << 23` is `2^(e - 127)` as f32 bits from `e = 1` on, the bits of `2^-127` stand in for
+/// `e = 0`, and halving is exact (the two smallest are subnormal). 255, OCP's NaN, gives
+/// infinity. Every SIMD path computes it in these steps.
+#[inline(always)]
+pub fn e8m0_half(e: u8) -> f32 {
+    f32::from_bits(((e as u32) << 23).max(E8M0_SMALLEST_BITS)) * 0.5
+}
+
+/// The f32 bits of `2^-127`, e8m0's smallest scale (see [`e8m0_half`]).
+pub const E8M0_SMALLEST_BITS: u32 = 0x0040_0000;
+
 /// One output row's blocks as a checkpoint stores them: per block 16 bytes of nibbles in
-/// GGUF's order, an f16 scale and (with [`Int4Offset::Min`]) an f16 minimum.
+/// GGUF's order, an f16 scale (with [`Int4Offset::Mxfp4`] the e8m0 byte) and (with
+/// [`Int4Offset::Min`]) an f16 minimum.
 pub struct Int4Row {
     pub nibbles: Vec<u8>,
     pub scales: Vec<u16>,
@@ -57,31 +102,46 @@ impl Int4Row {
     }
 
     /// Quantizes `row` block by block, as llama.cpp's reference quantizers of Q4_0 (the value
-    /// of largest magnitude maps to -8) and Q4_1 (the block's range over 0..=15) do.
+    /// of largest magnitude maps to -8), Q4_1 (the block's range over 0..=15) and MXFP4 (the
+    /// scale `2^(floor(log2(amax)) - 2)`, each value to its nearest code) do.
     pub fn quantize(&mut self, row: &[f32], offset: Int4Offset) {
         for (b, values) in row.chunks_exact(QBLOCK).enumerate() {
-            let (d, m, q): (f32, f32, [u8; QBLOCK]) = match offset {
+            // The stored scale and minimum (f16 bits; MXFP4: the e8m0 byte and none) and quants.
+            let (scale, min, q): (u16, u16, [u8; QBLOCK]) = match offset {
                 Int4Offset::Eight => {
                     let extreme = values.iter().fold(0f32, |e, &v| if v.abs() > e.abs() { v } else { e });
                     let d = extreme / -8.0;
                     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    (d, 0.0, std::array::from_fn(|j| ((values[j] * inv + 8.5) as i32).clamp(0, 15) as u8))
+                    (f32_to_f16(d), 0, std::array::from_fn(|j| ((values[j] * inv + 8.5) as i32).clamp(0, 15) as u8))
                 }
                 Int4Offset::Min => {
                     let lo = values.iter().copied().fold(f32::INFINITY, f32::min);
                     let hi = values.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                     let d = (hi - lo) / 15.0;
                     let inv = if d != 0.0 { 1.0 / d } else { 0.0 };
-                    (d, lo, std::array::from_fn(|j| (((values[j] - lo) * inv + 0.5) as i32).clamp(0, 15) as u8))
+                    (f32_to_f16(d), f32_to_f16(lo), std::array::from_fn(|j| (((values[j] - lo) * inv + 0.5) as i32).clamp(0, 15) as u8))
+                }
+                Int4Offset::Mxfp4 => {
+                    let amax = values.iter().fold(0f32, |a, v| a.max(v.abs()));
+                    let e = if amax > 0.0 { (amax.log2().floor() as i32 - 2 + 127).clamp(0, 254) as u8 } else { 0 };
+                    let d = e8m0_half(e);
+                    let nearest = |v: f32| (0..16u8).min_by(|&a, &b| level_distance(a, d, v).total_cmp(&level_distance(b, d, v))).expect("16 codes");
+                    (e as u16, 0, std::array::from_fn(|j| nearest(values[j])))
                 }
             };
-            self.scales[b] = f32_to_f16(d);
-            self.mins[b] = f32_to_f16(m);
+            self.scales[b] = scale;
+            self.mins[b] = min;
             for j in 0..QBLOCK / 2 {
                 self.nibbles[b * QBLOCK / 2 + j] = q[j] | (q[j + 16] << 4);
             }
         }
     }
+}
+
+/// How far e2m1 code `q` at half scale `d` lies from `v` (the first of equals wins, as in
+/// llama.cpp's search).
+fn level_distance(q: u8, d: f32, v: f32) -> f32 {
+    ((E2M1_LEVELS[q as usize] as f32 - 12.0) * d - v).abs()
 }
 
 pub struct Int4Weights {
@@ -122,7 +182,10 @@ impl Int4Weights {
                             for (c, four) in nibbles.chunks_exact(4).enumerate() {
                                 rec[c * 64 + 4 * o..][..4].copy_from_slice(four);
                             }
-                            rec[NIBBLE_BYTES + 2 * o..][..2].copy_from_slice(&row.scales[b].to_le_bytes());
+                            match offset {
+                                Int4Offset::Mxfp4 => rec[NIBBLE_BYTES + o] = row.scales[b] as u8,
+                                _ => rec[NIBBLE_BYTES + 2 * o..][..2].copy_from_slice(&row.scales[b].to_le_bytes()),
+                            }
                             if offset == Int4Offset::Min {
                                 rec[NIBBLE_BYTES + HALVES_BYTES + 2 * o..][..2].copy_from_slice(&row.mins[b].to_le_bytes());
                             }
@@ -144,7 +207,12 @@ impl Int4Weights {
 
     /// Bytes of one block's record.
     pub fn record_bytes(&self) -> usize {
-        NIBBLE_BYTES + HALVES_BYTES * if self.offset == Int4Offset::Min { 2 } else { 1 }
+        NIBBLE_BYTES
+            + match self.offset {
+                Int4Offset::Eight => HALVES_BYTES,
+                Int4Offset::Min => 2 * HALVES_BYTES,
+                Int4Offset::Mxfp4 => PANEL,
+            }
     }
 
     /// Bytes from one panel's start to the next.
@@ -164,12 +232,26 @@ impl Int4Weights {
         unsafe { self.data.as_ptr().add(p * self.panel_stride() + b * self.record_bytes()) }
     }
 
-    /// Output `o`'s (scale, minimum) of a record (with the offset 8, the minimum is `-8 d`).
+    /// Output `o`'s (scale, minimum) of a record (with the offset 8, the minimum is `-8 d`;
+    /// with MXFP4 `d` is half the e8m0 scale and the minimum `-12 d`).
     pub fn scale_min(&self, rec: &[u8], o: usize) -> (f32, f32) {
         let half = |at: usize| f16_to_f32(u16::from_le_bytes([rec[at], rec[at + 1]]));
-        let d = half(NIBBLE_BYTES + 2 * o);
-        let m = if self.offset == Int4Offset::Min { half(NIBBLE_BYTES + HALVES_BYTES + 2 * o) } else { -8.0 * d };
-        (d, m)
+        match self.offset {
+            Int4Offset::Eight => {
+                let d = half(NIBBLE_BYTES + 2 * o);
+                (d, d * -8.0)
+            }
+            Int4Offset::Min => (half(NIBBLE_BYTES + 2 * o), half(NIBBLE_BYTES + HALVES_BYTES + 2 * o)),
+            Int4Offset::Mxfp4 => {
+                let d = e8m0_half(rec[NIBBLE_BYTES + o]);
+                (d, d * -12.0)
+            }
+        }
+    }
+
+    /// Output `o`'s level of input `j` (< 32) in a record: the integer the kernels multiply.
+    pub fn level(&self, rec: &[u8], o: usize, j: usize) -> u8 {
+        self.offset.level(Self::quant(rec, o, j))
     }
 
     /// Output `o`'s quant of input `j` (< 32) in a record.
@@ -192,7 +274,7 @@ impl Int4Weights {
             .chunks_exact(record)
             .flat_map(|rec| {
                 let (d, m) = self.scale_min(rec, o);
-                (0..QBLOCK).map(move |j| Self::quant(rec, o, j) as f32 * d + m)
+                (0..QBLOCK).map(move |j| self.level(rec, o, j) as f32 * d + m)
             })
             .collect()
     }
@@ -200,7 +282,7 @@ impl Int4Weights {
 
 /// One block's step of an output's sum (the scheme's float epilogue, which every path keeps):
 /// `s` the block's integer dot product, `dx` the activations' scale and `tx` their scaled sum,
-/// `d` and `m` the weights' scale and minimum (`-8 d` with the offset 8).
+/// `d` and `m` the weights' scale and minimum (`-8 d` with the offset 8, `-12 d` with MXFP4).
 #[inline(always)]
 pub fn accumulate_block(acc: f32, s: i32, dx: f32, tx: f32, d: f32, m: f32) -> f32 {
     m.mul_add(tx, (s as f32).mul_add(d * dx, acc))
@@ -349,17 +431,20 @@ mod tests {
     fn rows_dequantize_within_their_steps() {
         let (n, k) = (19, 64);
         let w = values(n * k, 2.0);
-        for offset in [Int4Offset::Eight, Int4Offset::Min] {
+        for offset in [Int4Offset::Eight, Int4Offset::Min, Int4Offset::Mxfp4] {
             let q = Int4Weights::quantize(&w, n, k, offset);
             for r in 0..n {
                 for (b, (got, want)) in q.row(r).chunks(QBLOCK).zip(w[r * k..(r + 1) * k].chunks(QBLOCK)).enumerate() {
                     let amax = want.iter().fold(0f32, |m, v| m.max(v.abs()));
                     let (lo, hi) = want.iter().fold((f32::MAX, f32::MIN), |(l, h), &v| (l.min(v), h.max(v)));
                     // Q4_0 maps the extreme to -8, so the other side's end can be a whole step
-                    // off (its +8 does not exist); Q4_1 rounds to the nearest of 16 levels.
+                    // off (its +8 does not exist); Q4_1 rounds to the nearest of 16 levels;
+                    // MXFP4's scale s is at most amax / 4 and its largest values clip at 6 s
+                    // (amax < 8 s), its widest gap (4 s to 6 s) rounds within s.
                     let tol = match offset {
                         Int4Offset::Eight => amax / 8.0,
                         Int4Offset::Min => (hi - lo) / 15.0 * 0.5,
+                        Int4Offset::Mxfp4 => amax / 2.0,
                     } * 1.01
                         + 1e-3;
                     for (g, v) in got.iter().zip(want) {
@@ -381,6 +466,40 @@ mod tests {
         });
         let want: Vec<f32> = (0..32).map(|j| if j < 16 { j as f32 - 8.0 } else { (31 - j) as f32 - 8.0 }).collect();
         assert_eq!(w.row(2), want);
+    }
+
+    #[test]
+    fn e8m0_scales_are_exact_powers_of_two() {
+        for e in 0..=254u8 {
+            assert_eq!(e8m0_half(e), 2f64.powi(e as i32 - 128) as f32, "e8m0 {e}");
+        }
+        assert_eq!(e8m0_half(255), f32::INFINITY);
+    }
+
+    /// MXFP4 rows keep their codes and e8m0 bytes and dequantize to code value times scale,
+    /// over the whole e8m0 range.
+    #[test]
+    fn mxfp4_rows_dequantize_to_their_code_values() {
+        const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+        let exponents = [0u8, 1, 2, 100, 127, 131, 200, 251];
+        let w = Int4Weights::pack_rows(17, 64, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| {
+            for b in 0..2 {
+                out.scales[b] = exponents[(row + b) % exponents.len()] as u16;
+                for j in 0..16 {
+                    out.nibbles[b * 16 + j] = ((row + j + b) % 16) as u8 | (((row * 3 + j) % 16) as u8) << 4;
+                }
+            }
+        });
+        for row in 0..17 {
+            let got = w.row(row);
+            for (i, got) in got.iter().enumerate() {
+                let (b, j) = (i / QBLOCK, i % QBLOCK);
+                let code = if j < 16 { (row + j + b) % 16 } else { (row * 3 + j - 16) % 16 };
+                let value = E2M1[code % 8] * if code >= 8 { -1.0 } else { 1.0 };
+                let scale = 2f64.powi(exponents[(row + b) % exponents.len()] as i32 - 127);
+                assert_eq!(*got as f64, value as f64 * scale, "row {row} value {i}");
+            }
+        }
     }
 
     #[test]

@@ -75,18 +75,20 @@ impl Format {
             // A layer whose inputs are not whole groups (never in real models) stays in floats.
             Some(Quantization::W4A8) if !cols.is_multiple_of(QBLOCK) => Format::Float(dtype),
             Some(Quantization::W4A8) => Format::Int4(Int4Offset::Min),
-            Some(Quantization::Gguf | Quantization::Awq | Quantization::Gptq) => {
+            Some(Quantization::Gguf | Quantization::Awq | Quantization::Gptq | Quantization::Mxfp4) => {
                 stored.int4_offset().map(Format::Int4).or(stored.int8_block_bits().map(Format::Int8Blocks)).unwrap_or(Format::Float(dtype))
             }
         }
     }
 
     /// One format all of `formats` can be packed in together, if there is one: 4-bit blocks
-    /// with and without minimums share the minimum form (Q4_0's is -8 times its scale).
+    /// with and without minimums share the minimum form (Q4_0's is -8 times its scale); MXFP4
+    /// blocks only pack with MXFP4 ones (their scales are no f16).
     fn shared(formats: &[Format]) -> Option<Format> {
+        let minimums = |offset: Int4Offset| offset != Int4Offset::Mxfp4;
         formats.iter().try_fold(formats[0], |shared, &f| match (shared, f) {
             (a, b) if a == b => Some(a),
-            (Format::Int4(_), Format::Int4(_)) => Some(Format::Int4(Int4Offset::Min)),
+            (Format::Int4(a), Format::Int4(b)) if minimums(a) && minimums(b) => Some(Format::Int4(Int4Offset::Min)),
             _ => None,
         })
     }

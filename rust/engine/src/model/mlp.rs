@@ -6,8 +6,8 @@ use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
 use super::tensor_parallel::Shard;
 use crate::config::{Activation, ModelConfig, MoeConfig};
-use crate::error::Result;
-use crate::weights::WeightStore;
+use crate::error::{EngineError, Result};
+use crate::weights::{Stored, WeightStore};
 use rsgl_kernels::{ThreadPool, WeightDtype};
 
 pub(super) fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
@@ -153,39 +153,62 @@ impl Mlp {
     }
 }
 
-/// gpt-oss stores all of a layer's experts in one tensor each, transposed from nn.Linear
-/// (`x @ W`): `experts.gate_up_proj` `[E, hidden, 2 * inter]` with gate and up interleaved on
-/// the last dimension (gate the even columns), `experts.down_proj` `[E, inter, hidden]`, and
-/// their biases `[E, 2 * inter]` and `[E, hidden]`. Each expert's slices go back into the store
-/// under the per-expert names (`experts.{e}.gate_proj.weight` `[inter, hidden]`, ...) that the
-/// loader of separate experts reads. A no-op for checkpoints without them.
+/// gpt-oss stores all of a layer's experts in one tensor each, with gate and up interleaved
+/// (gate the even ones): in floats transposed from nn.Linear (`x @ W`), `experts.gate_up_proj`
+/// `[E, hidden, 2 * inter]` (interleaved columns) and `experts.down_proj` `[E, inter, hidden]`;
+/// in MXFP4 as nn.Linear, `[E, 2 * inter, hidden]` (interleaved rows) and `[E, hidden, inter]`
+/// (see `weights::hf_mxfp4`); and their biases `[E, 2 * inter]` and `[E, hidden]`. Each
+/// expert's slices go back into the store under the per-expert names
+/// (`experts.{e}.gate_proj.weight` `[inter, hidden]`, ...) that the loader of separate experts
+/// reads: floats as copies, MXFP4 as views of the stored rows (no float copy of the experts).
+/// A no-op for checkpoints without them.
 fn split_stacked_experts(w: &mut WeightStore, block: &str, (experts, h, inter): (usize, usize, usize)) -> Result<()> {
     let stacked = |name: &str| format!("{block}.experts.{name}");
     if !w.contains(&stacked("gate_up_proj")) {
         return Ok(());
     }
-    let gate_up = w.take(&stacked("gate_up_proj"), &[experts, h, 2 * inter])?;
-    let down = w.take(&stacked("down_proj"), &[experts, inter, h])?;
-    let gate_up_bias = w.take_optional(&stacked("gate_up_proj_bias"), &[experts, 2 * inter])?;
-    let down_bias = w.take_optional(&stacked("down_proj_bias"), &[experts, h])?;
-    // Row `r` of the nn.Linear weight is column `pick(r)` of the stored `[inputs, cols]` matrix.
-    let transposed = |m: &[f32], rows: usize, inputs: usize, cols: usize, pick: &dyn Fn(usize) -> usize| -> Vec<f32> {
-        (0..rows).flat_map(|r| (0..inputs).map(move |i| (r, i))).map(|(r, i)| m[i * cols + pick(r)]).collect()
-    };
-    for e in 0..experts {
-        let name = |proj: &str, part: &str| format!("{block}.experts.{e}.{proj}.{part}");
-        let gu = &gate_up[e * h * 2 * inter..(e + 1) * h * 2 * inter];
-        for (proj, parity) in [("gate_proj", 0), ("up_proj", 1)] {
-            w.insert(&name(proj, "weight"), vec![inter, h], transposed(gu, inter, h, 2 * inter, &|r| 2 * r + parity))?;
-            if let Some(bias) = &gate_up_bias {
-                let bias = &bias[e * 2 * inter..(e + 1) * 2 * inter];
-                w.insert(&name(proj, "bias"), vec![inter], (0..inter).map(|r| bias[2 * r + parity]).collect())?;
+    let name = |e: usize, proj: &str, part: &str| format!("{block}.experts.{e}.{proj}.{part}");
+    let gates_ups = [("gate_proj", 0), ("up_proj", 1)];
+    if w.stored(&stacked("gate_up_proj")) == Some(Stored::HfMxfp4) {
+        for (tensor, shape) in [("gate_up_proj", [experts, 2 * inter, h]), ("down_proj", [experts, h, inter])] {
+            let found = w.shape(&stacked(tensor)).map(<[usize]>::to_vec);
+            if found.as_deref() != Some(&shape[..]) {
+                return Err(EngineError::ModelLoad(format!(
+                    "MXFP4 tensor {} has shape {found:?}, but the model's config implies {shape:?}; the config does not match the weights",
+                    stacked(tensor)
+                )));
             }
         }
-        let d = &down[e * inter * h..(e + 1) * inter * h];
-        w.insert(&name("down_proj", "weight"), vec![h, inter], transposed(d, h, inter, h, &|r| r))?;
+        let gate_up = (0..experts).flat_map(|e| gates_ups.map(|(proj, parity)| (name(e, proj, "weight"), e * 2 * inter + parity, 2, inter)));
+        w.split_rows(&stacked("gate_up_proj"), &gate_up.collect::<Vec<_>>())?;
+        w.split_rows(&stacked("down_proj"), &(0..experts).map(|e| (name(e, "down_proj", "weight"), e * h, 1, h)).collect::<Vec<_>>())?;
+    } else {
+        let gate_up = w.take(&stacked("gate_up_proj"), &[experts, h, 2 * inter])?;
+        let down = w.take(&stacked("down_proj"), &[experts, inter, h])?;
+        // Row `r` of the nn.Linear weight is column `pick(r)` of the stored `[inputs, cols]` matrix.
+        let transposed = |m: &[f32], rows: usize, inputs: usize, cols: usize, pick: &dyn Fn(usize) -> usize| -> Vec<f32> {
+            (0..rows).flat_map(|r| (0..inputs).map(move |i| (r, i))).map(|(r, i)| m[i * cols + pick(r)]).collect()
+        };
+        for e in 0..experts {
+            let gu = &gate_up[e * h * 2 * inter..(e + 1) * h * 2 * inter];
+            for (proj, parity) in gates_ups {
+                w.insert(&name(e, proj, "weight"), vec![inter, h], transposed(gu, inter, h, 2 * inter, &|r| 2 * r + parity))?;
+            }
+            let d = &down[e * inter * h..(e + 1) * inter * h];
+            w.insert(&name(e, "down_proj", "weight"), vec![h, inter], transposed(d, h, inter, h, &|r| r))?;
+        }
+    }
+    let gate_up_bias = w.take_optional(&stacked("gate_up_proj_bias"), &[experts, 2 * inter])?;
+    let down_bias = w.take_optional(&stacked("down_proj_bias"), &[experts, h])?;
+    for e in 0..experts {
+        if let Some(bias) = &gate_up_bias {
+            let bias = &bias[e * 2 * inter..(e + 1) * 2 * inter];
+            for (proj, parity) in gates_ups {
+                w.insert(&name(e, proj, "bias"), vec![inter], (0..inter).map(|r| bias[2 * r + parity]).collect())?;
+            }
+        }
         if let Some(bias) = &down_bias {
-            w.insert(&name("down_proj", "bias"), vec![h], bias[e * h..(e + 1) * h].to_vec())?;
+            w.insert(&name(e, "down_proj", "bias"), vec![h], bias[e * h..(e + 1) * h].to_vec())?;
         }
     }
     Ok(())

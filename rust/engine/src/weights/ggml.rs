@@ -1,11 +1,12 @@
 //! llama.cpp's tensor storage types and their dequantization, a row at a time.
 //!
 //! Quantized types store a row as blocks: 32 values with an f16 scale (and minimum) for the
-//! classic types, 256-value super-blocks with 6- or 8-bit sub-block scales for the K-quants.
+//! classic types, 256-value super-blocks with 6- or 8-bit sub-block scales for the K-quants,
+//! 32 e2m1 codes with an e8m0 scale for MXFP4.
 //! Each value is computed as llama.cpp's reference dequantization computes it, in float32, in
 //! the same order of operations, so the results equal gguf-py's bit for bit.
 
-use rsgl_kernels::int4::{Int4Offset, Int4Row, QBLOCK};
+use rsgl_kernels::int4::{e8m0_half, Int4Offset, Int4Row, E2M1_LEVELS, QBLOCK};
 use rsgl_kernels::int8_block::{Int8BlockRow, HALF_BLOCK};
 use rsgl_kernels::packed::{bf16_to_f32, f16_bytes_to_f32, f16_to_f32, f32_to_f16};
 
@@ -25,6 +26,7 @@ pub enum GgmlType {
     Q4K,
     Q5K,
     Q6K,
+    Mxfp4,
 }
 
 /// GGUF's type ids (`ggml_type`) and names, those rsgl reads first.
@@ -60,7 +62,7 @@ const TYPES: &[(u32, &str, Option<GgmlType>)] = &[
     (29, "IQ1_M", None),
     (34, "TQ1_0", None),
     (35, "TQ2_0", None),
-    (39, "MXFP4", None),
+    (39, "MXFP4", Some(GgmlType::Mxfp4)),
 ];
 
 /// Values per K-quant super-block.
@@ -85,7 +87,7 @@ impl GgmlType {
     pub fn block_values(self) -> usize {
         match self {
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => 1,
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 => 32,
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::Q8_0 | GgmlType::Mxfp4 => 32,
             GgmlType::Q2K | GgmlType::Q3K | GgmlType::Q4K | GgmlType::Q5K | GgmlType::Q6K => QK_K,
         }
     }
@@ -104,6 +106,7 @@ impl GgmlType {
             GgmlType::Q4K => 144,
             GgmlType::Q5K => 176,
             GgmlType::Q6K => 210,
+            GgmlType::Mxfp4 => 17,
         }
     }
 
@@ -113,6 +116,7 @@ impl GgmlType {
         match self {
             GgmlType::Q4_0 => Some(Int4Offset::Eight),
             GgmlType::Q4_1 | GgmlType::Q4K => Some(Int4Offset::Min),
+            GgmlType::Mxfp4 => Some(Int4Offset::Mxfp4),
             _ => None,
         }
     }
@@ -159,17 +163,27 @@ pub fn dequantize_row(kind: GgmlType, bytes: &[u8], out: &mut [f32]) {
         GgmlType::Q4K => blocks.for_each(|(b, y)| q4_k(b, y)),
         GgmlType::Q5K => blocks.for_each(|(b, y)| q5_k(b, y)),
         GgmlType::Q6K => blocks.for_each(|(b, y)| q6_k(b, y)),
+        GgmlType::Mxfp4 => blocks.for_each(|(b, y)| nibbles(&b[1..17], 0, |q| e2m1_value(q) * e8m0_half(b[0]), y)),
     }
 }
 
-/// A 4-bit row as the W4A8 kernels' blocks of 32 (`kind` has an [`GgmlType::int4_offset`]):
+/// Twice the value of an e2m1 code (llama.cpp's `kvalues_mxfp4`): an MXFP4 value is this
+/// times half its block's scale, [`e8m0_half`].
+pub fn e2m1_value(q: u8) -> f32 {
+    E2M1_LEVELS[q as usize] as f32 - 12.0
+}
+
+/// A 4-bit row as the W4A8 kernels' blocks of 32 (`kind` has an [`GgmlType::int4_offset`]
+/// `offset` can be read as, see [`reads_as`]):
 /// - Q4_0 and Q4_1 blocks as they are (bytes copied); a Q4_0 block asked for with a minimum
 ///   gets `-8 d`, exact in f16.
+/// - MXFP4 blocks as they are: codes copied, the e8m0 byte as the scale.
 /// - Q4_K: each 32-value sub-block with scale `d * sc` and minimum `-(dmin * m)`, products of
 ///   an f16 and a 6-bit integer rounded to f16 (at most 2^-11 relative, far below the 4-bit
 ///   step); the nibbles move to the classic order (byte `j`: values `j` and `j + 16`).
 pub fn int4_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int4Row, offset: Int4Offset) {
     assert_eq!(Some(bytes.len()), kind.row_bytes(out.scales.len() * QBLOCK), "int4_blocks: {} bytes of {}", bytes.len(), kind.name());
+    assert!(reads_as(kind, offset), "int4_blocks: {} blocks cannot be read with offset {offset:?}", kind.name());
     let half_bits = |b: &[u8], at: usize| u16::from_le_bytes([b[at], b[at + 1]]);
     let blocks = bytes.chunks_exact(kind.block_bytes());
     match kind {
@@ -180,8 +194,15 @@ pub fn int4_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int4Row, offset: Int4
                 out.mins[b] = match (kind, offset) {
                     (GgmlType::Q4_1, _) => half_bits(block, 2),
                     (_, Int4Offset::Min) => f32_to_f16(-8.0 * half(block, 0)),
-                    (_, Int4Offset::Eight) => 0,
+                    (_, Int4Offset::Eight | Int4Offset::Mxfp4) => 0,
                 };
+            }
+        }
+        GgmlType::Mxfp4 => {
+            for (b, block) in blocks.enumerate() {
+                out.scales[b] = block[0] as u16;
+                out.nibbles[b * 16..][..16].copy_from_slice(&block[1..17]);
+                out.mins[b] = 0;
             }
         }
         GgmlType::Q4K => {
@@ -201,6 +222,15 @@ pub fn int4_blocks(kind: GgmlType, bytes: &[u8], out: &mut Int4Row, offset: Int4
             }
         }
         other => panic!("int4_blocks: {} is not a 4-bit type the kernels run", other.name()),
+    }
+}
+
+/// Whether `kind`'s rows can be read as 4-bit blocks with `offset` exactly: their own offset,
+/// or the form with minimums for those with a fixed offset 8 or their own minimums.
+pub fn reads_as(kind: GgmlType, offset: Int4Offset) -> bool {
+    match kind.int4_offset() {
+        Some(own) => own == offset || (offset == Int4Offset::Min && own != Int4Offset::Mxfp4),
+        None => false,
     }
 }
 
@@ -435,6 +465,30 @@ mod tests {
                 let got = (row.quants[i] as f32 - offset) * f16_to_f32(row.scales[i / HALF_BLOCK]);
                 assert!((got - want).abs() <= want.abs() / 2048.0 + 1e-6, "{} value {i}: {got} vs {want}", kind.name());
             }
+        }
+    }
+
+    /// MXFP4 blocks (arbitrary codes, e8m0 bytes over their range) read as the kernels' blocks
+    /// as they are, and dequantize to code value times scale.
+    #[test]
+    fn mxfp4_blocks_read_as_stored() {
+        let cols = 256;
+        let kind = GgmlType::from_id(39).unwrap();
+        let bytes: Vec<u8> = (0..kind.row_bytes(cols).unwrap()).map(|i| if i % 17 == 0 { (i * 37 % 252) as u8 } else { (i * 151 % 251) as u8 }).collect();
+        let mut values = vec![0.0; cols];
+        dequantize_row(kind, &bytes, &mut values);
+        let mut row = Int4Row::new(cols);
+        assert!(reads_as(kind, Int4Offset::Mxfp4) && !reads_as(kind, Int4Offset::Min) && !reads_as(GgmlType::Q4_0, Int4Offset::Mxfp4));
+        int4_blocks(kind, &bytes, &mut row, Int4Offset::Mxfp4);
+        for (i, got) in values.iter().enumerate() {
+            let (b, j) = (i / QBLOCK, i % QBLOCK);
+            let block = &bytes[b * 17..(b + 1) * 17];
+            let code = (block[1 + j % 16] >> (4 * (j / 16))) & 0x0f;
+            assert_eq!(row.scales[b], block[0] as u16);
+            assert_eq!((row.nibbles[b * 16 + j % 16] >> (4 * (j / 16))) & 0x0f, code);
+            const E2M1: [f64; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+            let want = E2M1[code as usize % 8] * if code >= 8 { -1.0 } else { 1.0 } * 2f64.powi(block[0] as i32 - 127);
+            assert_eq!(*got as f64, want, "value {i}");
         }
     }
 

@@ -11,6 +11,7 @@ mod ggml;
 mod gguf;
 mod gguf_layout;
 mod grouped;
+mod hf_mxfp4;
 mod mapped;
 mod progress;
 mod safetensors;
@@ -22,7 +23,7 @@ use grouped::GroupedTensor;
 pub use grouped::{GroupedInt4, Int4Checkpoint, Int4Packing};
 use mapped::MappedFile;
 use progress::Progress;
-use rsgl_kernels::int4::{Int4Offset, Int4Row};
+use rsgl_kernels::int4::{Int4Offset, Int4Row, QBLOCK};
 use rsgl_kernels::int8_block::Int8BlockRow;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,9 @@ pub enum Stored {
     Int8,
     /// 4-bit values in groups of inputs with a scale and zero point each (AWQ, GPTQ).
     Grouped(GroupedInt4),
+    /// MXFP4 as Hugging Face checkpoints store it (gpt-oss): a row's e2m1 codes, two per byte
+    /// in value order, here; its e8m0 scales apart (see [`hf_mxfp4`]).
+    HfMxfp4,
 }
 
 impl Stored {
@@ -45,6 +49,7 @@ impl Stored {
             Stored::Ggml(kind) => kind.name(),
             Stored::Int8 => "I8",
             Stored::Grouped(kind) => kind.name(),
+            Stored::HfMxfp4 => "MXFP4",
         }
     }
 
@@ -53,6 +58,7 @@ impl Stored {
             Stored::Ggml(kind) => kind.row_bytes(cols),
             Stored::Int8 => Some(cols),
             Stored::Grouped(_) => cols.is_multiple_of(2).then_some(cols / 2),
+            Stored::HfMxfp4 => cols.is_multiple_of(QBLOCK).then_some(cols / 2),
         }
     }
 
@@ -63,6 +69,7 @@ impl Stored {
             Stored::Ggml(kind) => kind.int4_offset(),
             Stored::Int8 => None,
             Stored::Grouped(kind) => kind.whole_blocks.then_some(Int4Offset::Min),
+            Stored::HfMxfp4 => Some(Int4Offset::Mxfp4),
         }
     }
 
@@ -71,7 +78,7 @@ impl Stored {
     pub fn int8_block_bits(self) -> Option<u32> {
         match self {
             Stored::Ggml(kind) => kind.int8_block_bits(),
-            Stored::Int8 | Stored::Grouped(_) => None,
+            Stored::Int8 | Stored::Grouped(_) | Stored::HfMxfp4 => None,
         }
     }
 }
@@ -84,12 +91,27 @@ enum RowOrder {
     Interleaved {
         head_dim: usize,
     },
+    /// Every `step`-th stored row from `first` on: one matrix of a stacked tensor whose rows
+    /// interleave several (gpt-oss's MXFP4 gate_up: gate the even rows, up the odd ones).
+    Strided {
+        first: usize,
+        step: usize,
+    },
 }
 
 impl RowOrder {
+    /// The stored rows a tensor of `rows` rows spans.
+    fn stored_rows(self, rows: usize) -> std::ops::Range<usize> {
+        match self {
+            RowOrder::Strided { first, step } => first..first + step * rows.saturating_sub(1) + 1,
+            RowOrder::Plain | RowOrder::Interleaved { .. } => 0..rows,
+        }
+    }
+
     fn stored_row(self, row: usize) -> usize {
         match self {
             RowOrder::Plain => row,
+            RowOrder::Strided { first, step } => first + step * row,
             RowOrder::Interleaved { head_dim } => {
                 let (head, within) = (row / head_dim, row % head_dim);
                 let half = head_dim / 2;
@@ -141,6 +163,8 @@ struct Entry {
     order: RowOrder,
     /// A grouped 4-bit tensor's zero points, scales and groups (its qweight is at `offset`).
     groups: Option<Arc<GroupedTensor>>,
+    /// A Hugging Face MXFP4 tensor's e8m0 scales (its codes are at `offset`).
+    scales: Option<hf_mxfp4::ScaleBytes>,
 }
 
 impl Entry {
@@ -156,13 +180,16 @@ impl Entry {
         self.stored.row_bytes(self.cols()).expect("checked when the tensor was listed")
     }
 
+    /// The bytes its rows span (a strided view's, those of the rows between its own too).
     fn bytes(&self) -> std::ops::Range<usize> {
-        self.offset..self.offset + self.rows() * self.row_bytes()
+        let rows = self.order.stored_rows(self.rows());
+        self.offset + rows.start * self.row_bytes()..self.offset + rows.end * self.row_bytes()
     }
 
-    /// Bytes of the checkpoint the tensor takes, with a grouped tensor's side tensors.
+    /// Bytes of the checkpoint the tensor takes, with a grouped tensor's side tensors and an
+    /// MXFP4 one's scales.
     fn byte_len(&self) -> usize {
-        self.bytes().len() + self.groups.as_ref().map_or(0, |g| g.side_bytes())
+        self.rows() * self.row_bytes() + self.groups.as_ref().map_or(0, |g| g.side_bytes()) + self.scales.map_or(0, |_| self.rows() * self.cols() / QBLOCK)
     }
 }
 
@@ -195,7 +222,8 @@ impl WeightStore {
 
     fn add_float(&mut self, name: &str, shape: Vec<usize>, source: Source) {
         self.sources.push(Arc::new(source));
-        let entry = Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain, groups: None };
+        let entry =
+            Entry { source: self.sources.len() - 1, shape, stored: Stored::Ggml(GgmlType::F32), offset: 0, order: RowOrder::Plain, groups: None, scales: None };
         self.add(name.to_string(), entry);
     }
 
@@ -220,7 +248,7 @@ impl WeightStore {
 
     fn map_safetensors(paths: &[PathBuf], int4: Option<Int4Checkpoint>, q4_1_rows: bool) -> Result<WeightStore> {
         let mut store = WeightStore::new();
-        let mut pieces = Vec::new();
+        let (mut pieces, mut mxfp4_pieces) = (Vec::new(), Vec::new());
         for path in paths {
             let file = MappedFile::open(path)?;
             let source = store.sources.len();
@@ -231,17 +259,33 @@ impl WeightStore {
                     pieces.push((source, tensor));
                     continue;
                 }
+                if hf_mxfp4::is_piece(&tensor) {
+                    mxfp4_pieces.push((source, tensor));
+                    continue;
+                }
                 let (stored, shape) = match q4_1_rows && tensor.dtype == ::safetensors::Dtype::U8 {
                     true => (Stored::Ggml(GgmlType::Q4_1), safetensors::q4_1_shape(&file, &tensor)?),
                     false => (safetensors::stored(&file, &tensor)?, tensor.shape),
                 };
-                let entry = Entry { source, shape, stored, offset: tensor.bytes.start, order: RowOrder::Plain, groups: None };
+                let entry = Entry { source, shape, stored, offset: tensor.bytes.start, order: RowOrder::Plain, groups: None, scales: None };
                 store.add(tensor.name, entry);
             }
             store.sources.push(Arc::new(Source::Mapped(file)));
         }
         if let Some(int4) = int4 {
             store.add_int4_layers(pieces, int4)?;
+        }
+        for tensor in hf_mxfp4::assemble(mxfp4_pieces, &|source| store.sources[source].describe())? {
+            let entry = Entry {
+                source: tensor.source,
+                shape: tensor.shape,
+                stored: Stored::HfMxfp4,
+                offset: tensor.codes,
+                order: RowOrder::Plain,
+                groups: None,
+                scales: Some(tensor.scales),
+            };
+            store.add(tensor.name, entry);
         }
         store.name_as_causal_lm();
         Ok(store)
@@ -259,7 +303,7 @@ impl WeightStore {
             }
             let stored = Stored::Grouped(layer.tensor.kind);
             let groups = Some(Arc::new(layer.tensor));
-            let entry = Entry { source: layer.source, shape: layer.shape, stored, offset: layer.qweight.start, order: RowOrder::Plain, groups };
+            let entry = Entry { source: layer.source, shape: layer.shape, stored, offset: layer.qweight.start, order: RowOrder::Plain, groups, scales: None };
             self.add(layer.name, entry);
         }
         Ok(())
@@ -285,7 +329,7 @@ impl WeightStore {
             let source = store.sources.len();
             for tensor in gguf_layout::hf_tensors(&file, architecture, heads, kv_heads)? {
                 let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
-                let entry = Entry { source, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None };
+                let entry = Entry { source, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None, scales: None };
                 store.add(tensor.name, entry);
             }
             store.sources.push(Arc::new(Source::Mapped(file)));
@@ -303,6 +347,28 @@ impl WeightStore {
     fn add(&mut self, name: String, entry: Entry) {
         self.progress.add_total(entry.byte_len());
         self.tensors.insert(name, entry);
+    }
+
+    /// Replaces the tensor `name` (its leading dimensions taken as rows) by views of its rows,
+    /// read where they lie: each `(view, first, step, rows)` lists as `view` `[rows, cols]` the
+    /// stored rows `first, first + step, ..` (a stacked tensor's experts, the matrices whose
+    /// rows it interleaves). The views must take each row once.
+    pub fn split_rows(&mut self, name: &str, views: &[(String, usize, usize, usize)]) -> Result<()> {
+        let entry = self.entry(name)?.clone();
+        let mut taken = vec![false; entry.rows()];
+        for &(_, first, step, rows) in views {
+            for row in (0..rows).map(|r| first + step * r) {
+                assert!(row < taken.len() && !std::mem::replace(&mut taken[row], true), "split_rows: {name}'s row {row} is outside it or taken twice");
+            }
+        }
+        assert!(matches!(entry.order, RowOrder::Plain) && taken.iter().all(|&t| t), "split_rows: the views of {name} must take each row once");
+        self.tensors.remove(name);
+        for (view, first, step, rows) in views {
+            // The store's progress counted the tensor's bytes once; its views carry them.
+            let order = RowOrder::Strided { first: *first, step: *step };
+            self.tensors.insert(view.clone(), Entry { shape: vec![*rows, entry.cols()], order, ..entry.clone() });
+        }
+        Ok(())
     }
 
     /// Draws a progress bar of the bytes packed on stderr while the model builder takes tensors.
@@ -342,7 +408,7 @@ impl WeightStore {
         let entry = self.entry(name)?.clone();
         let scales = match entry.stored {
             Stored::Int8 => self.checked_scales(name, &entry, self.read(&scale_name(name))?)?,
-            Stored::Ggml(_) | Stored::Grouped(_) => Vec::new(),
+            Stored::Ggml(_) | Stored::Grouped(_) | Stored::HfMxfp4 => Vec::new(),
         };
         Ok(self.matrix_rows(entry, scales, None).read_all())
     }
@@ -408,7 +474,7 @@ impl WeightStore {
                 let scales = self.take(&scale_name, &scale_shape)?;
                 self.checked_scales(name, &entry, scales)?
             }
-            Stored::Ggml(_) | Stored::Grouped(_) => Vec::new(),
+            Stored::Ggml(_) | Stored::Grouped(_) | Stored::HfMxfp4 => Vec::new(),
         };
         self.tensors.remove(name);
         Ok(self.matrix_rows(entry, scales, Some(self.progress.clone())))
@@ -428,7 +494,8 @@ impl WeightStore {
             }
             None => Vec::new(),
         };
-        MatrixRows { source, row_bytes: entry.row_bytes(), entry, scales, unpacked, taken }
+        let scale_source = entry.scales.map(|at| self.sources[at.source].clone());
+        MatrixRows { source, row_bytes: entry.row_bytes(), entry, scales, unpacked, scale_source, taken }
     }
 
     fn entry(&self, name: &str) -> Result<&Entry> {
@@ -483,6 +550,8 @@ pub struct MatrixRows {
     scales: Vec<f32>,
     /// A grouped 4-bit tensor's values, row by row (see [`GroupedTensor::unpack`]).
     unpacked: Vec<u32>,
+    /// Where a Hugging Face MXFP4 tensor's scales lie (see [`Entry::scales`]).
+    scale_source: Option<Arc<Source>>,
     /// The store's progress, for a tensor taken out of it (whose pages go once it is read).
     taken: Option<Arc<Progress>>,
 }
@@ -518,6 +587,20 @@ impl MatrixRows {
         &self.source.bytes()[start..start + self.row_bytes]
     }
 
+    /// A Hugging Face MXFP4 tensor's scales: the bytes of the stored rows `rows`.
+    fn scale_bytes(&self, rows: std::ops::Range<usize>) -> (&Source, std::ops::Range<usize>) {
+        let (at, source) = (self.entry.scales.expect("an MXFP4 tensor has scales"), self.scale_source.as_deref().expect("and their source"));
+        let per_row = self.cols() / QBLOCK;
+        (source, at.offset + rows.start * per_row..at.offset + rows.end * per_row)
+    }
+
+    /// Row `row`'s e8m0 scales, of a Hugging Face MXFP4 tensor.
+    fn scale_row(&self, row: usize) -> &[u8] {
+        let stored = self.entry.order.stored_row(row);
+        let (source, bytes) = self.scale_bytes(stored..stored + 1);
+        &source.bytes()[bytes]
+    }
+
     /// Row `row` as float32 into `out` (`cols` long).
     pub fn read_f32(&self, row: usize, out: &mut [f32]) {
         if let Source::Random { seed, scale } = *self.source {
@@ -532,6 +615,7 @@ impl MatrixRows {
                 out.iter_mut().zip(self.stored_row(row)).for_each(|(o, &q)| *o = q as i8 as f32 * scale);
             }
             Stored::Grouped(_) => self.groups().read_f32(self.unpacked_row(row), row, out),
+            Stored::HfMxfp4 => hf_mxfp4::read_f32(self.stored_row(row), self.scale_row(row), out),
         }
         self.row_read(row);
     }
@@ -564,17 +648,22 @@ impl MatrixRows {
     }
 
     /// Row `row`'s 4-bit blocks into `out` (see [`ggml::int4_blocks`], [`GroupedTensor::read_q4`]),
-    /// if the tensor is stored in a type with an [`Stored::int4_offset`] (grouped ones: in the
-    /// form with minimums).
+    /// if the tensor is stored in a type with an [`Stored::int4_offset`] that reads as `offset`
+    /// (grouped ones: in the form with minimums).
     pub fn read_q4(&self, row: usize, out: &mut Int4Row, offset: Int4Offset) -> bool {
         match self.stored() {
-            Stored::Ggml(kind) if kind.int4_offset().is_some() => {
+            Stored::Ggml(kind) if ggml::reads_as(kind, offset) => {
                 ggml::int4_blocks(kind, self.stored_row(row), out, offset);
                 self.row_read(row);
                 true
             }
             Stored::Grouped(kind) if kind.whole_blocks && offset == Int4Offset::Min => {
                 self.groups().read_q4(self.unpacked_row(row), row, out);
+                true
+            }
+            Stored::HfMxfp4 if offset == Int4Offset::Mxfp4 => {
+                hf_mxfp4::read_q4(self.stored_row(row), self.scale_row(row), out);
+                self.row_read(row);
                 true
             }
             _ => false,
@@ -605,6 +694,11 @@ impl Drop for MatrixRows {
         let Some(progress) = &self.taken else { return };
         if let Source::Mapped(file) = &*self.source {
             file.release(self.entry.bytes());
+        }
+        if self.entry.scales.is_some() {
+            if let (Source::Mapped(file), bytes) = self.scale_bytes(self.entry.order.stored_rows(self.rows())) {
+                file.release(bytes);
+            }
         }
         if let Some(groups) = &self.entry.groups {
             groups.release();

@@ -461,3 +461,90 @@ fn w4a8_checkpoints_list_their_byte_rows_as_q4_1_tensors() {
     let text = error_text(WeightStore::open_q4_1_safetensors(std::slice::from_ref(&broken.0)));
     assert!(text.contains("w.weight") && text.contains("Q4_1"), "{text}");
 }
+
+/// Hugging Face MXFP4 pairs (`_blocks` and `_scales`, here in different shards) are listed as one
+/// tensor; views of its rows (an expert's gate and up, interleaved) read as the W4A8 kernels'
+/// MXFP4 blocks and as floats the values the codes and scales mean.
+#[test]
+fn hf_mxfp4_blocks_and_scales_read_as_stored() {
+    use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QBLOCK};
+    use rsgl_kernels::ThreadPool;
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let (experts, rows, cols) = (2, 4, 64);
+    let blocks: Vec<u8> = (0..experts * rows * cols / 2).map(|i| (i * 37 % 256) as u8).collect();
+    let scales: Vec<u8> = (0..experts * rows * cols / QBLOCK).map(|i| [0, 1, 119, 127, 130, 200][i % 6]).collect();
+    let name = "model.layers.0.mlp.experts.gate_up_proj";
+    let codes_file =
+        TempFile::new("mxfp4-blocks.safetensors", &safetensors(&[(&format!("{name}_blocks"), "U8", vec![experts, rows, cols / QBLOCK, 16], blocks.clone())]));
+    let scales_file =
+        TempFile::new("mxfp4-scales.safetensors", &safetensors(&[(&format!("{name}_scales"), "U8", vec![experts, rows, cols / QBLOCK], scales.clone())]));
+    let mut store = WeightStore::open_safetensors(&[codes_file.0.clone(), scales_file.0.clone()]).unwrap();
+    assert_eq!((store.shape(name), store.stored(name).map(Stored::name)), (Some(&[experts, rows, cols][..]), Some("MXFP4")));
+    // Stored row `r`'s value `i`: HF's byte `j` of a block holds values 2j (low) and 2j + 1.
+    let value = |r: usize, i: usize| {
+        let code = (blocks[r * cols / 2 + i / 2] >> (4 * (i % 2))) & 0x0f;
+        let magnitude = E2M1[code as usize % 8] * if code >= 8 { -1.0 } else { 1.0 };
+        magnitude as f64 * 2f64.powi(scales[r * cols / QBLOCK + i / QBLOCK] as i32 - 127)
+    };
+    let views: Vec<(String, usize, usize, usize)> =
+        (0..experts).flat_map(|e| [(format!("e{e}.gate"), e * rows, 2, rows / 2), (format!("e{e}.up"), e * rows + 1, 2, rows / 2)]).collect();
+    store.split_rows(name, &views).unwrap();
+    assert!(!store.contains(name));
+    for (view, first, step, count) in views {
+        let matrix = store.take_matrix(&view, count, cols).unwrap();
+        assert_eq!(matrix.stored().int4_offset(), Some(Int4Offset::Mxfp4));
+        let mut floats = vec![0.0; cols];
+        for row in 0..count {
+            matrix.read_f32(row, &mut floats);
+            for (i, got) in floats.iter().enumerate() {
+                assert_eq!(*got as f64, value(first + step * row, i), "{view} row {row} value {i}");
+            }
+        }
+        let mut blocks = Int4Row::new(cols);
+        assert!(!matrix.read_q4(0, &mut blocks, Int4Offset::Min), "MXFP4 reads only as MXFP4");
+        let packed = Int4Weights::pack_rows(count, cols, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| {
+            assert!(matrix.read_q4(row, out, Int4Offset::Mxfp4))
+        });
+        for row in 0..count {
+            matrix.read_f32(row, &mut floats);
+            assert_eq!(packed.row(row), floats, "{view} row {row}: packed blocks vs floats");
+        }
+    }
+    let lone = TempFile::new("mxfp4-lone.safetensors", &safetensors(&[(&format!("{name}_blocks"), "U8", vec![1, 1, 2, 16], vec![0; 32])]));
+    let text = error_text(WeightStore::open_safetensors(std::slice::from_ref(&lone.0)));
+    assert!(text.contains("gate_up_proj_scales") && text.contains("incomplete"), "{text}");
+}
+
+/// A GGUF file's MXFP4 experts (type 39) split per expert, read as the W4A8 kernels' MXFP4
+/// blocks as they are and as floats the values their codes and scales mean.
+#[test]
+fn gguf_mxfp4_experts_read_as_stored() {
+    use rsgl_kernels::int4::{Int4Offset, Int4Weights, QBLOCK};
+    use rsgl_kernels::ThreadPool;
+    const E2M1: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let (experts, rows, cols) = (2, 3, 64);
+    // A block: the e8m0 byte, then 16 bytes, byte j holding value j (low nibble) and j + 16.
+    let blocks: Vec<u8> = (0..experts * rows * cols / QBLOCK)
+        .flat_map(|b| std::iter::once(118 + (b % 12) as u8).chain((0..16).map(move |j| ((b * 16 + j) * 37 % 256) as u8)))
+        .collect();
+    let file = TempFile::new("mxfp4.gguf", &gguf(&[("blk.0.ffn_up_exps.weight", vec![cols as u64, rows as u64, experts as u64], 39, blocks.clone())]));
+    let mut store = WeightStore::open_gguf(&file.0, "qwen3_moe", 1, 1).unwrap();
+    for e in 0..experts {
+        let name = format!("model.layers.0.mlp.experts.{e}.up_proj.weight");
+        assert_eq!(store.stored(&name), Some(Stored::Ggml(GgmlType::Mxfp4)));
+        let matrix = store.take_matrix(&name, rows, cols).unwrap();
+        let packed =
+            Int4Weights::pack_rows(rows, cols, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| assert!(matrix.read_q4(row, out, Int4Offset::Mxfp4)));
+        let mut floats = vec![0.0; cols];
+        for row in 0..rows {
+            matrix.read_f32(row, &mut floats);
+            for (i, got) in floats.iter().enumerate() {
+                let block = &blocks[((e * rows + row) * cols / QBLOCK + i / QBLOCK) * 17..][..17];
+                let code = (block[1 + i % 16] >> (4 * (i % QBLOCK / 16))) & 0x0f;
+                let want = E2M1[code as usize % 8] * if code >= 8 { -1.0 } else { 1.0 } * 2f32.powi(block[0] as i32 - 127);
+                assert_eq!(*got, want, "expert {e} row {row} value {i}");
+            }
+            assert_eq!(packed.row(row), floats, "expert {e} row {row}: packed blocks vs floats");
+        }
+    }
+}

@@ -13,13 +13,15 @@
 //!   4 rows by one panel.
 //! - `neon`: widening multiplies with the group replicated to every output, pairwise adds.
 //!
-//! The quants (0..=15) are valid signed bytes, so every path multiplies signed by signed. Each
+//! The quants (0..=15) are valid signed bytes, so every path multiplies signed by signed;
+//! MXFP4's codes become their levels (0..=24, valid signed bytes too) by one `TBL` of the
+//! nibbles, and its e8m0 scales f32 by widenings and a shift ([`e8m0_half`]). Each
 //! block's sums go through the scheme's float steps: results match the portable twin bit for
 //! bit. Long rows run in chunks of [`CHUNK_BLOCKS`] blocks, as on x86_64. f16 scales widen with
 //! `FCVTL` (base ARMv8, but Rust's intrinsic wants the f16 type).
 
 use super::int8::smmla;
-use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
+use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, E2M1_LEVELS, E8M0_SMALLEST_BITS, NIBBLE_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::for_each_tile_in_chunks;
 use std::arch::aarch64::*;
@@ -107,24 +109,52 @@ pub(super) unsafe fn pair_halves(p: *const u8) -> float32x4_t {
     widen(vreinterpret_u16_u32(vdup_n_u32(p.cast::<u32>().read_unaligned())))
 }
 
+/// [`crate::int4::e8m0_half`] of e8m0 bytes, in the low 4 bytes of `e`.
+#[inline(always)]
+unsafe fn e8m0_half(e: uint8x8_t) -> float32x4_t {
+    let bits = vshlq_n_u32::<23>(vmovl_u16(vget_low_u16(vmovl_u8(e))));
+    vmulq_n_f32(vreinterpretq_f32_u32(vmaxq_u32(bits, vdupq_n_u32(E8M0_SMALLEST_BITS))), 0.5)
+}
+
+/// [`e8m0_half`] of the 4 e8m0 bytes at `p`.
+#[inline(always)]
+unsafe fn exponents(p: *const u8) -> float32x4_t {
+    e8m0_half(vreinterpret_u8_u32(vdup_n_u32(p.cast::<u32>().read_unaligned())))
+}
+
+/// [`e8m0_half`] of the 2 e8m0 bytes at `p` (of outputs `o`, `o + 1`) in the lanes of an
+/// `SMMLA` tile, as [`pair_halves`].
+#[inline(always)]
+unsafe fn pair_exponents(p: *const u8) -> float32x4_t {
+    e8m0_half(vreinterpret_u8_u16(vdup_n_u16(p.cast::<u16>().read_unaligned())))
+}
+
 /// Quarter `q` of a record's first `CHUNKS` chunks, as stored.
 #[inline(always)]
 pub(super) unsafe fn chunk_quarters<const CHUNKS: usize>(rec: *const u8, q: usize) -> [uint8x16_t; CHUNKS] {
     std::array::from_fn(|c| vld1q_u8(rec.add(64 * c + 16 * q)))
 }
 
-/// Low nibbles, then high ones.
+/// Low nibbles, then high ones, as the levels the dot products take with the weights' offset
+/// `OFFSET` ([`Int4Offset::id`]): MXFP4's codes looked up by `TBL`, other quants as they are.
 #[inline(always)]
-unsafe fn nibbles(v: uint8x16_t) -> [int8x16_t; 2] {
-    [vreinterpretq_s8_u8(vandq_u8(v, vdupq_n_u8(0x0f))), vreinterpretq_s8_u8(vshrq_n_u8::<4>(v))]
+unsafe fn nibbles<const OFFSET: u8>(v: uint8x16_t) -> [int8x16_t; 2] {
+    let levels = |quants: uint8x16_t| {
+        if OFFSET == Int4Offset::Mxfp4.id() {
+            vreinterpretq_s8_u8(vqtbl1q_u8(vld1q_u8(E2M1_LEVELS.as_ptr()), quants))
+        } else {
+            vreinterpretq_s8_u8(quants)
+        }
+    };
+    [levels(vandq_u8(v, vdupq_n_u8(0x0f))), levels(vshrq_n_u8::<4>(v))]
 }
 
 /// The quarter `q` (outputs 4q..4q + 4) of a record for `SDOT`: groups 0..4 (the chunks' low
 /// nibbles) then 4..8 (their high ones).
 #[inline(always)]
-unsafe fn quarter(rec: *const u8, q: usize) -> [int8x16_t; 8] {
-    let chunks = chunk_quarters::<4>(rec, q);
-    std::array::from_fn(|g| nibbles(chunks[g % 4])[g / 4])
+unsafe fn quarter<const OFFSET: u8>(rec: *const u8, q: usize) -> [int8x16_t; 8] {
+    let chunks = chunk_quarters::<4>(rec, q).map(|c| nibbles::<OFFSET>(c));
+    std::array::from_fn(|g| chunks[g % 4][g / 4])
 }
 
 /// A quarter's weights as `SMMLA`'s second operand: per output pair (4q and 4q + 1, 4q + 2 and
@@ -142,21 +172,35 @@ pub(super) unsafe fn pair_outputs(first: uint8x16_t, second: uint8x16_t) -> [uin
 /// The quarter `q` of a record for `SMMLA`: zipped before the nibbles split, chunks 0 and 1
 /// give inputs 0..8 and 16..24, chunks 2 and 3 inputs 8..16 and 24..32.
 #[inline(always)]
-unsafe fn paired_quarter(rec: *const u8, q: usize) -> PairedQuarter {
+unsafe fn paired_quarter<const OFFSET: u8>(rec: *const u8, q: usize) -> PairedQuarter {
     let [c0, c1, c2, c3] = chunk_quarters::<4>(rec, q);
     let (front, back) = (pair_outputs(c0, c1), pair_outputs(c2, c3));
     std::array::from_fn(|pair| {
-        let ([first, third], [second, fourth]) = (nibbles(front[pair]), nibbles(back[pair]));
+        let ([first, third], [second, fourth]) = (nibbles::<OFFSET>(front[pair]), nibbles::<OFFSET>(back[pair]));
         [first, second, third, fourth]
     })
 }
 
-/// Scales and minimums (`-8 d` without stored minimums) of the outputs from byte `at` of a
-/// record's scales, by `load` (`halves` or `pair_halves`).
+/// Scales and minimums of the outputs from `first` on, with the weights' offset `OFFSET`
+/// ([`Int4Offset::id`]): f16 halves by `halves` ([`halves`] or [`pair_halves`]), e8m0 bytes by
+/// `exponents` ([`exponents`] or [`pair_exponents`]), the fixed offsets' minimums `-offset d`.
 #[inline(always)]
-unsafe fn scale_min<const MIN: bool>(rec: *const u8, at: usize, load: impl Fn(*const u8) -> float32x4_t) -> (float32x4_t, float32x4_t) {
-    let d = load(rec.add(NIBBLE_BYTES + at));
-    (d, if MIN { load(rec.add(NIBBLE_BYTES + 2 * PANEL + at)) } else { vmulq_n_f32(d, -8.0) })
+unsafe fn scale_min<const OFFSET: u8>(
+    rec: *const u8,
+    first: usize,
+    halves: impl Fn(*const u8) -> float32x4_t,
+    exponents: impl Fn(*const u8) -> float32x4_t,
+) -> (float32x4_t, float32x4_t) {
+    let scales = rec.add(NIBBLE_BYTES);
+    if OFFSET == Int4Offset::Mxfp4.id() {
+        let d = exponents(scales.add(first));
+        (d, vmulq_n_f32(d, -12.0))
+    } else if OFFSET == Int4Offset::Min.id() {
+        (halves(scales.add(2 * first)), halves(scales.add(2 * PANEL + 2 * first)))
+    } else {
+        let d = halves(scales.add(2 * first));
+        (d, vmulq_n_f32(d, -8.0))
+    }
 }
 
 /// [`crate::int4::accumulate_block`] on 4 outputs, with `dx` and `tx` broadcast.
@@ -199,16 +243,16 @@ unsafe fn widening_groups(x: *const i8, w: &[int8x16_t], first: usize) -> int32x
 }
 
 /// `R` rows by one panel over `blocks`, the sums of each quarter by `SDOT` (`DOT`) or widening
-/// multiplies, through the float steps (`MIN`: the weights store minimums, else they are
-/// `-8 d`); stores the panel's valid columns.
+/// multiplies, through the float steps of the weights' offset `OFFSET`; stores the panel's
+/// valid columns.
 #[inline(always)]
-unsafe fn tile<const R: usize, const DOT: bool, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
+unsafe fn tile<const R: usize, const DOT: bool, const OFFSET: u8>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
     let mut acc: [[float32x4_t; 4]; R] = std::array::from_fn(|r| t.load_panel(r, t.w.n, blocks.start == 0));
     for b in blocks {
         let rec = t.w.record(t.panel, b);
         for q in 0..4 {
-            let w = quarter(rec, q);
-            let dm = scale_min::<MIN>(rec, 8 * q, |p| halves(p));
+            let w = quarter::<OFFSET>(rec, q);
+            let dm = scale_min::<OFFSET>(rec, 4 * q, |p| halves(p), |p| exponents(p));
             for (r, acc) in acc.iter_mut().enumerate() {
                 let (x, dx, tx) = t.x.block_scales(t.row + r, b);
                 let [first, second] = half_sums::<DOT>(x, &w);
@@ -311,11 +355,11 @@ pub(super) unsafe fn tile_smmla<const P: usize, W, Q>(
 }
 
 #[target_feature(enable = "dotprod,i8mm")]
-unsafe fn gemm_i8mm<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+unsafe fn gemm_i8mm<const OFFSET: u8>(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let weights = |panel: usize, b: usize, q: usize| {
         let rec = w.record(panel, b);
-        let dm: [_; 2] = std::array::from_fn(|pair| scale_min::<MIN>(rec, 8 * q + 4 * pair, |p| pair_halves(p)));
-        (paired_quarter(rec, q), dm)
+        let dm: [_; 2] = std::array::from_fn(|pair| scale_min::<OFFSET>(rec, 4 * q + 2 * pair, |p| pair_halves(p), |p| pair_exponents(p)));
+        (paired_quarter::<OFFSET>(rec, q), dm)
     };
     let accumulate = |(w, dm): &(PairedQuarter, [(float32x4_t, float32x4_t); 2]), x: &PairedBlock, sums: &mut [float32x4_t; 2]| {
         for ((sums, s), dm) in sums.iter_mut().zip(pair_sums(x, w, 0..4)).zip(dm) {
@@ -325,7 +369,7 @@ unsafe fn gemm_i8mm<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panel
     for_each_tile_in_chunks(x.m, panels, 8, 1, w.blocks(), CHUNK_BLOCKS, |row, rows, panel, _, blocks| {
         let t = Tile { x, w, row, panel, out, ldo };
         if rows == 1 {
-            tile::<1, true, MIN>(&t, blocks)
+            tile::<1, true, OFFSET>(&t, blocks)
         } else {
             by_rows!(rows.div_ceil(2), tile_smmla::<_, _>, (&t, w.n, rows, blocks, &weights, &accumulate), [1 2 3 4])
         }
@@ -333,7 +377,7 @@ unsafe fn gemm_i8mm<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panel
 }
 
 #[target_feature(enable = "dotprod")]
-unsafe fn gemm_dotprod<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+unsafe fn gemm_dotprod<const OFFSET: u8>(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile_in_chunks(
         x.m,
         panels,
@@ -341,12 +385,12 @@ unsafe fn gemm_dotprod<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, pa
         1,
         w.blocks(),
         CHUNK_BLOCKS,
-        |row, rows, panel, _, blocks| by_rows!(rows, tile::<true, MIN>, (&Tile { x, w, row, panel, out, ldo }, blocks), [1 2 3 4]),
+        |row, rows, panel, _, blocks| by_rows!(rows, tile::<true, OFFSET>, (&Tile { x, w, row, panel, out, ldo }, blocks), [1 2 3 4]),
     );
 }
 
 #[target_feature(enable = "neon")]
-unsafe fn gemm_neon<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
+unsafe fn gemm_neon<const OFFSET: u8>(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     for_each_tile_in_chunks(
         x.m,
         panels,
@@ -354,7 +398,7 @@ unsafe fn gemm_neon<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panel
         1,
         w.blocks(),
         CHUNK_BLOCKS,
-        |row, rows, panel, _, blocks| by_rows!(rows, tile::<false, MIN>, (&Tile { x, w, row, panel, out, ldo }, blocks), [1 2]),
+        |row, rows, panel, _, blocks| by_rows!(rows, tile::<false, OFFSET>, (&Tile { x, w, row, panel, out, ldo }, blocks), [1 2]),
     );
 }
 
@@ -362,8 +406,9 @@ unsafe fn gemm_neon<const MIN: bool>(x: &QuantizedBlocks, w: &Int4Weights, panel
 /// As [`crate::portable::gemm_q4::gemm_q4`]; only handed out after detecting i8mm and dotprod.
 pub unsafe fn gemm_q4_i8mm(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     match w.offset {
-        Int4Offset::Min => gemm_i8mm::<true>(x, w, panels, out, ldo),
-        Int4Offset::Eight => gemm_i8mm::<false>(x, w, panels, out, ldo),
+        Int4Offset::Eight => gemm_i8mm::<{ Int4Offset::Eight.id() }>(x, w, panels, out, ldo),
+        Int4Offset::Min => gemm_i8mm::<{ Int4Offset::Min.id() }>(x, w, panels, out, ldo),
+        Int4Offset::Mxfp4 => gemm_i8mm::<{ Int4Offset::Mxfp4.id() }>(x, w, panels, out, ldo),
     }
 }
 
@@ -371,8 +416,9 @@ pub unsafe fn gemm_q4_i8mm(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<u
 /// As above, after detecting dotprod.
 pub unsafe fn gemm_q4_dotprod(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     match w.offset {
-        Int4Offset::Min => gemm_dotprod::<true>(x, w, panels, out, ldo),
-        Int4Offset::Eight => gemm_dotprod::<false>(x, w, panels, out, ldo),
+        Int4Offset::Eight => gemm_dotprod::<{ Int4Offset::Eight.id() }>(x, w, panels, out, ldo),
+        Int4Offset::Min => gemm_dotprod::<{ Int4Offset::Min.id() }>(x, w, panels, out, ldo),
+        Int4Offset::Mxfp4 => gemm_dotprod::<{ Int4Offset::Mxfp4.id() }>(x, w, panels, out, ldo),
     }
 }
 
@@ -380,7 +426,8 @@ pub unsafe fn gemm_q4_dotprod(x: &QuantizedBlocks, w: &Int4Weights, panels: Rang
 /// As above, after detecting neon.
 pub unsafe fn gemm_q4_neon(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     match w.offset {
-        Int4Offset::Min => gemm_neon::<true>(x, w, panels, out, ldo),
-        Int4Offset::Eight => gemm_neon::<false>(x, w, panels, out, ldo),
+        Int4Offset::Eight => gemm_neon::<{ Int4Offset::Eight.id() }>(x, w, panels, out, ldo),
+        Int4Offset::Min => gemm_neon::<{ Int4Offset::Min.id() }>(x, w, panels, out, ldo),
+        Int4Offset::Mxfp4 => gemm_neon::<{ Int4Offset::Mxfp4.id() }>(x, w, panels, out, ldo),
     }
 }

@@ -22,7 +22,7 @@ pub unsafe fn gemm_q4(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>
                 let at = i * blocks + b;
                 let (dx, tx) = (x.scales[at], x.scaled_sums[at]);
                 for (o, a) in acc.iter_mut().enumerate() {
-                    let s: i32 = xq.iter().enumerate().map(|(j, &v)| Int4Weights::quant(rec, o, j) as i32 * v as i32).sum();
+                    let s: i32 = xq.iter().enumerate().map(|(j, &v)| w.level(rec, o, j) as i32 * v as i32).sum();
                     let (d, m) = w.scale_min(rec, o);
                     *a = accumulate_block(*a, s, dx, tx, d, m);
                 }

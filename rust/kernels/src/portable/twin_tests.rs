@@ -249,8 +249,15 @@ fn check_blocks_against_portable<W>(simd: &Int8Gemm, kind: &str, weights: &dyn F
     let shapes = [(1, 1), (1, 37), (1, 81)].into_iter().chain((2..=17).chain([33, 40]).map(|m| (m, outputs[m % outputs.len()])));
     for k in [32, 96, 320, 1120] {
         for (m, n) in shapes.clone() {
-            // Values reaching both ends of the int8 range, an outlier, and a row of zeros.
-            let mut x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, v)| if i / k == 1 { 0.0 } else { v * 3.0 }).collect();
+            // Values reaching both ends of the int8 range, an outlier, a row of zeros and one of
+            // positive values only (the largest sums of products: 16-bit partial sums overflow
+            // there first).
+            let row = |i: usize, v: f32| match i / k {
+                1 => 0.0,
+                2 => 3.0 + v.abs() * 0.1,
+                _ => v * 3.0,
+            };
+            let mut x: Vec<f32> = data(m * k, 1.0).iter().enumerate().map(|(i, &v)| row(i, v)).collect();
             x[k / 2] = 40.0;
             let (w, panels) = weights(n, k);
             let want = run(&reference, &x, &w, k, n, 0..panels);
@@ -268,9 +275,21 @@ fn check_blocks_against_portable<W>(simd: &Int8Gemm, kind: &str, weights: &dyn F
     }
 }
 
-/// The W4A8 GEMM (both offsets) and the 8-bit block GEMM against the portable ones.
+/// The W4A8 GEMM (every offset, MXFP4 on all its codes and a spread of scales too) and the
+/// 8-bit block GEMM against the portable ones.
 pub fn check_blocks_paths_against_portable(simd: &Int8Gemm) {
-    for offset in [Int4Offset::Eight, Int4Offset::Min] {
+    check_blocks_against_portable(
+        simd,
+        "int4 Mxfp4 (every code)",
+        &|n, k| {
+            let w = every_code_mxfp4(n, k);
+            let panels = w.panels();
+            (w, panels)
+        },
+        // SAFETY: `out` is [m, n] and this thread is its only user.
+        &|path, rows, w, panels, out| unsafe { (path.gemm_q4)(rows, w, panels, out.as_mut_ptr(), w.n) },
+    );
+    for offset in [Int4Offset::Eight, Int4Offset::Min, Int4Offset::Mxfp4] {
         check_blocks_against_portable(
             simd,
             &format!("int4 {offset:?}"),
@@ -298,6 +317,25 @@ pub fn check_blocks_paths_against_portable(simd: &Int8Gemm) {
     }
 }
 
+/// MXFP4 weights whose codes take all 16 values (every fourth row only code 7, 6: the largest
+/// level) and whose e8m0 scales range from the two subnormal ones (0 and 1) over the usual ones
+/// to 2^33.
+fn every_code_mxfp4(n: usize, k: usize) -> Int4Weights {
+    Int4Weights::pack_rows(n, k, Int4Offset::Mxfp4, &ThreadPool::new(1, false), &|row, out| {
+        for (j, q) in out.nibbles.iter_mut().enumerate() {
+            *q = if row % 4 == 3 { 0x77 } else { ((row * k + 2 * j) * 131 % 257 % 256) as u8 };
+        }
+        for (b, e) in out.scales.iter_mut().enumerate() {
+            *e = match (row * 7 + b) % 23 {
+                0 => 0,
+                1 => 1,
+                2 => 160,
+                other => 112 + other as u16,
+            };
+        }
+    })
+}
+
 /// 8-bit block weights whose quants take every value of their width (both ends included),
 /// with scales of both signs.
 fn full_range_blocks(n: usize, k: usize, bits: u32) -> Int8BlockWeights {
@@ -317,7 +355,7 @@ fn full_range_blocks(n: usize, k: usize, bits: u32) -> Int8BlockWeights {
 fn portable_int4_is_the_dequantized_product() {
     let (m, n, k) = (3, 21, 96);
     let x = data(m * k, 1.0);
-    for offset in [Int4Offset::Eight, Int4Offset::Min] {
+    for offset in [Int4Offset::Eight, Int4Offset::Min, Int4Offset::Mxfp4] {
         let w = Int4Weights::quantize(&data(n * k, 2.0), n, k, offset);
         let mut rows = QuantizedBlocks::default();
         rows.quantize(&x, k, &ThreadPool::new(1, false));

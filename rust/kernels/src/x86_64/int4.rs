@@ -1,20 +1,21 @@
 //! W4A8 GEMMs on x86_64 (layout and epilogue in [`crate::int4`]). The 4-bit quants are
 //! unsigned (0..=15) and the activations signed, exactly the operand types of `vpdpbusd` and
 //! `vpmaddubsw`: no offset trick is needed, the weights' offset is applied per block in floats.
+//! MXFP4's codes become their levels (0..=24, unsigned too) by one `vpshufb` of the nibbles,
+//! and its e8m0 scales f32 by a widening and a shift ([`e8m0_half_avx2`]).
 //!
 //! - AVX-512 VNNI: a chunk's low and high nibbles are two registers of 16 outputs x 4 inputs;
 //!   each takes one `vpdpbusd` with the 4 activations broadcast, 8 per block, in two chains.
 //!   Tiles of up to 8 rows by one panel; decode takes 1 row by up to 4 panels.
 //! - AVX2 (+ FMA, F16C): the same chunks in halves of 8 outputs; `vpmaddubsw` products (at most
 //!   2 x 15 x 127 per 16-bit lane, 8 groups summing to under 2^15) add in 16 bits, one
-//!   `vpmaddwd` per block widens them. Tiles of up to 4 rows by one panel, one half of its
+//!   `vpmaddwd` per block widens them (MXFP4's levels, up to 24, widen every 4 groups). Tiles of up to 4 rows by one panel, one half of its
 //!   outputs at a time; decode 1 row by 2 panels, both halves.
 //!
 //! Each block's sums go through the scheme's float steps, so results match the portable twin
-//! bit for bit. Tiles are compiled apart for weights with and without minimums, so no branch
-//! sits in the loops.
+//! bit for bit. Tiles are compiled apart for each [`Int4Offset`], so no branch sits in the loops.
 
-use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, NIBBLE_BYTES};
+use crate::int4::{BlockTile, Int4Offset, Int4Weights, QuantizedBlocks, E2M1_LEVELS, E8M0_SMALLEST_BITS, NIBBLE_BYTES};
 use crate::packed::PANEL;
 use crate::portable::gemm::{for_each_tile_in_chunks, unroll};
 use std::arch::x86_64::*;
@@ -107,17 +108,77 @@ pub(super) unsafe fn group(x: *const i8, g: usize) -> i32 {
     (x.add(4 * g) as *const i32).read_unaligned()
 }
 
-/// A record's 16 scales and minimums (`-8 d` without stored minimums) from `first` on, as
-/// 16-bit halves widened by `widen`.
+/// A record's scales and minimums of the outputs from `first` on, with the weights' offset
+/// `OFFSET` ([`Int4Offset::id`]): f16 halves widened by `halves`, e8m0 bytes by `exponents`,
+/// the minimums of the fixed offsets `times(d, -offset)`.
 #[inline(always)]
-unsafe fn scale_min<V: Copy, const MIN: bool>(rec: *const u8, first: usize, widen: impl Fn(*const u8) -> V, minus_eight: impl Fn(V) -> V) -> (V, V) {
-    let d = widen(rec.add(NIBBLE_BYTES + first));
-    (d, if MIN { widen(rec.add(NIBBLE_BYTES + 2 * PANEL + first)) } else { minus_eight(d) })
+unsafe fn scale_min<V: Copy, const OFFSET: u8>(
+    rec: *const u8,
+    first: usize,
+    halves: impl Fn(*const u8) -> V,
+    exponents: impl Fn(*const u8) -> V,
+    times: impl Fn(V, f32) -> V,
+) -> (V, V) {
+    let scales = rec.add(NIBBLE_BYTES);
+    if OFFSET == Int4Offset::Mxfp4.id() {
+        let d = exponents(scales.add(first));
+        (d, times(d, -12.0))
+    } else if OFFSET == Int4Offset::Min.id() {
+        (halves(scales.add(2 * first)), halves(scales.add(2 * PANEL + 2 * first)))
+    } else {
+        let d = halves(scales.add(2 * first));
+        (d, times(d, -8.0))
+    }
 }
 
-/// `R` rows by `NP` panels, `MIN`: the weights store minimums.
+/// [`crate::int4::e8m0_half`] of the 8 e8m0 bytes at `at`.
 #[inline(always)]
-unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
+unsafe fn e8m0_half_avx2(at: *const u8) -> __m256 {
+    let bits = _mm256_slli_epi32::<23>(_mm256_cvtepu8_epi32(_mm_loadl_epi64(at as *const _)));
+    _mm256_mul_ps(_mm256_castsi256_ps(_mm256_max_epi32(bits, _mm256_set1_epi32(E8M0_SMALLEST_BITS as i32))), _mm256_set1_ps(0.5))
+}
+
+/// [`crate::int4::e8m0_half`] of the 16 e8m0 bytes at `at`.
+#[inline(always)]
+unsafe fn e8m0_half_avx512(at: *const u8) -> __m512 {
+    let bits = _mm512_slli_epi32::<23>(_mm512_cvtepu8_epi32(_mm_loadu_si128(at as *const _)));
+    _mm512_mul_ps(_mm512_castsi512_ps(_mm512_max_epi32(bits, _mm512_set1_epi32(E8M0_SMALLEST_BITS as i32))), _mm512_set1_ps(0.5))
+}
+
+/// Quants (one per byte) as the levels the dot products take: MXFP4's codes looked up by
+/// `vpshufb` (the table in each 128-bit lane), other quants as they are.
+#[inline(always)]
+unsafe fn levels_avx2<const OFFSET: u8>(quants: __m256i) -> __m256i {
+    if OFFSET != Int4Offset::Mxfp4.id() {
+        return quants;
+    }
+    _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_loadu_si128(E2M1_LEVELS.as_ptr() as *const _)), quants)
+}
+
+/// As [`levels_avx2`], 64 quants.
+#[inline(always)]
+pub(super) unsafe fn levels_avx512<const OFFSET: u8>(quants: __m512i) -> __m512i {
+    if OFFSET != Int4Offset::Mxfp4.id() {
+        return quants;
+    }
+    _mm512_shuffle_epi8(_mm512_broadcast_i32x4(_mm_loadu_si128(E2M1_LEVELS.as_ptr() as *const _)), quants)
+}
+
+/// A record's scales and minimums of its 16 outputs as AVX-512 vectors.
+#[inline(always)]
+pub(super) unsafe fn scale_min_avx512<const OFFSET: u8>(rec: *const u8) -> (__m512, __m512) {
+    scale_min::<_, OFFSET>(
+        rec,
+        0,
+        |at| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const _)),
+        |at| e8m0_half_avx512(at),
+        |d, c| _mm512_mul_ps(d, _mm512_set1_ps(c)),
+    )
+}
+
+/// `R` rows by `NP` panels, the weights' offset `OFFSET` ([`Int4Offset::id`]).
+#[inline(always)]
+unsafe fn tile_vnni<const R: usize, const NP: usize, const OFFSET: u8>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
     let nibble = _mm512_set1_epi8(0x0f);
     let mut acc: [[__m512; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load16(r, p, t.w.n, blocks.start == 0)));
     for b in blocks {
@@ -128,10 +189,10 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<I
             let mut w = [_mm512_setzero_si512(); 8];
             for c in 0..4 {
                 let v = _mm512_loadu_si512(rec.add(64 * c) as *const _);
-                w[c] = _mm512_and_si512(v, nibble);
-                w[c + 4] = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
+                w[c] = levels_avx512::<OFFSET>(_mm512_and_si512(v, nibble));
+                w[c + 4] = levels_avx512::<OFFSET>(_mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble));
             }
-            let (d, m) = scale_min::<_, MIN>(rec, 0, |at| _mm512_cvtph_ps(_mm256_loadu_si256(at as *const _)), |d| _mm512_mul_ps(d, _mm512_set1_ps(-8.0)));
+            let (d, m) = scale_min_avx512::<OFFSET>(rec);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let (x, dx, tx) = t.x.block_scales(t.row + r, b);
                 let (mut low, mut high) = (_mm512_setzero_si512(), _mm512_setzero_si512());
@@ -157,12 +218,12 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<I
 /// their sums, a chunk's two nibble registers and the broadcast activations in the 16
 /// registers (holding a record's 8 nibble registers for both halves spilled them every block).
 #[inline(always)]
-unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
+unsafe fn tile_avx2<const R: usize, const NP: usize, const OFFSET: u8>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
     if R == 1 {
-        halves_avx2::<R, NP, 2, MIN>(t, blocks, 0);
+        halves_avx2::<R, NP, 2, OFFSET>(t, blocks, 0);
     } else {
         for half in 0..2 {
-            halves_avx2::<R, NP, 1, MIN>(t, blocks.clone(), half);
+            halves_avx2::<R, NP, 1, OFFSET>(t, blocks.clone(), half);
         }
     }
 }
@@ -171,8 +232,10 @@ unsafe fn tile_avx2<const R: usize, const NP: usize, const MIN: bool>(t: &Tile<I
 // Panels and halves index the accumulator tile, the records and the masks in lockstep.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN: bool>(t: &Tile<Int4Weights>, blocks: Range<usize>, first_half: usize) {
-    let nibble = _mm256_set1_epi8(0x0f);
+unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const OFFSET: u8>(t: &Tile<Int4Weights>, blocks: Range<usize>, first_half: usize) {
+    let (nibble, ones) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi16(1));
+    // 16-bit sums hold 8 groups of quants up to 15, 4 of MXFP4's levels up to 24.
+    let widen_after = if OFFSET == Int4Offset::Mxfp4.id() { 2 } else { 4 };
     let masks: [[__m256i; H]; NP] = std::array::from_fn(|p| std::array::from_fn(|h| t.half_mask(p, first_half + h, t.w.n)));
     let mut acc: [[[__m256; H]; NP]; R] =
         std::array::from_fn(|r| std::array::from_fn(|p| std::array::from_fn(|h| t.load8(r, p, first_half + h, masks[p][h], blocks.start == 0))));
@@ -185,22 +248,34 @@ unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN
             }
             for h in 0..H {
                 let half = first_half + h;
-                let mut sums = [_mm256_setzero_si256(); R];
+                let (mut sums, mut wide) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
                 // Chunk c's low nibbles are inputs 4c..4c + 4 (group c), its high ones group c + 4.
                 for c in 0..4 {
                     let v = _mm256_loadu_si256(rec.add(64 * c + 32 * half) as *const _);
-                    let (low, high) = (_mm256_and_si256(v, nibble), _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
+                    let low = levels_avx2::<OFFSET>(_mm256_and_si256(v, nibble));
+                    let high = levels_avx2::<OFFSET>(_mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble));
                     unroll!(R, |r| {
                         let low = _mm256_maddubs_epi16(low, _mm256_set1_epi32(group(x[r], c)));
                         let high = _mm256_maddubs_epi16(high, _mm256_set1_epi32(group(x[r], c + 4)));
                         sums[r] = _mm256_add_epi16(sums[r], _mm256_add_epi16(low, high));
                     });
+                    if (c + 1) % widen_after == 0 {
+                        unroll!(R, |r| {
+                            wide[r] = _mm256_add_epi32(wide[r], _mm256_madd_epi16(sums[r], ones));
+                            sums[r] = _mm256_setzero_si256();
+                        });
+                    }
                 }
-                let (d, m) =
-                    scale_min::<_, MIN>(rec, 16 * half, |at| _mm256_cvtph_ps(_mm_loadu_si128(at as *const _)), |d| _mm256_mul_ps(d, _mm256_set1_ps(-8.0)));
+                let (d, m) = scale_min::<_, OFFSET>(
+                    rec,
+                    8 * half,
+                    |at| _mm256_cvtph_ps(_mm_loadu_si128(at as *const _)),
+                    |at| e8m0_half_avx2(at),
+                    |d, c| _mm256_mul_ps(d, _mm256_set1_ps(c)),
+                );
                 unroll!(R, |r| {
                     let (_, dx, tx) = t.x.block_scales(t.row + r, b);
-                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(sums[r], _mm256_set1_epi16(1)));
+                    let s = _mm256_cvtepi32_ps(wide[r]);
                     let sum = _mm256_fmadd_ps(s, _mm256_mul_ps(d, _mm256_set1_ps(*dx)), acc[r][p][h]);
                     acc[r][p][h] = _mm256_fmadd_ps(m, _mm256_set1_ps(*tx), sum);
                 });
@@ -216,22 +291,22 @@ unsafe fn halves_avx2<const R: usize, const NP: usize, const H: usize, const MIN
     }
 }
 
-/// The tile closure of [`for_each_tile_in_chunks`] calling `tile::<R, NP, MIN>` for the
-/// run-time shape and the weights' offset (`MIN`: they store minimums), then any generics
-/// given after the tile's name (`tile::<BITS>` calls `tile::<R, NP, MIN, BITS>`). Shared with
-/// the 8-bit block GEMMs, whose tiles take `MIN` and ignore it.
+/// The tile closure of [`for_each_tile_in_chunks`] calling `tile::<R, NP, OFFSET>` for the
+/// run-time shape and the weights' [`Int4Offset`] (`OFFSET` its [`Int4Offset::id`]), then any
+/// generics given after the tile's name (`tile::<BITS>` calls `tile::<R, NP, OFFSET, BITS>`).
+/// Shared with the 8-bit block GEMMs, whose tiles take `OFFSET` and ignore it.
 macro_rules! block_tiles {
-    ($tile:ident $(::<$($g:tt),*>)?, $t:expr, $min:expr) => {
+    ($tile:ident $(::<$($g:tt),*>)?, $t:expr, $offset:expr) => {
         |row, rows, panel, np, blocks| {
             let t = &Tile { row, panel, ..*$t };
-            if $min {
-                block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, true, blocks)
-            } else {
-                block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, false, blocks)
+            match $offset {
+                Int4Offset::Eight => block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, { Int4Offset::Eight.id() }, blocks),
+                Int4Offset::Min => block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, { Int4Offset::Min.id() }, blocks),
+                Int4Offset::Mxfp4 => block_tiles!(@shape $tile, ($($(, $g)*)?), t, rows, np, { Int4Offset::Mxfp4.id() }, blocks),
             }
         }
     };
-    (@shape $tile:ident, ($($g:tt)*), $t:expr, $rows:expr, $np:expr, $min:literal, $blocks:expr) => {
+    (@shape $tile:ident, ($($g:tt)*), $t:expr, $rows:expr, $np:expr, $min:tt, $blocks:expr) => {
         match ($rows, $np) {
             (1, 1) => $tile::<1, 1, $min $($g)*>($t, $blocks),
             (1, 2) => $tile::<1, 2, $min $($g)*>($t, $blocks),
@@ -263,14 +338,14 @@ pub(super) fn vnni_tiles(m: usize) -> (usize, usize) {
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let (max_rows, panels_per_tile) = vnni_tiles(x.m);
-    let tile = block_tiles!(tile_vnni, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset == Int4Offset::Min);
+    let tile = block_tiles!(tile_vnni, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset);
     for_each_tile_in_chunks(x.m, panels, max_rows, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
-    let tile = block_tiles!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset == Int4Offset::Min);
+    let tile = block_tiles!(tile_avx2, &Tile { x, w, row: 0, panel: 0, out, ldo }, w.offset);
     for_each_tile_in_chunks(x.m, panels, 4, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 

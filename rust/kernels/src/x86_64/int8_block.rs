@@ -12,7 +12,7 @@
 //! Integer sums are exact and the float steps fixed: results match the portable twin bit for bit.
 
 use super::int4::{block_tiles, chunk_blocks, group, prefetch_ahead, vnni_tiles, Tile};
-use crate::int4::QuantizedBlocks;
+use crate::int4::{Int4Offset, QuantizedBlocks};
 use crate::int8_block::{by_quant_bits, quant_bytes, record_bytes, upper_fields, Int8BlockWeights, CHUNK_BYTES, NIBBLE_BYTES};
 use crate::portable::gemm::{for_each_tile_in_chunks, unroll};
 use std::arch::x86_64::*;
@@ -78,7 +78,7 @@ pub(super) unsafe fn quants_avx512<const BITS: u32>(rec: *const u8, g: usize) ->
 // Panels and weight groups index the accumulator tile, the records and the activations in lockstep.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool, const BITS: u32>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
+unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: u8, const BITS: u32>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     let offset = t.w.offset() as i32;
     let mut acc: [[__m512; NP]; R] = std::array::from_fn(|r| std::array::from_fn(|p| t.load16(r, p, t.w.n, blocks.start == 0)));
     for b in blocks {
@@ -109,7 +109,7 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: bool, const B
 
 // Decode takes a tile's panels whole, a batch one half at a time.
 #[inline(always)]
-unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: bool, const BITS: u32>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
+unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: u8, const BITS: u32>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
     if R == 1 {
         decode_avx2::<NP, BITS>(t, blocks);
     } else {
@@ -208,14 +208,14 @@ unsafe fn half_avx2<const R: usize, const NP: usize, const BITS: u32>(t: &Tile<I
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn gemm_vnni<const BITS: u32>(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let (max_rows, panels_per_tile) = vnni_tiles(x.m);
-    let tile = block_tiles!(tile_vnni::<BITS>, &Tile { x, w, row: 0, panel: 0, out, ldo }, false);
+    let tile = block_tiles!(tile_vnni::<BITS>, &Tile { x, w, row: 0, panel: 0, out, ldo }, Int4Offset::Eight);
     for_each_tile_in_chunks(x.m, panels, max_rows, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn gemm_avx2<const BITS: u32>(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     let panels_per_tile = if x.m == 1 { 2 } else { 1 };
-    let tile = block_tiles!(tile_avx2::<BITS>, &Tile { x, w, row: 0, panel: 0, out, ldo }, false);
+    let tile = block_tiles!(tile_avx2::<BITS>, &Tile { x, w, row: 0, panel: 0, out, ldo }, Int4Offset::Eight);
     for_each_tile_in_chunks(x.m, panels, 4, panels_per_tile, w.blocks(), chunk_blocks(w.blocks()), tile);
 }
 
