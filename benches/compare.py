@@ -68,7 +68,7 @@ LLAMA_CPP_TYPES = ("F16", "Q8_0")
 # Bits per weight rsgl packs a GGUF type into when it runs the file as it is (its 4-bit and
 # 8-bit block kernels: an f16 scale per 32 inputs, and a minimum or a second scale; the 8-bit
 # block kernels hold 5- and 6-bit quants in their own width); other types it packs in bfloat16.
-RSGL_PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q4_K": 5.0, "Q5_0": 6.0, "Q6_K": 7.0, "Q8_0": 9.0}
+RSGL_PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q4_K": 5.0, "Q5_0": 6.0, "Q6_K": 7.0, "Q8_0": 9.0, "MXFP4": 4.25}
 # GGUF names of the tensors decode reads as matrices (the lm_head is added apart: tied models
 # read token_embd instead of output).
 GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
