@@ -61,6 +61,7 @@ import argparse
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -441,14 +442,22 @@ def write_gpt_oss_tensor(out, values: Values, name: str, dims: tuple[int, ...]) 
 
 
 def write_gpt_oss_folder(shape: Shape, folder: Path) -> None:
-    """OpenAI's gpt-oss layout (MXFP4 experts, the rest bf16) in safetensors shards of about
-    SHARD_BYTES, whole layers each, written tensor by tensor."""
+    """OpenAI's gpt-oss layout (MXFP4 experts, the rest bf16), whole layers per shard."""
     folder.mkdir(parents=True, exist_ok=True)
     vocab, eos_token_id = write_tokenizer_files(shape, folder)
+    write_safetensors_shards(folder, gpt_oss_tensors(shape, vocab), write_gpt_oss_tensor)
+    (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
+
+
+def write_safetensors_shards(
+    folder: Path, groups: list[list[tuple[str, str, tuple[int, ...]]]], write_tensor: Callable[[Any, Values, str, tuple[int, ...]], None]
+) -> None:
+    """Groups of (name, safetensors dtype, shape) into shards of about SHARD_BYTES (a group never
+    split), each tensor's bytes from `write_tensor`, and the index naming each tensor's shard."""
     item_bytes = {"BF16": 2, "U8": 1}
     shards: list[list[tuple[str, str, tuple[int, ...]]]] = [[]]
     size = 0
-    for group in gpt_oss_tensors(shape, vocab):
+    for group in groups:
         group_bytes = sum(item_bytes[dtype] * int(np.prod(dims)) for _, dtype, dims in group)
         if size + group_bytes > SHARD_BYTES and shards[-1]:
             shards.append([])
@@ -472,9 +481,8 @@ def write_gpt_oss_folder(shape: Shape, folder: Path) -> None:
             out.write(len(encoded).to_bytes(8, "little"))
             out.write(encoded)
             for name, _, dims in shard:
-                write_gpt_oss_tensor(out, values, name, dims)
+                write_tensor(out, values, name, dims)
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
-    (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
 
 
 def convert_with_llama_cpp(folder: Path, path: Path) -> None:
@@ -582,38 +590,16 @@ def write_tokenizer_files(shape: Shape, folder: Path) -> tuple[int, int]:
 def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     vocab, eos_token_id = write_tokenizer_files(shape, folder)
-    # (name, shape) of every tensor, in shards of at most SHARD_BYTES of bf16.
-    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
-    size = 0
+    groups = []
     for gguf_name, dims in tensors(shape, vocab):
         for name, expert in hf_name(gguf_name, shape):
-            dims_ = dims[1:] if expert is not None else dims
-            nbytes = 2 * int(np.prod(dims_))
-            if size + nbytes > SHARD_BYTES and shards[-1]:
-                shards.append([])
-                size = 0
-            shards[-1].append((name, dims_))
-            size += nbytes
-    values = Values()
-    weight_map = {}
-    for index, shard in enumerate(shards):
-        file_name = f"model-{index + 1:05d}-of-{len(shards):05d}.safetensors"
-        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
-        offset = 0
-        for name, dims in shard:
-            nbytes = 2 * int(np.prod(dims))
-            header[name] = {"dtype": "BF16", "shape": list(dims), "data_offsets": [offset, offset + nbytes]}
-            offset += nbytes
-            weight_map[name] = file_name
-        encoded = json.dumps(header).encode()
-        encoded += b" " * (-len(encoded) % 8)
-        with (folder / file_name).open("wb") as out:
-            out.write(len(encoded).to_bytes(8, "little"))
-            out.write(encoded)
-            for name, dims in shard:
-                weights = values.tensor(name, dims, norm_offset=0.0 if shape.gemma else 1.0).astype(np.float32)
-                out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
-    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
+            groups.append([(name, "BF16", dims[1:] if expert is not None else dims)])
+
+    def write_bf16(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
+        weights = values.tensor(name, dims, norm_offset=0.0 if shape.gemma else 1.0).astype(np.float32)
+        out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+
+    write_safetensors_shards(folder, groups, write_bf16)
     (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
 
 
