@@ -11,6 +11,7 @@ import os
 import subprocess
 from pathlib import Path
 
+import anthropic
 import httpx
 import jsonschema
 import pytest
@@ -25,7 +26,7 @@ from rsgl.server.reasoning import HarmonySplitter, reasoning_parser_for_template
 from rsgl.server.tool_request import offered_functions
 from rsgl.tools import FORMATS, format_for_template, messages_for_template
 from rsgl.tools.formats.harmony import HarmonyFormat, read_messages
-from server_helpers import AUTH, assert_openai_error, openai_client, running_server
+from server_helpers import API_KEY, AUTH, assert_openai_error, openai_client, running_server
 from tokenizers import Tokenizer
 from zoo_models import build_family
 
@@ -194,7 +195,7 @@ def test_channels_split_into_reasoning_content_and_calls():
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 11])
-def test_streamed_deltas_hold_back_markers_and_send_calls_at_the_end(step: int):
+def test_streamed_deltas_hold_back_markers_and_stream_call_arguments(step: int):
     deltas = ChatReader(FORMATS["gpt-oss"], HarmonySplitter()).deltas()
     pieces = [ANSWER[i : i + step] for i in range(0, len(ANSWER), step)]
     chunks = [deltas.chunk_choice(0, piece, None, None if i < len(pieces) - 1 else "stop") for i, piece in enumerate(pieces)]
@@ -202,8 +203,10 @@ def test_streamed_deltas_hold_back_markers_and_send_calls_at_the_end(step: int):
     content = "".join(c["delta"].get("content", "") for c in chunks)
     assert (reasoning, content) == ("The user wants Paris.", "Checking.")
     assert all("<|" not in c["delta"].get("content", "") + c["delta"].get("reasoning_content", "") for c in chunks)
-    [call] = chunks[-1]["delta"]["tool_calls"]
-    assert chunks[-1]["finish_reason"] == "tool_calls" and json.loads(call["function"]["arguments"]) == {"city": "Paris", "unit": "celsius"}
+    calls = [call for c in chunks for call in c["delta"].get("tool_calls", [])]
+    assert calls[0]["function"]["name"] == "get_weather" and all(call["index"] == 0 for call in calls)
+    arguments = "".join(call["function"]["arguments"] for call in calls)
+    assert chunks[-1]["finish_reason"] == "tool_calls" and json.loads(arguments) == {"city": "Paris", "unit": "celsius"}
 
 
 def test_partial_markers_and_headers_are_held_back():
@@ -254,7 +257,7 @@ def test_forced_calls_come_back_as_tool_calls(harmony_server: str, harmony_model
             choice = chunk.choices[0]
             content += choice.delta.content or ""
             for delta in choice.delta.tool_calls or []:
-                assert delta.id and delta.type == "function"
+                assert delta.index == 0 and (bool(delta.id) and delta.type == "function") == (not name)  # id and type come first
                 name += delta.function.name or ""
                 arguments += delta.function.arguments or ""
             finish_reason = choice.finish_reason or finish_reason
@@ -283,6 +286,43 @@ def test_forced_calls_may_reason_first(harmony_server: str, harmony_model: Path)
         assert choice.finish_reason == "tool_calls" and not choice.message.content
     reasoning = [getattr(choice.message, "reasoning_content", None) or "" for choice in answer.choices]
     assert any(reasoning) and not any("<|" in text for text in reasoning), reasoning
+
+
+def test_reasoning_comes_back_as_thinking_blocks_and_reasoning_items(harmony_server: str, harmony_model: Path):
+    """The same engine call through the three APIs: chat's reasoning_content is the Messages API's
+    thinking block and the Responses API's reasoning item, and the forced call comes back in each."""
+    bias = favoured(harmony_model, "a", "<|end|>", bias=30)
+    sampling = {"seed": 0, "temperature": 8, "logit_bias": bias}
+    claude = anthropic.Anthropic(base_url=harmony_server, api_key=API_KEY, max_retries=0)
+    client = openai_client(harmony_server)
+    reasoned = 0
+    for seed in range(4):
+        sampling["seed"] = seed
+        chat = client.chat.completions.create(
+            model="default", messages=QUESTION, tools=TOOLS[1:], tool_choice={"type": "function", "function": {"name": "get_time"}}, max_tokens=200, **sampling
+        ).choices[0]
+        tool = {"name": "get_time", "description": TOOLS[1]["function"]["description"], "input_schema": TIME}
+        message = claude.messages.create(
+            model="default",
+            max_tokens=200,
+            system=QUESTION[0]["content"],
+            messages=QUESTION[1:],
+            tools=[tool],
+            tool_choice={"type": "tool", "name": "get_time"},
+            extra_body=sampling,
+        )
+        function = {"type": "function", **TOOLS[1]["function"]}
+        response = client.responses.create(
+            model="default", input=QUESTION, tools=[function], tool_choice={"type": "function", "name": "get_time"}, max_output_tokens=200, extra_body=sampling
+        )
+        reasoning = getattr(chat.message, "reasoning_content", None)
+        thinking = [block.thinking for block in message.content if block.type == "thinking"]
+        items = [item.content[0].text for item in response.output if item.type == "reasoning"]
+        assert thinking == items == ([reasoning] if reasoning else []), (reasoning, thinking, items)
+        [call] = [block for block in message.content if block.type == "tool_use"]
+        assert json.dumps(call.input, separators=(",", ":")) == chat.message.tool_calls[0].function.arguments == response.output[-1].arguments
+        reasoned += bool(reasoning)
+    assert reasoned, "no sample reasoned"
 
 
 @pytest.mark.parametrize("layout", ["folder", "gguf"])

@@ -30,8 +30,9 @@ def test_workers_get_whole_nodes_first_then_even_shares():
 
 
 def test_two_workers_behind_the_router_serve_as_one_endpoint_and_stop_on_sigterm(tmp_path: Path):
-    port, base = free_port(), free_port()
+    port, base, metrics = free_port(), free_port(), free_port()
     command = [sys.executable, "-m", "rsgl.launch", "--dp", "2", "--port", str(port), "--worker-base-port", str(base), "--max-total-tokens", "4096"]
+    command += ["--router-metrics-port", str(metrics)]
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
         launcher = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT)
@@ -45,6 +46,10 @@ def test_two_workers_behind_the_router_serve_as_one_endpoint_and_stop_on_sigterm
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="none")
         answer = client.completions.create(model=model, prompt="The capital of France is", max_tokens=4, temperature=0)
         assert answer.choices[0].text
+        # "default" reaches a worker through the router, as it does on one server.
+        chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+        assert chat.choices[0].message.content
+        assert httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=30).status_code == 200, "the router's metrics on the launcher's host and port"
         assert [httpx.get(f"{w}/get_server_info", timeout=30).json()["threads"] for w in workers] == [1, 1], "a core each"
     finally:
         launcher.send_signal(signal.SIGTERM)

@@ -12,10 +12,12 @@ import langchain_openai
 import pytest
 import rsgl
 from conftest import build_tiny
+from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.reasoning import REASONING_PARSERS, ThinkSplitter
 from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
+from rsgl.tools.partial_json import value_prefix
 from server_helpers import API_KEY, AUTH, assert_openai_error, openai_client, running_server
 from test_loader import train_byte_level_tokenizer
 
@@ -131,16 +133,18 @@ def assert_finished_with_calls(finish_reason: str, parallel: bool) -> None:
 
 
 def streamed_answer(stream) -> tuple[str, str, list[dict], str | None]:
-    """(content, reasoning, calls, finish_reason) of a chat completion stream, calls as OpenAI's dicts."""
+    """(content, reasoning, calls, finish_reason) of a chat completion stream, calls as OpenAI's
+    dicts (with how many deltas brought their arguments)."""
     content, reasoning, calls, finish_reason = "", "", {}, None
     for chunk in stream:
         choice = chunk.choices[0]
         content += choice.delta.content or ""
         reasoning += getattr(choice.delta, "reasoning_content", None) or ""
         for delta in choice.delta.tool_calls or []:
-            call = calls.setdefault(delta.index, {"id": delta.id, "type": delta.type, "name": "", "arguments": ""})
+            call = calls.setdefault(delta.index, {"id": delta.id, "type": delta.type, "name": "", "arguments": "", "argument_deltas": 0})
             call["name"] += delta.function.name or ""
             call["arguments"] += delta.function.arguments or ""
+            call["argument_deltas"] += bool(delta.function.arguments)
         finish_reason = choice.finish_reason or finish_reason
     return content, reasoning, [calls[i] for i in sorted(calls)], finish_reason
 
@@ -182,8 +186,41 @@ def test_forced_calls_stream_as_tool_call_deltas(server: str, tool_choice):
     for call in calls:
         assert call["type"] == "function" and call["id"].startswith("call_")
         jsonschema.validate(json.loads(call["arguments"]), SCHEMAS[call["name"]])
+    assert all(call["argument_deltas"] > 1 for call in calls), calls  # written as they are generated, not in one piece
     whole = client.chat.completions.create(model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=120, seed=1)
     assert [(c.function.name, c.function.arguments) for c in whole.choices[0].message.tool_calls] == [(c["name"], c["arguments"]) for c in calls]
+    # The client's stream helper assembles the same calls, argument deltas and all.
+    request = dict(model="default", messages=QUESTION, tools=TOOLS, tool_choice=tool_choice, max_tokens=120, seed=1)
+    with client.chat.completions.stream(**request) as stream:
+        argument_events = [event for event in stream if event.type == "tool_calls.function.arguments.delta"]
+        assembled = stream.current_completion_snapshot.choices[0].message.tool_calls  # get_final_completion refuses "length"
+    assert [(c.function.name, c.function.arguments) for c in assembled] == [(c["name"], c["arguments"]) for c in calls]
+    assert len(argument_events) > len(calls)
+
+
+def test_deprecated_functions_answer_with_a_function_call(server: str):
+    """OpenAI's `functions` and `function_call` (before tools): one call, in `function_call`,
+    streamed in pieces as tool calls are; `function` messages bring the result back."""
+    client = openai_client(server)
+    request = dict(model="default", messages=QUESTION, functions=[tool["function"] for tool in TOOLS], max_tokens=120, seed=0)
+    choice = client.chat.completions.create(**request, function_call={"name": "get_weather"}).choices[0]
+    assert choice.finish_reason == "function_call" and choice.message.tool_calls is None
+    call = choice.message.function_call
+    assert call.name == "get_weather"
+    jsonschema.validate(json.loads(call.arguments), WEATHER)
+    streamed = [c.choices[0] for c in client.chat.completions.create(**request, function_call={"name": "get_weather"}, stream=True)]
+    pieces = [c.delta.function_call for c in streamed if c.delta.function_call]
+    assert "".join(p.name or "" for p in pieces) == call.name and "".join(p.arguments or "" for p in pieces) == call.arguments
+    assert len(pieces) > 2 and streamed[-1].finish_reason == "function_call"
+    history = [
+        *QUESTION,
+        {"role": "assistant", "content": None, "function_call": call.model_dump()},
+        {"role": "function", "name": call.name, "content": '{"t": 21}'},
+    ]
+    answer = client.chat.completions.create(**{**request, "messages": history, "max_tokens": 8})
+    assert answer.choices[0].finish_reason in ("stop", "length", "function_call")
+    both = httpx.post(f"{server}/v1/chat/completions", json={**request, "tools": TOOLS}, headers=AUTH)
+    assert "functions" in assert_openai_error(both, 400) and both.json()["error"]["param"] == "functions"
 
 
 def test_auto_answers_with_text_or_calls(server: str):
@@ -366,6 +403,49 @@ def test_each_format_reads_back_what_it_writes(name: str):
         assert call_format.content_end(text[:end]) <= len(content)
 
 
+def streamed_calls(reader: ChatReader, text: str, piece: int) -> tuple[list[JsonObject], str]:
+    """(the tool-call deltas, the content) of `text` streamed `piece` characters a chunk."""
+    deltas = reader.deltas()
+    chunks = [deltas.chunk_choice(0, text[i : i + piece], None, None if i + piece < len(text) else "stop") for i in range(0, len(text), piece)]
+    assert chunks[-1]["finish_reason"] == "tool_calls"
+    return [d for c in chunks for d in c["delta"].get("tool_calls", [])], "".join(c["delta"].get("content", "") for c in chunks)
+
+
+@pytest.mark.parametrize("name", ["hermes", "llama3", "mistral", "mistral-named", "pythonic", "gpt-oss"])
+def test_each_format_streams_arguments_as_they_are_written(name: str):
+    """Streamed, a call's arguments arrive in pieces (pythonic calls: each whole, once written) that
+    join into exactly the arguments of the whole answer's call: escapes, numbers and layout as
+    the parsed call writes them, even when a chunk ends inside an escape or a number."""
+    call_format = EACH_FORMAT[name]
+    arguments = '{"city": "Par\\u00e9 \\"x\\" \\ud83d\\ude00",  "days": [1, true, null, -2.5e3], "o": {"a": {}}}'
+    written = call_format.write([ToolCall("get_weather", arguments), ToolCall("get_time", "{}")])
+    text = ("<|channel|>analysis<|message|>Hmm.<|end|>" if name == "gpt-oss" else "Let me check. " if call_format.markers_anywhere else "") + written
+    reader = ChatReader(call_format, REASONING_PARSERS["gpt-oss"]("") if name == "gpt-oss" else None)
+    whole = reader.choice(0, text, None, "stop")["message"]["tool_calls"]
+    assert [call["function"]["arguments"] for call in whole] == ['{"city":"Paré \\"x\\" 😀","days":[1,true,null,-2500.0],"o":{"a":{}}}', "{}"]
+    for piece in (1, 2, 5):
+        deltas, content = streamed_calls(reader, text, piece)
+        assert content == text[: text.index(written)].removeprefix("<|channel|>analysis<|message|>Hmm.<|end|>")
+        joined: dict[int, JsonObject] = {}
+        for delta in deltas:
+            if delta["index"] not in joined:
+                joined[delta["index"]] = {"id": delta["id"], "name": delta["function"]["name"], "arguments": ""}
+            joined[delta["index"]]["arguments"] += delta["function"]["arguments"]
+        assert [(c["name"], c["arguments"]) for c in joined.values()] == [(c["function"]["name"], c["function"]["arguments"]) for c in whole]
+        assert all(c["id"].startswith("call_") for c in joined.values())
+        assert len(deltas) == 2 if name == "pythonic" else len(deltas) > 10
+
+
+def test_partial_json_holds_back_what_may_still_change():
+    assert value_prefix('{"a": "x\\u00', 0) == ('{"a":"x', None)  # an escape cut in two
+    assert value_prefix('{"a": 12', 0) == ('{"a":', None)  # 12 may become 123 or 12.5
+    assert value_prefix('{"a": 1.5e', 0) == ('{"a":', None)
+    assert value_prefix('{"a": 12} tail', 0) == ('{"a":12}', 9)
+    assert value_prefix('{"a": tru', 0) == ('{"a":', None)
+    assert value_prefix('{"a": oops}', 0) == ('{"a":', None)  # not JSON: stops where it begins
+    assert value_prefix('{"a": 99999999999999999999999}', 0) == ('{"a":', None)  # beyond what ToolCall.arguments can hold
+
+
 @pytest.mark.parametrize(
     "text",
     [
@@ -414,4 +494,5 @@ def test_reasoning_splits_off_and_streams_in_order():
     chunks = [deltas.chunk_choice(0, answer[i : i + 3], None, None if i + 3 < len(answer) else "stop") for i in range(0, len(answer), 3)]
     assert "".join(c["delta"].get("reasoning_content", "") for c in chunks) == "The user wants Paris."
     assert "".join(c["delta"].get("content", "") for c in chunks) == "It is sunny."
-    assert chunks[-1]["finish_reason"] == "tool_calls" and chunks[-1]["delta"]["tool_calls"][0]["function"]["name"] == "get_time"
+    calls = [call for c in chunks for call in c["delta"].get("tool_calls", [])]
+    assert chunks[-1]["finish_reason"] == "tool_calls" and [call["function"].get("name") for call in calls][0] == "get_time"

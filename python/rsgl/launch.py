@@ -3,14 +3,17 @@ node's, where the machine has several), behind SGLang's router with its cache-aw
 one command. Ctrl-C or SIGTERM stops the router, then the workers.
 
     python -m rsgl.launch --dp 2 [--port 30000] [--worker-base-port 31000] [--policy cache_aware]
-        [--router smg|sglang-router|none] [any `python -m rsgl.server` option, e.g. --model-path M]
+        [--router smg|sglang-router|none] [--router-metrics-port P]
+        [any `python -m rsgl.server` option, e.g. --model-path M]
 
 Each worker is `python -m rsgl.server` with `--threads` set to its share of the cores and its CPU
 affinity limited to them, so its compute threads pin there and the memory they touch first (the
 KV pool, the packed weights) lands on their node; with `numactl` installed, the worker's memory is
 also bound to the node (`--membind`). The router is `smg launch` (PyPI `smg`), or `sglang-router`'s
 `launch_router` where that is what a user has; `--router none` starts only the workers (to register
-with a router started on its own).
+with a router started on its own). The router answers to the model's name and to "default", as one
+server does, and serves its Prometheus metrics on the launcher's host, on a free port unless
+`--router-metrics-port` names one (so two launches on one machine do not collide).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import argparse
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -86,6 +90,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--worker-base-port", type=int, default=31000, help="worker i listens on this port + i")
     parser.add_argument("--policy", default="cache_aware", help="the router's policy (cache_aware, round_robin, power_of_two, ...)")
     parser.add_argument("--router", choices=ROUTERS, default="smg")
+    parser.add_argument("--router-metrics-port", type=int, default=0, help="the router's Prometheus port (default: a free one)")
     args, server_options = parser.parse_known_args(argv)
     if args.dp < 1:
         parser.error("--dp must be at least 1")
@@ -101,10 +106,33 @@ def worker_command(port: int, placement: Placement, server_options: list[str]) -
     return command
 
 
-def router_command(router: str, host: str, port: int, policy: str, workers: list[str]) -> list[str]:
+@dataclass(frozen=True)
+class RouterOptions:
+    host: str
+    port: int
+    policy: str
+    metrics_port: int
+    model: str  # the workers' model name, which "default" stands for
+
+
+def router_command(router: str, options: RouterOptions, workers: list[str]) -> list[str]:
+    where = ["--host", options.host, "--port", str(options.port), "--worker-urls", *workers, "--policy", options.policy]
+    metrics = ["--prometheus-host", options.host, "--prometheus-port", str(options.metrics_port)]
     if router == "smg":
-        return [sys.executable, "-m", "smg", "launch", "--host", host, "--port", str(port), "--worker-urls", *workers, "--policy", policy]
-    return [sys.executable, "-m", "sglang_router.launch_router", "--host", host, "--port", str(port), "--worker-urls", *workers, "--policy", policy]
+        return [sys.executable, "-m", "smg", "launch", *where, *metrics, "--model-alias", f"default={options.model}"]
+    return [sys.executable, "-m", "sglang_router.launch_router", *where, *metrics]
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def served_model(worker: str) -> str:
+    model: str = httpx.get(f"{worker}/v1/models", timeout=30).json()["data"][0]["id"]
+    return model
 
 
 def wait_until(ready: str, processes: list[subprocess.Popen[bytes]], what: str) -> None:
@@ -157,9 +185,12 @@ def main(argv: list[str] | None = None) -> None:
         for url in workers:
             wait_until(f"{url}/health", started, f"the worker at {url}")
         if args.router != "none":
-            started.insert(0, subprocess.Popen(router_command(args.router, args.host, args.port, args.policy, workers), start_new_session=True))
+            metrics_port = args.router_metrics_port or free_port(args.host)
+            options = RouterOptions(args.host, args.port, args.policy, metrics_port, served_model(workers[0]))
+            started.insert(0, subprocess.Popen(router_command(args.router, options, workers), start_new_session=True))
             wait_until(f"http://{args.host}:{args.port}/readiness", started, "the router")
             print(f"rsgl.launch: serving on http://{args.host}:{args.port} ({args.router}, {args.policy}) over {len(workers)} workers", flush=True)
+            print(f"rsgl.launch: router metrics on http://{args.host}:{metrics_port}/metrics", flush=True)
         else:
             print(f"rsgl.launch: workers ready at {' '.join(workers)}", flush=True)
         while all(p.poll() is None for p in started):

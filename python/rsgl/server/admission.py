@@ -9,7 +9,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from rsgl.server.errors import APIError
 
 # Only these hold engine capacity; probes and information endpoints stay answerable under load.
-GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/encode", "/v1/embeddings"})
+GENERATION_PATHS = frozenset({"/generate", "/v1/completions", "/v1/chat/completions", "/v1/messages", "/v1/responses", "/encode", "/v1/embeddings"})
 RETRY_AFTER_SECONDS = 1
 
 
@@ -25,14 +25,14 @@ class AdmissionMiddleware:
             await self.app(scope, receive, send)
             return
         if self._declared_size(scope) > self.max_body_bytes:
-            await self._too_large().response()(scope, receive, send)
+            await self._too_large().response(scope["path"])(scope, receive, send)
             return
         receive = self._size_limited(receive)
         if scope["path"] not in GENERATION_PATHS:
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.max_in_flight:
-            await self._overloaded().response({"Retry-After": str(RETRY_AFTER_SECONDS)})(scope, receive, send)
+            await self._overloaded().response(scope["path"], {"Retry-After": str(RETRY_AFTER_SECONDS)})(scope, receive, send)
             return
         self.in_flight += 1
         try:

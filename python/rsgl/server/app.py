@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from rsgl.engine import Engine
-from rsgl.server import embeddings_api, native_api, openai_api, openapi
+from rsgl.server import anthropic_api, embeddings_api, native_api, openai_api, openapi, responses_api
 from rsgl.server.admission import AdmissionMiddleware
 from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
@@ -47,7 +47,7 @@ def build_app(
     chat_parsers: ChatParsers | None = None,
 ) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
-    requests need `Authorization: Bearer <api_key>`. Beyond `max_queued_requests` generation
+    requests need `Authorization: Bearer <api_key>` (or `x-api-key: <api_key>`). Beyond `max_queued_requests` generation
     requests in flight, new ones get a 503; bodies over `max_request_bytes` get a 413. An event loop
     blocked for `watchdog_seconds` has every thread's stack logged. Every `log_interval` seconds
     (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end.
@@ -57,7 +57,7 @@ def build_app(
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
-        routes=[*native_api.ROUTES, *openai_api.ROUTES, *embeddings_api.ROUTES, *openapi.ROUTES],
+        routes=[*native_api.ROUTES, *openai_api.ROUTES, *anthropic_api.ROUTES, *responses_api.ROUTES, *embeddings_api.ROUTES, *openapi.ROUTES],
         middleware=[*key_check, admission],
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=_lifespan,
@@ -69,6 +69,7 @@ def build_app(
     app.state.log_interval = log_interval
     app.state.model_aliases = list(model_aliases)
     app.state.chat_parsers = chat_parsers or ChatParsers()
+    app.state.responses = responses_api.ResponseStore()
     return app
 
 
@@ -98,7 +99,8 @@ async def _lifespan(app: Starlette) -> AsyncIterator[None]:
 
 
 class APIKeyMiddleware:
-    """Answers 401 to requests without the right bearer token."""
+    """Answers 401 to requests without the key, as a bearer token (OpenAI's clients) or in
+    `x-api-key` (Anthropic's)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -106,11 +108,13 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in PATHS_WITHOUT_KEY and not self._authorized(Headers(scope=scope)):
-            error = APIError(401, "Missing or invalid API key: send the header Authorization: Bearer <key>.", code="invalid_api_key")
-            await error.response()(scope, receive, send)
+            error = APIError(401, "Missing or invalid API key: send the header Authorization: Bearer <key> (or x-api-key: <key>).", code="invalid_api_key")
+            await error.response(scope["path"])(scope, receive, send)
             return
         await self.app(scope, receive, send)
 
     def _authorized(self, headers: Headers) -> bool:
         scheme, _, token = headers.get("authorization", "").partition(" ")
-        return scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self._key)
+        if scheme.lower() == "bearer" and secrets.compare_digest(token.strip().encode(), self._key):
+            return True
+        return secrets.compare_digest(headers.get("x-api-key", "").strip().encode(), self._key)

@@ -55,7 +55,7 @@ async def prepare_chat(engine: Engine, messages: list[JsonObject], tools: ToolRe
     reasoning = parsers.reasoning(template, prompt)
     keeps_special_tokens = (tools.offered and call_format.keeps_special_tokens) or (reasoning is not None and reasoning.keeps_special_tokens)
     overrides = {"skip_special_tokens": False} if keeps_special_tokens else {}
-    return PreparedChat(prompt, constraint, overrides, ChatReader(call_format if tools.offered else None, reasoning))
+    return PreparedChat(prompt, constraint, overrides, ChatReader(call_format if tools.offered else None, reasoning, tools.legacy))
 
 
 def report_relaxed_parameters(engine: Engine, functions: list[Function]) -> None:

@@ -1,5 +1,6 @@
-"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, for every endpoint,
-and the small validators that turn a malformed request body into one of them (a 400)."""
+"""Errors in OpenAI's shape, `{"error": {"message", "type", "param", "code"}}`, for every endpoint but
+Anthropic's (`{"type": "error", "error": {"type", "message"}}` under /v1/messages), and the small
+validators that turn a malformed request body into one of them (a 400)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,12 @@ from rsgl._typing import JsonObject
 from rsgl.errors import EngineClosedError, InvalidRequestError
 
 INVALID_REQUEST = "invalid_request_error"
+ANTHROPIC_PATH = "/v1/messages"  # the Messages API's routes, which answer errors in Anthropic's shape
+# Anthropic's error type for each status; others are "api_error".
+ANTHROPIC_ERROR_TYPES = {
+    400: INVALID_REQUEST, 401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+    413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error", 529: "overloaded_error",
+}  # fmt: skip
 
 
 class APIError(Exception):
@@ -29,11 +36,14 @@ class APIError(Exception):
         self.param = param
         self.code = code
 
-    def body(self) -> JsonObject:
+    def body(self, path: str = "") -> JsonObject:
+        """The error in the shape of the API `path` belongs to."""
+        if path.startswith(ANTHROPIC_PATH):
+            return {"type": "error", "error": {"type": ANTHROPIC_ERROR_TYPES.get(self.status_code, "api_error"), "message": self.message}}
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
-    def response(self, headers: Mapping[str, str] | None = None) -> Response:
-        return Response(orjson.dumps(self.body()), status_code=self.status_code, headers=headers, media_type="application/json")
+    def response(self, path: str, headers: Mapping[str, str] | None = None) -> Response:
+        return Response(orjson.dumps(self.body(path)), status_code=self.status_code, headers=headers, media_type="application/json")
 
 
 class ClientDisconnected(APIError):
@@ -60,14 +70,14 @@ def as_api_error(exc: Exception) -> APIError:
 
 async def handle_exception(request: Request, exc: Exception) -> Response:
     # For the catch-all (Exception) case, Starlette re-raises after this response, so uvicorn logs the traceback.
-    return as_api_error(exc).response()
+    return as_api_error(exc).response(request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
     """Starlette's own errors: unknown route (404), wrong method (405, with its Allow header)."""
     assert isinstance(exc, HTTPException)  # registered for HTTPException only
     error = APIError(exc.status_code, f"{exc.detail}: {request.method} {request.url.path}")
-    return error.response(exc.headers)
+    return error.response(request.url.path, exc.headers)
 
 
 EXCEPTION_HANDLERS: dict[type[Exception], HTTPExceptionHandler] = {

@@ -10,6 +10,7 @@ import datetime
 import logging
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypedDict
 
@@ -136,14 +137,30 @@ async def _client_left(request: Request) -> None:
         pass
 
 
+@dataclass(frozen=True)
+class EventDialect:
+    """How an API writes server-sent events: `data:` lines ending with `data: [DONE]` (OpenAI's
+    chat and completions, SGLang's), or events named by their payload's `type` with no end marker
+    (Anthropic's Messages, OpenAI's Responses); and the payload of an error once the stream began."""
+
+    named: bool
+    error: Callable[[APIError], JsonObject]
+
+    def event(self, payload: JsonObject) -> bytes:
+        return (b"event: " + payload["type"].encode() + b"\n" if self.named else b"") + sse_event(payload)
+
+
+DATA_EVENTS = EventDialect(named=False, error=lambda error: error.body())
+
+
 class EventStreamResponse(StreamingResponse):
-    """Server-sent events, `data: {json}\\n\\n` per payload and `data: [DONE]\\n\\n` at the end.
+    """Server-sent events of `payloads`, in `dialect`.
 
     However the response ends (finished, failed, or cancelled by Starlette because the client went
     away), the engine stream gets closed, which aborts an unfinished request."""
 
-    def __init__(self, payloads: AsyncIterator[JsonObject], stream: EngineStream) -> None:
-        super().__init__(_sse_events(payloads), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    def __init__(self, payloads: AsyncIterator[JsonObject], stream: EngineStream, dialect: EventDialect = DATA_EVENTS) -> None:
+        super().__init__(_sse_events(payloads, dialect), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
         self._stream = stream
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -157,16 +174,17 @@ def sse_event(payload: Any) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-async def _sse_events(payloads: AsyncIterator[JsonObject]) -> AsyncIterator[bytes]:
+async def _sse_events(payloads: AsyncIterator[JsonObject], dialect: EventDialect) -> AsyncIterator[bytes]:
     try:
         async for payload in payloads:
-            yield sse_event(payload)
-    except Exception as exc:  # the 200 status is already sent: report the error in-band, as OpenAI does
+            yield dialect.event(payload)
+    except Exception as exc:  # the 200 status is already sent: report the error in-band, as OpenAI and Anthropic do
         error = as_api_error(exc)
         if error.status_code >= 500:
             logger.exception("streaming response failed")
-        yield sse_event(error.body())
-    yield b"data: [DONE]\n\n"
+        yield dialect.event(dialect.error(error))
+    if not dialect.named:
+        yield b"data: [DONE]\n\n"
 
 
 # ---- endpoints ----------------------------------------------------------------------------------

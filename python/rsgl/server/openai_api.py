@@ -17,7 +17,7 @@ from starlette.routing import Route
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine, json_schema_warnings
 from rsgl.server.chat_reader import ChatReader
-from rsgl.server.chat_tools import ChatParsers, prepare_chat
+from rsgl.server.chat_tools import ChatParsers, PreparedChat, prepare_chat
 from rsgl.server.errors import (
     APIError,
     bad_request,
@@ -31,16 +31,18 @@ from rsgl.server.errors import (
     read_json_object,
 )
 from rsgl.server.native_api import EngineStream, EventStreamResponse, GenerateArguments, engine_of, generate_whole, json_response
-from rsgl.server.tool_request import check_past_calls, tool_request
+from rsgl.server.tool_request import check_past_calls, modern_message, tool_request
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
 MAX_TOP_LOGPROBS = 20
 MAX_LOGIT_BIAS = 100  # OpenAI's bound: a bias of ±100 bans or forces a token
 DEFAULT_MODEL_NAME = "default"  # accepted whatever the served model's name, as SGLang does
-CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # "function": the deprecated "tool"
 GRAMMAR_FIELDS = ("regex", "ebnf", "json_schema")
 TEMPLATE_VARIABLES = frozenset(("messages", "tools", "add_generation_prompt", "bos_token", "eos_token"))
 REASONING_EFFORTS = ("low", "medium", "high")  # the ones gpt-oss was trained with
+# Sampling fields the Messages and Responses APIs lack but take here, as chat completions does.
+EXTRA_SAMPLING_FIELDS = ("top_k", "min_p", "seed", "logit_bias", "repetition_penalty")
 
 
 # ---- endpoints ----------------------------------------------------------------------------------
@@ -67,6 +69,20 @@ async def create_completion(request: Request) -> Response:
 
 async def create_chat_completion(request: Request) -> Response:
     body = await read_json_object(request)
+    call = await chat_request(request, body)
+    return await respond(request, body, chat_shape(call.chat.reader), call.arguments, call.samples)
+
+
+@dataclass(frozen=True)
+class ChatCall:
+    arguments: GenerateArguments
+    chat: PreparedChat  # its reader reads the answer back
+    samples: int  # n
+
+
+async def chat_request(request: Request, body: JsonObject) -> ChatCall:
+    """The engine call for a chat request in OpenAI's shape: what /v1/chat/completions runs, and
+    the Messages and Responses APIs once their requests are translated to this shape."""
     return_logprob = optional_bool(body, "logprobs")
     top_logprobs = optional_int(body, "top_logprobs", 0, minimum=0, maximum=MAX_TOP_LOGPROBS)
     if top_logprobs and not return_logprob:
@@ -84,7 +100,7 @@ async def create_chat_completion(request: Request) -> Response:
         return_logprob=return_logprob,
         top_logprobs_num=top_logprobs,
     )
-    return await respond(request, body, chat_shape(chat.reader), arguments, params["n"])
+    return ChatCall(arguments, chat, params["n"])
 
 
 def chat_parsers(request: Request) -> ChatParsers:
@@ -228,6 +244,7 @@ def chat_messages(body: JsonObject) -> list[JsonObject]:
 def chat_message(message: Any, param: str) -> JsonObject:
     if not isinstance(message, dict) or message.get("role") not in CHAT_ROLES:
         raise bad_request(f"{param} must be an object whose role is one of {', '.join(CHAT_ROLES)}", param)
+    message = modern_message(message, param)
     role = "system" if message["role"] == "developer" else message["role"]  # "developer" is OpenAI's newer "system"
     check_past_calls(message, param)
     return {**message, **past_reasoning(message, param), "role": role, "content": message_text(message.get("content"), f"{param}.content")}
@@ -420,23 +437,43 @@ def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: JsonO
     return shape.choice(index, output["text"], logprobs, finish_reason_of(meta))
 
 
+@dataclass(frozen=True)
+class TextStep:
+    """What one engine chunk of a stream adds: its new text, the finish reason once there is one,
+    the chunk, and how many tokens and characters were sent before it."""
+
+    new_text: str
+    finish_reason: str | None
+    chunk: JsonObject
+    sent_tokens: int
+    sent_chars: int
+
+
+async def text_steps(stream: AsyncIterator[JsonObject]) -> AsyncIterator[TextStep]:
+    """The steps of a stream whose engine chunks carry the whole text so far; a chunk whose text
+    is held back (a partial character or a possible stop string) goes with the next one."""
+    sent_text, sent_tokens = "", 0
+    async for chunk in stream:
+        finish_reason = finish_reason_of(chunk["meta_info"])
+        new_text = chunk["text"][len(sent_text) :]
+        if not new_text and finish_reason is None:
+            continue
+        yield TextStep(new_text, finish_reason, chunk, sent_tokens, len(sent_text))
+        sent_text, sent_tokens = chunk["text"], len(chunk["output_ids"])
+
+
 async def stream_chunks(
     engine: Engine, stream: AsyncIterator[JsonObject], shape: ResponseShape, header: JsonObject, return_logprob: bool, include_usage: bool
 ) -> AsyncIterator[JsonObject]:
-    """OpenAI's chunks for one streaming choice. The engine's chunks carry the whole text so far;
-    each OpenAI chunk carries what is new (text and the logprobs of the tokens behind it)."""
+    """OpenAI's chunks for one streaming choice, each with what is new (text and the logprobs of
+    the tokens behind it)."""
     header = {**header, "object": shape.chunk_object}
     if shape.opening_chunk_choice:
         yield {**header, "choices": [shape.opening_chunk_choice]}
-    sent_text, sent_tokens, last = "", 0, None
-    async for last in stream:
-        meta = last["meta_info"]
-        finish_reason = finish_reason_of(meta)
-        new_text = last["text"][len(sent_text) :]
-        if not new_text and finish_reason is None:
-            continue  # text held back (a partial character or a possible stop string): its tokens go with the next chunk
-        logprobs = shape.logprobs(engine, meta, sent_tokens, len(sent_text)) if return_logprob else None
-        yield {**header, "choices": [shape.chunk_choice(0, new_text, logprobs, finish_reason)]}
-        sent_text, sent_tokens = last["text"], len(last["output_ids"])
+    last = None
+    async for step in text_steps(stream):
+        last = step.chunk
+        logprobs = shape.logprobs(engine, last["meta_info"], step.sent_tokens, step.sent_chars) if return_logprob else None
+        yield {**header, "choices": [shape.chunk_choice(0, step.new_text, logprobs, step.finish_reason)]}
     if include_usage and last is not None:
         yield {**header, "choices": [], "usage": usage_of([last], 1)}

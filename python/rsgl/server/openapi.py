@@ -4,6 +4,7 @@ Schemas are brief: they name the fields and their types; the endpoints check val
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from starlette.requests import Request
@@ -118,6 +119,53 @@ OPENAI_RESPONSE = obj(
     usage=obj(**typed(INTEGER, "prompt_tokens completion_tokens total_tokens")),
 )  # fmt: skip
 
+# Anthropic's Messages API (errors in its own shape).
+ANTHROPIC_ERROR = obj("type", "error", type=STRING, error=obj("type", "message", type=STRING, message=STRING))
+CONTENT_BLOCK = obj(
+    "type",
+    type={**STRING, "enum": ["text", "thinking", "tool_use", "tool_result"]},
+    text=STRING,
+    thinking=STRING,
+    id=STRING,
+    name=STRING,
+    input=obj(),
+    tool_use_id=STRING,
+    content=any_of(STRING, array(TEXT_PART)),
+)
+MESSAGES_REQUEST = obj(
+    "model", "messages", "max_tokens", model=STRING, max_tokens=COUNT, system=any_of(STRING, array(TEXT_PART)),
+    messages={**array(obj("role", "content", role={**STRING, "enum": ["user", "assistant"]}, content=any_of(STRING, array(CONTENT_BLOCK)))), "minItems": 1},
+    stop_sequences=array(WORDS), temperature=bounded(NUMBER, 0, 1), top_p=SAMPLING_NUMBERS["top_p"], top_k=bounded(INTEGER, -1), stream=BOOLEAN,
+    tools=array(obj("name", "input_schema", name=FUNCTION_NAME, description=STRING, input_schema=obj())),
+    tool_choice=obj("type", type={**STRING, "enum": ["auto", "any", "tool", "none"]}, name=STRING, disable_parallel_tool_use=BOOLEAN),
+    thinking=obj("type", type={**STRING, "enum": ["enabled", "disabled"]}, budget_tokens=COUNT),
+)  # fmt: skip
+MESSAGE = obj(
+    id=STRING, type=STRING, role=STRING, model=STRING, content=array(CONTENT_BLOCK), stop_reason=nullable(STRING), stop_sequence=nullable(STRING),
+    usage=obj(**typed(INTEGER, "input_tokens output_tokens cache_read_input_tokens")),
+)  # fmt: skip
+COUNT_TOKENS_REQUEST = {**MESSAGES_REQUEST, "required": ["model", "messages"]}
+# OpenAI's Responses API.
+INPUT_ITEM = obj(
+    type={**STRING, "enum": ["message", "function_call", "function_call_output", "reasoning"]},
+    role={**STRING, "enum": ["user", "assistant", "system", "developer"]},
+    content=any_of(STRING, array(obj("type", "text", type={**STRING, "enum": ["input_text", "output_text"]}, text=STRING))),
+    **typed(STRING, "call_id name arguments output"),
+)  # fmt: skip
+RESPONSES_REQUEST = obj(
+    "input", model=STRING, input=any_of(WORDS, {**array(INPUT_ITEM), "minItems": 1}), instructions=STRING, max_output_tokens=COUNT,
+    temperature=SAMPLING_NUMBERS["temperature"], top_p=SAMPLING_NUMBERS["top_p"], **typed(BOOLEAN, "stream store parallel_tool_calls"),
+    previous_response_id=STRING, tools=array(obj("type", "name", type=FUNCTION_TYPE, name=FUNCTION_NAME, description=STRING, parameters=obj())),
+    tool_choice=any_of({**STRING, "enum": ["none", "auto", "required"]}, obj("type", "name", type=FUNCTION_TYPE, name=STRING)),
+    text=obj(format=obj("type", type={**STRING, "enum": ["text", "json_object", "json_schema"]}, name=STRING, schema=obj(), strict=BOOLEAN)),
+    reasoning=obj(effort={**STRING, "enum": ["low", "medium", "high"]}),
+)  # fmt: skip
+RESPONSE_OBJECT = obj(
+    id=STRING, object=STRING, created_at=INTEGER, model=STRING, status=STRING, output=array(obj("type", type=STRING, id=STRING)),
+    usage=obj(**typed(INTEGER, "input_tokens output_tokens total_tokens")),
+)  # fmt: skip
+DELETED = obj(id=STRING, object=STRING, deleted=BOOLEAN)
+
 MODEL_INFO = obj(model_path=STRING, served_model_name=STRING, is_generation=BOOLEAN)
 SERVER_INFO = obj(**typed(INTEGER, "running_requests waiting_requests kv_pages_total kv_pages_free cached_pages prompt_tokens generated_tokens"))
 LOAD_COUNTS = "dp_rank num_running_reqs num_waiting_reqs num_total_reqs num_used_tokens max_total_num_tokens"
@@ -145,9 +193,12 @@ def as_json(schema: JsonObject) -> JsonObject:
 
 
 TEXT = {"text/plain": STRING}
-SERVER_SENT_EVENTS = {"text/event-stream": STRING}  # with "stream": true, `data: <json>` events then `data: [DONE]`
+# With "stream": true: `data: <json>` events then `data: [DONE]`; Anthropic's and the Responses API's events are named.
+SERVER_SENT_EVENTS = {"text/event-stream": STRING}
 GENERATE_CONTENT = {**as_json(GENERATE_RESPONSE), **SERVER_SENT_EVENTS}
 OPENAI_CONTENT = {**as_json(OPENAI_RESPONSE), **SERVER_SENT_EVENTS}
+MESSAGE_CONTENT = {**as_json(MESSAGE), **SERVER_SENT_EVENTS}
+RESPONSE_CONTENT = {**as_json(RESPONSE_OBJECT), **SERVER_SENT_EVENTS}
 
 
 @dataclass(frozen=True)
@@ -158,6 +209,7 @@ class Operation:
     request: JsonObject | None = None  # JSON body schema
     response: JsonObject | None = None  # 200 content: media type -> schema; None for an empty body
     needs_key: bool = True  # when the server runs with --api-key
+    anthropic_errors: bool = False  # its errors in Anthropic's shape, not OpenAI's
 
 
 OPERATIONS = (
@@ -179,6 +231,14 @@ OPERATIONS = (
     Operation("GET", "/v1/models", "OpenAI: the models served.", response=as_json(MODEL_LIST)),
     Operation("POST", "/v1/completions", "OpenAI: text completion.", COMPLETION_REQUEST, OPENAI_CONTENT),
     Operation("POST", "/v1/chat/completions", "OpenAI: chat completion.", CHAT_REQUEST, OPENAI_CONTENT),
+    Operation("POST", "/v1/messages", "Anthropic: a message.", MESSAGES_REQUEST, MESSAGE_CONTENT, anthropic_errors=True),
+    Operation(
+        "POST", "/v1/messages/count_tokens", "Anthropic: the tokens of a message's prompt.", COUNT_TOKENS_REQUEST, as_json(obj(input_tokens=INTEGER)),
+        anthropic_errors=True,
+    ),
+    Operation("POST", "/v1/responses", "OpenAI Responses: a response, kept for previous_response_id.", RESPONSES_REQUEST, RESPONSE_CONTENT),
+    Operation("GET", "/v1/responses/{response_id}", "OpenAI Responses: a stored response.", response=as_json(RESPONSE_OBJECT)),
+    Operation("DELETE", "/v1/responses/{response_id}", "OpenAI Responses: deletes a stored response.", response=as_json(DELETED)),
     Operation("POST", "/v1/embeddings", "OpenAI: embeddings (a server started with --is-embedding).", EMBEDDING_REQUEST, as_json(EMBEDDING_RESPONSE)),
     Operation("POST", "/encode", "SGLang: embeddings, one input or a batch (--is-embedding).", ENCODE_REQUEST, as_json(ENCODE_RESPONSE)),
 )  # fmt: skip
@@ -191,9 +251,9 @@ def openapi_document() -> JsonObject:
         paths.setdefault(operation.path, {})[operation.method.lower()] = operation_object(operation)
     return {
         "openapi": "3.0.3",
-        "info": {"title": "rsgl", "version": __version__, "description": "OpenAI-compatible and SGLang-native APIs served by rsgl."},
+        "info": {"title": "rsgl", "version": __version__, "description": "OpenAI-compatible, Anthropic-compatible and SGLang-native APIs served by rsgl."},
         "paths": paths,
-        "components": {"securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},
+        "components": {"securitySchemes": {"apiKey": {"type": "http", "scheme": "bearer"}}},  # or x-api-key
         "security": [{"apiKey": []}],  # only enforced when the server runs with --api-key
     }
 
@@ -204,8 +264,13 @@ def operation_object(operation: Operation) -> JsonObject:
         ok["content"] = {media_type: {"schema": schema} for media_type, schema in operation.response.items()}
     result: JsonObject = {
         "summary": operation.summary,
-        "responses": {"200": ok, "default": {"description": "Error", "content": {"application/json": {"schema": ERROR}}}},
+        "responses": {
+            "200": ok,
+            "default": {"description": "Error", "content": {"application/json": {"schema": ANTHROPIC_ERROR if operation.anthropic_errors else ERROR}}},
+        },
     }
+    if names := re.findall(r"{(\w+)}", operation.path):
+        result["parameters"] = [{"name": name, "in": "path", "required": True, "schema": STRING} for name in names]
     if operation.request:
         result["requestBody"] = {"required": True, "content": {"application/json": {"schema": operation.request}}}
     if not operation.needs_key:

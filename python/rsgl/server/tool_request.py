@@ -4,7 +4,7 @@ in assistant messages), checked: malformed ones get a 400 naming the field."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -22,9 +22,12 @@ class ToolRequest:
     offered: list[Function]  # rendered in the prompt and parsed out of the answer; empty: no tools
     forced: list[Function] | None  # the answer must call one of these (tool_choice required or named); None: free
     parallel: bool
+    legacy: bool = False  # asked with `functions`: answered with `function_call`, one call
 
 
 def tool_request(body: JsonObject) -> ToolRequest:
+    if body.get("functions") is not None or body.get("function_call") is not None:
+        return replace(tool_request(as_tools(body)), legacy=True)
     functions = offered_functions(body)
     parallel = optional_bool(body, "parallel_tool_calls", True)
     choice = body.get("tool_choice") or ("auto" if functions else "none")
@@ -41,6 +44,22 @@ def tool_request(body: JsonObject) -> ToolRequest:
     if not chosen:
         raise bad_request(f"tool_choice names the function {name!r}, which is not in tools", "tool_choice")
     return ToolRequest(functions, chosen, parallel)
+
+
+def as_tools(body: JsonObject) -> JsonObject:
+    """OpenAI's deprecated `functions` and `function_call` as the `tools` and `tool_choice` that
+    replaced them (one call per answer, as they made)."""
+    if body.get("tools") is not None or body.get("tool_choice") is not None:
+        raise bad_request("give either functions and function_call (deprecated) or tools and tool_choice, not both", "functions")
+    functions = body.get("functions") or []
+    if not isinstance(functions, list):
+        raise bad_request("functions must be a list of function definitions", "functions")
+    choice = body.get("function_call")
+    if isinstance(choice, dict):
+        choice = {"type": "function", "function": choice}
+    elif choice not in (None, "none", "auto"):
+        raise bad_request('function_call must be "none", "auto" or {"name": ...}', "function_call")
+    return {"tools": [{"type": "function", "function": function} for function in functions], "tool_choice": choice, "parallel_tool_calls": False}
 
 
 def offered_functions(body: JsonObject) -> list[Function]:
@@ -76,6 +95,20 @@ def chosen_function_name(choice: Any) -> str:
         raise bad_request(message, "tool_choice")
     name: str = function["name"]
     return name
+
+
+def modern_message(message: JsonObject, param: str) -> JsonObject:
+    """A message of the deprecated function-calling turns in today's shape: an assistant's
+    `function_call` as its one tool call, a `function` message's result as a tool's."""
+    if message.get("role") == "function":
+        return {**message, "role": "tool", "tool_call_id": ""}
+    call = message.get("function_call")
+    if call is None:
+        return message
+    if message.get("tool_calls") is not None:
+        raise bad_request(f"{param} has both function_call and tool_calls: give one of them", param)
+    modern = {key: value for key, value in message.items() if key != "function_call"}
+    return {**modern, "tool_calls": [{"id": "", "type": "function", "function": call}]}
 
 
 def check_past_calls(message: JsonObject, param: str) -> None:

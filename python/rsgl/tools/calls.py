@@ -27,11 +27,15 @@ class Function:
         return {"type": "function", "function": function}
 
 
+def new_call_id() -> str:
+    return "call_" + uuid.uuid4().hex[:24]
+
+
 @dataclass(frozen=True)
 class ToolCall:
     name: str
     arguments: str  # JSON text, as OpenAI sends it
-    id: str = field(default_factory=lambda: "call_" + uuid.uuid4().hex[:24])
+    id: str = field(default_factory=new_call_id)
 
     @classmethod
     def of(cls, name: Any, arguments: Any) -> ToolCall | None:
@@ -44,7 +48,10 @@ class ToolCall:
                 return None
         if not isinstance(name, str) or not isinstance(arguments, dict):
             return None
-        return cls(name, orjson.dumps(arguments).decode())
+        try:
+            return cls(name, orjson.dumps(arguments).decode())
+        except orjson.JSONEncodeError:  # an integer beyond 64 bits, a lone surrogate
+            return None
 
     @classmethod
     def from_object(cls, value: object, arguments_keys: tuple[str, ...] = ("arguments",)) -> ToolCall | None:

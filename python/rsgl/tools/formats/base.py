@@ -10,6 +10,7 @@ import orjson
 from rsgl import _core
 from rsgl._typing import JsonObject
 from rsgl.tools.calls import Function, ToolCall
+from rsgl.tools.partial_json import PartialCall
 
 # The layout the engine gives `json_schema` output (JSON_LAYOUT in rust/engine/src/grammar/llg.rs).
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -37,6 +38,11 @@ class ToolCallFormat(ABC):
     def constraint(self, functions: list[Function], parallel: bool) -> JsonObject:
         """Grammar sampling params (`ebnf`: a Lark grammar) forcing one call of `functions` (one or
         more with `parallel`), its arguments matching the function's parameters schema."""
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        """The calls being written in an unfinished output's `text` (from where calls begin), for
+        streaming them: by default the calls already whole, as `parse_calls` reads an output cut short."""
+        return [PartialCall(call.name, call.arguments) for call in self.parse_calls(text) or []]
 
     def for_template(self, template: str | None) -> ToolCallFormat:
         """This format as the model behind `template` writes it (a family may have several forms)."""

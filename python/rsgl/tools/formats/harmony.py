@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from rsgl._typing import JsonObject
 from rsgl.tools.calls import Function, ToolCall, closed
 from rsgl.tools.formats.base import ToolCallFormat, lark_json, lark_literal, partial_marker_length
+from rsgl.tools.partial_json import PartialCall, object_prefix
 
 START, CHANNEL, CONSTRAIN, MESSAGE = "<|start|>", "<|channel|>", "<|constrain|>", "<|message|>"
 END, CALL, RETURN = "<|end|>", "<|call|>", "<|return|>"
@@ -82,6 +83,9 @@ class HarmonyFormat(ToolCallFormat):
         # A call cut short (by max_tokens) does not parse: the calls before it stand.
         parsed = [call for call in calls if call is not None]
         return parsed or None
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        return [PartialCall(message.function, object_prefix(message.body, 0)) for message in read_messages(text, finished=False) if message.function]
 
     def write(self, calls: list[ToolCall]) -> str:
         return "".join(f"{START}assistant to={FUNCTIONS}{call.name}{CHANNEL}commentary json{MESSAGE}{call.arguments}{CALL}" for call in calls)

@@ -10,6 +10,7 @@ import orjson
 from rsgl._typing import JsonObject
 from rsgl.tools.calls import Function, ToolCall, all_parsed, call_schema
 from rsgl.tools.formats.base import ToolCallFormat, json_sequence, lark_json, lark_literal
+from rsgl.tools.partial_json import PartialCall, call_object
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # The last block may lack its closing tag when generation stopped right after the JSON.
@@ -32,6 +33,9 @@ class HermesFormat(ToolCallFormat):
         if calls and calls[-1] == (None, False):
             calls.pop()
         return all_parsed([call for call, _ in calls])
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        return [call for block in BLOCK.finditer(text) if (call := call_object(block.group(1), 0, ("arguments",))[0])]
 
     def write(self, calls: list[ToolCall]) -> str:
         blocks = (orjson.dumps({"name": call.name, "arguments": orjson.loads(call.arguments)}).decode() for call in calls)

@@ -8,8 +8,10 @@ import orjson
 from rsgl._typing import JsonObject
 from rsgl.tools.calls import Function, ToolCall, all_parsed, call_schema
 from rsgl.tools.formats.base import ToolCallFormat, json_sequence, lark_json
+from rsgl.tools.partial_json import PartialCall, call_objects
 
 PYTHON_TAG = "<|python_tag|>"
+ARGUMENTS_KEYS = ("parameters", "arguments")
 
 
 class Llama3Format(ToolCallFormat):
@@ -21,7 +23,10 @@ class Llama3Format(ToolCallFormat):
         values, rest = json_sequence(text.lstrip().removeprefix(PYTHON_TAG), ";")
         if not values or (rest and not rest.startswith(";")):  # a call cut short after a ";" is left out
             return None
-        return all_parsed([ToolCall.from_object(value, ("parameters", "arguments")) for value in values])
+        return all_parsed([ToolCall.from_object(value, ARGUMENTS_KEYS) for value in values])
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        return call_objects(text.lstrip().removeprefix(PYTHON_TAG), 0, ";", ARGUMENTS_KEYS)
 
     def write(self, calls: list[ToolCall]) -> str:
         return "; ".join(orjson.dumps({"name": call.name, "parameters": orjson.loads(call.arguments)}).decode() for call in calls)

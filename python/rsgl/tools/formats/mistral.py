@@ -15,10 +15,13 @@ import orjson
 from rsgl._typing import JsonObject
 from rsgl.tools.calls import Function, ToolCall, all_parsed, call_schema, closed
 from rsgl.tools.formats.base import ToolCallFormat, json_sequence, lark_json, lark_literal
+from rsgl.tools.partial_json import PartialCall, call_objects, object_prefix
 
 MARKER, ARGS = "[TOOL_CALLS]", "[ARGS]"
 # A named call: the function's name, an optional `[CALL_ID]...` (Magistral), `[ARGS]`, the arguments.
-NAMED_CALL = re.compile(r"\s*([A-Za-z0-9_-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?(?:" + re.escape(ARGS) + r")?\s*(.*)", re.DOTALL)
+NAMED_HEAD = r"\s*([A-Za-z0-9_-]{1,64})(?:\[CALL_ID\][A-Za-z0-9]*)?(?:" + re.escape(ARGS) + r")?\s*"
+NAMED_CALL = re.compile(NAMED_HEAD + "(.*)", re.DOTALL)
+NAMED_CALL_STARTED = re.compile(NAMED_HEAD + r"(?=\{)")  # its name is whole once its arguments begin
 
 
 class MistralFormat(ToolCallFormat):
@@ -36,6 +39,13 @@ class MistralFormat(ToolCallFormat):
     def parse_calls(self, text: str) -> list[ToolCall] | None:
         body = text.removeprefix(MARKER).lstrip()
         return parse_array(body) if body.startswith("[") else parse_named(body)
+
+    def partial_calls(self, text: str) -> list[PartialCall]:
+        body = text.removeprefix(MARKER).lstrip()
+        if body.startswith("["):
+            return call_objects(body, 1, ",")
+        started = (NAMED_CALL_STARTED.match(segment) for segment in body.split(MARKER))
+        return [PartialCall(match.group(1), object_prefix(match.string, match.end())) for match in started if match]
 
     def write(self, calls: list[ToolCall]) -> str:
         if self.named_calls:
