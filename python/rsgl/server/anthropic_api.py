@@ -15,11 +15,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rsgl._typing import JsonObject
-from rsgl.server.chat_reader import AnswerPart, AnswerParts, ChatReader
-from rsgl.server.errors import ANTHROPIC_PATH, bad_request, read_json_object
+from rsgl.server.chat_reader import AnswerPart, AnswerParts, ChatReader, whole_answer_parts
+from rsgl.server.errors import ANTHROPIC_PATH, bad_request, optional_bool, read_json_object
 from rsgl.server.native_api import EngineStream, EventDialect, EventStreamResponse, engine_of, generate_whole, json_response
 from rsgl.server.openai_api import EXTRA_SAMPLING_FIELDS, chat_request, check_model, finish_reason_of, text_steps
-from rsgl.tools import ToolCall
 
 ROLES = ("user", "assistant")
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # and {"type": "tool", "name": ...}
@@ -39,21 +38,15 @@ async def create_message(request: Request) -> Response:
     call = await chat_request(request, chat_body(body))
     header = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": engine_of(request).served_model_name}
     stops = body.get("stop_sequences") or []  # checked by chat_body
-    if body.get("stream"):
+    if optional_bool(body, "stream"):
         stream = await EngineStream.start(request, call.arguments)
         return EventStreamResponse(message_events(stream, call.chat.reader, header, stops), stream, EVENTS)
     output = await generate_whole(request, call.arguments)
     assert isinstance(output, dict)  # one prompt, one sample
     meta = output["meta_info"]
     reasoning, content, calls = call.chat.reader.fields(output["text"], finished=True)
-    return json_response(
-        {
-            **header,
-            "content": content_blocks(reasoning, content, calls),
-            **stop_fields(meta, bool(calls), stops),
-            "usage": usage(meta),
-        }
-    )
+    blocks = [content_block(part, part.text) for part in whole_answer_parts(reasoning, content, calls)]
+    return json_response({**header, "content": blocks, **stop_fields(meta, bool(calls), stops), "usage": usage(meta)})
 
 
 async def count_tokens(request: Request) -> Response:
@@ -225,18 +218,13 @@ def output_config(config: Any) -> JsonObject:
 # ---- the answer, as content blocks -------------------------------------------------------------------
 
 
-def content_blocks(reasoning: str | None, content: str, calls: list[ToolCall]) -> list[JsonObject]:
-    blocks: list[JsonObject] = []
-    if reasoning:
-        blocks.append({"type": "thinking", "thinking": reasoning, "signature": ""})
-    if content.strip() if calls else content:
-        blocks.append({"type": "text", "text": content.strip() if calls else content})
-    blocks += [tool_use(call.id, call.name, orjson.loads(call.arguments)) for call in calls]
-    return blocks
-
-
-def tool_use(call_id: str, name: str, tool_input: JsonObject) -> JsonObject:
-    return {"type": "tool_use", "id": "toolu_" + call_id.removeprefix("call_"), "name": name, "input": tool_input}
+def content_block(part: AnswerPart, text: str) -> JsonObject:
+    """The block of an answer's part holding `text` (all of it, or none yet when a stream opens it)."""
+    if part.kind == "reasoning":
+        return {"type": "thinking", "thinking": text, "signature": ""}
+    if part.kind == "text":
+        return {"type": "text", "text": text}
+    return {"type": "tool_use", "id": "toolu_" + part.call_id.removeprefix("call_"), "name": part.name, "input": orjson.loads(text) if text else {}}
 
 
 def stop_fields(meta: JsonObject, called: bool, stops: list[str]) -> JsonObject:
@@ -281,9 +269,7 @@ async def message_events(stream: EngineStream, reader: ChatReader, header: JsonO
 
 def block_event(action: str, part: AnswerPart, text: str) -> JsonObject:
     if action == "begin":
-        blocks = {"reasoning": {"type": "thinking", "thinking": "", "signature": ""}, "text": {"type": "text", "text": ""}}
-        block = tool_use(part.call_id, part.name, {}) if part.kind == "call" else blocks[part.kind]
-        return {"type": "content_block_start", "index": part.index, "content_block": block}
+        return {"type": "content_block_start", "index": part.index, "content_block": content_block(part, "")}
     if action == "add":
         deltas = {"reasoning": ("thinking_delta", "thinking"), "text": ("text_delta", "text"), "call": ("input_json_delta", "partial_json")}
         kind, field = deltas[part.kind]

@@ -114,6 +114,16 @@ class AnswerPart:
     name: str = ""
 
 
+def whole_answer_parts(reasoning: str | None, content: str, calls: list[ToolCall]) -> list[AnswerPart]:
+    """A whole answer's parts, as a stream of it gives them: the reasoning, the text (trimmed when
+    calls follow it), each call."""
+    parts = [AnswerPart("reasoning", 0, reasoning)] if reasoning else []
+    text = content.strip() if calls else content
+    if text:
+        parts.append(AnswerPart("text", len(parts), text))
+    return parts + [AnswerPart("call", len(parts) + i, call.arguments, call.id, call.name) for i, call in enumerate(calls)]
+
+
 class AnswerParts:
     """A streamed answer's chat deltas as parts in order, for the APIs that send an answer as a
     sequence of blocks or items (Anthropic's Messages, OpenAI's Responses): a part begins when the

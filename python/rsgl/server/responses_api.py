@@ -18,7 +18,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from rsgl._typing import JsonObject
-from rsgl.server.chat_reader import AnswerPart, AnswerParts, ChatDeltas
+from rsgl.server.chat_reader import AnswerPart, AnswerParts, ChatDeltas, whole_answer_parts
 from rsgl.server.errors import APIError, bad_request, optional_bool, optional_dict, optional_int, read_json_object
 from rsgl.server.native_api import EngineStream, EventDialect, EventStreamResponse, engine_of, generate_whole, json_response
 from rsgl.server.openai_api import EXTRA_SAMPLING_FIELDS, REASONING_EFFORTS, chat_request, check_model, finish_reason_of, text_steps
@@ -118,11 +118,7 @@ async def create_response(request: Request) -> Response:
         return EventStreamResponse(response_events(stream, call.chat.reader.deltas(), response, keep), stream, EVENTS)
     output = await generate_whole(request, call.arguments)
     assert isinstance(output, dict)  # one prompt, one sample
-    reasoning, content, calls = call.chat.reader.fields(output["text"], finished=True)
-    parts = [AnswerPart("reasoning", 0, reasoning)] if reasoning else []
-    if content.strip() if calls else content:
-        parts.append(AnswerPart("text", len(parts), content.strip() if calls else content))
-    parts += [AnswerPart("call", len(parts), c.arguments, c.id, c.name) for c in calls]
+    parts = whole_answer_parts(*call.chat.reader.fields(output["text"], finished=True))
     return json_response(keep(finished(response, parts, output["meta_info"])))
 
 

@@ -119,9 +119,9 @@ fn cases() -> Vec<Op> {
     ];
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ4 { m, n, k, offset: Int4Offset::Min }));
     // gpt-oss-20b's experts (gate|up, down) at decode, in MXFP4 as its checkpoints store them and
-    // in Q4_1-like blocks beside.
+    // in Q4_1-like blocks beside; and gate|up with the few rows an expert gets in a batch's step.
     for offset in [Int4Offset::Mxfp4, Int4Offset::Min] {
-        cases.extend([(1, 5760, 2880), (1, 2880, 2880)].map(|(m, n, k)| Op::GemmQ4 { m, n, k, offset }));
+        cases.extend([(1, 5760, 2880), (1, 2880, 2880), (2, 5760, 2880), (4, 5760, 2880), (8, 5760, 2880)].map(|(m, n, k)| Op::GemmQ4 { m, n, k, offset }));
     }
     cases.extend(block_shapes.map(|(m, n, k)| Op::GemmQ8 { m, n, k, bits: 8 }));
     // Gemma 3 1B's decode: its 262,144-row tied lm_head (Q8_0) and gate|up (Q5_0) at hidden 1152.

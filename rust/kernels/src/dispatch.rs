@@ -77,8 +77,8 @@ impl Int8Gemm {
 pub type AxpyFn = fn(a: f32, x: &[f32], y: &mut [f32]);
 pub type DotFn = fn(x: &[f32], y: &[f32]) -> f32;
 pub type AddRmsNormFn = fn(x: &mut [f32], delta: Option<&[f32]>, weight: &[f32], eps: f32, out: &mut [f32]);
-pub type SiluMulFn = fn(gate: &[f32], up: &[f32], out: &mut [f32]);
-pub type GeluTanhMulFn = fn(gate: &[f32], up: &[f32], out: &mut [f32]);
+/// `out = activation(gate) * up`, row by row (silu, gelu-tanh, gpt-oss's clamped SwiGLU).
+pub type GatedActivationFn = fn(gate: &[f32], up: &[f32], out: &mut [f32]);
 pub type SoftmaxFn = fn(x: &mut [f32]);
 pub type SoftcapFn = fn(x: &mut [f32], cap: f32);
 pub type RopeFn = fn(heads: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle);
@@ -104,8 +104,9 @@ pub struct Kernels {
     pub dot: DotFn,
     pub axpy: AxpyFn,
     pub add_rmsnorm: AddRmsNormFn,
-    pub silu_mul: SiluMulFn,
-    pub gelu_tanh_mul: GeluTanhMulFn,
+    pub silu_mul: GatedActivationFn,
+    pub gelu_tanh_mul: GatedActivationFn,
+    pub clamped_swiglu_mul: GatedActivationFn,
     pub softmax: SoftmaxFn,
     pub softcap: SoftcapFn,
     pub rope: RopeFn,
@@ -127,6 +128,7 @@ impl Kernels {
             add_rmsnorm: crate::portable::add_rmsnorm,
             silu_mul: crate::portable::silu_mul,
             gelu_tanh_mul: crate::portable::gelu_tanh_mul,
+            clamped_swiglu_mul: crate::portable::clamped_swiglu_mul,
             softmax: crate::portable::softmax,
             softcap: crate::portable::softcap,
             rope: crate::portable::rope,

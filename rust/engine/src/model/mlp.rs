@@ -71,8 +71,7 @@ impl GatedMlp {
         let activate = match self.activation {
             Activation::Silu => c.kernels.silu_mul,
             Activation::GeluTanh => c.kernels.gelu_tanh_mul,
-            // Scalar on every ISA (so the same bits everywhere); only gpt-oss's experts use it.
-            Activation::ClampedSwiglu => rsgl_kernels::portable::clamped_swiglu_mul,
+            Activation::ClampedSwiglu => c.kernels.clamped_swiglu_mul,
         };
         c.pool.for_chunks_mut(&mut act, inter, &|row, out| {
             let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);

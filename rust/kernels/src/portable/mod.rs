@@ -161,15 +161,19 @@ pub fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
     x.iter_mut().for_each(|v| *v *= inv);
 }
 
+/// gpt-oss's clamped SwiGLU's limit and sigmoid scale.
+pub(crate) const SWIGLU_LIMIT: f32 = 7.0;
+pub(crate) const SWIGLU_ALPHA: f32 = 1.702;
+
 /// gpt-oss's SwiGLU: `out = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 * g)` with
-/// `g = min(gate, 7)`.
+/// `g = min(gate, 7)`. A NaN gate counts as -inf and a NaN up as -7: `max` comes first, as the
+/// vector twins' `max` takes the number on every ISA (their `min` does not).
 pub fn clamped_swiglu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
-    const LIMIT: f32 = 7.0;
-    const ALPHA: f32 = 1.702;
+    assert!(gate.len() == up.len() && out.len() == gate.len());
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
-        let g = g.min(LIMIT);
-        let u = u.clamp(-LIMIT, LIMIT);
-        *o = (u + 1.0) * (g / (1.0 + exp(-ALPHA * g)));
+        let g = g.max(f32::NEG_INFINITY).min(SWIGLU_LIMIT);
+        let u = u.max(-SWIGLU_LIMIT).min(SWIGLU_LIMIT);
+        *o = (u + 1.0) * (g / (1.0 + exp(-SWIGLU_ALPHA * g)));
     }
 }
 

@@ -99,6 +99,11 @@ fn check_rows(simd: &Kernels) {
         (reference.gelu_tanh_mul)(&gate, &y, &mut o1);
         (simd.gelu_tanh_mul)(&gate, &y, &mut o2);
         same("gelu_tanh_mul", isa, &o1, &o2);
+        // Ups across the clamp too.
+        let up: Vec<f32> = y.iter().map(|v| v * 20.0).collect();
+        (reference.clamped_swiglu_mul)(&gate, &up, &mut o1);
+        (simd.clamped_swiglu_mul)(&gate, &up, &mut o2);
+        same("clamped_swiglu_mul", isa, &o1, &o2);
 
         let (mut s1, mut s2) = (gate.clone(), gate.clone());
         (reference.softmax)(&mut s1);
@@ -157,6 +162,10 @@ fn check_rows(simd: &Kernels) {
     (reference.gelu_tanh_mul)(&edges, &[1.5; 17], &mut o1);
     (simd.gelu_tanh_mul)(&edges, &[1.5; 17], &mut o2);
     same("gelu_tanh_mul at its edges", isa, &o1, &o2);
+    let with_nan = [&[f32::NAN], &edges[..16]].concat();
+    (reference.clamped_swiglu_mul)(&with_nan, &with_nan, &mut o1);
+    (simd.clamped_swiglu_mul)(&with_nan, &with_nan, &mut o2);
+    same("clamped_swiglu_mul at its edges", isa, &o1, &o2);
     let (mut c1, mut c2) = (edges.to_vec(), edges.to_vec());
     (reference.softcap)(&mut c1, 1.0);
     (simd.softcap)(&mut c2, 1.0);

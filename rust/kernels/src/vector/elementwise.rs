@@ -104,6 +104,22 @@ pub unsafe fn gelu_tanh_mul<V: F32Vector>(gate: &[f32], up: &[f32], out: &mut [f
     portable::gelu_tanh_mul(&gate[body..], &up[body..], &mut out[body..]);
 }
 
+#[inline(always)]
+pub unsafe fn clamped_swiglu_mul<V: F32Vector>(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = gate.len();
+    assert!(up.len() == n && out.len() == n);
+    let body = n / V::LANES * V::LANES;
+    let (gp, upp, op, one) = (gate.as_ptr(), up.as_ptr(), out.as_mut_ptr(), V::splat(1.0));
+    let (limit, alpha) = (V::splat(portable::SWIGLU_LIMIT), V::splat(-portable::SWIGLU_ALPHA));
+    for i in (0..body).step_by(V::LANES) {
+        let g = V::load(gp.add(i)).max(V::splat(f32::NEG_INFINITY)).min(limit);
+        let u = V::load(upp.add(i)).max(V::zero().sub(limit)).min(limit);
+        let sigmoid_g = g.div(one.add(alpha.mul(g).exp()));
+        u.add(one).mul(sigmoid_g).store(op.add(i));
+    }
+    portable::clamped_swiglu_mul(&gate[body..], &up[body..], &mut out[body..]);
+}
+
 /// [`portable::tanh`] lane by lane: both branches, then each lane takes its own.
 #[inline(always)]
 pub unsafe fn tanh<V: F32Vector>(y: V) -> V {

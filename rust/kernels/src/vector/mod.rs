@@ -100,6 +100,10 @@ macro_rules! vector_kernels {
                 ew::gelu_tanh_mul::<$v>(gate, up, out)
             }
             #[target_feature(enable = $features)]
+            unsafe fn clamped_swiglu_mul_simd(gate: &[f32], up: &[f32], out: &mut [f32]) {
+                ew::clamped_swiglu_mul::<$v>(gate, up, out)
+            }
+            #[target_feature(enable = $features)]
             unsafe fn softmax_simd(x: &mut [f32]) {
                 ew::softmax::<$v>(x)
             }
@@ -142,6 +146,7 @@ macro_rules! vector_kernels {
                     add_rmsnorm: |x, d, w, eps, out| unsafe { add_rmsnorm_simd(x, d, w, eps, out) },
                     silu_mul: |g, u, out| unsafe { silu_mul_simd(g, u, out) },
                     gelu_tanh_mul: |g, u, out| unsafe { gelu_tanh_mul_simd(g, u, out) },
+                    clamped_swiglu_mul: |g, u, out| unsafe { clamped_swiglu_mul_simd(g, u, out) },
                     softmax: |x| unsafe { softmax_simd(x) },
                     softcap: |x, cap| unsafe { softcap_simd(x, cap) },
                     rope: |h, c, s, style| unsafe { rope_simd(h, c, s, style) },
