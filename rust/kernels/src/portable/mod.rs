@@ -168,6 +168,7 @@ pub(crate) const SWIGLU_ALPHA: f32 = 1.702;
 /// gpt-oss's SwiGLU: `out = (clamp(up, -7, 7) + 1) * g * sigmoid(1.702 * g)` with
 /// `g = min(gate, 7)`. A NaN gate counts as -inf and a NaN up as -7: `max` comes first, as the
 /// vector twins' `max` takes the number on every ISA (their `min` does not).
+#[allow(clippy::manual_clamp)] // `clamp` keeps a NaN, which the vector twins cannot match
 pub fn clamped_swiglu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert!(gate.len() == up.len() && out.len() == gate.len());
     for ((o, &g), &u) in out.iter_mut().zip(gate).zip(up) {
