@@ -17,7 +17,7 @@ from rsgl.chat_template import render_chat
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.reasoning import REASONING_PARSERS, ThinkSplitter
 from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
-from rsgl.tools.partial_json import value_prefix
+from rsgl.tools.partial_json import call_object, value_prefix
 from server_helpers import API_KEY, AUTH, assert_openai_error, openai_client, running_server
 from test_loader import train_byte_level_tokenizer
 
@@ -444,6 +444,7 @@ def test_partial_json_holds_back_what_may_still_change():
     assert value_prefix('{"a": tru', 0) == ('{"a":', None)
     assert value_prefix('{"a": oops}', 0) == ('{"a":', None)  # not JSON: stops where it begins
     assert value_prefix('{"a": 99999999999999999999999}', 0) == ('{"a":', None)  # beyond what ToolCall.arguments can hold
+    assert call_object('{"na\\xme": "f", "arguments": {}}', 0, ("arguments",)) == (None, None)  # a key with a bad escape
 
 
 @pytest.mark.parametrize(

@@ -141,7 +141,10 @@ def call_object(text: str, start: int, arguments_keys: tuple[str, ...]) -> tuple
         colon = skip_whitespace(text, key_end) if key_end is not None else None
         if colon is None or not text.startswith(":", colon):
             break
-        key = json.loads(text[index:key_end])
+        try:
+            key = json.loads(text[index:key_end])
+        except ValueError:  # a key that is not a JSON string (a bad escape): not a call's object
+            break
         value_start = skip_whitespace(text, colon + 1)
         value, end = value_prefix(text, value_start)
         if key == "name" and end is not None:
