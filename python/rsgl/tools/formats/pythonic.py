@@ -63,7 +63,7 @@ def arguments_rule(items: list[tuple[str, bool]]) -> tuple[str, bool]:
 def calls_in(text: str) -> list[ToolCall] | None:
     try:
         tree = ast.parse(text, mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError):  # not Python, a NUL byte, nesting too deep
         return None
     return all_parsed([call_of(node) for node in tree.elts]) if isinstance(tree, ast.List) and tree.elts else None
 
