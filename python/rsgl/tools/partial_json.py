@@ -13,6 +13,7 @@ import orjson
 
 SCALAR = re.compile(r"-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null")
 WHITESPACE = " \t\n\r"
+SCALAR_ENDS = frozenset(",}]" + WHITESPACE)  # what shows a number or constant is whole
 MAX_ESCAPE = 12  # the longest escape a string's tail may be cut inside: a surrogate pair, \uXXXX\uXXXX
 
 
@@ -42,7 +43,9 @@ def string_end(text: str, start: int) -> int | None:
     """The index after the string opened at `start` (a quote), or None if it is not closed yet."""
     index = start + 1
     while (index := text.find('"', index)) >= 0:
-        backslashes = len(text[start + 1 : index]) - len(text[start + 1 : index].rstrip("\\"))
+        backslashes = 0  # counted back from the quote: an odd number escapes it
+        while text[index - 1 - backslashes] == "\\":
+            backslashes += 1
         if backslashes % 2 == 0:
             return index + 1
         index += 1
@@ -99,7 +102,7 @@ def value_prefix(text: str, start: int) -> tuple[str, int | None]:
             index = end
         else:
             match = SCALAR.match(text, index)
-            whole = match is not None and text[match.end() : match.end() + 1] in tuple(",}]" + WHITESPACE)
+            whole = match is not None and text[match.end() : match.end() + 1] in SCALAR_ENDS
             if match is None or not whole or (piece := parse_canonical(match.group())) is None:
                 break
             out.append(piece)
