@@ -162,6 +162,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "sliding_window": None,
         "activation": "silu",
         "norm_weight_offset": 0.0,
+        "gated_delta_net": None,
     }
 
 
@@ -566,6 +567,7 @@ def test_default_model_config(default_model):
         "sliding_window": None,
         "activation": "silu",
         "norm_weight_offset": 0.0,
+        "gated_delta_net": None,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False

@@ -21,6 +21,17 @@ NUL = "\u0100"  # byte 0 in the byte-level BPE alphabet
 
 PHI3_ROPE = dict(rope_theta=10000.0, partial_rotary_factor=0.5)  # 8 rotary dims: 4 frequencies
 
+HYBRID = dict(
+    num_hidden_layers=5,
+    head_dim=16,
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention", "linear_attention"],
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+)
+
 # Per family: the transformers model_type, and what differs from TINY.
 OVERRIDES = {
     # Layers 0 and 2 slide, 1 and 3 are global. query_pre_attn_scalar stays head_dim: llama.cpp assumes so (GGUF has no field for it).
@@ -81,6 +92,19 @@ OVERRIDES = {
             rope_type="yarn", rope_theta=150000.0, factor=4.0, original_max_position_embeddings=64, beta_fast=32.0, beta_slow=1.0, truncate=False
         ),
     ),
+    # Gated DeltaNet in layers 0-2 and 4 (a q/k head shared by two value heads, value heads narrower than keys),
+    # gated attention in layer 3 (4 of its 16 dims rotary).
+    "qwen3_5": dict(model_type="qwen3_5_text", **HYBRID),
+    # The same with 4 experts (2 per token) beside a gated shared expert in every layer.
+    "qwen3_next": dict(
+        model_type="qwen3_next",
+        **HYBRID,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+        norm_topk_prob=True,
+    ),
     # A family rsgl does not run (LayerNorm, an ungated MLP): it must be refused with a clear error.
     "starcoder2": dict(model_type="starcoder2"),
 }
@@ -96,7 +120,12 @@ FAMILY_INITS = {
     "gemma2": {"embed_tokens.weight": (0.0, 0.05), "q_proj.weight": (0.0, 0.45)},
     "gemma3": {"embed_tokens.weight": (0.0, 0.05), "q_norm.weight": (2.0, 0.1)},  # q scaled by 1 + 2: q_norm flattens a larger q_proj
     "gpt_oss": {"gate_up_proj": (0.0, 0.6), "_proj_bias": (0.0, 0.15), "sinks": (1.0, 1.0)},
+    # The DeltaNet's gated norm scales by its weight (the other norms by 1 + weight).
+    "qwen3_5": {"linear_attn.norm.weight": (1.0, 0.1)},
+    "qwen3_next": {"linear_attn.norm.weight": (1.0, 0.1)},
 }
+# Families whose RMS norms scale by (1 + weight).
+ZERO_CENTERED_NORMS = ("gemma2", "gemma3", "qwen3_5", "qwen3_next")
 
 
 def zoo_tokenizer() -> Tokenizer:
@@ -120,7 +149,7 @@ def build_family(family: str, path, special_tokens: tuple[str, ...] = (), **conf
     config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": tokenizer.get_vocab_size(), "pad_token_id": 0, **overrides})
     torch.manual_seed(sum(map(ord, family)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
-    neutral = 0.0 if family.startswith("gemma") else 1.0  # Gemma's RMSNorm scales by (1 + weight)
+    neutral = 0.0 if family in ZERO_CENTERED_NORMS else 1.0
     inits = {**FAMILY_INITS.get(family, {}), "norm.weight": (neutral, 0.1), ".bias": (0.0, config.initializer_range)}
     with torch.no_grad():
         for name, weight in model.named_parameters():

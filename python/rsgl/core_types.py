@@ -85,6 +85,7 @@ class EngineOptions(TypedDict, total=False):
     hicache_dir: str | None
     hicache_size_gb: float
     swa_full_tokens_ratio: float
+    max_mamba_cache_size: int | None
 
 
 class TopLogprob(TypedDict):
@@ -179,6 +180,9 @@ class EngineStats(TypedDict):
     kv_window_pages_free: int
     window_cached_pages: int
     sliding_window: int
+    state_slots_total: int
+    state_slots_free: int
+    state_slot_bytes: int
     prompt_tokens: int
     cache_hit_tokens: int
     cache_hit_rate: float

@@ -99,6 +99,9 @@ class Engine:
     `default_kv_cache_dtype` of the weights),
     `swa_full_tokens_ratio` (for models with sliding-window layers, which keep only their window's KV in pages of their
     own: tokens of that pool per token of the global layers' pool, the budget split to give both; default 0.8),
+    `max_mamba_cache_size` (for models with recurrent layers, Qwen3.5 and Qwen3-Next: how many requests hold a
+    recurrent state at once; default one per running request within half of `kv_cache_memory_gb`, which the states
+    come out of),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
     core; default True), `tp_size` (tensor parallelism inside the engine: each of `tp_size` ranks holds a slice of
     every layer and the KV cache of its kv heads, on its own share of the threads, one NUMA node each where there are
@@ -181,6 +184,7 @@ class Engine:
         hicache_dir: str | os.PathLike[str] | None = None,
         hicache_size_gb: float = 16.0,
         swa_full_tokens_ratio: float = 0.8,
+        max_mamba_cache_size: int | None = None,
     ) -> None:
         if quantization not in QUANTIZATIONS:
             raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
@@ -232,6 +236,7 @@ class Engine:
             "hicache_dir": None if hicache_dir is None else os.fspath(hicache_dir),
             "hicache_size_gb": hicache_size_gb,
             "swa_full_tokens_ratio": swa_full_tokens_ratio,
+            "max_mamba_cache_size": max_mamba_cache_size,
         }
         store = self.model.open_weights()
         store.show_progress(progress)

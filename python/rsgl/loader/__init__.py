@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 import numpy as np
 from tokenizers import Tokenizer
@@ -130,6 +130,17 @@ class MoeConfig(TypedDict):
     shared_expert_intermediate_size: int | None
 
 
+class GatedDeltaNet(TypedDict):
+    """The Gated DeltaNet layers of a hybrid model (Qwen3.5, Qwen3-Next) and their shape."""
+
+    layers: list[int]
+    key_heads: int
+    value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel: int
+
+
 class ModelConfig(TypedDict):
     """The config the Rust core reads, as it normalizes a checkpoint's (`_core.normalize_hf_config`,
     `_core.gguf_config`)."""
@@ -157,6 +168,7 @@ class ModelConfig(TypedDict):
     sliding_window: SlidingWindow | None
     activation: Literal["silu", "gelu_tanh"]  # the gated MLP's
     norm_weight_offset: float  # added to every RMS norm weight as stored (Gemma's norms scale by 1 + w)
+    gated_delta_net: GatedDeltaNet | None  # layers with a recurrent state in place of attention
 
 
 @dataclass
@@ -307,27 +319,17 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4
     them stored as MXFP4, see `_stacked_experts_where_stored`)."""
     found = set(found)
     hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
-    head_dim = config["head_dim"]
-    q_rows = config["num_attention_heads"] * head_dim
-    kv_rows = config["num_key_value_heads"] * head_dim
     assembly = _ASSEMBLIES[config["architecture"]]
     norms = [name for sublayer in ("attention", "mlp") for name in (assembly[sublayer]["pre"], assembly[sublayer]["post"]) if name]
-    qk_norm = {"per_head": (head_dim, head_dim), "all_heads": (q_rows, kv_rows)}.get(assembly["qk_norm"])
+    net = config.get("gated_delta_net")
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         shapes.update({f"{prefix}{name}.weight": (hidden,) for name in norms})
-        for proj, rows in (("q", q_rows), ("k", kv_rows), ("v", kv_rows)):
-            shapes[prefix + f"self_attn.{proj}_proj.weight"] = (rows, hidden)
-            if config["attention_bias"]:
-                shapes[prefix + f"self_attn.{proj}_proj.bias"] = (rows,)
-        shapes[prefix + "self_attn.o_proj.weight"] = (hidden, q_rows)
-        # Read where the checkpoint has them (gpt-oss): o_proj's bias and a sink logit per q head.
-        optional = {prefix + "self_attn.o_proj.bias": (hidden,), prefix + "self_attn.sinks": (config["num_attention_heads"],)}
-        shapes.update({name: shape for name, shape in optional.items() if name in found})
-        if qk_norm:
-            shapes[prefix + "self_attn.q_norm.weight"] = (qk_norm[0],)
-            shapes[prefix + "self_attn.k_norm.weight"] = (qk_norm[1],)
+        if net and layer in net["layers"]:
+            shapes.update(_delta_net_shapes(prefix + "linear_attn.", net, hidden, found))
+        else:
+            shapes.update(_attention_shapes(prefix + "self_attn.", config, assembly, found))
         if config["moe"]:
             shapes.update(_moe_shapes(prefix, config["moe"], config))
         else:
@@ -336,6 +338,51 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
     return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config, set(mxfp4))
+
+
+def _attention_shapes(prefix: str, config: ModelConfig, assembly: dict[str, Any], found: set[str]) -> dict[str, tuple[int, ...]]:
+    """An attention sublayer's tensors (`prefix`: `model.layers.{i}.self_attn.`)."""
+    hidden, head_dim = config["hidden_size"], config["head_dim"]
+    q_rows = config["num_attention_heads"] * head_dim
+    kv_rows = config["num_key_value_heads"] * head_dim
+    shapes: dict[str, tuple[int, ...]] = {}
+    # With an output gate, q_proj gives each head's gate after its q.
+    gated_q_rows = 2 * q_rows if assembly["attention_output_gate"] else q_rows
+    for proj, rows in (("q", gated_q_rows), ("k", kv_rows), ("v", kv_rows)):
+        shapes[prefix + f"{proj}_proj.weight"] = (rows, hidden)
+        if config["attention_bias"]:
+            shapes[prefix + f"{proj}_proj.bias"] = (rows,)
+    shapes[prefix + "o_proj.weight"] = (hidden, q_rows)
+    # Read where the checkpoint has them (gpt-oss): o_proj's bias and a sink logit per q head.
+    optional = {prefix + "o_proj.bias": (hidden,), prefix + "sinks": (config["num_attention_heads"],)}
+    shapes.update({name: shape for name, shape in optional.items() if name in found})
+    qk_norm = {"per_head": (head_dim, head_dim), "all_heads": (q_rows, kv_rows)}.get(assembly["qk_norm"])
+    if qk_norm:
+        shapes[prefix + "q_norm.weight"] = (qk_norm[0],)
+        shapes[prefix + "k_norm.weight"] = (qk_norm[1],)
+    return shapes
+
+
+def _delta_net_shapes(prefix: str, net: GatedDeltaNet, hidden: int, found: set[str]) -> dict[str, tuple[int, ...]]:
+    """A Gated DeltaNet sublayer's tensors (`prefix`: `model.layers.{i}.linear_attn.`), with its input
+    projections as Qwen3.5 stores them, or fused by key head as Qwen3-Next does."""
+    keys, values = net["key_heads"] * net["key_head_dim"], net["value_heads"] * net["value_head_dim"]
+    channels = 2 * keys + values
+    if prefix + "in_proj_qkvz.weight" in found:
+        projections = {"in_proj_qkvz": channels + values, "in_proj_ba": 2 * net["value_heads"]}
+    else:
+        projections = {"in_proj_qkv": channels, "in_proj_z": values, "in_proj_b": net["value_heads"], "in_proj_a": net["value_heads"]}
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}{name}.weight": (rows, hidden) for name, rows in projections.items()}
+    shapes.update(
+        {
+            prefix + "out_proj.weight": (hidden, values),
+            prefix + "conv1d.weight": (channels, 1, net["conv_kernel"]),
+            prefix + "A_log": (net["value_heads"],),
+            prefix + "dt_bias": (net["value_heads"],),
+            prefix + "norm.weight": (net["value_head_dim"],),
+        }
+    )
+    return shapes
 
 
 def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> dict[str, tuple[int, ...]]:

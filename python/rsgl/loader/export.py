@@ -26,10 +26,11 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     """A transformers config.json from the loader's normalized config."""
     config: JsonObject = dict(model.config)
     architecture = config.pop("architecture")
-    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim")]
-    if layout != [None, "silu", 0.0, None]:
+    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim", "gated_delta_net")]
+    if layout != [None, "silu", 0.0, None, None]:
         raise UnsupportedModelError(
-            f"rsgl cannot write {architecture} checkpoints yet (sliding windows, GeGLU, offset norms, partial rotary); quantize them at load instead."
+            f"rsgl cannot write {architecture} checkpoints yet (sliding windows, GeGLU, offset norms, partial rotary, recurrent "
+            "layers); quantize them at load instead."
         )
     config.pop("qk_norm")  # implied by the architecture (qwen3, qwen3_moe)
     config.pop("pooling")  # sentence-transformers' files carry it, not config.json

@@ -45,6 +45,11 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "help": "for models with sliding-window layers (Gemma 2 and 3): tokens of the sliding layers' window pages per token of "
         "the global layers' pages, the KV budget split to give both (default 0.8)",
     },
+    "--max-mamba-cache-size": {
+        "type": int,
+        "help": "for models with recurrent layers (Qwen3.5, Qwen3-Next): requests holding a recurrent state at once (default: one "
+        "per running request within half the KV budget, which the states come out of)",
+    },
     "--hicache-dir": {
         "help": "keep every computed KV page also in a file in this folder (the prefix cache's disk tier): prompts whose "
         "prefix memory no longer holds read it back instead of recomputing it, also after a restart (default: off)",

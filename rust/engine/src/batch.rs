@@ -63,7 +63,14 @@ impl Batch {
             .iter()
             .map(|e| {
                 let seq = &running[e.index];
-                SeqChunk { tokens: &seq.tokens[e.start..e.end], start_pos: e.start, pages: &seq.kv.pages, window_pages: &seq.kv.window, rows: e.rows.clone() }
+                SeqChunk {
+                    tokens: &seq.tokens[e.start..e.end],
+                    start_pos: e.start,
+                    pages: &seq.kv.pages,
+                    window_pages: &seq.kv.window,
+                    rows: e.rows.clone(),
+                    state_slot: seq.kv.state_slot.map(|slot| slot as usize),
+                }
             })
             .collect()
     }

@@ -68,6 +68,38 @@ pub struct ModelConfig {
     /// Face checkpoints store `w` (llama.cpp's converter stores `1 + w`).
     #[serde(default, serialize_with = "as_written")]
     pub norm_weight_offset: f32,
+    /// Layers whose token mixer is a Gated DeltaNet in place of attention (Qwen3-Next, Qwen3.5):
+    /// a fixed-size state per sequence instead of KV pages.
+    #[serde(default)]
+    pub gated_delta_net: Option<GatedDeltaNet>,
+}
+
+/// The shape of Gated DeltaNet layers: a short causal convolution over q, k and v, then the gated
+/// delta rule (`rsgl_kernels::delta_rule`) per value head, each group of value heads sharing a
+/// key head.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct GatedDeltaNet {
+    pub layers: Vec<usize>,
+    pub key_heads: usize,
+    pub value_heads: usize,
+    pub key_head_dim: usize,
+    pub value_head_dim: usize,
+    /// Taps of the causal convolution (the state keeps the last `conv_kernel - 1` inputs).
+    pub conv_kernel: usize,
+}
+
+impl GatedDeltaNet {
+    /// Channels of the convolution: q, k and v side by side.
+    pub fn conv_channels(&self) -> usize {
+        2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim
+    }
+
+    /// Values of one layer's state of one sequence: the convolution's window, then the delta
+    /// rule's `[key_head_dim][value_head_dim]` matrix per value head.
+    pub fn state_len(&self) -> usize {
+        self.conv_channels() * (self.conv_kernel - 1) + self.value_heads * self.key_head_dim * self.value_head_dim
+    }
 }
 
 /// Sliding-window attention in some layers: the query at position `p` sees positions
@@ -294,6 +326,12 @@ impl ModelConfig {
         if self.scales.query_temperature.is_some_and(|temperature| temperature.length == 0) {
             return Err(EngineError::ModelLoad("model config: the query temperature's length must be positive".into()));
         }
+        if let Some(net) = &self.gated_delta_net {
+            let shape = [net.key_heads, net.value_heads, net.key_head_dim, net.value_head_dim, net.conv_kernel];
+            if shape.contains(&0) || !net.value_heads.is_multiple_of(net.key_heads) || net.layers.iter().any(|&layer| layer >= self.num_hidden_layers) {
+                return Err(EngineError::ModelLoad(format!("model config: Gated DeltaNet layers {net:?} of {} are not usable", self.num_hidden_layers)));
+            }
+        }
         if let Some(window) = &self.sliding_window {
             if window.size == 0 || window.layers.iter().any(|&layer| layer >= self.num_hidden_layers) {
                 return Err(EngineError::ModelLoad(format!(
@@ -318,9 +356,24 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
+    /// Whether `layer` keeps a recurrent state in place of KV pages.
+    pub fn is_recurrent(&self, layer: usize) -> bool {
+        self.gated_delta_net.as_ref().is_some_and(|net| net.layers.contains(&layer))
+    }
+
+    /// The layers that attend (and keep KV pages).
+    pub fn attention_layers(&self) -> usize {
+        self.num_hidden_layers - self.gated_delta_net.as_ref().map_or(0, |net| net.layers.len())
+    }
+
     /// Bytes of K and V one token occupies in the cache, over all layers.
     pub fn kv_bytes_per_token(&self, dtype: KvCacheDtype) -> usize {
-        2 * self.num_hidden_layers * self.num_key_value_heads * dtype.row_bytes(self.head_dim)
+        2 * self.attention_layers() * self.num_key_value_heads * dtype.row_bytes(self.head_dim)
+    }
+
+    /// Bytes of one sequence's recurrent state over all layers (float32); 0 without such layers.
+    pub fn state_bytes(&self) -> usize {
+        self.gated_delta_net.as_ref().map_or(0, |net| net.layers.len() * net.state_len() * std::mem::size_of::<f32>())
     }
 }
 
@@ -483,6 +536,10 @@ pub struct EngineOptions {
     /// Where the model's sliding layers keep only their window's KV (in window pages of their
     /// own), how many tokens their pool holds per token of the global layers' pool.
     pub swa_full_tokens_ratio: f64,
+    /// For models with recurrent layers (Gated DeltaNet): how many sequences hold a state at
+    /// once (SGLang's name); by default one per running request within half of
+    /// `kv_cache_memory_gb`, which the states' bytes come out of.
+    pub max_mamba_cache_size: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -514,6 +571,7 @@ impl Default for EngineOptions {
             hicache_dir: None,
             hicache_size_gb: 16.0,
             swa_full_tokens_ratio: 0.8,
+            max_mamba_cache_size: None,
         }
     }
 }
@@ -531,6 +589,7 @@ impl EngineOptions {
             ("max_running_requests", opts.max_running_requests),
             ("chunked_prefill_size", opts.chunked_prefill_size),
             ("speculative_num_draft_tokens", opts.speculative_num_draft_tokens),
+            ("max_mamba_cache_size", opts.max_mamba_cache_size.unwrap_or(1)),
         ];
         if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));
@@ -581,17 +640,33 @@ impl EngineOptions {
     /// of every layer; with a [`Self::paged_window`], of the global layers, beside
     /// `swa_full_tokens_ratio` as many (at least one request's window) of the sliding ones.
     pub fn kv_pools(&self, cfg: &ModelConfig) -> Pools {
-        let budget = self.kv_cache_memory_gb * (1u64 << 30) as f64;
+        let state_slots = self.state_slots(cfg);
+        // The recurrent states come out of the budget first.
+        let budget = (self.kv_cache_memory_gb * (1u64 << 30) as f64 - (state_slots * cfg.state_bytes()) as f64).max(0.0);
         let Some(window) = self.paged_window(cfg) else {
             let tokens = self.max_total_tokens.unwrap_or_else(|| (budget / cfg.kv_bytes_per_token(self.kv_cache_dtype) as f64) as usize);
-            return Pools { pages: tokens.div_ceil(self.page_size), window_pages: None };
+            return Pools { pages: tokens.div_ceil(self.page_size), window_pages: None, state_slots };
         };
-        let layer_bytes = (cfg.kv_bytes_per_token(self.kv_cache_dtype) / cfg.num_hidden_layers) as f64;
+        let layer_bytes = (cfg.kv_bytes_per_token(self.kv_cache_dtype) / cfg.attention_layers()) as f64;
         let (sliding, ratio) = (window.layers.len() as f64, self.swa_full_tokens_ratio);
-        let global = cfg.num_hidden_layers as f64 - sliding;
+        let global = cfg.attention_layers() as f64 - sliding;
         let tokens = self.max_total_tokens.unwrap_or_else(|| (budget / (layer_bytes * (global + ratio * sliding))) as usize);
         let window_tokens = (tokens as f64 * ratio) as usize;
         let one_request = window_pages_per_request(window.size, self.page_size, self.max_draft_tokens());
-        Pools { pages: tokens.div_ceil(self.page_size), window_pages: Some(window_tokens.div_ceil(self.page_size).max(one_request)) }
+        Pools { pages: tokens.div_ceil(self.page_size), window_pages: Some(window_tokens.div_ceil(self.page_size).max(one_request)), state_slots }
+    }
+
+    /// How many sequences can hold a recurrent state at once (0 for models without recurrent
+    /// layers): `max_mamba_cache_size`, else one per running request, within half the memory
+    /// budget (at least one).
+    pub fn state_slots(&self, cfg: &ModelConfig) -> usize {
+        let bytes = cfg.state_bytes();
+        if bytes == 0 {
+            return 0;
+        }
+        self.max_mamba_cache_size.unwrap_or_else(|| {
+            let half_budget = self.kv_cache_memory_gb * (1u64 << 29) as f64;
+            self.max_running_requests.min((half_budget / bytes as f64) as usize).max(1)
+        })
     }
 }

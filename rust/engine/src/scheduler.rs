@@ -19,7 +19,7 @@ use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
 use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash, PageRecord};
 use crate::kv::window::{covered_pages, first_window_page, window_pages_per_request, NO_PAGE};
-use crate::kv::{Freed, KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache};
+use crate::kv::{Freed, KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache, StateSlots};
 use crate::policy::{admission_order, SchedulePolicy};
 use crate::sequence::{SeqKv, Sequence};
 use std::collections::VecDeque;
@@ -75,6 +75,8 @@ pub(crate) struct Scheduler {
     running: Vec<Sequence>,
     pool: PagePool,
     window: Option<WindowPool>,
+    /// Recurrent-state slots, for a model with recurrent layers: a running request holds one.
+    states: Option<StateSlots>,
     cache: Box<dyn PrefixCache>,
     disk: Option<DiskTier>,
     policy: SchedulePolicy,
@@ -95,6 +97,7 @@ pub(crate) struct SchedulerCounts {
     pub window_free_pages: usize,
     /// Window pages the cache keeps that no request reads.
     pub window_cached_pages: usize,
+    pub state_slots_free: usize,
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub retractions: u64,
@@ -102,9 +105,12 @@ pub(crate) struct SchedulerCounts {
 }
 
 impl Scheduler {
-    pub fn new(pool: PagePool, window: Option<WindowPool>, opts: &EngineOptions, disk: Option<DiskTier>) -> Self {
+    /// `state_slots`: how many requests can hold a recurrent state (0: the model has no
+    /// recurrent layers).
+    pub fn new(pool: PagePool, window: Option<WindowPool>, state_slots: usize, opts: &EngineOptions, disk: Option<DiskTier>) -> Self {
         let cache: Box<dyn PrefixCache> = match &window {
-            _ if opts.disable_radix_cache => Box::new(NoPrefixCache),
+            // A recurrent layer's state is not in the pages: a cached prefix cannot resume it.
+            _ if opts.disable_radix_cache || state_slots > 0 => Box::new(NoPrefixCache),
             Some(window) => Box::new(RadixCache::windowed(pool.page_size(), window.window)),
             None => Box::new(RadixCache::new(pool.page_size())),
         };
@@ -113,6 +119,7 @@ impl Scheduler {
             running: Vec::new(),
             pool,
             window,
+            states: (state_slots > 0).then(|| StateSlots::new(state_slots)),
             cache,
             disk,
             policy: opts.schedule_policy,
@@ -170,6 +177,7 @@ impl Scheduler {
             cached_pages: self.cache.cached_pages(),
             window_free_pages: self.window.as_ref().map_or(0, |w| w.pool.free_pages()),
             window_cached_pages: self.cache.evictable_window_pages(),
+            state_slots_free: self.states.as_ref().map_or(0, StateSlots::free),
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
@@ -309,6 +317,9 @@ impl Scheduler {
             if self.window.as_ref().is_some_and(|w| w.pool.num_pages() < w.per_request * (self.running.len() + 1)) {
                 break; // every running request may hold a window's pages at once
             }
+            if self.states.as_ref().is_some_and(|states| states.free() == 0) {
+                break;
+            }
             let seq = slots[i].as_mut().expect("each index once");
             let cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
             let chain = self.disk_chain(seq, cached.pages.len());
@@ -371,6 +382,7 @@ impl Scheduler {
                 }
             }
             budget = budget.saturating_sub(seq.tokens.len() - matched);
+            seq.kv.state_slot = self.states.as_mut().map(|states| states.take().expect("checked free above"));
             self.running.push(seq);
         }
         self.waiting = slots.into_iter().flatten().collect();
@@ -479,6 +491,9 @@ impl Scheduler {
         self.give_back(Freed { pages: tail, window: window_tail.into_iter().filter(|&p| p != NO_PAGE).collect() });
         if let Some(node) = kv.cache_node.take() {
             self.cache.unlock(node);
+        }
+        if let (Some(states), Some(slot)) = (&mut self.states, kv.state_slot.take()) {
+            states.give_back(slot);
         }
         kv.reset();
     }

@@ -9,6 +9,7 @@
 //! Kernels are single-threaded: splitting work across threads is the caller's job, and a kernel
 //! computes an output element the same way whatever the batch or the split.
 
+pub mod delta_rule;
 pub mod dispatch;
 pub mod int4;
 pub mod int8;

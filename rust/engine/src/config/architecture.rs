@@ -2,7 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{gemma, glm4, gpt_oss, llama, olmo2, Assembly};
+use crate::model::archs::{gemma, glm4, gpt_oss, llama, olmo2, qwen3_next, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -132,6 +132,15 @@ pub const ARCHITECTURES: &[Architecture] = &[
         // OpenAI's configs set `truncate: false`.
         yarn_truncates: false,
         moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
+        ..PLAIN
+    },
+    // Qwen3.5's language model (its vision-language checkpoints' `text_config`).
+    Architecture { name: "qwen3_5_text", hf_class: "Qwen3_5ForCausalLM", assembly: qwen3_next::QWEN3_NEXT, ..PLAIN },
+    Architecture {
+        name: "qwen3_next",
+        hf_class: "Qwen3NextForCausalLM",
+        assembly: qwen3_next::QWEN3_NEXT,
+        moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
         ..PLAIN
     },
 ];

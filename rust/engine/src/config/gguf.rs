@@ -83,6 +83,7 @@ impl ModelConfig {
             activation: architecture.assembly.activation,
             // llama.cpp's converter stores Gemma's norm weights as the `1 + w` they scale by.
             norm_weight_offset: 0.0,
+            gated_delta_net: None,
         };
         config.validate()?;
         Ok(config)

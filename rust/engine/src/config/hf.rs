@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{Activation, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
+use super::{Activation, GatedDeltaNet, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -55,6 +55,7 @@ impl ModelConfig {
             sliding_window: sliding_window(&hf, architecture, num_hidden_layers)?,
             activation: activation(&hf, architecture)?,
             norm_weight_offset: architecture.assembly.norm_weight_offset,
+            gated_delta_net: gated_delta_net(&hf, num_hidden_layers)?,
         };
         config.validate()?;
         Ok(config)
@@ -286,6 +287,27 @@ fn sliding_window(hf: &Keys, architecture: &Architecture, layers: usize) -> Resu
         None => hf.number("rope_local_base_freq")?.or(architecture.local_rope_theta),
     };
     Ok((!sliding.is_empty()).then_some(SlidingWindow { size, layers: sliding, rope_theta }))
+}
+
+/// Qwen3-Next's and Qwen3.5's Gated DeltaNet layers: the `linear_attention` ones of
+/// `layer_types`, else all but every `full_attention_interval`th.
+fn gated_delta_net(hf: &Keys, layers: usize) -> Result<Option<GatedDeltaNet>> {
+    let linear: Vec<usize> = match (hf.set("layer_types").and_then(Value::as_array), hf.optional_count("full_attention_interval")?) {
+        (Some(kinds), _) => kinds.iter().enumerate().filter(|(_, kind)| kind.as_str() == Some("linear_attention")).map(|(layer, _)| layer).collect(),
+        (None, Some(every)) => SlidingWindow::all_but_every(every, layers),
+        (None, None) => Vec::new(),
+    };
+    if linear.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(GatedDeltaNet {
+        layers: linear,
+        key_heads: hf.count("linear_num_key_heads")?,
+        value_heads: hf.count("linear_num_value_heads")?,
+        key_head_dim: hf.count("linear_key_head_dim")?,
+        value_head_dim: hf.count("linear_value_head_dim")?,
+        conv_kernel: hf.count("linear_conv_kernel_dim")?,
+    }))
 }
 
 /// SmolLM3's `no_rope_layers` (1: the layer uses rope, 0: it does not), as the layers without.

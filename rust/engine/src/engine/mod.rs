@@ -134,6 +134,18 @@ impl Engine {
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
         let pooling = cfg.pooling.unwrap_or_default();
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
+        if cfg.gated_delta_net.is_some() {
+            // Their states are not in the pages the disk tier and the drafts' rollback work on.
+            if opts.hicache_dir.is_some() {
+                return Err(invalid(format!("{} models keep recurrent state the disk tier cannot store yet: leave hicache_dir unset", cfg.architecture)));
+            }
+            if opts.speculative_algorithm.is_some() {
+                return Err(invalid(format!(
+                    "{} models keep recurrent state that rejected draft tokens cannot be rolled back from yet: leave speculative_algorithm unset",
+                    cfg.architecture
+                )));
+            }
+        }
         let fingerprint = opts.hicache_dir.as_ref().map(|_| cache_fingerprint(&cfg, &weights, &opts));
         let model = DecoderModel::new(cfg, weights, context_length, precision, output, computes)?;
         let pools = opts.kv_pools(model.config());
@@ -162,7 +174,10 @@ impl Engine {
             kv_window_pages_total: pools.window_pages.unwrap_or_default(),
             kv_window_pages_free: pools.window_pages.unwrap_or_default(),
             sliding_window: window,
-            radix_cache: !opts.disable_radix_cache,
+            state_slots_total: pools.state_slots,
+            state_slots_free: pools.state_slots,
+            state_slot_bytes: model.config().state_bytes(),
+            radix_cache: !opts.disable_radix_cache && pools.state_slots == 0,
             page_size: opts.page_size,
             max_total_tokens: num_pages * opts.page_size,
             context_length,
@@ -183,6 +198,7 @@ impl Engine {
             scheduler: Scheduler::new(
                 PagePool::new(num_pages, opts.page_size),
                 pools.window_pages.map(|pages| WindowPool::new(PagePool::new(pages, opts.page_size), window, opts.max_draft_tokens())),
+                pools.state_slots,
                 &opts,
                 disk,
             ),

@@ -308,6 +308,7 @@ impl Worker {
         s.kv_pages_free = counts.free_pages;
         s.cached_pages = counts.cached_pages;
         s.kv_window_pages_free = counts.window_free_pages;
+        s.state_slots_free = counts.state_slots_free;
         s.window_cached_pages = counts.window_cached_pages;
         s.prompt_tokens = counts.admitted_prompt_tokens;
         s.cache_hit_tokens = counts.cache_hit_tokens;

@@ -4,6 +4,7 @@
 //! and kv head. Where the sliding layers have a pool of their own, their storage is indexed by
 //! window pages ([`super::window`]) and holds that pool's pages only.
 
+use super::state::RecurrentStates;
 use super::window::NO_PAGE;
 use crate::config::{KvCacheDtype, ModelConfig};
 use rsgl_kernels::memory::HugePageBuffer;
@@ -80,22 +81,29 @@ pub struct KvPart {
     values: Vec<Store>,
     /// Per layer: whether its pages are window pages.
     windowed: Vec<bool>,
+    /// The recurrent layers' states (they have no pages).
+    pub states: RecurrentStates,
 }
 
 impl KvPart {
     fn new(cfg: &ModelConfig, pools: Pools, page_size: usize, dtype: KvCacheDtype, kv_heads: usize) -> KvPart {
         let windowed: Vec<bool> = (0..cfg.num_hidden_layers).map(|layer| pools.window_pages.is_some() && cfg.is_sliding(layer)).collect();
-        let store = |&windowed: &bool| {
-            let pages = if windowed { pools.window_pages.unwrap_or_default() } else { pools.pages };
+        let store = |(layer, &windowed): (usize, &bool)| {
+            let pages = match windowed {
+                _ if cfg.is_recurrent(layer) => 0,
+                true => pools.window_pages.unwrap_or_default(),
+                false => pools.pages,
+            };
             Store::new(dtype, pages * page_size * kv_heads * cfg.head_dim, cfg.head_dim)
         };
         KvPart {
             page_size,
             kv_heads,
             head_dim: cfg.head_dim,
-            keys: windowed.iter().map(store).collect(),
-            values: windowed.iter().map(store).collect(),
+            keys: windowed.iter().enumerate().map(store).collect(),
+            values: windowed.iter().enumerate().map(store).collect(),
             windowed,
+            states: RecurrentStates::new(cfg, pools.state_slots),
         }
     }
 
@@ -146,6 +154,8 @@ pub struct Pools {
     pub pages: usize,
     /// Window pages of the sliding layers, when they keep only their window's KV.
     pub window_pages: Option<usize>,
+    /// Recurrent states (one per sequence holding one) of the recurrent layers; 0 without.
+    pub state_slots: usize,
 }
 
 /// Every page's K and V, held in one part per tensor-parallel rank (one part without).
@@ -255,7 +265,7 @@ mod tests {
     #[test]
     fn a_windowed_layer_keeps_its_part_of_a_page_in_its_window_page() {
         let cfg = tiny_config(true);
-        let pools = Pools { pages: 3, window_pages: Some(2) };
+        let pools = Pools { pages: 3, window_pages: Some(2), state_slots: 0 };
         let mut kv = KvCache::new(&cfg, pools, 2, KvCacheDtype::Float32, &[2]);
         let part = &mut kv.parts_mut()[0];
         assert!(part.is_windowed(0) && !part.is_windowed(1));
@@ -283,7 +293,7 @@ mod tests {
         let cfg = tiny_config(false);
         for dtype in [KvCacheDtype::Float32, KvCacheDtype::Bfloat16, KvCacheDtype::Int8] {
             // Two parts, one kv head each, as a tensor-parallel pair holds them.
-            let mut kv = KvCache::new(&cfg, Pools { pages: 3, window_pages: None }, 2, dtype, &[1, 1]);
+            let mut kv = KvCache::new(&cfg, Pools { pages: 3, window_pages: None, state_slots: 0 }, 2, dtype, &[1, 1]);
             let row: Vec<f32> = (0..4).map(|i| i as f32 - 2.5).collect();
             for (layer, pos) in [(0, 2), (1, 3)] {
                 for part in kv.parts_mut() {

@@ -5,23 +5,20 @@
 //! logits, or for an embedding model (no lm_head) the final-norm hidden states the engine pools.
 
 use super::archs::{Assembly, Norms, QkNorm};
+use super::attention::{Attention, AttentionContext};
+use super::delta_net::DeltaNet;
 use super::embedding::Embedding;
 use super::linear::{Compute, Linear, LinearParts};
-use super::mlp::{take_linear, Mlp, Ranks};
+use super::mlp::{Mlp, Ranks};
 use super::rope::Rope;
 use super::tensor_parallel::{AllReduce, Shard};
 use crate::config::{Architecture, ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
-use rsgl_kernels::pool::SendPtr;
-use rsgl_kernels::{AttentionTask, ThreadPool, WeightDtype};
+use rsgl_kernels::{ThreadPool, WeightDtype};
 use std::ops::Range;
 use std::sync::Mutex;
-
-/// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
-/// key page across rows, few enough that a prefill splits into many tasks to balance.
-const ATTENTION_TASK_ROWS: usize = 16;
 
 /// How the weights are held: `dtype` for floats, the linear layers quantized when
 /// `quantization` is set (the lm_head too with `quantize_lm_head`).
@@ -45,11 +42,14 @@ pub struct SeqChunk<'a> {
     /// The tokens (counted from `tokens[0]`) after which an output row is returned, one each in
     /// batch order (the batch decides: see `BatchEntry::new`).
     pub rows: Range<usize>,
+    /// Where a model with recurrent layers keeps the sequence's state (after `start_pos` tokens;
+    /// a chunk at position 0 starts a fresh one); None without such layers.
+    pub state_slot: Option<usize>,
 }
 
 impl SeqChunk<'_> {
     /// The page table of layers whose KV lives in window pages (`windowed`), or of the others.
-    fn table(&self, windowed: bool) -> &[u32] {
+    pub(super) fn table(&self, windowed: bool) -> &[u32] {
         if windowed {
             self.window_pages
         } else {
@@ -81,20 +81,8 @@ impl SublayerNorms {
     }
 }
 
-/// A layer's q, k and v projections, from their own matrices or the one `qkv_proj` a checkpoint
-/// fuses them into (Phi-3).
-fn take_qkv(w: &mut WeightStore, attn: &str, cfg: &ModelConfig) -> Result<[LinearParts; 3]> {
-    let (h, q, kv) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size());
-    if w.contains(&format!("{attn}.qkv_proj.weight")) {
-        let fused = take_linear(w, &format!("{attn}.qkv_proj"), q + 2 * kv, h)?;
-        return Ok([fused.output_rows(0..q), fused.output_rows(q..q + kv), fused.output_rows(q + kv..q + 2 * kv)]);
-    }
-    let [q, k, v] = [("q_proj", q), ("k_proj", kv), ("v_proj", kv)].map(|(proj, rows)| take_linear(w, &format!("{attn}.{proj}"), rows, h));
-    Ok([q?, k?, v?])
-}
-
 /// An RMS norm's weight as the kernels multiply by it (the config's offset added).
-fn take_norm(w: &mut WeightStore, name: &str, len: usize, cfg: &ModelConfig) -> Result<Vec<f32>> {
+pub(super) fn take_norm(w: &mut WeightStore, name: &str, len: usize, cfg: &ModelConfig) -> Result<Vec<f32>> {
     let mut weight = w.take(name, &[len])?;
     if cfg.norm_weight_offset != 0.0 {
         weight.iter_mut().for_each(|value| *value += cfg.norm_weight_offset);
@@ -104,20 +92,17 @@ fn take_norm(w: &mut WeightStore, name: &str, len: usize, cfg: &ModelConfig) -> 
 
 struct Layer {
     attention_norms: SublayerNorms,
-    qkv: Linear,
-    /// Each weight covers one head (per-head norms) or all of them (one norm over all heads).
-    q_norm: Option<Vec<f32>>,
-    k_norm: Option<Vec<f32>>,
-    /// Which of the model's rope tables rotates q and k; None in NoPE layers.
-    rope: Option<usize>,
-    /// Sliding-window layers: how many positions back a query sees (its own included).
-    window: Option<usize>,
-    /// Attention sinks (gpt-oss's `self_attn.sinks`, where the checkpoint has them): a learned
-    /// logit per q head of this rank, in its softmax's denominator.
-    sinks: Option<Vec<f32>>,
-    o: Linear,
+    mixer: Mixer,
     mlp_norms: SublayerNorms,
     mlp: Mlp,
+}
+
+/// How a layer mixes tokens: attention over KV pages, or a recurrent state per sequence.
+// One per layer, built once: the variants' size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
+enum Mixer {
+    Attention(Attention),
+    DeltaNet(DeltaNet),
 }
 
 /// One tensor-parallel rank's slice of every layer and of the lm_head (the whole model without
@@ -130,21 +115,11 @@ struct RankModel {
     compute: Compute,
 }
 
-impl RankModel {
-    fn q_size(&self, head_dim: usize) -> usize {
-        self.shard.q_heads.len() * head_dim
-    }
-
-    fn kv_size(&self, head_dim: usize) -> usize {
-        self.shard.kv_heads.len() * head_dim
-    }
-}
-
 /// What every rank reads of a step: the batch, and where each token sits.
-struct Step<'a> {
-    seqs: &'a [SeqChunk<'a>],
-    token_seq: Vec<usize>,
-    positions: Vec<usize>,
+pub(super) struct Step<'a> {
+    pub seqs: &'a [SeqChunk<'a>],
+    pub token_seq: Vec<usize>,
+    pub positions: Vec<usize>,
 }
 
 pub struct DecoderModel {
@@ -184,45 +159,15 @@ impl DecoderModel {
         let mut layers: Vec<Vec<Layer>> = shards.iter().map(|_| Vec::with_capacity(cfg.num_hidden_layers)).collect();
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
-            let attn = format!("{p}.self_attn");
-            let [q, k, v] = take_qkv(&mut w, &attn, &cfg)?;
-            let o = take_linear(&mut w, &format!("{attn}.o_proj"), h, cfg.q_size())?;
-            let qk_norm_sizes = match assembly.qk_norm {
-                QkNorm::None => None,
-                QkNorm::PerHead => Some((hd, hd)),
-                QkNorm::AllHeads => Some((cfg.q_size(), cfg.kv_size())),
+            let mixers: Vec<Mixer> = match &cfg.gated_delta_net {
+                Some(net) if net.layers.contains(&l) => DeltaNet::take(&mut w, l, &cfg, net, &precision, ranks)?.into_iter().map(Mixer::DeltaNet).collect(),
+                _ => Attention::take(&mut w, l, &cfg, &assembly, &precision, ranks)?.into_iter().map(Mixer::Attention).collect(),
             };
-            let (q_norm, k_norm) = match qk_norm_sizes {
-                Some((q, k)) => {
-                    (Some(take_norm(&mut w, &format!("{attn}.q_norm.weight"), q, &cfg)?), Some(take_norm(&mut w, &format!("{attn}.k_norm.weight"), k, &cfg)?))
-                }
-                None => (None, None),
-            };
-            let sinks = w.take_optional(&format!("{attn}.sinks"), &[cfg.num_attention_heads])?;
             let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, &cfg)?;
             let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, &cfg)?;
-            let sliding = cfg.sliding_window.as_ref().filter(|window| window.layers.contains(&l));
-            let rope = match sliding {
-                _ if cfg.no_rope_layers.contains(&l) => None,
-                Some(window) if window.rope_theta.is_some() => Some(1),
-                _ => Some(0),
-            };
             let mlps = Mlp::take(&mut w, &p, &cfg, &precision, ranks)?;
-            for ((rank_layers, &(shard, pool)), mlp) in layers.iter_mut().zip(ranks).zip(mlps) {
-                let (q_rows, kv_rows) = (heads_rows(&shard.q_heads, hd), heads_rows(&shard.kv_heads, hd));
-                let qkv = vec![q.output_rows(q_rows.clone()), k.output_rows(kv_rows.clone()), v.output_rows(kv_rows)];
-                rank_layers.push(Layer {
-                    attention_norms: attention_norms.clone(),
-                    qkv: Linear::fused(qkv, dtype, quantization, pool),
-                    q_norm: q_norm.clone(),
-                    k_norm: k_norm.clone(),
-                    rope,
-                    window: sliding.map(|window| window.size),
-                    sinks: sinks.as_ref().map(|sinks| sinks[shard.q_heads.clone()].to_vec()),
-                    o: Linear::fused(vec![o.input_columns(q_rows, shard.adds_bias())], dtype, quantization, pool),
-                    mlp_norms: mlp_norms.clone(),
-                    mlp,
-                });
+            for ((rank_layers, mixer), mlp) in layers.iter_mut().zip(mixers).zip(mlps) {
+                rank_layers.push(Layer { attention_norms: attention_norms.clone(), mixer, mlp_norms: mlp_norms.clone(), mlp });
             }
         }
         let norm = take_norm(&mut w, "model.norm.weight", h, &cfg)?;
@@ -369,20 +314,15 @@ impl DecoderModel {
         }
         let _poison = PoisonOnPanic(&self.reduce);
         let (cfg, c, h) = (&self.cfg, &rank.compute, self.cfg.hidden_size);
-        let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
+        let attention_cx = AttentionContext { cfg, ropes: &self.ropes, scale: self.attention_scale, compute: c, shard: &rank.shard };
         let mut round = 0;
         let mut residual_delta: Option<Vec<f32>> = None;
         for (l, layer) in rank.layers.iter().enumerate() {
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
-            let mut qkv = layer.qkv.forward(c, &normed);
-            self.position_qk(rank, layer, &mut qkv, &step.positions);
-            let windowed = kv.is_windowed(l);
-            for (t, row) in qkv.chunks_exact(qs + 2 * kvs).enumerate() {
-                let (k, v) = row[qs..].split_at(kvs);
-                kv.write(l, step.seqs[step.token_seq[t]].table(windowed), step.positions[t], k, v);
-            }
-            let attn = self.attention(rank, layer, &kv.layer(l), windowed, &qkv, step.seqs);
-            let mut attn_out = layer.o.forward(c, &attn);
+            let mut attn_out = match &layer.mixer {
+                Mixer::Attention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
+                Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
+            };
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
             let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);
             let normed = self.sublayer_input(c, &mut x, Some(attn_out), &layer.mlp_norms);
@@ -440,85 +380,10 @@ impl DecoderModel {
         scale_by(&mut out, self.cfg.scales.residual);
         out
     }
-
-    /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then the
-    /// layer's rope unless it is a NoPE one, on every token's q and k (this rank's heads), in place;
-    /// then q's scale by position where the config has one.
-    fn position_qk(&self, rank: &RankModel, layer: &Layer, qkv: &mut [f32], positions: &[usize]) {
-        let (cfg, kern) = (&self.cfg, rank.compute.kernels);
-        let (qs, kvs) = (rank.q_size(cfg.head_dim), rank.kv_size(cfg.head_dim));
-        rank.compute.pool.for_chunks_mut(qkv, qs + 2 * kvs, &|t, row| {
-            let pos = positions[t];
-            let (q, rest) = row.split_at_mut(qs);
-            let k = &mut rest[..kvs];
-            if let (Some(qn), Some(kn)) = (&layer.q_norm, &layer.k_norm) {
-                let mut normed = vec![0.0; qn.len().max(kn.len())];
-                for (heads, weight) in [(&mut *q, qn), (&mut *k, kn)] {
-                    let normed = &mut normed[..weight.len()];
-                    for head in heads.chunks_exact_mut(weight.len()) {
-                        (kern.add_rmsnorm)(head, None, weight, cfg.rms_norm_eps, normed);
-                        head.copy_from_slice(normed);
-                    }
-                }
-            }
-            if let Some(rope) = layer.rope.map(|index| &self.ropes[index]) {
-                rope.apply(kern, q, pos);
-                rope.apply(kern, k, pos);
-            }
-            if let Some(temperature) = &cfg.scales.query_temperature {
-                scale_by(q, temperature.at(pos));
-            }
-        });
-    }
-
-    /// Causal attention of every new token over its sequence's positions `0..=pos` (the last
-    /// `window` of them in a sliding layer), for this rank's kv heads, as tasks of one kv head's
-    /// query group over a run of consecutive tokens, handed out dynamically (prefill tasks late
-    /// in a prompt cost more than early ones).
-    fn attention(&self, rank: &RankModel, layer: &Layer, paged: &rsgl_kernels::PagedKv, windowed: bool, qkv: &[f32], seqs: &[SeqChunk]) -> Vec<f32> {
-        let hd = self.cfg.head_dim;
-        let (kv_heads, qs) = (rank.shard.kv_heads.len(), rank.q_size(hd));
-        let group = self.cfg.num_attention_heads / self.cfg.num_key_value_heads;
-        let row = qs + 2 * rank.kv_size(hd);
-        let block = (ATTENTION_TASK_ROWS / group).max(1);
-        // (sequence, first token of the batch, tokens, first position, kv head)
-        let mut tasks = Vec::new();
-        let mut tokens = 0;
-        for (s, chunk) in seqs.iter().enumerate() {
-            for b in (0..chunk.tokens.len()).step_by(block) {
-                let n = block.min(chunk.tokens.len() - b);
-                tasks.extend((0..kv_heads).map(|h| (s, tokens + b, n, chunk.start_pos + b, h)));
-            }
-            tokens += chunk.tokens.len();
-        }
-        let (kern, scale) = (rank.compute.kernels, self.attention_scale);
-        let mut out = vec![0.0; tokens * qs];
-        let dst = SendPtr(out.as_mut_ptr());
-        rank.compute.pool.for_each_dynamic(tasks.len(), &|i| {
-            let (s, t, tokens, first_pos, h) = tasks[i];
-            let task = AttentionTask {
-                kv: paged,
-                pages: seqs[s].table(windowed),
-                kv_head: h,
-                group,
-                q: &qkv[t * row + h * group * hd..],
-                q_stride: row,
-                tokens,
-                first_pos,
-                scale,
-                window: layer.window,
-                softcap: self.cfg.scales.attention_logit_cap,
-                sinks: layer.sinks.as_ref().map(|sinks| &sinks[h * group..(h + 1) * group]),
-            };
-            // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
-            unsafe { (kern.attention)(&task, dst.get().add(t * qs + h * group * hd), qs) };
-        });
-        out
-    }
 }
 
 /// The matrix rows of heads `heads` of width `head_dim`.
-fn heads_rows(heads: &Range<usize>, head_dim: usize) -> Range<usize> {
+pub(super) fn heads_rows(heads: &Range<usize>, head_dim: usize) -> Range<usize> {
     heads.start * head_dim..heads.end * head_dim
 }
 
@@ -537,7 +402,7 @@ fn add_into(x: &mut [f32], y: &[f32]) {
 }
 
 /// `x *= scale`; nothing to do for the scale of 1 most models have.
-fn scale_by(x: &mut [f32], scale: f32) {
+pub(super) fn scale_by(x: &mut [f32], scale: f32) {
     if scale != 1.0 {
         x.iter_mut().for_each(|value| *value *= scale);
     }

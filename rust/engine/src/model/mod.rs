@@ -2,7 +2,9 @@
 //! forward pass over them, and each architecture's assembly of them (`archs`).
 
 pub mod archs;
+mod attention;
 mod decoder;
+mod delta_net;
 mod embedding;
 mod linear;
 mod mlp;

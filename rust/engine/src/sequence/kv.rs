@@ -22,6 +22,8 @@ pub(crate) struct SeqKv {
     pub namespace: u64,
     /// Prompt tokens found in the cache at first admission.
     pub cached_tokens: usize,
+    /// The recurrent-state slot it holds while running (models with recurrent layers).
+    pub state_slot: Option<u32>,
     admitted: bool,
 }
 
@@ -36,6 +38,7 @@ impl SeqKv {
             cache_node: None,
             namespace: cache_salt.map_or(0, namespace_of),
             cached_tokens: 0,
+            state_slot: None,
             admitted: false,
         }
     }

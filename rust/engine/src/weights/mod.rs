@@ -709,10 +709,12 @@ impl Drop for MatrixRows {
 
 /// A tensor of a vision-language checkpoint under its name in the text model (transformers 4
 /// saves the language model as `language_model.model.*`, 5 as `model.language_model.*`); None
-/// for the vision tower and its projector, which rsgl does not read yet. Other names as they are.
+/// for the vision tower and its projector (Qwen3.5's `model.visual`), and for the multi-token
+/// prediction layers Qwen3.5 and Qwen3-Next ship (`mtp.*`), which rsgl does not read yet. Other
+/// names as they are.
 fn language_model_name(name: &str) -> Option<String> {
-    const VISION: [&str; 4] = ["vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector."];
-    if VISION.iter().any(|prefix| name.starts_with(prefix)) {
+    const UNREAD: [&str; 6] = ["vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.", "model.visual.", "mtp."];
+    if UNREAD.iter().any(|prefix| name.starts_with(prefix)) {
         return None;
     }
     Some(match (name.strip_prefix("language_model."), name.strip_prefix("model.language_model.")) {

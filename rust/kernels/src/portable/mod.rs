@@ -83,6 +83,29 @@ pub fn exp(x: f32) -> f32 {
     p.mul_add(r * r, r + 1.0) * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
+/// Cephes' polynomial for `ln(1 + r)` on the reduced argument, highest power first.
+const LN_POLYNOMIAL: [f32; 9] =
+    [7.037_683_6e-2, -1.151_461e-1, 1.167_699_9e-1, -1.242_014_1e-1, 1.424_932_3e-1, -1.666_805_8e-1, 2.000_071_4e-1, -2.499_999_4e-1, 3.333_333e-1];
+
+/// `ln(x)` for positive normal `x`, within 2 ulp, in f32 steps of its own (as [`exp`], not the
+/// platform's libm): `x = m 2^e` with `m` in [sqrt(1/2), sqrt(2)), then Cephes' polynomial in
+/// `m - 1`. Scalar only: it serves per-token gates, not rows.
+pub fn ln(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let mut e = ((bits >> 23) & 0xff) as i32 - 126;
+    let mut m = f32::from_bits((bits & 0x007f_ffff) | 0x3f00_0000); // in [0.5, 1)
+    if m < std::f32::consts::FRAC_1_SQRT_2 {
+        e -= 1;
+        m += m;
+    }
+    let r = m - 1.0;
+    let z = r * r;
+    let p = LN_POLYNOMIAL[1..].iter().fold(LN_POLYNOMIAL[0], |p, &c| p.mul_add(r, c));
+    let e = e as f32;
+    let y = p * r * z + e * LN2_LOW - 0.5 * z;
+    (r + y) + e * LN2_HIGH
+}
+
 /// `out = silu(gate) * up`, with `silu(g) = g / (1 + exp(-g))`.
 pub fn silu_mul(gate: &[f32], up: &[f32], out: &mut [f32]) {
     assert!(gate.len() == up.len() && out.len() == gate.len());

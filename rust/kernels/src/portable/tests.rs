@@ -78,6 +78,19 @@ fn token_mask_keeps_allowed_bits_only() {
 }
 
 #[test]
+fn ln_is_within_two_ulp() {
+    let mut x = 1.0e-30f32;
+    while x < 1.0e30 {
+        let (got, want) = (ln(x) as f64, (x as f64).ln());
+        let ulp = (want.abs() as f32).max(f32::MIN_POSITIVE);
+        let ulp = (f32::from_bits(ulp.to_bits() + 1) - ulp) as f64;
+        assert!((got - want).abs() <= 2.0 * ulp, "ln({x}) = {got}, want {want}");
+        x *= 1.013;
+    }
+    assert_eq!(ln(1.0), 0.0);
+}
+
+#[test]
 fn exp_is_within_two_ulp_and_clamps() {
     for i in -87_000..88_000 {
         let x = i as f32 * 1e-3 + 3.7e-4;

@@ -15,6 +15,7 @@ pub const GEMMA2: Assembly = Assembly {
     norm_weight_offset: 1.0,
     embedding_times_sqrt_hidden: true,
     rope_style: RopeStyle::Neox,
+    attention_output_gate: false,
 };
 
 pub const GEMMA3: Assembly = Assembly { qk_norm: QkNorm::PerHead, ..GEMMA2 };

@@ -16,6 +16,7 @@ pub const LLAMA: Assembly = Assembly {
     norm_weight_offset: 0.0,
     embedding_times_sqrt_hidden: false,
     rope_style: RopeStyle::Neox,
+    attention_output_gate: false,
 };
 
 /// Qwen3 normalizes each head of q and k.

@@ -7,6 +7,7 @@ pub mod glm4;
 pub mod gpt_oss;
 pub mod llama;
 pub mod olmo2;
+pub mod qwen3_next;
 
 use crate::config::Activation;
 use rsgl_kernels::RopeStyle;
@@ -50,6 +51,9 @@ pub struct Assembly {
     /// interleaved pairs.
     #[serde(serialize_with = "rope_style_name")]
     pub rope_style: RopeStyle,
+    /// q_proj also gives a gate per q head (each head's q, then its gate): the attention's
+    /// output is multiplied by its sigmoid before o_proj (Qwen3-Next).
+    pub attention_output_gate: bool,
 }
 
 fn rope_style_name<S: Serializer>(style: &RopeStyle, serializer: S) -> Result<S::Ok, S::Error> {

@@ -1,0 +1,215 @@
+//! The attention sublayer: q, k and v from one fused GEMM, their norms and rope, the new K/V
+//! written to the sequence's pages, causal attention over them (sliding windows, sinks and soft
+//! caps as the config says), an optional sigmoid gate on the output, and o_proj.
+
+use super::archs::{Assembly, QkNorm};
+use super::decoder::{heads_rows, scale_by, take_norm, Step};
+use super::linear::{Compute, Linear, LinearParts};
+use super::mlp::{take_linear, Ranks};
+use super::rope::Rope;
+use super::tensor_parallel::Shard;
+use super::Precision;
+use crate::config::ModelConfig;
+use crate::error::Result;
+use crate::kv::KvPart;
+use crate::weights::WeightStore;
+use rsgl_kernels::pool::SendPtr;
+use rsgl_kernels::portable::exp;
+use rsgl_kernels::AttentionTask;
+
+/// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
+/// key page across rows, few enough that a prefill splits into many tasks to balance.
+const ATTENTION_TASK_ROWS: usize = 16;
+
+/// What every attention layer of one rank reads beside its own weights.
+pub(super) struct AttentionContext<'a> {
+    pub cfg: &'a ModelConfig,
+    /// The global layers' rope, then the sliding layers' where it differs (Gemma 3).
+    pub ropes: &'a [Rope],
+    /// Attention scores' scale: 1/sqrt(head_dim) unless the config sets one.
+    pub scale: f32,
+    pub compute: &'a Compute,
+    pub shard: &'a Shard,
+}
+
+/// One rank's slice of one layer's attention.
+pub(super) struct Attention {
+    /// q, k and v of this rank's heads, then their output gates where the layer has them.
+    qkv: Linear,
+    /// Each weight covers one head (per-head norms) or all of them (one norm over all heads).
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    /// Which of the model's rope tables rotates q and k; None in NoPE layers.
+    rope: Option<usize>,
+    /// Sliding-window layers: how many positions back a query sees (its own included).
+    window: Option<usize>,
+    /// Attention sinks (gpt-oss's `self_attn.sinks`, where the checkpoint has them): a learned
+    /// logit per q head of this rank, in its softmax's denominator.
+    sinks: Option<Vec<f32>>,
+    output_gate: bool,
+    o: Linear,
+}
+
+/// A layer's q, k and v projections (and q's output gates, each head's after its q, where
+/// `gated`), from their own matrices or the one `qkv_proj` a checkpoint fuses them into (Phi-3).
+fn take_qkv(w: &mut WeightStore, attn: &str, cfg: &ModelConfig, gated: bool) -> Result<[LinearParts; 3]> {
+    let (h, q, kv) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size());
+    if w.contains(&format!("{attn}.qkv_proj.weight")) {
+        let fused = take_linear(w, &format!("{attn}.qkv_proj"), q + 2 * kv, h)?;
+        return Ok([fused.output_rows(0..q), fused.output_rows(q..q + kv), fused.output_rows(q + kv..q + 2 * kv)]);
+    }
+    let q_rows = if gated { 2 * q } else { q };
+    let [q, k, v] = [("q_proj", q_rows), ("k_proj", kv), ("v_proj", kv)].map(|(proj, rows)| take_linear(w, &format!("{attn}.{proj}"), rows, h));
+    Ok([q?, k?, v?])
+}
+
+impl Attention {
+    /// Layer `l`'s attention (`model.layers.{l}.self_attn`), one slice per rank.
+    pub fn take(w: &mut WeightStore, l: usize, cfg: &ModelConfig, assembly: &Assembly, precision: &Precision, ranks: &Ranks) -> Result<Vec<Attention>> {
+        let (h, hd) = (cfg.hidden_size, cfg.head_dim);
+        let attn = format!("model.layers.{l}.self_attn");
+        let gated = assembly.attention_output_gate;
+        let [q, k, v] = take_qkv(w, &attn, cfg, gated)?;
+        let o = take_linear(w, &format!("{attn}.o_proj"), h, cfg.q_size())?;
+        let qk_norm_sizes = match assembly.qk_norm {
+            QkNorm::None => None,
+            QkNorm::PerHead => Some((hd, hd)),
+            QkNorm::AllHeads => Some((cfg.q_size(), cfg.kv_size())),
+        };
+        let (q_norm, k_norm) = match qk_norm_sizes {
+            Some((q, k)) => (Some(take_norm(w, &format!("{attn}.q_norm.weight"), q, cfg)?), Some(take_norm(w, &format!("{attn}.k_norm.weight"), k, cfg)?)),
+            None => (None, None),
+        };
+        let sinks = w.take_optional(&format!("{attn}.sinks"), &[cfg.num_attention_heads])?;
+        let sliding = cfg.sliding_window.as_ref().filter(|window| window.layers.contains(&l));
+        let rope = match sliding {
+            _ if cfg.no_rope_layers.contains(&l) => None,
+            Some(window) if window.rope_theta.is_some() => Some(1),
+            _ => Some(0),
+        };
+        let Precision { dtype, quantization, .. } = *precision;
+        Ok(ranks
+            .iter()
+            .map(|&(shard, pool)| {
+                let (q_rows, kv_rows) = (heads_rows(&shard.q_heads, hd), heads_rows(&shard.kv_heads, hd));
+                let mut qkv = match gated {
+                    // Each head's q, then its gate.
+                    true => shard.q_heads.clone().map(|head| q.output_rows(2 * head * hd..(2 * head + 1) * hd)).collect(),
+                    false => vec![q.output_rows(q_rows.clone())],
+                };
+                qkv.extend([k.output_rows(kv_rows.clone()), v.output_rows(kv_rows)]);
+                if gated {
+                    qkv.extend(shard.q_heads.clone().map(|head| q.output_rows((2 * head + 1) * hd..(2 * head + 2) * hd)));
+                }
+                Attention {
+                    qkv: Linear::fused(qkv, dtype, quantization, pool),
+                    q_norm: q_norm.clone(),
+                    k_norm: k_norm.clone(),
+                    rope,
+                    window: sliding.map(|window| window.size),
+                    sinks: sinks.as_ref().map(|sinks| sinks[shard.q_heads.clone()].to_vec()),
+                    output_gate: gated,
+                    o: Linear::fused(vec![o.input_columns(q_rows, shard.adds_bias())], dtype, quantization, pool),
+                }
+            })
+            .collect())
+    }
+
+    /// The sublayer's output (this rank's partial sum) for the normalized input `x`; layer
+    /// `layer`'s new K and V go into `kv`.
+    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step) -> Vec<f32> {
+        let (c, hd) = (cx.compute, cx.cfg.head_dim);
+        let (qs, kvs) = (cx.shard.q_heads.len() * hd, cx.shard.kv_heads.len() * hd);
+        let row = self.qkv.out_features();
+        let mut qkv = self.qkv.forward(c, x);
+        self.position_qk(cx, qs, kvs, &mut qkv, &step.positions);
+        let windowed = kv.is_windowed(layer);
+        for (t, row) in qkv.chunks_exact(row).enumerate() {
+            let (k, v) = row[qs..qs + 2 * kvs].split_at(kvs);
+            kv.write(layer, step.seqs[step.token_seq[t]].table(windowed), step.positions[t], k, v);
+        }
+        let mut attn = self.attention(cx, &kv.layer(layer), windowed, &qkv, step);
+        if self.output_gate {
+            let gates = qkv.chunks_exact(row).map(|row| &row[qs + 2 * kvs..]);
+            for (out, gate) in attn.chunks_exact_mut(qs).zip(gates) {
+                out.iter_mut().zip(gate).for_each(|(o, &g)| *o /= 1.0 + exp(-g));
+            }
+        }
+        self.o.forward(c, &attn)
+    }
+
+    /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then the
+    /// layer's rope unless it is a NoPE one, on every token's q and k (this rank's heads), in place;
+    /// then q's scale by position where the config has one.
+    fn position_qk(&self, cx: &AttentionContext, qs: usize, kvs: usize, qkv: &mut [f32], positions: &[usize]) {
+        let (cfg, c) = (cx.cfg, cx.compute);
+        let kern = c.kernels;
+        c.pool.for_chunks_mut(qkv, self.qkv.out_features(), &|t, row| {
+            let pos = positions[t];
+            let (q, rest) = row.split_at_mut(qs);
+            let k = &mut rest[..kvs];
+            if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+                let mut normed = vec![0.0; qn.len().max(kn.len())];
+                for (heads, weight) in [(&mut *q, qn), (&mut *k, kn)] {
+                    let normed = &mut normed[..weight.len()];
+                    for head in heads.chunks_exact_mut(weight.len()) {
+                        (kern.add_rmsnorm)(head, None, weight, cfg.rms_norm_eps, normed);
+                        head.copy_from_slice(normed);
+                    }
+                }
+            }
+            if let Some(rope) = self.rope.map(|index| &cx.ropes[index]) {
+                rope.apply(kern, q, pos);
+                rope.apply(kern, k, pos);
+            }
+            if let Some(temperature) = &cfg.scales.query_temperature {
+                scale_by(q, temperature.at(pos));
+            }
+        });
+    }
+
+    /// Causal attention of every new token over its sequence's positions `0..=pos` (the last
+    /// `window` of them in a sliding layer), for this rank's kv heads, as tasks of one kv head's
+    /// query group over a run of consecutive tokens, handed out dynamically (prefill tasks late
+    /// in a prompt cost more than early ones).
+    fn attention(&self, cx: &AttentionContext, paged: &rsgl_kernels::PagedKv, windowed: bool, qkv: &[f32], step: &Step) -> Vec<f32> {
+        let (cfg, c, hd) = (cx.cfg, cx.compute, cx.cfg.head_dim);
+        let (kv_heads, qs) = (cx.shard.kv_heads.len(), cx.shard.q_heads.len() * hd);
+        let group = cfg.num_attention_heads / cfg.num_key_value_heads;
+        let row = self.qkv.out_features();
+        let block = (ATTENTION_TASK_ROWS / group).max(1);
+        // (sequence, first token of the batch, tokens, first position, kv head)
+        let mut tasks = Vec::new();
+        let mut tokens = 0;
+        for (s, chunk) in step.seqs.iter().enumerate() {
+            for b in (0..chunk.tokens.len()).step_by(block) {
+                let n = block.min(chunk.tokens.len() - b);
+                tasks.extend((0..kv_heads).map(|h| (s, tokens + b, n, chunk.start_pos + b, h)));
+            }
+            tokens += chunk.tokens.len();
+        }
+        let (kern, scale) = (c.kernels, cx.scale);
+        let mut out = vec![0.0; tokens * qs];
+        let dst = SendPtr(out.as_mut_ptr());
+        c.pool.for_each_dynamic(tasks.len(), &|i| {
+            let (s, t, tokens, first_pos, h) = tasks[i];
+            let task = AttentionTask {
+                kv: paged,
+                pages: step.seqs[s].table(windowed),
+                kv_head: h,
+                group,
+                q: &qkv[t * row + h * group * hd..],
+                q_stride: row,
+                tokens,
+                first_pos,
+                scale,
+                window: self.window,
+                softcap: cfg.scales.attention_logit_cap,
+                sinks: self.sinks.as_ref().map(|sinks| &sinks[h * group..(h + 1) * group]),
+            };
+            // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
+            unsafe { (kern.attention)(&task, dst.get().add(t * qs + h * group * hd), qs) };
+        });
+        out
+    }
+}

@@ -1,0 +1,204 @@
+//! The Gated DeltaNet sublayer (Qwen3-Next, Qwen3.5), a token mixer with a fixed-size state per
+//! sequence in place of attention: one GEMM projects q, k and v (through a short causal
+//! convolution and SiLU), the output gate z and per value head the write strength β = σ(b) and
+//! the decay log g = -exp(A_log) · softplus(a + dt_bias); q and k are L2-normalized; the gated
+//! delta rule (`rsgl_kernels::delta_rule`) runs per value head, chunked over a prompt and token
+//! by token when decoding; each head's output is RMS-normalized, times SiLU(z), into out_proj.
+
+use super::decoder::{SeqChunk, Step};
+use super::linear::{Compute, Linear, LinearParts};
+use super::mlp::{take_linear, Ranks};
+use super::Precision;
+use crate::config::{GatedDeltaNet, ModelConfig};
+use crate::error::{EngineError, Result};
+use crate::weights::WeightStore;
+use rsgl_kernels::delta_rule::{chunked, recurrent, DeltaRun};
+use rsgl_kernels::pool::SendPtr;
+use rsgl_kernels::portable::{exp, ln};
+
+/// transformers' (and flash-linear-attention's) epsilon of the q/k L2 norm.
+const L2_NORM_EPS: f32 = 1e-6;
+
+pub(super) struct DeltaNet {
+    /// Rows: q, k and v (the convolution's channels), z (value-head wide), b, then a (one each
+    /// per value head).
+    in_proj: Linear,
+    /// The convolution's taps, `[conv_kernel][channel]` (transposed from the checkpoint's, so
+    /// each tap runs along a row of channels), the last on the newest input.
+    taps: Vec<f32>,
+    /// `-exp(A_log)` per value head.
+    decay_rate: Vec<f32>,
+    dt_bias: Vec<f32>,
+    /// The gated RMS norm's weight, shared by the value heads (scales by `w`, not `1 + w`).
+    norm: Vec<f32>,
+    out: Linear,
+    shape: GatedDeltaNet,
+    eps: f32,
+}
+
+impl DeltaNet {
+    /// Layer `l`'s `linear_attn`, as Qwen3.5 stores it (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,
+    /// `in_proj_a`) or Qwen3-Next (`in_proj_qkvz` and `in_proj_ba`, grouped by key head).
+    pub fn take(w: &mut WeightStore, l: usize, cfg: &ModelConfig, shape: &GatedDeltaNet, precision: &Precision, ranks: &Ranks) -> Result<Vec<DeltaNet>> {
+        if ranks.len() > 1 {
+            return Err(EngineError::InvalidRequest(format!("rsgl runs {} models' Gated DeltaNet layers on one rank: use tp_size 1", cfg.architecture)));
+        }
+        let prefix = format!("model.layers.{l}.linear_attn");
+        let h = cfg.hidden_size;
+        let GatedDeltaNet { key_heads, value_heads, key_head_dim: dk, value_head_dim: dv, conv_kernel, .. } = *shape;
+        let channels = shape.conv_channels();
+        let parts: Vec<LinearParts> = if w.contains(&format!("{prefix}.in_proj_qkvz.weight")) {
+            let r = value_heads / key_heads;
+            let group = 2 * dk + 2 * r * dv;
+            let qkvz = take_linear(w, &format!("{prefix}.in_proj_qkvz"), key_heads * group, h)?;
+            let ba = take_linear(w, &format!("{prefix}.in_proj_ba"), 2 * value_heads, h)?;
+            // Each key head's group holds its q, k, and its value heads' v and z; b and a likewise.
+            let pieces = [(0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv)];
+            let mut parts: Vec<LinearParts> = pieces
+                .iter()
+                .flat_map(|&(at, len)| (0..key_heads).map(move |g| (g * group + at, len)))
+                .map(|(at, len)| qkvz.output_rows(at..at + len))
+                .collect();
+            parts.extend([0, r].iter().flat_map(|&at| (0..key_heads).map(move |g| 2 * r * g + at)).map(|at| ba.output_rows(at..at + r)));
+            parts
+        } else {
+            let names = [("in_proj_qkv", channels), ("in_proj_z", value_heads * dv), ("in_proj_b", value_heads), ("in_proj_a", value_heads)];
+            names.iter().map(|&(name, rows)| take_linear(w, &format!("{prefix}.{name}"), rows, h)).collect::<Result<_>>()?
+        };
+        let out = take_linear(w, &format!("{prefix}.out_proj"), h, value_heads * dv)?;
+        let conv = w.take(&format!("{prefix}.conv1d.weight"), &[channels, 1, conv_kernel])?;
+        let taps = (0..conv_kernel * channels).map(|i| conv[(i % channels) * conv_kernel + i / channels]).collect();
+        let decay_rate = w.take(&format!("{prefix}.A_log"), &[value_heads])?.iter().map(|&a| -exp(a)).collect();
+        let dt_bias = w.take(&format!("{prefix}.dt_bias"), &[value_heads])?;
+        let norm = w.take(&format!("{prefix}.norm.weight"), &[dv])?;
+        let Precision { dtype, quantization, .. } = *precision;
+        let pool = ranks[0].1;
+        Ok(vec![DeltaNet {
+            in_proj: Linear::fused(parts, dtype, quantization, pool),
+            taps,
+            decay_rate,
+            dt_bias,
+            norm,
+            out: Linear::fused(vec![out], dtype, quantization, pool),
+            shape: shape.clone(),
+            eps: cfg.rms_norm_eps,
+        }])
+    }
+
+    /// The sublayer's output for the normalized input `x`, stepping each sequence's state in
+    /// `states` (every slot's state of this layer; a chunk at position 0 starts from zeros).
+    pub fn forward(&self, c: &Compute, x: &[f32], states: &mut [f32], step: &Step) -> Vec<f32> {
+        let GatedDeltaNet { key_heads, value_heads, key_head_dim: dk, value_head_dim: dv, conv_kernel, .. } = self.shape;
+        let (channels, window) = (self.shape.conv_channels(), conv_kernel - 1);
+        let slot_len = self.shape.state_len();
+        let mut proj = self.in_proj.forward(c, x);
+        let width = self.in_proj.out_features();
+        // Where each sequence's tokens start in the batch.
+        let firsts: Vec<usize> = step.seqs.iter().scan(0, |at, chunk| Some(std::mem::replace(at, *at + chunk.tokens.len()))).collect();
+        let slot_of = |chunk: &SeqChunk| chunk.state_slot.expect("a model with recurrent layers gives every sequence a state slot");
+        let states_at = SendPtr(states.as_mut_ptr());
+        let proj_at = SendPtr(proj.as_mut_ptr());
+        // The causal convolution and SiLU over each sequence's q, k and v, in place.
+        c.pool.for_each_dynamic(step.seqs.len(), &|s| {
+            let chunk = &step.seqs[s];
+            // SAFETY: each sequence owns its slot's state and its own tokens' rows.
+            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(slot_of(chunk) * slot_len), window * channels) };
+            let rows = unsafe { std::slice::from_raw_parts_mut(proj_at.get().add(firsts[s] * width), chunk.tokens.len() * width) };
+            if chunk.start_pos == 0 {
+                state.fill(0.0);
+            }
+            self.convolve(state, rows, width);
+        });
+        // The delta rule per sequence and value head.
+        let r = value_heads / key_heads;
+        let tokens = x.len() / self.in_proj.weight_in_features();
+        let mut core = vec![0.0f32; tokens * value_heads * dv];
+        let core_at = SendPtr(core.as_mut_ptr());
+        let proj = &proj;
+        c.pool.for_each_dynamic(step.seqs.len() * value_heads, &|task| {
+            let (s, head) = (task / value_heads, task % value_heads);
+            let (chunk, first) = (&step.seqs[s], firsts[s]);
+            let n = chunk.tokens.len();
+            let at = slot_of(chunk) * slot_len + window * channels + head * dk * dv;
+            // SAFETY: each task owns one head's matrix of its sequence's slot.
+            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(at), dk * dv) };
+            if chunk.start_pos == 0 {
+                state.fill(0.0);
+            }
+            let key_head = head / r;
+            let rows = || proj[first * width..(first + n) * width].chunks_exact(width);
+            let gather = |at: usize, len: usize, scale: Option<f32>| -> Vec<f32> {
+                let mut out = Vec::with_capacity(n * len);
+                for row in rows() {
+                    let piece = &row[at..at + len];
+                    match scale {
+                        Some(scale) => {
+                            let norm = (piece.iter().map(|x| x * x).sum::<f32>() + L2_NORM_EPS).sqrt();
+                            out.extend(piece.iter().map(|x| x / norm * scale));
+                        }
+                        None => out.extend_from_slice(piece),
+                    }
+                }
+                out
+            };
+            let key_dim = key_heads * dk;
+            let q = gather(key_head * dk, dk, Some(1.0 / (dk as f32).sqrt()));
+            let k = gather(key_dim + key_head * dk, dk, Some(1.0));
+            let v = gather(2 * key_dim + head * dv, dv, None);
+            let (b_at, a_at) = (channels + value_heads * dv + head, channels + value_heads * dv + value_heads + head);
+            let beta: Vec<f32> = rows().map(|row| 1.0 / (1.0 + exp(-row[b_at]))).collect();
+            let g: Vec<f32> = rows().map(|row| self.decay_rate[head] * softplus(row[a_at] + self.dt_bias[head])).collect();
+            let run = DeltaRun { q: &q, k: &k, v: &v, g: &g, beta: &beta, key_dim: dk, value_dim: dv };
+            let mut out = vec![0.0f32; n * dv];
+            if n == 1 {
+                recurrent(&run, state, &mut out);
+            } else {
+                chunked(&run, state, &mut out);
+            }
+            // RMS norm times SiLU(z), into this head's columns.
+            let z_at = channels + head * dv;
+            for (t, (o, row)) in out.chunks_exact(dv).zip(rows()).enumerate() {
+                let inv = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + self.eps).sqrt();
+                // SAFETY: each task writes its own head's columns of its own tokens.
+                let dst = unsafe { std::slice::from_raw_parts_mut(core_at.get().add(((first + t) * value_heads + head) * dv), dv) };
+                for (((d, &o), &w), &z) in dst.iter_mut().zip(o).zip(&self.norm).zip(&row[z_at..z_at + dv]) {
+                    *d = o * inv * w * (z / (1.0 + exp(-z)));
+                }
+            }
+        });
+        self.out.forward(c, &core)
+    }
+
+    /// The causal convolution over one sequence's new rows (q, k, v in their first channels),
+    /// reading the inputs before them from `state` (`[conv_kernel - 1][channel]`, oldest first)
+    /// and leaving there the last ones.
+    fn convolve(&self, state: &mut [f32], rows: &mut [f32], width: usize) {
+        let (channels, window) = (self.shape.conv_channels(), self.shape.conv_kernel - 1);
+        let n = rows.len() / width;
+        // The inputs in time order: the window before, then the new rows.
+        let mut inputs = state.to_vec();
+        for row in rows.chunks_exact(width) {
+            inputs.extend_from_slice(&row[..channels]);
+        }
+        let mut sums = vec![0.0f32; channels];
+        for (t, row) in rows.chunks_exact_mut(width).enumerate() {
+            sums.fill(0.0);
+            for (j, taps) in self.taps.chunks_exact(channels).enumerate() {
+                let input = &inputs[(t + j) * channels..(t + j + 1) * channels];
+                sums.iter_mut().zip(taps).zip(input).for_each(|((sum, &tap), &x)| *sum += tap * x);
+            }
+            row[..channels].iter_mut().zip(&sums).for_each(|(out, &sum)| *out = sum / (1.0 + exp(-sum)));
+        }
+        state.copy_from_slice(&inputs[n * channels..(n + window) * channels]);
+    }
+}
+
+/// `ln(1 + e^x)`, linear past 20 as torch's (in the kernels' own `exp` and `ln`: the same bits
+/// on every CPU).
+fn softplus(x: f32) -> f32 {
+    if x > 20.0 {
+        x
+    } else {
+        ln(1.0 + exp(x))
+    }
+}
