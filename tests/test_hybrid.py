@@ -29,19 +29,29 @@ def transformers_greedy(model, prompts):
 
 
 @pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
-def hybrid(request, tmp_path_factory):
+def hybrid_model(request, tmp_path_factory):
     path = tmp_path_factory.mktemp(request.param)
-    return path, transformers_greedy(build_family(request.param, path), PROMPTS)
+    return path, build_family(request.param, path)
+
+
+@pytest.fixture(scope="module")
+def hybrid(hybrid_model):
+    path, model = hybrid_model
+    return path, transformers_greedy(model, PROMPTS)
 
 
 def generate(path, prompts, **options):
-    """Each prompt's greedy tokens alone, then all of them batched; checks every state slot is free after."""
+    """Each prompt's greedy tokens alone, then all of them batched; checks that no request holds a state slot or a
+    page after (the prefix cache's snapshots and pages are flushed)."""
     with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32", **options) as engine:
         alone = [engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] for ids in prompts]
         batched = [out["output_ids"] for out in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
         info = engine.get_server_info()
-    assert info["state_slots_total"] > 0 and info["state_slots_free"] == info["state_slots_total"]
-    assert info["kv_pages_free"] == info["kv_pages_total"]
+        assert info["state_slots_free"] + info["state_snapshots"] == info["state_slots_total"] > 0
+        assert engine.flush_cache()
+        drained = engine.get_server_info()
+    assert drained["state_slots_free"] == drained["state_slots_total"] and drained["state_snapshots"] == 0
+    assert drained["kv_pages_free"] == drained["kv_pages_total"]
     return alone, batched, info
 
 
@@ -66,11 +76,30 @@ def test_requests_wait_for_a_state_slot_and_retracted_ones_start_over(hybrid):
     # One slot: the batch runs one request at a time.
     assert generate(path, PROMPTS, max_mamba_cache_size=1)[:2] == (want, want)
     # 45 4-token pages: the two 81-token prompts are admitted together (21 pages each) and one is retracted as
-    # they grow (to 24 each), then computed again from its first token.
+    # they grow (to 24 each), then resumed from the snapshot its prompt left after 64 tokens.
     pair = [PROMPTS[2], PROMPTS[4]]
-    alone, batched, info = generate(path, pair, page_size=4, max_total_tokens=4 * 45)
-    assert alone == batched == [want[2], want[4]]
+    with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32", page_size=4, max_total_tokens=4 * 45) as engine:
+        assert [out["output_ids"] for out in engine.generate(input_ids=pair, sampling_params=GREEDY)] == [want[2], want[4]]
+        info = engine.get_server_info()
     assert info["retracted_requests"] > 0
+
+
+def test_a_second_turn_and_a_shared_few_shot_prefix_resume_from_cached_state(hybrid_model):
+    """The prefix cache keeps the recurrent layers' state every 64 tokens (whole pages that end a chunk of the
+    delta rule): a conversation's next turn, and a prompt sharing another's long prefix, resume from the last
+    snapshot inside what they share, with the tokens transformers gives for their whole prompt."""
+    path, model = hybrid_model
+    first = [1, *range(3, 150)]  # 148 tokens: snapshots after 64 and 128
+    with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32") as engine:
+        answer = engine.generate(input_ids=first, sampling_params=GREEDY)["output_ids"]
+        second = [*first, *answer, *range(40, 60)]
+        few_shot = [*first[:140], *range(200, 230)]
+        outs = [engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] for ids in (second, few_shot)]
+        info = engine.get_server_info()
+    assert info["cache_hit_tokens"] == 128 + 128  # both resume from the snapshot after 128 tokens
+    assert outs == transformers_greedy(model, [second, few_shot])
+    with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32", disable_radix_cache=True) as engine:
+        assert [engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] for ids in (second, few_shot)] == outs
 
 
 @pytest.mark.parametrize(

@@ -182,6 +182,7 @@ class EngineStats(TypedDict):
     sliding_window: int
     state_slots_total: int
     state_slots_free: int
+    state_snapshots: int
     state_slot_bytes: int
     prompt_tokens: int
     cache_hit_tokens: int

@@ -16,6 +16,9 @@ pub(crate) struct BatchEntry {
     pub completes: bool,
     /// The entry's tokens (counted from `start`) after which a row comes back, one row each.
     rows: Range<usize>,
+    /// `(n, slot)`: the recurrent state after the first `n` tokens is also copied into state
+    /// slot `slot`, for the prefix cache (models with recurrent layers).
+    pub snapshot: Option<(usize, u32)>,
 }
 
 impl BatchEntry {
@@ -34,7 +37,7 @@ impl BatchEntry {
         } else {
             n..n
         };
-        BatchEntry { index, start, end, completes, rows }
+        BatchEntry { index, start, end, completes, rows, snapshot: None }
     }
 }
 
@@ -70,6 +73,7 @@ impl Batch {
                     window_pages: &seq.kv.window,
                     rows: e.rows.clone(),
                     state_slot: seq.kv.state_slot.map(|slot| slot as usize),
+                    snapshot: e.snapshot.map(|(n, slot)| (n, slot as usize)),
                 }
             })
             .collect()

@@ -70,6 +70,15 @@ impl WindowPool {
     }
 }
 
+/// Tokens between two places a request's recurrent state may be snapshot: whole pages that end
+/// a chunk of the delta rule ([`rsgl_kernels::delta_rule::CHUNK`]), so taking the snapshot splits
+/// no chunk and a request resuming from it computes what it would have without it.
+fn snapshot_every(page_size: usize) -> usize {
+    let chunk = rsgl_kernels::delta_rule::CHUNK;
+    let gcd = (1..=page_size.min(chunk)).rev().find(|d| page_size % d == 0 && chunk % d == 0).expect("1 divides both");
+    page_size / gcd * chunk
+}
+
 pub(crate) struct Scheduler {
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
@@ -98,6 +107,7 @@ pub(crate) struct SchedulerCounts {
     /// Window pages the cache keeps that no request reads.
     pub window_cached_pages: usize,
     pub state_slots_free: usize,
+    pub state_snapshots: usize,
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub retractions: u64,
@@ -105,12 +115,11 @@ pub(crate) struct SchedulerCounts {
 }
 
 impl Scheduler {
-    /// `state_slots`: how many requests can hold a recurrent state (0: the model has no
-    /// recurrent layers).
+    /// `state_slots`: how many recurrent states (requests' and snapshots) the model's recurrent
+    /// layers keep (0: it has none).
     pub fn new(pool: PagePool, window: Option<WindowPool>, state_slots: usize, opts: &EngineOptions, disk: Option<DiskTier>) -> Self {
         let cache: Box<dyn PrefixCache> = match &window {
-            // A recurrent layer's state is not in the pages: a cached prefix cannot resume it.
-            _ if opts.disable_radix_cache || state_slots > 0 => Box::new(NoPrefixCache),
+            _ if opts.disable_radix_cache => Box::new(NoPrefixCache),
             Some(window) => Box::new(RadixCache::windowed(pool.page_size(), window.window)),
             None => Box::new(RadixCache::new(pool.page_size())),
         };
@@ -178,6 +187,7 @@ impl Scheduler {
             window_free_pages: self.window.as_ref().map_or(0, |w| w.pool.free_pages()),
             window_cached_pages: self.cache.evictable_window_pages(),
             state_slots_free: self.states.as_ref().map_or(0, StateSlots::free),
+            state_snapshots: self.states.as_ref().map_or(0, StateSlots::snapshots),
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
@@ -199,7 +209,9 @@ impl Scheduler {
             // A request admitted in this step may be decoding already (retracted after its
             // prompt): it gets its window pages here, or waits a step.
             if seq.is_decoding() && self.grow_window(index, start, end) == end {
-                batch.push(BatchEntry::new(index, &self.running[index], start, end));
+                let mut entry = BatchEntry::new(index, &self.running[index], start, end);
+                self.plan_snapshot(&mut entry);
+                batch.push(entry);
                 budget = budget.saturating_sub(end - start); // the token and its draft
             }
         }
@@ -211,7 +223,9 @@ impl Scheduler {
                 let end = self.grow_window(index, start, end);
                 if end > start {
                     budget -= end - start;
-                    batch.push(BatchEntry::new(index, &self.running[index], start, end));
+                    let mut entry = BatchEntry::new(index, &self.running[index], start, end);
+                    self.plan_snapshot(&mut entry);
+                    batch.push(entry);
                 }
             }
         }
@@ -317,14 +331,27 @@ impl Scheduler {
             if self.window.as_ref().is_some_and(|w| w.pool.num_pages() < w.per_request * (self.running.len() + 1)) {
                 break; // every running request may hold a window's pages at once
             }
-            if self.states.as_ref().is_some_and(|states| states.free() == 0) {
-                break;
-            }
+            // Taken first: taking it may evict a snapshot, which the match must then not find.
+            let state_slot = match &mut self.states {
+                Some(states) => match states.take() {
+                    Some(slot) => Some(slot),
+                    None => break,
+                },
+                None => None,
+            };
             let seq = slots[i].as_mut().expect("each index once");
-            let cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
+            let mut cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
+            // The recurrent layers resume only where a snapshot of their state is kept.
+            let snapshot = self.states.as_mut().and_then(|states| {
+                let hashes = page_hashes(seq.kv.namespace, &seq.prefill_key()[..cached.pages.len() * ps], ps);
+                let found = states.longest_snapshot(&hashes);
+                cached.pages.truncate(found.map_or(0, |(pages, _)| pages));
+                found.map(|(_, slot)| slot)
+            });
             let chain = self.disk_chain(seq, cached.pages.len());
             let matched = cached.pages.len().max(chain.len()) * ps;
             if self.cache.keeps_prefixes() && self.shares_uncached_prefix(seq, matched, first_admitted) {
+                self.give_back_state(state_slot);
                 continue; // computed once by the other request, then found in the cache
             }
             self.cache.lock(cached.node); // before evicting for our own pages
@@ -351,6 +378,7 @@ impl Scheduler {
                     self.give_back(Freed { pages: own.unwrap_or_default(), window: own_window });
                     self.cache.unpin_window(cached.window.get(window_read..).unwrap_or_default());
                     self.cache.unlock(cached.node);
+                    self.give_back_state(state_slot);
                     break; // no room: later requests wait too rather than overtake
                 }
             };
@@ -382,7 +410,10 @@ impl Scheduler {
                 }
             }
             budget = budget.saturating_sub(seq.tokens.len() - matched);
-            seq.kv.state_slot = self.states.as_mut().map(|states| states.take().expect("checked free above"));
+            if let (Some(snapshot), Some(slot)) = (snapshot.filter(|_| matched > 0), state_slot) {
+                kv.parts_mut().iter_mut().for_each(|part| part.states.copy_slot(snapshot, slot));
+            }
+            seq.kv.state_slot = state_slot;
             self.running.push(seq);
         }
         self.waiting = slots.into_iter().flatten().collect();
@@ -498,6 +529,38 @@ impl Scheduler {
         kv.reset();
     }
 
+    fn give_back_state(&mut self, slot: Option<u32>) {
+        if let (Some(states), Some(slot)) = (&mut self.states, slot) {
+            states.give_back(slot);
+        }
+    }
+
+    /// For a model with recurrent layers, where `entry` should leave a snapshot of its
+    /// request's state for the prefix cache: after the last multiple of [`snapshot_every`]
+    /// tokens it computes, unless one is kept for that prefix already or no slot can be had.
+    fn plan_snapshot(&mut self, entry: &mut BatchEntry) {
+        let (Some(states), seq) = (&mut self.states, &self.running[entry.index]) else { return };
+        let ps = self.pool.page_size();
+        let every = snapshot_every(ps);
+        let at = entry.end / every * every;
+        if at <= entry.start || !seq.caches_prefix() || !self.cache.keeps_prefixes() {
+            return;
+        }
+        let hashes = page_hashes(seq.kv.namespace, &seq.tokens[..at], ps);
+        if states.longest_snapshot(&hashes[hashes.len() - 1..]).is_none() {
+            entry.snapshot = states.take().map(|slot| (at - entry.start, slot));
+        }
+    }
+
+    /// Keeps the snapshot `entry` left (after the step ran it) for the prefix it ends.
+    pub fn keep_snapshot(&mut self, entry: &BatchEntry) {
+        let (Some(states), Some((n, slot))) = (&mut self.states, entry.snapshot) else { return };
+        let seq = &self.running[entry.index];
+        let ps = self.pool.page_size();
+        let prefix = *page_hashes(seq.kv.namespace, &seq.tokens[..entry.start + n], ps).last().expect("a snapshot follows whole pages");
+        states.keep_snapshot(prefix, slot);
+    }
+
     /// Empties the prefix cache; refused (false) while requests are queued or running.
     pub fn flush_cache(&mut self) -> bool {
         if !self.is_idle() {
@@ -505,6 +568,9 @@ impl Scheduler {
         }
         let freed = self.cache.flush().expect("no request holds a lock when idle");
         self.give_back(freed);
+        if let Some(states) = &mut self.states {
+            states.flush();
+        }
         if let Some(disk) = &mut self.disk {
             disk.clear();
         }

@@ -35,7 +35,7 @@ impl DeltaRun<'_> {
     }
 
     /// Tokens `start..end` of the run.
-    fn slice(&self, start: usize, end: usize) -> DeltaRun<'_> {
+    pub fn slice(&self, start: usize, end: usize) -> DeltaRun<'_> {
         let (dk, dv) = (self.key_dim, self.value_dim);
         DeltaRun {
             q: &self.q[start * dk..end * dk],
@@ -80,12 +80,14 @@ pub fn recurrent(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
     }
 }
 
-/// The same as [`recurrent`], a chunk of up to [`CHUNK`] tokens at a time.
-pub fn chunked(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
+/// The same as [`recurrent`], a chunk of up to [`CHUNK`] tokens at a time. The run's first
+/// token is at `position` of its sequence and chunks end at multiples of [`CHUNK`]: a sequence
+/// computed in runs that split at such multiples gets the bits of one run.
+pub fn chunked(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]) {
     let mut scratch = ChunkScratch::new(run.key_dim, run.value_dim);
     let mut start = 0;
     while start < run.tokens() {
-        let end = run.tokens().min(start + CHUNK);
+        let end = run.tokens().min(start + CHUNK - (position + start) % CHUNK);
         chunk(&run.slice(start, end), state, &mut out[start * run.value_dim..end * run.value_dim], &mut scratch);
         start = end;
     }
@@ -262,6 +264,10 @@ mod tests {
         out
     }
 
+    fn chunked_from_0(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
+        chunked(run, 0, state, out);
+    }
+
     #[test]
     fn chunked_and_recurrent_follow_the_rule_over_odd_sizes_and_chunk_edges() {
         for (tokens, dk, dv) in [(1, 3, 5), (7, 5, 3), (CHUNK, 8, 8), (CHUNK + 1, 4, 7), (2 * CHUNK + 13, 9, 6)] {
@@ -274,7 +280,9 @@ mod tests {
             let start = values(dk * dv, 6);
             let mut exact: Vec<f64> = start.iter().map(|&x| x as f64).collect();
             let want = reference(&run, &mut exact);
-            for (name, f) in [("recurrent", recurrent as fn(&DeltaRun, &mut [f32], &mut [f32])), ("chunked", chunked)] {
+            let chunked_from_5 = |run: &DeltaRun, state: &mut [f32], out: &mut [f32]| chunked(run, 5, state, out);
+            for (name, f) in [("recurrent", recurrent as fn(&DeltaRun, &mut [f32], &mut [f32])), ("chunked", chunked_from_0), ("chunked at 5", chunked_from_5)]
+            {
                 let (mut state, mut out) = (start.clone(), vec![0.0; tokens * dv]);
                 f(&run, &mut state, &mut out);
                 let worst = |a: &[f32], b: &[f64]| a.iter().zip(b).map(|(&x, &y)| (x as f64 - y).abs()).fold(0.0, f64::max);
@@ -285,8 +293,8 @@ mod tests {
     }
 
     #[test]
-    fn a_run_split_anywhere_continues_from_its_state() {
-        let (tokens, dk, dv) = (CHUNK + 30, 6, 5);
+    fn a_run_split_at_a_chunk_edge_gives_the_bits_of_one_run_and_anywhere_else_close() {
+        let (tokens, dk, dv) = (2 * CHUNK + 30, 6, 5);
         let q = normalized(values(tokens * dk, 7), dk, 0.4);
         let k = normalized(values(tokens * dk, 8), dk, 1.0);
         let v = values(tokens * dv, 9);
@@ -294,13 +302,22 @@ mod tests {
         let beta = vec![0.7; tokens];
         let run = DeltaRun { q: &q, k: &k, v: &v, g: &g, beta: &beta, key_dim: dk, value_dim: dv };
         let (mut whole_state, mut whole) = (vec![0.0; dk * dv], vec![0.0; tokens * dv]);
-        chunked(&run, &mut whole_state, &mut whole);
-        let split = 41;
+        chunked(&run, 0, &mut whole_state, &mut whole);
+        // Runs of 41, 1 (recurrent), 22 and the rest: the last starts at a chunk edge.
         let (mut state, mut out) = (vec![0.0; dk * dv], vec![0.0; tokens * dv]);
-        chunked(&run.slice(0, split), &mut state, &mut out[..split * dv]);
-        recurrent(&run.slice(split, split + 1), &mut state, &mut out[split * dv..(split + 1) * dv]);
-        chunked(&run.slice(split + 1, tokens), &mut state, &mut out[(split + 1) * dv..]);
+        for (start, end) in [(0, 41), (41, 42), (42, CHUNK), (CHUNK, tokens)] {
+            let part = &mut out[start * dv..end * dv];
+            match end - start {
+                1 => recurrent(&run.slice(start, end), &mut state, part),
+                _ => chunked(&run.slice(start, end), start, &mut state, part),
+            }
+        }
         let worst = out.iter().zip(&whole).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
         assert!(worst < 1e-5, "split run off by {worst}");
+        // Split only at the chunk edge: the same bits.
+        let (mut state, mut out) = (vec![0.0; dk * dv], vec![0.0; tokens * dv]);
+        chunked(&run.slice(0, CHUNK), 0, &mut state, &mut out[..CHUNK * dv]);
+        chunked(&run.slice(CHUNK, tokens), CHUNK, &mut state, &mut out[CHUNK * dv..]);
+        assert_eq!((out, state), (whole, whole_state));
     }
 }

@@ -177,7 +177,7 @@ impl Engine {
             state_slots_total: pools.state_slots,
             state_slots_free: pools.state_slots,
             state_slot_bytes: model.config().state_bytes(),
-            radix_cache: !opts.disable_radix_cache && pools.state_slots == 0,
+            radix_cache: !opts.disable_radix_cache,
             page_size: opts.page_size,
             max_total_tokens: num_pages * opts.page_size,
             context_length,

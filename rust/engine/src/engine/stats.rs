@@ -40,10 +40,12 @@ pub struct EngineStats {
     pub window_cached_pages: usize,
     /// Positions a sliding layer's query sees, where they keep only those (else 0).
     pub sliding_window: usize,
-    /// For a model with recurrent layers: the state slots (one per running request) and their
-    /// bytes each; all 0 for other models.
+    /// For a model with recurrent layers: the state slots (one per running request, the rest
+    /// for the prefix cache's snapshots), those neither holds, the snapshots, and a slot's
+    /// bytes; all 0 for other models.
     pub state_slots_total: usize,
     pub state_slots_free: usize,
+    pub state_snapshots: usize,
     pub state_slot_bytes: usize,
     /// Prompt tokens of admitted requests, and how many of them came from the cache.
     pub prompt_tokens: u64,

@@ -235,6 +235,7 @@ impl Worker {
                 self.scheduler.cache_progress(entry.index);
             }
             self.scheduler.persist(entry.index, entry.start, &self.kv);
+            self.scheduler.keep_snapshot(entry);
         }
         let masked = Instant::now();
         self.fill_masks_ahead(sampling.iter().map(|s| s.index));
@@ -309,6 +310,7 @@ impl Worker {
         s.cached_pages = counts.cached_pages;
         s.kv_window_pages_free = counts.window_free_pages;
         s.state_slots_free = counts.state_slots_free;
+        s.state_snapshots = counts.state_snapshots;
         s.window_cached_pages = counts.window_cached_pages;
         s.prompt_tokens = counts.admitted_prompt_tokens;
         s.cache_hit_tokens = counts.cache_hit_tokens;

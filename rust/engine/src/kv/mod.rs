@@ -15,4 +15,5 @@ pub use cache::{KvCache, KvPart, Pools};
 pub use page_pool::PagePool;
 pub(crate) use prefix_cache::{NoPrefixCache, PrefixCache};
 pub use radix::{Freed, NodeId, PrefixMatch, RadixCache};
-pub use state::{RecurrentStates, StateSlots};
+pub use state::RecurrentStates;
+pub(crate) use state::StateSlots;

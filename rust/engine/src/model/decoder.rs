@@ -45,6 +45,10 @@ pub struct SeqChunk<'a> {
     /// Where a model with recurrent layers keeps the sequence's state (after `start_pos` tokens;
     /// a chunk at position 0 starts a fresh one); None without such layers.
     pub state_slot: Option<usize>,
+    /// `(n, slot)`: copy the state after the first `n` tokens into state slot `slot` as well (a
+    /// snapshot the prefix cache keeps); `n` ends a delta-rule chunk (a multiple of its length
+    /// from position 0).
+    pub snapshot: Option<(usize, usize)>,
 }
 
 impl SeqChunk<'_> {

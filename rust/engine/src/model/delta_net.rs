@@ -86,7 +86,8 @@ impl DeltaNet {
     }
 
     /// The sublayer's output for the normalized input `x`, stepping each sequence's state in
-    /// `states` (every slot's state of this layer; a chunk at position 0 starts from zeros).
+    /// `states` (every slot's state of this layer; a chunk at position 0 starts from zeros),
+    /// and copying it into a snapshot slot where a chunk asks for one.
     pub fn forward(&self, c: &Compute, x: &[f32], states: &mut [f32], step: &Step) -> Vec<f32> {
         let GatedDeltaNet { key_heads, value_heads, key_head_dim: dk, value_head_dim: dv, conv_kernel, .. } = self.shape;
         let (channels, window) = (self.shape.conv_channels(), conv_kernel - 1);
@@ -107,7 +108,12 @@ impl DeltaNet {
             if chunk.start_pos == 0 {
                 state.fill(0.0);
             }
-            self.convolve(state, rows, width);
+            let inputs = self.convolve(state, rows, width);
+            if let Some((at, snapshot)) = chunk.snapshot {
+                // SAFETY: a snapshot slot is written by its one sequence only.
+                let copy = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(snapshot * slot_len), window * channels) };
+                copy.copy_from_slice(&inputs[at * channels..(at + window) * channels]);
+            }
         });
         // The delta rule per sequence and value head.
         let r = value_heads / key_heads;
@@ -119,9 +125,10 @@ impl DeltaNet {
             let (s, head) = (task / value_heads, task % value_heads);
             let (chunk, first) = (&step.seqs[s], firsts[s]);
             let n = chunk.tokens.len();
-            let at = slot_of(chunk) * slot_len + window * channels + head * dk * dv;
+            // This head's matrix within a slot.
+            let matrix = window * channels + head * dk * dv;
             // SAFETY: each task owns one head's matrix of its sequence's slot.
-            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(at), dk * dv) };
+            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(slot_of(chunk) * slot_len + matrix), dk * dv) };
             if chunk.start_pos == 0 {
                 state.fill(0.0);
             }
@@ -150,10 +157,20 @@ impl DeltaNet {
             let g: Vec<f32> = rows().map(|row| self.decay_rate[head] * softplus(row[a_at] + self.dt_bias[head])).collect();
             let run = DeltaRun { q: &q, k: &k, v: &v, g: &g, beta: &beta, key_dim: dk, value_dim: dv };
             let mut out = vec![0.0f32; n * dv];
-            if n == 1 {
-                recurrent(&run, state, &mut out);
-            } else {
-                chunked(&run, state, &mut out);
+            // Up to the snapshot, then on: the snapshot's position is a chunk edge, so the split
+            // changes no bits.
+            let split = chunk.snapshot.map_or(n, |(at, _)| at);
+            for (from, to) in [(0, split), (split, n)].into_iter().filter(|(from, to)| to > from) {
+                let (piece, out) = (run.slice(from, to), &mut out[from * dv..to * dv]);
+                match to - from {
+                    1 => recurrent(&piece, state, out),
+                    _ => chunked(&piece, chunk.start_pos + from, state, out),
+                }
+                if let Some((_, snapshot)) = chunk.snapshot.filter(|_| to == split) {
+                    // SAFETY: as the state's: this head's matrix of the snapshot slot.
+                    let copy = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(snapshot * slot_len + matrix), dk * dv) };
+                    copy.copy_from_slice(state);
+                }
             }
             // RMS norm times SiLU(z), into this head's columns.
             let z_at = channels + head * dv;
@@ -171,8 +188,9 @@ impl DeltaNet {
 
     /// The causal convolution over one sequence's new rows (q, k, v in their first channels),
     /// reading the inputs before them from `state` (`[conv_kernel - 1][channel]`, oldest first)
-    /// and leaving there the last ones.
-    fn convolve(&self, state: &mut [f32], rows: &mut [f32], width: usize) {
+    /// and leaving there the last ones; returns the inputs in time order (the window before,
+    /// then the rows').
+    fn convolve(&self, state: &mut [f32], rows: &mut [f32], width: usize) -> Vec<f32> {
         let (channels, window) = (self.shape.conv_channels(), self.shape.conv_kernel - 1);
         let n = rows.len() / width;
         // The inputs in time order: the window before, then the new rows.
@@ -190,6 +208,7 @@ impl DeltaNet {
             row[..channels].iter_mut().zip(&sums).for_each(|(out, &sum)| *out = sum / (1.0 + exp(-sum)));
         }
         state.copy_from_slice(&inputs[n * channels..(n + window) * channels]);
+        inputs
     }
 }
 
