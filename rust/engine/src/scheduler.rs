@@ -75,7 +75,7 @@ impl WindowPool {
 /// no chunk and a request resuming from it computes what it would have without it.
 fn snapshot_every(page_size: usize) -> usize {
     let chunk = rsgl_kernels::delta_rule::CHUNK;
-    let gcd = (1..=page_size.min(chunk)).rev().find(|d| page_size % d == 0 && chunk % d == 0).expect("1 divides both");
+    let gcd = (1..=page_size.min(chunk)).rev().find(|&d| page_size.is_multiple_of(d) && chunk.is_multiple_of(d)).expect("1 divides both");
     page_size / gcd * chunk
 }
 
