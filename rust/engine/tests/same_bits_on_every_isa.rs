@@ -47,6 +47,8 @@ fn models_compute_the_recorded_bits() {
         ("llama", r#""quantization": "w4a8""#, 0xbd66_4721_dfcf_9c77),
         ("mixtral", r#""quantization": "w4a8""#, 0x7fc7_037a_0529_8f16),
         ("llama", r#""quantization": "w8a8_int8", "quantize_lm_head": true"#, 0x0b7a_ab5f_63bc_bc0e),
+        // The delta rule, its convolution and gates: portable Rust with the kernels' exp and ln.
+        ("qwen3_5_text", r#""dtype": "float32""#, 0x43f8_be93_8011_d423),
     ];
     let mut wrong = Vec::new();
     for (arch, precision, want) in cases {

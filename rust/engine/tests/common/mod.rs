@@ -1,14 +1,14 @@
 //! A tiny random Llama-family model and helpers shared by the engine's integration tests.
 #![allow(dead_code)] // each test file uses its own subset
 
-use rsgl_engine::config::SlidingWindow;
+use rsgl_engine::config::{GatedDeltaNet, SlidingWindow};
 use rsgl_engine::sample::Rng;
 use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, Output, WeightStore};
 use std::time::Duration;
 
 pub const VOCAB: usize = 97;
 
-/// Dense "llama", "qwen2", "qwen3", or the MoE "mixtral" (top-2 of 4) and "qwen2_moe" (with a
+/// Dense "llama", "qwen2", "qwen3", the hybrid "qwen3_5_text", or the MoE "mixtral" (top-2 of 4) and "qwen2_moe" (with a
 /// shared expert).
 pub fn config(arch: &str) -> ModelConfig {
     let moe = match arch {
@@ -20,14 +20,19 @@ pub fn config(arch: &str) -> ModelConfig {
         }
         _ => "null",
     };
+    // Qwen3.5: layer 0 a Gated DeltaNet, layer 1 gated attention.
+    let delta_net = match arch {
+        "qwen3_5_text" => r#"{"layers": [0], "key_heads": 2, "value_heads": 4, "key_head_dim": 8, "value_head_dim": 8, "conv_kernel": 4}"#,
+        _ => "null",
+    };
     ModelConfig::from_json(&format!(
         r#"{{"architecture": "{arch}", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "vocab_size": {VOCAB},
             "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null,
             "attention_bias": {bias}, "qk_norm": {qk}, "tie_word_embeddings": true, "max_position_embeddings": 4096,
-            "moe": {moe}}}"#,
+            "moe": {moe}, "gated_delta_net": {delta_net}}}"#,
         bias = arch.starts_with("qwen2"),
-        qk = arch == "qwen3"
+        qk = arch == "qwen3" || arch == "qwen3_5_text"
     ))
     .unwrap()
 }
@@ -37,6 +42,35 @@ fn swiglu(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, [gate, up
     add(format!("{prefix}.{gate}.weight"), vec![inter, h], 0.3);
     add(format!("{prefix}.{up}.weight"), vec![inter, h], 0.3);
     add(format!("{prefix}.{down}.weight"), vec![h, inter], 0.3);
+}
+
+fn attention(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, cfg: &ModelConfig) {
+    // Qwen3.5's q_proj also gives each head's output gate.
+    let q_rows = if cfg.architecture == "qwen3_5_text" { 2 * cfg.q_size() } else { cfg.q_size() };
+    for (name, out) in [("q_proj", q_rows), ("k_proj", cfg.kv_size()), ("v_proj", cfg.kv_size())] {
+        add(format!("{prefix}.{name}.weight"), vec![out, cfg.hidden_size], 0.3);
+        if cfg.attention_bias {
+            add(format!("{prefix}.{name}.bias"), vec![out], 0.3);
+        }
+    }
+    if cfg.qk_norm {
+        add(format!("{prefix}.q_norm.weight"), vec![cfg.head_dim], 1.0);
+        add(format!("{prefix}.k_norm.weight"), vec![cfg.head_dim], 1.0);
+    }
+    add(format!("{prefix}.o_proj.weight"), vec![cfg.hidden_size, cfg.q_size()], 0.3);
+}
+
+/// A Gated DeltaNet layer's tensors, as Qwen3.5 names them.
+fn delta_net(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, net: &GatedDeltaNet, h: usize) {
+    let values = net.value_heads * net.value_head_dim;
+    for (name, rows) in [("in_proj_qkv", net.conv_channels()), ("in_proj_z", values), ("in_proj_b", net.value_heads), ("in_proj_a", net.value_heads)] {
+        add(format!("{prefix}.{name}.weight"), vec![rows, h], 0.3);
+    }
+    add(format!("{prefix}.conv1d.weight"), vec![net.conv_channels(), 1, net.conv_kernel], 0.5);
+    add(format!("{prefix}.A_log"), vec![net.value_heads], 1.0);
+    add(format!("{prefix}.dt_bias"), vec![net.value_heads], 1.0);
+    add(format!("{prefix}.norm.weight"), vec![net.value_head_dim], 1.0);
+    add(format!("{prefix}.out_proj.weight"), vec![h, values], 0.3);
 }
 
 pub fn weights(cfg: &ModelConfig) -> WeightStore {
@@ -54,17 +88,10 @@ pub fn weights(cfg: &ModelConfig) -> WeightStore {
         let p = format!("model.layers.{l}");
         add(format!("{p}.input_layernorm.weight"), vec![h], 1.0);
         add(format!("{p}.post_attention_layernorm.weight"), vec![h], 1.0);
-        for (name, out) in [("q_proj", cfg.q_size()), ("k_proj", cfg.kv_size()), ("v_proj", cfg.kv_size())] {
-            add(format!("{p}.self_attn.{name}.weight"), vec![out, h], 0.3);
-            if cfg.attention_bias {
-                add(format!("{p}.self_attn.{name}.bias"), vec![out], 0.3);
-            }
+        match cfg.gated_delta_net.as_ref().filter(|net| net.layers.contains(&l)) {
+            Some(net) => delta_net(&mut add, &format!("{p}.linear_attn"), net, h),
+            None => attention(&mut add, &format!("{p}.self_attn"), cfg),
         }
-        if cfg.qk_norm {
-            add(format!("{p}.self_attn.q_norm.weight"), vec![cfg.head_dim], 1.0);
-            add(format!("{p}.self_attn.k_norm.weight"), vec![cfg.head_dim], 1.0);
-        }
-        add(format!("{p}.self_attn.o_proj.weight"), vec![h, cfg.q_size()], 0.3);
         match &cfg.moe {
             None => swiglu(&mut add, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, i),
             Some(moe) => {
