@@ -50,7 +50,9 @@ impl DeltaRun<'_> {
 }
 
 /// Steps `state` (`[key_dim][value_dim]`) through the run token by token, writing each token's
-/// output row to `out` (`tokens x value_dim`).
+/// output row to `out` (`tokens x value_dim`). Inlined into each kernel path's twin
+/// (`Kernels::delta_rule_recurrent`), which the compiler vectorizes for that path's registers.
+#[inline(always)]
 pub fn recurrent(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
     let (dk, dv) = (run.key_dim, run.value_dim);
     let mut correction = vec![0.0f32; dv];
@@ -83,6 +85,7 @@ pub fn recurrent(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
 /// The same as [`recurrent`], a chunk of up to [`CHUNK`] tokens at a time. The run's first
 /// token is at `position` of its sequence and chunks end at multiples of [`CHUNK`]: a sequence
 /// computed in runs that split at such multiples gets the bits of one run.
+#[inline(always)]
 pub fn chunked(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]) {
     let mut scratch = ChunkScratch::new(run.key_dim, run.value_dim);
     let mut start = 0;
@@ -124,6 +127,7 @@ impl ChunkScratch {
 /// `T = (I + diag(β) (K Kᵀ ∘ D)_strictly_lower)⁻¹`, `U = T diag(β) V` and
 /// `W = T diag(β exp(G)) K`; the outputs are `diag(exp(G)) Q S + (Q Kᵀ ∘ D)_lower (U - W S)`,
 /// and the state becomes `exp(G_last) S + (diag(exp(G_last - G)) K)ᵀ (U - W S)`.
+#[inline(always)]
 fn chunk(run: &DeltaRun, state: &mut [f32], out: &mut [f32], s: &mut ChunkScratch) {
     let (dk, dv, c) = (run.key_dim, run.value_dim, run.tokens());
     let gsum = &mut s.decay_log[..c];
@@ -203,6 +207,7 @@ fn chunk(run: &DeltaRun, state: &mut [f32], out: &mut [f32], s: &mut ChunkScratc
 
 /// `out[m][n] += a[m][k] b[k][n]`, each sum in order of `k`; with `lower = Some(_)`, `a` is lower
 /// triangular (row `i` reads `k ≤ i` only).
+#[inline(always)]
 fn mul_add(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, lower: Option<usize>) {
     for i in 0..m {
         let inner = if lower.is_some() { i + 1 } else { k };
@@ -215,6 +220,7 @@ fn mul_add(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, 
     }
 }
 
+#[inline(always)]
 fn transpose(a: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     for i in 0..rows {
         for j in 0..cols {

@@ -3,6 +3,7 @@
 //! `RSGL_KERNELS=portable|avx2|avx512|avx512-bf16|neon|neon-bf16|sve-bf16` forces one path (to
 //! test every branch on one machine); asking for a path the CPU lacks falls back to portable with a warning.
 
+use crate::delta_rule::DeltaRun;
 use crate::int4::{Int4Weights, QuantizedBlocks};
 use crate::int8::{Int8Weights, QuantizedRows};
 use crate::int8_block::Int8BlockWeights;
@@ -87,6 +88,9 @@ pub type TopKFn = fn(x: &[f32], k: usize, out: &mut Vec<(f32, u32)>);
 pub type TokenMaskFn = fn(logits: &mut [f32], allowed: &[u32]);
 /// Paged attention of one task ([`crate::portable::attention::attention`] for the contract).
 pub type AttentionFn = unsafe fn(task: &AttentionTask, out: *mut f32, out_stride: usize);
+/// [`crate::delta_rule::chunked`]: a run starting at `position`.
+pub type DeltaRuleChunkedFn = fn(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]);
+pub type DeltaRuleRecurrentFn = fn(run: &DeltaRun, state: &mut [f32], out: &mut [f32]);
 
 /// The kernels chosen for this CPU.
 #[derive(Clone, Copy)]
@@ -114,6 +118,10 @@ pub struct Kernels {
     pub top_k: TopKFn,
     pub apply_token_mask: TokenMaskFn,
     pub attention: AttentionFn,
+    /// The gated delta rule: the portable Rust compiled for the path's vector width (the same
+    /// bits: no sum is reordered, no multiply-add fused).
+    pub delta_rule_chunked: DeltaRuleChunkedFn,
+    pub delta_rule_recurrent: DeltaRuleRecurrentFn,
 }
 
 impl Kernels {
@@ -136,6 +144,8 @@ impl Kernels {
             top_k: crate::portable::top_k,
             apply_token_mask: crate::portable::apply_token_mask,
             attention: crate::portable::attention::attention,
+            delta_rule_chunked: crate::delta_rule::chunked,
+            delta_rule_recurrent: crate::delta_rule::recurrent,
         }
     }
 

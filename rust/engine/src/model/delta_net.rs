@@ -12,7 +12,7 @@ use super::Precision;
 use crate::config::{GatedDeltaNet, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
-use rsgl_kernels::delta_rule::{chunked, recurrent, DeltaRun};
+use rsgl_kernels::delta_rule::DeltaRun;
 use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::portable::{exp, ln};
 
@@ -163,8 +163,8 @@ impl DeltaNet {
             for (from, to) in [(0, split), (split, n)].into_iter().filter(|(from, to)| to > from) {
                 let (piece, out) = (run.slice(from, to), &mut out[from * dv..to * dv]);
                 match to - from {
-                    1 => recurrent(&piece, state, out),
-                    _ => chunked(&piece, chunk.start_pos + from, state, out),
+                    1 => (c.kernels.delta_rule_recurrent)(&piece, state, out),
+                    _ => (c.kernels.delta_rule_chunked)(&piece, chunk.start_pos + from, state, out),
                 }
                 if let Some((_, snapshot)) = chunk.snapshot.filter(|_| to == split) {
                     // SAFETY: as the state's: this head's matrix of the snapshot slot.

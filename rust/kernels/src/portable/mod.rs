@@ -74,6 +74,7 @@ pub(crate) const EXP_POLYNOMIAL: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.3
 /// system to the next). Below about -87.3 it returns about 2^-126, above 88 e^88.
 // Not `clamp`: a NaN becomes the lower bound, as with the SIMD `max`.
 #[allow(clippy::manual_clamp)]
+#[inline(always)]
 pub fn exp(x: f32) -> f32 {
     let x = x.max(EXP_LOWEST).min(EXP_HIGHEST);
     let n = (x * std::f32::consts::LOG2_E).round_ties_even();

@@ -1,4 +1,5 @@
 use super::{rope_tables, RopeStyle};
+use crate::delta_rule::DeltaRun;
 use crate::dispatch::GemmArgs;
 use crate::int4::{Int4Offset, Int4Weights, QuantizedBlocks};
 use crate::int8_block::{Int8BlockWeights, HALF_BLOCK};
@@ -20,6 +21,28 @@ fn run_gemm(kern: &Kernels, x: &[f32], w: &PackedWeights, panels: std::ops::Rang
     // SAFETY: `out` is [m, n] and this thread is its only user.
     unsafe { (kern.gemm)(&GemmArgs { m, x, x_bf16: &x_bf16 }, w, panels, out.as_mut_ptr(), w.n) };
     out
+}
+
+/// The delta rule compiled for a path against the portable build: the same outputs and state,
+/// bit for bit, on odd sizes, chunked from a chunk edge and from inside a chunk, and stepped.
+fn check_delta_rule(simd: &Kernels) {
+    let reference = Kernels::portable();
+    for (tokens, dk, dv) in [(1, 3, 5), (7, 5, 3), (65, 16, 9), (130, 9, 17)] {
+        let (q, k, v) = (data(tokens * dk, 1.0), data(tokens * dk, 2.0), data(tokens * dv, 3.0));
+        let g: Vec<f32> = data(tokens, 4.0).iter().map(|x| -0.3 * (x + 1.0)).collect();
+        let beta: Vec<f32> = data(tokens, 5.0).iter().map(|x| 0.5 * (x + 1.0)).collect();
+        let run = DeltaRun { q: &q, k: &k, v: &v, g: &g, beta: &beta, key_dim: dk, value_dim: dv };
+        for position in [0, 37] {
+            let outputs = |kern: &Kernels| {
+                let (mut state, mut out) = (data(dk * dv, 6.0), vec![0.0; tokens * dv]);
+                (kern.delta_rule_chunked)(&run, position, &mut state, &mut out);
+                let mut stepped = vec![0.0; tokens * dv];
+                (kern.delta_rule_recurrent)(&run, &mut state, &mut stepped);
+                (out, stepped, state)
+            };
+            assert!(outputs(&reference) == outputs(simd), "{} delta rule: {tokens} tokens, {dk}x{dv}, from position {position}", simd.isa);
+        }
+    }
 }
 
 /// Compares a SIMD GEMM with the portable one for every weight dtype on odd sizes, and checks
@@ -201,6 +224,7 @@ pub fn assert_paths_ran(kind: &str, ran: &[&str], detected: &[(&str, bool)]) {
 pub fn check_against_portable(simd: &Kernels) {
     check_gemm(simd);
     check_rows(simd);
+    check_delta_rule(simd);
     super::attention::tests::check_attention(simd);
 }
 

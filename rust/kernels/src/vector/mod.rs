@@ -74,6 +74,7 @@ macro_rules! vector_kernels {
     ($v:ty, $features:literal) => {
         mod vectorized {
             use super::*;
+            use crate::delta_rule::DeltaRun;
             use crate::dispatch::{GemmFn, Int8Gemm, Kernels};
             use crate::paged::AttentionTask;
             use crate::portable::RopeStyle;
@@ -131,6 +132,14 @@ macro_rules! vector_kernels {
             unsafe fn attention_simd(task: &AttentionTask, out: *mut f32, out_stride: usize) {
                 attn::attention::<$v>(task, out, out_stride)
             }
+            #[target_feature(enable = $features)]
+            unsafe fn delta_rule_chunked_simd(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]) {
+                crate::delta_rule::chunked(run, position, state, out)
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn delta_rule_recurrent_simd(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
+                crate::delta_rule::recurrent(run, state, out)
+            }
 
             /// The kernel table of this vector type, with the ISA's own GEMM and the GEMMs on
             /// int8 activations given.
@@ -154,6 +163,8 @@ macro_rules! vector_kernels {
                     top_k: |x, k, out| unsafe { top_k_simd(x, k, out) },
                     apply_token_mask: |l, m| unsafe { apply_token_mask_simd(l, m) },
                     attention: attention_simd,
+                    delta_rule_chunked: |run, position, state, out| unsafe { delta_rule_chunked_simd(run, position, state, out) },
+                    delta_rule_recurrent: |run, state, out| unsafe { delta_rule_recurrent_simd(run, state, out) },
                 }
             }
         }
