@@ -8,6 +8,7 @@ requests and retracted under a small KV pool; every state slot free again after;
 from __future__ import annotations
 
 import shutil
+import time
 
 import pytest
 import rsgl
@@ -82,6 +83,22 @@ def test_requests_wait_for_a_state_slot_and_retracted_ones_start_over(hybrid):
         assert [out["output_ids"] for out in engine.generate(input_ids=pair, sampling_params=GREEDY)] == [want[2], want[4]]
         info = engine.get_server_info()
     assert info["retracted_requests"] > 0
+
+
+def test_an_aborted_request_gives_its_state_slot_back(hybrid):
+    path, _ = hybrid
+    with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32") as engine:
+        stream = engine.generate(input_ids=PROMPTS[3], sampling_params={**GREEDY, "max_new_tokens": 500}, stream=True)
+        next(stream)
+        next(stream)  # the statistics of the step that sent the first chunk are out by now
+        assert engine.get_server_info()["state_slots_free"] < engine.get_server_info()["state_slots_total"]
+        stream.close()  # the caller goes away: the request is aborted
+        deadline = time.monotonic() + 30
+        while engine.get_server_info()["running_requests"] and time.monotonic() < deadline:
+            time.sleep(0.01)
+        info = engine.get_server_info()
+    assert info["running_requests"] == 0
+    assert info["state_slots_free"] + info["state_snapshots"] == info["state_slots_total"]
 
 
 def test_a_second_turn_and_a_shared_few_shot_prefix_resume_from_cached_state(hybrid_model):
