@@ -1,26 +1,20 @@
-//! The recurrent layers' per-sequence states (Gated DeltaNet's convolution window and delta-rule
-//! matrices), which take the place of their KV pages: a fixed number of slots, sized at start-up,
+//! The recurrent layers' per-sequence states (Gated DeltaNet's and Mamba-2's convolution windows,
+//! delta-rule matrices and state space states), which take the place of their KV pages: a fixed number of slots, sized at start-up,
 //! each holding one running sequence's state in every recurrent layer whatever its length.
 
 use crate::config::ModelConfig;
 use rsgl_kernels::memory::HugePageBuffer;
 
-/// Every slot's state, per layer (empty for the layers that attend).
+/// Every slot's state, per layer (empty for the layers that attend): each layer's slots are its
+/// own length (`ModelConfig::state_len`).
 pub struct RecurrentStates {
-    slot_len: usize,
     layers: Vec<HugePageBuffer<f32>>,
 }
 
 impl RecurrentStates {
     pub fn new(cfg: &ModelConfig, slots: usize) -> Self {
-        let slot_len = cfg.gated_delta_net.as_ref().map_or(0, |net| net.state_len());
-        let layers = (0..cfg.num_hidden_layers).map(|layer| HugePageBuffer::zeroed(if cfg.is_recurrent(layer) { slots * slot_len } else { 0 })).collect();
-        RecurrentStates { slot_len, layers }
-    }
-
-    /// Values of one slot's state in one layer.
-    pub fn slot_len(&self) -> usize {
-        self.slot_len
+        let layers = (0..cfg.num_hidden_layers).map(|layer| HugePageBuffer::zeroed(slots * cfg.state_len(layer))).collect();
+        RecurrentStates { layers }
     }
 
     /// Every slot's state in `layer`, slot after slot.
