@@ -101,12 +101,12 @@ def test_an_aborted_request_gives_its_state_slot_back(hybrid):
     assert info["state_slots_free"] + info["state_snapshots"] == info["state_slots_total"]
 
 
-def test_a_second_turn_and_a_shared_few_shot_prefix_resume_from_cached_state(hybrid_model):
+def check_resuming_from_cached_state(path, model):
     """The prefix cache keeps the recurrent layers' state every 64 tokens (whole pages that end a chunk of the
-    delta rule): a conversation's next turn, and a prompt sharing another's long prefix, resume from the last
-    snapshot inside what they share, with the tokens transformers gives for their whole prompt."""
-    path, model = hybrid_model
-    first = [1, *range(3, 150)]  # 148 tokens: snapshots after 64 and 128
+    recurrence): a conversation's next turn, and a prompt sharing another's long prefix, resume from the last
+    snapshot inside what they share, with the tokens transformers gives for their whole prompt, and those of an
+    engine without the cache."""
+    first = [1, *range(3, 150)]  # 148 tokens: a snapshot after 128
     with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32") as engine:
         answer = engine.generate(input_ids=first, sampling_params=GREEDY)["output_ids"]
         second = [*first, *answer, *range(40, 60)]
@@ -117,6 +117,10 @@ def test_a_second_turn_and_a_shared_few_shot_prefix_resume_from_cached_state(hyb
     assert outs == transformers_greedy(model, [second, few_shot])
     with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32", disable_radix_cache=True) as engine:
         assert [engine.generate(input_ids=ids, sampling_params=GREEDY)["output_ids"] for ids in (second, few_shot)] == outs
+
+
+def test_a_second_turn_and_a_shared_few_shot_prefix_resume_from_cached_state(hybrid_model):
+    check_resuming_from_cached_state(*hybrid_model)
 
 
 @pytest.mark.parametrize(

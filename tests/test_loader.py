@@ -163,6 +163,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "activation": "silu",
         "norm_weight_offset": 0.0,
         "gated_delta_net": None,
+        "mamba2": None,
     }
 
 
@@ -568,6 +569,7 @@ def test_default_model_config(default_model):
         "activation": "silu",
         "norm_weight_offset": 0.0,
         "gated_delta_net": None,
+        "mamba2": None,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False

@@ -23,7 +23,7 @@ from zoo_models import FAMILIES, build_family
 
 SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Hybrid families, whose recurrent layers tests/test_hybrid.py covers.
-HYBRID = ("qwen3_5", "qwen3_next")
+HYBRID = ("qwen3_5", "qwen3_next", "granitemoehybrid", "granitemoehybrid_dense")
 # Families rsgl reads from GGUF files as well.
 GGUF_SUPPORTED = SUPPORTED
 NEW_TOKENS = 12

@@ -32,6 +32,25 @@ HYBRID = dict(
     linear_conv_kernel_dim=4,
 )
 
+# Granite 4: Mamba-2 in layers 0, 1 and 3 (4 heads of 16 in 2 groups sharing B and C, an 8-wide state), attention in
+# 2 and 4 (the Hub's legacy layer names), Granite's multipliers.
+GRANITE_HYBRID = dict(
+    model_type="granitemoehybrid",
+    num_hidden_layers=5,
+    layer_types=["mamba", "mamba", "attention", "mamba", "attention"],
+    mamba_n_heads=4,
+    mamba_d_head=16,
+    mamba_expand=1,
+    mamba_n_groups=2,
+    mamba_d_state=8,
+    mamba_d_conv=4,
+    shared_intermediate_size=48,
+    embedding_multiplier=3.0,
+    residual_multiplier=0.5,
+    attention_multiplier=0.2,
+    logits_scaling=2.0,
+)
+
 # Per family: the transformers model_type, and what differs from TINY.
 OVERRIDES = {
     # Layers 0 and 2 slide, 1 and 3 are global. query_pre_attn_scalar stays head_dim: llama.cpp assumes so (GGUF has no field for it).
@@ -105,6 +124,10 @@ OVERRIDES = {
         shared_expert_intermediate_size=48,
         norm_topk_prob=True,
     ),
+    # With rope, and 4 experts (2 per token) beside the shared MLP in every layer.
+    "granitemoehybrid": dict(**GRANITE_HYBRID, position_embedding_type="rope", num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
+    # Without rope ("nope", as Granite 4.0-H) and without experts: the shared MLP alone.
+    "granitemoehybrid_dense": dict(**GRANITE_HYBRID, position_embedding_type="nope", num_local_experts=0),
     # A family rsgl does not run (LayerNorm, an ungated MLP): it must be refused with a clear error.
     "starcoder2": dict(model_type="starcoder2"),
 }
@@ -116,6 +139,7 @@ FAMILIES = tuple(OVERRIDES)
 # Smaller embeddings and sharper attention give varied tokens.
 # gpt-oss: its expert biases (`*_proj_bias`) are not `.bias`; sinks around 1 take a real share of each softmax;
 # gate/up at std 0.6 put many values past the SwiGLU's clamp at 7, so a missed sink or clamp changes the tokens.
+GRANITE_MAMBA_INITS = {"mamba.A_log": (0.0, 0.5), "mamba.dt_bias": (0.0, 0.5), "mamba.D": (1.0, 0.3)}
 FAMILY_INITS = {
     "gemma2": {"embed_tokens.weight": (0.0, 0.05), "q_proj.weight": (0.0, 0.45)},
     "gemma3": {"embed_tokens.weight": (0.0, 0.05), "q_norm.weight": (2.0, 0.1)},  # q scaled by 1 + 2: q_norm flattens a larger q_proj
@@ -123,6 +147,9 @@ FAMILY_INITS = {
     # The DeltaNet's gated norm scales by its weight (the other norms by 1 + weight).
     "qwen3_5": {"linear_attn.norm.weight": (1.0, 0.1)},
     "qwen3_next": {"linear_attn.norm.weight": (1.0, 0.1)},
+    # Mamba-2's decay rates, step biases and skips spread around transformers' initial values.
+    "granitemoehybrid": GRANITE_MAMBA_INITS,
+    "granitemoehybrid_dense": GRANITE_MAMBA_INITS,
 }
 # Families whose RMS norms scale by (1 + weight).
 ZERO_CENTERED_NORMS = ("gemma2", "gemma3", "qwen3_5", "qwen3_next")

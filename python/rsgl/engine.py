@@ -99,7 +99,7 @@ class Engine:
     `default_kv_cache_dtype` of the weights),
     `swa_full_tokens_ratio` (for models with sliding-window layers, which keep only their window's KV in pages of their
     own: tokens of that pool per token of the global layers' pool, the budget split to give both; default 0.8),
-    `max_mamba_cache_size` (for models with recurrent layers, Qwen3.5 and Qwen3-Next: how many requests hold a
+    `max_mamba_cache_size` (for models with recurrent layers, Qwen3.5, Qwen3-Next and Granite 4.0-H: how many requests hold a
     recurrent state at once; default one per running request within half of `kv_cache_memory_gb`, which the states
     come out of),
     `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own

@@ -141,6 +141,17 @@ class GatedDeltaNet(TypedDict):
     conv_kernel: int
 
 
+class Mamba2(TypedDict):
+    """The Mamba-2 layers of a hybrid model (Granite 4) and their shape."""
+
+    layers: list[int]
+    heads: int
+    head_dim: int
+    state_size: int
+    groups: int  # groups of heads sharing B and C
+    conv_kernel: int
+
+
 class ModelConfig(TypedDict):
     """The config the Rust core reads, as it normalizes a checkpoint's (`_core.normalize_hf_config`,
     `_core.gguf_config`)."""
@@ -169,6 +180,7 @@ class ModelConfig(TypedDict):
     activation: Literal["silu", "gelu_tanh"]  # the gated MLP's
     norm_weight_offset: float  # added to every RMS norm weight as stored (Gemma's norms scale by 1 + w)
     gated_delta_net: GatedDeltaNet | None  # layers with a recurrent state in place of attention
+    mamba2: Mamba2 | None  # layers with a recurrent state in place of attention (Granite 4)
 
 
 @dataclass
@@ -321,16 +333,20 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4
     hidden, ffn, vocab = config["hidden_size"], config["intermediate_size"], config["vocab_size"]
     assembly = _ASSEMBLIES[config["architecture"]]
     norms = [name for sublayer in ("attention", "mlp") for name in (assembly[sublayer]["pre"], assembly[sublayer]["post"]) if name]
-    net = config.get("gated_delta_net")
+    net, mamba = config.get("gated_delta_net"), config.get("mamba2")
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (vocab, hidden)}
     for layer in range(config["num_hidden_layers"]):
         prefix = f"model.layers.{layer}."
         shapes.update({f"{prefix}{name}.weight": (hidden,) for name in norms})
         if net and layer in net["layers"]:
             shapes.update(_delta_net_shapes(prefix + "linear_attn.", net, hidden, found))
+        elif mamba and layer in mamba["layers"]:
+            shapes.update(_mamba2_shapes(prefix + "mamba.", mamba, hidden, found))
         else:
             shapes.update(_attention_shapes(prefix + "self_attn.", config, assembly, found))
-        if config["moe"]:
+        if assembly["mlp_layout"] == "granite_shared":
+            shapes.update(_granite_mlp_shapes(prefix, config))
+        elif config["moe"]:
             shapes.update(_moe_shapes(prefix, config["moe"], config))
         else:
             shapes.update(_swiglu_shapes(prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"), hidden, ffn))
@@ -382,6 +398,43 @@ def _delta_net_shapes(prefix: str, net: GatedDeltaNet, hidden: int, found: set[s
             prefix + "norm.weight": (net["value_head_dim"],),
         }
     )
+    return shapes
+
+
+def _mamba2_shapes(prefix: str, mamba: Mamba2, hidden: int, found: set[str]) -> dict[str, tuple[int, ...]]:
+    """A Mamba-2 sublayer's tensors (`prefix`: `model.layers.{i}.mamba.`), its biases where the
+    checkpoint has them."""
+    heads, inner = mamba["heads"], mamba["heads"] * mamba["head_dim"]
+    channels = inner + 2 * mamba["groups"] * mamba["state_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        prefix + "in_proj.weight": (inner + channels + heads, hidden),
+        prefix + "conv1d.weight": (channels, 1, mamba["conv_kernel"]),
+        prefix + "A_log": (heads,),
+        prefix + "dt_bias": (heads,),
+        prefix + "D": (heads,),
+        prefix + "norm.weight": (inner,),
+        prefix + "out_proj.weight": (hidden, inner),
+    }
+    biases = {prefix + "in_proj.bias": (inner + channels + heads,), prefix + "conv1d.bias": (channels,), prefix + "out_proj.bias": (hidden,)}
+    shapes.update({name: shape for name, shape in biases.items() if name in found})
+    return shapes
+
+
+def _granite_mlp_shapes(prefix: str, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+    """Granite 4's MLP tensors: the shared MLP (gate and up stacked), and the experts stacked
+    (each one's gate and up rows, then their down matrices) with their router, where it has experts."""
+    hidden, shared = config["hidden_size"], config["intermediate_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        prefix + "shared_mlp.input_linear.weight": (2 * shared, hidden),
+        prefix + "shared_mlp.output_linear.weight": (hidden, shared),
+    }
+    moe = config["moe"]
+    if moe:
+        experts, inter = moe["num_experts"], moe["expert_intermediate_size"]
+        block = prefix + "block_sparse_moe."
+        shapes[block + "input_linear.weight"] = (experts, 2 * inter, hidden)
+        shapes[block + "output_linear.weight"] = (experts, hidden, inter)
+        shapes[block + "router.layer.weight"] = (experts, hidden)
     return shapes
 
 

@@ -26,8 +26,8 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     """A transformers config.json from the loader's normalized config."""
     config: JsonObject = dict(model.config)
     architecture = config.pop("architecture")
-    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim", "gated_delta_net")]
-    if layout != [None, "silu", 0.0, None, None]:
+    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim", "gated_delta_net", "mamba2")]
+    if layout != [None, "silu", 0.0, None, None, None]:
         raise UnsupportedModelError(
             f"rsgl cannot write {architecture} checkpoints yet (sliding windows, GeGLU, offset norms, partial rotary, recurrent "
             "layers); quantize them at load instead."

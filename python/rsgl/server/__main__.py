@@ -47,7 +47,7 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     },
     "--max-mamba-cache-size": {
         "type": int,
-        "help": "for models with recurrent layers (Qwen3.5, Qwen3-Next): requests holding a recurrent state at once (default: one "
+        "help": "for models with recurrent layers (Qwen3.5, Qwen3-Next, Granite 4.0-H): requests holding a recurrent state at once (default: one "
         "per running request within half the KV budget, which the states come out of)",
     },
     "--hicache-dir": {

@@ -7,7 +7,7 @@ mod gguf;
 mod hf;
 mod keys;
 
-pub use architecture::{Architecture, MoeFacts, ARCHITECTURES};
+pub use architecture::{Architecture, MoeFacts, RecurrentMixer, ARCHITECTURES};
 
 use crate::error::{EngineError, Result};
 use crate::kv::window::window_pages_per_request;
@@ -72,6 +72,10 @@ pub struct ModelConfig {
     /// a fixed-size state per sequence instead of KV pages.
     #[serde(default)]
     pub gated_delta_net: Option<GatedDeltaNet>,
+    /// Layers whose token mixer is a Mamba-2 selective state space layer in place of attention
+    /// (Granite 4's hybrids): a fixed-size state per sequence instead of KV pages.
+    #[serde(default)]
+    pub mamba2: Option<Mamba2>,
 }
 
 /// The shape of Gated DeltaNet layers: a short causal convolution over q, k and v, then the gated
@@ -99,6 +103,41 @@ impl GatedDeltaNet {
     /// rule's `[key_head_dim][value_head_dim]` matrix per value head.
     pub fn state_len(&self) -> usize {
         self.conv_channels() * (self.conv_kernel - 1) + self.value_heads * self.key_head_dim * self.value_head_dim
+    }
+}
+
+/// The shape of Mamba-2 layers: a short causal convolution over x, B and C, then the selective
+/// state space recurrence (`rsgl_kernels::ssd`) per head, each group of heads sharing B and C.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mamba2 {
+    pub layers: Vec<usize>,
+    pub heads: usize,
+    pub head_dim: usize,
+    /// Elements of B and C (and of each head's state per head dimension).
+    pub state_size: usize,
+    /// Groups of heads sharing one B and one C; the gated RMS norm normalizes each group's
+    /// heads together.
+    pub groups: usize,
+    /// Taps of the causal convolution (the state keeps the last `conv_kernel - 1` inputs).
+    pub conv_kernel: usize,
+}
+
+impl Mamba2 {
+    /// Width of x (and of the gate z): every head's.
+    pub fn inner_size(&self) -> usize {
+        self.heads * self.head_dim
+    }
+
+    /// Channels of the convolution: x, B and C side by side.
+    pub fn conv_channels(&self) -> usize {
+        self.inner_size() + 2 * self.groups * self.state_size
+    }
+
+    /// Values of one layer's state of one sequence: the convolution's window, then the
+    /// `[state_size][head_dim]` state per head.
+    pub fn state_len(&self) -> usize {
+        self.conv_channels() * (self.conv_kernel - 1) + self.heads * self.state_size * self.head_dim
     }
 }
 
@@ -332,6 +371,17 @@ impl ModelConfig {
                 return Err(EngineError::ModelLoad(format!("model config: Gated DeltaNet layers {net:?} of {} are not usable", self.num_hidden_layers)));
             }
         }
+        if let Some(mamba) = &self.mamba2 {
+            let shape = [mamba.heads, mamba.head_dim, mamba.state_size, mamba.groups, mamba.conv_kernel];
+            let overlapping = self.gated_delta_net.as_ref().is_some_and(|net| net.layers.iter().any(|layer| mamba.layers.contains(layer)));
+            if shape.contains(&0)
+                || !mamba.heads.is_multiple_of(mamba.groups)
+                || mamba.layers.iter().any(|&layer| layer >= self.num_hidden_layers)
+                || overlapping
+            {
+                return Err(EngineError::ModelLoad(format!("model config: Mamba-2 layers {mamba:?} of {} are not usable", self.num_hidden_layers)));
+            }
+        }
         if let Some(window) = &self.sliding_window {
             if window.size == 0 || window.layers.iter().any(|&layer| layer >= self.num_hidden_layers) {
                 return Err(EngineError::ModelLoad(format!(
@@ -356,14 +406,26 @@ impl ModelConfig {
         self.num_key_value_heads * self.head_dim
     }
 
+    /// Values of one sequence's recurrent state in `layer`: 0 for a layer that attends.
+    pub fn state_len(&self, layer: usize) -> usize {
+        let delta_net = self.gated_delta_net.as_ref().filter(|net| net.layers.contains(&layer)).map(GatedDeltaNet::state_len);
+        let mamba = self.mamba2.as_ref().filter(|mamba| mamba.layers.contains(&layer)).map(Mamba2::state_len);
+        delta_net.or(mamba).unwrap_or(0)
+    }
+
     /// Whether `layer` keeps a recurrent state in place of KV pages.
     pub fn is_recurrent(&self, layer: usize) -> bool {
-        self.gated_delta_net.as_ref().is_some_and(|net| net.layers.contains(&layer))
+        self.state_len(layer) > 0
+    }
+
+    /// Whether any layer keeps a recurrent state.
+    pub fn has_recurrent_layers(&self) -> bool {
+        self.state_bytes() > 0
     }
 
     /// The layers that attend (and keep KV pages).
     pub fn attention_layers(&self) -> usize {
-        self.num_hidden_layers - self.gated_delta_net.as_ref().map_or(0, |net| net.layers.len())
+        (0..self.num_hidden_layers).filter(|&layer| !self.is_recurrent(layer)).count()
     }
 
     /// Bytes of K and V one token occupies in the cache, over all layers.
@@ -373,7 +435,7 @@ impl ModelConfig {
 
     /// Bytes of one sequence's recurrent state over all layers (float32); 0 without such layers.
     pub fn state_bytes(&self) -> usize {
-        self.gated_delta_net.as_ref().map_or(0, |net| net.layers.len() * net.state_len() * std::mem::size_of::<f32>())
+        (0..self.num_hidden_layers).map(|layer| self.state_len(layer)).sum::<usize>() * std::mem::size_of::<f32>()
     }
 }
 

@@ -71,10 +71,12 @@ impl WindowPool {
 }
 
 /// Tokens between two places a request's recurrent state may be snapshot: whole pages that end
-/// a chunk of the delta rule ([`rsgl_kernels::delta_rule::CHUNK`]), so taking the snapshot splits
-/// no chunk and a request resuming from it computes what it would have without it.
+/// a chunk of the recurrences (64 tokens: [`rsgl_kernels::delta_rule::CHUNK`], the same as
+/// [`rsgl_kernels::ssd::CHUNK`]), so taking the snapshot splits no chunk and a request resuming
+/// from it computes what it would have without it.
 fn snapshot_every(page_size: usize) -> usize {
     let chunk = rsgl_kernels::delta_rule::CHUNK;
+    const _: () = assert!(rsgl_kernels::delta_rule::CHUNK == rsgl_kernels::ssd::CHUNK);
     let gcd = (1..=page_size.min(chunk)).rev().find(|&d| page_size.is_multiple_of(d) && chunk.is_multiple_of(d)).expect("1 divides both");
     page_size / gcd * chunk
 }

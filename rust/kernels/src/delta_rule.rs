@@ -208,7 +208,7 @@ fn chunk(run: &DeltaRun, state: &mut [f32], out: &mut [f32], s: &mut ChunkScratc
 /// `out[m][n] += a[m][k] b[k][n]`, each sum in order of `k`; with `lower = Some(_)`, `a` is lower
 /// triangular (row `i` reads `k ≤ i` only).
 #[inline(always)]
-fn mul_add(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, lower: Option<usize>) {
+pub(crate) fn mul_add(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, lower: Option<usize>) {
     for i in 0..m {
         let inner = if lower.is_some() { i + 1 } else { k };
         let o = &mut out[i * n..(i + 1) * n];
@@ -221,7 +221,7 @@ fn mul_add(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, 
 }
 
 #[inline(always)]
-fn transpose(a: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
+pub(crate) fn transpose(a: &[f32], rows: usize, cols: usize, out: &mut [f32]) {
     for i in 0..rows {
         for j in 0..cols {
             out[j * rows + i] = a[i * cols + j];

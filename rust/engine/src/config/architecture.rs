@@ -2,7 +2,7 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{gemma, glm4, gpt_oss, llama, olmo2, qwen3_next, Assembly};
+use crate::model::archs::{gemma, glm4, gpt_oss, granite, llama, olmo2, qwen3_next, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -34,6 +34,11 @@ pub struct Architecture {
     pub yarn_truncates: bool,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
+    /// The config.json key of the dense MLP's width (Granite 4's shared MLP's).
+    pub ffn_key: &'static str,
+    /// What the layers config.json's `layer_types` calls `linear_attention` (or `mamba`) mix
+    /// tokens with; None: every layer attends.
+    pub recurrent_mixer: Option<RecurrentMixer>,
     /// transformers' defaults for this model's config (JSON), for the `text_config` of a
     /// vision-language checkpoint, where transformers 4 writes only the keys that differ.
     pub nested_config_defaults: Option<&'static str>,
@@ -48,7 +53,27 @@ pub struct MoeFacts {
     pub renormalizes_top_k: bool,
     /// llama.cpp renormalizes them where a GGUF file has no `expert_weights_norm`.
     pub gguf_renormalizes_top_k: bool,
+    /// The config.json key of the shared expert's FFN size, where the model has one.
+    pub shared_expert_ffn_key: &'static str,
 }
+
+/// A recurrent token mixer in place of attention.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecurrentMixer {
+    /// Qwen3-Next's and Qwen3.5's Gated DeltaNet.
+    GatedDeltaNet,
+    /// Granite 4's Mamba-2.
+    Mamba2,
+}
+
+/// The usual facts of a mixture of experts (Qwen's); each row says how it differs.
+const MOE: MoeFacts = MoeFacts {
+    expert_ffn_key: "moe_intermediate_size",
+    renormalizes_top_k: false,
+    gguf_renormalizes_top_k: true,
+    shared_expert_ffn_key: "shared_expert_intermediate_size",
+};
 
 /// A dense Llama-built architecture without biases or a sliding window; each row says how it differs.
 const PLAIN: Architecture = Architecture {
@@ -63,6 +88,8 @@ const PLAIN: Architecture = Architecture {
     no_rope_layer_every: None,
     yarn_truncates: true,
     moe: None,
+    ffn_key: "intermediate_size",
+    recurrent_mixer: None,
     nested_config_defaults: None,
 };
 
@@ -101,7 +128,7 @@ pub const ARCHITECTURES: &[Architecture] = &[
         hf_class: "MixtralForCausalLM",
         gguf_name: Some("llama"),
         sliding_window: true,
-        moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
+        moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, ..MOE }),
         ..PLAIN
     },
     Architecture {
@@ -109,17 +136,10 @@ pub const ARCHITECTURES: &[Architecture] = &[
         hf_class: "Qwen2MoeForCausalLM",
         gguf_name: Some("qwen2moe"),
         attention_bias: true,
-        moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: false }),
+        moe: Some(MoeFacts { gguf_renormalizes_top_k: false, ..MOE }),
         ..PLAIN
     },
-    Architecture {
-        name: "qwen3_moe",
-        hf_class: "Qwen3MoeForCausalLM",
-        gguf_name: Some("qwen3moe"),
-        assembly: llama::QWEN3,
-        moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
-        ..PLAIN
-    },
+    Architecture { name: "qwen3_moe", hf_class: "Qwen3MoeForCausalLM", gguf_name: Some("qwen3moe"), assembly: llama::QWEN3, moe: Some(MOE), ..PLAIN },
     Architecture {
         name: "gpt_oss",
         hf_class: "GptOssForCausalLM",
@@ -131,16 +151,39 @@ pub const ARCHITECTURES: &[Architecture] = &[
         global_layer_every: Some(2),
         // OpenAI's configs set `truncate: false`.
         yarn_truncates: false,
-        moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, gguf_renormalizes_top_k: true }),
+        moe: Some(MoeFacts { expert_ffn_key: "intermediate_size", renormalizes_top_k: true, ..MOE }),
         ..PLAIN
     },
     // Qwen3.5's language model (its vision-language checkpoints' `text_config`).
-    Architecture { name: "qwen3_5_text", hf_class: "Qwen3_5ForCausalLM", assembly: qwen3_next::QWEN3_NEXT, ..PLAIN },
+    Architecture {
+        name: "qwen3_5_text",
+        hf_class: "Qwen3_5ForCausalLM",
+        assembly: qwen3_next::QWEN3_NEXT,
+        recurrent_mixer: Some(RecurrentMixer::GatedDeltaNet),
+        ..PLAIN
+    },
     Architecture {
         name: "qwen3_next",
         hf_class: "Qwen3NextForCausalLM",
         assembly: qwen3_next::QWEN3_NEXT,
-        moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
+        moe: Some(MOE),
+        recurrent_mixer: Some(RecurrentMixer::GatedDeltaNet),
+        ..PLAIN
+    },
+    // Its experts' softmax over the top k logits is the renormalized top k of the softmax over all;
+    // a config without experts (`num_local_experts` 0) runs the shared MLP alone.
+    Architecture {
+        name: "granitemoehybrid",
+        hf_class: "GraniteMoeHybridForCausalLM",
+        assembly: granite::GRANITE_MOE_HYBRID,
+        moe: Some(MoeFacts {
+            expert_ffn_key: "intermediate_size",
+            renormalizes_top_k: true,
+            gguf_renormalizes_top_k: true,
+            shared_expert_ffn_key: "shared_intermediate_size",
+        }),
+        ffn_key: "shared_intermediate_size",
+        recurrent_mixer: Some(RecurrentMixer::Mamba2),
         ..PLAIN
     },
 ];
@@ -192,6 +235,7 @@ mod tests {
         assert_eq!(Architecture::named("qwen2_moe").map(|a| a.hf_class), Some("Qwen2MoeForCausalLM"));
         assert_eq!(Architecture::with_hf_class("MixtralForCausalLM").map(|a| a.name), Some("mixtral"));
         assert_eq!(Architecture::with_hf_class("Qwen3Model").map(|a| a.name), Some("qwen3"));
+        assert_eq!(Architecture::with_hf_class("GraniteMoeHybridForCausalLM").map(|a| a.name), Some("granitemoehybrid"));
         let of_gguf = |name, has_experts| Architecture::of_gguf(name, has_experts).map(|a| a.name);
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(

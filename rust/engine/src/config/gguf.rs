@@ -84,6 +84,7 @@ impl ModelConfig {
             // llama.cpp's converter stores Gemma's norm weights as the `1 + w` they scale by.
             norm_weight_offset: 0.0,
             gated_delta_net: None,
+            mamba2: None,
         };
         config.validate()?;
         Ok(config)

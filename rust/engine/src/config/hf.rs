@@ -1,9 +1,9 @@
 //! A transformers config.json (4.x or 5.x layout) mapped onto the normalized config, refusing
 //! the variants the runner does not implement.
 
-use super::architecture::{Architecture, MoeFacts};
+use super::architecture::{Architecture, MoeFacts, RecurrentMixer};
 use super::keys::{quoted, truthy, Keys};
-use super::{Activation, GatedDeltaNet, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
+use super::{Activation, GatedDeltaNet, Mamba2, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -30,10 +30,17 @@ impl ModelConfig {
         let num_hidden_layers = hf.count("num_hidden_layers")?;
         // Zero heads: validate() says so.
         let head_dim = hf.optional_count("head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
+        let activation = activation(&hf, architecture)?;
+        let recurrent = recurrent_layers(&hf, architecture, num_hidden_layers)?;
+        let (gated_delta_net, mamba2) = match architecture.recurrent_mixer {
+            Some(RecurrentMixer::GatedDeltaNet) => (gated_delta_net(&hf, recurrent)?, None),
+            Some(RecurrentMixer::Mamba2) => (None, mamba2(&hf, recurrent, hidden_size, activation)?),
+            None => (None, None),
+        };
         let config = ModelConfig {
             architecture: architecture.name.into(),
             hidden_size,
-            intermediate_size: hf.count("intermediate_size")?,
+            intermediate_size: hf.count(architecture.ffn_key)?,
             num_hidden_layers,
             num_attention_heads,
             num_key_value_heads: hf.optional_count("num_key_value_heads")?.unwrap_or(num_attention_heads),
@@ -47,15 +54,16 @@ impl ModelConfig {
             qk_norm: architecture.assembly.qk_norm != QkNorm::None,
             tie_word_embeddings: hf.flag("tie_word_embeddings"),
             max_position_embeddings: context_limit(&hf, architecture)?,
-            moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?,
+            moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?.flatten(),
             // In sentence-transformers' files next to config.json, which the loader reads.
             pooling: None,
             scales: scales(&hf, architecture, hidden_size)?,
-            no_rope_layers: no_rope_layers(&hf)?,
+            no_rope_layers: no_rope_layers(&hf, num_hidden_layers)?,
             sliding_window: sliding_window(&hf, architecture, num_hidden_layers)?,
-            activation: activation(&hf, architecture)?,
+            activation,
             norm_weight_offset: architecture.assembly.norm_weight_offset,
-            gated_delta_net: gated_delta_net(&hf, num_hidden_layers)?,
+            gated_delta_net,
+            mamba2,
         };
         config.validate()?;
         Ok(config)
@@ -289,19 +297,30 @@ fn sliding_window(hf: &Keys, architecture: &Architecture, layers: usize) -> Resu
     Ok((!sliding.is_empty()).then_some(SlidingWindow { size, layers: sliding, rope_theta }))
 }
 
-/// Qwen3-Next's and Qwen3.5's Gated DeltaNet layers: the `linear_attention` ones of
-/// `layer_types`, else all but every `full_attention_interval`th.
-fn gated_delta_net(hf: &Keys, layers: usize) -> Result<Option<GatedDeltaNet>> {
-    let linear: Vec<usize> = match (hf.set("layer_types").and_then(Value::as_array), hf.optional_count("full_attention_interval")?) {
-        (Some(kinds), _) => kinds.iter().enumerate().filter(|(_, kind)| kind.as_str() == Some("linear_attention")).map(|(layer, _)| layer).collect(),
+/// The layers of a hybrid architecture that mix tokens with its recurrent mixer: the
+/// `linear_attention` ones of `layer_types` (Granite 4's configs on the Hub say `mamba`, in
+/// `layer_types` or `layers_block_type`), else all but every `full_attention_interval`th (Qwen3-Next).
+fn recurrent_layers(hf: &Keys, architecture: &Architecture, layers: usize) -> Result<Vec<usize>> {
+    if architecture.recurrent_mixer.is_none() {
+        return Ok(Vec::new());
+    }
+    let kinds = hf.set("layer_types").or_else(|| hf.set("layers_block_type")).and_then(Value::as_array);
+    Ok(match (kinds, hf.optional_count("full_attention_interval")?) {
+        (Some(kinds), _) => {
+            kinds.iter().enumerate().filter(|(_, kind)| matches!(kind.as_str(), Some("linear_attention" | "mamba"))).map(|(layer, _)| layer).collect()
+        }
         (None, Some(every)) => SlidingWindow::all_but_every(every, layers),
         (None, None) => Vec::new(),
-    };
-    if linear.is_empty() {
+    })
+}
+
+/// Qwen3-Next's and Qwen3.5's Gated DeltaNet layers.
+fn gated_delta_net(hf: &Keys, layers: Vec<usize>) -> Result<Option<GatedDeltaNet>> {
+    if layers.is_empty() {
         return Ok(None);
     }
     Ok(Some(GatedDeltaNet {
-        layers: linear,
+        layers,
         key_heads: hf.count("linear_num_key_heads")?,
         value_heads: hf.count("linear_num_value_heads")?,
         key_head_dim: hf.count("linear_key_head_dim")?,
@@ -310,29 +329,75 @@ fn gated_delta_net(hf: &Keys, layers: usize) -> Result<Option<GatedDeltaNet>> {
     }))
 }
 
-/// SmolLM3's `no_rope_layers` (1: the layer uses rope, 0: it does not), as the layers without.
-fn no_rope_layers(hf: &Keys) -> Result<Vec<usize>> {
+/// Granite 4's Mamba-2 layers, with transformers' defaults for the `mamba_*` keys a config leaves
+/// out; their step sizes must be unbounded (`time_step_limit` (0, inf)), as transformers' decode
+/// step leaves them, and their convolution's activation SiLU.
+fn mamba2(hf: &Keys, layers: Vec<usize>, hidden_size: usize, activation: Activation) -> Result<Option<Mamba2>> {
+    if layers.is_empty() {
+        return Ok(None);
+    }
+    if activation != Activation::Silu {
+        return Err(EngineError::UnsupportedModel("this model's Mamba-2 layers convolve with an activation other than SiLU, which rsgl does not run.".into()));
+    }
+    let unbounded = match hf.get("time_step_limit").and_then(Value::as_array).map(Vec::as_slice) {
+        None => true,
+        // transformers writes infinity as {"__float__": "Infinity"} (JSON has no infinity).
+        Some([low, high]) => low.as_f64() == Some(0.0) && high.as_f64().is_none(),
+        Some(_) => false,
+    };
+    if !unbounded {
+        return Err(EngineError::UnsupportedModel(format!(
+            "this model bounds its Mamba-2 step sizes (time_step_limit {}); rsgl runs them unbounded, (0, inf).",
+            hf.get("time_step_limit").map_or_else(String::new, Value::to_string)
+        )));
+    }
+    let heads = hf.optional_count("mamba_n_heads")?.unwrap_or(128);
+    let head_dim = match hf.get("mamba_d_head") {
+        Some(auto) if auto.as_str() == Some("auto") => None,
+        _ => hf.optional_count("mamba_d_head")?,
+    };
+    let inner = hf.optional_count("mamba_expand")?.unwrap_or(2) * hidden_size;
+    Ok(Some(Mamba2 {
+        layers,
+        heads,
+        head_dim: head_dim.unwrap_or(inner.checked_div(heads).unwrap_or(0)),
+        state_size: hf.optional_count("mamba_d_state")?.unwrap_or(256),
+        groups: hf.optional_count("mamba_n_groups")?.unwrap_or(1),
+        conv_kernel: hf.optional_count("mamba_d_conv")?.unwrap_or(4),
+    }))
+}
+
+/// SmolLM3's `no_rope_layers` (1: the layer uses rope, 0: it does not), as the layers without;
+/// every layer where `position_embedding_type` is named but not "rope" (Granite 4's "nope", or
+/// null: transformers then builds no rotary embedding).
+fn no_rope_layers(hf: &Keys, layers: usize) -> Result<Vec<usize>> {
+    if hf.names("position_embedding_type") && hf.get("position_embedding_type").and_then(Value::as_str) != Some("rope") {
+        return Ok((0..layers).collect());
+    }
     let Some(flags) = hf.set("no_rope_layers") else { return Ok(Vec::new()) };
     let flags = flags.as_array().ok_or_else(|| hf.broken("config.json: no_rope_layers is not a list".into()))?;
     Ok(flags.iter().enumerate().filter(|(_, uses_rope)| uses_rope.as_u64() == Some(0)).map(|(layer, _)| layer).collect())
 }
 
 /// The sparse MLP, which the runner puts in every layer: Qwen MoE configs that make some
-/// layers dense are refused.
-fn moe(hf: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {
+/// layers dense are refused; None for a config without experts (a dense Granite 4).
+fn moe(hf: &Keys, facts: &MoeFacts) -> Result<Option<MoeConfig>> {
+    if hf.get("num_local_experts").and_then(Value::as_u64) == Some(0) {
+        return Ok(None);
+    }
     if hf.get("decoder_sparse_step").is_some_and(|step| step.as_u64() != Some(1)) || hf.flag("mlp_only_layers") {
         return Err(EngineError::UnsupportedModel(
             "this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse.".into(),
         ));
     }
-    Ok(MoeConfig {
+    Ok(Some(MoeConfig {
         // transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as num_experts.
         num_experts: hf.first_count(&["num_local_experts", "num_experts"])?,
         experts_per_token: hf.count("num_experts_per_tok")?,
         expert_intermediate_size: hf.count(facts.expert_ffn_key)?,
         norm_topk_prob: facts.renormalizes_top_k || hf.flag("norm_topk_prob"),
-        shared_expert_intermediate_size: hf.optional_count("shared_expert_intermediate_size")?,
-    })
+        shared_expert_intermediate_size: hf.optional_count(facts.shared_expert_ffn_key)?,
+    }))
 }
 
 #[cfg(test)]
@@ -510,6 +575,35 @@ mod tests {
         let mut mixed = qwen;
         mixed["mlp_only_layers"] = json!([0]);
         assert!(message(mixed).contains("dense and sparse"));
+    }
+
+    /// Granite 4.0-H as the Hub has it (transformers 4 layout: `layers_block_type`, `mamba_d_head` "auto"):
+    /// Mamba-2 layers beside attention without rope; with experts, or the shared MLP alone.
+    #[test]
+    fn normalizes_granite_hybrid_configs() {
+        let granite = |extra: Value| {
+            let mut raw = llama(json!({
+                "architectures": ["GraniteMoeHybridForCausalLM"], "hidden_size": 64, "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2,
+                "intermediate_size": 32, "shared_intermediate_size": 48, "num_local_experts": 4, "num_experts_per_tok": 2,
+                "layers_block_type": ["mamba", "attention", "mamba", "mamba"], "mamba_n_heads": 8, "mamba_d_head": "auto",
+                "mamba_n_groups": 2, "mamba_d_state": 16, "position_embedding_type": "nope",
+            }));
+            raw.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            raw
+        };
+        let cfg = ModelConfig::from_hf_config(granite(json!({}))).unwrap();
+        let mamba = cfg.mamba2.clone().unwrap();
+        assert_eq!(mamba, Mamba2 { layers: vec![0, 2, 3], heads: 8, head_dim: 16, state_size: 16, groups: 2, conv_kernel: 4 });
+        assert_eq!((cfg.intermediate_size, cfg.no_rope_layers.len(), cfg.attention_layers(), cfg.gated_delta_net.is_none()), (48, 4, 1, true));
+        let moe = cfg.moe.unwrap();
+        assert_eq!((moe.expert_intermediate_size, moe.shared_expert_intermediate_size, moe.norm_topk_prob), (32, Some(48), true));
+        let dense = ModelConfig::from_hf_config(granite(json!({ "num_local_experts": 0, "position_embedding_type": "rope" }))).unwrap();
+        assert!(dense.moe.is_none() && dense.no_rope_layers.is_empty());
+        // transformers 5 writes the layer kinds' new names and infinity as an object.
+        let v5 = granite(json!({ "layers_block_type": null, "layer_types": ["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+                                  "time_step_limit": [0.0, { "__float__": "Infinity" }] }));
+        assert_eq!(ModelConfig::from_hf_config(v5).unwrap().mamba2.unwrap().layers, vec![0, 2, 3]);
+        assert!(message(granite(json!({ "time_step_limit": [0.0, 10.0] }))).contains("bounds its Mamba-2 step sizes"));
     }
 
     #[test]

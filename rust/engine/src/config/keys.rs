@@ -24,6 +24,11 @@ impl<'a> Keys<'a> {
         Keys { prefix, ..self }
     }
 
+    /// Whether the config names `key`, even as null.
+    pub(super) fn names(&self, key: &str) -> bool {
+        self.values.contains_key(&format!("{}{key}", self.prefix))
+    }
+
     /// The value of `key`, unless it is absent or null.
     pub(super) fn get(&self, key: &str) -> Option<&'a Value> {
         self.values.get(&format!("{}{key}", self.prefix)).filter(|value| !value.is_null())

@@ -134,7 +134,7 @@ impl Engine {
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
         let pooling = cfg.pooling.unwrap_or_default();
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
-        if cfg.gated_delta_net.is_some() {
+        if cfg.has_recurrent_layers() {
             // Their states are not in the pages the disk tier and the drafts' rollback work on.
             if opts.hicache_dir.is_some() {
                 return Err(invalid(format!("{} models keep recurrent state the disk tier cannot store yet: leave hicache_dir unset", cfg.architecture)));

@@ -1,23 +1,24 @@
-//! The recurrent layers' per-sequence states (Gated DeltaNet's convolution window and delta-rule
-//! matrices), which take the place of their KV pages: a fixed number of slots, sized at start-up,
-//! each holding one running sequence's state in every recurrent layer whatever its length.
+//! The recurrent layers' per-sequence states (Gated DeltaNet's and Mamba-2's convolution windows,
+//! delta-rule matrices and state-space states), which take the place of their KV pages: a fixed
+//! number of slots, sized at start-up, each holding one running sequence's state in every
+//! recurrent layer whatever its length.
 
 use super::disk::PageHash;
 use crate::config::ModelConfig;
 use rsgl_kernels::memory::HugePageBuffer;
 use std::collections::HashMap;
 
-/// Every slot's state, per layer (empty for the layers that attend).
+/// Every slot's state, per layer (empty for the layers that attend): each layer's slots are its
+/// own length (`ModelConfig::state_len`).
 pub struct RecurrentStates {
-    slot_len: usize,
+    slots: usize,
     layers: Vec<HugePageBuffer<f32>>,
 }
 
 impl RecurrentStates {
     pub fn new(cfg: &ModelConfig, slots: usize) -> Self {
-        let slot_len = cfg.gated_delta_net.as_ref().map_or(0, |net| net.state_len());
-        let layers = (0..cfg.num_hidden_layers).map(|layer| HugePageBuffer::zeroed(if cfg.is_recurrent(layer) { slots * slot_len } else { 0 })).collect();
-        RecurrentStates { slot_len, layers }
+        let layers = (0..cfg.num_hidden_layers).map(|layer| HugePageBuffer::zeroed(slots * cfg.state_len(layer))).collect();
+        RecurrentStates { slots, layers }
     }
 
     /// Every slot's state in `layer`, slot after slot.
@@ -27,8 +28,9 @@ impl RecurrentStates {
 
     /// Copies slot `from`'s state into slot `to`, in every layer.
     pub fn copy_slot(&mut self, from: u32, to: u32) {
-        let (from, to, len) = (from as usize, to as usize, self.slot_len);
+        let (from, to) = (from as usize, to as usize);
         for layer in self.layers.iter_mut().filter(|layer| !layer.is_empty()) {
+            let len = layer.len() / self.slots;
             layer.copy_within(from * len..(from + 1) * len, to * len);
         }
     }

@@ -9,6 +9,7 @@ use super::attention::{Attention, AttentionContext};
 use super::delta_net::DeltaNet;
 use super::embedding::Embedding;
 use super::linear::{Compute, Linear, LinearParts};
+use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
 use super::rope::Rope;
 use super::tensor_parallel::{AllReduce, Shard};
@@ -107,6 +108,7 @@ struct Layer {
 enum Mixer {
     Attention(Attention),
     DeltaNet(DeltaNet),
+    Mamba2(Mamba2Layer),
 }
 
 /// One tensor-parallel rank's slice of every layer and of the lm_head (the whole model without
@@ -163,13 +165,16 @@ impl DecoderModel {
         let mut layers: Vec<Vec<Layer>> = shards.iter().map(|_| Vec::with_capacity(cfg.num_hidden_layers)).collect();
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
-            let mixers: Vec<Mixer> = match &cfg.gated_delta_net {
-                Some(net) if net.layers.contains(&l) => DeltaNet::take(&mut w, l, &cfg, net, &precision, ranks)?.into_iter().map(Mixer::DeltaNet).collect(),
+            let delta_net = cfg.gated_delta_net.as_ref().filter(|net| net.layers.contains(&l));
+            let mamba2 = cfg.mamba2.as_ref().filter(|mamba| mamba.layers.contains(&l));
+            let mixers: Vec<Mixer> = match (delta_net, mamba2) {
+                (Some(net), _) => DeltaNet::take(&mut w, l, &cfg, net, &precision, ranks)?.into_iter().map(Mixer::DeltaNet).collect(),
+                (_, Some(mamba)) => Mamba2Layer::take(&mut w, l, &cfg, mamba, &precision, ranks)?.into_iter().map(Mixer::Mamba2).collect(),
                 _ => Attention::take(&mut w, l, &cfg, &assembly, &precision, ranks)?.into_iter().map(Mixer::Attention).collect(),
             };
             let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, &cfg)?;
             let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, &cfg)?;
-            let mlps = Mlp::take(&mut w, &p, &cfg, &precision, ranks)?;
+            let mlps = Mlp::take(&mut w, &p, &cfg, assembly.mlp_layout, &precision, ranks)?;
             for ((rank_layers, mixer), mlp) in layers.iter_mut().zip(mixers).zip(mlps) {
                 rank_layers.push(Layer { attention_norms: attention_norms.clone(), mixer, mlp_norms: mlp_norms.clone(), mlp });
             }
@@ -326,6 +331,7 @@ impl DecoderModel {
             let mut attn_out = match &layer.mixer {
                 Mixer::Attention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
                 Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
+                Mixer::Mamba2(mamba) => mamba.forward(c, &normed, kv.states.layer_mut(l), step),
             };
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
             let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);

@@ -5,16 +5,17 @@
 //! delta rule (`rsgl_kernels::delta_rule`) runs per value head, chunked over a prompt and token
 //! by token when decoding; each head's output is RMS-normalized, times SiLU(z), into out_proj.
 
-use super::decoder::{SeqChunk, Step};
+use super::decoder::Step;
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::{take_linear, Ranks};
+use super::recurrent::{first_tokens, silu, softplus, state_slot, CausalConv};
 use super::Precision;
 use crate::config::{GatedDeltaNet, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
 use rsgl_kernels::delta_rule::DeltaRun;
 use rsgl_kernels::pool::SendPtr;
-use rsgl_kernels::portable::{exp, ln};
+use rsgl_kernels::portable::exp;
 
 /// transformers' (and flash-linear-attention's) epsilon of the q/k L2 norm.
 const L2_NORM_EPS: f32 = 1e-6;
@@ -23,9 +24,7 @@ pub(super) struct DeltaNet {
     /// Rows: q, k and v (the convolution's channels), z (value-head wide), b, then a (one each
     /// per value head).
     in_proj: Linear,
-    /// The convolution's taps, `[conv_kernel][channel]` (transposed from the checkpoint's, so
-    /// each tap runs along a row of channels), the last on the newest input.
-    taps: Vec<f32>,
+    conv: CausalConv,
     /// `-exp(A_log)` per value head.
     decay_rate: Vec<f32>,
     dt_bias: Vec<f32>,
@@ -66,8 +65,7 @@ impl DeltaNet {
             names.iter().map(|&(name, rows)| take_linear(w, &format!("{prefix}.{name}"), rows, h)).collect::<Result<_>>()?
         };
         let out = take_linear(w, &format!("{prefix}.out_proj"), h, value_heads * dv)?;
-        let conv = w.take(&format!("{prefix}.conv1d.weight"), &[channels, 1, conv_kernel])?;
-        let taps = (0..conv_kernel * channels).map(|i| conv[(i % channels) * conv_kernel + i / channels]).collect();
+        let conv = CausalConv::take(w, &prefix, channels, conv_kernel)?;
         let decay_rate = w.take(&format!("{prefix}.A_log"), &[value_heads])?.iter().map(|&a| -exp(a)).collect();
         let dt_bias = w.take(&format!("{prefix}.dt_bias"), &[value_heads])?;
         let norm = w.take(&format!("{prefix}.norm.weight"), &[dv])?;
@@ -75,7 +73,7 @@ impl DeltaNet {
         let pool = ranks[0].1;
         Ok(vec![DeltaNet {
             in_proj: Linear::fused(parts, dtype, quantization, pool),
-            taps,
+            conv,
             decay_rate,
             dt_bias,
             norm,
@@ -89,32 +87,15 @@ impl DeltaNet {
     /// `states` (every slot's state of this layer; a chunk at position 0 starts from zeros),
     /// and copying it into a snapshot slot where a chunk asks for one.
     pub fn forward(&self, c: &Compute, x: &[f32], states: &mut [f32], step: &Step) -> Vec<f32> {
-        let GatedDeltaNet { key_heads, value_heads, key_head_dim: dk, value_head_dim: dv, conv_kernel, .. } = self.shape;
-        let (channels, window) = (self.shape.conv_channels(), conv_kernel - 1);
+        let GatedDeltaNet { key_heads, value_heads, key_head_dim: dk, value_head_dim: dv, .. } = self.shape;
+        let channels = self.shape.conv_channels();
         let slot_len = self.shape.state_len();
         let mut proj = self.in_proj.forward(c, x);
         let width = self.in_proj.out_features();
-        // Where each sequence's tokens start in the batch.
-        let firsts: Vec<usize> = step.seqs.iter().scan(0, |at, chunk| Some(std::mem::replace(at, *at + chunk.tokens.len()))).collect();
-        let slot_of = |chunk: &SeqChunk| chunk.state_slot.expect("a model with recurrent layers gives every sequence a state slot");
-        let states_at = SendPtr(states.as_mut_ptr());
-        let proj_at = SendPtr(proj.as_mut_ptr());
+        let firsts = first_tokens(step);
         // The causal convolution and SiLU over each sequence's q, k and v, in place.
-        c.pool.for_each_dynamic(step.seqs.len(), &|s| {
-            let chunk = &step.seqs[s];
-            // SAFETY: each sequence owns its slot's state and its own tokens' rows.
-            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(slot_of(chunk) * slot_len), window * channels) };
-            let rows = unsafe { std::slice::from_raw_parts_mut(proj_at.get().add(firsts[s] * width), chunk.tokens.len() * width) };
-            if chunk.start_pos == 0 {
-                state.fill(0.0);
-            }
-            let inputs = self.convolve(state, rows, width);
-            if let Some((at, snapshot)) = chunk.snapshot {
-                // SAFETY: a snapshot slot is written by its one sequence only.
-                let copy = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(snapshot * slot_len), window * channels) };
-                copy.copy_from_slice(&inputs[at * channels..(at + window) * channels]);
-            }
-        });
+        self.conv.forward(c, step, &firsts, &mut proj, width, 0, states, slot_len);
+        let states_at = SendPtr(states.as_mut_ptr());
         // The delta rule per sequence and value head.
         let r = value_heads / key_heads;
         let tokens = x.len() / self.in_proj.weight_in_features();
@@ -126,9 +107,9 @@ impl DeltaNet {
             let (chunk, first) = (&step.seqs[s], firsts[s]);
             let n = chunk.tokens.len();
             // This head's matrix within a slot.
-            let matrix = window * channels + head * dk * dv;
+            let matrix = self.conv.window_len() + head * dk * dv;
             // SAFETY: each task owns one head's matrix of its sequence's slot.
-            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(slot_of(chunk) * slot_len + matrix), dk * dv) };
+            let state = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(state_slot(chunk) * slot_len + matrix), dk * dv) };
             if chunk.start_pos == 0 {
                 state.fill(0.0);
             }
@@ -179,45 +160,10 @@ impl DeltaNet {
                 // SAFETY: each task writes its own head's columns of its own tokens.
                 let dst = unsafe { std::slice::from_raw_parts_mut(core_at.get().add(((first + t) * value_heads + head) * dv), dv) };
                 for (((d, &o), &w), &z) in dst.iter_mut().zip(o).zip(&self.norm).zip(&row[z_at..z_at + dv]) {
-                    *d = o * inv * w * (z / (1.0 + exp(-z)));
+                    *d = o * inv * w * silu(z);
                 }
             }
         });
         self.out.forward(c, &core)
-    }
-
-    /// The causal convolution over one sequence's new rows (q, k, v in their first channels),
-    /// reading the inputs before them from `state` (`[conv_kernel - 1][channel]`, oldest first)
-    /// and leaving there the last ones; returns the inputs in time order (the window before,
-    /// then the rows').
-    fn convolve(&self, state: &mut [f32], rows: &mut [f32], width: usize) -> Vec<f32> {
-        let (channels, window) = (self.shape.conv_channels(), self.shape.conv_kernel - 1);
-        let n = rows.len() / width;
-        // The inputs in time order: the window before, then the new rows.
-        let mut inputs = state.to_vec();
-        for row in rows.chunks_exact(width) {
-            inputs.extend_from_slice(&row[..channels]);
-        }
-        let mut sums = vec![0.0f32; channels];
-        for (t, row) in rows.chunks_exact_mut(width).enumerate() {
-            sums.fill(0.0);
-            for (j, taps) in self.taps.chunks_exact(channels).enumerate() {
-                let input = &inputs[(t + j) * channels..(t + j + 1) * channels];
-                sums.iter_mut().zip(taps).zip(input).for_each(|((sum, &tap), &x)| *sum += tap * x);
-            }
-            row[..channels].iter_mut().zip(&sums).for_each(|(out, &sum)| *out = sum / (1.0 + exp(-sum)));
-        }
-        state.copy_from_slice(&inputs[n * channels..(n + window) * channels]);
-        inputs
-    }
-}
-
-/// `ln(1 + e^x)`, linear past 20 as torch's (in the kernels' own `exp` and `ln`: the same bits
-/// on every CPU).
-fn softplus(x: f32) -> f32 {
-    if x > 20.0 {
-        x
-    } else {
-        ln(1.0 + exp(x))
     }
 }

@@ -1,7 +1,8 @@
 //! The MLP of a decoder layer: one gated block (SwiGLU, or Gemma's GeGLU) in dense models, or a
 //! router choosing a few of many SwiGLU experts per token (mixture of experts), with Qwen2-MoE's
-//! gated shared expert.
+//! gated shared expert or Granite 4's ungated shared MLP.
 
+use super::archs::MlpLayout;
 use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
 use super::tensor_parallel::Shard;
@@ -87,8 +88,9 @@ pub struct Experts {
     experts: Vec<GatedMlp>,
     top_k: usize,
     norm_topk_prob: bool,
-    /// Qwen2-MoE: an expert every token goes through, scaled by `sigmoid(gate · x)`.
-    shared: Option<(GatedMlp, Linear)>,
+    /// An expert every token goes through: Qwen2-MoE's scaled by `sigmoid(gate · x)`, Granite
+    /// 4's unscaled.
+    shared: Option<(GatedMlp, Option<Linear>)>,
 }
 
 // One per layer, built once: the variants' size difference costs nothing.
@@ -99,19 +101,26 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it, one per rank.
-    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, p: &Precision, ranks: &Ranks) -> Result<Vec<Mlp>> {
+    /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it (`layout`), one per rank.
+    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, layout: MlpLayout, p: &Precision, ranks: &Ranks) -> Result<Vec<Mlp>> {
         let h = cfg.hidden_size;
+        const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+        let shared_block = format!("{prefix}.shared_mlp");
+        if layout == MlpLayout::GraniteShared {
+            split_granite_mlps(w, prefix, cfg)?;
+        }
         let Some(moe) = &cfg.moe else {
-            let dense =
-                GatedMlp::take(w, &format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"], (h, cfg.intermediate_size), cfg.activation, p, ranks)?;
+            let block = if layout == MlpLayout::GraniteShared { shared_block } else { format!("{prefix}.mlp") };
+            let dense = GatedMlp::take(w, &block, PROJECTIONS, (h, cfg.intermediate_size), cfg.activation, p, ranks)?;
             return Ok(dense.into_iter().map(Mlp::Dense).collect());
         };
         let MoeConfig { num_experts, experts_per_token, expert_intermediate_size: inter, norm_topk_prob, shared_expert_intermediate_size } = *moe;
         let (block, names) = if cfg.architecture == "mixtral" {
             (format!("{prefix}.block_sparse_moe"), ["w1", "w3", "w2"])
+        } else if layout == MlpLayout::GraniteShared {
+            (format!("{prefix}.block_sparse_moe"), PROJECTIONS)
         } else {
-            (format!("{prefix}.mlp"), ["gate_proj", "up_proj", "down_proj"])
+            (format!("{prefix}.mlp"), PROJECTIONS)
         };
         split_stacked_experts(w, &block, (num_experts, h, inter))?;
         // The router runs on every rank (small, and every rank routes the same rows); each
@@ -126,12 +135,15 @@ impl Mlp {
                 rank_experts.push(expert);
             }
         }
-        let mut shared: Vec<Option<(GatedMlp, Linear)>> = match shared_expert_intermediate_size {
-            None => ranks.iter().map(|_| None).collect(),
-            Some(size) => {
+        let mut shared: Vec<Option<(GatedMlp, Option<Linear>)>> = match (shared_expert_intermediate_size, layout) {
+            (None, _) => ranks.iter().map(|_| None).collect(),
+            (Some(size), MlpLayout::Separate) => {
                 let expert = GatedMlp::take(w, &format!("{block}.shared_expert"), names, (h, size), cfg.activation, p, ranks)?;
                 let gate = replicated(&take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?, ranks);
-                expert.into_iter().zip(gate).map(Some).collect()
+                expert.into_iter().zip(gate).map(|(expert, gate)| Some((expert, Some(gate)))).collect()
+            }
+            (Some(size), MlpLayout::GraniteShared) => {
+                GatedMlp::take(w, &shared_block, PROJECTIONS, (h, size), cfg.activation, p, ranks)?.into_iter().map(|expert| Some((expert, None))).collect()
             }
         };
         Ok(experts
@@ -213,6 +225,37 @@ fn split_stacked_experts(w: &mut WeightStore, block: &str, (experts, h, inter): 
     Ok(())
 }
 
+/// Granite's MLP tensors as views of their rows under the names the loaders read:
+/// `shared_mlp.input_linear` `[2 * shared, hidden]` (gate rows, then up) as `shared_mlp.gate_proj`
+/// and `up_proj`, `output_linear` as `down_proj`; with experts, `block_sparse_moe.input_linear`
+/// `[E, 2 * inter, hidden]` as each `experts.{e}.gate_proj` and `up_proj`, `output_linear`
+/// `[E, hidden, inter]` as each `experts.{e}.down_proj`, and `router.layer` as `router`.
+fn split_granite_mlps(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig) -> Result<()> {
+    type Views = Vec<(String, usize, usize, usize)>;
+    let split = |w: &mut WeightStore, name: String, shape: &[usize], views: Views| -> Result<()> {
+        if let Some(found) = w.shape(&name).filter(|found| *found != shape) {
+            return Err(EngineError::ModelLoad(format!(
+                "tensor {name} has shape {found:?}, but the model's config implies {shape:?}; the config does not match the weights"
+            )));
+        }
+        w.split_rows(&name, &views)
+    };
+    let (h, shared) = (cfg.hidden_size, cfg.intermediate_size);
+    let block = format!("{prefix}.shared_mlp");
+    let gate_up = vec![(format!("{block}.gate_proj.weight"), 0, 1, shared), (format!("{block}.up_proj.weight"), shared, 1, shared)];
+    split(w, format!("{block}.input_linear.weight"), &[2 * shared, h], gate_up)?;
+    split(w, format!("{block}.output_linear.weight"), &[h, shared], vec![(format!("{block}.down_proj.weight"), 0, 1, h)])?;
+    let Some(moe) = &cfg.moe else { return Ok(()) };
+    let (experts, inter) = (moe.num_experts, moe.expert_intermediate_size);
+    let block = format!("{prefix}.block_sparse_moe");
+    let name = |e: usize, proj: &str| format!("{block}.experts.{e}.{proj}.weight");
+    let gate_up = (0..experts).flat_map(|e| [(name(e, "gate_proj"), 2 * inter * e, 1, inter), (name(e, "up_proj"), 2 * inter * e + inter, 1, inter)]);
+    split(w, format!("{block}.input_linear.weight"), &[experts, 2 * inter, h], gate_up.collect())?;
+    let down = (0..experts).map(|e| (name(e, "down_proj"), h * e, 1, h));
+    split(w, format!("{block}.output_linear.weight"), &[experts, h, inter], down.collect())?;
+    split(w, format!("{block}.router.layer.weight"), &[experts, h], vec![(format!("{block}.router.weight"), 0, 1, experts)])
+}
+
 impl Experts {
     /// Routes each row to its top experts, runs every expert once on the rows it got (a GEMM
     /// split over the pool), and adds the results weighted by the routing, expert by expert in
@@ -246,10 +289,10 @@ impl Experts {
             }
         }
         if let Some((expert, gate)) = &self.shared {
-            let (y, g) = (expert.forward(c, x), gate.forward(c, x));
+            let (y, g) = (expert.forward(c, x), gate.as_ref().map(|gate| gate.forward(c, x)));
             for row in 0..rows {
                 // The kernels' exp, not libm's: the same bits on every system.
-                let weight = 1.0 / (1.0 + rsgl_kernels::portable::exp(-g[row]));
+                let weight = g.as_ref().map_or(1.0, |g| 1.0 / (1.0 + rsgl_kernels::portable::exp(-g[row])));
                 (c.kernels.axpy)(weight, &y[row * h..(row + 1) * h], &mut out[row * h..(row + 1) * h]);
             }
         }

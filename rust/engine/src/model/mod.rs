@@ -7,7 +7,9 @@ mod decoder;
 mod delta_net;
 mod embedding;
 mod linear;
+mod mamba2;
 mod mlp;
+mod recurrent;
 mod rope;
 mod tensor_parallel;
 

@@ -3,7 +3,7 @@
 //! and k. Which layers slide, their rope base, the attention scale and Gemma 2's soft caps come
 //! from the config.
 
-use super::{Assembly, Norms, QkNorm};
+use super::{Assembly, MlpLayout, Norms, QkNorm};
 use crate::config::Activation;
 use rsgl_kernels::RopeStyle;
 
@@ -16,6 +16,7 @@ pub const GEMMA2: Assembly = Assembly {
     embedding_times_sqrt_hidden: true,
     rope_style: RopeStyle::Neox,
     attention_output_gate: false,
+    mlp_layout: MlpLayout::Separate,
 };
 
 pub const GEMMA3: Assembly = Assembly { qk_norm: QkNorm::PerHead, ..GEMMA2 };

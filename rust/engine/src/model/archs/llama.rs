@@ -2,7 +2,7 @@
 //! SmolLM3 with its NoPE layers and Granite with its scales, both from their configs): an RMS
 //! norm before each sublayer, none after.
 
-use super::{Assembly, Norms, QkNorm};
+use super::{Assembly, MlpLayout, Norms, QkNorm};
 use crate::config::Activation;
 use rsgl_kernels::RopeStyle;
 
@@ -17,6 +17,7 @@ pub const LLAMA: Assembly = Assembly {
     embedding_times_sqrt_hidden: false,
     rope_style: RopeStyle::Neox,
     attention_output_gate: false,
+    mlp_layout: MlpLayout::Separate,
 };
 
 /// Qwen3 normalizes each head of q and k.

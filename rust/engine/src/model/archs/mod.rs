@@ -5,6 +5,7 @@
 pub mod gemma;
 pub mod glm4;
 pub mod gpt_oss;
+pub mod granite;
 pub mod llama;
 pub mod olmo2;
 pub mod qwen3_next;
@@ -54,6 +55,20 @@ pub struct Assembly {
     /// q_proj also gives a gate per q head (each head's q, then its gate): the attention's
     /// output is multiplied by its sigmoid before o_proj (Qwen3-Next).
     pub attention_output_gate: bool,
+    pub mlp_layout: MlpLayout,
+}
+
+/// How a layer's MLP weights are stored, and how a shared expert joins the routed ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MlpLayout {
+    /// A matrix per projection (`mlp.gate_proj`, `up_proj`, `down_proj`; Mixtral's experts' `w1`,
+    /// `w3`, `w2`; gpt-oss's stacked experts), and Qwen2-MoE's shared expert scaled by a sigmoid gate.
+    Separate,
+    /// Granite's: `block_sparse_moe.input_linear` stacks every expert's gate then up rows,
+    /// `output_linear` their down matrices, `router.layer` routes; `shared_mlp.input_linear` (gate
+    /// then up) and `output_linear` run on every token, ungated, beside the experts or alone.
+    GraniteShared,
 }
 
 fn rope_style_name<S: Serializer>(style: &RopeStyle, serializer: S) -> Result<S::Ok, S::Error> {
