@@ -34,6 +34,9 @@ pub struct Architecture {
     pub yarn_truncates: bool,
     /// Mixture-of-experts MLPs in every layer; None: dense MLPs.
     pub moe: Option<MoeFacts>,
+    /// llama.cpp's converter reorders the Gated DeltaNet's value heads from grouped by key head
+    /// to tiled (see `ValueHeadOrder`).
+    pub gguf_tiles_value_heads: bool,
     /// transformers' defaults for this model's config (JSON), for the `text_config` of a
     /// vision-language checkpoint, where transformers 4 writes only the keys that differ.
     pub nested_config_defaults: Option<&'static str>,
@@ -63,6 +66,7 @@ const PLAIN: Architecture = Architecture {
     no_rope_layer_every: None,
     yarn_truncates: true,
     moe: None,
+    gguf_tiles_value_heads: false,
     nested_config_defaults: None,
 };
 
@@ -135,10 +139,18 @@ pub const ARCHITECTURES: &[Architecture] = &[
         ..PLAIN
     },
     // Qwen3.5's language model (its vision-language checkpoints' `text_config`).
-    Architecture { name: "qwen3_5_text", hf_class: "Qwen3_5ForCausalLM", assembly: qwen3_next::QWEN3_NEXT, ..PLAIN },
+    Architecture {
+        name: "qwen3_5_text",
+        hf_class: "Qwen3_5ForCausalLM",
+        gguf_name: Some("qwen35"),
+        assembly: qwen3_next::QWEN3_NEXT,
+        gguf_tiles_value_heads: true,
+        ..PLAIN
+    },
     Architecture {
         name: "qwen3_next",
         hf_class: "Qwen3NextForCausalLM",
+        gguf_name: Some("qwen3next"),
         assembly: qwen3_next::QWEN3_NEXT,
         moe: Some(MoeFacts { expert_ffn_key: "moe_intermediate_size", renormalizes_top_k: false, gguf_renormalizes_top_k: true }),
         ..PLAIN
@@ -196,7 +208,7 @@ mod tests {
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(
             Architecture::list(|a| a.gguf_name),
-            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss"
+            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss, qwen35, qwen3next"
         );
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
         assert_eq!(Architecture::of_gguf("gpt-oss", true).map(|a| a.name), Some("gpt_oss"));

@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{Activation, GatedDeltaNet, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
+use super::{Activation, GatedDeltaNet, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow, ValueHeadOrder};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -307,6 +307,7 @@ fn gated_delta_net(hf: &Keys, layers: usize) -> Result<Option<GatedDeltaNet>> {
         key_head_dim: hf.count("linear_key_head_dim")?,
         value_head_dim: hf.count("linear_value_head_dim")?,
         conv_kernel: hf.count("linear_conv_kernel_dim")?,
+        value_head_order: ValueHeadOrder::Grouped,
     }))
 }
 
