@@ -3,18 +3,20 @@ checkpoints (tests/zoo_models.py), with a multi-token prediction layer as the Hu
 file's float32 greedy tokens identical to transformers' on the folder, alone, batched and split over prefill
 steps, though the converter stores the DeltaNet's decay as -exp(A_log), squeezes its convolution, splits
 Qwen3-Next's fused projections, tiles Qwen3.5's value heads (two per key head here), adds 1 to the norms and
-appends the prediction layer; the file's config is the folder's but for what the file says otherwise."""
+appends the prediction layer; the file's config is the folder's but for what the file says otherwise. A Q8_0
+file runs as stored, its next token after prompts of several tokens transformers' own."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
+import rsgl
 import safetensors.torch
 import torch
 from gguf_convert import convert
 from rsgl import _core
-from test_hybrid import PROMPTS, generate, transformers_greedy
+from test_hybrid import GREEDY, PROMPTS, generate, transformers_greedy
 from zoo_models import build_family
 
 # The full-attention layer the multi-token prediction layer copies (zoo_models.HYBRID's layer_types).
@@ -58,3 +60,15 @@ def test_the_gguf_config_is_the_folders(hybrid_gguf):
     tiled = from_folder["architecture"] == "qwen3_5_text"
     assert from_gguf["gated_delta_net"] == from_folder["gated_delta_net"] | {"value_head_order": "tiled" if tiled else "grouped"}
     assert from_gguf | {"gated_delta_net": None} == from_folder | {"pooling": None, "norm_weight_offset": 0.0, "gated_delta_net": None}
+
+
+def test_a_q8_0_file_runs_as_stored(hybrid_gguf):
+    """The converter's Q8_0 blocks (every matrix but the routers), read as they are: quantized activations
+    and weights move the logits, but not the next token after these prompts of several tokens (a one-token
+    prompt's logits are nearly flat)."""
+    folder, _, want = hybrid_gguf
+    q8_0_file = convert(folder, folder.parent / f"{folder.name}-q8_0.gguf", outtype="q8_0")
+    with rsgl.Engine(str(q8_0_file), threads=2, progress=False) as engine:
+        assert engine.get_server_info()["quantization"] == "gguf"
+        got = [out["output_ids"][0] for out in engine.generate(input_ids=PROMPTS[1:], sampling_params=GREEDY)]
+    assert got == [tokens[0] for tokens in want[1:]]
