@@ -177,6 +177,12 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
             tensors.push(tensor(format!("model.layers.{layer}.{parameter}"), shape, info.data.start, None));
             continue;
         }
+        if base == "ssm_in" && delta_net_layers.contains(&layer) {
+            return Err(EngineError::UnsupportedModel(format!(
+                "{path}: {} holds a Gated DeltaNet's input projections in one tensor, a layout of earlier llama.cpp converters that rsgl does not read; convert the model again with a current convert_hf_to_gguf.py, or load its Hugging Face folder",
+                info.name
+            )));
+        }
         if let Some(module) = lookup(DELTA_NET_TENSORS, base).filter(|_| delta_net_layers.contains(&layer)) {
             if let [channels, taps] = shape[..] {
                 if module == "conv1d" {

@@ -265,6 +265,13 @@ fn hybrid_gguf_tensors_come_out_as_their_hugging_face_parameters() {
     assert_eq!(store.shape(&linear_attn("conv1d.weight")), Some(&[3, 1, 2][..]));
     assert_eq!(store.read(&linear_attn("conv1d.weight")).unwrap(), taps);
     assert_eq!(store.read(&linear_attn("A")).unwrap(), [-2.0]);
+    // Earlier converters' one input projection is refused, saying what to do.
+    let fused = TempFile::new(
+        "qwen3next-ssm-in.gguf",
+        &gguf(&[("blk.0.ssm_in.weight", vec![2, 4], 0, f32_bytes(&[0.0; 8])), ("blk.0.ssm_a", vec![1], 0, f32_bytes(&[-2.0]))]),
+    );
+    let text = error_text(WeightStore::open_gguf(&fused.0, "qwen3_next", 1, 1));
+    assert!(text.contains("blk.0.ssm_in.weight") && text.contains("convert the model again"), "{text}");
 }
 
 #[test]
