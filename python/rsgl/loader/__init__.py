@@ -139,6 +139,7 @@ class GatedDeltaNet(TypedDict):
     key_head_dim: int
     value_head_dim: int
     conv_kernel: int
+    value_head_order: Literal["grouped", "tiled"]  # tiled: llama.cpp's Qwen3.5 files (key heads cycling fastest)
 
 
 class Mamba2(TypedDict):
@@ -381,20 +382,19 @@ def _attention_shapes(prefix: str, config: ModelConfig, assembly: dict[str, Any]
 
 def _delta_net_shapes(prefix: str, net: GatedDeltaNet, hidden: int, found: set[str]) -> dict[str, tuple[int, ...]]:
     """A Gated DeltaNet sublayer's tensors (`prefix`: `model.layers.{i}.linear_attn.`), with its input
-    projections as Qwen3.5 stores them, or fused by key head as Qwen3-Next does."""
-    keys, values = net["key_heads"] * net["key_head_dim"], net["value_heads"] * net["value_head_dim"]
+    projections as Qwen3.5 stores them, or fused by key head as Qwen3-Next does (whose GGUF files keep
+    only `in_proj_ba` fused), and its decay rates as `A_log` or, from GGUF files, `A = -exp(A_log)`."""
+    keys, values, heads = net["key_heads"] * net["key_head_dim"], net["value_heads"] * net["value_head_dim"], net["value_heads"]
     channels = 2 * keys + values
-    if prefix + "in_proj_qkvz.weight" in found:
-        projections = {"in_proj_qkvz": channels + values, "in_proj_ba": 2 * net["value_heads"]}
-    else:
-        projections = {"in_proj_qkv": channels, "in_proj_z": values, "in_proj_b": net["value_heads"], "in_proj_a": net["value_heads"]}
-    shapes: dict[str, tuple[int, ...]] = {f"{prefix}{name}.weight": (rows, hidden) for name, rows in projections.items()}
+    qkvz = {"in_proj_qkvz": channels + values} if prefix + "in_proj_qkvz.weight" in found else {"in_proj_qkv": channels, "in_proj_z": values}
+    ba = {"in_proj_ba": 2 * heads} if prefix + "in_proj_ba.weight" in found else {"in_proj_b": heads, "in_proj_a": heads}
+    shapes: dict[str, tuple[int, ...]] = {f"{prefix}{name}.weight": (rows, hidden) for name, rows in (qkvz | ba).items()}
     shapes.update(
         {
             prefix + "out_proj.weight": (hidden, values),
             prefix + "conv1d.weight": (channels, 1, net["conv_kernel"]),
-            prefix + "A_log": (net["value_heads"],),
-            prefix + "dt_bias": (net["value_heads"],),
+            prefix + ("A" if prefix + "A" in found else "A_log"): (heads,),
+            prefix + "dt_bias": (heads,),
             prefix + "norm.weight": (net["value_head_dim"],),
         }
     )

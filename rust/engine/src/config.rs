@@ -91,9 +91,34 @@ pub struct GatedDeltaNet {
     pub value_head_dim: usize,
     /// Taps of the causal convolution (the state keeps the last `conv_kernel - 1` inputs).
     pub conv_kernel: usize,
+    /// The order of the value heads in the layer's tensors.
+    #[serde(default)]
+    pub value_head_order: ValueHeadOrder,
+}
+
+/// How a Gated DeltaNet checkpoint orders its value heads, which share key heads `value_heads /
+/// key_heads` each.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueHeadOrder {
+    /// Each key head's value heads side by side (Hugging Face checkpoints).
+    #[default]
+    Grouped,
+    /// One value head of each key head in turn, key heads cycling fastest: how llama.cpp's
+    /// converter stores Qwen3.5 (for ggml's broadcasting). Every per-value-head tensor is so
+    /// ordered, out_proj's columns too, which a quantized file cannot have put back in place.
+    Tiled,
 }
 
 impl GatedDeltaNet {
+    /// The key head that value head `head` (in the checkpoint's order) reads.
+    pub fn key_head_of(&self, head: usize) -> usize {
+        match self.value_head_order {
+            ValueHeadOrder::Grouped => head / (self.value_heads / self.key_heads),
+            ValueHeadOrder::Tiled => head % self.key_heads,
+        }
+    }
+
     /// Channels of the convolution: q, k and v side by side.
     pub fn conv_channels(&self) -> usize {
         2 * self.key_heads * self.key_head_dim + self.value_heads * self.value_head_dim

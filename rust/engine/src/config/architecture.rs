@@ -39,6 +39,9 @@ pub struct Architecture {
     /// What the layers config.json's `layer_types` calls `linear_attention` (or `mamba`) mix
     /// tokens with; None: every layer attends.
     pub recurrent_mixer: Option<RecurrentMixer>,
+    /// llama.cpp's converter reorders the Gated DeltaNet's value heads from grouped by key head
+    /// to tiled (see `ValueHeadOrder`).
+    pub gguf_tiles_value_heads: bool,
     /// transformers' defaults for this model's config (JSON), for the `text_config` of a
     /// vision-language checkpoint, where transformers 4 writes only the keys that differ.
     pub nested_config_defaults: Option<&'static str>,
@@ -90,6 +93,7 @@ const PLAIN: Architecture = Architecture {
     moe: None,
     ffn_key: "intermediate_size",
     recurrent_mixer: None,
+    gguf_tiles_value_heads: false,
     nested_config_defaults: None,
 };
 
@@ -158,13 +162,16 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture {
         name: "qwen3_5_text",
         hf_class: "Qwen3_5ForCausalLM",
+        gguf_name: Some("qwen35"),
         assembly: qwen3_next::QWEN3_NEXT,
         recurrent_mixer: Some(RecurrentMixer::GatedDeltaNet),
+        gguf_tiles_value_heads: true,
         ..PLAIN
     },
     Architecture {
         name: "qwen3_next",
         hf_class: "Qwen3NextForCausalLM",
+        gguf_name: Some("qwen3next"),
         assembly: qwen3_next::QWEN3_NEXT,
         moe: Some(MOE),
         recurrent_mixer: Some(RecurrentMixer::GatedDeltaNet),
@@ -240,7 +247,7 @@ mod tests {
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(
             Architecture::list(|a| a.gguf_name),
-            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss"
+            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss, qwen35, qwen3next"
         );
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
         assert_eq!(Architecture::of_gguf("gpt-oss", true).map(|a| a.name), Some("gpt_oss"));

@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
+use super::{GatedDeltaNet, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow, ValueHeadOrder};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use crate::pooling::Pooling;
@@ -55,7 +55,9 @@ impl ModelConfig {
             })?,
         };
         let hidden_size = keys.count("embedding_length")?;
-        let num_hidden_layers = keys.count("block_count")?;
+        // Qwen3.5's and Qwen3-Next's converter counts the multi-token prediction layers it appends
+        // (which rsgl does not read yet) in `block_count`.
+        let num_hidden_layers = keys.count("block_count")?.saturating_sub(keys.optional_count("nextn_predict_layers")?.unwrap_or(0));
         let head_dim = keys.optional_count("attention.key_length")?.unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
         let config = ModelConfig {
             architecture: architecture.name.into(),
@@ -81,9 +83,10 @@ impl ModelConfig {
             no_rope_layers: no_rope_layers(architecture, num_hidden_layers),
             sliding_window: sliding_window(&keys, architecture, num_hidden_layers)?,
             activation: architecture.assembly.activation,
-            // llama.cpp's converter stores Gemma's norm weights as the `1 + w` they scale by.
+            // llama.cpp's converter stores Gemma's, Qwen3.5's and Qwen3-Next's norm weights as the
+            // `1 + w` they scale by.
             norm_weight_offset: 0.0,
-            gated_delta_net: None,
+            gated_delta_net: gated_delta_net(&keys, architecture, num_hidden_layers)?,
             mamba2: None,
         };
         config.validate()?;
@@ -178,6 +181,31 @@ fn sliding_window(keys: &Keys, architecture: &Architecture, layers: usize) -> Re
     };
     let rope_theta = keys.number("rope.freq_base_swa")?.or(architecture.local_rope_theta);
     Ok((!sliding.is_empty()).then_some(SlidingWindow { size, layers: sliding, rope_theta }))
+}
+
+/// Qwen3-Next's and Qwen3.5's Gated DeltaNet layers: those `attention.recurrent_layers` flags,
+/// else all but every `full_attention_interval`th; llama.cpp's `ssm` keys give their shape (its
+/// groups are the key heads, its time-step rank the value heads).
+fn gated_delta_net(keys: &Keys, architecture: &Architecture, layers: usize) -> Result<Option<GatedDeltaNet>> {
+    let linear: Vec<usize> = match (keys.get("attention.recurrent_layers"), keys.optional_count("full_attention_interval")?) {
+        (Some(serde_json::Value::Array(flags)), _) => (0..layers).filter(|&layer| flags.get(layer).is_some_and(truthy)).collect(),
+        (_, Some(every)) => SlidingWindow::all_but_every(every, layers),
+        _ => Vec::new(),
+    };
+    if linear.is_empty() {
+        return Ok(None);
+    }
+    let value_heads = keys.count("ssm.time_step_rank")?;
+    Ok(Some(GatedDeltaNet {
+        layers: linear,
+        key_heads: keys.count("ssm.group_count")?,
+        value_heads,
+        key_head_dim: keys.count("ssm.state_size")?,
+        // Zero value heads: validate() says so.
+        value_head_dim: keys.count("ssm.inner_size")?.checked_div(value_heads).unwrap_or(0),
+        conv_kernel: keys.count("ssm.conv_kernel")?,
+        value_head_order: if architecture.gguf_tiles_value_heads { ValueHeadOrder::Tiled } else { ValueHeadOrder::Grouped },
+    }))
 }
 
 fn moe(keys: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {

@@ -3,7 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts, RecurrentMixer};
 use super::keys::{quoted, truthy, Keys};
-use super::{Activation, GatedDeltaNet, Mamba2, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow};
+use super::{Activation, GatedDeltaNet, Mamba2, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow, ValueHeadOrder};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -326,6 +326,7 @@ fn gated_delta_net(hf: &Keys, layers: Vec<usize>) -> Result<Option<GatedDeltaNet
         key_head_dim: hf.count("linear_key_head_dim")?,
         value_head_dim: hf.count("linear_value_head_dim")?,
         conv_kernel: hf.count("linear_conv_kernel_dim")?,
+        value_head_order: ValueHeadOrder::Grouped,
     }))
 }
 

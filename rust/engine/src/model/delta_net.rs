@@ -37,7 +37,9 @@ pub(super) struct DeltaNet {
 
 impl DeltaNet {
     /// Layer `l`'s `linear_attn`, as Qwen3.5 stores it (`in_proj_qkv`, `in_proj_z`, `in_proj_b`,
-    /// `in_proj_a`) or Qwen3-Next (`in_proj_qkvz` and `in_proj_ba`, grouped by key head).
+    /// `in_proj_a`) or Qwen3-Next (`in_proj_qkvz` and `in_proj_ba`, grouped by key head; its
+    /// GGUF files split `in_proj_qkvz` as Qwen3.5's); the decay rates as `A_log` or, from GGUF
+    /// files, as the `A = -exp(A_log)` they are.
     pub fn take(w: &mut WeightStore, l: usize, cfg: &ModelConfig, shape: &GatedDeltaNet, precision: &Precision, ranks: &Ranks) -> Result<Vec<DeltaNet>> {
         if ranks.len() > 1 {
             return Err(EngineError::InvalidRequest(format!("rsgl runs {} models' Gated DeltaNet layers on one rank: use tp_size 1", cfg.architecture)));
@@ -46,27 +48,30 @@ impl DeltaNet {
         let h = cfg.hidden_size;
         let GatedDeltaNet { key_heads, value_heads, key_head_dim: dk, value_head_dim: dv, conv_kernel, .. } = *shape;
         let channels = shape.conv_channels();
-        let parts: Vec<LinearParts> = if w.contains(&format!("{prefix}.in_proj_qkvz.weight")) {
-            let r = value_heads / key_heads;
+        let r = value_heads / key_heads;
+        let take = |w: &mut WeightStore, name: &str, rows: usize| take_linear(w, &format!("{prefix}.{name}"), rows, h);
+        let mut parts: Vec<LinearParts> = if w.contains(&format!("{prefix}.in_proj_qkvz.weight")) {
             let group = 2 * dk + 2 * r * dv;
-            let qkvz = take_linear(w, &format!("{prefix}.in_proj_qkvz"), key_heads * group, h)?;
-            let ba = take_linear(w, &format!("{prefix}.in_proj_ba"), 2 * value_heads, h)?;
-            // Each key head's group holds its q, k, and its value heads' v and z; b and a likewise.
+            let qkvz = take(w, "in_proj_qkvz", key_heads * group)?;
+            // Each key head's group holds its q, k, and its value heads' v and z.
             let pieces = [(0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv)];
-            let mut parts: Vec<LinearParts> = pieces
-                .iter()
-                .flat_map(|&(at, len)| (0..key_heads).map(move |g| (g * group + at, len)))
-                .map(|(at, len)| qkvz.output_rows(at..at + len))
-                .collect();
-            parts.extend([0, r].iter().flat_map(|&at| (0..key_heads).map(move |g| 2 * r * g + at)).map(|at| ba.output_rows(at..at + r)));
-            parts
+            pieces.iter().flat_map(|&(at, len)| (0..key_heads).map(move |g| (g * group + at, len))).map(|(at, len)| qkvz.output_rows(at..at + len)).collect()
         } else {
-            let names = [("in_proj_qkv", channels), ("in_proj_z", value_heads * dv), ("in_proj_b", value_heads), ("in_proj_a", value_heads)];
-            names.iter().map(|&(name, rows)| take_linear(w, &format!("{prefix}.{name}"), rows, h)).collect::<Result<_>>()?
+            vec![take(w, "in_proj_qkv", channels)?, take(w, "in_proj_z", value_heads * dv)?]
         };
+        if w.contains(&format!("{prefix}.in_proj_ba.weight")) {
+            let ba = take(w, "in_proj_ba", 2 * value_heads)?;
+            // Each key head's group holds its value heads' b, then their a.
+            parts.extend([0, r].iter().flat_map(|&at| (0..key_heads).map(move |g| 2 * r * g + at)).map(|at| ba.output_rows(at..at + r)));
+        } else {
+            parts.extend([take(w, "in_proj_b", value_heads)?, take(w, "in_proj_a", value_heads)?]);
+        }
         let out = take_linear(w, &format!("{prefix}.out_proj"), h, value_heads * dv)?;
         let conv = CausalConv::take(w, &prefix, channels, conv_kernel)?;
-        let decay_rate = w.take(&format!("{prefix}.A_log"), &[value_heads])?.iter().map(|&a| -exp(a)).collect();
+        let decay_rate = match w.take_optional(&format!("{prefix}.A_log"), &[value_heads])? {
+            Some(a_log) => a_log.iter().map(|&a| -exp(a)).collect(),
+            None => w.take(&format!("{prefix}.A"), &[value_heads])?,
+        };
         let dt_bias = w.take(&format!("{prefix}.dt_bias"), &[value_heads])?;
         let norm = w.take(&format!("{prefix}.norm.weight"), &[dv])?;
         let Precision { dtype, quantization, .. } = *precision;
@@ -97,7 +102,6 @@ impl DeltaNet {
         self.conv.forward(c, step, &firsts, &mut proj, width, 0, states, slot_len);
         let states_at = SendPtr(states.as_mut_ptr());
         // The delta rule per sequence and value head.
-        let r = value_heads / key_heads;
         let tokens = x.len() / self.in_proj.weight_in_features();
         let mut core = vec![0.0f32; tokens * value_heads * dv];
         let core_at = SendPtr(core.as_mut_ptr());
@@ -113,7 +117,7 @@ impl DeltaNet {
             if chunk.start_pos == 0 {
                 state.fill(0.0);
             }
-            let key_head = head / r;
+            let key_head = self.shape.key_head_of(head);
             let rows = || proj[first * width..(first + n) * width].chunks_exact(width);
             let gather = |at: usize, len: usize, scale: Option<f32>| -> Vec<f32> {
                 let mut out = Vec::with_capacity(n * len);

@@ -1,7 +1,8 @@
 //! A GGUF file's tensors as the Hugging Face checkpoint of the same model names and lays them
 //! out: llama.cpp's names mapped back, its dimensions (innermost first) reversed, the stacked
-//! experts of a mixture-of-experts layer split per expert, and the rotary halves its converter
-//! interleaves in llama q/k heads read back in order.
+//! experts of a mixture-of-experts layer split per expert, the rotary halves its converter
+//! interleaves in llama q/k heads read back in order, and the multi-token prediction layers it
+//! appends (Qwen3.5, Qwen3-Next), which rsgl does not read yet, left out.
 
 use super::ggml::GgmlType;
 use super::gguf::{read_directory, GgufDirectory, GgufTensorInfo};
@@ -9,6 +10,8 @@ use super::mapped::MappedFile;
 use crate::config::Architecture;
 use crate::error::{EngineError, Result};
 use crate::model::archs::Assembly;
+use serde_json::{Map, Value};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 /// Architectures whose q/k rows llama.cpp's converter permutes: those its `LlamaModel` class
@@ -36,9 +39,23 @@ const LAYER_TENSORS: &[(&str, &str)] = &[
 /// Stacked expert tensors (weights `[experts, rows, cols]`, biases `[experts, rows]`) and which
 /// SwiGLU matrix each holds (0 gate, 1 up, 2 down).
 const EXPERT_TENSORS: &[(&str, usize)] = &[("ffn_gate_exps", 0), ("ffn_up_exps", 1), ("ffn_down_exps", 2)];
-/// Layer tensors that are parameters of a Hugging Face module, not modules with a weight: the
-/// converter adds `.weight` to their names.
-const LAYER_PARAMETERS: &[(&str, &str)] = &[("attn_sinks.weight", "self_attn.sinks")];
+/// Layer tensors that are parameters of a Hugging Face module, not modules with a weight, by
+/// their GGUF names past `blk.N.`: the converter adds `.weight` to some, and stores Gated
+/// DeltaNet's `A_log` as `ssm_a`, `-exp(A_log)`, which the layer reads as `A`.
+const LAYER_PARAMETERS: &[(&str, &str)] = &[("attn_sinks.weight", "self_attn.sinks"), ("ssm_a", "linear_attn.A"), ("ssm_dt.bias", "linear_attn.dt_bias")];
+/// A Gated DeltaNet layer's modules (`linear_attn`). The converter splits Qwen3-Next's
+/// `in_proj_qkvz` into Qwen3.5's `in_proj_qkv` and `in_proj_z` (`attn_qkv`, `attn_gate`: names
+/// of attention modules elsewhere), and squeezes the convolution's weight to `[channels, taps]`.
+const DELTA_NET_TENSORS: &[(&str, &str)] = &[
+    ("attn_qkv", "in_proj_qkv"),
+    ("attn_gate", "in_proj_z"),
+    ("ssm_ba", "in_proj_ba"),
+    ("ssm_beta", "in_proj_b"),
+    ("ssm_alpha", "in_proj_a"),
+    ("ssm_conv1d", "conv1d"),
+    ("ssm_norm", "norm"),
+    ("ssm_out", "out_proj"),
+];
 const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
     ("ffn_gate_shexp", "shared_expert.gate_proj"),
     ("ffn_up_shexp", "shared_expert.up_proj"),
@@ -112,6 +129,10 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
     let fused_gate_up = FUSED_GATE_UP_ARCHITECTURES.contains(&architecture);
+    let layers = model_layers(&directory.metadata);
+    // Layers with `ssm_*` tensors are Gated DeltaNet layers.
+    let delta_net_layers: HashSet<usize> =
+        directory.tensors.iter().filter_map(split_name).filter(|(_, base, _)| base.starts_with("ssm_")).filter_map(|(layer, _, _)| layer).collect();
     let mut tensors = Vec::new();
     for info in &directory.tensors {
         let kind = GgmlType::from_id(info.type_id).ok_or_else(|| {
@@ -122,7 +143,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
             ))
         })?;
         // The directory checked that rows are whole blocks.
-        let shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
+        let mut shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         let tensor =
             |name: String, shape: Vec<usize>, offset: usize, head_dim: Option<usize>| HfTensor { name, shape, kind, offset, interleaved_head_dim: head_dim };
         let Some((layer, base, suffix)) = split_name(info) else {
@@ -134,6 +155,9 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
             tensors.push(tensor(name, shape, info.data.start, None));
             continue;
         };
+        if layers.is_some_and(|layers| layer >= layers) {
+            continue;
+        }
         let block = format!("model.layers.{layer}.{}", if mixtral { "block_sparse_moe" } else { "mlp" });
         if let Some(&(_, matrix)) = EXPERT_TENSORS.iter().find(|(gguf, _)| *gguf == base) {
             let names = if mixtral { ["w1", "w3", "w2"] } else { ["gate_proj", "up_proj", "down_proj"] };
@@ -148,8 +172,24 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
             }
             continue;
         }
-        if let Some(parameter) = lookup(LAYER_PARAMETERS, &format!("{base}.{suffix}")) {
+        let tail = if suffix.is_empty() { base.to_string() } else { format!("{base}.{suffix}") };
+        if let Some(parameter) = lookup(LAYER_PARAMETERS, &tail) {
             tensors.push(tensor(format!("model.layers.{layer}.{parameter}"), shape, info.data.start, None));
+            continue;
+        }
+        if base == "ssm_in" && delta_net_layers.contains(&layer) {
+            return Err(EngineError::UnsupportedModel(format!(
+                "{path}: {} holds a Gated DeltaNet's input projections in one tensor, a layout of earlier llama.cpp converters that rsgl does not read; convert the model again with a current convert_hf_to_gguf.py, or load its Hugging Face folder",
+                info.name
+            )));
+        }
+        if let Some(module) = lookup(DELTA_NET_TENSORS, base).filter(|_| delta_net_layers.contains(&layer)) {
+            if let [channels, taps] = shape[..] {
+                if module == "conv1d" {
+                    shape = vec![channels, 1, taps];
+                }
+            }
+            tensors.push(tensor(format!("model.layers.{layer}.linear_attn.{module}.{suffix}"), shape, info.data.start, None));
             continue;
         }
         let module = match base {
@@ -178,15 +218,26 @@ fn lookup<'a>(table: &[(&str, &'a str)], key: &str) -> Option<&'a str> {
     table.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
 }
 
-/// "blk.3.attn_q.weight" -> (Some(3), "attn_q", "weight"); "output_norm.weight" -> (None,
-/// "output_norm", "weight"); None for names of another form.
+/// "blk.3.attn_q.weight" -> (Some(3), "attn_q", "weight"); "blk.3.ssm_a" -> (Some(3), "ssm_a",
+/// ""); "output_norm.weight" -> (None, "output_norm", "weight"); None for names of another form.
 fn split_name(info: &GgufTensorInfo) -> Option<(Option<usize>, &str, &str)> {
-    let (base, suffix) = info.name.rsplit_once('.')?;
-    match base.strip_prefix("blk.") {
+    match info.name.strip_prefix("blk.") {
         Some(rest) => {
-            let (layer, module) = rest.split_once('.')?;
+            let (layer, tensor) = rest.split_once('.')?;
+            let (module, suffix) = tensor.rsplit_once('.').unwrap_or((tensor, ""));
             Some((Some(layer.parse().ok()?), module, suffix))
         }
-        None => Some((None, base, suffix)),
+        None => {
+            let (base, suffix) = info.name.rsplit_once('.')?;
+            Some((None, base, suffix))
+        }
     }
+}
+
+/// How many layers the model has, where the metadata says: llama.cpp's converter counts the
+/// multi-token prediction layers it appends in `block_count` and `nextn_predict_layers`.
+fn model_layers(metadata: &Map<String, Value>) -> Option<usize> {
+    let architecture = metadata.get("general.architecture")?.as_str()?;
+    let count = |key: &str| metadata.get(&format!("{architecture}.{key}")).and_then(Value::as_u64).map(|n| n as usize);
+    Some(count("block_count")?.saturating_sub(count("nextn_predict_layers").unwrap_or(0)))
 }

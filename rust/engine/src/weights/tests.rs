@@ -225,6 +225,55 @@ fn gpt_oss_gguf_tensors_come_out_as_its_hugging_face_parameters() {
     assert_eq!(store.read("model.layers.0.self_attn.sinks").unwrap(), [0.5, -0.5]);
 }
 
+/// Qwen3-Next as llama.cpp's converter writes it: a Gated DeltaNet layer (whose `attn_qkv` is the
+/// DeltaNet's, not an attention's fused projection), an attention layer, and a multi-token
+/// prediction layer appended, which is left out.
+#[test]
+fn hybrid_gguf_tensors_come_out_as_their_hugging_face_parameters() {
+    let f32_bytes = |values: &[f32]| le_bytes(values, f32::to_le_bytes);
+    let metadata = serde_json::json!({ "general.architecture": "qwen3next", "qwen3next.block_count": 3, "qwen3next.nextn_predict_layers": 1 });
+    let taps = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let file = TempFile::new(
+        "qwen3next.gguf",
+        &gguf_with_metadata(
+            metadata.as_object().unwrap(),
+            &[
+                ("blk.0.attn_qkv.weight", vec![2, 3], 0, f32_bytes(&[0.0; 6])),
+                ("blk.0.attn_gate.weight", vec![2, 1], 0, f32_bytes(&[0.0; 2])),
+                ("blk.0.ssm_ba.weight", vec![2, 2], 0, f32_bytes(&[0.0; 4])),
+                ("blk.0.ssm_a", vec![1], 0, f32_bytes(&[-2.0])),
+                ("blk.0.ssm_dt.bias", vec![1], 0, f32_bytes(&[0.5])),
+                // [channels, taps]: dims [taps, channels].
+                ("blk.0.ssm_conv1d.weight", vec![2, 3], 0, f32_bytes(&taps)),
+                ("blk.0.ssm_norm.weight", vec![1], 0, f32_bytes(&[1.0])),
+                ("blk.0.ssm_out.weight", vec![1, 2], 0, f32_bytes(&[0.0; 2])),
+                ("blk.1.attn_q.weight", vec![2, 2], 0, f32_bytes(&[0.0; 4])),
+                ("blk.2.attn_q.weight", vec![2, 2], 0, f32_bytes(&[0.0; 4])),
+                ("blk.2.nextn.eh_proj.weight", vec![4, 2], 0, f32_bytes(&[0.0; 8])),
+            ],
+        ),
+    );
+    let store = WeightStore::open_gguf(&file.0, "qwen3_next", 1, 1).unwrap();
+    let linear_attn = |name: &str| format!("model.layers.0.linear_attn.{name}");
+    let mut want: Vec<String> =
+        ["A", "conv1d.weight", "dt_bias", "in_proj_ba.weight", "in_proj_qkv.weight", "in_proj_z.weight", "norm.weight", "out_proj.weight"]
+            .iter()
+            .map(|name| linear_attn(name))
+            .collect();
+    want.push("model.layers.1.self_attn.q_proj.weight".into());
+    assert_eq!(store.names(), want);
+    assert_eq!(store.shape(&linear_attn("conv1d.weight")), Some(&[3, 1, 2][..]));
+    assert_eq!(store.read(&linear_attn("conv1d.weight")).unwrap(), taps);
+    assert_eq!(store.read(&linear_attn("A")).unwrap(), [-2.0]);
+    // Earlier converters' one input projection is refused, saying what to do.
+    let fused = TempFile::new(
+        "qwen3next-ssm-in.gguf",
+        &gguf(&[("blk.0.ssm_in.weight", vec![2, 4], 0, f32_bytes(&[0.0; 8])), ("blk.0.ssm_a", vec![1], 0, f32_bytes(&[-2.0]))]),
+    );
+    let text = error_text(WeightStore::open_gguf(&fused.0, "qwen3_next", 1, 1));
+    assert!(text.contains("blk.0.ssm_in.weight") && text.contains("convert the model again"), "{text}");
+}
+
 #[test]
 fn a_sharded_gguf_model_maps_every_shard_whichever_is_named() {
     let row = |value: f32| le_bytes(&[value; 4], f32::to_le_bytes);
