@@ -88,12 +88,23 @@ pub fn recurrent(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
 #[inline(always)]
 pub fn chunked(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]) {
     let mut scratch = ChunkScratch::new(run.key_dim, run.value_dim);
-    let mut start = 0;
-    while start < run.tokens() {
-        let end = run.tokens().min(start + CHUNK - (position + start) % CHUNK);
+    for (start, end) in chunk_edges(run.tokens(), position) {
         chunk(&run.slice(start, end), state, &mut out[start * run.value_dim..end * run.value_dim], &mut scratch);
-        start = end;
     }
+}
+
+/// The `(start, end)` token ranges of a run of `tokens` whose first is at `position`, cut where
+/// positions reach a multiple of [`CHUNK`] (shared with the Mamba-2 scan, `crate::ssd`).
+#[inline(always)]
+pub(crate) fn chunk_edges(tokens: usize, position: usize) -> impl Iterator<Item = (usize, usize)> {
+    let mut start = 0;
+    std::iter::from_fn(move || {
+        if start == tokens {
+            return None;
+        }
+        let end = tokens.min(start + CHUNK - (position + start) % CHUNK);
+        Some((std::mem::replace(&mut start, end), end))
+    })
 }
 
 /// Buffers one chunk's products live in, sized for a whole chunk.

@@ -11,7 +11,7 @@
 //! from chunk to chunk once. Plain Rust without fused multiply-adds and with the portable `exp`,
 //! as [`crate::delta_rule`]: the same bits on every CPU; the two forms agree to rounding.
 
-use crate::delta_rule::{mul_add, transpose};
+use crate::delta_rule::{chunk_edges, mul_add, transpose};
 use crate::portable::exp;
 
 /// Tokens per chunk of [`chunked`].
@@ -68,11 +68,8 @@ pub fn recurrent(run: &SsdRun, state: &mut [f32], out: &mut [f32]) {
 /// computed in runs that split at such multiples gets the bits of one run.
 pub fn chunked(run: &SsdRun, position: usize, state: &mut [f32], out: &mut [f32]) {
     let mut scratch = ChunkScratch::new(run.head_dim, run.state_size);
-    let mut start = 0;
-    while start < run.tokens() {
-        let end = run.tokens().min(start + CHUNK - (position + start) % CHUNK);
+    for (start, end) in chunk_edges(run.tokens(), position) {
         chunk(&run.slice(start, end), state, &mut out[start * run.head_dim..end * run.head_dim], &mut scratch);
-        start = end;
     }
 }
 
