@@ -5,6 +5,7 @@ batch-1 decode, with each engine's load time and peak memory.
     python benches/compare.py [--threads 2] [--quick] [--skip-llamacpp] [--skip-transformers]
                               [--json bench-results/compare.json] [--plot bench-results/compare.png]
     python benches/compare.py --model PATH [--gguf PATH] [--w8a8] [--transformers] ...
+                              [--prefill-tokens 2048] [--decode-contexts 1024,16384]
 
 --model PATH (a GGUF file or Hugging Face folder, e.g. one written by benches/synth_model.py):
 rsgl loads PATH in bfloat16 (and, with --w8a8, quantized to W8A8 at load; a quantized GGUF
@@ -21,7 +22,12 @@ token ids and run greedy with EOS ignored; each engine runs in a process of its 
 pools and memory do not overlap. Every time is the best of --repeats, after a warm-up.
 - decode b1: a 32-token prompt, 128 new tokens; tok/s over the time after the first token (the
   time of a run with one new token is subtracted).
-- prefill 512: a 512-token prompt, one new token: 512 / time to first token.
+- prefill 512 (--prefill-tokens): a 512-token prompt, one new token: 512 / time to first token.
+- decode at N (with --decode-contexts N,...): batch-1 decode of 128 new tokens after an N-token
+  prompt, timed from the first new token to the last (rsgl streams them; llama.cpp's loop is
+  timed after its prompt): what a long conversation's replies cost, where attention reads N
+  keys per layer. (Subtracting a one-token run, as decode b1 does, would leave the noise of a
+  prefill of N tokens, seconds at 16k, in a decode of a few seconds.)
 - 16 seqs: 16 different 32-token prompts at once, 128 new tokens each; aggregate tok/s after the
   first token. transformers: one generate call on the [16, 32] batch (equal lengths, no padding).
   llama.cpp: its low-level API, one llama_batch holding a token of each of the 16 sequences per
@@ -71,12 +77,20 @@ LLAMA_CPP_TYPES = ("F16", "Q8_0")
 RSGL_PACKED_BITS = {"Q4_0": 4.5, "Q4_1": 5.0, "Q4_K": 5.0, "Q5_0": 6.0, "Q6_K": 7.0, "Q8_0": 9.0, "MXFP4": 4.25}
 # GGUF names of the tensors decode reads as matrices (the lm_head is added apart: tied models
 # read token_embd instead of output).
-GGUF_LINEAR = ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+GGUF_LINEAR = (
+    "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate", "ffn_up", "ffn_down",
+    # Gated DeltaNet's projections (Qwen3.5, Qwen3-Next), and shared experts with their gate
+    "attn_gate", "ssm_ba", "ssm_alpha", "ssm_beta", "ssm_out",
+    "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp", "ffn_gate_inp_shexp",
+)  # fmt: skip
 # The first ids of the vocabulary are special tokens; prompts stay clear of them.
 FIRST_PLAIN_TOKEN = 100
 
 # Takes equal-length prompts (token-id lists) and a count of new tokens; generates, blocking.
 Generate = Callable[[list[list[int]], int], None]
+# Takes one prompt and a count of new tokens; generates, blocking; returns the seconds from the
+# first new token to the last.
+TimedDecode = Callable[[list[int], int], float]
 
 
 @dataclass
@@ -88,6 +102,9 @@ class Workload:
     repeats: int
     membw_mb: int
     membw_reps: int
+    decode_contexts: tuple[int, ...] = ()  # prompt lengths of the decode-at-context runs
+    # llama.cpp takes prompts longer than this in pieces (its compute buffers grow with the batch)
+    llama_cpp_max_batch: int = 2048
 
 
 FULL = Workload(prompt_tokens=32, new_tokens=128, prefill_tokens=512, sequences=16, repeats=2, membw_mb=1024, membw_reps=10)
@@ -99,6 +116,7 @@ class Prompts:
     single: list[int]
     parallel: list[list[int]]
     long: list[int]
+    contexts: list[list[int]]  # one prompt per decode context
 
 
 @dataclass
@@ -109,6 +127,7 @@ class Row:
     decode_tok_s: float | None = None
     prefill_tok_s: float | None = None
     parallel_tok_s: float | None = None
+    context_decode_tok_s: dict[int, float] | None = None  # decode b1 tok/s by prompt length
     bandwidth_gb_s: float | None = None  # the higher probe around this row's decode b1
     load_s: float | None = None
     peak_rss_gb: float | None = None
@@ -125,6 +144,10 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="a fast smoke run: short prompts and outputs, 4 sequences")
     parser.add_argument("--skip-llamacpp", action="store_true", help="leave llama.cpp out")
     parser.add_argument("--skip-transformers", action="store_true", help="leave transformers out")
+    parser.add_argument("--prefill-tokens", type=int, default=None, help="the prefill prompt's length (default 512)")
+    parser.add_argument(
+        "--decode-contexts", default=None, help="comma-separated prompt lengths to time batch-1 decode after (e.g. 1024,16384; one repeat each)"
+    )
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per number; the best counts")
     parser.add_argument("--rsgl-bench", default=None, help="a built rsgl-bench binary for the bandwidth probe (default: cargo build --release this checkout)")
     parser.add_argument("--model", type=Path, default=None, help="a GGUF file or HF folder to compare on (default: rsgl's default model)")
@@ -178,7 +201,7 @@ def decode_tok_s(generate: Generate, prompts: list[list[int]], work: Workload) -
     return len(prompts) * (work.new_tokens - 1) / (full - first)
 
 
-def measure(generate: Generate, prompts: Prompts, work: Workload, probe: Callable[[], float]) -> dict:
+def measure(generate: Generate, timed_decode: TimedDecode | None, prompts: Prompts, work: Workload, probe: Callable[[], float]) -> dict:
     generate([prompts.long], 2)  # warm-up: thread pools, first-call allocations, lazy init
     generate(prompts.parallel, 2)
     prefill_seconds = best_seconds(lambda: generate([prompts.long], 1), work.repeats)
@@ -191,6 +214,7 @@ def measure(generate: Generate, prompts: Prompts, work: Workload, probe: Callabl
         "bandwidth_probes_gb_s": [before, after],
         "prefill_tok_s": len(prompts.long) / prefill_seconds,
         "parallel_tok_s": decode_tok_s(generate, prompts.parallel, work),
+        "context_decode_tok_s": {len(p): (work.new_tokens - 1) / timed_decode(p, work.new_tokens) for p in prompts.contexts} if timed_decode else {},
     }
 
 
@@ -252,7 +276,14 @@ def measure_rsgl(
             outs = llm.generate(input_ids=batch, sampling_params=params)
             assert all(o["meta_info"]["completion_tokens"] == new_tokens for o in outs)
 
-        result = measure(generate, prompts, work, probe)
+        def timed_decode(prompt: list[int], new_tokens: int) -> float:
+            params = {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
+            first = None
+            for _ in llm.generate(input_ids=prompt, sampling_params=params, stream=True):
+                first = first or time.perf_counter()
+            return time.perf_counter() - first
+
+        result = measure(generate, timed_decode, prompts, work, probe)
         info = llm.get_server_info()
     kept = ("kernels", "int8_kernels", "threads", "dtype", "quantization", "activation_bits")
     return {**result, "load_s": load_s, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in kept if k in info}}}
@@ -286,7 +317,7 @@ def measure_transformers(dtype: str, threads: int, model_path: str, prompts: Pro
             )
         assert out.shape[1] == ids.shape[1] + new_tokens
 
-    result = measure(generate, prompts, work, probe)
+    result = measure(generate, None, prompts, work, probe)  # not timed at long contexts
     return {
         **result,
         "load_s": load_s,
@@ -311,9 +342,10 @@ class LlamaCppRunner:
         if not self.model:
             raise RuntimeError(f"llama.cpp cannot load {gguf_path}")
         self.vocab_size = llama_cpp.llama_vocab_n_tokens(llama_cpp.llama_model_get_vocab(self.model))
-        self.batch_capacity = max(work.prefill_tokens, work.sequences * work.prompt_tokens)
+        longest = max([work.prefill_tokens, *work.decode_contexts])
+        self.batch_capacity = min(max(work.prefill_tokens, work.sequences * work.prompt_tokens), work.llama_cpp_max_batch)
         params = llama_cpp.llama_context_default_params()
-        params.n_ctx = max(work.prefill_tokens + 1, work.sequences * (work.prompt_tokens + work.new_tokens))
+        params.n_ctx = max(longest + work.new_tokens, work.sequences * (work.prompt_tokens + work.new_tokens))
         params.n_batch = params.n_ubatch = self.batch_capacity  # a whole prompt in one llama_decode
         params.n_seq_max = work.sequences
         params.kv_unified = True  # one KV buffer: the long prompt may use more than n_ctx / n_seq_max
@@ -323,11 +355,20 @@ class LlamaCppRunner:
             raise RuntimeError("llama.cpp cannot create its context")
         self.batch = llama_cpp.llama_batch_init(self.batch_capacity, 0, work.sequences)
 
-    def generate(self, prompts: list[list[int]], new_tokens: int) -> None:
+    def generate(self, prompts: list[list[int]], new_tokens: int) -> float:
+        """Returns the seconds from the first new token (the prompt's argmax) to the last."""
         self.lib.llama_memory_clear(self.lib.llama_get_memory(self.ctx), True)
-        tokens = self._decode(prompts, start=0)
+        if len(prompts) == 1:  # a long prompt in pieces of the batch's capacity, as llama-server feeds one
+            *pieces, last = [prompts[0][i : i + self.batch_capacity] for i in range(0, len(prompts[0]), self.batch_capacity)]
+            for index, piece in enumerate(pieces):
+                self._decode([piece], start=index * self.batch_capacity)
+            tokens = self._decode([last], start=len(pieces) * self.batch_capacity)
+        else:
+            tokens = self._decode(prompts, start=0)
+        first = time.perf_counter()
         for step in range(new_tokens - 1):
             tokens = self._decode([[t] for t in tokens], start=len(prompts[0]) + step)
+        return time.perf_counter() - first
 
     def _decode(self, chunks: list[list[int]], start: int) -> list[int]:
         """Feeds chunks[s] to sequence s from position `start`; returns each one's argmax token."""
@@ -357,7 +398,7 @@ def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workl
     runner = LlamaCppRunner(gguf_path, threads, work, extra_buffer_types)
     load_s = time.perf_counter() - started
     try:
-        result = measure(runner.generate, prompts, work, probe)
+        result = measure(runner.generate, lambda prompt, new_tokens: runner.generate([prompt], new_tokens), prompts, work, probe)
     finally:
         runner.close()
     system_info = llama_cpp.llama_print_system_info().decode()
@@ -420,7 +461,12 @@ def make_prompts(vocab_size: int, work: Workload) -> Prompts:
     def ids(n: int) -> list[int]:
         return rng.integers(FIRST_PLAIN_TOKEN, vocab_size, size=n).tolist()
 
-    return Prompts(single=ids(work.prompt_tokens), parallel=[ids(work.prompt_tokens) for _ in range(work.sequences)], long=ids(work.prefill_tokens))
+    return Prompts(
+        single=ids(work.prompt_tokens),
+        parallel=[ids(work.prompt_tokens) for _ in range(work.sequences)],
+        long=ids(work.prefill_tokens),
+        contexts=[ids(n) for n in work.decode_contexts],
+    )
 
 
 def linear_parameters(config: dict) -> int:
@@ -436,13 +482,15 @@ def linear_parameters(config: dict) -> int:
     return config["num_hidden_layers"] * per_layer + config["vocab_size"] * hidden
 
 
-def gguf_linear_bytes(path: Path, config: dict, packed_by_rsgl: bool = False) -> int:
+def gguf_linear_bytes(path: Path, config: dict, packed_by_rsgl: bool = False, element_bytes: int | None = None) -> int:
     """The same weights as `linear_parameters`, in the bytes this GGUF file stores them in (or,
     with `packed_by_rsgl`, in what rsgl packs them into running the file as it is: the types it has
-    integer kernels for as stored, the rest in bfloat16)."""
+    integer kernels for as stored, the rest in bfloat16; or `element_bytes` per weight)."""
     from gguf import GGUFReader
 
     def size(t) -> int:
+        if element_bytes:
+            return int(t.n_elements) * element_bytes
         return int(t.n_elements * RSGL_PACKED_BITS.get(t.tensor_type.name, 16.0) / 8) if packed_by_rsgl else t.n_bytes
 
     tensors = {t.name: size(t) for t in GGUFReader(path).tensors}
@@ -523,8 +571,17 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
     rsgl_rows = [("bf16", "bfloat16", 2, None), ("f32", "float32", 4, None), ("w8a8", "bfloat16", 1, "w8a8_int8")]
     if args.model:  # float32 copies of real-size models do not fit here
         rsgl_rows = [row for row in rsgl_rows if (row[0] == "bf16" and not args.as_stored_only) or (row[0] == "w8a8" and args.w8a8)]
+    if model.is_file():  # the file's own tensors: linear_parameters knows no hybrid or shared-expert layers
+
+        def weight_bytes(size: int) -> int:
+            return gguf_linear_bytes(model, config, element_bytes=size)
+    else:
+
+        def weight_bytes(size: int) -> int:
+            return size * params
+
     runs = [
-        (Row("rsgl", weights, size * params), partial(warm_then, model, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
+        (Row("rsgl", weights, weight_bytes(size)), partial(warm_then, model, measure_rsgl, given, dtype, t, prompts, work, probe, quantization))
         for weights, dtype, size, quantization in rsgl_rows
     ]
     file_type = gguf_file_type(model) if model.is_file() else None
@@ -537,7 +594,7 @@ def plan(args: argparse.Namespace, model: Path, config: dict, prompts: Prompts, 
     if args.transformers if args.model else not args.skip_transformers:
         for dtype, weights, size in (("float32", "f32", 4), ("bfloat16", "bf16", 2)):
             measure_one = partial(warm_then, model, measure_transformers, dtype, t, str(model), prompts, work, probe)
-            runs.append((Row("transformers", weights, size * params), measure_one))
+            runs.append((Row("transformers", weights, weight_bytes(size)), measure_one))
     if not args.skip_llamacpp:
         for name, path in llama_cpp_files(args, model, t).items():
             measure_one = partial(measure_llamacpp_isolated, path, t, prompts, work, probe)
@@ -577,6 +634,7 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
             log(f"  failed: {row.error}")
         else:
             row.decode_tok_s, row.prefill_tok_s, row.parallel_tok_s = result["decode_tok_s"], result["prefill_tok_s"], result["parallel_tok_s"]
+            row.context_decode_tok_s = result["context_decode_tok_s"]
             row.bandwidth_gb_s, row.info = result["bandwidth_gb_s"], result["info"]
             row.load_s, row.peak_rss_gb = result.get("load_s"), result["peak_rss_gb"]
             row.info["bandwidth_probes_gb_s"] = result["bandwidth_probes_gb_s"]
@@ -591,6 +649,7 @@ def headers(work: Workload) -> list[str]:
         "decode b1 tok/s",
         f"prefill {work.prefill_tokens} tok/s",
         f"{work.sequences} seqs tok/s",
+        *[f"decode at {n} tok/s" for n in work.decode_contexts],
         "MB/token",
         "probe GB/s",
         "b1 limit tok/s",
@@ -600,7 +659,7 @@ def headers(work: Workload) -> list[str]:
     ]
 
 
-def table_rows(rows: list[Row]) -> list[list[str]]:
+def table_rows(rows: list[Row], work: Workload) -> list[list[str]]:
     def cell(value: float | None) -> str:
         return "failed" if value is None else f"{value:.1f}"
 
@@ -615,6 +674,7 @@ def table_rows(rows: list[Row]) -> list[list[str]]:
                 cell(row.decode_tok_s),
                 cell(row.prefill_tok_s),
                 cell(row.parallel_tok_s),
+                *[cell((row.context_decode_tok_s or {}).get(n)) for n in work.decode_contexts],
                 f"{row.bytes_per_token / 1e6:.0f}",
                 cell(row.bandwidth_gb_s),
                 cell(limit),
@@ -675,6 +735,10 @@ def main() -> None:
     work = QUICK if args.quick else FULL
     if args.repeats:
         work.repeats = args.repeats
+    if args.prefill_tokens:
+        work.prefill_tokens = args.prefill_tokens
+    if args.decode_contexts:
+        work.decode_contexts = tuple(int(n) for n in args.decode_contexts.split(","))
     from rsgl.loader import load_model
     from rsgl.loader.default_model import default_model_path
 
@@ -683,7 +747,7 @@ def main() -> None:
     prompts = make_prompts(config["vocab_size"], work)
     rows = run_all(plan(args, model, config, prompts, work))
 
-    print_table(headers(work), table_rows(rows))
+    print_table(headers(work), table_rows(rows, work))
     kernels = next((r.info.get("kernels") for r in rows if r.engine == "rsgl" and r.info), None)
     report = {
         "bench": "compare",

@@ -4,6 +4,7 @@ at sizes that matter without downloading anything.
     python benches/synth_model.py --shape llama-1b|llama-8b|qwen3-moe|gemma3-1b|gemma3-4b|phi4-mini \\
         --format gguf-f16|gguf-q8_0|gguf-q4_0|gguf-q4_k_m|safetensors-bf16 [--layers N] [--out PATH] [--force]
     python benches/synth_model.py --shape gpt-oss-20b --format safetensors-mxfp4|gguf-mxfp4 [--layers N] ...
+    python benches/synth_model.py --shape qwen3.5-4b|qwen3-next --format safetensors-bf16|gguf-f16|gguf-q8_0|gguf-q4_k_m ...
 
 Shapes (the tokenizer stays the default model's, 49,152 tokens; the Gemma and Phi shapes pad its
 token list to their vocabularies, 262,144 and 200,064 entries, see below):
@@ -33,6 +34,9 @@ token list to their vocabularies, 262,144 and 200,064 entries, see below):
   makes of it (the experts repacked to ggml's MXFP4, the rest bf16; the folder is written first
   if missing). Block bytes are random (every 4-bit code equally likely); scales are 2^-8 to 2^-5,
   so that weights have the magnitude of trained ones (|w| up to 6 * 2^-5).
+- qwen3.5-4b, qwen3-next: hybrid models (Gated DeltaNet beside gated attention), built from
+  transformers' own classes and saved by transformers (see TRANSFORMERS_SHAPES); their GGUF files
+  are llama.cpp's converter's output of that folder (F16, Q8_0) or its quantizer's of the F16 file.
 
 Gemma's vocabulary (262,144 entries) is a large share of a small model's work (the tied lm_head
 of gemma3-1b is 30% of its weights), so the Gemma shapes keep it, as phi4-mini keeps Phi-4's
@@ -164,6 +168,28 @@ SHAPES = {
         yarn_factor=32.0,
     ),
 }
+# Shapes written through transformers' own config and model classes (tensor names, shapes and
+# config.json as transformers saves them; their GGUF files are llama.cpp's converter's, then its
+# quantizer's). Keyword arguments of AutoConfig.for_model; vocab_size is the padded vocabulary.
+TRANSFORMERS_SHAPES = {
+    # Qwen3.5-4B's text model as we know its config (hidden 2560, 32 layers: Gated DeltaNet in three
+    # of every four, 16 key / 32 value heads of 128; gated attention in the fourth, 16 q / 4 kv
+    # heads of 256, a quarter of each rotary; ffn 9216; tied; 248,320 tokens).
+    "qwen3.5-4b": dict(
+        model_type="qwen3_5_text", architectures=["Qwen3_5ForCausalLM"], hidden_size=2560, intermediate_size=9216,
+        num_hidden_layers=32, num_attention_heads=16, num_key_value_heads=4, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000000.0, "partial_rotary_factor": 0.25},
+        max_position_embeddings=32768, vocab_size=248320,
+    ),
+    # Qwen3-Next-80B-A3B's layers (transformers' defaults: hidden 2048, 512 experts of ffn 512, 10
+    # active, a shared expert of 512; DeltaNet 16 key / 32 value heads of 128; attention 16 q / 2 kv
+    # heads of 256) with 4 layers instead of 48 (three DeltaNet, one attention), so that it fits
+    # here (12.9 GB in bf16).
+    "qwen3-next": dict(
+        model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"], num_hidden_layers=4, max_position_embeddings=32768, vocab_size=151936
+    ),
+}  # fmt: skip
 # Formats llama.cpp's quantizer makes from the F16 file.
 LLAMA_CPP_QUANTIZED = ("gguf-q4_0", "gguf-q4_k_m")
 # gpt-oss's formats: OpenAI's MXFP4 folder, and the GGUF file llama.cpp's converter makes of it.
@@ -444,7 +470,7 @@ def write_gpt_oss_tensor(out, values: Values, name: str, dims: tuple[int, ...]) 
 def write_gpt_oss_folder(shape: Shape, folder: Path) -> None:
     """OpenAI's gpt-oss layout (MXFP4 experts, the rest bf16), whole layers per shard."""
     folder.mkdir(parents=True, exist_ok=True)
-    vocab, eos_token_id = write_tokenizer_files(shape, folder)
+    vocab, eos_token_id = write_tokenizer_files(shape.vocab, folder)
     write_safetensors_shards(folder, gpt_oss_tensors(shape, vocab), write_gpt_oss_tensor)
     (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
 
@@ -485,16 +511,17 @@ def write_safetensors_shards(
     (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}, indent=1))
 
 
-def convert_with_llama_cpp(folder: Path, path: Path) -> None:
-    """The GGUF file llama.cpp's converter writes of `folder` (MXFP4 experts stay MXFP4, the rest bf16),
-    through the tests' wrapper, which teaches it the default model's byte-level tokenizer."""
+def convert_with_llama_cpp(folder: Path, path: Path, outtype: str = "bf16", options: tuple[str, ...] = ()) -> None:
+    """The GGUF file llama.cpp's converter writes of `folder` (in `outtype`, with its further
+    `options`; gpt-oss's MXFP4 experts stay MXFP4), through the tests' wrapper, which teaches it the
+    default model's byte-level tokenizer."""
     import sys
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from gguf_convert import convert
 
     partial = path.with_suffix(".partial")
-    convert(folder, partial, outtype="bf16")
+    convert(folder, partial, outtype=outtype, options=options)
     partial.replace(path)
 
 
@@ -564,8 +591,8 @@ def hf_config(shape: Shape, vocab: int, eos_token_id: int) -> dict[str, Any]:
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **config}
 
 
-def write_tokenizer_files(shape: Shape, folder: Path) -> tuple[int, int]:
-    """The default model's tokenizer (padded to the shape's vocabulary) and chat template, as
+def write_tokenizer_files(shape_vocab: int, folder: Path) -> tuple[int, int]:
+    """The default model's tokenizer (padded to `shape_vocab` tokens) and chat template, as
     transformers saves them; returns the vocabulary size and the end-of-sequence token id."""
     from rsgl.loader import load_model
 
@@ -574,7 +601,7 @@ def write_tokenizer_files(shape: Shape, folder: Path) -> tuple[int, int]:
         raise RuntimeError("the default model loaded without its tokenizer or chat template")
     tokenizer = json.loads(model.tokenizer.to_str())
     source_vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
-    vocab = max(shape.vocab, model.config["vocab_size"])
+    vocab = max(shape_vocab, model.config["vocab_size"])
     # Gemma's vocabulary: the filler tokens as plain BPE vocabulary entries (no merge reaches them).
     filler = filler_tokens(list(model.tokenizer.get_vocab(with_added_tokens=True)), vocab) if vocab > source_vocab else []
     tokenizer["model"]["vocab"] |= {token: source_vocab + index for index, token in enumerate(filler)}
@@ -589,7 +616,7 @@ def write_tokenizer_files(shape: Shape, folder: Path) -> tuple[int, int]:
 
 def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    vocab, eos_token_id = write_tokenizer_files(shape, folder)
+    vocab, eos_token_id = write_tokenizer_files(shape.vocab, folder)
     groups = []
     for gguf_name, dims in tensors(shape, vocab):
         for name, expert in hf_name(gguf_name, shape):
@@ -603,6 +630,46 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
     (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
 
 
+def write_transformers_folder(shape_name: str, layers: int | None, folder: Path) -> None:
+    """A TRANSFORMERS_SHAPES model with random weights, laid out as transformers saves it. The
+    tensor names and shapes come from transformers' model class built on the meta device (no
+    memory), its fused experts written per expert as its save_pretrained writes them; norms are
+    drawn around 0 where the model scales by 1 + w (Qwen3.5's and Qwen3-Next's, but for the
+    DeltaNet's gated norm, which scales by w)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = dict(TRANSFORMERS_SHAPES[shape_name])
+    if layers:
+        spec["num_hidden_layers"] = layers
+    folder.mkdir(parents=True, exist_ok=True)
+    vocab, eos_token_id = write_tokenizer_files(spec.pop("vocab_size"), folder)
+    config = AutoConfig.for_model(**spec, vocab_size=vocab, eos_token_id=eos_token_id, dtype="bfloat16")
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    groups = []
+    for name, tensor in model.state_dict().items():
+        dims = tuple(tensor.shape)
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if name.endswith("mlp.experts.gate_up_proj"):  # [experts, 2 ffn, hidden]: gate rows, then up rows
+            prefix = name.removesuffix("gate_up_proj")
+            half = (dims[1] // 2, dims[2])
+            groups += [[(f"{prefix}{e}.gate_proj.weight", "BF16", half), (f"{prefix}{e}.up_proj.weight", "BF16", half)] for e in range(dims[0])]
+        elif name.endswith("mlp.experts.down_proj"):
+            groups += [[(f"{name.removesuffix('down_proj')}{e}.down_proj.weight", "BF16", dims[1:])] for e in range(dims[0])]
+        else:
+            groups.append([(name, "BF16", dims)])
+
+    def write_bf16(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
+        mean = 1.0 if name.endswith("linear_attn.norm.weight") else 0.0
+        weights = (mean + values.draw(int(np.prod(dims)))).astype(np.float32)
+        out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+
+    write_safetensors_shards(folder, groups, write_bf16)
+    (folder / "config.json").write_text(config.to_json_string())
+
+
 def output_path(shape_name: str, kind: str, layers: int | None) -> Path:
     stem = f"{shape_name}{f'-{layers}l' if layers else ''}-{kind}"
     return CACHE / (f"{stem}.gguf" if kind.startswith("gguf") else stem)
@@ -610,7 +677,7 @@ def output_path(shape_name: str, kind: str, layers: int | None) -> Path:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", choices=list(SHAPES), required=True)
+    parser.add_argument("--shape", choices=[*SHAPES, *TRANSFORMERS_SHAPES], required=True)
     parser.add_argument("--format", choices=FORMATS, required=True)
     parser.add_argument("--layers", type=int, default=None, help="override the layer count (small checks)")
     parser.add_argument("--out", type=Path, default=None, help="file (GGUF) or folder (safetensors) to write")
@@ -620,15 +687,23 @@ def parse_args() -> argparse.Namespace:
 
 def main() -> None:
     args = parse_args()
-    shape = SHAPES[args.shape] if args.layers is None else replace(SHAPES[args.shape], layers=args.layers)
     out = args.out or output_path(args.shape, args.format, args.layers)
     if out.exists() and not args.force:
         print(out)
         return
-    if shape.gpt_oss != (args.format in MXFP4_FORMATS):
-        raise SystemExit(f"--shape {args.shape} is not written as {args.format}: gpt-oss-20b is written as {' or '.join(MXFP4_FORMATS)}, the other shapes not")
     out.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
+    if args.shape in TRANSFORMERS_SHAPES:
+        write_through_transformers(args.shape, args.format, args.layers, out)
+    else:
+        write_shape(SHAPES[args.shape] if args.layers is None else replace(SHAPES[args.shape], layers=args.layers), args, out)
+    size = sum(f.stat().st_size for f in ([out] if out.is_file() else out.iterdir()))
+    print(f"wrote {out} ({size / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s)")
+
+
+def write_shape(shape: Shape, args: argparse.Namespace, out: Path) -> None:
+    if shape.gpt_oss != (args.format in MXFP4_FORMATS):
+        raise SystemExit(f"--shape {args.shape} is not written as {args.format}: gpt-oss-20b is written as {' or '.join(MXFP4_FORMATS)}, the other shapes not")
     if args.format == "gguf-mxfp4":
         source = output_path(args.shape, "safetensors-mxfp4", args.layers)
         if not source.exists():
@@ -645,8 +720,27 @@ def main() -> None:
         write_gguf(shape, args.format, out)
     else:
         write_safetensors_folder(shape, out)
-    size = sum(f.stat().st_size for f in ([out] if out.is_file() else out.iterdir()))
-    print(f"wrote {out} ({size / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s)")
+
+
+def write_through_transformers(shape_name: str, kind: str, layers: int | None, out: Path) -> None:
+    """The safetensors folder from transformers; GGUF files converted from it by llama.cpp (F16,
+    Q8_0), or quantized from the F16 file (Q4_0, Q4_K_M)."""
+    if kind in MXFP4_FORMATS:
+        raise SystemExit(f"--shape {shape_name} is not written as {kind}: only gpt-oss-20b is")
+    if kind == "safetensors-bf16":
+        write_transformers_folder(shape_name, layers, out)
+        return
+    if kind in LLAMA_CPP_QUANTIZED:
+        source = output_path(shape_name, "gguf-f16", layers)
+        if not source.exists():
+            write_through_transformers(shape_name, "gguf-f16", layers, source)
+        quantize_with_llama_cpp(source, kind, out)
+        return
+    folder = output_path(shape_name, "safetensors-bf16", layers)
+    if not folder.exists():
+        write_transformers_folder(shape_name, layers, folder)
+    # --no-mtp: the random Qwen checkpoints have no multi-token prediction layer.
+    convert_with_llama_cpp(folder, out, kind.removeprefix("gguf-"), options=("--no-mtp",))
 
 
 if __name__ == "__main__":

@@ -36,10 +36,11 @@ def converter() -> Path:
     return Path(done.stdout.split()[-1])
 
 
-def convert(hf_folder, out_path, outtype: str = "f32") -> Path:
-    """Converts the checkpoint in `hf_folder` to the GGUF file `out_path` (f32, f16, bf16, q8_0...); returns its path."""
+def convert(hf_folder, out_path, outtype: str = "f32", options: tuple[str, ...] = ()) -> Path:
+    """Converts the checkpoint in `hf_folder` to the GGUF file `out_path` (f32, f16, bf16, q8_0...), with the
+    converter's further `options`; returns its path."""
     out_path = Path(out_path)
-    command = [sys.executable, __file__, str(converter()), str(hf_folder), "--outfile", str(out_path), "--outtype", outtype]
+    command = [sys.executable, __file__, str(converter()), str(hf_folder), "--outfile", str(out_path), "--outtype", outtype, *options]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 or not out_path.is_file():
         log = done.stderr.strip().splitlines() or ["(no output)"]

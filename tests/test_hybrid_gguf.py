@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+import gguf
 import pytest
 import rsgl
 import safetensors.torch
@@ -60,6 +61,36 @@ def test_the_gguf_config_is_the_folders(hybrid_gguf):
     tiled = from_folder["architecture"] == "qwen3_5_text"
     assert from_gguf["gated_delta_net"] == from_folder["gated_delta_net"] | {"value_head_order": "tiled" if tiled else "grouped"}
     assert from_gguf | {"gated_delta_net": None} == from_folder | {"pooling": None, "norm_weight_offset": 0.0, "gated_delta_net": None}
+
+
+def with_vector_shared_expert_gates(source, out):
+    """A copy of the GGUF file `source` with each shared-expert gate (`[1, hidden]`) stored as `[hidden]`, as
+    llama.cpp's quantizer writes it (ggml drops a tensor's trailing dimensions of 1): its Q4_K_M files of
+    Qwen3-Next hold them so."""
+    reader = gguf.GGUFReader(source)
+    writer = gguf.GGUFWriter(out, reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
+    for field in reader.fields.values():
+        if field.name != gguf.Keys.General.ARCHITECTURE and not field.name.startswith("GGUF."):
+            sub_type = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            writer.add_key_value(field.name, field.contents(), field.types[0], sub_type=sub_type)
+    for tensor in reader.tensors:
+        data = tensor.data.reshape(-1) if tensor.name.endswith("ffn_gate_inp_shexp.weight") else tensor.data
+        writer.add_tensor(tensor.name, data, raw_dtype=tensor.tensor_type)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out
+
+
+def test_shared_expert_gates_stored_as_vectors_load(hybrid_gguf):
+    folder, gguf_file, want = hybrid_gguf
+    if not any(t.name.endswith("ffn_gate_inp_shexp.weight") for t in gguf.GGUFReader(gguf_file).tensors):
+        pytest.skip("no shared expert")
+    vectors = with_vector_shared_expert_gates(gguf_file, folder.parent / f"{folder.name}-vector-gates.gguf")
+    assert {len(t.shape) for t in gguf.GGUFReader(vectors).tensors if t.name.endswith("ffn_gate_inp_shexp.weight")} == {1}
+    alone, _, _ = generate(vectors, PROMPTS)
+    assert alone == want
 
 
 def test_a_q8_0_file_runs_as_stored(hybrid_gguf):

@@ -509,11 +509,17 @@ def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, 
             "the download may be incomplete: download the model again."
         )
     for name, shape in expected.items():
-        if tuple(found[name]) != shape:
+        # Leading 1s do not change how values lie in memory; llama.cpp's quantizer drops them
+        # (a [1, hidden] shared-expert gate becomes [hidden]).
+        if _without_leading_ones(tuple(found[name])) != _without_leading_ones(shape):
             raise ModelLoadError(
                 f"{source}: tensor {name} has shape {list(found[name])}, but its config implies {list(shape)}; "
                 "the config does not match the weights: download the model again."
             )
+
+
+def _without_leading_ones(shape: tuple[int, ...]) -> tuple[int, ...]:
+    return shape[next((i for i, d in enumerate(shape) if d != 1), len(shape)) :]
 
 
 def with_progress(names: list[str], enabled: bool) -> Iterable[str]:

@@ -8,6 +8,7 @@
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
+use rsgl_kernels::delta_rule::DeltaRun;
 use rsgl_kernels::int4::{Int4Offset, Int4Weights};
 use rsgl_kernels::int8_block::Int8BlockWeights;
 use rsgl_kernels::portable::rope_tables;
@@ -25,6 +26,8 @@ const TARGET: Duration = Duration::from_millis(400);
 const HEAD_DIM: usize = 64;
 const GROUP: usize = 3;
 const PAGE: usize = 16;
+/// Key and value width of a DeltaNet head (Qwen3.5, Qwen3-Next).
+const DELTA_DIM: usize = 128;
 
 #[derive(Clone, Copy)]
 enum Op {
@@ -89,6 +92,11 @@ enum Op {
         tokens: usize,
         span: usize,
     },
+    /// Gated DeltaNet's delta rule over one value head of Qwen3.5/Qwen3-Next (128 x 128 state),
+    /// `tokens` at a time: the recurrent form for 1 (decode), the chunked form for more (prefill).
+    DeltaRule {
+        tokens: usize,
+    },
 }
 
 /// SmolLM2-135M: hidden 576, FFN 1536 (gate|up fused: 3072), vocab 49152, 9 heads of 64.
@@ -144,6 +152,8 @@ fn cases() -> Vec<Op> {
         Op::TokenMask { n: 49152 },
         Op::Attention { tokens: 1, span: 512 },
         Op::Attention { tokens: 5, span: 512 },
+        Op::DeltaRule { tokens: 1 },
+        Op::DeltaRule { tokens: 512 },
     ]);
     cases
 }
@@ -171,6 +181,8 @@ impl Op {
             Op::TokenMask { .. } => "token_mask",
             Op::Attention { tokens: 1, .. } => "attention decode",
             Op::Attention { .. } => "attention extend",
+            Op::DeltaRule { tokens: 1 } => "delta_rule_recurrent",
+            Op::DeltaRule { .. } => "delta_rule_chunked",
         }
     }
 
@@ -180,6 +192,7 @@ impl Op {
             Op::Rope { heads } => format!("[{heads}x{HEAD_DIM}]"),
             Op::TopK { n, k } => format!("[{n}] k={k}"),
             Op::Attention { tokens, span } => format!("{tokens}x{GROUP} rows, {span} keys"),
+            Op::DeltaRule { tokens } => format!("{tokens} tokens, [{DELTA_DIM}x{DELTA_DIM}] state"),
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TokenMask { n } => {
                 format!("[{n}]")
             }
@@ -195,6 +208,7 @@ impl Op {
             Op::Rope { heads } => json!({ "heads": heads, "head_dim": HEAD_DIM }),
             Op::TopK { n, k } => json!({ "n": n, "k": k }),
             Op::Attention { tokens, span } => json!({ "tokens": tokens, "span": span, "group": GROUP, "head_dim": HEAD_DIM, "page_size": PAGE }),
+            Op::DeltaRule { tokens } => json!({ "tokens": tokens, "key_dim": DELTA_DIM, "value_dim": DELTA_DIM }),
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } | Op::SiluMul { n } | Op::Softmax { n } | Op::Argmax { n } | Op::TokenMask { n } => {
                 json!({ "n": n })
             }
@@ -208,6 +222,8 @@ impl Op {
             Op::Gemm { m, n, k, .. } | Op::GemmI8 { m, n, k } | Op::GemmQ4 { m, n, k, .. } | Op::GemmQ8 { m, n, k, .. } => (m * k, n * k),
             Op::Rope { heads } => (heads * HEAD_DIM, 2 * HEAD_DIM),
             Op::Attention { tokens, span } => (tokens * GROUP * HEAD_DIM, span.next_multiple_of(PAGE) * HEAD_DIM),
+            // q, k and v rows; the state.
+            Op::DeltaRule { tokens } => (3 * tokens * DELTA_DIM, DELTA_DIM * DELTA_DIM),
             Op::Dot { n }
             | Op::Axpy { n }
             | Op::AddRmsNorm { n }
@@ -244,6 +260,9 @@ impl Op {
             Op::Dot { n } | Op::Axpy { n } | Op::AddRmsNorm { n } => 2 * n,
             // Two products per key and dimension (scores, then values) for each row.
             Op::Attention { tokens, span } => 4 * tokens * GROUP * span * HEAD_DIM,
+            // The rule's own work, as the recurrent form does it: three products per state
+            // element and token (read, write, output); the chunked form's WY products count alike.
+            Op::DeltaRule { tokens } => 6 * tokens * DELTA_DIM * DELTA_DIM,
             _ => 0,
         };
         (per_thread * threads) as f64
@@ -305,6 +324,27 @@ impl Op {
                     black_box(&mut out);
                 }
             }),
+            (Op::DeltaRule { tokens }, Operand::Vector(start)) => pool.run(&|_| {
+                // Unit-norm q and k, a decay of e^-0.1 and a write strength of 0.5 per token,
+                // as the layer hands them over (raw random rows would grow the state without end).
+                let mut qkv = x.to_vec();
+                for row in qkv.chunks_exact_mut(DELTA_DIM) {
+                    let norm = row.iter().map(|v| v * v).sum::<f32>().sqrt();
+                    row.iter_mut().for_each(|v| *v /= norm);
+                }
+                let (q, rest) = qkv.split_at(tokens * DELTA_DIM);
+                let (k, v) = rest.split_at(tokens * DELTA_DIM);
+                let (g, beta) = (vec![-0.1; tokens], vec![0.5; tokens]);
+                let run = DeltaRun { q, k, v, g: &g, beta: &beta, key_dim: DELTA_DIM, value_dim: DELTA_DIM };
+                let (mut state, mut out) = (start.clone(), vec![0.0; tokens * DELTA_DIM]);
+                for _ in 0..iters {
+                    match tokens {
+                        1 => (kern.delta_rule_recurrent)(black_box(&run), &mut state, &mut out),
+                        _ => (kern.delta_rule_chunked)(black_box(&run), 0, &mut state, &mut out),
+                    }
+                    black_box(&mut out);
+                }
+            }),
             (_, Operand::Vector(y)) => pool.run(&|_| {
                 let (mut mine, mut out, mut best) = (x.to_vec(), vec![0.0; x_len], Vec::new());
                 let mask: Vec<u32> = (0..x_len.div_ceil(32) as u32).map(|i| i.wrapping_mul(0x9E37_79B9) | 0x0101_0101).collect();
@@ -326,7 +366,9 @@ impl Op {
                             mine.copy_from_slice(x);
                             (kern.apply_token_mask)(&mut mine, &mask)
                         }
-                        Op::Gemm { .. } | Op::GemmI8 { .. } | Op::GemmQ4 { .. } | Op::GemmQ8 { .. } | Op::Attention { .. } => unreachable!("handled above"),
+                        Op::Gemm { .. } | Op::GemmI8 { .. } | Op::GemmQ4 { .. } | Op::GemmQ8 { .. } | Op::Attention { .. } | Op::DeltaRule { .. } => {
+                            unreachable!("handled above")
+                        }
                     }
                     black_box((&mut mine, &mut out, &mut best));
                 }

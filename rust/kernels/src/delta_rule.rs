@@ -59,26 +59,49 @@ pub fn recurrent(run: &DeltaRun, state: &mut [f32], out: &mut [f32]) {
     for t in 0..run.tokens() {
         let (q, k, v) = (&run.q[t * dk..(t + 1) * dk], &run.k[t * dk..(t + 1) * dk], &run.v[t * dv..(t + 1) * dv]);
         let decay = exp(run.g[t]);
-        // Decay the state and read what it recalls for k.
-        correction.fill(0.0);
-        for (row, &ki) in state.chunks_exact_mut(dv).zip(k) {
-            for (s, c) in row.iter_mut().zip(&mut correction) {
-                *s *= decay;
-                *c += *s * ki;
+        // Decay the state and read what it recalls for k, a block of columns at a time.
+        for_column_blocks(dv, |start, width| {
+            let mut recalled = [0.0f32; COLUMNS];
+            for (row, &ki) in state.chunks_exact_mut(dv).zip(k) {
+                for (s, c) in row[start..start + width].iter_mut().zip(&mut recalled) {
+                    *s *= decay;
+                    *c += *s * ki;
+                }
             }
-        }
+            correction[start..start + width].copy_from_slice(&recalled[..width]);
+        });
         for (c, &vj) in correction.iter_mut().zip(v) {
             *c = (vj - *c) * run.beta[t];
         }
         // Write the correction and read the output.
         let o = &mut out[t * dv..(t + 1) * dv];
-        o.fill(0.0);
-        for (row, (&ki, &qi)) in state.chunks_exact_mut(dv).zip(k.iter().zip(q)) {
-            for ((s, &c), o) in row.iter_mut().zip(&correction).zip(o.iter_mut()) {
-                *s += ki * c;
-                *o += *s * qi;
+        for_column_blocks(dv, |start, width| {
+            let (mut sums, correction) = ([0.0f32; COLUMNS], &correction[start..start + width]);
+            for (row, (&ki, &qi)) in state.chunks_exact_mut(dv).zip(k.iter().zip(q)) {
+                for ((s, &c), o) in row[start..start + width].iter_mut().zip(correction).zip(&mut sums) {
+                    *s += ki * c;
+                    *o += *s * qi;
+                }
             }
-        }
+            o[start..start + width].copy_from_slice(&sums[..width]);
+        });
+    }
+}
+
+/// Columns whose sums a pass keeps in registers (four AVX2 vectors): each sum still adds its
+/// terms in the same order, so blocking changes no bits, only the loads and stores.
+const COLUMNS: usize = 32;
+
+/// Calls `f(start, width)` for the blocks of up to [`COLUMNS`] columns of `n`; whole blocks get
+/// the constant width, which lets the compiler keep their sums in registers.
+#[inline(always)]
+fn for_column_blocks(n: usize, mut f: impl FnMut(usize, usize)) {
+    let whole = n / COLUMNS * COLUMNS;
+    for start in (0..whole).step_by(COLUMNS) {
+        f(start, COLUMNS);
+    }
+    if whole < n {
+        f(whole, n - whole);
     }
 }
 
@@ -222,12 +245,18 @@ fn chunk(run: &DeltaRun, state: &mut [f32], out: &mut [f32], s: &mut ChunkScratc
 pub(crate) fn mul_add(a: &[f32], b: &[f32], out: &mut [f32], m: usize, k: usize, n: usize, lower: Option<usize>) {
     for i in 0..m {
         let inner = if lower.is_some() { i + 1 } else { k };
+        let a_row = &a[i * k..i * k + inner];
         let o = &mut out[i * n..(i + 1) * n];
-        for (p, &x) in a[i * k..i * k + inner].iter().enumerate() {
-            for (o, &y) in o.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                *o += x * y;
+        for_column_blocks(n, |start, width| {
+            let mut sums = [0.0f32; COLUMNS];
+            sums[..width].copy_from_slice(&o[start..start + width]);
+            for (p, &x) in a_row.iter().enumerate() {
+                for (s, &y) in sums.iter_mut().zip(&b[p * n + start..p * n + start + width]) {
+                    *s += x * y;
+                }
             }
-        }
+            o[start..start + width].copy_from_slice(&sums[..width]);
+        });
     }
 }
 

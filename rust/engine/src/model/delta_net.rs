@@ -8,7 +8,7 @@
 use super::decoder::Step;
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::{take_linear, Ranks};
-use super::recurrent::{first_tokens, silu, softplus, state_slot, CausalConv};
+use super::recurrent::{first_tokens, softplus, state_slot, CausalConv};
 use super::Precision;
 use crate::config::{GatedDeltaNet, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -159,13 +159,13 @@ impl DeltaNet {
             }
             // RMS norm times SiLU(z), into this head's columns.
             let z_at = channels + head * dv;
+            let mut normed = vec![0.0f32; dv];
             for (t, (o, row)) in out.chunks_exact(dv).zip(rows()).enumerate() {
                 let inv = 1.0 / (o.iter().map(|x| x * x).sum::<f32>() / dv as f32 + self.eps).sqrt();
+                normed.iter_mut().zip(o).zip(&self.norm).for_each(|((n, &o), &w)| *n = o * inv * w);
                 // SAFETY: each task writes its own head's columns of its own tokens.
                 let dst = unsafe { std::slice::from_raw_parts_mut(core_at.get().add(((first + t) * value_heads + head) * dv), dv) };
-                for (((d, &o), &w), &z) in dst.iter_mut().zip(o).zip(&self.norm).zip(&row[z_at..z_at + dv]) {
-                    *d = o * inv * w * silu(z);
-                }
+                (c.kernels.silu_mul)(&row[z_at..z_at + dv], &normed, dst);
             }
         });
         self.out.forward(c, &core)

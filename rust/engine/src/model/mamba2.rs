@@ -8,7 +8,7 @@
 use super::decoder::Step;
 use super::linear::{Compute, Linear};
 use super::mlp::{take_linear, Ranks};
-use super::recurrent::{first_tokens, silu, softplus, state_slot, CausalConv};
+use super::recurrent::{first_tokens, softplus, state_slot, CausalConv};
 use super::Precision;
 use crate::config::{Mamba2, ModelConfig};
 use crate::error::{EngineError, Result};
@@ -125,7 +125,8 @@ impl Mamba2Layer {
         let group_width = inner / groups;
         c.pool.for_chunks_mut(&mut core, inner, &|t, row| {
             let z = &proj[t * width..t * width + inner];
-            row.iter_mut().zip(z).for_each(|(y, &z)| *y *= silu(z));
+            let y = row.to_vec();
+            (c.kernels.silu_mul)(z, &y, row);
             for (group, weight) in row.chunks_exact_mut(group_width).zip(self.norm.chunks_exact(group_width)) {
                 let inv = 1.0 / (group.iter().map(|y| y * y).sum::<f32>() / group_width as f32 + self.eps).sqrt();
                 group.iter_mut().zip(weight).for_each(|(y, &w)| *y = *y * inv * w);

@@ -58,7 +58,7 @@ impl CausalConv {
             if chunk.start_pos == 0 {
                 window.fill(0.0);
             }
-            let inputs = self.convolve(window, rows, width, at);
+            let inputs = self.convolve(c, window, rows, width, at);
             if let Some((n, snapshot)) = chunk.snapshot {
                 // SAFETY: a snapshot slot is written by its one sequence only.
                 let copy = unsafe { std::slice::from_raw_parts_mut(states_at.get().add(snapshot * slot_len), self.window_len()) };
@@ -70,7 +70,7 @@ impl CausalConv {
     /// One sequence's rows, reading the inputs before them from `window` (oldest first) and
     /// leaving there the last ones; returns the inputs in time order (the window before, then
     /// the rows').
-    fn convolve(&self, window: &mut [f32], rows: &mut [f32], width: usize, at: usize) -> Vec<f32> {
+    fn convolve(&self, c: &Compute, window: &mut [f32], rows: &mut [f32], width: usize, at: usize) -> Vec<f32> {
         let channels = self.channels;
         let n = rows.len() / width;
         // The inputs in time order: the window before, then the new rows.
@@ -78,7 +78,7 @@ impl CausalConv {
         for row in rows.chunks_exact(width) {
             inputs.extend_from_slice(&row[at..at + channels]);
         }
-        let mut sums = vec![0.0f32; channels];
+        let (mut sums, ones) = (vec![0.0f32; channels], vec![1.0f32; channels]);
         for (t, row) in rows.chunks_exact_mut(width).enumerate() {
             match &self.bias {
                 Some(bias) => sums.copy_from_slice(bias),
@@ -88,16 +88,12 @@ impl CausalConv {
                 let input = &inputs[(t + j) * channels..(t + j + 1) * channels];
                 sums.iter_mut().zip(taps).zip(input).for_each(|((sum, &tap), &x)| *sum += tap * x);
             }
-            row[at..at + channels].iter_mut().zip(&sums).for_each(|(out, &sum)| *out = silu(sum));
+            // SiLU(sum) as SiLU(sum) · 1, the vector kernel's bits (times 1 is exact).
+            (c.kernels.silu_mul)(&sums, &ones, &mut row[at..at + channels]);
         }
         window.copy_from_slice(&inputs[n * channels..n * channels + window.len()]);
         inputs
     }
-}
-
-/// `x σ(x)`, in the kernels' own `exp`.
-pub(super) fn silu(x: f32) -> f32 {
-    x / (1.0 + exp(-x))
 }
 
 /// `ln(1 + e^x)`, linear past 20 as torch's (in the kernels' own `exp` and `ln`: the same bits

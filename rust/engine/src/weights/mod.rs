@@ -459,7 +459,7 @@ impl WeightStore {
 
     fn take_checked(&mut self, name: &str, shape: &[usize]) -> Result<MatrixRows> {
         let entry = self.entry(name)?;
-        if entry.shape != shape {
+        if without_leading_ones(&entry.shape) != without_leading_ones(shape) {
             let source = self.sources[entry.source].describe();
             return Err(EngineError::ModelLoad(format!(
                 "{source}: tensor {name} has shape {:?}, but the model's config implies {shape:?}; the config does not match the weights",
@@ -722,6 +722,12 @@ fn language_model_name(name: &str) -> Option<String> {
         (_, Some(layers)) => format!("model.{layers}"),
         _ => name.to_string(),
     })
+}
+
+/// A shape without its leading 1s, which do not change how the values lie in memory: llama.cpp's
+/// quantizer writes a `[1, hidden]` tensor (Qwen's shared-expert gate) as `[hidden]`.
+fn without_leading_ones(shape: &[usize]) -> &[usize] {
+    &shape[shape.iter().take_while(|&&d| d == 1).count()..]
 }
 
 #[cfg(test)]
