@@ -450,6 +450,11 @@ def gpt_oss_tensors(shape: Shape, vocab: int) -> list[list[tuple[str, str, tuple
     return groups
 
 
+def bf16_bytes(weights: np.ndarray) -> bytes:
+    """float32 values as bfloat16 bytes (truncated, as the checkpoints' random values need no rounding)."""
+    return (np.asarray(weights, dtype=np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
 def write_gpt_oss_tensor(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
     """One tensor's bytes, a slab of rows at a time (the 201,088-row embedding is 1.2 GB of bf16)."""
     if name.endswith("_scales"):
@@ -464,7 +469,7 @@ def write_gpt_oss_tensor(out, values: Values, name: str, dims: tuple[int, ...]) 
         slab = (min(rows_per_slab, dims[0] - start), *dims[1:])
         # Sinks around 0, as trained ones are (a few units at most).
         weights = values.tensor(name, slab).astype(np.float32) * (50.0 if name.endswith("sinks") else 1.0)
-        out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+        out.write(bf16_bytes(weights))
 
 
 def write_gpt_oss_folder(shape: Shape, folder: Path) -> None:
@@ -624,7 +629,7 @@ def write_safetensors_folder(shape: Shape, folder: Path) -> None:
 
     def write_bf16(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
         weights = values.tensor(name, dims, norm_offset=0.0 if shape.gemma else 1.0).astype(np.float32)
-        out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+        out.write(bf16_bytes(weights))
 
     write_safetensors_shards(folder, groups, write_bf16)
     (folder / "config.json").write_text(json.dumps(hf_config(shape, vocab, eos_token_id), indent=1))
@@ -664,7 +669,7 @@ def write_transformers_folder(shape_name: str, layers: int | None, folder: Path)
     def write_bf16(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
         mean = 1.0 if name.endswith("linear_attn.norm.weight") else 0.0
         weights = (mean + values.draw(int(np.prod(dims)))).astype(np.float32)
-        out.write((weights.view(np.uint32) >> 16).astype(np.uint16).tobytes())
+        out.write(bf16_bytes(weights))
 
     write_safetensors_shards(folder, groups, write_bf16)
     (folder / "config.json").write_text(config.to_json_string())
