@@ -302,7 +302,8 @@ impl Op {
             }
             (Op::Attention { tokens, span }, Operand::Vector(kv)) => pool.run(&|_| {
                 let pages: Vec<u32> = (0..span.div_ceil(PAGE) as u32).collect();
-                let paged = PagedKv { keys: KvSlice::F32(kv), values: KvSlice::F32(kv), page_size: PAGE, kv_heads: 1, head_dim: HEAD_DIM };
+                let paged =
+                    PagedKv { keys: KvSlice::F32(kv), values: Some(KvSlice::F32(kv)), page_size: PAGE, kv_heads: 1, head_dim: HEAD_DIM, value_dim: HEAD_DIM };
                 let task = AttentionTask {
                     kv: &paged,
                     pages: &pages,

@@ -4,7 +4,10 @@
 //! - keys are transposed, `[head_dim][page_size]`: the page's keys for one dimension sit next
 //!   to each other, so a kernel computes the scores of a whole page one vector per dimension,
 //!   with no horizontal sums;
-//! - values are `[page_size][head_dim]`: a probability times one value row adds into the output.
+//! - values are `[page_size][value_dim]`: a probability times one value row adds into the output.
+//!
+//! Latent pages (multi-head latent attention, DeepSeek-V2/V3) keep keys only: each token's value
+//! is the first `value_dim` elements of its own key, so the cache stores each token's row once.
 
 /// One layer's K or V elements: float32, bfloat16 bit patterns (half the bytes, widened to f32
 /// as they are read), or int8 with one f32 scale per token and kv head (a quarter of the bytes;
@@ -65,28 +68,51 @@ pub fn quantize_kv_row(xs: &[f32], mut store: impl FnMut(usize, i8)) -> f32 {
 /// One layer's K and V storage (both of one element type).
 pub struct PagedKv<'a> {
     pub keys: KvSlice<'a>,
-    pub values: KvSlice<'a>,
+    /// `None`: latent pages, each token's value the first `value_dim` elements of its key (for
+    /// int8 pages, scaled by the key's scale).
+    pub values: Option<KvSlice<'a>>,
     pub page_size: usize,
     pub kv_heads: usize,
+    /// Width of queries and keys.
     pub head_dim: usize,
+    /// Width of values and of each query head's output (`head_dim` but for MLA).
+    pub value_dim: usize,
 }
 
-/// Where kv head `head` of `page` starts in a layer's `keys` and in its `values`.
+/// Where kv head `head` of `page` starts in a layer's `keys` (`width` = `head_dim`) or in its
+/// `values` (`width` = `value_dim`).
 #[inline]
-pub fn page_head_start(page: u32, head: usize, kv_heads: usize, page_size: usize, head_dim: usize) -> usize {
-    (page as usize * kv_heads + head) * page_size * head_dim
+pub fn page_head_start(page: u32, head: usize, kv_heads: usize, page_size: usize, width: usize) -> usize {
+    (page as usize * kv_heads + head) * page_size * width
 }
 
-impl PagedKv<'_> {
-    /// Floats of one kv head in one page (the same for K and V).
-    pub fn page_head_len(page_size: usize, head_dim: usize) -> usize {
-        page_size * head_dim
+impl<'a> PagedKv<'a> {
+    /// Where kv head `head` of `page` starts in `keys`.
+    #[inline]
+    pub fn key_offset(&self, page: u32, head: usize) -> usize {
+        page_head_start(page, head, self.kv_heads, self.page_size, self.head_dim)
     }
 
-    /// Where kv head `head` of `page` starts, in `keys` and in `values`.
+    /// Where kv head `head` of `page` starts in `values`.
     #[inline]
-    pub fn offset(&self, page: u32, head: usize) -> usize {
-        page_head_start(page, head, self.kv_heads, self.page_size, self.head_dim)
+    pub fn value_offset(&self, page: u32, head: usize) -> usize {
+        page_head_start(page, head, self.kv_heads, self.page_size, self.value_dim)
+    }
+
+    /// The storage values are read from: the value pages, or the keys of latent pages.
+    pub fn value_storage(&self) -> KvSlice<'a> {
+        self.values.unwrap_or(self.keys)
+    }
+
+    /// Where the value of token `slot` of kv head `head` of `page` starts in
+    /// [`Self::value_storage`], and the step between its elements (1 in value pages, `page_size`
+    /// down a latent page's transposed keys).
+    #[inline]
+    pub fn value_row(&self, page: u32, head: usize, slot: usize) -> (usize, usize) {
+        match self.values {
+            Some(_) => (self.value_offset(page, head) + slot * self.value_dim, 1),
+            None => (self.key_offset(page, head) + slot, self.page_size),
+        }
     }
 
     /// Where the per-token scales of kv head `head` of `page` start (int8 pages).
@@ -156,7 +182,9 @@ impl AttentionTask<'_> {
 
     /// Checks the task against its storage; kernels call it before reading.
     pub fn validate(&self) {
-        let (kv, hd) = (self.kv, self.kv.head_dim);
+        let (kv, hd, vd) = (self.kv, self.kv.head_dim, self.kv.value_dim);
+        assert!(vd > 0, "attention: values of no elements");
+        assert!(kv.values.is_some() || vd <= hd, "attention: latent values ({vd}) wider than their keys ({hd})");
         assert!(self.kv_head < kv.kv_heads, "attention: kv head {} of {}", self.kv_head, kv.kv_heads);
         assert!(self.tokens > 0 && self.group > 0);
         assert!(self.window != Some(0), "attention: a window of no keys");
@@ -165,12 +193,16 @@ impl AttentionTask<'_> {
         let last = (self.tokens - 1) * self.q_stride + self.group * hd;
         assert!(self.q.len() >= last, "attention: q is too short");
         assert!(self.sinks.is_none_or(|sinks| sinks.len() >= self.group), "attention: fewer sinks than group heads");
-        let read = &self.pages[self.used_pages()];
-        let end = read.iter().map(|&p| kv.offset(p, self.kv_head)).max().unwrap_or(0) + PagedKv::page_head_len(kv.page_size, hd);
-        assert!(kv.keys.len() >= end && kv.values.len() >= end, "attention: a page lies outside the storage");
-        for slice in [kv.keys, kv.values] {
+        // Offsets grow with the page number, so the highest page read ends last.
+        let last = *self.pages[self.used_pages()].iter().max().expect("a task reads at least one page");
+        let ps = kv.page_size;
+        let key_end = kv.key_offset(last, self.kv_head) + ps * hd;
+        let value_end = kv.values.map(|values| (values, kv.value_offset(last, self.kv_head) + ps * vd));
+        let scales_end = kv.scale_offset(last, self.kv_head) + ps;
+        for (slice, end) in std::iter::once((kv.keys, key_end)).chain(value_end) {
+            assert!(slice.len() >= end, "attention: a page lies outside the storage");
             if let KvSlice::Int8 { scales, .. } = slice {
-                assert!(scales.len() * hd >= end, "attention: a page's scales lie outside the storage");
+                assert!(scales.len() >= scales_end, "attention: a page's scales lie outside the storage");
             }
         }
     }

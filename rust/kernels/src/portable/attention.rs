@@ -2,19 +2,20 @@
 
 use crate::paged::AttentionTask;
 
-/// Writes token `t`, group head `g` of `task` at `out[t * out_stride + g * head_dim..]`:
+/// Writes token `t`, group head `g` of `task` at `out[t * out_stride + g * value_dim..]`:
 /// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys (the head's sink logit, if
 /// any, joining the softmax's denominator)
 /// `first_key(t)..span(t)`, each score a sequential fused sum over the head's dimensions (soft
 /// capped with [`super::softcap`] when the task says so), the softmax over exactly those keys,
-/// and the values summed, fused, in key order.
+/// and the values summed, fused, in key order (a latent page's values read from its keys).
 ///
 /// # Safety
 /// `out` must be valid for those writes, and no other thread may touch those elements.
 pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) {
     task.validate();
     let kv = task.kv;
-    let (hd, ps) = (kv.head_dim, kv.page_size);
+    let (hd, vd, ps) = (kv.head_dim, kv.value_dim, kv.page_size);
+    let values = kv.value_storage();
     let mut scores = Vec::new();
     for t in 0..task.tokens {
         let keys = task.first_key(t)..task.span(t);
@@ -23,7 +24,7 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
             scores.clear();
             scores.extend(keys.clone().map(|j| {
                 let page = task.pages[j / ps];
-                let base = kv.offset(page, task.kv_head);
+                let base = kv.key_offset(page, task.kv_head);
                 let mut s = 0f32;
                 for (d, qd) in q.iter().enumerate() {
                     s = qd.mul_add(kv.keys.get(base + d * ps + j % ps), s);
@@ -34,14 +35,14 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
                 super::softcap(&mut scores, cap);
             }
             super::softmax_with_sink(&mut scores, task.sink(g));
-            let o = std::slice::from_raw_parts_mut(out.add(t * out_stride + g * hd), hd);
+            let o = std::slice::from_raw_parts_mut(out.add(t * out_stride + g * vd), vd);
             o.fill(0.0);
             for (j, p) in keys.clone().zip(&scores) {
                 let page = task.pages[j / ps];
-                let base = kv.offset(page, task.kv_head) + (j % ps) * hd;
-                let p = p * kv.values.scale(kv.scale_offset(page, task.kv_head) + j % ps);
+                let (start, step) = kv.value_row(page, task.kv_head, j % ps);
+                let p = p * values.scale(kv.scale_offset(page, task.kv_head) + j % ps);
                 for (d, od) in o.iter_mut().enumerate() {
-                    *od = p.mul_add(kv.values.get(base + d), *od);
+                    *od = p.mul_add(values.get(start + d * step), *od);
                 }
             }
         }
@@ -64,12 +65,31 @@ pub(crate) mod tests {
     }
     const STORED: [Stored; 3] = [Stored::F32, Stored::Bf16, Stored::Int8];
 
+    /// Where a fixture's values come from.
+    #[derive(Clone, Copy, Debug, PartialEq)]
+    enum Values {
+        /// Value pages of their own, rows this wide.
+        Own(usize),
+        /// Latent pages: each value is the first this many elements of its key. The fixture's
+        /// value pages then hold copies of them (int8 ones with the key's scale), to compare.
+        Latent(usize),
+    }
+
+    impl Values {
+        fn dim(self) -> usize {
+            match self {
+                Values::Own(dim) | Values::Latent(dim) => dim,
+            }
+        }
+    }
+
     /// A pool of `pages` pages holding `keys` positions of one sequence under a scrambled page
     /// table, plus the same keys and values unpaged (`[kv_head][pos][dim]`).
     struct Fixture {
         page_size: usize,
         kv_heads: usize,
         head_dim: usize,
+        values_from: Values,
         keys: Vec<f32>,
         values: Vec<f32>,
         /// The same pages in bfloat16.
@@ -86,22 +106,32 @@ pub(crate) mod tests {
     }
 
     impl Fixture {
-        fn new(page_size: usize, kv_heads: usize, head_dim: usize, positions: usize) -> Fixture {
+        fn new(page_size: usize, kv_heads: usize, head_dim: usize, values_from: Values, positions: usize) -> Fixture {
             let used = positions.div_ceil(page_size);
             let pages = used + 3;
             let table: Vec<u32> = (0..used).map(|i| ((i * 5 + 2) % pages) as u32).collect();
-            let block = page_size * head_dim;
+            let vd = values_from.dim();
+            let (key_block, value_block) = (page_size * head_dim, page_size * vd);
             // Unused slots hold large finite junk: a kernel must never weigh them in.
-            let (mut keys, mut values) = (vec![1e3; pages * kv_heads * block], vec![-1e3; pages * kv_heads * block]);
-            let (dense_k, dense_v) = (data(kv_heads * positions * head_dim, 7.0), data(kv_heads * positions * head_dim, 8.0));
+            let (mut keys, mut values) = (vec![1e3; pages * kv_heads * key_block], vec![-1e3; pages * kv_heads * value_block]);
+            let dense_k = data(kv_heads * positions * head_dim, 7.0);
+            let dense_v = match values_from {
+                Values::Own(_) => data(kv_heads * positions * vd, 8.0),
+                Values::Latent(_) => dense_k.chunks(head_dim).flat_map(|key| &key[..vd]).copied().collect(),
+            };
+            // Where token `pos`'s key and value rows of kv head `h` start, and its scale.
+            let at = |h: usize, pos: usize| {
+                let (page, slot) = (table[pos / page_size], pos % page_size);
+                let page_head = page as usize * kv_heads + h;
+                (page_head * key_block + slot, page_head * value_block + slot * vd, page_head_scale_start(page, h, kv_heads, page_size) + slot)
+            };
             for h in 0..kv_heads {
                 for pos in 0..positions {
-                    let base = (table[pos / page_size] as usize * kv_heads + h) * block;
+                    let (key, value, _) = at(h, pos);
                     for d in 0..head_dim {
-                        let dense = (h * positions + pos) * head_dim + d;
-                        keys[base + d * page_size + pos % page_size] = dense_k[dense];
-                        values[base + (pos % page_size) * head_dim + d] = dense_v[dense];
+                        keys[key + d * page_size] = dense_k[(h * positions + pos) * head_dim + d];
                     }
+                    values[value..value + vd].copy_from_slice(&dense_v[(h * positions + pos) * vd..][..vd]);
                 }
             }
             let (keys_bf16, values_bf16) = (keys.iter().map(|&x| f32_to_bf16(x)).collect(), values.iter().map(|&x| f32_to_bf16(x)).collect());
@@ -110,17 +140,22 @@ pub(crate) mod tests {
             let (mut key_scales, mut value_scales) = (vec![1e3f32; pages * kv_heads * page_size], vec![1e3f32; pages * kv_heads * page_size]);
             for h in 0..kv_heads {
                 for pos in 0..positions {
-                    let (page, slot) = (table[pos / page_size], pos % page_size);
-                    let (base, scale_at) = ((page as usize * kv_heads + h) * block, page_head_scale_start(page, h, kv_heads, page_size) + slot);
-                    let row = (h * positions + pos) * head_dim..(h * positions + pos + 1) * head_dim;
-                    key_scales[scale_at] = quantize_kv_row(&dense_k[row.clone()], |d, x| keys_i8[base + d * page_size + slot] = x);
-                    value_scales[scale_at] = quantize_kv_row(&dense_v[row], |d, x| values_i8[base + slot * head_dim + d] = x);
+                    let (key, value, scale_at) = at(h, pos);
+                    key_scales[scale_at] = quantize_kv_row(&dense_k[(h * positions + pos) * head_dim..][..head_dim], |d, x| keys_i8[key + d * page_size] = x);
+                    value_scales[scale_at] = match values_from {
+                        Values::Own(_) => quantize_kv_row(&dense_v[(h * positions + pos) * vd..][..vd], |d, x| values_i8[value + d] = x),
+                        Values::Latent(_) => {
+                            (0..vd).for_each(|d| values_i8[value + d] = keys_i8[key + d * page_size]);
+                            key_scales[scale_at]
+                        }
+                    };
                 }
             }
             Fixture {
                 page_size,
                 kv_heads,
                 head_dim,
+                values_from,
                 keys,
                 values,
                 keys_bf16,
@@ -138,15 +173,16 @@ pub(crate) mod tests {
         /// Sets the K and V of every position before `pos` to NaN, in every element type (the
         /// int8 rows' scales).
         fn poison_before(&mut self, pos: usize) {
-            let (ps, hd, kv_heads) = (self.page_size, self.head_dim, self.kv_heads);
+            let (ps, hd, vd, kv_heads) = (self.page_size, self.head_dim, self.values_from.dim(), self.kv_heads);
             for h in 0..kv_heads {
                 for p in 0..pos {
                     let (page, slot) = (self.table[p / ps], p % ps);
-                    let base = (page as usize * kv_heads + h) * ps * hd;
-                    for d in 0..hd {
-                        let (key, value) = (base + d * ps + slot, base + slot * hd + d);
-                        (self.keys[key], self.values[value]) = (f32::NAN, f32::NAN);
-                        (self.keys_bf16[key], self.values_bf16[value]) = (f32_to_bf16(f32::NAN), f32_to_bf16(f32::NAN));
+                    let page_head = page as usize * kv_heads + h;
+                    for key in (0..hd).map(|d| page_head * ps * hd + d * ps + slot) {
+                        (self.keys[key], self.keys_bf16[key]) = (f32::NAN, f32_to_bf16(f32::NAN));
+                    }
+                    for value in (0..vd).map(|d| page_head * ps * vd + slot * vd + d) {
+                        (self.values[value], self.values_bf16[value]) = (f32::NAN, f32_to_bf16(f32::NAN));
                     }
                     let scale_at = page_head_scale_start(page, h, kv_heads, ps) + slot;
                     self.key_scales[scale_at] = f32::NAN;
@@ -163,7 +199,8 @@ pub(crate) mod tests {
                     (KvSlice::Int8 { data: &self.keys_i8, scales: &self.key_scales }, KvSlice::Int8 { data: &self.values_i8, scales: &self.value_scales })
                 }
             };
-            PagedKv { keys, values, page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim }
+            let values = matches!(self.values_from, Values::Own(_)).then_some(values);
+            PagedKv { keys, values, page_size: self.page_size, kv_heads: self.kv_heads, head_dim: self.head_dim, value_dim: self.values_from.dim() }
         }
     }
 
@@ -205,7 +242,8 @@ pub(crate) mod tests {
         (Some(7), Some(0.8), true),
     ];
 
-    /// Runs one task per kv head; q and out are `[tokens][kv_heads * group * head_dim]`.
+    /// Runs one task per kv head; q is `[tokens][kv_heads * group * head_dim]`, out
+    /// `[tokens][kv_heads * group * value_dim]`.
     fn run(kern: &Kernels, f: &Fixture, stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
         run_with_table(kern, f, &f.table, stored, group, q, at)
     }
@@ -213,8 +251,8 @@ pub(crate) mod tests {
     /// [`run`] with the page table `table`.
     fn run_with_table(kern: &Kernels, f: &Fixture, table: &[u32], stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
         let kv = f.kv(stored);
-        let stride = f.kv_heads * group * f.head_dim;
-        let mut out = vec![f32::NAN; at.tokens * stride];
+        let (q_stride, out_stride) = (f.kv_heads * group * f.head_dim, f.kv_heads * group * kv.value_dim);
+        let mut out = vec![f32::NAN; at.tokens * out_stride];
         let sinks = sinks(f.kv_heads * group);
         for h in 0..f.kv_heads {
             let task = AttentionTask {
@@ -223,7 +261,7 @@ pub(crate) mod tests {
                 kv_head: h,
                 group,
                 q: &q[h * group * f.head_dim..],
-                q_stride: stride,
+                q_stride,
                 tokens: at.tokens,
                 first_pos: at.first_pos,
                 scale: 1.0 / (f.head_dim as f32).sqrt(),
@@ -232,27 +270,30 @@ pub(crate) mod tests {
                 sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
             };
             // SAFETY: `out` holds every row the task writes, and nothing else runs.
-            unsafe { (kern.attention)(&task, out.as_mut_ptr().add(h * group * f.head_dim), stride) };
+            unsafe { (kern.attention)(&task, out.as_mut_ptr().add(h * group * kv.value_dim), out_stride) };
         }
         out
     }
 
     /// Float32 pages give dense attention to rounding; int8 pages to within their quantization
     /// (a half step of 1/127 of each row's largest element, through softmax and the sum). Each
-    /// query sees the last `window` keys up to its own, its scores soft capped.
+    /// query sees the last `window` keys up to its own, its scores soft capped; values are as
+    /// wide as keys or narrower, in pages of their own or latent.
     #[test]
     fn portable_attention_matches_dense_causal_attention() {
-        for (stored, tolerance) in [(Stored::F32, 1e-5), (Stored::Int8, 2e-2)] {
-            for (window, softcap, with_sinks) in VARIANTS {
-                dense_check(stored, tolerance, window, softcap, with_sinks);
+        for values_from in [Values::Own(8), Values::Own(5), Values::Latent(5), Values::Latent(8)] {
+            for (stored, tolerance) in [(Stored::F32, 1e-5), (Stored::Int8, 2e-2)] {
+                for (window, softcap, with_sinks) in VARIANTS {
+                    dense_check(values_from, stored, tolerance, window, softcap, with_sinks);
+                }
             }
         }
     }
 
-    fn dense_check(stored: Stored, tolerance: f64, window: Option<usize>, softcap: Option<f32>, with_sinks: bool) {
-        let (kv_heads, group, hd, tokens) = (2, 3, 8, 11);
-        let f = Fixture::new(4, kv_heads, hd, tokens);
-        let stride = kv_heads * group * hd;
+    fn dense_check(values_from: Values, stored: Stored, tolerance: f64, window: Option<usize>, softcap: Option<f32>, with_sinks: bool) {
+        let (kv_heads, group, hd, vd, tokens) = (2, 3, 8, values_from.dim(), 11);
+        let f = Fixture::new(4, kv_heads, hd, values_from, tokens);
+        let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * vd);
         let q = data(tokens * stride, 9.0);
         let got = run(&Kernels::portable(), &f, stored, group, &q, Queries { tokens, first_pos: 0, window, softcap, sinks: with_sinks });
         let sinks = sinks(kv_heads * group);
@@ -271,12 +312,12 @@ pub(crate) mod tests {
                 let sink = with_sinks.then(|| sinks[head] as f64);
                 let max = scores.iter().copied().chain(sink).fold(f64::MIN, f64::max);
                 let total: f64 = scores.iter().copied().chain(sink).map(|s| (s - max).exp()).sum();
-                for d in 0..hd {
-                    let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * tokens + j) * hd + d] as f64).sum();
-                    let g = got[t * stride + head * hd + d] as f64;
+                for d in 0..vd {
+                    let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * tokens + j) * vd + d] as f64).sum();
+                    let g = got[t * out_stride + head * vd + d] as f64;
                     assert!(
                         (want - g).abs() < tolerance,
-                        "{stored:?} window {window:?} cap {softcap:?} sinks {with_sinks} t={t} head={head} d={d}: {want} vs {g}"
+                        "{values_from:?} {stored:?} window {window:?} cap {softcap:?} sinks {with_sinks} t={t} head={head} d={d}: {want} vs {g}"
                     );
                 }
             }
@@ -284,14 +325,29 @@ pub(crate) mod tests {
     }
 
     /// A SIMD attention against the portable one on odd shapes, windows and soft caps, with
-    /// float32, bfloat16 and int8 pages, and each query of an extend task against the same query
-    /// alone (decode): all bit-identical.
+    /// float32, bfloat16 and int8 pages, values as wide as keys or narrower, in pages of their own
+    /// or latent, groups wider than a score tile, and each query of an extend task against the
+    /// same query alone (decode): all bit-identical.
     pub(crate) fn check_attention(simd: &Kernels) {
         let reference = Kernels::portable();
-        for (page_size, hd, group) in [(16, 64, 3), (1, 16, 1), (5, 80, 2), (32, 128, 4), (16, 6, 3)] {
+        let shapes = [
+            (16, 64, Values::Own(64), 3),
+            (1, 16, Values::Own(16), 1),
+            (5, 80, Values::Own(80), 2),
+            (32, 128, Values::Own(128), 4),
+            (16, 6, Values::Own(6), 3),
+            (7, 24, Values::Own(20), 3),
+            (5, 19, Values::Own(7), 2),
+            (3, 40, Values::Latent(36), 20),
+            // Latent values wide enough for several chunks of widened rows.
+            (5, 130, Values::Latent(128), 16),
+            (9, 24, Values::Latent(24), 16),
+            (1, 19, Values::Latent(7), 2),
+        ];
+        for (page_size, hd, values_from, group) in shapes {
             let (kv_heads, first_pos, tokens) = (2, 37, 9);
-            let f = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
-            let stride = kv_heads * group * hd;
+            let f = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
+            let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * values_from.dim());
             let q = data(tokens * stride, 10.0);
             for stored in STORED {
                 for (window, softcap, sinks) in VARIANTS {
@@ -301,13 +357,37 @@ pub(crate) mod tests {
                     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
                         assert!(
                             a.to_bits() == b.to_bits(),
-                            "{} attention ({stored:?}) page {page_size} hd {hd} group {group} {at:?} at {i}: {a} vs {b}",
+                            "{} attention ({stored:?}) page {page_size} hd {hd} {values_from:?} group {group} {at:?} at {i}: {a} vs {b}",
                             simd.isa
                         );
                     }
                     for t in 0..tokens {
                         let alone = run(simd, &f, stored, group, &q[t * stride..(t + 1) * stride], at.alone(t));
-                        assert_eq!(alone, got[t * stride..(t + 1) * stride], "{}: query {t} differs alone vs in its chunk ({stored:?}, {at:?})", simd.isa);
+                        let in_chunk = &got[t * out_stride..(t + 1) * out_stride];
+                        assert_eq!(alone, in_chunk, "{}: query {t} differs alone vs in its chunk ({stored:?}, {values_from:?}, {at:?})", simd.isa);
+                    }
+                }
+            }
+        }
+    }
+
+    /// A latent task gives the bits of the same task over value pages holding copies of each
+    /// key's first `value_dim` elements (int8 ones with the key's scale), on every path.
+    #[test]
+    fn latent_values_are_the_keys_first_elements() {
+        let (page_size, kv_heads, hd, group, first_pos, tokens) = (5, 2, 40, 16, 30, 4);
+        let q = data(tokens * kv_heads * group * hd, 12.0);
+        for vd in [33, hd] {
+            let mut f = Fixture::new(page_size, kv_heads, hd, Values::Latent(vd), first_pos + tokens);
+            for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
+                for stored in STORED {
+                    for (window, softcap, sinks) in VARIANTS {
+                        let at = Queries { tokens, first_pos, window, softcap, sinks };
+                        f.values_from = Values::Latent(vd);
+                        let latent = run(&kern, &f, stored, group, &q, at);
+                        f.values_from = Values::Own(vd);
+                        let copies = run(&kern, &f, stored, group, &q, at);
+                        assert!(latent.iter().zip(&copies).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {stored:?} value_dim {vd} {at:?}", kern.isa);
                     }
                 }
             }
@@ -321,18 +401,20 @@ pub(crate) mod tests {
         let (page_size, kv_heads, hd, group, tokens, first_pos) = (4, 2, 16, 2, 3, 29);
         let at = Queries { tokens, first_pos, window: Some(9), softcap: Some(1.5), sinks: true };
         let first_key = first_pos + 1 - 9;
-        let clean = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
-        let mut poisoned = Fixture::new(page_size, kv_heads, hd, first_pos + tokens);
-        poisoned.poison_before(first_key);
-        let mut stale = clean.table.clone();
-        stale[..first_key / page_size].fill(u32::MAX);
         let q = data(tokens * kv_heads * group * hd, 11.0);
-        for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
-            for stored in STORED {
-                let want = run(&kern, &clean, stored, group, &q, at);
-                assert!(want.iter().all(|x| x.is_finite()), "{} {stored:?}", kern.isa);
-                assert_eq!(run(&kern, &poisoned, stored, group, &q, at), want, "{} {stored:?}: NaN before the window leaked in", kern.isa);
-                assert_eq!(run_with_table(&kern, &clean, &stale, stored, group, &q, at), want, "{} {stored:?}: a stale page was read", kern.isa);
+        for values_from in [Values::Own(hd), Values::Latent(hd - 3)] {
+            let clean = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
+            let mut poisoned = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
+            poisoned.poison_before(first_key);
+            let mut stale = clean.table.clone();
+            stale[..first_key / page_size].fill(u32::MAX);
+            for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
+                for stored in STORED {
+                    let (what, want) = (format!("{} {stored:?} {values_from:?}", kern.isa), run(&kern, &clean, stored, group, &q, at));
+                    assert!(want.iter().all(|x| x.is_finite()), "{what}");
+                    assert_eq!(run(&kern, &poisoned, stored, group, &q, at), want, "{what}: NaN before the window leaked in");
+                    assert_eq!(run_with_table(&kern, &clean, &stale, stored, group, &q, at), want, "{what}: a stale page was read");
+                }
             }
         }
     }

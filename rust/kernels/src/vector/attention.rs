@@ -5,7 +5,10 @@
 //!    and a decode's few rows still keep two FMA chains each in flight.
 //! 2. Per row, over exactly its own keys (its window, up to its position): the soft cap, if
 //!    any, and the softmax (with the head's sink logit, if any, in its denominator); every other key's probability is zero.
-//! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key.
+//! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key. Latent pages'
+//!    values (the first `value_dim` elements of each transposed key) are first widened into
+//!    value rows in scratch, a chunk of keys at a time, so the same tiles sum them: one copy per
+//!    element serves the whole group (16 to 128 query heads in MLA decode).
 //!
 //! Int8 pages are widened in registers: a key's scale multiplies its score (it factors out of
 //! the sum over dimensions) and a value's scale its probability, so no page is dequantized.
@@ -36,6 +39,8 @@ const PREFETCH_BYTES_AHEAD: usize = 8 << 10;
 thread_local! {
     /// Scores and probabilities, `[row][key]`, reused across calls on this thread.
     static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// Latent values widened to rows, `[key][value_dim]`, one chunk of keys at a time.
+    static LATENT_ROWS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// An element of the KV pages as stored: f32, a bfloat16 bit pattern, or int8 (scaled per
@@ -82,7 +87,7 @@ impl KvElement for i8 {
 }
 
 /// Where a task's keys and values start, in their stored element type, and their per-token
-/// scales (null unless `E::SCALED`).
+/// scales (null unless `E::SCALED`). Latent pages' values and value scales are their keys'.
 struct Pages<E> {
     keys: *const E,
     values: *const E,
@@ -94,7 +99,7 @@ struct Pages<E> {
 pub unsafe fn attention<V: F32Vector>(task: &AttentionTask, out: *mut f32, out_stride: usize) {
     task.validate();
     let unscaled = std::ptr::null();
-    match (task.kv.keys, task.kv.values) {
+    match (task.kv.keys, task.kv.value_storage()) {
         (KvSlice::F32(k), KvSlice::F32(v)) => {
             let pages = Pages { keys: k.as_ptr(), values: v.as_ptr(), key_scales: unscaled, value_scales: unscaled };
             attention_over::<V, f32>(task, pages, out, out_stride)
@@ -140,16 +145,15 @@ unsafe fn attention_over<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: P
     SCRATCH.set(probs);
 }
 
-/// Prefetches the task's kv head of `page` in `data` (keys or values), and its scales.
+/// Prefetches `elements` elements from `start` (the part of the task's kv head of `page` a pass
+/// reads) and that head's scales in `scales`.
 #[inline(always)]
-unsafe fn prefetch_page<V: F32Vector, E: KvElement>(task: &AttentionTask, data: *const E, scales: *const f32, page: u32) {
-    let kv = task.kv;
-    let start = data.add(kv.offset(page, task.kv_head)) as *const u8;
-    for offset in (0..kv.page_size * kv.head_dim * std::mem::size_of::<E>()).step_by(64) {
-        V::prefetch(start.add(offset));
+unsafe fn prefetch_page<V: F32Vector, E: KvElement>(task: &AttentionTask, page: u32, start: *const E, elements: usize, scales: *const f32) {
+    for offset in (0..elements * std::mem::size_of::<E>()).step_by(64) {
+        V::prefetch((start as *const u8).add(offset));
     }
     if E::SCALED {
-        V::prefetch(scales.add(kv.scale_offset(page, task.kv_head)) as *const u8);
+        V::prefetch(scales.add(task.kv.scale_offset(page, task.kv_head)) as *const u8);
     }
 }
 
@@ -181,10 +185,11 @@ unsafe fn query(task: &AttentionTask, r: usize) -> *const f32 {
     task.q.as_ptr().add((r / task.group) * task.q_stride + (r % task.group) * task.kv.head_dim)
 }
 
-/// Pages ahead of the one in use to prefetch ([`PREFETCH_BYTES_AHEAD`], at least one page).
+/// Pages ahead of the one in use to prefetch ([`PREFETCH_BYTES_AHEAD`], at least one page) when
+/// a pass reads `width` elements per token.
 #[inline(always)]
-fn pages_ahead<E>(task: &AttentionTask) -> usize {
-    (PREFETCH_BYTES_AHEAD / (task.kv.page_size * task.kv.head_dim * std::mem::size_of::<E>())).max(1)
+fn pages_ahead<E>(task: &AttentionTask, width: usize) -> usize {
+    (PREFETCH_BYTES_AHEAD / (task.kv.page_size * width * std::mem::size_of::<E>())).max(1)
 }
 
 /// A register of one page's keys: where its column of `[head_dim][page_size]` starts, its
@@ -210,13 +215,13 @@ unsafe fn scores<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
     let kv = task.kv;
     let ps = kv.page_size;
     let used = &task.pages[task.used_pages()];
-    let ahead = pages_ahead::<E>(task);
+    let ahead = pages_ahead::<E>(task, kv.head_dim);
     let mut pending = None;
     for (p, &page) in used.iter().enumerate() {
         if let Some(&later) = used.get(p + ahead) {
-            prefetch_page::<V, E>(task, pages.keys, pages.key_scales, later);
+            prefetch_page::<V, E>(task, later, pages.keys.add(kv.key_offset(later, task.kv_head)), ps * kv.head_dim, pages.key_scales);
         }
-        let base = pages.keys.add(kv.offset(page, task.kv_head));
+        let base = pages.keys.add(kv.key_offset(page, task.kv_head));
         let scales = if E::SCALED { pages.key_scales.add(kv.scale_offset(page, task.kv_head)) } else { std::ptr::null() };
         for slot in (0..ps).step_by(V::LANES) {
             let register = KeyRegister { keys: base.add(slot), scales: if E::SCALED { scales.add(slot) } else { scales }, column: p * ps + slot };
@@ -348,58 +353,65 @@ unsafe fn score_rows<V: F32Vector, E: KvElement, const R: usize, const KR: usize
 /// of rows and registers of the head reads them, so each value is read from memory once.
 const VALUE_CHUNK_BYTES: usize = 16 << 10;
 
+/// Output rows a value tile takes: AVX2's 16 registers fit 2 rows of 4 accumulators plus the
+/// value registers.
+#[inline(always)]
+fn value_tile_rows<V: F32Vector>() -> usize {
+    if V::REGISTERS >= 32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Where rows `first..first + n` of the task go (up to 4; the rest repeat the last).
+#[inline(always)]
+unsafe fn output_rows(task: &AttentionTask, out: *mut f32, out_stride: usize, first: usize, n: usize) -> [*mut f32; 4] {
+    std::array::from_fn(|r| {
+        let row = first + r.min(n - 1);
+        out.add((row / task.group) * out_stride + (row % task.group) * task.kv.value_dim)
+    })
+}
+
 #[inline(always)]
 unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages<E>, probs: &[f32], width: usize, out: *mut f32, out_stride: usize) {
-    let (hd, ps, rows) = (task.kv.head_dim, task.kv.page_size, task.tokens * task.group);
-    let body = hd / V::LANES * V::LANES;
-    // AVX2's 16 registers fit 2 rows of 4 accumulators plus the value registers.
-    let max_rows = if V::REGISTERS >= 32 { 4 } else { 2 };
+    let (vd, ps, rows) = (task.kv.value_dim, task.kv.page_size, task.tokens * task.group);
+    let body = vd / V::LANES * V::LANES;
+    let all = key_columns(task, 0, task.tokens - 1);
     // Whole pages per chunk.
-    let chunk = (VALUE_CHUNK_BYTES / (hd * std::mem::size_of::<E>())).max(1).next_multiple_of(ps);
-    let dst = |first: usize, n: usize| -> [*mut f32; 4] {
-        std::array::from_fn(|r| {
-            let row = first + r.min(n - 1);
-            out.add((row / task.group) * out_stride + (row % task.group) * hd)
-        })
-    };
-    for keys_start in (0..key_columns(task, 0, task.tokens - 1).end).step_by(chunk) {
-        let mut first_pass = true;
-        for first in (0..rows).step_by(max_rows) {
-            let n = max_rows.min(rows - first);
-            // Keys the block's rows see, together; each row's probabilities are zero outside its own.
-            let seen = key_columns(task, first / task.group, (first + n - 1) / task.group);
-            let keys = seen.start.max(keys_start)..seen.end.min(keys_start + chunk);
-            if keys.is_empty() {
+    let chunk_for = |bytes_per_key: usize| (VALUE_CHUNK_BYTES / bytes_per_key).max(1).next_multiple_of(ps);
+    if task.kv.values.is_some() {
+        let source = ValueSource::Pages { values: pages.values, scales: pages.value_scales };
+        let chunk = chunk_for(vd * std::mem::size_of::<E>());
+        for keys_start in (0..all.end).step_by(chunk) {
+            value_chunk::<V, E>(task, source, probs, width, keys_start..keys_start + chunk, out, out_stride);
+        }
+    } else if body > 0 {
+        let chunk = chunk_for(vd * std::mem::size_of::<f32>());
+        let mut widened = LATENT_ROWS.take();
+        widened.resize(chunk * vd, 0.0);
+        for keys_start in (0..all.end).step_by(chunk) {
+            let columns = all.start.max(keys_start)..all.end.min(keys_start + chunk);
+            if columns.is_empty() {
                 continue;
             }
-            let block = ValueRows { probs: &probs[first * width..], width, dst: dst(first, n), accumulate: keys.start > seen.start };
-            for d in (0..body).step_by(VALUE_REGS * V::LANES) {
-                // The chunk's first pass reads it from memory; the others find it in L1.
-                let prefetch = first_pass && d == 0;
-                let regs = VALUE_REGS.min((body - d) / V::LANES);
-                macro_rules! block {
-                    ($(($r:literal, $v:literal))*) => {
-                        match (n, regs) {
-                            $(($r, $v) => value_block::<V, E, $r, $v>(task, pages, &block, keys.clone(), prefetch, d),)*
-                            _ => unreachable!(),
-                        }
-                    };
-                }
-                block!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(4, 4));
-            }
-            first_pass = false;
+            widen_latent_values::<V, E>(task, pages, columns.clone(), keys_start, body, &mut widened);
+            let source = ValueSource::Widened { rows: widened.as_ptr(), first_page: keys_start / ps };
+            value_chunk::<V, f32>(task, source, probs, width, columns, out, out_stride);
         }
+        LATENT_ROWS.set(widened);
     }
-    // Head dimensions past the last whole register.
+    // Value dimensions past the last whole register.
     let used = &task.pages[task.used_pages()];
+    let max_rows = value_tile_rows::<V>();
     for first in (0..rows).step_by(max_rows) {
         let n = max_rows.min(rows - first);
-        let (seen, dst) = (key_columns(task, first / task.group, (first + n - 1) / task.group), dst(first, n));
+        let (seen, dst) = (key_columns(task, first / task.group, (first + n - 1) / task.group), output_rows(task, out, out_stride, first, n));
         for r in 0..n {
-            for d in body..hd {
+            for d in body..vd {
                 let mut acc = 0f32;
                 for j in seen.clone() {
-                    acc = probs[(first + r) * width + j].mul_add((*value(task, pages, used, j).add(d)).to_f32(), acc);
+                    acc = probs[(first + r) * width + j].mul_add(value_element(task, pages, used, j, d), acc);
                 }
                 *dst[r].add(d) = acc;
             }
@@ -407,12 +419,107 @@ unsafe fn values<V: F32Vector, E: KvElement>(task: &AttentionTask, pages: &Pages
     }
 }
 
-/// Value row of the key in score column `j`, `used` the task's used pages.
+/// The value pass over the keys in score columns `chunk`, every row of the task, the head's
+/// whole registers.
 #[inline(always)]
-unsafe fn value<E>(task: &AttentionTask, pages: &Pages<E>, used: &[u32], j: usize) -> *const E {
+unsafe fn value_chunk<V: F32Vector, T: KvElement>(
+    task: &AttentionTask,
+    source: ValueSource<T>,
+    probs: &[f32],
+    width: usize,
+    chunk: Range<usize>,
+    out: *mut f32,
+    out_stride: usize,
+) {
+    let (rows, max_rows) = (task.tokens * task.group, value_tile_rows::<V>());
+    let body = task.kv.value_dim / V::LANES * V::LANES;
+    let mut first_pass = true;
+    for first in (0..rows).step_by(max_rows) {
+        let n = max_rows.min(rows - first);
+        // Keys the block's rows see, together; each row's probabilities are zero outside its own.
+        let seen = key_columns(task, first / task.group, (first + n - 1) / task.group);
+        let keys = seen.start.max(chunk.start)..seen.end.min(chunk.end);
+        if keys.is_empty() {
+            continue;
+        }
+        let block = ValueRows { probs: &probs[first * width..], width, dst: output_rows(task, out, out_stride, first, n), accumulate: keys.start > seen.start };
+        for d in (0..body).step_by(VALUE_REGS * V::LANES) {
+            // The chunk's first pass reads it from memory; the others find it in L1.
+            let prefetch = first_pass && d == 0;
+            let regs = VALUE_REGS.min((body - d) / V::LANES);
+            macro_rules! block {
+                ($(($r:literal, $v:literal))*) => {
+                    match (n, regs) {
+                        $(($r, $v) => value_block::<V, T, $r, $v>(task, source, &block, keys.clone(), prefetch, d),)*
+                        _ => unreachable!(),
+                    }
+                };
+            }
+            block!((1, 1)(1, 2)(1, 3)(1, 4)(2, 1)(2, 2)(2, 3)(2, 4)(3, 1)(3, 2)(3, 3)(3, 4)(4, 1)(4, 2)(4, 3)(4, 4));
+        }
+        first_pass = false;
+    }
+}
+
+/// Copies the first `dims` elements of the latent values of the keys in score columns `columns`
+/// (the first rows of their transposed keys) into `rows` as f32 value rows, `value_dim` apart,
+/// the first at column `first_column`. The copy is exact (bfloat16 and int8 widen losslessly;
+/// int8 scales are already in the probabilities), so the sums match the portable twin's.
+#[inline(always)]
+unsafe fn widen_latent_values<V: F32Vector, E: KvElement>(
+    task: &AttentionTask,
+    pages: &Pages<E>,
+    columns: Range<usize>,
+    first_column: usize,
+    dims: usize,
+    rows: &mut [f32],
+) {
     let kv = task.kv;
-    let ps = kv.page_size;
-    pages.values.add(kv.offset(used[j / ps], task.kv_head) + (j % ps) * kv.head_dim)
+    let (ps, vd) = (kv.page_size, kv.value_dim);
+    let used = &task.pages[task.used_pages()];
+    let ahead = pages_ahead::<E>(task, vd);
+    for p in columns.start / ps..columns.end.div_ceil(ps) {
+        if let Some(&later) = used.get(p + ahead) {
+            prefetch_page::<V, E>(task, later, pages.keys.add(kv.key_offset(later, task.kv_head)), ps * vd, pages.key_scales);
+        }
+        let keys = pages.keys.add(kv.key_offset(used[p], task.kv_head));
+        // Key by key, so each row is written in order; the page's reads stay in L1.
+        for column in columns.start.max(p * ps)..columns.end.min((p + 1) * ps) {
+            let (key, row) = (keys.add(column - p * ps), &mut rows[(column - first_column) * vd..][..dims]);
+            for (d, x) in row.iter_mut().enumerate() {
+                *x = (*key.add(d * ps)).to_f32();
+            }
+        }
+    }
+}
+
+/// Element `d` of the value of the key in score column `j`, `used` the task's used pages.
+#[inline(always)]
+unsafe fn value_element<E: KvElement>(task: &AttentionTask, pages: &Pages<E>, used: &[u32], j: usize, d: usize) -> f32 {
+    let ps = task.kv.page_size;
+    let (start, step) = task.kv.value_row(used[j / ps], task.kv_head, j % ps);
+    (*pages.values.add(start + d * step)).to_f32()
+}
+
+/// Where the value pass reads a used page's value rows, `[page_size][value_dim]`.
+#[derive(Clone, Copy)]
+enum ValueSource<T> {
+    /// The task's value pages, and their scales (for prefetching).
+    Pages { values: *const T, scales: *const f32 },
+    /// Latent values widened into scratch ([`widen_latent_values`]): used page `first_page`'s
+    /// rows first, the next pages' after them.
+    Widened { rows: *const T, first_page: usize },
+}
+
+impl<T> ValueSource<T> {
+    /// The value rows of used page `page_index`.
+    #[inline(always)]
+    unsafe fn page(self, task: &AttentionTask, used: &[u32], page_index: usize) -> *const T {
+        match self {
+            ValueSource::Pages { values, .. } => values.add(task.kv.value_offset(used[page_index], task.kv_head)),
+            ValueSource::Widened { rows, first_page } => rows.add((page_index - first_page) * task.kv.page_size * task.kv.value_dim),
+        }
+    }
 }
 
 /// A block of output rows of the value pass: row `r`'s probabilities at `probs[r * width..]`,
@@ -427,21 +534,21 @@ struct ValueRows<'a> {
 
 /// `R` output rows, registers `d..d + NV * LANES` of the head: `sum_j probs[r][j] * V[j]` over
 /// the score columns `keys`, added to what the rows hold when `rows.accumulate` (the sum goes on
-/// in key order either way, so chunking changes no bit). With `prefetch`, the values of the
-/// task's pages ahead are prefetched.
+/// in key order either way, so chunking changes no bit). With `prefetch`, the value pages ahead
+/// are prefetched.
 // The accumulator tile is indexed in lockstep with the value registers and output rows.
 #[allow(clippy::needless_range_loop)]
 #[inline(always)]
-unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usize>(
+unsafe fn value_block<V: F32Vector, T: KvElement, const R: usize, const NV: usize>(
     task: &AttentionTask,
-    pages: &Pages<E>,
+    source: ValueSource<T>,
     rows: &ValueRows,
     keys: std::ops::Range<usize>,
     prefetch: bool,
     d: usize,
 ) {
     let ValueRows { probs, width, dst, accumulate } = *rows;
-    let (ps, hd, ahead) = (task.kv.page_size, task.kv.head_dim, pages_ahead::<E>(task));
+    let (ps, vd, ahead) = (task.kv.page_size, task.kv.value_dim, pages_ahead::<T>(task, task.kv.value_dim));
     let used = &task.pages[task.used_pages()];
     let mut acc = [[V::zero(); NV]; R];
     if accumulate {
@@ -453,14 +560,14 @@ unsafe fn value_block<V: F32Vector, E: KvElement, const R: usize, const NV: usiz
     }
     // Page by page, so a key's value row is a step from the last, not a page-table look-up.
     for page_index in keys.start / ps..keys.end.div_ceil(ps) {
-        if prefetch && page_index + ahead < used.len() {
-            prefetch_page::<V, E>(task, pages.values, pages.value_scales, used[page_index + ahead]);
+        if let (true, ValueSource::Pages { values, scales }, Some(&later)) = (prefetch, source, used.get(page_index + ahead)) {
+            prefetch_page::<V, T>(task, later, values.add(task.kv.value_offset(later, task.kv_head)), ps * vd, scales);
         }
         let first = page_index * ps;
-        let page_values = pages.values.add(task.kv.offset(used[page_index], task.kv_head) + d);
+        let page_values = source.page(task, used, page_index).add(d);
         for slot in keys.start.max(first) - first..ps.min(keys.end - first) {
-            let v = page_values.add(slot * hd);
-            let vj: [V; NV] = std::array::from_fn(|i| E::load::<V>(v.add(i * V::LANES)));
+            let v = page_values.add(slot * vd);
+            let vj: [V; NV] = std::array::from_fn(|i| T::load::<V>(v.add(i * V::LANES)));
             for r in 0..R {
                 let p = V::splat(*probs.get_unchecked(r * width + first + slot));
                 for i in 0..NV {
