@@ -120,14 +120,37 @@ class SlidingWindow(TypedDict):
     rope_theta: float | None
 
 
+class ExpertGroups(TypedDict):
+    """DeepSeek's group-limited routing: a token's experts come from its best groups only."""
+
+    groups: int
+    groups_per_token: int
+    score: Literal["best", "best_two"]  # a group ranked by its best expert's score, or its best two's sum
+
+
 class MoeConfig(TypedDict):
-    """The sparse MLP of a mixture-of-experts model (every layer sparse)."""
+    """The sparse MLP of a mixture-of-experts model (every layer sparse but the first `dense_layers`)."""
 
     num_experts: int
     experts_per_token: int
     expert_intermediate_size: int
     norm_topk_prob: bool
     shared_expert_intermediate_size: int | None
+    scoring: Literal["softmax", "sigmoid"]
+    expert_groups: ExpertGroups | None
+    routed_scaling_factor: float
+    dense_layers: int
+
+
+class LatentAttention(TypedDict):
+    """Multi-head latent attention's shape (DeepSeek-V2/V3): q through a rank `q_lora_rank` bottleneck (or
+    directly), keys and values up-projected per head from a `kv_lora_rank` latent, beside a shared rope key."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
 
 
 class GatedDeltaNet(TypedDict):
@@ -182,6 +205,7 @@ class ModelConfig(TypedDict):
     norm_weight_offset: float  # added to every RMS norm weight as stored (Gemma's norms scale by 1 + w)
     gated_delta_net: GatedDeltaNet | None  # layers with a recurrent state in place of attention
     mamba2: Mamba2 | None  # layers with a recurrent state in place of attention (Granite 4)
+    latent_attention: LatentAttention | None  # multi-head latent attention in every layer (DeepSeek)
 
 
 @dataclass
@@ -343,12 +367,14 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4
             shapes.update(_delta_net_shapes(prefix + "linear_attn.", net, hidden, found))
         elif mamba and layer in mamba["layers"]:
             shapes.update(_mamba2_shapes(prefix + "mamba.", mamba, hidden, found))
+        elif config.get("latent_attention"):
+            shapes.update(_latent_attention_shapes(prefix + "self_attn.", config, found))
         else:
             shapes.update(_attention_shapes(prefix + "self_attn.", config, assembly, found))
         if assembly["mlp_layout"] == "granite_shared":
             shapes.update(_granite_mlp_shapes(prefix, config))
-        elif config["moe"]:
-            shapes.update(_moe_shapes(prefix, config["moe"], config))
+        elif config["moe"] and layer >= config["moe"].get("dense_layers", 0):
+            shapes.update(_moe_shapes(prefix, config["moe"], config, found))
         else:
             shapes.update(_swiglu_shapes(prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"), hidden, ffn))
     shapes["model.norm.weight"] = (hidden,)
@@ -374,9 +400,34 @@ def _attention_shapes(prefix: str, config: ModelConfig, assembly: dict[str, Any]
     optional = {prefix + "o_proj.bias": (hidden,), prefix + "sinks": (config["num_attention_heads"],)}
     shapes.update({name: shape for name, shape in optional.items() if name in found})
     qk_norm = {"per_head": (head_dim, head_dim), "all_heads": (q_rows, kv_rows)}.get(assembly["qk_norm"])
-    if qk_norm:
+    if qk_norm and config["qk_norm"]:
         shapes[prefix + "q_norm.weight"] = (qk_norm[0],)
         shapes[prefix + "k_norm.weight"] = (qk_norm[1],)
+    return shapes
+
+
+def _latent_attention_shapes(prefix: str, config: ModelConfig, found: set[str]) -> dict[str, tuple[int, ...]]:
+    """A latent attention sublayer's tensors (`prefix`: `model.layers.{i}.self_attn.`), with its key and value
+    up-projections as one `kv_b_proj`, or apart as llama.cpp's files keep them (the keys' transposed per head)."""
+    latent, hidden, heads = config["latent_attention"], config["hidden_size"], config["num_attention_heads"]
+    rank, nope, rope, v = latent["kv_lora_rank"], latent["qk_nope_head_dim"], latent["qk_rope_head_dim"], latent["v_head_dim"]
+    q_rows = heads * (nope + rope)
+    q_lora = latent["q_lora_rank"]
+    shapes: dict[str, tuple[int, ...]] = {
+        prefix + "kv_a_proj_with_mqa.weight": (rank + rope, hidden),
+        prefix + "kv_a_layernorm.weight": (rank,),
+        prefix + "o_proj.weight": (hidden, heads * v),
+    }
+    if q_lora is None:
+        shapes[prefix + "q_proj.weight"] = (q_rows, hidden)
+    else:
+        shapes.update({prefix + "q_a_proj.weight": (q_lora, hidden), prefix + "q_a_layernorm.weight": (q_lora,), prefix + "q_b_proj.weight": (q_rows, q_lora)})
+    if prefix + "k_b_proj.weight" in found:
+        shapes.update({prefix + "k_b_proj.weight": (heads, rank, nope), prefix + "v_b_proj.weight": (heads, v, rank)})
+    else:
+        shapes[prefix + "kv_b_proj.weight"] = (heads * (nope + v), rank)
+    optional = {prefix + "q_a_proj.bias": (q_lora or 0,), prefix + "kv_a_proj_with_mqa.bias": (rank + rope,)}
+    shapes.update({name: shape for name, shape in optional.items() if name in found})
     return shapes
 
 
@@ -483,18 +534,23 @@ def _swiglu_shapes(prefix: str, names: tuple[str, str, str], hidden: int, inner:
     return {f"{prefix}{gate}.weight": (inner, hidden), f"{prefix}{up}.weight": (inner, hidden), f"{prefix}{down}.weight": (hidden, inner)}
 
 
-def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig) -> dict[str, tuple[int, ...]]:
-    """A sparse MLP's tensors, as Mixtral (`block_sparse_moe`, w1/w3/w2) or Qwen MoE checkpoints
-    (`mlp`, gate/up/down_proj, and Qwen2-MoE's shared expert) name them."""
+def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig, found: set[str]) -> dict[str, tuple[int, ...]]:
+    """A sparse MLP's tensors, as Mixtral (`block_sparse_moe`, w1/w3/w2), Qwen MoE (`mlp`, gate/up/down_proj,
+    and Qwen2-MoE's gated shared expert) or DeepSeek checkpoints (ungated `shared_experts`, and the router's
+    choice bias) name them."""
     hidden = config["hidden_size"]
     mixtral = config["architecture"] == "mixtral"
     block, names = (prefix + "block_sparse_moe.", ("w1", "w3", "w2")) if mixtral else (prefix + "mlp.", ("gate_proj", "up_proj", "down_proj"))
     shapes: dict[str, tuple[int, ...]] = {block + "gate.weight": (moe["num_experts"], hidden)}
+    if block + "gate.e_score_correction_bias" in found:
+        shapes[block + "gate.e_score_correction_bias"] = (moe["num_experts"],)
     for expert in range(moe["num_experts"]):
         shapes.update(_swiglu_shapes(f"{block}experts.{expert}.", names, hidden, moe["expert_intermediate_size"]))
     if moe["shared_expert_intermediate_size"]:
-        shapes.update(_swiglu_shapes(block + "shared_expert.", names, hidden, moe["shared_expert_intermediate_size"]))
-        shapes[block + "shared_expert_gate.weight"] = (1, hidden)
+        shared = "shared_experts." if block + "shared_experts.down_proj.weight" in found else "shared_expert."
+        shapes.update(_swiglu_shapes(block + shared, names, hidden, moe["shared_expert_intermediate_size"]))
+        if block + "shared_expert_gate.weight" in found:
+            shapes[block + "shared_expert_gate.weight"] = (1, hidden)
     return shapes
 
 

@@ -76,6 +76,37 @@ pub struct ModelConfig {
     /// (Granite 4's hybrids): a fixed-size state per sequence instead of KV pages.
     #[serde(default)]
     pub mamba2: Option<Mamba2>,
+    /// Multi-head latent attention in every layer (DeepSeek-V2/V3). Its KV pages hold one kv head
+    /// per token (`num_key_value_heads` 1) whose key is the latent and the rope key,
+    /// `head_dim = kv_lora_rank + qk_rope_head_dim` wide, and whose value is the key's latent part.
+    #[serde(default)]
+    pub latent_attention: Option<LatentAttention>,
+}
+
+/// The shape of multi-head latent attention: q from the hidden state (through a rank
+/// `q_lora_rank` bottleneck where set), each token's keys and values from one latent of
+/// `kv_lora_rank` (the KV pages keep it) up-projected per head, beside a rope key of
+/// `qk_rope_head_dim` shared by every head.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct LatentAttention {
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+}
+
+impl LatentAttention {
+    /// The width of each head's q and (expanded) k: its part without rope, then its rope part.
+    pub fn qk_head_dim(&self) -> usize {
+        self.qk_nope_head_dim + self.qk_rope_head_dim
+    }
+
+    /// The width of a KV page row: the latent, then the rope key.
+    pub fn latent_key_dim(&self) -> usize {
+        self.kv_lora_rank + self.qk_rope_head_dim
+    }
 }
 
 /// The shape of Gated DeltaNet layers: a short causal convolution over q, k and v, then the gated
@@ -256,9 +287,12 @@ impl Default for Scales {
     }
 }
 
-/// A sparse MLP: a router picks `experts_per_token` of `num_experts` SwiGLU experts per token
-/// (softmax over all experts, then the top k, renormalized when `norm_topk_prob`); Qwen2-MoE
-/// adds a shared expert scaled by a sigmoid gate.
+/// A sparse MLP: a router scores every expert (`scoring`), picks `experts_per_token` of
+/// `num_experts` SwiGLU experts per token (from the best `expert_groups` only, where set, and by
+/// the scores plus the router's bias where it has one), and weighs each by its score,
+/// renormalized over the chosen when `norm_topk_prob`, times `routed_scaling_factor`. Qwen2-MoE
+/// adds a shared expert scaled by a sigmoid gate, DeepSeek an unscaled one; DeepSeek's first
+/// `dense_layers` layers have a dense MLP instead.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct MoeConfig {
@@ -267,6 +301,49 @@ pub struct MoeConfig {
     pub expert_intermediate_size: usize,
     pub norm_topk_prob: bool,
     pub shared_expert_intermediate_size: Option<usize>,
+    #[serde(default)]
+    pub scoring: ExpertScoring,
+    #[serde(default)]
+    pub expert_groups: Option<ExpertGroups>,
+    #[serde(default = "one", serialize_with = "as_written")]
+    pub routed_scaling_factor: f32,
+    #[serde(default)]
+    pub dense_layers: usize,
+}
+
+fn one() -> f32 {
+    1.0
+}
+
+/// How a router's logits become expert scores.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertScoring {
+    /// A softmax over every expert.
+    #[default]
+    Softmax,
+    /// Each expert's own sigmoid (DeepSeek-V3, GLM-4.5).
+    Sigmoid,
+}
+
+/// Group-limited routing (DeepSeek): the experts form `groups` equal groups, and a token's experts
+/// come from its `groups_per_token` best groups only, each group ranked by `score`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpertGroups {
+    pub groups: usize,
+    pub groups_per_token: usize,
+    pub score: GroupScore,
+}
+
+/// What ranks a group of experts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GroupScore {
+    /// Its best expert's score (DeepSeek-V2).
+    Best,
+    /// The sum of its best two (DeepSeek-V3, GLM-4.5).
+    BestTwo,
 }
 
 /// Rope frequency scaling schemes the runner implements.
@@ -363,6 +440,31 @@ impl ModelConfig {
                     moe.experts_per_token, moe.num_experts, moe.expert_intermediate_size
                 )));
             }
+            if let Some(groups) = moe.expert_groups {
+                let per_group = moe.num_experts.checked_div(groups.groups).unwrap_or(0);
+                if per_group == 0
+                    || !moe.num_experts.is_multiple_of(groups.groups)
+                    || groups.groups_per_token > groups.groups
+                    || groups.groups_per_token * per_group < moe.experts_per_token
+                {
+                    return Err(EngineError::ModelLoad(format!(
+                        "model config: {} experts in {} groups, {} groups per token, cannot give {} experts per token",
+                        moe.num_experts, groups.groups, groups.groups_per_token, moe.experts_per_token
+                    )));
+                }
+            }
+        }
+        if let Some(latent) = &self.latent_attention {
+            if self.num_key_value_heads != 1 || self.head_dim != latent.latent_key_dim() || self.rotary_dim != Some(latent.qk_rope_head_dim) {
+                return Err(EngineError::ModelLoad(format!(
+                    "model config: latent attention {latent:?} keeps one kv head of {} with {} rotary dimensions, not {} of {} with {:?}",
+                    latent.latent_key_dim(),
+                    latent.qk_rope_head_dim,
+                    self.num_key_value_heads,
+                    self.head_dim,
+                    self.rotary_dim
+                )));
+            }
         }
         if !self.head_dim.is_multiple_of(2) || self.rotary_dim.is_some_and(|dim| dim == 0 || dim > self.head_dim || !dim.is_multiple_of(2)) {
             return Err(EngineError::ModelLoad(format!(
@@ -453,9 +555,28 @@ impl ModelConfig {
         (0..self.num_hidden_layers).filter(|&layer| !self.is_recurrent(layer)).count()
     }
 
+    /// The width of the value rows the KV pages keep per kv head: `head_dim`, or none where the
+    /// values are the keys' latent part (multi-head latent attention).
+    pub fn stored_value_dim(&self) -> usize {
+        if self.latent_attention.is_some() {
+            0
+        } else {
+            self.head_dim
+        }
+    }
+
+    /// The width of each kv head's values as attention reads them (its output per query head).
+    pub fn value_dim(&self) -> usize {
+        self.latent_attention.as_ref().map_or(self.head_dim, |latent| latent.kv_lora_rank)
+    }
+
     /// Bytes of K and V one token occupies in the cache, over all layers.
     pub fn kv_bytes_per_token(&self, dtype: KvCacheDtype) -> usize {
-        2 * self.attention_layers() * self.num_key_value_heads * dtype.row_bytes(self.head_dim)
+        let values = match self.stored_value_dim() {
+            0 => 0,
+            dim => dtype.row_bytes(dim),
+        };
+        self.attention_layers() * self.num_key_value_heads * (dtype.row_bytes(self.head_dim) + values)
     }
 
     /// Bytes of one sequence's recurrent state over all layers (float32); 0 without such layers.

@@ -2,7 +2,8 @@
 //! facts of its layers that a checkpoint's config leaves unsaid. The config readers, the
 //! binding and the Python loader all take them from here.
 
-use crate::model::archs::{gemma, glm4, gpt_oss, granite, llama, olmo2, qwen3_next, Assembly};
+use super::ExpertScoring;
+use crate::model::archs::{deepseek, gemma, glm4, gpt_oss, granite, llama, olmo2, qwen3_next, Assembly};
 use serde::Serialize;
 
 #[derive(Debug, Serialize)]
@@ -56,8 +57,11 @@ pub struct MoeFacts {
     pub renormalizes_top_k: bool,
     /// llama.cpp renormalizes them where a GGUF file has no `expert_weights_norm`.
     pub gguf_renormalizes_top_k: bool,
-    /// The config.json key of the shared expert's FFN size, where the model has one.
+    /// The config.json key of the shared expert's FFN size, where the model has one (DeepSeek's
+    /// configs count shared experts instead: `n_shared_experts`).
     pub shared_expert_ffn_key: &'static str,
+    /// How the router scores experts where config.json's `scoring_func` does not say.
+    pub scoring: ExpertScoring,
 }
 
 /// A recurrent token mixer in place of attention.
@@ -76,7 +80,11 @@ const MOE: MoeFacts = MoeFacts {
     renormalizes_top_k: false,
     gguf_renormalizes_top_k: true,
     shared_expert_ffn_key: "shared_expert_intermediate_size",
+    scoring: ExpertScoring::Softmax,
 };
+
+/// DeepSeek-V3's routing (sigmoid scores, GLM-4.5's too); DeepSeek-V2 scores with a softmax.
+const SIGMOID_MOE: MoeFacts = MoeFacts { gguf_renormalizes_top_k: false, scoring: ExpertScoring::Sigmoid, ..MOE };
 
 /// A dense Llama-built architecture without biases or a sliding window; each row says how it differs.
 const PLAIN: Architecture = Architecture {
@@ -188,11 +196,31 @@ pub const ARCHITECTURES: &[Architecture] = &[
             renormalizes_top_k: true,
             gguf_renormalizes_top_k: true,
             shared_expert_ffn_key: "shared_intermediate_size",
+            scoring: ExpertScoring::Softmax,
         }),
         ffn_key: "shared_intermediate_size",
         recurrent_mixer: Some(RecurrentMixer::Mamba2),
         ..PLAIN
     },
+    // Multi-head latent attention where the config has a `kv_lora_rank`; llama.cpp files both
+    // DeepSeek versions as deepseek2, their routing in the metadata.
+    Architecture {
+        name: "deepseek_v2",
+        hf_class: "DeepseekV2ForCausalLM",
+        gguf_name: Some("deepseek2"),
+        assembly: deepseek::DEEPSEEK,
+        moe: Some(MoeFacts { gguf_renormalizes_top_k: false, ..MOE }),
+        ..PLAIN
+    },
+    Architecture {
+        name: "deepseek_v3",
+        hf_class: "DeepseekV3ForCausalLM",
+        gguf_name: Some("deepseek2"),
+        assembly: deepseek::DEEPSEEK,
+        moe: Some(SIGMOID_MOE),
+        ..PLAIN
+    },
+    Architecture { name: "glm4_moe", hf_class: "Glm4MoeForCausalLM", gguf_name: Some("glm4moe"), assembly: glm4::GLM4_MOE, moe: Some(SIGMOID_MOE), ..PLAIN },
 ];
 
 impl Architecture {
@@ -247,7 +275,7 @@ mod tests {
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(
             Architecture::list(|a| a.gguf_name),
-            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss, qwen35, qwen3next"
+            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss, qwen35, qwen3next, deepseek2, glm4moe"
         );
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
         assert_eq!(Architecture::of_gguf("gpt-oss", true).map(|a| a.name), Some("gpt_oss"));

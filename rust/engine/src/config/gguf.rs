@@ -3,7 +3,10 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
-use super::{GatedDeltaNet, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow, ValueHeadOrder};
+use super::{
+    ExpertGroups, ExpertScoring, GatedDeltaNet, GroupScore, LatentAttention, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow,
+    ValueHeadOrder,
+};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use crate::pooling::Pooling;
@@ -59,6 +62,17 @@ impl ModelConfig {
         // (which rsgl does not read yet) in `block_count`.
         let num_hidden_layers = keys.count("block_count")?.saturating_sub(keys.optional_count("nextn_predict_layers")?.unwrap_or(0));
         let head_dim = keys.optional_count("attention.key_length")?.unwrap_or(hidden_size.checked_div(heads).unwrap_or(0));
+        let latent_attention = latent_attention(&keys)?;
+        let mut scales = scales(&keys, architecture, [hidden_size, heads, head_dim, num_hidden_layers])?;
+        let mut rope_scaling = rope_scaling;
+        // Latent pages hold one kv head: the latent and the rope key (see `ModelConfig::latent_attention`).
+        let (kv_heads, head_dim, rotary_dim) = match &latent_attention {
+            Some(latent) => {
+                scales.attention = Some(latent_attention_scale(&keys, latent, rope_scaling.as_mut())?);
+                (1, latent.latent_key_dim(), Some(latent.qk_rope_head_dim))
+            }
+            None => (kv_heads, head_dim, keys.optional_count("rope.dimension_count")?.filter(|&dim| dim != head_dim)),
+        };
         let config = ModelConfig {
             architecture: architecture.name.into(),
             hidden_size,
@@ -72,14 +86,19 @@ impl ModelConfig {
             rms_norm_eps: keys.required_number("attention.layer_norm_rms_epsilon")? as f32,
             rope_theta: keys.number("rope.freq_base")?.unwrap_or(10000.0),
             rope_scaling,
-            rotary_dim: keys.optional_count("rope.dimension_count")?.filter(|&dim| dim != head_dim),
+            rotary_dim,
             attention_bias: store.contains("model.layers.0.self_attn.q_proj.bias"),
-            qk_norm: architecture.assembly.qk_norm != QkNorm::None,
+            // GLM-4.5's files have q and k norms where its config says `use_qk_norm`.
+            qk_norm: match architecture.assembly.qk_norm {
+                QkNorm::None => false,
+                _ if architecture.name == "glm4_moe" => store.contains("model.layers.0.self_attn.q_norm.weight"),
+                _ => true,
+            },
             tie_word_embeddings: !store.contains("lm_head.weight"),
             max_position_embeddings: keys.count("context_length")?,
             moe: architecture.moe.as_ref().map(|facts| moe(&keys, facts)).transpose()?,
             pooling: keys.optional_count("pooling_type")?.and_then(Pooling::from_gguf),
-            scales: scales(&keys, architecture, [hidden_size, heads, head_dim, num_hidden_layers])?,
+            scales,
             no_rope_layers: no_rope_layers(architecture, num_hidden_layers),
             sliding_window: sliding_window(&keys, architecture, num_hidden_layers)?,
             activation: architecture.assembly.activation,
@@ -88,6 +107,7 @@ impl ModelConfig {
             norm_weight_offset: 0.0,
             gated_delta_net: gated_delta_net(&keys, architecture, num_hidden_layers)?,
             mamba2: None,
+            latent_attention,
         };
         config.validate()?;
         Ok(config)
@@ -208,13 +228,68 @@ fn gated_delta_net(keys: &Keys, architecture: &Architecture, layers: usize) -> R
     }))
 }
 
+/// Multi-head latent attention, where the file has a `attention.kv_lora_rank` (llama.cpp's
+/// deepseek2): q's and v's head widths are the `_mla` key and value lengths.
+fn latent_attention(keys: &Keys) -> Result<Option<LatentAttention>> {
+    let Some(kv_lora_rank) = keys.optional_count("attention.kv_lora_rank")? else { return Ok(None) };
+    let qk_rope_head_dim = keys.count("rope.dimension_count")?;
+    Ok(Some(LatentAttention {
+        q_lora_rank: keys.optional_count("attention.q_lora_rank")?.filter(|&rank| rank > 0),
+        kv_lora_rank,
+        qk_nope_head_dim: keys.count("attention.key_length_mla")?.saturating_sub(qk_rope_head_dim),
+        qk_rope_head_dim,
+        v_head_dim: keys.count("attention.value_length_mla")?,
+    }))
+}
+
+/// DeepSeek's attention scale, as llama.cpp computes it from a file: 1/sqrt(q's head width) times
+/// YaRN's `1 + yarn_log_multiplier ln(factor)` squared (the converter stores 0.1 × mscale_all_dim
+/// as the multiplier). llama.cpp leaves cos and sin unscaled (DeepSeek's `mscale` equals its
+/// `mscale_all_dim`), so the rope's attention factor becomes 1.
+fn latent_attention_scale(keys: &Keys, latent: &LatentAttention, rope_scaling: Option<&mut RopeScaling>) -> Result<f32> {
+    let base = 1.0 / (latent.qk_head_dim() as f64).sqrt();
+    let Some(RopeScaling::Yarn { factor, attention_factor, .. }) = rope_scaling else { return Ok(base as f32) };
+    *attention_factor = 1.0;
+    let mscale = 1.0 + keys.number("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0) * factor.ln();
+    Ok((base * mscale * mscale) as f32)
+}
+
 fn moe(keys: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {
+    let expert_intermediate_size = keys.first_count(&["expert_feed_forward_length", "feed_forward_length"])?;
+    // llama.cpp's `expert_gating_func`: 1 softmax, 2 sigmoid.
+    let scoring = match keys.optional_count("expert_gating_func")? {
+        None => facts.scoring,
+        Some(1) => ExpertScoring::Softmax,
+        Some(2) => ExpertScoring::Sigmoid,
+        Some(other) => {
+            return Err(EngineError::UnsupportedModel(format!(
+                "this file's experts are gated by llama.cpp's function {other}; rsgl runs softmax (1) and sigmoid (2) gating."
+            )))
+        }
+    };
+    let groups = keys.optional_count("expert_group_count")?.unwrap_or(1);
+    let expert_groups = match groups {
+        0 | 1 => None,
+        groups => Some(ExpertGroups {
+            groups,
+            groups_per_token: keys.count("expert_group_used_count")?,
+            score: if scoring == ExpertScoring::Sigmoid { GroupScore::BestTwo } else { GroupScore::Best },
+        }),
+    };
     Ok(MoeConfig {
         num_experts: keys.count("expert_count")?,
         experts_per_token: keys.count("expert_used_count")?,
-        expert_intermediate_size: keys.first_count(&["expert_feed_forward_length", "feed_forward_length"])?,
+        expert_intermediate_size,
         norm_topk_prob: keys.get("expert_weights_norm").map_or(facts.gguf_renormalizes_top_k, truthy),
-        shared_expert_intermediate_size: keys.optional_count("expert_shared_feed_forward_length")?,
+        // DeepSeek's files count their shared experts, each of the experts' size.
+        shared_expert_intermediate_size: match keys.optional_count("expert_shared_count")? {
+            Some(shared) if shared > 0 => Some(shared * expert_intermediate_size),
+            _ => keys.optional_count("expert_shared_feed_forward_length")?,
+        },
+        scoring,
+        expert_groups,
+        routed_scaling_factor: keys.number("expert_weights_scale")?.filter(|&scale| scale != 0.0).unwrap_or(1.0) as f32,
+        dense_layers: keys.optional_count("leading_dense_block_count")?.unwrap_or(0),
     })
 }
 

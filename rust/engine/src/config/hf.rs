@@ -3,7 +3,10 @@
 
 use super::architecture::{Architecture, MoeFacts, RecurrentMixer};
 use super::keys::{quoted, truthy, Keys};
-use super::{Activation, GatedDeltaNet, Mamba2, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow, ValueHeadOrder};
+use super::{
+    Activation, ExpertGroups, ExpertScoring, GatedDeltaNet, GroupScore, LatentAttention, Mamba2, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales,
+    SlidingWindow, ValueHeadOrder,
+};
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
 use serde::{Deserialize, Deserializer};
@@ -30,6 +33,7 @@ impl ModelConfig {
         let num_hidden_layers = hf.count("num_hidden_layers")?;
         // Zero heads: validate() says so.
         let head_dim = hf.optional_count("head_dim")?.unwrap_or(hidden_size.checked_div(num_attention_heads).unwrap_or(0));
+        let latent_attention = latent_attention(&hf)?;
         let activation = activation(&hf, architecture)?;
         let recurrent = recurrent_layers(&hf, architecture, num_hidden_layers)?;
         let (gated_delta_net, mamba2) = match architecture.recurrent_mixer {
@@ -37,33 +41,44 @@ impl ModelConfig {
             Some(RecurrentMixer::Mamba2) => (None, mamba2(&hf, recurrent, hidden_size, activation)?),
             None => (None, None),
         };
+        let mut scales = scales(&hf, architecture, hidden_size)?;
+        // Latent pages hold one kv head: the latent and the rope key (see `ModelConfig::latent_attention`).
+        let (num_key_value_heads, head_dim, rotary_dim) = match &latent_attention {
+            Some(latent) => {
+                scales.attention = Some(latent_attention_scale(latent, rope_scaling_keys(&hf))?);
+                (1, latent.latent_key_dim(), Some(latent.qk_rope_head_dim))
+            }
+            None => (hf.optional_count("num_key_value_heads")?.unwrap_or(num_attention_heads), head_dim, rotary_dim(&hf, head_dim)?),
+        };
         let config = ModelConfig {
             architecture: architecture.name.into(),
             hidden_size,
             intermediate_size: hf.count(architecture.ffn_key)?,
             num_hidden_layers,
             num_attention_heads,
-            num_key_value_heads: hf.optional_count("num_key_value_heads")?.unwrap_or(num_attention_heads),
+            num_key_value_heads,
             head_dim,
             vocab_size: hf.count("vocab_size")?,
             rms_norm_eps: hf.number("rms_norm_eps")?.unwrap_or(1e-6) as f32,
             rope_theta,
             rope_scaling,
-            rotary_dim: rotary_dim(&hf, head_dim)?,
+            rotary_dim,
             attention_bias: architecture.attention_bias || hf.flag("attention_bias"),
-            qk_norm: architecture.assembly.qk_norm != QkNorm::None,
+            // GLM-4.5's configs say whether it normalizes q and k.
+            qk_norm: architecture.assembly.qk_norm != QkNorm::None && hf.get("use_qk_norm").is_none_or(truthy),
             tie_word_embeddings: hf.flag("tie_word_embeddings"),
             max_position_embeddings: context_limit(&hf, architecture)?,
             moe: architecture.moe.as_ref().map(|facts| moe(&hf, facts)).transpose()?.flatten(),
             // In sentence-transformers' files next to config.json, which the loader reads.
             pooling: None,
-            scales: scales(&hf, architecture, hidden_size)?,
+            scales,
             no_rope_layers: no_rope_layers(&hf, num_hidden_layers)?,
             sliding_window: sliding_window(&hf, architecture, num_hidden_layers)?,
             activation,
             norm_weight_offset: architecture.assembly.norm_weight_offset,
             gated_delta_net,
             mamba2,
+            latent_attention,
         };
         config.validate()?;
         Ok(config)
@@ -380,25 +395,99 @@ fn no_rope_layers(hf: &Keys, layers: usize) -> Result<Vec<usize>> {
     Ok(flags.iter().enumerate().filter(|(_, uses_rope)| uses_rope.as_u64() == Some(0)).map(|(layer, _)| layer).collect())
 }
 
-/// The sparse MLP, which the runner puts in every layer: Qwen MoE configs that make some
-/// layers dense are refused; None for a config without experts (a dense Granite 4).
+/// Multi-head latent attention, where the config has a `kv_lora_rank` (DeepSeek-V2/V3). Its rope
+/// pairs must be interleaved, as DeepSeek's checkpoints store them (`rope_interleave`).
+fn latent_attention(hf: &Keys) -> Result<Option<LatentAttention>> {
+    if hf.get("kv_lora_rank").is_none_or(Value::is_null) {
+        return Ok(None);
+    }
+    if hf.get("rope_interleave").is_some_and(|interleave| !truthy(interleave)) {
+        return Err(EngineError::UnsupportedModel(
+            "this model's latent attention rotates rope in halves (rope_interleave false); rsgl runs DeepSeek's interleaved pairs.".into(),
+        ));
+    }
+    let latent = LatentAttention {
+        q_lora_rank: hf.optional_count("q_lora_rank")?,
+        kv_lora_rank: hf.count("kv_lora_rank")?,
+        qk_nope_head_dim: hf.count("qk_nope_head_dim")?,
+        qk_rope_head_dim: hf.count("qk_rope_head_dim")?,
+        v_head_dim: hf.count("v_head_dim")?,
+    };
+    if [latent.kv_lora_rank, latent.qk_rope_head_dim, latent.v_head_dim, latent.q_lora_rank.unwrap_or(1)].contains(&0) {
+        return Err(hf.broken(format!("config.json: latent attention {latent:?} has an empty part")));
+    }
+    Ok(Some(latent))
+}
+
+/// DeepSeek's attention scale: 1/sqrt(q's head width), times YaRN's `mscale_all_dim` factor squared
+/// where the rope is scaled (transformers' `yarn_get_mscale(factor, mscale_all_dim)`).
+fn latent_attention_scale(latent: &LatentAttention, scaling: Option<Keys>) -> Result<f32> {
+    let base = 1.0 / (latent.qk_head_dim() as f64).sqrt();
+    let Some(scaling) = scaling.filter(|scaling| scaling.get("rope_type").or_else(|| scaling.get("type")).is_some_and(|kind| kind != "default")) else {
+        return Ok(base as f32);
+    };
+    let mscale = match (scaling.number("factor")?, scaling.number("mscale_all_dim")?.filter(|m| *m != 0.0)) {
+        (Some(factor), Some(all_dim)) if factor > 1.0 => 0.1 * all_dim * factor.ln() + 1.0,
+        _ => 1.0,
+    };
+    Ok((base * mscale * mscale) as f32)
+}
+
+/// The sparse MLP: in every layer but DeepSeek's first `first_k_dense_replace`; Qwen MoE configs
+/// that make other layers dense are refused; None for a config without experts (a dense Granite 4).
 fn moe(hf: &Keys, facts: &MoeFacts) -> Result<Option<MoeConfig>> {
     if hf.get("num_local_experts").and_then(Value::as_u64) == Some(0) {
         return Ok(None);
     }
-    if hf.get("decoder_sparse_step").is_some_and(|step| step.as_u64() != Some(1)) || hf.flag("mlp_only_layers") {
+    let sparse_every_layer = hf.get("decoder_sparse_step").is_none_or(|step| step.as_u64() == Some(1))
+        && hf.get("moe_layer_freq").is_none_or(|every| every.as_u64() == Some(1))
+        && !hf.flag("mlp_only_layers");
+    if !sparse_every_layer {
         return Err(EngineError::UnsupportedModel(
-            "this MoE model mixes dense and sparse layers (decoder_sparse_step / mlp_only_layers); rsgl runs models whose every layer is sparse.".into(),
+            "this MoE model mixes dense and sparse layers (decoder_sparse_step / moe_layer_freq / mlp_only_layers); rsgl runs models whose every layer is sparse after the first dense ones.".into(),
         ));
     }
+    let expert_intermediate_size = hf.count(facts.expert_ffn_key)?;
+    let scoring = match hf.get("scoring_func").and_then(Value::as_str) {
+        None => facts.scoring,
+        Some("softmax") => ExpertScoring::Softmax,
+        Some("sigmoid") => ExpertScoring::Sigmoid,
+        Some(other) => {
+            return Err(EngineError::UnsupportedModel(format!("this model scores experts with {other:?}; rsgl runs 'softmax' and 'sigmoid' routers.")))
+        }
+    };
     Ok(Some(MoeConfig {
-        // transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as num_experts.
-        num_experts: hf.first_count(&["num_local_experts", "num_experts"])?,
+        // transformers 5 saves Qwen3-MoE's expert count as num_local_experts, Qwen2-MoE's as
+        // num_experts; DeepSeek's is n_routed_experts.
+        num_experts: hf.first_count(&["num_local_experts", "num_experts", "n_routed_experts"])?,
         experts_per_token: hf.count("num_experts_per_tok")?,
-        expert_intermediate_size: hf.count(facts.expert_ffn_key)?,
+        expert_intermediate_size,
         norm_topk_prob: facts.renormalizes_top_k || hf.flag("norm_topk_prob"),
-        shared_expert_intermediate_size: hf.optional_count(facts.shared_expert_ffn_key)?,
+        shared_expert_intermediate_size: match hf.optional_count("n_shared_experts")? {
+            Some(shared) => Some(shared * expert_intermediate_size).filter(|&size| size > 0),
+            None => hf.optional_count(facts.shared_expert_ffn_key)?,
+        },
+        scoring,
+        expert_groups: expert_groups(hf, scoring)?,
+        routed_scaling_factor: hf.number("routed_scaling_factor")?.unwrap_or(1.0) as f32,
+        dense_layers: hf.optional_count("first_k_dense_replace")?.unwrap_or(0),
     }))
+}
+
+/// DeepSeek's group-limited routing over `n_group` groups: a softmax router's where its
+/// `topk_method` is `group_limited_greedy` (each group ranked by its best expert), a sigmoid
+/// router's always (ranked by its best two).
+fn expert_groups(hf: &Keys, scoring: ExpertScoring) -> Result<Option<ExpertGroups>> {
+    let groups = hf.optional_count("n_group")?.unwrap_or(1);
+    let score = match scoring {
+        ExpertScoring::Softmax if hf.get("topk_method").and_then(Value::as_str) == Some("group_limited_greedy") => GroupScore::Best,
+        ExpertScoring::Softmax => return Ok(None),
+        ExpertScoring::Sigmoid => GroupScore::BestTwo,
+    };
+    if groups <= 1 {
+        return Ok(None);
+    }
+    Ok(Some(ExpertGroups { groups, groups_per_token: hf.count("topk_group")?, score }))
 }
 
 #[cfg(test)]

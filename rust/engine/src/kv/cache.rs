@@ -1,7 +1,7 @@
 //! Storage of K and V for every page of the pool, per layer, in the layout the attention
 //! kernels read ([`rsgl_kernels::paged`]): per page and kv head, keys `[head_dim][page_size]`
-//! (transposed) and values `[page_size][head_dim]`; int8 pages also keep one scale per token
-//! and kv head. Where the sliding layers have a pool of their own, their storage is indexed by
+//! (transposed) and values `[page_size][head_dim]` (none for latent pages, whose values are their
+//! keys' first part); int8 pages also keep one scale per token and kv head. Where the sliding layers have a pool of their own, their storage is indexed by
 //! window pages ([`super::window`]) and holds that pool's pages only.
 
 use super::state::RecurrentStates;
@@ -27,8 +27,14 @@ impl Store {
         match dtype {
             KvCacheDtype::Float32 => Store::F32(HugePageBuffer::zeroed(len)),
             KvCacheDtype::Bfloat16 => Store::Bf16(HugePageBuffer::zeroed(len)),
-            KvCacheDtype::Int8 => Store::Int8(HugePageBuffer::zeroed(len), HugePageBuffer::zeroed(len / head_dim)),
+            KvCacheDtype::Int8 => Store::Int8(HugePageBuffer::zeroed(len), HugePageBuffer::zeroed(len.checked_div(head_dim).unwrap_or(0))),
         }
+    }
+
+    /// Element `i` times its row's scale (`scale_at`), as f32.
+    fn read(&self, i: usize, scale_at: usize) -> f32 {
+        let slice = self.slice();
+        slice.get(i) * slice.scale(scale_at)
     }
 
     /// Writes one token's row `xs` at `start`, `start + stride`, … (keys are stored transposed:
@@ -77,6 +83,10 @@ pub struct KvPart {
     page_size: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// Width of the value rows the pages keep: `head_dim`, or 0 for latent pages.
+    stored_value_dim: usize,
+    /// Width of the values attention reads (of the keys, for latent pages).
+    value_dim: usize,
     keys: Vec<Store>,
     values: Vec<Store>,
     /// Per layer: whether its pages are window pages.
@@ -88,20 +98,24 @@ pub struct KvPart {
 impl KvPart {
     fn new(cfg: &ModelConfig, pools: Pools, page_size: usize, dtype: KvCacheDtype, kv_heads: usize) -> KvPart {
         let windowed: Vec<bool> = (0..cfg.num_hidden_layers).map(|layer| pools.window_pages.is_some() && cfg.is_sliding(layer)).collect();
-        let store = |(layer, &windowed): (usize, &bool)| {
-            let pages = match windowed {
-                _ if cfg.is_recurrent(layer) => 0,
-                true => pools.window_pages.unwrap_or_default(),
-                false => pools.pages,
-            };
-            Store::new(dtype, pages * page_size * kv_heads * cfg.head_dim, cfg.head_dim)
+        let store = |dim: usize| {
+            move |(layer, &windowed): (usize, &bool)| {
+                let pages = match windowed {
+                    _ if cfg.is_recurrent(layer) => 0,
+                    true => pools.window_pages.unwrap_or_default(),
+                    false => pools.pages,
+                };
+                Store::new(dtype, pages * page_size * kv_heads * dim, dim)
+            }
         };
         KvPart {
             page_size,
             kv_heads,
             head_dim: cfg.head_dim,
-            keys: windowed.iter().enumerate().map(store).collect(),
-            values: windowed.iter().enumerate().map(store).collect(),
+            stored_value_dim: cfg.stored_value_dim(),
+            value_dim: cfg.value_dim(),
+            keys: windowed.iter().enumerate().map(store(cfg.head_dim)).collect(),
+            values: windowed.iter().enumerate().map(store(cfg.stored_value_dim())).collect(),
             windowed,
             states: RecurrentStates::new(cfg, pools.state_slots),
         }
@@ -112,37 +126,60 @@ impl KvPart {
         self.windowed[layer]
     }
 
-    /// Stores one token's K and V (`[kv_head][head_dim]` each, this part's heads) at position
-    /// `pos` of the sequence whose page table is `pages`.
+    /// Stores one token's K and V (`[kv_head][head_dim]` each, this part's heads; no V for
+    /// latent pages) at position `pos` of the sequence whose page table is `pages`.
     pub fn write(&mut self, layer: usize, pages: &[u32], pos: usize, k: &[f32], v: &[f32]) {
-        let (ps, hd) = (self.page_size, self.head_dim);
+        let (ps, hd, vd) = (self.page_size, self.head_dim, self.stored_value_dim);
+        assert_eq!((k.len(), v.len()), (self.kv_heads * hd, self.kv_heads * vd), "kv write: a row per kv head");
         let (page, slot) = (pages[pos / ps], pos % ps);
         let (keys, values) = (&mut self.keys[layer], &mut self.values[layer]);
         for h in 0..self.kv_heads {
-            let base = page_head_start(page, h, self.kv_heads, ps, hd);
             let scale_at = page_head_scale_start(page, h, self.kv_heads, ps) + slot;
-            keys.write(base + slot, ps, scale_at, &k[h * hd..(h + 1) * hd]);
-            values.write(base + slot * hd, 1, scale_at, &v[h * hd..(h + 1) * hd]);
+            keys.write(page_head_start(page, h, self.kv_heads, ps, hd) + slot, ps, scale_at, &k[h * hd..(h + 1) * hd]);
+            if vd > 0 {
+                values.write(page_head_start(page, h, self.kv_heads, ps, vd) + slot * vd, 1, scale_at, &v[h * vd..(h + 1) * vd]);
+            }
         }
     }
 
-    /// Where page `page` lies in each layer's elements and scales (its kv heads are adjacent);
-    /// [`NO_PAGE`]'s lie past every storage, so they are never read unnoticed.
-    fn page_ranges(&self, page: u32) -> (Range<usize>, Range<usize>) {
+    /// The keys of positions `positions` of the sequence whose page table is `pages`, as f32
+    /// (scaled back from int8): `[position][kv_head][head_dim]`.
+    pub fn read_keys(&self, layer: usize, pages: &[u32], positions: Range<usize>) -> Vec<f32> {
         let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
-        let elements = page_head_start(page, 0, heads, ps, hd);
+        let keys = &self.keys[layer];
+        let mut out = Vec::with_capacity(positions.len() * heads * hd);
+        for pos in positions {
+            let (page, slot) = (pages[pos / ps], pos % ps);
+            for h in 0..heads {
+                let (base, scale_at) = (page_head_start(page, h, heads, ps, hd) + slot, page_head_scale_start(page, h, heads, ps) + slot);
+                out.extend((0..hd).map(|d| keys.read(base + d * ps, scale_at)));
+            }
+        }
+        out
+    }
+
+    /// Where page `page` lies in each layer's elements of rows `dim` wide and in its scales (its
+    /// kv heads are adjacent); [`NO_PAGE`]'s lie past every storage, so they are never read
+    /// unnoticed. Empty for storage without rows (latent pages' values).
+    fn page_ranges(&self, page: u32, dim: usize) -> (Range<usize>, Range<usize>) {
+        if dim == 0 {
+            return (0..0, 0..0);
+        }
+        let (ps, heads) = (self.page_size, self.kv_heads);
+        let elements = page_head_start(page, 0, heads, ps, dim);
         let scales = page_head_scale_start(page, 0, heads, ps);
-        (elements..elements + heads * ps * hd, scales..scales + heads * ps)
+        (elements..elements + heads * ps * dim, scales..scales + heads * ps)
     }
 
     /// One layer's storage, for the attention kernels.
     pub fn layer(&self, layer: usize) -> PagedKv<'_> {
         PagedKv {
             keys: self.keys[layer].slice(),
-            values: self.values[layer].slice(),
+            values: (self.stored_value_dim > 0).then(|| self.values[layer].slice()),
             page_size: self.page_size,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
+            value_dim: self.value_dim,
         }
     }
 }
@@ -199,10 +236,12 @@ impl KvCache {
         let skip_window = window_page == NO_PAGE;
         for part in &mut self.parts {
             // A skipped page's pieces are as long as page 0's.
-            let ranges = [part.page_ranges(page), part.page_ranges(if skip_window { 0 } else { window_page })];
+            let other = if skip_window { 0 } else { window_page };
+            let dims = [part.head_dim, part.stored_value_dim];
+            let ranges = dims.map(|dim| [part.page_ranges(page, dim), part.page_ranges(other, dim)]);
             let layers = part.keys.iter_mut().zip(&mut part.values).zip(&part.windowed);
-            for (store, &windowed) in layers.flat_map(|((k, v), w)| [(k, w), (v, w)]) {
-                let (elements, scales) = ranges[usize::from(windowed)].clone();
+            for (store, &windowed, kind) in layers.flat_map(|((k, v), w)| [(k, w, 0), (v, w, 1)]) {
+                let (elements, scales) = ranges[kind][usize::from(windowed)].clone();
                 for bytes_of in store.page_bytes_mut(elements, scales) {
                     if !(windowed && skip_window) {
                         bytes_of.copy_from_slice(&bytes[at..at + bytes_of.len()]);
@@ -217,10 +256,11 @@ impl KvCache {
     /// order the disk tier stores them.
     fn page_parts(&self, page: u32, window_page: u32, mut visit: impl FnMut(&[u8])) {
         for part in &self.parts {
-            let ranges = [part.page_ranges(page), part.page_ranges(window_page)];
+            let dims = [part.head_dim, part.stored_value_dim];
+            let ranges = dims.map(|dim| [part.page_ranges(page, dim), part.page_ranges(window_page, dim)]);
             let layers = part.keys.iter().zip(&part.values).zip(&part.windowed);
-            for (store, &windowed) in layers.flat_map(|((k, v), w)| [(k, w), (v, w)]) {
-                let (elements, scales) = ranges[usize::from(windowed)].clone();
+            for (store, &windowed, kind) in layers.flat_map(|((k, v), w)| [(k, w, 0), (v, w, 1)]) {
+                let (elements, scales) = ranges[kind][usize::from(windowed)].clone();
                 store.page_bytes(elements, scales).into_iter().for_each(&mut visit);
             }
         }

@@ -71,7 +71,9 @@ impl Attention {
         let gated = assembly.attention_output_gate;
         let [q, k, v] = take_qkv(w, &attn, cfg, gated)?;
         let o = take_linear(w, &format!("{attn}.o_proj"), h, cfg.q_size())?;
-        let qk_norm_sizes = match assembly.qk_norm {
+        // A family that normalizes q and k may leave it to the config (GLM-4.5's `use_qk_norm`).
+        let qk_norm = if cfg.qk_norm { assembly.qk_norm } else { QkNorm::None };
+        let qk_norm_sizes = match qk_norm {
             QkNorm::None => None,
             QkNorm::PerHead => Some((hd, hd)),
             QkNorm::AllHeads => Some((cfg.q_size(), cfg.kv_size())),

@@ -8,6 +8,7 @@ use super::archs::{Assembly, Norms, QkNorm};
 use super::attention::{Attention, AttentionContext};
 use super::delta_net::DeltaNet;
 use super::embedding::Embedding;
+use super::latent_attention::LatentAttention;
 use super::linear::{Compute, Linear, LinearParts};
 use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
@@ -102,11 +103,13 @@ struct Layer {
     mlp: Mlp,
 }
 
-/// How a layer mixes tokens: attention over KV pages, or a recurrent state per sequence.
+/// How a layer mixes tokens: attention over KV pages (latent ones for multi-head latent
+/// attention), or a recurrent state per sequence.
 // One per layer, built once: the variants' size difference costs nothing.
 #[allow(clippy::large_enum_variant)]
 enum Mixer {
     Attention(Attention),
+    LatentAttention(LatentAttention),
     DeltaNet(DeltaNet),
     Mamba2(Mamba2Layer),
 }
@@ -167,14 +170,15 @@ impl DecoderModel {
             let p = format!("model.layers.{l}");
             let delta_net = cfg.gated_delta_net.as_ref().filter(|net| net.layers.contains(&l));
             let mamba2 = cfg.mamba2.as_ref().filter(|mamba| mamba.layers.contains(&l));
-            let mixers: Vec<Mixer> = match (delta_net, mamba2) {
-                (Some(net), _) => DeltaNet::take(&mut w, l, &cfg, net, &precision, ranks)?.into_iter().map(Mixer::DeltaNet).collect(),
-                (_, Some(mamba)) => Mamba2Layer::take(&mut w, l, &cfg, mamba, &precision, ranks)?.into_iter().map(Mixer::Mamba2).collect(),
+            let mixers: Vec<Mixer> = match (delta_net, mamba2, &cfg.latent_attention) {
+                (Some(net), _, _) => DeltaNet::take(&mut w, l, &cfg, net, &precision, ranks)?.into_iter().map(Mixer::DeltaNet).collect(),
+                (_, Some(mamba), _) => Mamba2Layer::take(&mut w, l, &cfg, mamba, &precision, ranks)?.into_iter().map(Mixer::Mamba2).collect(),
+                (_, _, Some(latent)) => LatentAttention::take(&mut w, l, &cfg, latent, &precision, ranks)?.into_iter().map(Mixer::LatentAttention).collect(),
                 _ => Attention::take(&mut w, l, &cfg, &assembly, &precision, ranks)?.into_iter().map(Mixer::Attention).collect(),
             };
             let attention_norms = SublayerNorms::take(&mut w, &p, assembly.attention, &cfg)?;
             let mlp_norms = SublayerNorms::take(&mut w, &p, assembly.mlp, &cfg)?;
-            let mlps = Mlp::take(&mut w, &p, &cfg, assembly.mlp_layout, &precision, ranks)?;
+            let mlps = Mlp::take(&mut w, l, &p, &cfg, assembly.mlp_layout, &precision, ranks)?;
             for ((rank_layers, mixer), mlp) in layers.iter_mut().zip(mixers).zip(mlps) {
                 rank_layers.push(Layer { attention_norms: attention_norms.clone(), mixer, mlp_norms: mlp_norms.clone(), mlp });
             }
@@ -330,6 +334,7 @@ impl DecoderModel {
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
             let mut attn_out = match &layer.mixer {
                 Mixer::Attention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
+                Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
                 Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
                 Mixer::Mamba2(mamba) => mamba.forward(c, &normed, kv.states.layer_mut(l), step),
             };

@@ -6,7 +6,7 @@ use super::archs::MlpLayout;
 use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
 use super::tensor_parallel::Shard;
-use crate::config::{Activation, ModelConfig, MoeConfig};
+use crate::config::{Activation, ExpertScoring, GroupScore, ModelConfig, MoeConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::{Stored, WeightStore};
 use rsgl_kernels::{ThreadPool, WeightDtype};
@@ -85,11 +85,13 @@ impl GatedMlp {
 pub struct Experts {
     /// Router logits per expert; kept in float32 (small, and decisive for which experts run).
     router: Linear,
+    /// Added to the scores to choose experts, not to weigh them (DeepSeek-V3's
+    /// `e_score_correction_bias`).
+    choice_bias: Option<Vec<f32>>,
     experts: Vec<GatedMlp>,
-    top_k: usize,
-    norm_topk_prob: bool,
+    routing: MoeConfig,
     /// An expert every token goes through: Qwen2-MoE's scaled by `sigmoid(gate · x)`, Granite
-    /// 4's unscaled.
+    /// 4's and DeepSeek's unscaled.
     shared: Option<(GatedMlp, Option<Linear>)>,
 }
 
@@ -101,20 +103,21 @@ pub enum Mlp {
 }
 
 impl Mlp {
-    /// Layer `prefix`'s MLP, named as its architecture's checkpoints name it (`layout`), one per rank.
-    pub fn take(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig, layout: MlpLayout, p: &Precision, ranks: &Ranks) -> Result<Vec<Mlp>> {
+    /// Layer `layer`'s MLP (`prefix`), named as its architecture's checkpoints name it
+    /// (`layout`), one per rank: dense in a model without experts and in DeepSeek's first layers.
+    pub fn take(w: &mut WeightStore, layer: usize, prefix: &str, cfg: &ModelConfig, layout: MlpLayout, p: &Precision, ranks: &Ranks) -> Result<Vec<Mlp>> {
         let h = cfg.hidden_size;
         const PROJECTIONS: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
         let shared_block = format!("{prefix}.shared_mlp");
         if layout == MlpLayout::GraniteShared {
             split_granite_mlps(w, prefix, cfg)?;
         }
-        let Some(moe) = &cfg.moe else {
+        let Some(moe) = cfg.moe.as_ref().filter(|moe| layer >= moe.dense_layers) else {
             let block = if layout == MlpLayout::GraniteShared { shared_block } else { format!("{prefix}.mlp") };
             let dense = GatedMlp::take(w, &block, PROJECTIONS, (h, cfg.intermediate_size), cfg.activation, p, ranks)?;
             return Ok(dense.into_iter().map(Mlp::Dense).collect());
         };
-        let MoeConfig { num_experts, experts_per_token, expert_intermediate_size: inter, norm_topk_prob, shared_expert_intermediate_size } = *moe;
+        let (num_experts, inter) = (moe.num_experts, moe.expert_intermediate_size);
         let (block, names) = if cfg.architecture == "mixtral" {
             (format!("{prefix}.block_sparse_moe"), ["w1", "w3", "w2"])
         } else if layout == MlpLayout::GraniteShared {
@@ -126,6 +129,7 @@ impl Mlp {
         // The router runs on every rank (small, and every rank routes the same rows); each
         // expert is split as a dense MLP is. gpt-oss names it `router` (with a bias).
         let router = if w.contains(&format!("{block}.router.weight")) { "router" } else { "gate" };
+        let choice_bias = w.take_optional(&format!("{block}.{router}.e_score_correction_bias"), &[num_experts])?;
         let mut routers = replicated(&take_linear(w, &format!("{block}.{router}"), num_experts, h)?, ranks).into_iter();
         let mut experts: Vec<Vec<GatedMlp>> = ranks.iter().map(|_| Vec::with_capacity(num_experts)).collect();
         for e in 0..num_experts {
@@ -135,12 +139,19 @@ impl Mlp {
                 rank_experts.push(expert);
             }
         }
-        let mut shared: Vec<Option<(GatedMlp, Option<Linear>)>> = match (shared_expert_intermediate_size, layout) {
+        let mut shared: Vec<Option<(GatedMlp, Option<Linear>)>> = match (moe.shared_expert_intermediate_size, layout) {
             (None, _) => ranks.iter().map(|_| None).collect(),
             (Some(size), MlpLayout::Separate) => {
-                let expert = GatedMlp::take(w, &format!("{block}.shared_expert"), names, (h, size), cfg.activation, p, ranks)?;
-                let gate = replicated(&take_linear(w, &format!("{block}.shared_expert_gate"), 1, h)?, ranks);
-                expert.into_iter().zip(gate).map(|(expert, gate)| Some((expert, Some(gate)))).collect()
+                // Qwen2-MoE's `shared_expert` has a gate; DeepSeek's `shared_experts` (several, fused into one) have none.
+                let gate_name = format!("{block}.shared_expert_gate");
+                let gated = w.contains(&format!("{gate_name}.weight"));
+                let name = if w.contains(&format!("{block}.shared_experts.down_proj.weight")) { "shared_experts" } else { "shared_expert" };
+                let expert = GatedMlp::take(w, &format!("{block}.{name}"), names, (h, size), cfg.activation, p, ranks)?;
+                let gates: Vec<Option<Linear>> = match gated {
+                    true => replicated(&take_linear(w, &gate_name, 1, h)?, ranks).into_iter().map(Some).collect(),
+                    false => ranks.iter().map(|_| None).collect(),
+                };
+                expert.into_iter().zip(gates).map(Some).collect()
             }
             (Some(size), MlpLayout::GraniteShared) => {
                 GatedMlp::take(w, &shared_block, PROJECTIONS, (h, size), cfg.activation, p, ranks)?.into_iter().map(|expert| Some((expert, None))).collect()
@@ -150,7 +161,7 @@ impl Mlp {
             .into_iter()
             .map(|experts| {
                 let (router, shared) = (routers.next().expect("one per rank"), shared.remove(0));
-                Mlp::Moe(Experts { router, experts, top_k: experts_per_token, norm_topk_prob, shared })
+                Mlp::Moe(Experts { router, choice_bias: choice_bias.clone(), experts, routing: moe.clone(), shared })
             })
             .collect())
     }
@@ -267,14 +278,10 @@ impl Experts {
         let experts = self.experts.len();
         // (row, weight) per expert.
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
-        let (mut best, mut probs) = (Vec::with_capacity(self.top_k), vec![0.0; experts]);
-        for (row, scores) in logits.chunks_exact(experts).enumerate() {
-            probs.copy_from_slice(scores);
-            (c.kernels.softmax)(&mut probs);
-            (c.kernels.top_k)(&probs, self.top_k, &mut best);
-            let total: f32 = if self.norm_topk_prob { best.iter().map(|b| b.0).sum() } else { 1.0 };
-            for &(p, e) in &best {
-                routed[e as usize].push((row, p / total));
+        let mut router = Router::new(experts, self.routing.experts_per_token);
+        for (row, logits) in logits.chunks_exact(experts).enumerate() {
+            for (e, weight) in router.route(c, &self.routing, self.choice_bias.as_deref(), logits) {
+                routed[e].push((row, weight));
             }
         }
         let mut out = vec![0.0; x.len()];
@@ -297,5 +304,61 @@ impl Experts {
             }
         }
         out
+    }
+}
+
+/// One row's routing, with buffers reused across rows.
+struct Router {
+    scores: Vec<f32>,
+    choice: Vec<f32>,
+    best: Vec<(f32, u32)>,
+    top_k: usize,
+}
+
+impl Router {
+    fn new(experts: usize, top_k: usize) -> Router {
+        Router { scores: vec![0.0; experts], choice: vec![0.0; experts], best: Vec::with_capacity(top_k), top_k }
+    }
+
+    /// The experts a row with router `logits` goes to, with their weights: the top k by score
+    /// (plus `choice_bias`) among the experts of its best groups, weighed by score, renormalized
+    /// over the chosen where the config says, times the routed scaling factor.
+    fn route(&mut self, c: &Compute, routing: &MoeConfig, choice_bias: Option<&[f32]>, logits: &[f32]) -> Vec<(usize, f32)> {
+        self.scores.copy_from_slice(logits);
+        match routing.scoring {
+            ExpertScoring::Softmax => (c.kernels.softmax)(&mut self.scores),
+            // The kernels' exp, not libm's: the same bits on every system.
+            ExpertScoring::Sigmoid => self.scores.iter_mut().for_each(|s| *s = 1.0 / (1.0 + rsgl_kernels::portable::exp(-*s))),
+        }
+        self.choice.copy_from_slice(&self.scores);
+        if let Some(bias) = choice_bias {
+            self.choice.iter_mut().zip(bias).for_each(|(s, b)| *s += b);
+        }
+        if let Some(groups) = routing.expert_groups {
+            let size = self.choice.len() / groups.groups;
+            let group_scores: Vec<f32> = self
+                .choice
+                .chunks_exact(size)
+                .map(|group| {
+                    (c.kernels.top_k)(group, 2.min(size), &mut self.best);
+                    match groups.score {
+                        GroupScore::Best => self.best[0].0,
+                        GroupScore::BestTwo => self.best.iter().map(|b| b.0).sum(),
+                    }
+                })
+                .collect();
+            (c.kernels.top_k)(&group_scores, groups.groups_per_token, &mut self.best);
+            let mut kept = vec![false; groups.groups];
+            self.best.iter().for_each(|&(_, g)| kept[g as usize] = true);
+            for (group, kept) in self.choice.chunks_exact_mut(size).zip(kept) {
+                if !kept {
+                    group.fill(f32::NEG_INFINITY);
+                }
+            }
+        }
+        (c.kernels.top_k)(&self.choice, self.top_k, &mut self.best);
+        let weights = self.best.iter().map(|&(_, e)| self.scores[e as usize]);
+        let total: f32 = if routing.norm_topk_prob { weights.clone().sum() } else { 1.0 };
+        weights.zip(&self.best).map(|(score, &(_, e))| (e as usize, score / total * routing.routed_scaling_factor)).collect()
     }
 }

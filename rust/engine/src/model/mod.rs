@@ -6,6 +6,7 @@ mod attention;
 mod decoder;
 mod delta_net;
 mod embedding;
+mod latent_attention;
 mod linear;
 mod mamba2;
 mod mlp;

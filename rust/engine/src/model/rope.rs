@@ -126,11 +126,23 @@ impl Rope {
         tables.into_boxed_slice()
     }
 
-    /// Rotates every head in `heads` (concatenated) for position `pos`.
-    pub fn apply(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], pos: usize) {
+    /// The cos and sin of position `pos`, `rotary_dim` each.
+    fn tables(&self, pos: usize) -> (&[f32], &[f32]) {
         let (d, block) = (self.rotary_dim, pos / BLOCK_POSITIONS);
         let tables = self.blocks.get(block).unwrap_or_else(|| panic!("rope: position {pos} is past the model's context")).get_or_init(|| self.block(block));
-        let (cos, sin) = tables[(pos % BLOCK_POSITIONS) * 2 * d..][..2 * d].split_at(d);
+        tables[(pos % BLOCK_POSITIONS) * 2 * d..][..2 * d].split_at(d)
+    }
+
+    /// Rotates `part`, `rotary_dim` values (the rope part of one head), for position `pos`.
+    pub fn rotate(&self, kernels: &rsgl_kernels::Kernels, part: &mut [f32], pos: usize) {
+        assert_eq!(part.len(), self.rotary_dim, "rope: a part to rotate is rotary_dim wide");
+        let (cos, sin) = self.tables(pos);
+        (kernels.rope)(part, cos, sin, self.style);
+    }
+
+    /// Rotates every head in `heads` (concatenated) for position `pos`.
+    pub fn apply(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], pos: usize) {
+        let (cos, sin) = self.tables(pos);
         if self.rotary_dim == self.head_dim {
             (kernels.rope)(heads, cos, sin, self.style);
         } else {

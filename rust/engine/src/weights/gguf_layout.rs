@@ -32,6 +32,15 @@ const LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_output", "self_attn.o_proj"),
     ("attn_q_norm", "self_attn.q_norm"),
     ("attn_k_norm", "self_attn.k_norm"),
+    // Latent attention (llama.cpp's deepseek2).
+    ("attn_q_a", "self_attn.q_a_proj"),
+    ("attn_q_a_norm", "self_attn.q_a_layernorm"),
+    ("attn_q_b", "self_attn.q_b_proj"),
+    ("attn_kv_a_mqa", "self_attn.kv_a_proj_with_mqa"),
+    ("attn_kv_a_norm", "self_attn.kv_a_layernorm"),
+    ("attn_kv_b", "self_attn.kv_b_proj"),
+    ("attn_k_b", "self_attn.k_b_proj"),
+    ("attn_v_b", "self_attn.v_b_proj"),
     ("ffn_gate", "mlp.gate_proj"),
     ("ffn_up", "mlp.up_proj"),
     ("ffn_down", "mlp.down_proj"),
@@ -41,8 +50,14 @@ const LAYER_TENSORS: &[(&str, &str)] = &[
 const EXPERT_TENSORS: &[(&str, usize)] = &[("ffn_gate_exps", 0), ("ffn_up_exps", 1), ("ffn_down_exps", 2)];
 /// Layer tensors that are parameters of a Hugging Face module, not modules with a weight, by
 /// their GGUF names past `blk.N.`: the converter adds `.weight` to some, and stores Gated
-/// DeltaNet's `A_log` as `ssm_a`, `-exp(A_log)`, which the layer reads as `A`.
-const LAYER_PARAMETERS: &[(&str, &str)] = &[("attn_sinks.weight", "self_attn.sinks"), ("ssm_a", "linear_attn.A"), ("ssm_dt.bias", "linear_attn.dt_bias")];
+/// DeltaNet's `A_log` as `ssm_a`, `-exp(A_log)`, which the layer reads as `A`, and DeepSeek's
+/// router's choice bias as `exp_probs_b`.
+const LAYER_PARAMETERS: &[(&str, &str)] = &[
+    ("attn_sinks.weight", "self_attn.sinks"),
+    ("ssm_a", "linear_attn.A"),
+    ("ssm_dt.bias", "linear_attn.dt_bias"),
+    ("exp_probs_b.bias", "mlp.gate.e_score_correction_bias"),
+];
 /// A Gated DeltaNet layer's modules (`linear_attn`). The converter splits Qwen3-Next's
 /// `in_proj_qkvz` into Qwen3.5's `in_proj_qkv` and `in_proj_z` (`attn_qkv`, `attn_gate`: names
 /// of attention modules elsewhere), and squeezes the convolution's weight to `[channels, taps]`.

@@ -457,6 +457,12 @@ impl WeightStore {
         self.take_checked(name, &[rows, cols])
     }
 
+    /// A stack of `count` matrices `[rows, cols]` (one per head), read as their rows one after
+    /// another.
+    pub fn take_matrices(&mut self, name: &str, count: usize, rows: usize, cols: usize) -> Result<MatrixRows> {
+        self.take_checked(name, &[count, rows, cols])
+    }
+
     fn take_checked(&mut self, name: &str, shape: &[usize]) -> Result<MatrixRows> {
         let entry = self.entry(name)?;
         if without_leading_ones(&entry.shape) != without_leading_ones(shape) {

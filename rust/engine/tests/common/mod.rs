@@ -1,16 +1,32 @@
 //! A tiny random Llama-family model and helpers shared by the engine's integration tests.
 #![allow(dead_code)] // each test file uses its own subset
 
-use rsgl_engine::config::{GatedDeltaNet, SlidingWindow};
+use rsgl_engine::config::{ExpertScoring, GatedDeltaNet, LatentAttention, SlidingWindow};
 use rsgl_engine::sample::Rng;
 use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, Output, WeightStore};
 use std::time::Duration;
 
 pub const VOCAB: usize = 97;
 
-/// Dense "llama", "qwen2", "qwen3", the hybrid "qwen3_5_text", or the MoE "mixtral" (top-2 of 4) and "qwen2_moe" (with a
-/// shared expert).
+/// Dense "llama", "qwen2", "qwen3", the hybrid "qwen3_5_text", the MoE "mixtral" (top-2 of 4) and "qwen2_moe" (with a
+/// shared expert), or "deepseek_v3": latent attention (q through a rank-16 bottleneck, a 32-wide latent, 16 + 8 q/k and
+/// 12 v dimensions per head), a dense first layer, then top-2 of 4 experts from the better of 2 groups by sigmoid
+/// scores plus a choice bias, scaled by 2.5, beside an unscaled shared expert.
 pub fn config(arch: &str) -> ModelConfig {
+    if arch == "deepseek_v3" {
+        return ModelConfig::from_json(&format!(
+            r#"{{"architecture": "deepseek_v3", "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                "num_attention_heads": 4, "num_key_value_heads": 1, "head_dim": 40, "rotary_dim": 8, "vocab_size": {VOCAB},
+                "rms_norm_eps": 1e-6, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false, "qk_norm": false,
+                "tie_word_embeddings": true, "max_position_embeddings": 4096,
+                "scales": {{"embedding": 1.0, "residual": 1.0, "attention": 0.2, "logits_divisor": 1.0}},
+                "moe": {{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 24, "norm_topk_prob": true,
+                        "shared_expert_intermediate_size": 24, "scoring": "sigmoid", "routed_scaling_factor": 2.5, "dense_layers": 1,
+                        "expert_groups": {{"groups": 2, "groups_per_token": 1, "score": "best_two"}}}},
+                "latent_attention": {{"q_lora_rank": 16, "kv_lora_rank": 32, "qk_nope_head_dim": 16, "qk_rope_head_dim": 8, "v_head_dim": 12}}}}"#
+        ))
+        .unwrap();
+    }
     let moe = match arch {
         "mixtral" => {
             r#"{"num_experts": 4, "experts_per_token": 2, "expert_intermediate_size": 48, "norm_topk_prob": true, "shared_expert_intermediate_size": null}"#
@@ -60,6 +76,19 @@ fn attention(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, cfg: &
     add(format!("{prefix}.o_proj.weight"), vec![cfg.hidden_size, cfg.q_size()], 0.3);
 }
 
+/// A latent attention layer's tensors, as DeepSeek names them.
+fn latent_attention(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, latent: &LatentAttention, cfg: &ModelConfig) {
+    let (h, heads) = (cfg.hidden_size, cfg.num_attention_heads);
+    let rank = latent.q_lora_rank.expect("the tiny DeepSeek has a q bottleneck");
+    add(format!("{prefix}.q_a_proj.weight"), vec![rank, h], 0.3);
+    add(format!("{prefix}.q_a_layernorm.weight"), vec![rank], 1.0);
+    add(format!("{prefix}.q_b_proj.weight"), vec![heads * latent.qk_head_dim(), rank], 0.3);
+    add(format!("{prefix}.kv_a_proj_with_mqa.weight"), vec![latent.latent_key_dim(), h], 0.3);
+    add(format!("{prefix}.kv_a_layernorm.weight"), vec![latent.kv_lora_rank], 1.0);
+    add(format!("{prefix}.kv_b_proj.weight"), vec![heads * (latent.qk_nope_head_dim + latent.v_head_dim), latent.kv_lora_rank], 0.3);
+    add(format!("{prefix}.o_proj.weight"), vec![h, heads * latent.v_head_dim], 0.3);
+}
+
 /// A Gated DeltaNet layer's tensors, as Qwen3.5 names them.
 fn delta_net(add: &mut impl FnMut(String, Vec<usize>, f32), prefix: &str, net: &GatedDeltaNet, h: usize) {
     let values = net.value_heads * net.value_head_dim;
@@ -88,11 +117,12 @@ pub fn weights(cfg: &ModelConfig) -> WeightStore {
         let p = format!("model.layers.{l}");
         add(format!("{p}.input_layernorm.weight"), vec![h], 1.0);
         add(format!("{p}.post_attention_layernorm.weight"), vec![h], 1.0);
-        match cfg.gated_delta_net.as_ref().filter(|net| net.layers.contains(&l)) {
-            Some(net) => delta_net(&mut add, &format!("{p}.linear_attn"), net, h),
-            None => attention(&mut add, &format!("{p}.self_attn"), cfg),
+        match (cfg.gated_delta_net.as_ref().filter(|net| net.layers.contains(&l)), &cfg.latent_attention) {
+            (Some(net), _) => delta_net(&mut add, &format!("{p}.linear_attn"), net, h),
+            (None, Some(latent)) => latent_attention(&mut add, &format!("{p}.self_attn"), latent, cfg),
+            (None, None) => attention(&mut add, &format!("{p}.self_attn"), cfg),
         }
-        match &cfg.moe {
+        match cfg.moe.as_ref().filter(|moe| l >= moe.dense_layers) {
             None => swiglu(&mut add, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, i),
             Some(moe) => {
                 let (block, names) = if cfg.architecture == "mixtral" {
@@ -104,9 +134,16 @@ pub fn weights(cfg: &ModelConfig) -> WeightStore {
                 for e in 0..moe.num_experts {
                     swiglu(&mut add, &format!("{block}.experts.{e}"), names, h, moe.expert_intermediate_size);
                 }
-                if let Some(shared) = moe.shared_expert_intermediate_size {
-                    swiglu(&mut add, &format!("{block}.shared_expert"), names, h, shared);
-                    add(format!("{block}.shared_expert_gate.weight"), vec![1, h], 0.3);
+                match (moe.shared_expert_intermediate_size, moe.scoring) {
+                    (None, _) => {}
+                    (Some(shared), ExpertScoring::Sigmoid) => {
+                        swiglu(&mut add, &format!("{block}.shared_experts"), names, h, shared);
+                        add(format!("{block}.gate.e_score_correction_bias"), vec![moe.num_experts], 0.3);
+                    }
+                    (Some(shared), ExpertScoring::Softmax) => {
+                        swiglu(&mut add, &format!("{block}.shared_expert"), names, h, shared);
+                        add(format!("{block}.shared_expert_gate.weight"), vec![1, h], 0.3);
+                    }
                 }
             }
         }

@@ -2,6 +2,7 @@
 //! of its own, which the architecture table (`config::ARCHITECTURES`) names. The decoder
 //! (`model::decoder`) runs any assembly; a family is a few lines here, not a branch there.
 
+pub mod deepseek;
 pub mod gemma;
 pub mod glm4;
 pub mod gpt_oss;
