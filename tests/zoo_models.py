@@ -64,7 +64,17 @@ MLA = dict(
     first_k_dense_replace=1,
 )
 # DeepSeek-V2's softmax routing: 8 routed experts (2 per token) beside 2 shared ones, weights scaled by 1.5.
-DEEPSEEK_V2 = dict(model_type="deepseek_v2", **MLA, n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=2, routed_scaling_factor=1.5)
+# scoring_func, which transformers does not read, as the Hub's config.json files have it: llama.cpp's converter
+# writes the GGUF gating function from it (without it, llama.cpp takes softmax).
+DEEPSEEK_V2 = dict(
+    model_type="deepseek_v2",
+    **MLA,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    routed_scaling_factor=1.5,
+    scoring_func="softmax",
+)
 # DeepSeek-V3's sigmoid routing (GLM-4.5's too): experts chosen by score + e_score_correction_bias among the best
 # groups (by their two best scores), weighted by their scores without the bias, renormalized and scaled.
 SIGMOID_ROUTING = dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, norm_topk_prob=True)
@@ -177,6 +187,8 @@ OVERRIDES = {
         n_group=4,
         topk_group=2,
         routed_scaling_factor=2.5,
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
         rope_interleave=True,
         num_mtp_layers=0,  # transformers builds no multi-token prediction layers
     ),
