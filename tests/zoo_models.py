@@ -4,7 +4,9 @@
 tokenizer.json / tokenizer_config.json to `path`, and returns the transformers model. The models
 are tiny (tiny_models.TINY: hidden 64, 4 heads, 2 KV heads, head_dim 16) but each family's own
 features occur: 8-token sliding windows, Gemma 3's global layer, SmolLM3's NoPE layer, partial
-rotary, LongRoPE's long factors and Ministral 3's YaRN / Llama 4 query scaling past 64 tokens.
+rotary, LongRoPE's long factors and Ministral 3's YaRN / Llama 4 query scaling past 64 tokens,
+DeepSeek-V2/V3's latent attention (YaRN with DeepSeek's mscale_all_dim) and DeepSeek's and GLM-4.5's
+expert routing (groups, scores with a correction bias, scaled weights: each changes the tokens).
 Weights are random (std 0.15; Gemma's embeddings 0.05), norm weights and biases too (around their
 neutral values), so a misplaced norm, a missed (1 + w), bias or multiplier changes the tokens.
 """
