@@ -17,10 +17,10 @@ import rsgl
 import safetensors.torch
 import torch
 from gguf_convert import convert
-from test_zoo import MLA_MOE, PROMPTS, rsgl_greedy, transformers_greedy
+from test_zoo import MLA_MOE, NEW_TOKENS, PROMPTS, rsgl_greedy, transformers_greedy
 from zoo_models import OVERRIDES, build_family
 
-GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
+GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 # A GGUF file keeps YaRN's mscale_all_dim alone (as yarn_log_multiplier); llama.cpp takes mscale equal to it, as in
 # DeepSeek's released checkpoints (cos and sin then unscaled). So the DeepSeek-V2 file is of such a checkpoint.
 GGUF_OVERRIDES = {"deepseek_v2": {"rope_parameters": {**OVERRIDES["deepseek_v2"]["rope_parameters"], "mscale": 0.8}}}
