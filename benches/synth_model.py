@@ -5,6 +5,7 @@ at sizes that matter without downloading anything.
         --format gguf-f16|gguf-q8_0|gguf-q4_0|gguf-q4_k_m|safetensors-bf16 [--layers N] [--out PATH] [--force]
     python benches/synth_model.py --shape gpt-oss-20b --format safetensors-mxfp4|gguf-mxfp4 [--layers N] ...
     python benches/synth_model.py --shape qwen3.5-4b|qwen3-next --format safetensors-bf16|gguf-f16|gguf-q8_0|gguf-q4_k_m ...
+    python benches/synth_model.py --shape deepseek-v2-lite --format gguf-q8_0|gguf-q4_0|gguf-q4_k_m ...
 
 Shapes (the tokenizer stays the default model's, 49,152 tokens; the Gemma and Phi shapes pad its
 token list to their vocabularies, 262,144 and 200,064 entries, see below):
@@ -37,6 +38,9 @@ token list to their vocabularies, 262,144 and 200,064 entries, see below):
 - qwen3.5-4b, qwen3-next: hybrid models (Gated DeltaNet beside gated attention), built from
   transformers' own classes and saved by transformers (see TRANSFORMERS_SHAPES); their GGUF files
   are llama.cpp's converter's output of that folder (F16, Q8_0) or its quantizer's of the F16 file.
+- deepseek-v2-lite: DeepSeek-V2-Lite (multi-head latent attention, 64 experts beside 2 shared),
+  likewise, but too large here for a whole folder or F16 file: its Q8_0 file repeats the layers of
+  the one converted from a 2-layer folder, and its 4-bit files are quantized from that Q8_0 file.
 
 Gemma's vocabulary (262,144 entries) is a large share of a small model's work (the tied lm_head
 of gemma3-1b is 30% of its weights), so the Gemma shapes keep it, as phi4-mini keeps Phi-4's
@@ -189,7 +193,38 @@ TRANSFORMERS_SHAPES = {
     "qwen3-next": dict(
         model_type="qwen3_next", architectures=["Qwen3NextForCausalLM"], num_hidden_layers=4, max_position_embeddings=32768, vocab_size=151936
     ),
+    # DeepSeek-V2-Lite (15.7B: hidden 2048, 27 layers; multi-head latent attention, 16 heads, no query
+    # low-rank, a 512-wide latent, 128 + 64 rotary query/key dims, values of 128; a dense first layer
+    # of ffn 10944, then 64 experts of ffn 1408, 6 active by softmax, beside 2 shared; YaRN factor 40
+    # over a 4k context, mscale = mscale_all_dim 0.707; 102,400 tokens, untied). Its bf16 folder
+    # (31 GB) and Q8_0 file (16.7 GB) do not fit on this disk together: its GGUF files come from the
+    # Q8_0 file of a 2-layer folder with its layers repeated (see REPEATED_LAYER_SHAPES).
+    "deepseek-v2-lite": dict(
+        model_type="deepseek_v2", architectures=["DeepseekV2ForCausalLM"], hidden_size=2048, num_hidden_layers=27,
+        num_attention_heads=16, num_key_value_heads=16, q_lora_rank=None, kv_lora_rank=512, qk_nope_head_dim=128,
+        qk_rope_head_dim=64, v_head_dim=128, intermediate_size=10944, first_k_dense_replace=1, moe_intermediate_size=1408,
+        n_routed_experts=64, num_experts_per_tok=6, n_shared_experts=2, n_group=1, topk_group=1, topk_method="greedy",
+        scoring_func="softmax", norm_topk_prob=False, routed_scaling_factor=1.0, rms_norm_eps=1e-6,
+        rope_parameters={
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 40.0, "original_max_position_embeddings": 4096,
+            "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32.0, "beta_slow": 1.0,
+        },
+        max_position_embeddings=163840, tie_word_embeddings=False, vocab_size=102400,
+    ),
 }  # fmt: skip
+# Options of llama.cpp's converter per shape: the random Qwen checkpoints have no multi-token
+# prediction layer (its DeepSeek converter takes no --no-mtp).
+CONVERTER_OPTIONS = {"qwen3.5-4b": ("--no-mtp",), "qwen3-next": ("--no-mtp",)}
+# Shapes whose GGUF files repeat the layers of a small one's (the dense first layers', then the
+# last's, with new random values), written in Q8_0 without a folder or F16 file of the whole model,
+# then quantized by llama.cpp from that Q8_0 file: (layers of the small one, dense first layers).
+# DeepSeek-V2-Lite: 3.3 GB of 2-layer folder and Q8_0 file, then 16.7 GB of Q8_0, 10.4 GB of Q4_K_M
+# and 8.9 GB of Q4_0; the peak while quantizing is the Q8_0 file beside the quantized one (27 GB).
+# llama.cpp's quantizer reads a DeepSeek-V2 file without query low-rank only at Lite's 27 layers
+# (its loader tells Lite by the layer count): smaller --layers stop at Q8_0.
+REPEATED_LAYER_SHAPES = {"deepseek-v2-lite": (2, 1)}
+# Models whose RMS norms scale by 1 + w (their weights drawn around 0).
+ONE_PLUS_W_NORMS = ("qwen3_5_text", "qwen3_next")
 # Formats llama.cpp's quantizer makes from the F16 file.
 LLAMA_CPP_QUANTIZED = ("gguf-q4_0", "gguf-q4_k_m")
 # gpt-oss's formats: OpenAI's MXFP4 folder, and the GGUF file llama.cpp's converter makes of it.
@@ -380,13 +415,14 @@ def write_gguf(shape: Shape, kind: str, path: Path) -> None:
 
 
 def quantize_with_llama_cpp(source: Path, kind: str, path: Path) -> None:
-    """`source` (F16) quantized by llama.cpp to `kind` (gguf-q4_0, gguf-q4_k_m)."""
+    """`source` (F16, or Q8_0) quantized by llama.cpp to `kind` (gguf-q4_0, gguf-q4_k_m)."""
     import ctypes
 
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
     params.ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{kind.removeprefix('gguf-').upper()}")
+    params.allow_requantize = True  # a Q8_0 source (REPEATED_LAYER_SHAPES)
     partial = path.with_suffix(".partial")
     if llama_cpp.llama_model_quantize(str(source).encode(), str(partial).encode(), ctypes.byref(params)) != 0:
         raise RuntimeError(f"llama.cpp could not quantize {source} to {kind}")
@@ -640,7 +676,7 @@ def write_transformers_folder(shape_name: str, layers: int | None, folder: Path)
     tensor names and shapes come from transformers' model class built on the meta device (no
     memory), its fused experts written per expert as its save_pretrained writes them; norms are
     drawn around 0 where the model scales by 1 + w (Qwen3.5's and Qwen3-Next's, but for the
-    DeltaNet's gated norm, which scales by w)."""
+    DeltaNet's gated norm, which scales by w), around 1 elsewhere."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -666,8 +702,10 @@ def write_transformers_folder(shape_name: str, layers: int | None, folder: Path)
         else:
             groups.append([(name, "BF16", dims)])
 
+    scale_is_one_plus_w = spec["model_type"] in ONE_PLUS_W_NORMS
+
     def write_bf16(out, values: Values, name: str, dims: tuple[int, ...]) -> None:
-        mean = 1.0 if name.endswith("linear_attn.norm.weight") else 0.0
+        mean = 1.0 if name.endswith("linear_attn.norm.weight") or (name.endswith("norm.weight") and not scale_is_one_plus_w) else 0.0
         weights = (mean + values.draw(int(np.prod(dims)))).astype(np.float32)
         out.write(bf16_bytes(weights))
 
@@ -735,17 +773,61 @@ def write_through_transformers(shape_name: str, kind: str, layers: int | None, o
     if kind == "safetensors-bf16":
         write_transformers_folder(shape_name, layers, out)
         return
+    repeated = REPEATED_LAYER_SHAPES.get(shape_name)
     if kind in LLAMA_CPP_QUANTIZED:
-        source = output_path(shape_name, "gguf-f16", layers)
+        source = output_path(shape_name, "gguf-q8_0" if repeated else "gguf-f16", layers)
         if not source.exists():
-            write_through_transformers(shape_name, "gguf-f16", layers, source)
+            write_through_transformers(shape_name, "gguf-q8_0" if repeated else "gguf-f16", layers, source)
         quantize_with_llama_cpp(source, kind, out)
         return
+    if repeated:
+        small_layers, dense_layers = repeated
+        if kind != "gguf-q8_0":
+            raise SystemExit(f"--shape {shape_name} is written as safetensors-bf16 (with --layers) or gguf-q8_0, gguf-q4_0, gguf-q4_k_m")
+        if layers != small_layers:
+            small = output_path(shape_name, kind, small_layers)
+            if not small.exists():
+                write_through_transformers(shape_name, kind, small_layers, small)
+            repeat_layers(small, layers or TRANSFORMERS_SHAPES[shape_name]["num_hidden_layers"], dense_layers, out)
+            return
     folder = output_path(shape_name, "safetensors-bf16", layers)
     if not folder.exists():
         write_transformers_folder(shape_name, layers, folder)
-    # --no-mtp: the random Qwen checkpoints have no multi-token prediction layer.
-    convert_with_llama_cpp(folder, out, kind.removeprefix("gguf-"), options=("--no-mtp",))
+    convert_with_llama_cpp(folder, out, kind.removeprefix("gguf-"), options=CONVERTER_OPTIONS.get(shape_name, ()))
+
+
+def repeat_layers(small: Path, layers: int, dense_layers: int, out: Path) -> None:
+    """The GGUF file `small` (F32 and Q8_0 tensors) grown to `layers` blocks: those below `dense_layers`
+    shaped as its own, the others as its last, every tensor with new random values."""
+    source = gguf.GGUFReader(small)
+    arch = source.fields["general.architecture"].contents()
+    last = max(int(t.name.split(".")[1]) for t in source.tensors if t.name.startswith("blk."))
+    layout = [(t.name, t) for t in source.tensors if not t.name.startswith("blk.")]
+    for layer in range(layers):
+        model = f"blk.{layer if layer < dense_layers else last}."
+        layout += [(f"blk.{layer}." + t.name.removeprefix(model), t) for t in source.tensors if t.name.startswith(model)]
+    partial = out.with_suffix(".partial")
+    writer = gguf.GGUFWriter(partial, arch)
+    # Not the small model's size label.
+    for key, field in source.fields.items():
+        if key.startswith("GGUF.") or key in ("general.architecture", "general.size_label"):
+            continue
+        value = layers if key == f"{arch}.block_count" else field.contents()
+        writer.add_key_value(key, value, field.types[0], field.types[1] if len(field.types) > 1 else None)
+    for name, tensor in layout:
+        if tensor.tensor_type not in (gguf.GGMLQuantizationType.F32, Q8_0):
+            raise RuntimeError(f"{small} holds {name} as {tensor.tensor_type.name}, not F32 or Q8_0")
+        raw_dtype = Q8_0 if tensor.tensor_type == Q8_0 else None
+        writer.add_tensor_info(name, tensor.data.shape, tensor.data.dtype, int(tensor.n_bytes), raw_dtype=raw_dtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    values = Values()
+    for name, tensor in layout:
+        dims = tuple(int(d) for d in reversed(tensor.shape))  # outermost first
+        writer.write_tensor_data(values.q8_0(dims) if tensor.tensor_type == Q8_0 else values.tensor(name, dims).astype(np.float32))
+    writer.close()
+    partial.replace(out)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from zoo_models import FAMILIES, build_family
 SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
 # Hybrid families, whose recurrent layers tests/test_hybrid.py covers.
 HYBRID = ("qwen3_5", "qwen3_next", "granitemoehybrid", "granitemoehybrid_dense")
+# Multi-head latent attention and DeepSeek-style routing, which tests/test_mla_moe.py covers.
+MLA_MOE = ("deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "glm4_moe")
 # Families rsgl reads from GGUF files as well.
 GGUF_SUPPORTED = SUPPORTED
 NEW_TOKENS = 12
@@ -173,7 +175,7 @@ def test_a_mistral3_vision_language_checkpoint_runs_its_ministral3_language_mode
     assert rsgl_greedy(tmp_path, PROMPTS, dtype="float32") == (want, want)
 
 
-@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in SUPPORTED + HYBRID])
+@pytest.mark.parametrize("family", [name for name in FAMILIES if name not in SUPPORTED + HYBRID + MLA_MOE])
 def test_families_not_run_yet_are_refused_naming_what_runs(family, tmp_path):
     build_family(family, tmp_path)
     with pytest.raises(rsgl.UnsupportedModelError, match="rsgl does not support the '.*' architecture; it runs LlamaForCausalLM, .*Olmo2ForCausalLM"):

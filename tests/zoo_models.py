@@ -4,7 +4,9 @@
 tokenizer.json / tokenizer_config.json to `path`, and returns the transformers model. The models
 are tiny (tiny_models.TINY: hidden 64, 4 heads, 2 KV heads, head_dim 16) but each family's own
 features occur: 8-token sliding windows, Gemma 3's global layer, SmolLM3's NoPE layer, partial
-rotary, LongRoPE's long factors and Ministral 3's YaRN / Llama 4 query scaling past 64 tokens.
+rotary, LongRoPE's long factors and Ministral 3's YaRN / Llama 4 query scaling past 64 tokens,
+DeepSeek-V2/V3's latent attention (YaRN with DeepSeek's mscale_all_dim) and DeepSeek's and GLM-4.5's
+expert routing (groups, scores with a correction bias, scaled weights: each changes the tokens).
 Weights are random (std 0.15; Gemma's embeddings 0.05), norm weights and biases too (around their
 neutral values), so a misplaced norm, a missed (1 + w), bias or multiplier changes the tokens.
 """
@@ -50,6 +52,34 @@ GRANITE_HYBRID = dict(
     attention_multiplier=0.2,
     logits_scaling=2.0,
 )
+
+# DeepSeek's multi-head latent attention: one 32-wide latent and an 8-wide rotary key per token shared by 4 heads,
+# whose non-rotary query/key parts (16) are wider than their values (12); MoE from layer 1 on.
+MLA = dict(
+    num_hidden_layers=3,
+    num_key_value_heads=4,  # MLA has no KV groups: transformers repeats the expanded keys if this differs from the heads
+    kv_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    moe_intermediate_size=24,
+    first_k_dense_replace=1,
+)
+# DeepSeek-V2's softmax routing: 8 routed experts (2 per token) beside 2 shared ones, weights scaled by 1.5.
+# scoring_func, which transformers does not read, as the Hub's config.json files have it: llama.cpp's converter
+# writes the GGUF gating function from it (without it, llama.cpp takes softmax).
+DEEPSEEK_V2 = dict(
+    model_type="deepseek_v2",
+    **MLA,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=2,
+    routed_scaling_factor=1.5,
+    scoring_func="softmax",
+)
+# DeepSeek-V3's sigmoid routing (GLM-4.5's too): experts chosen by score + e_score_correction_bias among the best
+# groups (by their two best scores), weighted by their scores without the bias, renormalized and scaled.
+SIGMOID_ROUTING = dict(n_routed_experts=8, num_experts_per_tok=2, n_shared_experts=1, norm_topk_prob=True)
 
 # Per family: the transformers model_type, and what differs from TINY.
 OVERRIDES = {
@@ -128,6 +158,59 @@ OVERRIDES = {
     "granitemoehybrid": dict(**GRANITE_HYBRID, position_embedding_type="rope", num_local_experts=4, num_experts_per_tok=2, intermediate_size=32),
     # Without rope ("nope", as Granite 4.0-H) and without experts: the shared MLP alone.
     "granitemoehybrid_dense": dict(**GRANITE_HYBRID, position_embedding_type="nope", num_local_experts=0),
+    # Softmax routing to the best 2 of 8 experts within the best 1 of 2 groups (by their best score: with as many groups
+    # kept as experts chosen, the limit could not change the choice); YaRN past 64 tokens, with DeepSeek's
+    # mscale_all_dim, which also scales the softmax by mscale(4, 0.8)^2.
+    "deepseek_v2": dict(
+        **DEEPSEEK_V2,
+        q_lora_rank=None,
+        topk_method="group_limited_greedy",
+        n_group=2,
+        topk_group=1,
+        rope_parameters=dict(
+            rope_type="yarn",
+            rope_theta=10000.0,
+            factor=4.0,
+            original_max_position_embeddings=64,
+            beta_fast=32.0,
+            beta_slow=1.0,
+            mscale=1.0,
+            mscale_all_dim=0.8,
+        ),
+    ),
+    # Queries through a 24-wide low-rank projection and its norm; plain top-2 routing, plain rope.
+    "deepseek_v2_qlora": dict(**DEEPSEEK_V2, q_lora_rank=24, topk_method="greedy", n_group=1, topk_group=1),
+    # The best 2 of 8 experts within the best 2 of 4 groups, scaled by 2.5; rotary dims in interleaved pairs.
+    "deepseek_v3": dict(
+        model_type="deepseek_v3",
+        **MLA,
+        **SIGMOID_ROUTING,
+        q_lora_rank=24,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+        scoring_func="sigmoid",
+        topk_method="noaux_tc",
+        rope_interleave=True,
+        num_mtp_layers=0,  # transformers builds no multi-token prediction layers
+    ),
+    # GLM-4.5: grouped-query attention (q/k/v biases, per-head q/k norms, half the dims rotary) and sigmoid routing
+    # within the best 1 of 2 groups.
+    "glm4_moe": dict(
+        model_type="glm4_moe",
+        **SIGMOID_ROUTING,
+        num_hidden_layers=3,
+        first_k_dense_replace=1,
+        head_dim=16,
+        partial_rotary_factor=0.5,
+        attention_bias=True,
+        use_qk_norm=True,
+        moe_intermediate_size=24,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=1.7,
+        num_mtp_layers=0,
+    ),
     # A family rsgl does not run (LayerNorm, an ungated MLP): it must be refused with a clear error.
     "starcoder2": dict(model_type="starcoder2"),
 }
@@ -150,7 +233,15 @@ FAMILY_INITS = {
     # Mamba-2's decay rates, step biases and skips spread around transformers' initial values.
     "granitemoehybrid": GRANITE_MAMBA_INITS,
     "granitemoehybrid_dense": GRANITE_MAMBA_INITS,
+    # Wider experts (transformers holds them stacked, and saves them one by one): at std 0.15 the shared experts and the
+    # dense layer set the tokens, and the prompt of one token repeats one token.
+    "deepseek_v2": {"experts.gate_up_proj": (0.0, 0.4)},
+    # A buffer, not a parameter (transformers leaves it 0): spread so that it changes which experts run.
+    "deepseek_v3": {"e_score_correction_bias": (0.0, 0.1)},
+    "glm4_moe": {"e_score_correction_bias": (0.0, 0.1)},
 }
+# GLM's special tokens, which llama.cpp's GLM-4.5 converter looks up (for its BOS, EOT, UNK and EOM).
+FAMILY_SPECIAL_TOKENS = {"glm4_moe": ("<|endoftext|>", "[gMASK]", "<|user|>", "<|observation|>")}
 # Families whose RMS norms scale by (1 + weight).
 ZERO_CENTERED_NORMS = ("gemma2", "gemma3", "qwen3_5", "qwen3_next")
 
@@ -167,19 +258,19 @@ def zoo_tokenizer() -> Tokenizer:
 
 def build_family(family: str, path, special_tokens: tuple[str, ...] = (), **config_overrides):
     """Saves a random model of one of FAMILIES, and its tokenizer (with `special_tokens` added after
-    its own), to `path`; returns the transformers model."""
+    its own and the family's), to `path`; returns the transformers model."""
     path = Path(path)
     overrides = {**OVERRIDES[family], **config_overrides}
     model_type = overrides.pop("model_type")
     tokenizer = zoo_tokenizer()
-    tokenizer.add_special_tokens(list(special_tokens))
+    tokenizer.add_special_tokens([*FAMILY_SPECIAL_TOKENS.get(family, ()), *special_tokens])
     config = transformers.AutoConfig.for_model(model_type, **{**TINY, "vocab_size": tokenizer.get_vocab_size(), "pad_token_id": 0, **overrides})
     torch.manual_seed(sum(map(ord, family)))
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
     neutral = 0.0 if family in ZERO_CENTERED_NORMS else 1.0
     inits = {**FAMILY_INITS.get(family, {}), "norm.weight": (neutral, 0.1), ".bias": (0.0, config.initializer_range)}
     with torch.no_grad():
-        for name, weight in model.named_parameters():
+        for name, weight in [*model.named_parameters(), *model.named_buffers()]:
             for suffix, (mean, std) in inits.items():
                 if name.endswith(suffix):
                     weight.normal_(mean, std)
