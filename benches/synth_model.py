@@ -219,7 +219,9 @@ CONVERTER_OPTIONS = {"qwen3.5-4b": ("--no-mtp",), "qwen3-next": ("--no-mtp",)}
 # last's, with new random values), written in Q8_0 without a folder or F16 file of the whole model,
 # then quantized by llama.cpp from that Q8_0 file: (layers of the small one, dense first layers).
 # DeepSeek-V2-Lite: 3.3 GB of 2-layer folder and Q8_0 file, then 16.7 GB of Q8_0, 10.4 GB of Q4_K_M
-# and 8.9 GB of Q4_0; the peak while quantizing is the Q8_0 file beside the quantized one (27 GB).
+# and 8.9 GB of Q4_0; the peak while quantizing is the Q8_0 file beside the quantized one (27 GB,
+# 30 GB with the 2-layer files). On 2 cores: 2 min for the 2-layer files, 4 for the Q8_0 file, 21 for
+# Q4_K_M, 1 for Q4_0.
 # llama.cpp's quantizer reads a DeepSeek-V2 file without query low-rank only at Lite's 27 layers
 # (its loader tells Lite by the layer count): smaller --layers stop at Q8_0.
 REPEATED_LAYER_SHAPES = {"deepseek-v2-lite": (2, 1)}
