@@ -201,6 +201,13 @@ def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path
         )
 
 
+def _past_the_last_layer(name: str, config: ModelConfig) -> bool:
+    """A tensor of a layer after the model's last: DeepSeek-V3's and GLM-4.5's multi-token prediction layers, which
+    transformers does not run either."""
+    layer = name.removeprefix("model.layers.").split(".", 1)[0]
+    return name.startswith("model.layers.") and layer.isdigit() and int(layer) >= config["num_hidden_layers"]
+
+
 def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantization: str | None) -> None:
     shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
     mxfp4 = {name for name, (_, stored) in tensors.items() if stored == MXFP4}
@@ -230,6 +237,7 @@ def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantiza
         and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
         and not (name.endswith(_SCALE_SUFFIX) and name.removesuffix(_SCALE_SUFFIX) in int8)
         and not (name == "lm_head.weight" and config["tie_word_embeddings"])  # tied: transformers ignores it too
+        and not _past_the_last_layer(name, config)
     ]
     if unused:
         raise UnsupportedModelError(

@@ -205,6 +205,7 @@ impl DecoderModel {
         } else {
             (Some(Embedding::new(&embed, dtype)), pack_lm_head(LinearParts::new(w.take_matrix("lm_head.weight", v, h)?, None)))
         };
+        w.drop_layers_from(cfg.num_hidden_layers);
         if !w.is_empty() {
             return Err(EngineError::ModelLoad(format!(
                 "the checkpoint has tensors this {} model does not use: {:?}",
