@@ -367,8 +367,8 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4
             shapes.update(_delta_net_shapes(prefix + "linear_attn.", net, hidden, found))
         elif mamba and layer in mamba["layers"]:
             shapes.update(_mamba2_shapes(prefix + "mamba.", mamba, hidden, found))
-        elif config.get("latent_attention"):
-            shapes.update(_latent_attention_shapes(prefix + "self_attn.", config, found))
+        elif latent := config.get("latent_attention"):
+            shapes.update(_latent_attention_shapes(prefix + "self_attn.", latent, config, found))
         else:
             shapes.update(_attention_shapes(prefix + "self_attn.", config, assembly, found))
         if assembly["mlp_layout"] == "granite_shared":
@@ -406,10 +406,10 @@ def _attention_shapes(prefix: str, config: ModelConfig, assembly: dict[str, Any]
     return shapes
 
 
-def _latent_attention_shapes(prefix: str, config: ModelConfig, found: set[str]) -> dict[str, tuple[int, ...]]:
+def _latent_attention_shapes(prefix: str, latent: LatentAttention, config: ModelConfig, found: set[str]) -> dict[str, tuple[int, ...]]:
     """A latent attention sublayer's tensors (`prefix`: `model.layers.{i}.self_attn.`), with its key and value
     up-projections as one `kv_b_proj`, or apart as llama.cpp's files keep them (the keys' transposed per head)."""
-    latent, hidden, heads = config["latent_attention"], config["hidden_size"], config["num_attention_heads"]
+    hidden, heads = config["hidden_size"], config["num_attention_heads"]
     rank, nope, rope, v = latent["kv_lora_rank"], latent["qk_nope_head_dim"], latent["qk_rope_head_dim"], latent["v_head_dim"]
     q_rows = heads * (nope + rope)
     q_lora = latent["q_lora_rank"]

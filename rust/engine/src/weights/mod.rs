@@ -383,7 +383,9 @@ impl WeightStore {
     /// Drops the tensors of layers `layers` and on (`model.layers.{n}.*`): the multi-token
     /// prediction layers DeepSeek-V3 and GLM-4.5 append, which rsgl (as transformers) does not run.
     pub fn drop_layers_from(&mut self, layers: usize) {
-        let past = |name: &str| name.strip_prefix("model.layers.").and_then(|rest| rest.split('.').next()).and_then(|n| n.parse::<usize>().ok()).is_some_and(|n| n >= layers);
+        let past = |name: &str| {
+            name.strip_prefix("model.layers.").and_then(|rest| rest.split('.').next()).and_then(|n| n.parse::<usize>().ok()).is_some_and(|n| n >= layers)
+        };
         self.tensors.retain(|name, _| !past(name));
     }
 
