@@ -164,6 +164,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "norm_weight_offset": 0.0,
         "gated_delta_net": None,
         "mamba2": None,
+        "latent_attention": None,
     }
 
 
@@ -570,6 +571,7 @@ def test_default_model_config(default_model):
         "norm_weight_offset": 0.0,
         "gated_delta_net": None,
         "mamba2": None,
+        "latent_attention": None,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False
@@ -671,6 +673,10 @@ def test_moe_configs_are_normalized():
         "expert_intermediate_size": BASE_CONFIG["intermediate_size"],
         "norm_topk_prob": True,
         "shared_expert_intermediate_size": None,
+        "scoring": "softmax",
+        "expert_groups": None,
+        "routed_scaling_factor": 1.0,
+        "dense_layers": 0,
     }
     qwen = {
         **BASE_CONFIG,
@@ -685,6 +691,33 @@ def test_moe_configs_are_normalized():
     assert normalized["moe"]["norm_topk_prob"] is False
     with pytest.raises(UnsupportedModelError, match="dense and sparse"):
         normalize_hf_config({**qwen, "mlp_only_layers": [0]})
+    deepseek = {
+        **BASE_CONFIG,
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "n_routed_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 24,
+        "n_shared_experts": 2,
+        "n_group": 4,
+        "topk_group": 2,
+        "routed_scaling_factor": 2.5,
+        "first_k_dense_replace": 1,
+    }
+    assert normalize_hf_config(deepseek)["moe"] == {
+        "num_experts": 8,
+        "experts_per_token": 2,
+        "expert_intermediate_size": 24,
+        "norm_topk_prob": False,
+        "shared_expert_intermediate_size": 48,
+        "scoring": "sigmoid",
+        "expert_groups": {"groups": 4, "groups_per_token": 2, "score": "best_two"},
+        "routed_scaling_factor": 2.5,
+        "dense_layers": 1,
+    }
+    with pytest.raises(UnsupportedModelError, match="dense and sparse"):
+        normalize_hf_config({**deepseek, "moe_layer_freq": 2})
+    with pytest.raises(ModelLoadError, match="cannot give 2 experts per token"):
+        normalize_hf_config({**deepseek, "topk_group": 0})
 
 
 # ---------------------------------------------------------------------------------------------
