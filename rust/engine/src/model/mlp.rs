@@ -278,7 +278,7 @@ impl Experts {
         let experts = self.experts.len();
         // (row, weight) per expert.
         let mut routed: Vec<Vec<(usize, f32)>> = vec![Vec::new(); experts];
-        let mut router = Router::new(experts, self.routing.experts_per_token);
+        let mut router = Router::new(experts);
         for (row, logits) in logits.chunks_exact(experts).enumerate() {
             for (e, weight) in router.route(c, &self.routing, self.choice_bias.as_deref(), logits) {
                 routed[e].push((row, weight));
@@ -312,12 +312,11 @@ struct Router {
     scores: Vec<f32>,
     choice: Vec<f32>,
     best: Vec<(f32, u32)>,
-    top_k: usize,
 }
 
 impl Router {
-    fn new(experts: usize, top_k: usize) -> Router {
-        Router { scores: vec![0.0; experts], choice: vec![0.0; experts], best: Vec::with_capacity(top_k), top_k }
+    fn new(experts: usize) -> Router {
+        Router { scores: vec![0.0; experts], choice: vec![0.0; experts], best: Vec::new() }
     }
 
     /// The experts a row with router `logits` goes to, with their weights: the top k by score
@@ -356,7 +355,7 @@ impl Router {
                 }
             }
         }
-        (c.kernels.top_k)(&self.choice, self.top_k, &mut self.best);
+        (c.kernels.top_k)(&self.choice, routing.experts_per_token, &mut self.best);
         let weights = self.best.iter().map(|&(_, e)| self.scores[e as usize]);
         let total: f32 = if routing.norm_topk_prob { weights.clone().sum() } else { 1.0 };
         weights.zip(&self.best).map(|(score, &(_, e))| (e as usize, score / total * routing.routed_scaling_factor)).collect()
