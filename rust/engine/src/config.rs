@@ -107,6 +107,13 @@ impl LatentAttention {
     pub fn latent_key_dim(&self) -> usize {
         self.kv_lora_rank + self.qk_rope_head_dim
     }
+
+    /// DeepSeek's attention scale: 1/sqrt(q's head width) times YaRN's `mscale` squared (1
+    /// without YaRN).
+    pub fn attention_scale(&self, mscale: f64) -> f32 {
+        let base = 1.0 / (self.qk_head_dim() as f64).sqrt();
+        (base * mscale * mscale) as f32
+    }
 }
 
 /// The shape of Gated DeltaNet layers: a short causal convolution over q, k and v, then the gated
@@ -389,10 +396,18 @@ impl RopeScaling {
     /// context's growth `factor`: 1 + 0.1 ln(factor), or with DeepSeek's `mscale` and
     /// `mscale_all_dim` (both set) the ratio of that with each as the 0.1's multiplier.
     pub(crate) fn yarn_attention_factor(factor: f64, mscale: Option<f64>, mscale_all_dim: Option<f64>) -> f64 {
-        let scaled = |multiplier: f64| if factor <= 1.0 { 1.0 } else { 0.1 * multiplier * factor.ln() + 1.0 };
         match (mscale.filter(|m| *m != 0.0), mscale_all_dim.filter(|m| *m != 0.0)) {
-            (Some(mscale), Some(all_dim)) => scaled(mscale) / scaled(all_dim),
-            _ => scaled(1.0),
+            (Some(mscale), Some(all_dim)) => Self::yarn_mscale(factor, mscale) / Self::yarn_mscale(factor, all_dim),
+            _ => Self::yarn_mscale(factor, 1.0),
+        }
+    }
+
+    /// transformers' `yarn_get_mscale`: 1 + 0.1 `multiplier` ln(factor), 1 for a factor of 1 or less.
+    pub(crate) fn yarn_mscale(factor: f64, multiplier: f64) -> f64 {
+        if factor <= 1.0 {
+            1.0
+        } else {
+            0.1 * multiplier * factor.ln() + 1.0
         }
     }
 }

@@ -88,12 +88,9 @@ impl ModelConfig {
             rope_scaling,
             rotary_dim,
             attention_bias: store.contains("model.layers.0.self_attn.q_proj.bias"),
-            // GLM-4.5's files have q and k norms where its config says `use_qk_norm`.
-            qk_norm: match architecture.assembly.qk_norm {
-                QkNorm::None => false,
-                _ if architecture.name == "glm4_moe" => store.contains("model.layers.0.self_attn.q_norm.weight"),
-                _ => true,
-            },
+            // A family that normalizes q and k may leave it to the config (GLM-4.5's
+            // `use_qk_norm`), which the file then says by having the norms or not.
+            qk_norm: architecture.assembly.qk_norm != QkNorm::None && store.remaining_names().iter().any(|name| name.ends_with("self_attn.q_norm.weight")),
             tie_word_embeddings: !store.contains("lm_head.weight"),
             max_position_embeddings: keys.count("context_length")?,
             moe: architecture.moe.as_ref().map(|facts| moe(&keys, facts)).transpose()?,
@@ -247,11 +244,10 @@ fn latent_attention(keys: &Keys) -> Result<Option<LatentAttention>> {
 /// as the multiplier). llama.cpp leaves cos and sin unscaled (DeepSeek's `mscale` equals its
 /// `mscale_all_dim`), so the rope's attention factor becomes 1.
 fn latent_attention_scale(keys: &Keys, latent: &LatentAttention, rope_scaling: Option<&mut RopeScaling>) -> Result<f32> {
-    let base = 1.0 / (latent.qk_head_dim() as f64).sqrt();
-    let Some(RopeScaling::Yarn { factor, attention_factor, .. }) = rope_scaling else { return Ok(base as f32) };
+    let Some(RopeScaling::Yarn { factor, attention_factor, .. }) = rope_scaling else { return Ok(latent.attention_scale(1.0)) };
     *attention_factor = 1.0;
     let mscale = 1.0 + keys.number("rope.scaling.yarn_log_multiplier")?.unwrap_or(0.0) * factor.ln();
-    Ok((base * mscale * mscale) as f32)
+    Ok(latent.attention_scale(mscale))
 }
 
 fn moe(keys: &Keys, facts: &MoeFacts) -> Result<MoeConfig> {

@@ -422,15 +422,14 @@ fn latent_attention(hf: &Keys) -> Result<Option<LatentAttention>> {
 /// DeepSeek's attention scale: 1/sqrt(q's head width), times YaRN's `mscale_all_dim` factor squared
 /// where the rope is scaled (transformers' `yarn_get_mscale(factor, mscale_all_dim)`).
 fn latent_attention_scale(latent: &LatentAttention, scaling: Option<Keys>) -> Result<f32> {
-    let base = 1.0 / (latent.qk_head_dim() as f64).sqrt();
     let Some(scaling) = scaling.filter(|scaling| scaling.get("rope_type").or_else(|| scaling.get("type")).is_some_and(|kind| kind != "default")) else {
-        return Ok(base as f32);
+        return Ok(latent.attention_scale(1.0));
     };
     let mscale = match (scaling.number("factor")?, scaling.number("mscale_all_dim")?.filter(|m| *m != 0.0)) {
-        (Some(factor), Some(all_dim)) if factor > 1.0 => 0.1 * all_dim * factor.ln() + 1.0,
+        (Some(factor), Some(all_dim)) => RopeScaling::yarn_mscale(factor, all_dim),
         _ => 1.0,
     };
-    Ok((base * mscale * mscale) as f32)
+    Ok(latent.attention_scale(mscale))
 }
 
 /// The sparse MLP: in every layer but DeepSeek's first `first_k_dense_replace`; Qwen MoE configs

@@ -31,12 +31,6 @@ impl Store {
         }
     }
 
-    /// Element `i` times its row's scale (`scale_at`), as f32.
-    fn read(&self, i: usize, scale_at: usize) -> f32 {
-        let slice = self.slice();
-        slice.get(i) * slice.scale(scale_at)
-    }
-
     /// Writes one token's row `xs` at `start`, `start + stride`, … (keys are stored transposed:
     /// stride page_size); an int8 row's scale goes to `scale_at`.
     fn write(&mut self, start: usize, stride: usize, scale_at: usize, xs: &[f32]) {
@@ -146,13 +140,14 @@ impl KvPart {
     /// (scaled back from int8): `[position][kv_head][head_dim]`.
     pub fn read_keys(&self, layer: usize, pages: &[u32], positions: Range<usize>) -> Vec<f32> {
         let (ps, hd, heads) = (self.page_size, self.head_dim, self.kv_heads);
-        let keys = &self.keys[layer];
+        let keys = self.keys[layer].slice();
         let mut out = Vec::with_capacity(positions.len() * heads * hd);
         for pos in positions {
             let (page, slot) = (pages[pos / ps], pos % ps);
             for h in 0..heads {
                 let (base, scale_at) = (page_head_start(page, h, heads, ps, hd) + slot, page_head_scale_start(page, h, heads, ps) + slot);
-                out.extend((0..hd).map(|d| keys.read(base + d * ps, scale_at)));
+                let scale = keys.scale(scale_at);
+                out.extend((0..hd).map(|d| keys.get(base + d * ps) * scale));
             }
         }
         out

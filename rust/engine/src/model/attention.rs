@@ -19,7 +19,7 @@ use rsgl_kernels::AttentionTask;
 
 /// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
 /// key page across rows, few enough that a prefill splits into many tasks to balance.
-const ATTENTION_TASK_ROWS: usize = 16;
+pub(super) const ATTENTION_TASK_ROWS: usize = 16;
 
 /// What every attention layer of one rank reads beside its own weights.
 pub(super) struct AttentionContext<'a> {

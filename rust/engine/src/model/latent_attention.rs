@@ -12,7 +12,7 @@
 //! Which is cheaper depends on the chunk's length (see `expand_from_tokens`); both give the
 //! same result up to float rounding.
 
-use super::attention::AttentionContext;
+use super::attention::{AttentionContext, ATTENTION_TASK_ROWS};
 use super::decoder::{take_norm, Step};
 use super::linear::{Linear, LinearParts};
 use super::mlp::{take_linear, Ranks};
@@ -23,9 +23,6 @@ use crate::kv::KvPart;
 use crate::weights::WeightStore;
 use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::{AttentionTask, KvSlice, PagedKv};
-
-/// Query rows (tokens x heads) one absorbed attention task covers, as in ordinary attention.
-const ATTENTION_TASK_ROWS: usize = 16;
 
 pub(super) struct LatentAttention {
     shape: Shape,
