@@ -88,6 +88,10 @@ pub type TopKFn = fn(x: &[f32], k: usize, out: &mut Vec<(f32, u32)>);
 pub type TokenMaskFn = fn(logits: &mut [f32], allowed: &[u32]);
 /// Paged attention of one task ([`crate::portable::attention::attention`] for the contract).
 pub type AttentionFn = unsafe fn(task: &AttentionTask, out: *mut f32, out_stride: usize);
+/// The softmax partials of some of a task's key blocks
+/// ([`crate::portable::attention::attention_partials`]); [`crate::paged::merge_partials`] turns
+/// all of them into `attention`'s output, bit for bit.
+pub type AttentionPartialsFn = fn(task: &AttentionTask, blocks: std::ops::Range<usize>, partials: &mut [f32]);
 /// [`crate::delta_rule::chunked`]: a run starting at `position`.
 pub type DeltaRuleChunkedFn = fn(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]);
 pub type DeltaRuleRecurrentFn = fn(run: &DeltaRun, state: &mut [f32], out: &mut [f32]);
@@ -118,6 +122,8 @@ pub struct Kernels {
     pub top_k: TopKFn,
     pub apply_token_mask: TokenMaskFn,
     pub attention: AttentionFn,
+    /// Key blocks of one task on several threads (flash-decoding).
+    pub attention_partials: AttentionPartialsFn,
     /// The gated delta rule: the portable Rust compiled for the path's vector width (the same
     /// bits: no sum is reordered, no multiply-add fused).
     pub delta_rule_chunked: DeltaRuleChunkedFn,
@@ -144,6 +150,7 @@ impl Kernels {
             top_k: crate::portable::top_k,
             apply_token_mask: crate::portable::apply_token_mask,
             attention: crate::portable::attention::attention,
+            attention_partials: crate::portable::attention::attention_partials,
             delta_rule_chunked: crate::delta_rule::chunked,
             delta_rule_recurrent: crate::delta_rule::recurrent,
         }

@@ -8,6 +8,12 @@
 //!
 //! Latent pages (multi-head latent attention, DeepSeek-V2/V3) keep keys only: each token's value
 //! is the first `value_dim` elements of its own key, so the cache stores each token's row once.
+//!
+//! Attention walks a sequence's keys in key blocks of whole pages (about [`KEY_BLOCK_KEYS`] keys,
+//! counted from position 0): each block gives every query row a softmax partial of its own
+//! ([`Partial`]), and the partials merge in key order. A query's bits then depend on its position
+//! only, not on the rows or threads it shares a task with; a long context splits over threads by
+//! blocks (flash-decoding) and a long prompt's scratch is a block wide (flash-attention's tiling).
 
 /// One layer's K or V elements: float32, bfloat16 bit patterns (half the bytes, widened to f32
 /// as they are read), or int8 with one f32 scale per token and kv head (a quarter of the bytes;
@@ -65,6 +71,10 @@ pub fn quantize_kv_row(xs: &[f32], mut store: impl FnMut(usize, i8)) -> f32 {
     scale
 }
 
+/// Keys per key block, at least: pages are whole within a block. Small enough that a block's
+/// scores and values stay in L2 for a task's rows; large enough that merging is rare.
+pub const KEY_BLOCK_KEYS: usize = 256;
+
 /// One layer's K and V storage (both of one element type).
 pub struct PagedKv<'a> {
     pub keys: KvSlice<'a>,
@@ -113,6 +123,12 @@ impl<'a> PagedKv<'a> {
             Some(_) => (self.value_offset(page, head) + slot * self.value_dim, 1),
             None => (self.key_offset(page, head) + slot, self.page_size),
         }
+    }
+
+    /// Pages per key block.
+    #[inline]
+    pub fn pages_per_block(&self) -> usize {
+        KEY_BLOCK_KEYS.div_ceil(self.page_size)
     }
 
     /// Where the per-token scales of kv head `head` of `page` start (int8 pages).
@@ -180,6 +196,32 @@ impl AttentionTask<'_> {
         self.first_key(0) / ps..self.span(self.tokens - 1).div_ceil(ps)
     }
 
+    /// The key blocks holding the task's used pages: block `b` is pages
+    /// `b * pages_per_block..(b + 1) * pages_per_block` of the sequence.
+    pub fn key_blocks(&self) -> std::ops::Range<usize> {
+        let (used, per_block) = (self.used_pages(), self.kv.pages_per_block());
+        used.start / per_block..used.end.div_ceil(per_block)
+    }
+
+    /// The used pages of key block `b` (indexes in `pages`).
+    pub fn block_pages(&self, b: usize) -> std::ops::Range<usize> {
+        let (used, per_block) = (self.used_pages(), self.kv.pages_per_block());
+        used.start.max(b * per_block)..used.end.min((b + 1) * per_block)
+    }
+
+    /// The keys query token `t` sees among those of the pages `pages` (positions; empty when it
+    /// sees none of them).
+    pub fn keys_within(&self, pages: &std::ops::Range<usize>, t: usize) -> std::ops::Range<usize> {
+        let ps = self.kv.page_size;
+        let start = self.first_key(t).max(pages.start * ps);
+        start..self.span(t).min(pages.end * ps).max(start)
+    }
+
+    /// Floats of one key block's partials: one [`Partial`] per query row.
+    pub fn block_partials_len(&self) -> usize {
+        self.tokens * self.group * Partial::len(self.kv.value_dim)
+    }
+
     /// Checks the task against its storage; kernels call it before reading.
     pub fn validate(&self) {
         let (kv, hd, vd) = (self.kv, self.kv.head_dim, self.kv.value_dim);
@@ -205,5 +247,83 @@ impl AttentionTask<'_> {
                 assert!(scales.len() >= scales_end, "attention: a page's scales lie outside the storage");
             }
         }
+    }
+}
+
+/// A query row's softmax over some of its keys, unnormalized, stored as `[max, sum, out...]`:
+/// `max` the largest scaled score (-inf when the row saw none of the keys), `sum` the sum of
+/// `exp(score - max)`, `out` (`value_dim` wide) the sum of those exponentials times the values.
+pub struct Partial;
+
+impl Partial {
+    /// Floats of one row's partial.
+    pub const fn len(value_dim: usize) -> usize {
+        value_dim + 2
+    }
+
+    /// Sets `state` to the partial of no keys.
+    pub fn clear(state: &mut [f32]) {
+        state[0] = f32::NEG_INFINITY;
+        state[1] = 0.0;
+    }
+
+    /// Merges the later keys' partial `part` into `state` (the earlier keys'): both rescaled to
+    /// the larger max. The first merge copies. Every path merges with this one function, in key
+    /// order, so the split and the single-thread results agree bit for bit.
+    #[inline(always)]
+    pub fn merge(state: &mut [f32], part: &[f32]) {
+        let (m, mp) = (state[0], part[0]);
+        if mp == f32::NEG_INFINITY {
+            return;
+        }
+        if m == f32::NEG_INFINITY {
+            state.copy_from_slice(part);
+            return;
+        }
+        let max = m.max(mp);
+        let (a, b) = (crate::portable::exp(m - max), crate::portable::exp(mp - max));
+        state[0] = max;
+        for (s, p) in state[1..].iter_mut().zip(&part[1..]) {
+            *s = p.mul_add(b, *s * a);
+        }
+    }
+
+    /// Writes the normalized output of a row's merged `state`, with its sink logit (if any) in
+    /// the denominator.
+    #[inline(always)]
+    pub fn finish(state: &[f32], sink: Option<f32>, out: &mut [f32]) {
+        let (m, sum) = (state[0], state[1]);
+        let (m_all, rescale) = match sink {
+            Some(s) if s > m => (s, crate::portable::exp(m - s)),
+            _ => (m, 1.0),
+        };
+        let total = sink.map_or(sum, |s| sum.mul_add(rescale, crate::portable::exp(s - m_all)));
+        let factor = rescale / total;
+        for (o, s) in out.iter_mut().zip(&state[2..]) {
+            *o = s * factor;
+        }
+    }
+}
+
+/// Merges the partials of key blocks `blocks` of `task` (`partials[(b - blocks.start) *
+/// block_partials_len()..]`, as [`crate::Kernels::attention_partials`] writes them), in block
+/// order, and writes each row's output as the kernels' `attention` does. `blocks` must be all
+/// of [`AttentionTask::key_blocks`].
+///
+/// # Safety
+/// As `attention`: `out` valid for the task's rows, no other thread touching them.
+pub unsafe fn merge_partials(task: &AttentionTask, partials: &[f32], out: *mut f32, out_stride: usize) {
+    let (vd, rows) = (task.kv.value_dim, task.tokens * task.group);
+    let (len, block_len) = (Partial::len(vd), task.block_partials_len());
+    let blocks = task.key_blocks().len();
+    assert!(partials.len() >= blocks * block_len, "merge_partials: too few partials");
+    let mut state = vec![0f32; len];
+    for r in 0..rows {
+        Partial::clear(&mut state);
+        for b in 0..blocks {
+            Partial::merge(&mut state, &partials[b * block_len + r * len..][..len]);
+        }
+        let o = std::slice::from_raw_parts_mut(out.add((r / task.group) * out_stride + (r % task.group) * vd), vd);
+        Partial::finish(&state, task.sink(r % task.group), o);
     }
 }

@@ -1,50 +1,91 @@
-//! Reference paged attention: one query row at a time, scores, softmax, weighted sum of values.
+//! Reference paged attention: one query row at a time, key block by key block, each block's
+//! scores, softmax partial and weighted sum of values, merged in key order.
 
-use crate::paged::AttentionTask;
+use crate::paged::{AttentionTask, Partial};
+use std::ops::Range;
 
 /// Writes token `t`, group head `g` of `task` at `out[t * out_stride + g * value_dim..]`:
-/// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys (the head's sink logit, if
-/// any, joining the softmax's denominator)
-/// `first_key(t)..span(t)`, each score a sequential fused sum over the head's dimensions (soft
-/// capped with [`super::softcap`] when the task says so), the softmax over exactly those keys,
-/// and the values summed, fused, in key order (a latent page's values read from its keys).
+/// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys `first_key(t)..span(t)` (the
+/// head's sink logit, if any, joining the softmax's denominator). Per key block
+/// ([`crate::paged`]): each score a sequential fused sum over the head's dimensions (soft capped
+/// with [`super::softcap`] when the task says so), [`Partial`]'s max and sum of exponentials
+/// over the block's keys the row sees ([`super::exp_shifted_sum`]), and the values times those
+/// exponentials summed, fused, in key order (a latent page's values read from its keys); then
+/// the blocks' partials merged in order and normalized ([`Partial::merge`], [`Partial::finish`]).
 ///
 /// # Safety
 /// `out` must be valid for those writes, and no other thread may touch those elements.
 pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) {
     task.validate();
-    let kv = task.kv;
-    let (hd, vd, ps) = (kv.head_dim, kv.value_dim, kv.page_size);
-    let values = kv.value_storage();
-    let mut scores = Vec::new();
+    let vd = task.kv.value_dim;
+    let (mut state, mut part) = (vec![0f32; Partial::len(vd)], vec![0f32; Partial::len(vd)]);
     for t in 0..task.tokens {
-        let keys = task.first_key(t)..task.span(t);
         for g in 0..task.group {
-            let q = &task.q[t * task.q_stride + g * hd..][..hd];
-            scores.clear();
-            scores.extend(keys.clone().map(|j| {
-                let page = task.pages[j / ps];
-                let base = kv.key_offset(page, task.kv_head);
-                let mut s = 0f32;
-                for (d, qd) in q.iter().enumerate() {
-                    s = qd.mul_add(kv.keys.get(base + d * ps + j % ps), s);
-                }
-                s * (kv.keys.scale(kv.scale_offset(page, task.kv_head) + j % ps) * task.scale)
-            }));
-            if let Some(cap) = task.softcap {
-                super::softcap(&mut scores, cap);
+            Partial::clear(&mut state);
+            for b in task.key_blocks() {
+                row_partial(task, &task.block_pages(b), t, g, &mut part);
+                Partial::merge(&mut state, &part);
             }
-            super::softmax_with_sink(&mut scores, task.sink(g));
             let o = std::slice::from_raw_parts_mut(out.add(t * out_stride + g * vd), vd);
-            o.fill(0.0);
-            for (j, p) in keys.clone().zip(&scores) {
-                let page = task.pages[j / ps];
-                let (start, step) = kv.value_row(page, task.kv_head, j % ps);
-                let p = p * values.scale(kv.scale_offset(page, task.kv_head) + j % ps);
-                for (d, od) in o.iter_mut().enumerate() {
-                    *od = p.mul_add(values.get(start + d * step), *od);
-                }
+            Partial::finish(&state, task.sink(g), o);
+        }
+    }
+}
+
+/// Writes the partials of key blocks `blocks` (a part of [`AttentionTask::key_blocks`]) of every
+/// query row of `task`: block `b`'s at `partials[(b - blocks.start) * block_partials_len()..]`,
+/// row `r` (token `r / group`, head `r % group`) at `r * Partial::len(value_dim)` within it.
+/// [`crate::paged::merge_partials`] over all blocks' partials gives [`attention`]'s bits.
+pub fn attention_partials(task: &AttentionTask, blocks: Range<usize>, partials: &mut [f32]) {
+    task.validate();
+    let (len, block_len) = (Partial::len(task.kv.value_dim), task.block_partials_len());
+    assert!(partials.len() >= blocks.len() * block_len, "attention_partials: too few partials");
+    for (i, b) in blocks.enumerate() {
+        let pages = task.block_pages(b);
+        for r in 0..task.tokens * task.group {
+            row_partial(task, &pages, r / task.group, r % task.group, &mut partials[i * block_len + r * len..][..len]);
+        }
+    }
+}
+
+/// Token `t`, group head `g`'s partial over the keys it sees on `pages` (indexes in the page
+/// table).
+fn row_partial(task: &AttentionTask, pages: &Range<usize>, t: usize, g: usize, part: &mut [f32]) {
+    let kv = task.kv;
+    let (hd, ps) = (kv.head_dim, kv.page_size);
+    let keys = task.keys_within(pages, t);
+    Partial::clear(part);
+    if keys.is_empty() {
+        return;
+    }
+    let q = &task.q[t * task.q_stride + g * hd..][..hd];
+    let mut scores: Vec<f32> = keys
+        .clone()
+        .map(|j| {
+            let page = task.pages[j / ps];
+            let base = kv.key_offset(page, task.kv_head);
+            let mut s = 0f32;
+            for (d, qd) in q.iter().enumerate() {
+                s = qd.mul_add(kv.keys.get(base + d * ps + j % ps), s);
             }
+            s * (kv.keys.scale(kv.scale_offset(page, task.kv_head) + j % ps) * task.scale)
+        })
+        .collect();
+    if let Some(cap) = task.softcap {
+        super::softcap(&mut scores, cap);
+    }
+    let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    part[0] = max;
+    part[1] = super::exp_shifted_sum(&mut scores, max);
+    let values = kv.value_storage();
+    let o = &mut part[2..];
+    o.fill(0.0);
+    for (j, p) in keys.zip(&scores) {
+        let page = task.pages[j / ps];
+        let (start, step) = kv.value_row(page, task.kv_head, j % ps);
+        let p = p * values.scale(kv.scale_offset(page, task.kv_head) + j % ps);
+        for (d, od) in o.iter_mut().enumerate() {
+            *od = p.mul_add(values.get(start + d * step), *od);
         }
     }
 }
@@ -52,7 +93,7 @@ pub unsafe fn attention(task: &AttentionTask, out: *mut f32, out_stride: usize) 
 #[cfg(test)]
 pub(crate) mod tests {
     use crate::packed::f32_to_bf16;
-    use crate::paged::{page_head_scale_start, quantize_kv_row, AttentionTask, KvSlice, PagedKv};
+    use crate::paged::{merge_partials, page_head_scale_start, quantize_kv_row, AttentionTask, KvSlice, PagedKv};
     use crate::portable::twin_tests::data;
     use crate::Kernels;
 
@@ -278,34 +319,39 @@ pub(crate) mod tests {
     /// Float32 pages give dense attention to rounding; int8 pages to within their quantization
     /// (a half step of 1/127 of each row's largest element, through softmax and the sum). Each
     /// query sees the last `window` keys up to its own, its scores soft capped; values are as
-    /// wide as keys or narrower, in pages of their own or latent.
+    /// wide as keys or narrower, in pages of their own or latent. Long contexts span several
+    /// key blocks, so their partials' merge is checked too.
     #[test]
     fn portable_attention_matches_dense_causal_attention() {
         for values_from in [Values::Own(8), Values::Own(5), Values::Latent(5), Values::Latent(8)] {
             for (stored, tolerance) in [(Stored::F32, 1e-5), (Stored::Int8, 2e-2)] {
                 for (window, softcap, with_sinks) in VARIANTS {
-                    dense_check(values_from, stored, tolerance, window, softcap, with_sinks);
+                    let queries = Queries { tokens: 11, first_pos: 0, window, softcap, sinks: with_sinks };
+                    dense_check(values_from, stored, tolerance, 4, queries);
+                    dense_check(values_from, stored, tolerance, 7, Queries { tokens: 3, first_pos: 700, ..queries });
                 }
             }
         }
     }
 
-    fn dense_check(values_from: Values, stored: Stored, tolerance: f64, window: Option<usize>, softcap: Option<f32>, with_sinks: bool) {
-        let (kv_heads, group, hd, vd, tokens) = (2, 3, 8, values_from.dim(), 11);
-        let f = Fixture::new(4, kv_heads, hd, values_from, tokens);
+    fn dense_check(values_from: Values, stored: Stored, tolerance: f64, page_size: usize, at: Queries) {
+        let Queries { tokens, first_pos, window, softcap, sinks: with_sinks } = at;
+        let (kv_heads, group, hd, vd, positions) = (2, 3, 8, values_from.dim(), first_pos + tokens);
+        let f = Fixture::new(page_size, kv_heads, hd, values_from, positions);
         let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * vd);
         let q = data(tokens * stride, 9.0);
-        let got = run(&Kernels::portable(), &f, stored, group, &q, Queries { tokens, first_pos: 0, window, softcap, sinks: with_sinks });
+        let got = run(&Kernels::portable(), &f, stored, group, &q, at);
         let sinks = sinks(kv_heads * group);
         for t in 0..tokens {
-            let keys = (t + 1).saturating_sub(window.unwrap_or(usize::MAX))..t + 1;
+            let pos = first_pos + t;
+            let keys = (pos + 1).saturating_sub(window.unwrap_or(usize::MAX))..pos + 1;
             for head in 0..kv_heads * group {
                 let h = head / group;
                 let qv = &q[t * stride + head * hd..][..hd];
                 let scores: Vec<f64> = keys
                     .clone()
                     .map(|j| {
-                        let s = (0..hd).map(|d| qv[d] as f64 * f.dense_k[(h * tokens + j) * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt();
+                        let s = (0..hd).map(|d| qv[d] as f64 * f.dense_k[(h * positions + j) * hd + d] as f64).sum::<f64>() / (hd as f64).sqrt();
                         softcap.map_or(s, |cap| cap as f64 * (s / cap as f64).tanh())
                     })
                     .collect();
@@ -313,12 +359,9 @@ pub(crate) mod tests {
                 let max = scores.iter().copied().chain(sink).fold(f64::MIN, f64::max);
                 let total: f64 = scores.iter().copied().chain(sink).map(|s| (s - max).exp()).sum();
                 for d in 0..vd {
-                    let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * tokens + j) * vd + d] as f64).sum();
+                    let want: f64 = keys.clone().zip(&scores).map(|(j, s)| (s - max).exp() / total * f.dense_v[(h * positions + j) * vd + d] as f64).sum();
                     let g = got[t * out_stride + head * vd + d] as f64;
-                    assert!(
-                        (want - g).abs() < tolerance,
-                        "{values_from:?} {stored:?} window {window:?} cap {softcap:?} sinks {with_sinks} t={t} head={head} d={d}: {want} vs {g}"
-                    );
+                    assert!((want - g).abs() < tolerance, "{values_from:?} {stored:?} page {page_size} {at:?} t={t} head={head} d={d}: {want} vs {g}");
                 }
             }
         }
@@ -344,8 +387,10 @@ pub(crate) mod tests {
             (9, 24, Values::Latent(24), 16),
             (1, 19, Values::Latent(7), 2),
         ];
-        for (page_size, hd, values_from, group) in shapes {
-            let (kv_heads, first_pos, tokens) = (2, 37, 9);
+        // (first position, tokens): a context in one key block, and one over several whose
+        // queries straddle a block's end.
+        for (page_size, hd, values_from, group, (first_pos, tokens)) in shapes.into_iter().map(|s| (s.0, s.1, s.2, s.3, (37, 9))).chain(LONG_SHAPES) {
+            let kv_heads = 2;
             let f = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
             let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * values_from.dim());
             let q = data(tokens * stride, 10.0);
@@ -369,6 +414,68 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// Shapes over several key blocks: (page size, head_dim, values, group, (first position, tokens)).
+    const LONG_SHAPES: [(usize, usize, Values, usize, (usize, usize)); 3] =
+        [(16, 64, Values::Own(64), 3, (510, 5)), (7, 24, Values::Own(20), 2, (770, 3)), (5, 40, Values::Latent(36), 16, (520, 2))];
+
+    /// Each key block's partials, computed by any path for any split of the blocks into runs and
+    /// merged in order, give the path's own `attention` bit for bit: how one long context splits
+    /// over threads (flash-decoding) changes nothing.
+    #[test]
+    fn partials_split_anyhow_merge_to_the_same_bits() {
+        for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
+            for (page_size, hd, values_from, group, (first_pos, tokens)) in LONG_SHAPES {
+                let (kv_heads, f) = (2, Fixture::new(page_size, 2, hd, values_from, first_pos + tokens));
+                let q = data(tokens * kv_heads * group * hd, 13.0);
+                for stored in STORED {
+                    for (window, softcap, sinks) in VARIANTS {
+                        let at = Queries { tokens, first_pos, window, softcap, sinks };
+                        let whole = run(&kern, &f, stored, group, &q, at);
+                        let split = run_split(&kern, &f, stored, group, &q, at);
+                        assert!(whole.iter().zip(&split).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {stored:?} {values_from:?} {at:?}", kern.isa);
+                    }
+                }
+            }
+        }
+    }
+
+    /// [`run`] through `attention_partials` over runs of 1, 2, 3, ... key blocks, then
+    /// `merge_partials`.
+    fn run_split(kern: &Kernels, f: &Fixture, stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
+        let kv = f.kv(stored);
+        let (q_stride, out_stride) = (f.kv_heads * group * f.head_dim, f.kv_heads * group * kv.value_dim);
+        let mut out = vec![f32::NAN; at.tokens * out_stride];
+        let sinks = sinks(f.kv_heads * group);
+        for h in 0..f.kv_heads {
+            let task = AttentionTask {
+                kv: &kv,
+                pages: &f.table,
+                kv_head: h,
+                group,
+                q: &q[h * group * f.head_dim..],
+                q_stride,
+                tokens: at.tokens,
+                first_pos: at.first_pos,
+                scale: 1.0 / (f.head_dim as f32).sqrt(),
+                window: at.window,
+                softcap: at.softcap,
+                sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
+            };
+            let (blocks, block_len) = (task.key_blocks(), task.block_partials_len());
+            let mut partials = vec![f32::NAN; blocks.len() * block_len];
+            let (mut start, mut run_len) = (blocks.start, 1);
+            while start < blocks.end {
+                let end = (start + run_len).min(blocks.end);
+                let at = (start - blocks.start) * block_len;
+                (kern.attention_partials)(&task, start..end, &mut partials[at..at + (end - start) * block_len]);
+                (start, run_len) = (end, run_len + 1);
+            }
+            // SAFETY: `out` holds every row the task writes, and nothing else runs.
+            unsafe { merge_partials(&task, &partials, out.as_mut_ptr().add(h * group * kv.value_dim), out_stride) };
+        }
+        out
     }
 
     /// A latent task gives the bits of the same task over value pages holding copies of each

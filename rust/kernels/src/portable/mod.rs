@@ -175,14 +175,19 @@ pub fn softmax(x: &mut [f32]) {
 pub fn softmax_with_sink(x: &mut [f32], sink: Option<f32>) {
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let max = sink.map_or(max, |s| max.max(s));
+    let sum = exp_shifted_sum(x, max);
+    let inv = 1.0 / sink.map_or(sum, |s| sum + exp(s - max));
+    x.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `x = exp(x - max)` in place; returns their sum, in [`SUM_LANES`] partial sums.
+pub fn exp_shifted_sum(x: &mut [f32], max: f32) -> f32 {
     let mut partials = [0f32; SUM_LANES];
     for (i, v) in x.iter_mut().enumerate() {
         *v = exp(*v - max);
         partials[i % SUM_LANES] += *v;
     }
-    let sum = add_partials(partials);
-    let inv = 1.0 / sink.map_or(sum, |s| sum + exp(s - max));
-    x.iter_mut().for_each(|v| *v *= inv);
+    add_partials(partials)
 }
 
 /// gpt-oss's clamped SwiGLU's limit and sigmoid scale.

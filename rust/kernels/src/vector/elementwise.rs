@@ -147,7 +147,7 @@ pub unsafe fn softcap<V: F32Vector>(x: &mut [f32], cap: f32) {
 }
 
 #[inline(always)]
-unsafe fn max_of<V: F32Vector>(x: &[f32]) -> f32 {
+pub(crate) unsafe fn max_of<V: F32Vector>(x: &[f32]) -> f32 {
     let body = x.len() / V::LANES * V::LANES;
     let mut acc = V::splat(f32::NEG_INFINITY);
     for i in (0..body).step_by(V::LANES) {
@@ -156,10 +156,9 @@ unsafe fn max_of<V: F32Vector>(x: &[f32]) -> f32 {
     x[body..].iter().fold(acc.max_lane(), |m, &v| if v > m { v } else { m })
 }
 
-/// `x = exp(x - max)` in place; returns the sum, in [`SUM_LANES`] partial sums as
-/// [`portable::softmax`] adds them.
+/// [`portable::exp_shifted_sum`]'s twin.
 #[inline(always)]
-unsafe fn exp_shifted<V: F32Vector>(x: &mut [f32], max: f32) -> f32 {
+pub(crate) unsafe fn exp_shifted<V: F32Vector>(x: &mut [f32], max: f32) -> f32 {
     let body = x.len() / SUM_LANES * SUM_LANES;
     let (p, vm) = (x.as_mut_ptr(), V::splat(max));
     let mut acc = [V::zero(); PARTIAL_REGISTERS];

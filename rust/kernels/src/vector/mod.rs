@@ -130,7 +130,11 @@ macro_rules! vector_kernels {
             }
             #[target_feature(enable = $features)]
             unsafe fn attention_simd(task: &AttentionTask, out: *mut f32, out_stride: usize) {
-                attn::attention::<$v>(task, out, out_stride)
+                attn::attention::<$v>(task, attn::Job::Whole { out, out_stride })
+            }
+            #[target_feature(enable = $features)]
+            unsafe fn attention_partials_simd(task: &AttentionTask, blocks: std::ops::Range<usize>, partials: &mut [f32]) {
+                attn::attention::<$v>(task, attn::Job::Partials { blocks, partials })
             }
             #[target_feature(enable = $features)]
             unsafe fn delta_rule_chunked_simd(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]) {
@@ -163,6 +167,7 @@ macro_rules! vector_kernels {
                     top_k: |x, k, out| unsafe { top_k_simd(x, k, out) },
                     apply_token_mask: |l, m| unsafe { apply_token_mask_simd(l, m) },
                     attention: attention_simd,
+                    attention_partials: |task, blocks, partials| unsafe { attention_partials_simd(task, blocks, partials) },
                     delta_rule_chunked: |run, position, state, out| unsafe { delta_rule_chunked_simd(run, position, state, out) },
                     delta_rule_recurrent: |run, state, out| unsafe { delta_rule_recurrent_simd(run, state, out) },
                 }
