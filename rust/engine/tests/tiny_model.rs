@@ -104,3 +104,38 @@ fn aborting_a_group_id_aborts_every_sample() {
     }
     assert_drained(&e);
 }
+
+/// At a long context a sequence's decode splits its key blocks over threads (flash-decoding)
+/// unless enough sequences share the step; either way its greedy tokens and their
+/// log-probabilities are the same bits. Grouped-query attention (a task per kv head) and latent
+/// attention (one task per sequence).
+#[test]
+fn long_context_decode_split_over_threads_gives_the_same_bits() {
+    for arch in ["llama", "deepseek_v3"] {
+        let e = engine(arch, r#"{"page_size": 4, "chunked_prefill_size": 16384, "max_total_tokens": 12000, "threads": 2, "disable_radix_cache": true}"#);
+        let request = |rid: &str, seed: u64| {
+            let json = format!(
+                r#"{{"rid": "{rid}", "input_ids": {:?}, "sampling_params": {{"temperature": 0, "max_new_tokens": 6}}, "return_logprob": true}}"#,
+                prompt(seed, 1200)
+            );
+            rsgl_engine::GenerateRequest::from_json(&json).unwrap()
+        };
+        let bits = |stream| {
+            let mut stream: rsgl_engine::RequestStream = stream;
+            let mut got = Vec::new();
+            loop {
+                let out = stream.next(Duration::from_secs(60)).unwrap().expect("engine answered in time");
+                got.extend(out.token_ids.iter().copied().zip(out.logprobs.iter().map(|l| l.logprob.to_bits())));
+                if out.finished.is_some() {
+                    return got;
+                }
+            }
+        };
+        let alone = bits(e.submit(request("alone", 3)).unwrap());
+        let streams: Vec<_> = (0..8).map(|i| e.submit(request(&format!("b{i}"), 3 + i)).unwrap()).collect();
+        let batched: Vec<_> = streams.into_iter().map(bits).collect();
+        assert_eq!(alone.len(), 6, "{arch}");
+        assert_eq!(alone, batched[0], "{arch}: one sequence split over threads vs eight sharing the step");
+        assert_drained(&e);
+    }
+}

@@ -13,6 +13,7 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kv::KvPart;
 use crate::weights::WeightStore;
+use rsgl_kernels::paged::merge_partials;
 use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::portable::exp;
 use rsgl_kernels::AttentionTask;
@@ -20,6 +21,61 @@ use rsgl_kernels::AttentionTask;
 /// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
 /// key page across rows, few enough that a prefill splits into many tasks to balance.
 pub(super) const ATTENTION_TASK_ROWS: usize = 16;
+
+/// Work items per thread a step's attention aims for: below it, tasks' key blocks split over
+/// threads (a few sequences at a long context); a few per thread balance uneven ones.
+const ATTENTION_PIECES_PER_THREAD: usize = 4;
+
+/// An attention task and where its rows go: row `t` of its tokens at `out[offset + t * stride..]`.
+pub(super) struct PlacedTask<'a> {
+    pub task: AttentionTask<'a>,
+    pub offset: usize,
+    pub stride: usize,
+}
+
+/// Runs `tasks` on the pool, handed out dynamically (prefill tasks late in a prompt cost more
+/// than early ones), each writing its rows of `out`. Where tasks are fewer than the threads'
+/// share of work and their contexts span key blocks (batch-1 decode at a long context, MLA's one
+/// task per sequence), each task's key blocks split over threads and their partials merge in
+/// order afterwards (flash-decoding): the same bits as one thread, so no thread sits idle.
+pub(super) fn run_attention(c: &Compute, tasks: &[PlacedTask], out: &mut [f32]) {
+    let (kern, dst) = (c.kernels, SendPtr(out.as_mut_ptr()));
+    let target = ATTENTION_PIECES_PER_THREAD * c.pool.threads();
+    let blocks: usize = tasks.iter().map(|t| t.task.key_blocks().len()).sum();
+    if tasks.len() >= target || blocks <= tasks.len() {
+        c.pool.for_each_dynamic(tasks.len(), &|i| {
+            let placed = &tasks[i];
+            // SAFETY: each task writes its own rows, and `out` holds them.
+            unsafe { (kern.attention)(&placed.task, dst.get().add(placed.offset), placed.stride) };
+        });
+        return;
+    }
+    // (task, its key blocks this piece computes, where their partials go)
+    let (mut pieces, mut starts, mut total) = (Vec::new(), Vec::with_capacity(tasks.len()), 0);
+    for (i, placed) in tasks.iter().enumerate() {
+        let (blocks, block_len) = (placed.task.key_blocks(), placed.task.block_partials_len());
+        let per_piece = blocks.len().div_ceil(target.div_ceil(tasks.len()));
+        for first in blocks.clone().step_by(per_piece) {
+            pieces.push((i, first..(first + per_piece).min(blocks.end), total + (first - blocks.start) * block_len));
+        }
+        starts.push(total);
+        total += blocks.len() * block_len;
+    }
+    let mut partials = vec![0.0; total];
+    let into = SendPtr(partials.as_mut_ptr());
+    c.pool.for_each_dynamic(pieces.len(), &|p| {
+        let (i, ref blocks, at) = pieces[p];
+        let task = &tasks[i].task;
+        // SAFETY: pieces' partials are disjoint, and `partials` holds them all.
+        let part = unsafe { std::slice::from_raw_parts_mut(into.get().add(at), blocks.len() * task.block_partials_len()) };
+        (kern.attention_partials)(task, blocks.clone(), part);
+    });
+    c.pool.for_each_dynamic(tasks.len(), &|i| {
+        let placed = &tasks[i];
+        // SAFETY: as above, each task its own rows.
+        unsafe { merge_partials(&placed.task, &partials[starts[i]..], dst.get().add(placed.offset), placed.stride) };
+    });
+}
 
 /// What every attention layer of one rank reads beside its own weights.
 pub(super) struct AttentionContext<'a> {
@@ -172,8 +228,7 @@ impl Attention {
 
     /// Causal attention of every new token over its sequence's positions `0..=pos` (the last
     /// `window` of them in a sliding layer), for this rank's kv heads, as tasks of one kv head's
-    /// query group over a run of consecutive tokens, handed out dynamically (prefill tasks late
-    /// in a prompt cost more than early ones).
+    /// query group over a run of consecutive tokens ([`run_attention`]).
     fn attention(&self, cx: &AttentionContext, paged: &rsgl_kernels::PagedKv, windowed: bool, qkv: &[f32], step: &Step) -> Vec<f32> {
         let (cfg, c, hd) = (cx.cfg, cx.compute, cx.cfg.head_dim);
         let (kv_heads, qs) = (cx.shard.kv_heads.len(), cx.shard.q_heads.len() * hd);
@@ -190,28 +245,30 @@ impl Attention {
             }
             tokens += chunk.tokens.len();
         }
-        let (kern, scale) = (c.kernels, cx.scale);
+        let placed: Vec<PlacedTask> = tasks
+            .into_iter()
+            .map(|(s, t, tokens, first_pos, h)| PlacedTask {
+                task: AttentionTask {
+                    kv: paged,
+                    pages: step.seqs[s].table(windowed),
+                    kv_head: h,
+                    group,
+                    q: &qkv[t * row + h * group * hd..],
+                    q_stride: row,
+                    tokens,
+                    first_pos,
+                    scale: cx.scale,
+                    window: self.window,
+                    softcap: cfg.scales.attention_logit_cap,
+                    sinks: self.sinks.as_ref().map(|sinks| &sinks[h * group..(h + 1) * group]),
+                },
+                // Its tokens' columns of its kv head's query heads.
+                offset: t * qs + h * group * hd,
+                stride: qs,
+            })
+            .collect();
         let mut out = vec![0.0; tokens * qs];
-        let dst = SendPtr(out.as_mut_ptr());
-        c.pool.for_each_dynamic(tasks.len(), &|i| {
-            let (s, t, tokens, first_pos, h) = tasks[i];
-            let task = AttentionTask {
-                kv: paged,
-                pages: step.seqs[s].table(windowed),
-                kv_head: h,
-                group,
-                q: &qkv[t * row + h * group * hd..],
-                q_stride: row,
-                tokens,
-                first_pos,
-                scale,
-                window: self.window,
-                softcap: cfg.scales.attention_logit_cap,
-                sinks: self.sinks.as_ref().map(|sinks| &sinks[h * group..(h + 1) * group]),
-            };
-            // SAFETY: each task writes its own tokens' columns of its kv head's query heads.
-            unsafe { (kern.attention)(&task, dst.get().add(t * qs + h * group * hd), qs) };
-        });
+        run_attention(c, &placed, &mut out);
         out
     }
 }

@@ -12,7 +12,7 @@
 //! Which is cheaper depends on the chunk's length (see `expand_from_tokens`); both give the
 //! same result up to float rounding.
 
-use super::attention::{AttentionContext, ATTENTION_TASK_ROWS};
+use super::attention::{run_attention, AttentionContext, PlacedTask, ATTENTION_TASK_ROWS};
 use super::decoder::{take_norm, Step};
 use super::linear::{Linear, LinearParts};
 use super::mlp::{take_linear, Ranks};
@@ -21,7 +21,6 @@ use crate::config::{LatentAttention as Shape, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::kv::KvPart;
 use crate::weights::WeightStore;
-use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::{AttentionTask, KvSlice, PagedKv};
 
 pub(super) struct LatentAttention {
@@ -212,27 +211,29 @@ impl LatentAttention {
             row += chunk_tokens.len();
         }
         let latent_out_row = heads * lat;
+        let placed: Vec<PlacedTask> = tasks
+            .into_iter()
+            .map(|(s, first_row, tokens, first_pos)| PlacedTask {
+                task: AttentionTask {
+                    kv: paged,
+                    pages: step.seqs[s].table(windowed),
+                    kv_head: 0,
+                    group: heads,
+                    q: &queries[first_row * heads * key_dim..],
+                    q_stride: heads * key_dim,
+                    tokens,
+                    first_pos,
+                    scale: cx.scale,
+                    window: None,
+                    softcap: None,
+                    sinks: None,
+                },
+                offset: first_row * latent_out_row,
+                stride: latent_out_row,
+            })
+            .collect();
         let mut latent_out = vec![0.0; n * latent_out_row];
-        let dst = SendPtr(latent_out.as_mut_ptr());
-        c.pool.for_each_dynamic(tasks.len(), &|i| {
-            let (s, first_row, tokens, first_pos) = tasks[i];
-            let task = AttentionTask {
-                kv: paged,
-                pages: step.seqs[s].table(windowed),
-                kv_head: 0,
-                group: heads,
-                q: &queries[first_row * heads * key_dim..],
-                q_stride: heads * key_dim,
-                tokens,
-                first_pos,
-                scale: cx.scale,
-                window: None,
-                softcap: None,
-                sinks: None,
-            };
-            // SAFETY: each task writes its own tokens' rows.
-            unsafe { (c.kernels.attention)(&task, dst.get().add(first_row * latent_out_row), latent_out_row) };
-        });
+        run_attention(c, &placed, &mut latent_out);
         for (head, absorb) in self.absorb_values.iter().enumerate() {
             let head_latents: Vec<f32> = latent_out.chunks_exact(latent_out_row).flat_map(|row| &row[head * lat..(head + 1) * lat]).copied().collect();
             for (&t, value) in tokens.iter().zip(absorb.forward(c, &head_latents).chunks_exact(v)) {
@@ -273,26 +274,29 @@ impl LatentAttention {
         };
         let tokens = q.len() / (heads * qk);
         let block = ATTENTION_TASK_ROWS;
-        let tasks: Vec<(usize, usize)> = (0..tokens).step_by(block).flat_map(|b| (0..heads).map(move |head| (b, head))).collect();
-        let dst = SendPtr(out.as_mut_ptr());
-        c.pool.for_each_dynamic(tasks.len(), &|i| {
-            let (b, head) = tasks[i];
-            let task = AttentionTask {
-                kv: &paged,
-                pages: &[0],
-                kv_head: head,
-                group: 1,
-                q: &q[(b * heads + head) * qk..],
-                q_stride: heads * qk,
-                tokens: block.min(tokens - b),
-                first_pos: start_pos + b,
-                scale: cx.scale,
-                window: None,
-                softcap: None,
-                sinks: None,
-            };
-            // SAFETY: each task writes its own tokens' columns of its head.
-            unsafe { (c.kernels.attention)(&task, dst.get().add((b * heads + head) * v), heads * v) };
-        });
+        let placed: Vec<PlacedTask> = (0..tokens)
+            .step_by(block)
+            .flat_map(|b| (0..heads).map(move |head| (b, head)))
+            .map(|(b, head)| PlacedTask {
+                task: AttentionTask {
+                    kv: &paged,
+                    pages: &[0],
+                    kv_head: head,
+                    group: 1,
+                    q: &q[(b * heads + head) * qk..],
+                    q_stride: heads * qk,
+                    tokens: block.min(tokens - b),
+                    first_pos: start_pos + b,
+                    scale: cx.scale,
+                    window: None,
+                    softcap: None,
+                    sinks: None,
+                },
+                // Its tokens' columns of its head.
+                offset: (b * heads + head) * v,
+                stride: heads * v,
+            })
+            .collect();
+        run_attention(c, &placed, out);
     }
 }
