@@ -33,7 +33,7 @@ def hf_model():
 
 @pytest.fixture(scope="module")
 def llm():
-    # float32 pages: parity with transformers measures the weights' numerics (int8 pages, the default, have their own tests)
+    # float32 pages: parity with transformers measures the weights' numerics (int8 pages have their own tests)
     with rsgl.Engine(threads=2, dtype="float32", kv_cache_dtype="float32", progress=False) as engine:
         yield engine
 
