@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import rsgl
 import torch
-from conftest import DENSE_ARCHS, MOE_ARCHS
+from conftest import DENSE_ARCHS, MOE_ARCHS, build_tiny
 from tiny_models import with_weights_rounded
 
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
@@ -76,6 +76,25 @@ def test_prompt_logprobs_match(pair):
         assert np.allclose([e[0] for e in entries[1:]], expected, atol=1e-3)
     out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=25)
     assert np.allclose([e[0] for e in out["meta_info"]["input_token_logprobs"]], expected[24:], atol=1e-3)
+
+
+def test_a_long_prompt_over_many_key_blocks_matches(tmp_path):
+    """A prompt of 1,300 tokens: five prefill chunks, six key blocks (256 keys) of 16-token pages,
+    each split over the threads when one sequence decodes. Prompt log-probabilities, the last
+    position's logits and a greedy continuation equal transformers' (float32 pages)."""
+    hf = build_tiny("llama", tmp_path, max_position_embeddings=2048)
+    ids = prompt(1300, 13)
+    with torch.no_grad():
+        logits = hf(torch.tensor([ids])).logits[0].double()
+    want = torch.log_softmax(logits, dim=-1)
+    expected = [want[i - 1, ids[i]].item() for i in range(1, len(ids))]
+    options = {"threads": 2, "chunked_prefill_size": 256, "max_total_tokens": 2048, "kv_cache_dtype": "float32", "progress": False}
+    with rsgl.Engine(str(tmp_path), **options) as engine:
+        out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0, return_prompt_logits=True)
+        assert np.allclose([e[0] for e in out["meta_info"]["input_token_logprobs"][1:]], expected, atol=1e-3)
+        assert np.abs(np.array(out["meta_info"]["prompt_logits"]) - logits[-1].numpy()).max() < 1e-3
+        greedy = engine.generate(input_ids=ids, sampling_params={**GREEDY, "max_new_tokens": 8})
+    assert greedy["output_ids"] == hf_greedy(hf, ids, 8)
 
 
 @pytest.mark.parametrize("length", [1, 7, 64])
