@@ -14,7 +14,7 @@ it is (or --gguf PATH beside a folder); transformers only with
 --transformers (it holds float32 copies: too large past 1B here).
 
 Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included; KV
-pages in bfloat16 except beside float32 weights); transformers (eager PyTorch, no
+pages as rsgl keeps them by default: int8, float32 beside float32 weights); transformers (eager PyTorch, no
 torch.compile, its default attention) in float32 and bfloat16; rsgl and llama.cpp on the
 default model's own Q4_1 file as it is; llama.cpp (llama-cpp-python) on the model written as
 F16 and Q8_0 GGUF too (cached in ~/.cache/rsgl-bench). All get the same random
@@ -254,16 +254,14 @@ def measure_rsgl(
     import rsgl
 
     # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
-    # quantizes the lm_head too, as llama.cpp's Q8_0 does the (tied) output matrix. KV pages in
-    # 16 bits beside 16-bit or int8 weights, as llama.cpp keeps its KV cache in F16.
+    # quantizes the lm_head too, as llama.cpp's Q8_0 does the (tied) output matrix. KV pages as
+    # each engine keeps them by default (rsgl: int8 but beside float32 weights; llama.cpp: F16).
     precision = {"quantization": quantization, "quantize_lm_head": True} if quantization else {}
-    kv_cache_dtype = "float32" if dtype == "float32" else "bfloat16"
     started = time.perf_counter()
     with rsgl.Engine(
         model,
         dtype=dtype,
         threads=threads,
-        kv_cache_dtype=kv_cache_dtype,
         activation_bits=activation_bits,
         disable_radix_cache=True,
         progress=False,
@@ -285,8 +283,8 @@ def measure_rsgl(
 
         result = measure(generate, timed_decode, prompts, work, probe)
         info = llm.get_server_info()
-    kept = ("kernels", "int8_kernels", "threads", "dtype", "quantization", "activation_bits")
-    return {**result, "load_s": load_s, "info": {"kv_cache_dtype": kv_cache_dtype, **{k: info[k] for k in kept if k in info}}}
+    kept = ("kernels", "int8_kernels", "threads", "dtype", "quantization", "activation_bits", "kv_cache_dtype")
+    return {**result, "load_s": load_s, "info": {k: info[k] for k in kept if k in info}}
 
 
 def measure_transformers(dtype: str, threads: int, model_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:

@@ -144,7 +144,8 @@ def test_4bit_checkpoints_run_as_stored(float_models, tmp_path, arch, packing, g
     assert stored["model.layers.0.self_attn.q_proj.weight"] == packing.upper()
     assert stored["lm_head.weight"] == "F32" and stored["model.embed_tokens.weight"] == "F32"
     ids = prompt(40, 1)
-    with rsgl.Engine(str(tmp_path), threads=2, max_total_tokens=2048, progress=False) as engine:
+    # Float32 pages: the simulation is exact up to float sums' order.
+    with rsgl.Engine(str(tmp_path), threads=2, max_total_tokens=2048, kv_cache_dtype="float32", progress=False) as engine:
         info = engine.get_server_info()
         assert (info["quantization"], info["dtype"]) == (packing, "float32"), info
         # rsgl's arithmetic, simulated: the same quants, int8 activations per block of 32, equal up
@@ -171,7 +172,7 @@ def test_act_order_gptq_layers_run_dequantized(float_models, tmp_path, caplog):
     float_folder, model = float_models["llama"]
     dequantized, _ = write_checkpoint(float_folder, model, tmp_path, "gptq", 32, act_order=True)
     with caplog.at_level(logging.WARNING, logger="rsgl"):
-        engine = rsgl.Engine(str(tmp_path), threads=2, max_total_tokens=2048, progress=False)
+        engine = rsgl.Engine(str(tmp_path), threads=2, max_total_tokens=2048, kv_cache_dtype="float32", progress=False)
     with engine:
         assert engine.get_server_info()["quantization"] == "gptq"
         warnings = [r.getMessage() for r in caplog.records if "act-order" in r.getMessage()]

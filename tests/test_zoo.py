@@ -51,9 +51,10 @@ def transformers_greedy(model, ids: list[int]) -> list[int]:
 
 
 def rsgl_greedy(model_path, prompts, **options) -> tuple[list[list[int]], list[list[int]]]:
-    """Each prompt's greedy tokens alone, then all of them batched (their prefixes cached by then)."""
+    """Each prompt's greedy tokens alone, then all of them batched (their prefixes cached by then).
+    Float32 pages unless `options` say otherwise: parity measures the weights' numerics."""
     params = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-    with rsgl.Engine(str(model_path), threads=1, progress=False, **options) as engine:
+    with rsgl.Engine(str(model_path), threads=1, progress=False, **{"kv_cache_dtype": "float32", **options}) as engine:
         alone = [engine.generate(input_ids=ids, sampling_params=params)["output_ids"] for ids in prompts]
         batched = [out["output_ids"] for out in engine.generate(input_ids=prompts, sampling_params=params)]
         assert engine.get_server_info()["cache_hit_tokens"] > 0  # the batch reused the prompts' cached pages

@@ -92,6 +92,8 @@ pub type AttentionFn = unsafe fn(task: &AttentionTask, out: *mut f32, out_stride
 /// ([`crate::portable::attention::attention_partials`]); [`crate::paged::merge_partials`] turns
 /// all of them into `attention`'s output, bit for bit.
 pub type AttentionPartialsFn = fn(task: &AttentionTask, blocks: std::ops::Range<usize>, partials: &mut [f32]);
+/// [`crate::paged::merge_partials`].
+pub type MergePartialsFn = unsafe fn(task: &AttentionTask, partials: &[f32], out: *mut f32, out_stride: usize);
 /// [`crate::delta_rule::chunked`]: a run starting at `position`.
 pub type DeltaRuleChunkedFn = fn(run: &DeltaRun, position: usize, state: &mut [f32], out: &mut [f32]);
 pub type DeltaRuleRecurrentFn = fn(run: &DeltaRun, state: &mut [f32], out: &mut [f32]);
@@ -124,6 +126,7 @@ pub struct Kernels {
     pub attention: AttentionFn,
     /// Key blocks of one task on several threads (flash-decoding).
     pub attention_partials: AttentionPartialsFn,
+    pub merge_partials: MergePartialsFn,
     /// The gated delta rule: the portable Rust compiled for the path's vector width (the same
     /// bits: no sum is reordered, no multiply-add fused).
     pub delta_rule_chunked: DeltaRuleChunkedFn,
@@ -151,6 +154,7 @@ impl Kernels {
             apply_token_mask: crate::portable::apply_token_mask,
             attention: crate::portable::attention::attention,
             attention_partials: crate::portable::attention::attention_partials,
+            merge_partials: crate::portable::attention::merge_partials,
             delta_rule_chunked: crate::delta_rule::chunked,
             delta_rule_recurrent: crate::delta_rule::recurrent,
         }

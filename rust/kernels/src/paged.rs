@@ -310,8 +310,12 @@ impl Partial {
 /// order, and writes each row's output as the kernels' `attention` does. `blocks` must be all
 /// of [`AttentionTask::key_blocks`].
 ///
+/// Inlined into each path's entry ([`crate::Kernels::merge_partials`]), so the merge's
+/// multiply-adds are the CPU's own instructions, not calls.
+///
 /// # Safety
 /// As `attention`: `out` valid for the task's rows, no other thread touching them.
+#[inline(always)]
 pub unsafe fn merge_partials(task: &AttentionTask, partials: &[f32], out: *mut f32, out_stride: usize) {
     let (vd, rows) = (task.kv.value_dim, task.tokens * task.group);
     let (len, block_len) = (Partial::len(vd), task.block_partials_len());

@@ -13,7 +13,6 @@ use crate::config::ModelConfig;
 use crate::error::Result;
 use crate::kv::KvPart;
 use crate::weights::WeightStore;
-use rsgl_kernels::paged::merge_partials;
 use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::portable::exp;
 use rsgl_kernels::AttentionTask;
@@ -73,7 +72,7 @@ pub(super) fn run_attention(c: &Compute, tasks: &[PlacedTask], out: &mut [f32]) 
     c.pool.for_each_dynamic(tasks.len(), &|i| {
         let placed = &tasks[i];
         // SAFETY: as above, each task its own rows.
-        unsafe { merge_partials(&placed.task, &partials[starts[i]..], dst.get().add(placed.offset), placed.stride) };
+        unsafe { (kern.merge_partials)(&placed.task, &partials[starts[i]..], dst.get().add(placed.offset), placed.stride) };
     });
 }
 

@@ -48,6 +48,14 @@ pub fn attention_partials(task: &AttentionTask, blocks: Range<usize>, partials: 
     }
 }
 
+/// [`crate::paged::merge_partials`], compiled for the portable path.
+///
+/// # Safety
+/// As [`attention`].
+pub unsafe fn merge_partials(task: &AttentionTask, partials: &[f32], out: *mut f32, out_stride: usize) {
+    crate::paged::merge_partials(task, partials, out, out_stride)
+}
+
 /// Token `t`, group head `g`'s partial over the keys it sees on `pages` (indexes in the page
 /// table).
 fn row_partial(task: &AttentionTask, pages: &Range<usize>, t: usize, g: usize, part: &mut [f32]) {
@@ -93,7 +101,7 @@ fn row_partial(task: &AttentionTask, pages: &Range<usize>, t: usize, g: usize, p
 #[cfg(test)]
 pub(crate) mod tests {
     use crate::packed::f32_to_bf16;
-    use crate::paged::{merge_partials, page_head_scale_start, quantize_kv_row, AttentionTask, KvSlice, PagedKv};
+    use crate::paged::{page_head_scale_start, quantize_kv_row, AttentionTask, KvSlice, PagedKv};
     use crate::portable::twin_tests::data;
     use crate::Kernels;
 
@@ -473,7 +481,7 @@ pub(crate) mod tests {
                 (start, run_len) = (end, run_len + 1);
             }
             // SAFETY: `out` holds every row the task writes, and nothing else runs.
-            unsafe { merge_partials(&task, &partials, out.as_mut_ptr().add(h * group * kv.value_dim), out_stride) };
+            unsafe { (kern.merge_partials)(&task, &partials, out.as_mut_ptr().add(h * group * kv.value_dim), out_stride) };
         }
         out
     }

@@ -133,6 +133,10 @@ macro_rules! vector_kernels {
                 attn::attention::<$v>(task, attn::Job::Whole { out, out_stride })
             }
             #[target_feature(enable = $features)]
+            unsafe fn merge_partials_simd(task: &AttentionTask, partials: &[f32], out: *mut f32, out_stride: usize) {
+                crate::paged::merge_partials(task, partials, out, out_stride)
+            }
+            #[target_feature(enable = $features)]
             unsafe fn attention_partials_simd(task: &AttentionTask, blocks: std::ops::Range<usize>, partials: &mut [f32]) {
                 attn::attention::<$v>(task, attn::Job::Partials { blocks, partials })
             }
@@ -168,6 +172,7 @@ macro_rules! vector_kernels {
                     apply_token_mask: |l, m| unsafe { apply_token_mask_simd(l, m) },
                     attention: attention_simd,
                     attention_partials: |task, blocks, partials| unsafe { attention_partials_simd(task, blocks, partials) },
+                    merge_partials: merge_partials_simd,
                     delta_rule_chunked: |run, position, state, out| unsafe { delta_rule_chunked_simd(run, position, state, out) },
                     delta_rule_recurrent: |run, state, out| unsafe { delta_rule_recurrent_simd(run, state, out) },
                 }
