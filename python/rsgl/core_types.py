@@ -119,6 +119,7 @@ class Finished(TypedDict):
     spec_verify_ct: int
     spec_draft_tokens: int
     spec_accepted_tokens: int
+    queue_time: float
 
 
 class Output(TypedDict):

@@ -431,6 +431,7 @@ impl Scheduler {
                 window.release_behind(&mut seq.kv, self.cache.as_mut());
             }
             if first {
+                seq.queued = Some(seq.arrived.elapsed());
                 self.admitted_prompt_tokens += seq.prompt_len as u64;
                 self.cache_hit_tokens += matched as u64;
                 if let Some(disk) = &mut self.disk {
