@@ -643,9 +643,13 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="openai", help="openai: /v1/completions; native: /generate")
     parser.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
     parser.add_argument("--num-prompts", type=positive_int, default=64)
-    parser.add_argument("--request-rates", type=request_rates, help="requests/s, comma-separated; inf = all at once (default 1,2,4,inf; inf with --max-concurrency)")
     parser.add_argument(
-        "--max-concurrency", type=concurrency_limits, help="most requests in flight, comma-separated limits each run in turn (e.g. 8,32), with a PASS/FAIL check"
+        "--request-rates", type=request_rates, help="requests/s, comma-separated; inf = all at once (default 1,2,4,inf; inf with --max-concurrency)"
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=concurrency_limits,
+        help="most requests in flight: comma-separated limits, each run in turn (e.g. 8,32), with a PASS/FAIL check",
     )
     parser.add_argument("--input-len", type=positive_int, default=256, help="prompt tokens (shared-prefix: after the prefix)")
     parser.add_argument("--output-len", type=positive_int, default=64, help="output tokens per request (EOS ignored)")
