@@ -42,6 +42,7 @@ impl NewTokenRatio {
         NewTokenRatio { ratio: init, init, min: init * MIN_RATIO / INIT_RATIO }
     }
 
+    #[cfg(test)]
     pub fn value(self) -> f64 {
         self.ratio
     }
