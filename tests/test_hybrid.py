@@ -76,10 +76,12 @@ def test_requests_wait_for_a_state_slot_and_retracted_ones_start_over(hybrid):
     path, want = hybrid
     # One slot: the batch runs one request at a time.
     assert generate(path, PROMPTS, max_mamba_cache_size=1)[:2] == (want, want)
-    # 45 4-token pages: the two 81-token prompts are admitted together (21 pages each) and one is retracted as
-    # they grow (to 24 each), then resumed from the snapshot its prompt left after 64 tokens.
+    # 45 4-token pages: the two 81-token prompts are admitted together (21 pages each; no pages kept back for
+    # their output) and one is retracted as they grow (to 24 each), then resumed from the snapshot its prompt left
+    # after 64 tokens.
     pair = [PROMPTS[2], PROMPTS[4]]
-    with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32", page_size=4, max_total_tokens=4 * 45) as engine:
+    options = {"page_size": 4, "max_total_tokens": 4 * 45, "schedule_conservativeness": 0.0}
+    with rsgl.Engine(str(path), threads=2, progress=False, dtype="float32", **options) as engine:
         assert [out["output_ids"] for out in engine.generate(input_ids=pair, sampling_params=GREEDY)] == [want[2], want[4]]
         info = engine.get_server_info()
     assert info["retracted_requests"] > 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import itertools
 import signal
@@ -357,6 +358,61 @@ def test_metrics_count_requests_tokens_and_latencies(http: httpx.Client):
     assert after["rsgl:kv_pages_total"] > 0 and 0 <= after["rsgl:cache_hit_rate"] <= 1
     buckets = [value for name, value in after.items() if name.startswith("rsgl:e2e_request_latency_seconds_bucket")]
     assert buckets == sorted(buckets) and buckets[-1] == after["rsgl:e2e_request_latency_seconds_count"]
+
+
+@pytest.fixture(scope="module")
+def busy_server(tmp_path_factory: pytest.TempPathFactory):
+    """A client of a server running 2 requests at a time, so that more wait in its queue."""
+    with running_server(tmp_path_factory.mktemp("busy-server"), "--max-running-requests", "2") as (url, _):
+        with httpx.Client(base_url=url, headers=AUTH, timeout=120) as http:
+            yield http
+
+
+LATENCIES = ("time_to_first_token_seconds", "inter_token_latency_seconds", "e2e_request_latency_seconds")
+
+
+def test_latency_histograms_count_each_request_under_rsgl_sglang_and_vllm_names(busy_server: httpx.Client):
+    before = read_metrics(busy_server)
+    body = {"text": PROMPT, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 5, "ignore_eos": True}}
+    requests = 6
+
+    def stream(_: int) -> int:
+        with busy_server.stream("POST", "/generate", json=body) as response:
+            assert response.status_code == 200
+            *chunks, done = sse_payloads(response)
+        assert done == "[DONE]" and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        return len(chunks)
+
+    with concurrent.futures.ThreadPoolExecutor(requests) as pool:
+        chunks = sum(pool.map(stream, range(requests)))
+    after = read_metrics(busy_server)
+
+    def grew(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    names = {
+        "ttft": ("rsgl:time_to_first_token_seconds", "sglang:time_to_first_token_seconds", "vllm:time_to_first_token_seconds"),
+        "itl": ("rsgl:inter_token_latency_seconds", "sglang:inter_token_latency_seconds", "vllm:inter_token_latency_seconds"),
+        "e2e": ("rsgl:e2e_request_latency_seconds", "sglang:e2e_request_latency_seconds", "vllm:e2e_request_latency_seconds"),
+        "queue": ("rsgl:queue_time_seconds", "sglang:queue_time_seconds", "vllm:request_queue_time_seconds"),
+    }
+    expected = {"ttft": requests, "itl": chunks - requests, "e2e": requests, "queue": requests}
+    for measure, aliases in names.items():
+        for name in aliases:
+            assert grew(f"{name}_count") == expected[measure], name
+            buckets = [value for key, value in after.items() if key.startswith(f"{name}_bucket")]
+            assert buckets == sorted(buckets) and buckets[-1] == after[f"{name}_count"], name
+        # One measurement per request, the same under every name.
+        assert len({after[f"{name}_sum"] for name in aliases}) == 1, aliases
+    # Two run at a time: the others waited in the engine's queue, and their TTFT includes it.
+    assert grew("rsgl:queue_time_seconds_sum") > 0
+    assert grew("rsgl:time_to_first_token_seconds_sum") > grew("rsgl:queue_time_seconds_sum")
+    # SGLang's buckets under its names.
+    assert 'sglang:time_to_first_token_seconds_bucket{le="400"}' in after
+    assert 'sglang:inter_token_latency_seconds_bucket{le="0.002"}' in after
+    retractions = {after[name] for name in ("rsgl:retracted_requests_total", "sglang:num_retracted_requests_total", "vllm:num_preemptions_total")}
+    assert retractions == {busy_server.get("/get_server_info").json()["retracted_requests"]}
+    assert after["vllm:num_requests_running"] == after["vllm:num_requests_waiting"] == 0
 
 
 def test_prompt_longer_than_the_context_is_a_400_counted_as_an_error(http: httpx.Client):

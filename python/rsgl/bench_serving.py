@@ -9,6 +9,12 @@ end-to-end latency, and reads token counts from the server's usage / meta_info.
 
     python -m rsgl.bench_serving --launch --num-prompts 16 --request-rates 1,4,inf --plot bench-results/serving.png
     python -m rsgl.bench_serving --base-url http://127.0.0.1:30000 --backend native --dataset shared-prefix
+    python -m rsgl.bench_serving --launch --max-concurrency 8,32 --num-prompts 128 --input-len 512 --output-len 128
+
+With --max-concurrency, each rate runs once per concurrency limit (at most that many requests in
+flight, as SGLang's --max-concurrency), and the benchmark checks that output throughput at the
+highest limit is at least that at the lowest (PASS/FAIL, also in the JSON): more users must not
+mean less throughput.
 
 It talks only to --base-url (or to the server it launches on 127.0.0.1) and every request is
 bounded by --request-timeout. The cache is flushed before each rate (/flush_cache), so one rate's
@@ -113,6 +119,7 @@ class Distribution:
 @dataclass
 class RunSummary:
     request_rate: float  # requests/s; inf = all at once
+    max_concurrency: int | None  # most requests in flight; None: no limit
     cache_flushed: bool
     completed: int
     failed: int
@@ -127,14 +134,16 @@ class RunSummary:
     itl: Distribution
     e2e: Distribution
     requests: list[RequestResult]
+    retractions: int | None = None  # requests the server retracted during the run, if it says
 
 
-def summarize(rate: float, cache_flushed: bool, results: list[RequestResult], duration: float) -> RunSummary:
+def summarize(rate: float, cache_flushed: bool, results: list[RequestResult], duration: float, max_concurrency: int | None = None) -> RunSummary:
     done = [r for r in results if r.success]
     prompt_tokens = sum(r.prompt_tokens for r in done)
     output_tokens = sum(r.output_tokens for r in done)
     return RunSummary(
         request_rate=rate,
+        max_concurrency=max_concurrency,
         cache_flushed=cache_flushed,
         completed=len(done),
         failed=len(results) - len(done),
@@ -344,17 +353,68 @@ async def flush_cache(client: httpx.AsyncClient) -> bool:
         return False
 
 
-async def run_rate(client: httpx.AsyncClient, args: argparse.Namespace, model: str | None, prompts: list[Prompt], rate: float) -> RunSummary:
+async def retracted_requests(client: httpx.AsyncClient) -> int | None:
+    """The server's count of retracted requests so far (rsgl's /get_server_info), if it gives one."""
+    try:
+        response = await client.get("/get_server_info")
+        response.raise_for_status()
+        return int(response.json()["retracted_requests"])
+    except (httpx.HTTPError, KeyError, TypeError, ValueError):
+        return None
+
+
+async def run_rate(
+    client: httpx.AsyncClient, args: argparse.Namespace, model: str | None, prompts: list[Prompt], rate: float, max_concurrency: int | None = None
+) -> RunSummary:
     cache_flushed = await flush_cache(client)
+    retracted_before = await retracted_requests(client)
     arrivals = arrival_times(len(prompts), rate, args.seed)
+    in_flight = asyncio.Semaphore(max_concurrency or len(prompts))
     start = time.perf_counter()
 
     async def launch(index: int, arrival: float, prompt: Prompt) -> RequestResult:
         await asyncio.sleep(max(0.0, start + arrival - time.perf_counter()))
-        return await send_request(client, args.backend, model, index, arrival, prompt, args.output_len)
+        async with in_flight:  # timed from when it is sent, as SGLang's client does
+            return await send_request(client, args.backend, model, index, arrival, prompt, args.output_len)
 
     results = await asyncio.gather(*(launch(i, t, p) for i, (t, p) in enumerate(zip(arrivals, prompts))))
-    return summarize(rate, cache_flushed, list(results), time.perf_counter() - start)
+    summary = summarize(rate, cache_flushed, list(results), time.perf_counter() - start, max_concurrency)
+    retracted_after = await retracted_requests(client)
+    if retracted_before is not None and retracted_after is not None:
+        summary.retractions = retracted_after - retracted_before
+    return summary
+
+
+def concurrency_check(runs: list[JsonObject]) -> JsonObject | None:
+    """Whether output throughput at the highest concurrency limit is at least that at the lowest,
+    at each request rate run with two limits or more (None when none was)."""
+    checks = []
+    for rate in dict.fromkeys(r["request_rate"] for r in runs):
+        limited = sorted((r for r in runs if r["request_rate"] == rate and r["max_concurrency"]), key=lambda r: r["max_concurrency"])
+        if len(limited) < 2:
+            continue
+        low, high = limited[0], limited[-1]
+        checks.append(
+            {
+                "request_rate": rate,
+                "low_concurrency": low["max_concurrency"],
+                "high_concurrency": high["max_concurrency"],
+                "low_output_throughput": low["output_throughput"],
+                "high_output_throughput": high["output_throughput"],
+                "passed": bool(high["failed"] == 0 and high["output_throughput"] >= low["output_throughput"]),
+            }
+        )
+    return {"passed": all(c["passed"] for c in checks), "rates": checks} if checks else None
+
+
+def print_concurrency_check(check: JsonObject) -> None:
+    for c in check["rates"]:
+        verdict = "PASS" if c["passed"] else "FAIL"
+        print(
+            f"{verdict}: output throughput at {c['high_concurrency']} concurrent {c['high_output_throughput']:.1f} tok/s "
+            f"{'>=' if c['passed'] else '<'} {c['low_output_throughput']:.1f} tok/s at {c['low_concurrency']} "
+            f"(request rate {format_rate(c['request_rate'])})"
+        )
 
 
 # ---- the benchmark ------------------------------------------------------------------------------
@@ -396,15 +456,19 @@ async def benchmark(args: argparse.Namespace, base_url: str) -> JsonObject:
             raise SystemExit(f"bench_serving: the warm-up request failed: {warmup.error}")
         runs = []
         for rate in args.request_rates:
-            print(f"request rate {format_rate(rate)}: sending {len(prompts)} requests...", flush=True)
-            runs.append(await run_rate(client, args, model, prompts, rate))
-            if not runs[-1].cache_flushed:
-                print("  warning: /flush_cache failed; this rate may hit prefixes cached by earlier runs")
+            for limit in args.max_concurrency or [None]:
+                limited = f", at most {limit} at once" if limit else ""
+                print(f"request rate {format_rate(rate)}: sending {len(prompts)} requests{limited}...", flush=True)
+                runs.append(await run_rate(client, args, model, prompts, rate, limit))
+                if not runs[-1].cache_flushed:
+                    print("  warning: /flush_cache failed; this rate may hit prefixes cached by earlier runs")
+    run_dicts = [asdict(run) for run in runs]
     return {
         "config": {**{k: v for k, v in vars(args).items() if k != "api_key"}, "base_url": base_url},
         "model": model,
         "prompt_tokens_counted": counter.exact,
-        "runs": [asdict(run) for run in runs],
+        "runs": run_dicts,
+        "concurrency_check": concurrency_check(run_dicts),
     }
 
 
@@ -413,6 +477,11 @@ async def benchmark(args: argparse.Namespace, base_url: str) -> JsonObject:
 
 def format_rate(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g} req/s"
+
+
+def run_label(run: JsonObject) -> str:
+    rate = format_rate(run["request_rate"])
+    return f"{rate}, {run['max_concurrency']} conc." if run.get("max_concurrency") else rate
 
 
 def strict_json(value: object) -> object:
@@ -435,12 +504,13 @@ def print_table(runs: list[JsonObject]) -> None:
         ("input token throughput (tok/s)", [f"{r['input_throughput']:.1f}" for r in runs]),
         ("output token throughput (tok/s)", [f"{r['output_throughput']:.1f}" for r in runs]),
         ("mean prompt / output tokens", [f"{r['mean_prompt_tokens']:.0f} / {r['mean_output_tokens']:.0f}" for r in runs]),
+        ("retractions (server)", ["-" if r.get("retractions") is None else f"{r['retractions']}" for r in runs]),
     ]
     for metric, name in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2e", "E2E latency")):
         for stat in ("mean", "p50", "p99"):
             values = [r[metric][stat] for r in runs]
             rows.append((f"{name} {stat} (ms)", ["-" if v is None else f"{v:.1f}" for v in values]))
-    header = ["request rate", *(format_rate(r["request_rate"]) for r in runs)]
+    header = ["request rate", *(run_label(r) for r in runs)]
     width = max(len(name) for name, _ in rows)
     columns = [max(len(header[i + 1]), *(len(cells[i]) for _, cells in rows)) for i in range(len(runs))]
     print()
@@ -451,7 +521,7 @@ def print_table(runs: list[JsonObject]) -> None:
     for run in runs:
         errors = [r["error"] for r in run["requests"] if not r["success"]]
         if errors:
-            print(f"\n{format_rate(run['request_rate'])}: {len(errors)} failed, e.g. {errors[0]}")
+            print(f"\n{run_label(run)}: {len(errors)} failed, e.g. {errors[0]}")
 
 
 def write_plot(results: JsonObject, path: Path) -> None:
@@ -471,7 +541,7 @@ def write_plot(results: JsonObject, path: Path) -> None:
         for stat, style in (("p50", "o-"), ("p99", "s--")):
             ax.plot(throughput, [r[metric][stat] for r in runs], style, label=stat)
         for run, x in zip(runs, throughput):
-            ax.annotate(format_rate(run["request_rate"]), (x, run[metric]["p99"]), textcoords="offset points", xytext=(4, 6), fontsize=8)
+            ax.annotate(run_label(run), (x, run[metric]["p99"]), textcoords="offset points", xytext=(4, 6), fontsize=8)
         ax.set(title=title, xlabel="output token throughput (tok/s)", ylabel="latency (ms)")
         ax.set_ylim(0, 1.15 * max(r[metric]["p99"] for r in runs))  # room for the labels
         ax.margins(x=0.15)
@@ -556,6 +626,13 @@ def positive_int(text: str) -> int:
     return value
 
 
+def concurrency_limits(text: str) -> list[int]:
+    limits = [positive_int(part) for part in text.split(",") if part.strip()]
+    if not limits:
+        raise argparse.ArgumentTypeError("give concurrency limits, e.g. 8,32")
+    return limits
+
+
 def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_serving") -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[1])
     server = parser.add_mutually_exclusive_group()
@@ -566,7 +643,14 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="openai", help="openai: /v1/completions; native: /generate")
     parser.add_argument("--dataset", choices=("random", "shared-prefix"), default="random")
     parser.add_argument("--num-prompts", type=positive_int, default=64)
-    parser.add_argument("--request-rates", type=request_rates, default=request_rates("1,2,4,inf"), help="requests/s, comma-separated; inf = all at once")
+    parser.add_argument(
+        "--request-rates", type=request_rates, help="requests/s, comma-separated; inf = all at once (default 1,2,4,inf; inf with --max-concurrency)"
+    )
+    parser.add_argument(
+        "--max-concurrency",
+        type=concurrency_limits,
+        help="most requests in flight: comma-separated limits, each run in turn (e.g. 8,32), with a PASS/FAIL check",
+    )
     parser.add_argument("--input-len", type=positive_int, default=256, help="prompt tokens (shared-prefix: after the prefix)")
     parser.add_argument("--output-len", type=positive_int, default=64, help="output tokens per request (EOS ignored)")
     parser.add_argument("--shared-prefix-len", type=positive_int, default=512, help="tokens in each group's system prefix")
@@ -576,7 +660,10 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_
     parser.add_argument("--request-timeout", type=float, default=600, help="seconds per request")
     parser.add_argument("--json", type=Path, default=Path("bench-results/serving.json"), help="results (default %(default)s)")
     parser.add_argument("--plot", type=Path, help="a PNG of latency against throughput")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.request_rates is None:
+        args.request_rates = request_rates("inf" if args.max_concurrency else "1,2,4,inf")
+    return args
 
 
 def main(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_serving") -> None:
@@ -587,6 +674,9 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.bench_servin
     else:
         results = asyncio.run(benchmark(args, args.base_url.rstrip("/")))
     print_table(results["runs"])
+    if results["concurrency_check"]:
+        print()
+        print_concurrency_check(results["concurrency_check"])
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(strict_json(results), indent=1) + "\n")
     print(f"\nresults written to {args.json}")

@@ -75,6 +75,7 @@ class EngineOptions(TypedDict, total=False):
     activation_bits: Literal[8, 16]
     random_seed: int
     schedule_policy: Literal["fcfs", "lpm", "dfs-weight"]
+    schedule_conservativeness: float
     disable_radix_cache: bool
     disable_jump_forward: bool
     grammar_compile_threads: int
@@ -118,6 +119,7 @@ class Finished(TypedDict):
     spec_verify_ct: int
     spec_draft_tokens: int
     spec_accepted_tokens: int
+    queue_time: float
 
 
 class Output(TypedDict):

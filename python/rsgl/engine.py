@@ -109,7 +109,9 @@ class Engine:
     `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,
     so two engines do not replay the same samples), `max_n` (the largest `n`), `max_sequences_per_call`
     (prompts times `n` of one call), `skip_tokenizer_init` (token ids in and out), `served_model_name`,
-    `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `disable_radix_cache` (no prefix
+    `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `schedule_conservativeness` (how much of the running
+    requests' remaining output admission keeps KV pages for, relative to SGLang's default estimate: higher
+    admits fewer requests at once and retracts fewer; 0 keeps none back; default 1), `disable_radix_cache` (no prefix
     sharing), `hicache_dir` (the prefix cache's disk tier: every computed KV page is also written
     to a file in this folder, by a thread of its own, and prompts whose prefix memory no longer
     holds read it back instead of recomputing it, also after a restart; `get_server_info()["hicache"]`
@@ -169,6 +171,7 @@ class Engine:
         skip_tokenizer_init: bool = False,
         served_model_name: str | None = None,
         schedule_policy: str = "fcfs",
+        schedule_conservativeness: float = 1.0,
         disable_radix_cache: bool = False,
         quantization: str | None = None,
         quantize_lm_head: bool = False,
@@ -227,6 +230,7 @@ class Engine:
             "activation_bits": activation_bits,
             "random_seed": random_seed,
             "schedule_policy": schedule_policy,
+            "schedule_conservativeness": schedule_conservativeness,
             "disable_radix_cache": disable_radix_cache,
             "disable_jump_forward": disable_jump_forward,
             "is_embedding": is_embedding,

@@ -77,6 +77,11 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "or 16 (int8 plus its rounding residual: closer to float answers, slower prefill)",
     },
     "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
+    "--schedule-conservativeness": {
+        "type": float,
+        "help": "how much of the running requests' remaining output admission keeps KV pages for, relative to SGLang's "
+        "default estimate: higher admits fewer requests at once and retracts fewer, 0 keeps none back (default 1.0)",
+    },
     "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
     "--disable-jump-forward": {"action": "store_true", "default": None, "help": "sample every token of constrained output, even forced text"},
     "--random-seed": {"type": int, "help": "seed of the requests that give none (default: drawn at start-up and logged)"},

@@ -734,6 +734,10 @@ pub struct EngineOptions {
     pub random_seed: u64,
     /// Order of admission: fcfs, lpm or dfs-weight.
     pub schedule_policy: SchedulePolicy,
+    /// How much of the running requests' remaining output budgets admission keeps pages for,
+    /// relative to SGLang's default estimate (its name; see `reserve`): higher admits fewer
+    /// requests and retracts less, 0 reserves nothing.
+    pub schedule_conservativeness: f64,
     /// Turns prefix sharing off (every request computes its whole prompt).
     pub disable_radix_cache: bool,
     /// Constrained requests sample every token, even text their grammar forces.
@@ -784,6 +788,7 @@ impl Default for EngineOptions {
             activation_bits: 8,
             random_seed: 0,
             schedule_policy: SchedulePolicy::Fcfs,
+            schedule_conservativeness: 1.0,
             disable_radix_cache: false,
             disable_jump_forward: false,
             grammar_compile_threads: 2,
@@ -816,6 +821,9 @@ impl EngineOptions {
         ];
         if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));
+        }
+        if !(opts.schedule_conservativeness >= 0.0 && opts.schedule_conservativeness.is_finite()) {
+            return Err(EngineError::InvalidRequest("engine option schedule_conservativeness must be 0 or more".into()));
         }
         if opts.kv_cache_memory_gb.is_nan() || opts.kv_cache_memory_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));

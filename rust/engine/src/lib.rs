@@ -20,6 +20,7 @@ pub mod model;
 pub mod policy;
 pub mod pooling;
 pub mod request;
+mod reserve;
 pub mod sample;
 mod scheduler;
 mod sequence;

@@ -114,6 +114,9 @@ pub struct Finished {
     pub spec_verify_ct: usize,
     pub spec_draft_tokens: usize,
     pub spec_accepted_tokens: usize,
+    /// Seconds from the engine's receipt of the request to its first admission (SGLang's
+    /// `queue_time`; until its end if it never ran).
+    pub queue_time: f64,
 }
 
 /// Why a request ended, in SGLang's `meta_info.finish_reason` shape.

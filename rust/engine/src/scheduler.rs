@@ -1,10 +1,13 @@
 //! Continuous batching over the paged KV pool and the radix prefix cache.
 //!
 //! Each step: grow decoding requests by a page where they need one (evicting cached prefixes,
-//! then retracting the newest requests when the pool is dry), admit waiting requests in policy
-//! order (sharing their cached prefix, deferring those that share an uncached prefix with one
-//! admitted in this step so that prefix is computed once), then plan the step: one token per
-//! decoding request, then prompt chunks within the token budget.
+//! and only when that leaves the pool dry retracting the request that loses least,
+//! [`retraction_victim`]), admit waiting requests in policy order while the step's token budget
+//! has room for their prompts and the pool for them beside what the running requests' output
+//! may still take ([`reserve`](crate::reserve)), sharing their cached prefix and deferring those
+//! that share an uncached prefix with one admitted in this step (so that prefix is computed
+//! once), then plan the step: one token per decoding request, then prompt chunks within the
+//! token budget in admission order.
 //!
 //! With the disk tier on, a request's prompt pages past what memory holds are read back from
 //! disk at admission (the kernel prefetches them while it waits), and every page a request
@@ -21,6 +24,7 @@ use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash, PageRecord
 use crate::kv::window::{covered_pages, first_window_page, window_pages_per_request, NO_PAGE};
 use crate::kv::{Freed, KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache, StateSlots};
 use crate::policy::{admission_order, SchedulePolicy};
+use crate::reserve::{reserved_pages, retraction_victim, NewTokenRatio};
 use crate::sequence::{SeqKv, Sequence};
 use std::collections::VecDeque;
 
@@ -93,6 +97,8 @@ pub(crate) struct Scheduler {
     policy: SchedulePolicy,
     max_running: usize,
     token_budget: usize,
+    /// The share of the running requests' remaining output budgets admission keeps pages for.
+    new_token_ratio: NewTokenRatio,
     retractions: u64,
     /// Prompt tokens of admitted requests, and how many of them the cache supplied.
     admitted_prompt_tokens: u64,
@@ -136,6 +142,7 @@ impl Scheduler {
             policy: opts.schedule_policy,
             max_running: opts.max_running_requests,
             token_budget: opts.chunked_prefill_size,
+            new_token_ratio: NewTokenRatio::new(opts.schedule_conservativeness),
             retractions: 0,
             admitted_prompt_tokens: 0,
             cache_hit_tokens: 0,
@@ -201,7 +208,9 @@ impl Scheduler {
     /// then prompt chunks within the token budget. Pages read back from the disk tier go
     /// straight into `kv`.
     pub fn plan(&mut self, kv: &mut KvCache) -> Batch {
-        self.grow_pages();
+        if !self.grow_pages() && self.running.iter().any(Sequence::is_decoding) {
+            self.new_token_ratio.decay();
+        }
         self.admit(kv);
         let mut batch = Batch::default();
         let mut budget = self.token_budget;
@@ -281,9 +290,10 @@ impl Scheduler {
     }
 
     /// Gives every running request the pages its next token needs (a decoding request its
-    /// window pages too), retracting the most recently admitted requests while the pools (and
-    /// the evictable cache) cannot provide them.
-    fn grow_pages(&mut self) {
+    /// window pages too), retracting requests ([`retraction_victim`]) only while the pools and
+    /// the evictable cache together cannot provide them. Returns whether it retracted any.
+    fn grow_pages(&mut self) -> bool {
+        let mut retracted = false;
         let mut i = 0;
         while i < self.running.len() {
             let seq = &self.running[i];
@@ -303,10 +313,17 @@ impl Scheduler {
             if grown && (!decoding || self.grow_window(i, start, end) == end) {
                 i += 1;
             } else {
-                let victim = self.running.len() - 1;
+                let victim = retraction_victim(&self.running).expect("request i is running");
                 self.retract(victim);
+                retracted = true;
+                // Request i is retried (or, retracted itself, replaced by the next one).
+                i -= usize::from(victim < i);
             }
         }
+        if retracted {
+            self.new_token_ratio.after_retraction(&self.running);
+        }
+        retracted
     }
 
     /// Moves a running request back to the front of the queue; its output so far is kept and its
@@ -323,9 +340,15 @@ impl Scheduler {
         let queue: Vec<Sequence> = self.waiting.drain(..).collect();
         let order = admission_order(self.policy, &queue.iter().collect::<Vec<_>>(), self.cache.as_mut());
         let mut slots: Vec<Option<Sequence>> = queue.into_iter().map(Some).collect();
-        let mut budget = self.token_budget;
-        let first_admitted = self.running.len();
         let ps = self.pool.page_size();
+        // The step's tokens left once the running requests' own (decode tokens, drafts, the
+        // rest of their prompts) are planned: admitting past that only parks prompts in pages.
+        let pending: usize = self.running.iter().map(|s| s.tokens.len() - s.kv.computed).sum();
+        let mut budget = self.token_budget.saturating_sub(pending);
+        // Pages the running requests may still take for their output.
+        let ratio = self.new_token_ratio;
+        let mut reserved: usize = self.running.iter().map(|s| reserved_pages(s, ratio, ps)).sum();
+        let first_admitted = self.running.len();
         for i in order {
             if self.running.len() >= self.max_running || budget == 0 {
                 break;
@@ -363,10 +386,13 @@ impl Scheduler {
             let window_read = self.window.as_ref().map_or(0, |w| w.first_page(cached.pages.len() * ps));
             self.cache.pin_window(cached.window.get(window_read..).unwrap_or_default());
             let need = self.pool.pages_for(seq.tokens.len()) - cached.pages.len();
-            // Leave a page per running request for its next decode page, so admitting does
-            // not force a retraction right away (an empty batch always admits: progress).
-            let headroom = self.running.len();
-            let own = if self.make_room(need + headroom) { self.pool.alloc(need) } else { None };
+            // Room for its prompt and its own reserved output beside what the running requests
+            // may still take, so admitting does not force a retraction a few steps later (an
+            // empty batch always admits: progress).
+            let output = reserved_pages(seq, ratio, ps).saturating_sub(self.pool.pages_for(seq.tokens.len()));
+            let available = self.pool.free_pages() + self.cache.evictable_pages();
+            let fits = self.running.is_empty() || available >= need + output + reserved;
+            let own = if fits && self.make_room(need) { self.pool.alloc(need) } else { None };
             // The window pages of the pages read from disk that the request's window reads.
             let on_disk = chain.len().max(cached.pages.len());
             let disk_window = self.window.as_ref().map_or(0..0, |w| w.first_page(on_disk * ps).max(cached.pages.len())..on_disk);
@@ -405,6 +431,7 @@ impl Scheduler {
                 window.release_behind(&mut seq.kv, self.cache.as_mut());
             }
             if first {
+                seq.queued = Some(seq.arrived.elapsed());
                 self.admitted_prompt_tokens += seq.prompt_len as u64;
                 self.cache_hit_tokens += matched as u64;
                 if let Some(disk) = &mut self.disk {
@@ -416,6 +443,7 @@ impl Scheduler {
                 kv.parts_mut().iter_mut().for_each(|part| part.states.copy_slot(snapshot, slot));
             }
             seq.kv.state_slot = state_slot;
+            reserved += reserved_pages(&seq, ratio, ps);
             self.running.push(seq);
         }
         self.waiting = slots.into_iter().flatten().collect();
@@ -500,9 +528,10 @@ impl Scheduler {
         self.give_back(redundant);
     }
 
-    /// Removes a running request for good, caching its computed pages.
+    /// Removes a running request for good, caching its computed pages. The others keep their
+    /// order (admission order: prompts are chunked in it), their indices past `index` shifted.
     pub fn retire(&mut self, index: usize) -> Sequence {
-        let mut seq = self.running.swap_remove(index);
+        let mut seq = self.running.remove(index);
         self.release(&mut seq);
         seq
     }
@@ -579,3 +608,7 @@ impl Scheduler {
         true
     }
 }
+
+#[cfg(test)]
+#[path = "scheduler_tests.rs"]
+mod tests;

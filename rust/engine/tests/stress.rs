@@ -71,9 +71,10 @@ fn same_outputs_as_alone(policies: &[&str], make: impl Fn(&str) -> rsgl_engine::
 
 /// Runs every case at once under `policy`; returns the outputs of those that finished.
 fn run_all(cases: &[Case], policy: &str, make: impl Fn(&str) -> rsgl_engine::Engine) -> HashMap<String, Vec<u32>> {
-    // 40 pages of 4 tokens: a handful of requests at a time, so decodes must retract others.
+    // 40 pages of 4 tokens: a handful of requests at a time, and no pages kept back for their
+    // output, so decodes must retract others.
     let e = make(&format!(
-        r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}"}}"#
+        r#"{{"page_size": 4, "max_total_tokens": 160, "chunked_prefill_size": 32, "max_running_requests": 16, "threads": 2, "schedule_policy": "{policy}", "schedule_conservativeness": 0.0}}"#
     ));
     let streams: Vec<_> = cases.iter().map(|c| e.submit(request(&c.rid, c.prompt.clone(), c.max_new)).unwrap()).collect();
     for c in cases.iter().filter(|c| c.abort) {

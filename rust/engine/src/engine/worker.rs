@@ -265,7 +265,7 @@ impl Worker {
         for entry in batch.entries() {
             self.scheduler.slide_window(entry.index);
         }
-        // Highest index first: retiring swaps the last request into the freed slot.
+        // Highest index first: retiring shifts the requests after the one retired.
         finished.sort_unstable_by_key(|f| std::cmp::Reverse(f.0));
         let finals: Vec<_> = finished.into_iter().map(|(i, out)| (self.scheduler.retire(i), out)).collect();
         if let Some(speculator) = &mut self.speculator {

@@ -48,6 +48,9 @@ pub(crate) trait PrefixCache: Send {
 
     fn cached_pages(&self) -> usize;
 
+    /// Pages of unlocked prefixes: what [`Self::evict`] can free.
+    fn evictable_pages(&self) -> usize;
+
     /// Window pages held that no request pins (what [`Self::evict_window`] can free).
     fn evictable_window_pages(&self) -> usize;
 
@@ -115,6 +118,10 @@ impl PrefixCache for RadixCache {
         RadixCache::cached_pages(self)
     }
 
+    fn evictable_pages(&self) -> usize {
+        RadixCache::evictable_pages(self)
+    }
+
     fn evictable_window_pages(&self) -> usize {
         RadixCache::evictable_window_pages(self)
     }
@@ -171,6 +178,10 @@ impl PrefixCache for NoPrefixCache {
     }
 
     fn cached_pages(&self) -> usize {
+        0
+    }
+
+    fn evictable_pages(&self) -> usize {
         0
     }
 

@@ -17,6 +17,7 @@ pub(crate) use kv::SeqKv;
 use picker::Picker;
 use report::Report;
 pub(crate) use speculation::Speculation;
+use std::time::{Duration, Instant};
 use text::OutputText;
 
 /// A grammar a request waits for: compiled before the request runs.
@@ -49,6 +50,9 @@ pub(crate) struct Sequence {
     pub pooler: Option<Pooler>,
     /// With speculative decoding on, the request's drafting and verification state.
     pub speculation: Option<Speculation>,
+    /// When the engine received it, and how long it then waited for its first admission.
+    pub arrived: Instant,
+    pub queued: Option<Duration>,
     text: OutputText,
 }
 
@@ -70,6 +74,8 @@ impl Sequence {
             report,
             pooler: None,
             speculation: None,
+            arrived: Instant::now(),
+            queued: None,
             out,
             tokens: req.input_ids,
             prompt_len,
@@ -130,6 +136,7 @@ impl Sequence {
             spec_verify_ct: self.speculation.as_ref().map_or(0, |s| s.verify_ct),
             spec_draft_tokens: self.speculation.as_ref().map_or(0, |s| s.draft_tokens),
             spec_accepted_tokens: self.speculation.as_ref().map_or(0, |s| s.accepted_tokens),
+            queue_time: self.queued.unwrap_or_else(|| self.arrived.elapsed()).as_secs_f64(),
         }
     }
 

@@ -1,0 +1,178 @@
+//! The scheduler's decisions, step by step, over a tiny KV pool: what it admits and in which
+//! order, how it splits prompts into chunks beside the decodes, and whom it retracts, when.
+
+use super::*;
+use crate::config::{KvCacheDtype, ModelConfig};
+use crate::kv::Pools;
+use crate::request::{GenerateRequest, OutputSink};
+
+const PAGE: usize = 4;
+
+fn tiny_config() -> ModelConfig {
+    serde_json::from_value(serde_json::json!({
+        "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
+        "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+        "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 1024
+    }))
+    .expect("a tiny config")
+}
+
+/// A scheduler over `pages` pages of 4 tokens, prefilling at most `budget` tokens a step, and
+/// the KV cache it plans into.
+fn scheduler(pages: usize, budget: usize) -> (Scheduler, KvCache) {
+    let opts = EngineOptions { page_size: PAGE, chunked_prefill_size: budget, ..EngineOptions::default() };
+    let pools = Pools { pages, window_pages: None, state_slots: 0 };
+    let kv = KvCache::new(&tiny_config(), pools, PAGE, KvCacheDtype::Float32, &[2]);
+    (Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None), kv)
+}
+
+/// Request `rid`: a prompt of `prompt` tokens (distinct per request: no shared prefixes) and
+/// `max_new` output tokens.
+fn request(rid: &str, prompt: usize, max_new: usize) -> Sequence {
+    let first = 100 * (rid.bytes().next().unwrap_or(0) as u32);
+    let ids: Vec<u32> = (first..first + prompt as u32).collect();
+    let json = format!(r#"{{"rid": "{rid}", "input_ids": {ids:?}, "sampling_params": {{"max_new_tokens": {max_new}}}}}"#);
+    let req = GenerateRequest::from_json(&json).expect("a request");
+    Sequence::new(req, OutputSink::new(std::sync::mpsc::channel().0, None), &[], 1024, 0)
+}
+
+/// Plans and "runs" one step as the worker does (every completing entry samples a token; a
+/// request with its whole output retires); returns the planned `(rid, start, end)` entries.
+fn step(s: &mut Scheduler, kv: &mut KvCache) -> Vec<(String, usize, usize)> {
+    let batch = s.plan(kv);
+    let planned = batch.entries().iter().map(|e| (s.running()[e.index].rid.clone(), e.start, e.end)).collect();
+    let mut done = Vec::new();
+    for e in batch.entries() {
+        let seq = &mut s.running_mut()[e.index];
+        let extending = !seq.is_decoding();
+        seq.kv.computed = e.end;
+        if e.completes {
+            seq.tokens.push(1);
+            if seq.output_len() >= seq.max_new_tokens {
+                done.push(e.index);
+            }
+        }
+        if extending {
+            s.cache_progress(e.index);
+        }
+    }
+    done.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
+    done.into_iter().for_each(|i| drop(s.retire(i)));
+    planned
+}
+
+fn entry(rid: &str, start: usize, end: usize) -> (String, usize, usize) {
+    (rid.to_string(), start, end)
+}
+
+fn rids<'a>(seqs: impl Iterator<Item = &'a Sequence>) -> Vec<&'a str> {
+    seqs.map(|s| s.rid.as_str()).collect()
+}
+
+#[test]
+fn admits_in_arrival_order_only_what_the_step_can_prefill() {
+    let (mut s, mut kv) = scheduler(64, 8);
+    for rid in ["a", "b", "c"] {
+        s.enqueue(request(rid, 6, 4));
+    }
+    // a's 6 tokens, then b's first 2: c would only hold pages this step.
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 0, 6), entry("b", 0, 2)]);
+    assert_eq!(rids(s.running().iter()), ["a", "b"]);
+    assert_eq!(rids(s.waiting.iter()), ["c"]);
+    // a decodes, b's last 4 prompt tokens, and the 3 tokens left go to c's first chunk.
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 6, 7), entry("b", 2, 6), entry("c", 0, 3)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 7, 8), entry("b", 6, 7), entry("c", 3, 6)]);
+}
+
+#[test]
+fn decodes_then_chunks_in_admission_order_which_retiring_keeps() {
+    let (mut s, mut kv) = scheduler(64, 12);
+    s.enqueue(request("a", 4, 1)); // done after its prefill
+    s.enqueue(request("b", 4, 8));
+    s.enqueue(request("c", 20, 8));
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 0, 4), entry("b", 0, 4), entry("c", 0, 4)]);
+    assert_eq!(rids(s.running().iter()), ["b", "c"]);
+    s.enqueue(request("d", 20, 8));
+    s.enqueue(request("e", 4, 8));
+    // b's decode and c's prompt fill the step: d waits.
+    assert_eq!(step(&mut s, &mut kv), [entry("b", 4, 5), entry("c", 4, 15)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("b", 5, 6), entry("c", 15, 20), entry("d", 0, 6)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("b", 6, 7), entry("c", 20, 21), entry("d", 6, 16)]);
+    assert!(s.remove("b").is_some());
+    assert_eq!(rids(s.running().iter()), ["c", "d"]);
+    assert_eq!(step(&mut s, &mut kv), [entry("c", 21, 22), entry("d", 16, 20), entry("e", 0, 4)]);
+    assert_eq!(rids(s.running().iter()), ["c", "d", "e"]);
+}
+
+#[test]
+fn admission_keeps_room_for_the_running_requests_output() {
+    // 10 pages; a holds 2 (its prompt, its first token) and may write 0.7 x 15 tokens more.
+    let (mut s, mut kv) = scheduler(10, 64);
+    s.enqueue(request("a", 4, 16));
+    step(&mut s, &mut kv);
+    // b needs 1 prompt page and 3 for its output, beside a's 2 more: 6 of the 8 free.
+    s.enqueue(request("b", 4, 16));
+    // c would need 4 more than the 2 left: it waits, however much the step could prefill.
+    s.enqueue(request("c", 4, 16));
+    step(&mut s, &mut kv);
+    assert_eq!(rids(s.running().iter()), ["a", "b"]);
+    assert_eq!(rids(s.waiting.iter()), ["c"]);
+    // Everyone finishes without a retraction, c once a and b are done.
+    for _ in 0..40 {
+        step(&mut s, &mut kv);
+    }
+    assert!(s.is_idle());
+    assert_eq!(s.retractions, 0);
+}
+
+#[test]
+fn evicts_cached_prefixes_before_retracting_anyone() {
+    let (mut s, mut kv) = scheduler(6, 64);
+    // A finished request leaves 3 pages of prompt in the cache.
+    s.enqueue(request("x", 13, 1));
+    step(&mut s, &mut kv);
+    assert!(s.is_idle());
+    assert_eq!((s.pool.free_pages(), s.cache.evictable_pages()), (3, 3));
+    // a's prompt and output take 5 pages: the cache gives its pages back, nobody is retracted.
+    s.enqueue(request("a", 4, 16));
+    for _ in 0..17 {
+        step(&mut s, &mut kv);
+    }
+    assert!(s.is_idle());
+    assert_eq!(s.retractions, 0);
+    assert_eq!(s.cache.evictable_pages() + s.pool.free_pages(), 6);
+}
+
+#[test]
+fn retracts_only_when_the_pool_is_dry_and_then_whom_it_costs_least() {
+    let (mut s, mut kv) = scheduler(6, 64);
+    // An estimate run down to its floor admits both; their output then outgrows the pool.
+    (0..1000).for_each(|_| s.new_token_ratio.decay());
+    s.enqueue(request("a", 4, 16));
+    s.enqueue(request("b", 8, 16));
+    step(&mut s, &mut kv);
+    assert_eq!(rids(s.running().iter()), ["a", "b"]);
+    let mut steps = 0;
+    while s.retractions == 0 {
+        // Until the retraction every page is in use or about to be: none is left idle.
+        let held: usize = s.running().iter().map(|r| r.kv.pages.len()).sum();
+        assert_eq!(held + s.pool.free_pages() + s.cache.evictable_pages(), 6);
+        step(&mut s, &mut kv);
+        steps += 1;
+        assert!(steps < 20, "the pool should run dry");
+    }
+    // Both have written as much; b holds more pages: b goes back to the front of the queue,
+    // its output kept, and the estimate rises again.
+    assert_eq!(rids(s.running().iter()), ["a"]);
+    assert_eq!(rids(s.waiting.iter()), ["b"]);
+    assert!(s.waiting[0].output_len() > 0);
+    assert!(s.new_token_ratio.value() > 0.5);
+    assert_eq!(s.pool.free_pages() + s.cache.evictable_pages() + s.running()[0].kv.pages.len(), 6);
+    // b resumes once a is done; both end with their whole output.
+    for _ in 0..60 {
+        step(&mut s, &mut kv);
+    }
+    assert!(s.is_idle());
+    assert_eq!(s.retractions, 1);
+}
