@@ -57,7 +57,8 @@ def test_the_server_with_two_ranks_answers_as_one_rank_does(tmp_path: Path):
         texts = [r["text"] for r in expected.generate(PROMPTS[:2], GREEDY)]  # type: ignore[union-attr]
     finally:
         expected.shutdown()
-    with running_server(tmp_path, "--tp", "2", "--threads", "2", "--quantization", "gguf", "--activation-bits", "16", "--kv-cache-dtype", KV, api_key=None) as (url, _):
+    flags = ("--tp", "2", "--threads", "2", "--quantization", "gguf", "--activation-bits", "16", "--kv-cache-dtype", KV)
+    with running_server(tmp_path, *flags, api_key=None) as (url, _):
         client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
         for prompt, text in zip(PROMPTS[:2], texts):
             answer = client.completions.create(

@@ -397,7 +397,7 @@ pub(crate) mod tests {
         ];
         // (first position, tokens): a context in one key block, and one over several whose
         // queries straddle a block's end.
-        for (page_size, hd, values_from, group, (first_pos, tokens)) in shapes.into_iter().map(|s| (s.0, s.1, s.2, s.3, (37, 9))).chain(LONG_SHAPES) {
+        for ((page_size, hd, values_from, group), (first_pos, tokens)) in shapes.into_iter().map(|shape| (shape, (37, 9))).chain(LONG_SHAPES) {
             let kv_heads = 2;
             let f = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
             let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * values_from.dim());
@@ -424,9 +424,12 @@ pub(crate) mod tests {
         }
     }
 
-    /// Shapes over several key blocks: (page size, head_dim, values, group, (first position, tokens)).
-    const LONG_SHAPES: [(usize, usize, Values, usize, (usize, usize)); 3] =
-        [(16, 64, Values::Own(64), 3, (510, 5)), (7, 24, Values::Own(20), 2, (770, 3)), (5, 40, Values::Latent(36), 16, (520, 2))];
+    /// A test task's page size, head_dim, values and group.
+    type Shape = (usize, usize, Values, usize);
+
+    /// Shapes over several key blocks, with (first position, tokens).
+    const LONG_SHAPES: [(Shape, (usize, usize)); 3] =
+        [((16, 64, Values::Own(64), 3), (510, 5)), ((7, 24, Values::Own(20), 2), (770, 3)), ((5, 40, Values::Latent(36), 16), (520, 2))];
 
     /// Each key block's partials, computed by any path for any split of the blocks into runs and
     /// merged in order, give the path's own `attention` bit for bit: how one long context splits
@@ -434,7 +437,7 @@ pub(crate) mod tests {
     #[test]
     fn partials_split_anyhow_merge_to_the_same_bits() {
         for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
-            for (page_size, hd, values_from, group, (first_pos, tokens)) in LONG_SHAPES {
+            for ((page_size, hd, values_from, group), (first_pos, tokens)) in LONG_SHAPES {
                 let (kv_heads, f) = (2, Fixture::new(page_size, 2, hd, values_from, first_pos + tokens));
                 let q = data(tokens * kv_heads * group * hd, 13.0);
                 for stored in STORED {
