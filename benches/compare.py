@@ -14,7 +14,7 @@ it is (or --gguf PATH beside a folder); transformers only with
 --transformers (it holds float32 copies: too large past 1B here).
 
 Engines and weights: rsgl.Engine in bfloat16, float32 and W8A8 (int8 weights, lm_head included; KV
-pages as rsgl keeps them by default: int8, float32 beside float32 weights); transformers (eager PyTorch, no
+pages as rsgl keeps them by default: int8, float32 beside float32 and 4-bit weights); transformers (eager PyTorch, no
 torch.compile, its default attention) in float32 and bfloat16; rsgl and llama.cpp on the
 default model's own Q4_1 file as it is; llama.cpp (llama-cpp-python) on the model written as
 F16 and Q8_0 GGUF too (cached in ~/.cache/rsgl-bench). All get the same random
@@ -255,7 +255,8 @@ def measure_rsgl(
 
     # No prefix cache: every run computes its whole prompt, as the other engines do. W8A8
     # quantizes the lm_head too, as llama.cpp's Q8_0 does the (tied) output matrix. KV pages as
-    # each engine keeps them by default (rsgl: int8 but beside float32 weights; llama.cpp: F16).
+    # each engine keeps them by default (rsgl: int8 beside 16-bit and int8 weights, float32 beside
+    # float32 and 4-bit ones; llama.cpp: F16).
     precision = {"quantization": quantization, "quantize_lm_head": True} if quantization else {}
     started = time.perf_counter()
     with rsgl.Engine(

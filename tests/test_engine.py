@@ -309,7 +309,7 @@ def test_smaller_kv_cache_dtypes_hold_more_tokens_and_score_alike(tiny_models, k
         ({}, "float32"),  # float32 weights
         ({"dtype": "bfloat16"}, "int8"),
         ({"quantization": "w8a8_int8"}, "int8"),
-        ({"quantization": "w4a8"}, "int8"),
+        ({"quantization": "w4a8"}, "float32"),
         ({"dtype": "bfloat16", "kv_cache_dtype": "bfloat16"}, "bfloat16"),
     ],
 )
