@@ -209,12 +209,12 @@ impl AttentionTask<'_> {
         used.start.max(b * per_block)..used.end.min((b + 1) * per_block)
     }
 
-    /// The keys query token `t` sees among those of the pages `pages` (positions; empty when it
-    /// sees none of them).
-    pub fn keys_within(&self, pages: &std::ops::Range<usize>, t: usize) -> std::ops::Range<usize> {
+    /// The keys query tokens `first..=last` see, together, among those of the pages `pages`
+    /// (positions; empty when they see none of them).
+    pub fn keys_within(&self, pages: &std::ops::Range<usize>, first: usize, last: usize) -> std::ops::Range<usize> {
         let ps = self.kv.page_size;
-        let start = self.first_key(t).max(pages.start * ps);
-        start..self.span(t).min(pages.end * ps).max(start)
+        let start = self.first_key(first).max(pages.start * ps);
+        start..self.span(last).min(pages.end * ps).max(start)
     }
 
     /// Floats of one key block's partials: one [`Partial`] per query row.

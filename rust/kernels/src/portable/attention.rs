@@ -61,7 +61,7 @@ pub unsafe fn merge_partials(task: &AttentionTask, partials: &[f32], out: *mut f
 fn row_partial(task: &AttentionTask, pages: &Range<usize>, t: usize, g: usize, part: &mut [f32]) {
     let kv = task.kv;
     let (hd, ps) = (kv.head_dim, kv.page_size);
-    let keys = task.keys_within(pages, t);
+    let keys = task.keys_within(pages, t, t);
     Partial::clear(part);
     if keys.is_empty() {
         return;

@@ -182,10 +182,8 @@ impl Block {
     /// (empty when they see none).
     #[inline(always)]
     fn columns(&self, task: &AttentionTask, first: usize, last: usize) -> Range<usize> {
-        let ps = task.kv.page_size;
-        let origin = self.pages.start * ps;
-        let start = task.first_key(first).max(origin);
-        start - origin..task.span(last).min(self.pages.end * ps).max(start) - origin
+        let (keys, origin) = (task.keys_within(&self.pages, first, last), self.pages.start * task.kv.page_size);
+        keys.start - origin..keys.end - origin
     }
 
     /// The page `ahead` pages after page `p` of the sequence, if the task uses it.
