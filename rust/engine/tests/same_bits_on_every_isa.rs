@@ -42,15 +42,15 @@ fn fingerprint(e: &Engine) -> u64 {
 fn models_compute_the_recorded_bits() {
     // (architecture, precision, the fingerprint recorded on x86_64 AVX2).
     let cases = [
-        ("llama", r#""dtype": "float32""#, 0xa23d_ecfa_225b_0502),
-        ("qwen2_moe", r#""dtype": "float32""#, 0x9875_0606_44a7_7d8e),
-        ("llama", r#""quantization": "w4a8""#, 0x8636_dca2_e55a_f3fd),
-        ("mixtral", r#""quantization": "w4a8""#, 0xffdc_f212_b317_b987),
-        ("llama", r#""quantization": "w8a8_int8", "quantize_lm_head": true"#, 0x30ea_8858_ed71_9c9f),
+        ("llama", r#""dtype": "float32""#, 0xab2f_1062_518c_581a),
+        ("qwen2_moe", r#""dtype": "float32""#, 0x63c7_b134_2823_50f1),
+        ("llama", r#""quantization": "w4a8""#, 0xbd66_4721_dfcf_9c77),
+        ("mixtral", r#""quantization": "w4a8""#, 0x7fc7_037a_0529_8f16),
+        ("llama", r#""quantization": "w8a8_int8", "quantize_lm_head": true"#, 0x0b7a_ab5f_63bc_bc0e),
         // The delta rule, its convolution and gates: portable Rust with the kernels' exp and ln.
-        ("qwen3_5_text", r#""dtype": "float32""#, 0x8636_844d_981c_5015),
+        ("qwen3_5_text", r#""dtype": "float32""#, 0x43f8_be93_8011_d423),
         // Latent attention (absorbed: the chunks are shorter than the expanded form pays off at) and grouped sigmoid routing.
-        ("deepseek_v3", r#""dtype": "float32""#, 0xb280_3425_638a_114f),
+        ("deepseek_v3", r#""dtype": "float32""#, 0x9e29_c454_9484_b658),
     ];
     let mut wrong = Vec::new();
     for (arch, precision, want) in cases {

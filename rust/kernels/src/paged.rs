@@ -250,9 +250,11 @@ impl AttentionTask<'_> {
     }
 }
 
-/// A query row's softmax over some of its keys, unnormalized, stored as `[max, sum, out...]`:
-/// `max` the largest scaled score (-inf when the row saw none of the keys), `sum` the sum of
-/// `exp(score - max)`, `out` (`value_dim` wide) the sum of those exponentials times the values.
+/// A query row's softmax over some of its keys, stored as `[max, sum, out...]`: `max` the
+/// largest scaled score (-inf when the row saw none of the keys), `sum` the sum of
+/// `exp(score - max)`, `out` (`value_dim` wide) the values weighted by those exponentials over
+/// `sum` (normalized within the keys, so a context of one block gives exactly a plain softmax's
+/// output).
 pub struct Partial;
 
 impl Partial {
@@ -267,9 +269,10 @@ impl Partial {
         state[1] = 0.0;
     }
 
-    /// Merges the later keys' partial `part` into `state` (the earlier keys'): both rescaled to
-    /// the larger max. The first merge copies. Every path merges with this one function, in key
-    /// order, so the split and the single-thread results agree bit for bit.
+    /// Merges the later keys' partial `part` into `state` (the earlier keys'): each output
+    /// weighted by its share of the two sums, rescaled to the larger max. The first merge copies.
+    /// Every path merges with this one function, in key order, so the split and the
+    /// single-thread results agree bit for bit.
     #[inline(always)]
     pub fn merge(state: &mut [f32], part: &[f32]) {
         let (m, mp) = (state[0], part[0]);
@@ -281,26 +284,30 @@ impl Partial {
             return;
         }
         let max = m.max(mp);
-        let (a, b) = (crate::portable::exp(m - max), crate::portable::exp(mp - max));
+        let (a, b) = (state[1] * crate::portable::exp(m - max), part[1] * crate::portable::exp(mp - max));
+        let total = a + b;
+        let (wa, wb) = (a / total, b / total);
         state[0] = max;
-        for (s, p) in state[1..].iter_mut().zip(&part[1..]) {
-            *s = p.mul_add(b, *s * a);
+        state[1] = total;
+        for (s, p) in state[2..].iter_mut().zip(&part[2..]) {
+            *s = p.mul_add(wb, *s * wa);
         }
     }
 
-    /// Writes the normalized output of a row's merged `state`, with its sink logit (if any) in
-    /// the denominator.
+    /// Writes a row's output from its merged `state`: the state's own, or with a sink logit,
+    /// scaled by the keys' share of the sum the sink joins.
     #[inline(always)]
     pub fn finish(state: &[f32], sink: Option<f32>, out: &mut [f32]) {
-        let (m, sum) = (state[0], state[1]);
-        let (m_all, rescale) = match sink {
-            Some(s) if s > m => (s, crate::portable::exp(m - s)),
-            _ => (m, 1.0),
+        let (m, sum, values) = (state[0], state[1], &state[2..]);
+        let Some(s) = sink else {
+            out.copy_from_slice(&values[..out.len()]);
+            return;
         };
-        let total = sink.map_or(sum, |s| sum.mul_add(rescale, crate::portable::exp(s - m_all)));
-        let factor = rescale / total;
-        for (o, s) in out.iter_mut().zip(&state[2..]) {
-            *o = s * factor;
+        let max = m.max(s);
+        let keys = sum * crate::portable::exp(m - max);
+        let factor = keys / (keys + crate::portable::exp(s - max));
+        for (o, v) in out.iter_mut().zip(values) {
+            *o = v * factor;
         }
     }
 }

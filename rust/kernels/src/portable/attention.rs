@@ -8,10 +8,10 @@ use std::ops::Range;
 /// `softmax(softcap(scale * q · K[keys])) · V[keys]` over its keys `first_key(t)..span(t)` (the
 /// head's sink logit, if any, joining the softmax's denominator). Per key block
 /// ([`crate::paged`]): each score a sequential fused sum over the head's dimensions (soft capped
-/// with [`super::softcap`] when the task says so), [`Partial`]'s max and sum of exponentials
-/// over the block's keys the row sees ([`super::exp_shifted_sum`]), and the values times those
-/// exponentials summed, fused, in key order (a latent page's values read from its keys); then
-/// the blocks' partials merged in order and normalized ([`Partial::merge`], [`Partial::finish`]).
+/// with [`super::softcap`] when the task says so), the softmax over the block's keys the row sees
+/// (its max and [`super::exp_shifted_sum`]'s sum kept in the row's [`Partial`]), and the values
+/// times those probabilities summed, fused, in key order (a latent page's values read from its
+/// keys); then the blocks' partials merged in order ([`Partial::merge`], [`Partial::finish`]).
 ///
 /// # Safety
 /// `out` must be valid for those writes, and no other thread may touch those elements.
@@ -83,8 +83,10 @@ fn row_partial(task: &AttentionTask, pages: &Range<usize>, t: usize, g: usize, p
         super::softcap(&mut scores, cap);
     }
     let max = scores.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    part[0] = max;
-    part[1] = super::exp_shifted_sum(&mut scores, max);
+    let sum = super::exp_shifted_sum(&mut scores, max);
+    (part[0], part[1]) = (max, sum);
+    let inv = 1.0 / sum;
+    scores.iter_mut().for_each(|p| *p *= inv);
     let values = kv.value_storage();
     let o = &mut part[2..];
     o.fill(0.0);

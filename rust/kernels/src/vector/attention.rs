@@ -5,14 +5,14 @@
 //!    of transposed keys one dimension at a time, so each key vector loaded serves every row of
 //!    the group and block, and a decode's few rows still keep two FMA chains each in flight.
 //! 2. Per row, over exactly its own keys in the block (its window, up to its position): the soft
-//!    cap, if any, then the [`Partial`]'s max and sum of exponentials; every other key's
-//!    exponential is zero.
+//!    cap, if any, then the softmax, its max and sum kept in the row's [`Partial`]; every other
+//!    key's probability is zero.
 //! 3. Values: up to 4 rows by up to 4 registers of the head, summed key by key into the rows'
 //!    partials. Latent pages' values (the first `value_dim` elements of each transposed key) are
 //!    first widened into value rows in scratch, a chunk of keys at a time, so the same tiles sum
 //!    them: one copy per element serves the whole group (16 to 128 query heads in MLA decode).
 //! 4. The block's partials merge into each row's running one ([`Partial::merge`]); after the
-//!    last block, [`Partial::finish`] divides by the sum (the sink's exponential joining it).
+//!    last block, [`Partial::finish`] writes it out (scaled down by a sink's share, if any).
 //!
 //! Int8 pages are widened in registers: a key's scale multiplies its score (it factors out of
 //! the sum over dimensions) and a value's scale its exponential, so no page is dequantized.
@@ -24,7 +24,7 @@
 //! Each row's arithmetic is the same whatever rows share its task, so a query gets the same bits
 //! alone, in a decode batch or in a prefill chunk, and split over threads by blocks.
 
-use super::elementwise::{exp_shifted, max_of, softcap};
+use super::elementwise::{exp_shifted, max_of, scale, softcap};
 use super::F32Vector;
 use crate::packed::bf16_to_f32;
 use crate::paged::{AttentionTask, KvSlice, Partial};
@@ -214,8 +214,9 @@ unsafe fn block_partials<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: &
             softcap::<V>(&mut row[keys.clone()], cap);
         }
         let max = max_of::<V>(&row[keys.clone()]);
-        partial[0] = max;
-        partial[1] = exp_shifted::<V>(&mut row[keys.clone()], max);
+        let sum = exp_shifted::<V>(&mut row[keys.clone()], max);
+        (partial[0], partial[1]) = (max, sum);
+        scale::<V>(&mut row[keys.clone()], 1.0 / sum);
         row[..keys.start].fill(0.0);
         row[keys.end..].fill(0.0);
         if E::SCALED {

@@ -179,7 +179,7 @@ pub(crate) unsafe fn exp_shifted<V: F32Vector>(x: &mut [f32], max: f32) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn scale<V: F32Vector>(x: &mut [f32], by: f32) {
+pub(crate) unsafe fn scale<V: F32Vector>(x: &mut [f32], by: f32) {
     let body = x.len() / V::LANES * V::LANES;
     let (p, vs) = (x.as_mut_ptr(), V::splat(by));
     for i in (0..body).step_by(V::LANES) {
