@@ -612,8 +612,9 @@ def default_kv_cache_dtype(weight_dtype: str, quantization: str | None) -> str:
     """The KV cache's element type when none is asked for: int8 for 16-bit and int8 weights (the
     fastest, 1.38x bfloat16's decode at 4,096 tokens, within 0.2% of its perplexity:
     docs/performance.md, "KV cache dtypes"); float32 for float32 weights (precision was asked
-    for) and 4-bit ones (the default model's greedy answers change with any narrower pages, even
-    bfloat16: docs/performance.md, "int8 pages for 4-bit weights?")."""
+    for) and 4-bit ones (their 8-bit activations move prompt log-probabilities past the int8
+    test's bounds with any narrower pages, even bfloat16: docs/performance.md, "int8 pages for
+    4-bit weights?")."""
     sixteen_bit = weight_dtype in ("bfloat16", "float16") and quantization is None
     return "int8" if sixteen_bit or quantization == "w8a8_int8" else "float32"
 
