@@ -20,7 +20,7 @@ from bench_report import machine_fields, write_json
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default=None, help="model path (default: the default model)")
+    parser.add_argument("--model", default=None, help="model path (default: the default model, at W8A8 as rsgl serves it)")
     parser.add_argument("--context", type=int, default=8000, help="prompt tokens")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--dtypes", default="float32,bfloat16,int8", help="KV cache dtypes, one engine each")
