@@ -299,27 +299,42 @@ pub(crate) mod tests {
         run_with_table(kern, f, &f.table, stored, group, q, at)
     }
 
+    /// Kv head `h`'s task over `f`'s pages (`kv`) under `table`, q `[tokens][kv_heads * group * head_dim]`.
+    #[allow(clippy::too_many_arguments)]
+    fn fixture_task<'a>(
+        f: &Fixture,
+        kv: &'a PagedKv<'a>,
+        table: &'a [u32],
+        group: usize,
+        q: &'a [f32],
+        at: Queries,
+        sinks: &'a [f32],
+        h: usize,
+    ) -> AttentionTask<'a> {
+        AttentionTask {
+            kv,
+            pages: table,
+            kv_head: h,
+            group,
+            q: &q[h * group * f.head_dim..],
+            q_stride: f.kv_heads * group * f.head_dim,
+            tokens: at.tokens,
+            first_pos: at.first_pos,
+            scale: 1.0 / (f.head_dim as f32).sqrt(),
+            window: at.window,
+            softcap: at.softcap,
+            sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
+        }
+    }
+
     /// [`run`] with the page table `table`.
     fn run_with_table(kern: &Kernels, f: &Fixture, table: &[u32], stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
         let kv = f.kv(stored);
-        let (q_stride, out_stride) = (f.kv_heads * group * f.head_dim, f.kv_heads * group * kv.value_dim);
+        let out_stride = f.kv_heads * group * kv.value_dim;
         let mut out = vec![f32::NAN; at.tokens * out_stride];
         let sinks = sinks(f.kv_heads * group);
         for h in 0..f.kv_heads {
-            let task = AttentionTask {
-                kv: &kv,
-                pages: table,
-                kv_head: h,
-                group,
-                q: &q[h * group * f.head_dim..],
-                q_stride,
-                tokens: at.tokens,
-                first_pos: at.first_pos,
-                scale: 1.0 / (f.head_dim as f32).sqrt(),
-                window: at.window,
-                softcap: at.softcap,
-                sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
-            };
+            let task = fixture_task(f, &kv, table, group, q, at, &sinks, h);
             // SAFETY: `out` holds every row the task writes, and nothing else runs.
             unsafe { (kern.attention)(&task, out.as_mut_ptr().add(h * group * kv.value_dim), out_stride) };
         }
@@ -458,24 +473,11 @@ pub(crate) mod tests {
     /// `merge_partials`.
     fn run_split(kern: &Kernels, f: &Fixture, stored: Stored, group: usize, q: &[f32], at: Queries) -> Vec<f32> {
         let kv = f.kv(stored);
-        let (q_stride, out_stride) = (f.kv_heads * group * f.head_dim, f.kv_heads * group * kv.value_dim);
+        let out_stride = f.kv_heads * group * kv.value_dim;
         let mut out = vec![f32::NAN; at.tokens * out_stride];
         let sinks = sinks(f.kv_heads * group);
         for h in 0..f.kv_heads {
-            let task = AttentionTask {
-                kv: &kv,
-                pages: &f.table,
-                kv_head: h,
-                group,
-                q: &q[h * group * f.head_dim..],
-                q_stride,
-                tokens: at.tokens,
-                first_pos: at.first_pos,
-                scale: 1.0 / (f.head_dim as f32).sqrt(),
-                window: at.window,
-                softcap: at.softcap,
-                sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
-            };
+            let task = fixture_task(f, &kv, &f.table, group, q, at, &sinks, h);
             let (blocks, block_len) = (task.key_blocks(), task.block_partials_len());
             let mut partials = vec![f32::NAN; blocks.len() * block_len];
             let (mut start, mut run_len) = (blocks.start, 1);
