@@ -5,7 +5,7 @@ batch-1 decode, with each engine's load time and peak memory.
     python benches/compare.py [--threads 2] [--quick] [--skip-llamacpp] [--skip-transformers]
                               [--json bench-results/compare.json] [--plot bench-results/compare.png]
     python benches/compare.py --model PATH [--gguf PATH] [--w8a8] [--transformers] ...
-                              [--prefill-tokens 2048] [--decode-contexts 1024,16384]
+                              [--prefill-tokens 2048] [--decode-contexts 1024,16384] [--llamacpp-kv q8_0]
 
 --model PATH (a GGUF file or Hugging Face folder, e.g. one written by benches/synth_model.py):
 rsgl loads PATH in bfloat16 (and, with --w8a8, quantized to W8A8 at load; a quantized GGUF
@@ -105,6 +105,7 @@ class Workload:
     decode_contexts: tuple[int, ...] = ()  # prompt lengths of the decode-at-context runs
     # llama.cpp takes prompts longer than this in pieces (its compute buffers grow with the batch)
     llama_cpp_max_batch: int = 2048
+    llama_cpp_kv: str = "f16"  # its KV cache type: f16 (its default) or q8_0 (with flash attention on)
 
 
 FULL = Workload(prompt_tokens=32, new_tokens=128, prefill_tokens=512, sequences=16, repeats=2, membw_mb=1024, membw_reps=10)
@@ -149,6 +150,9 @@ def parse_args() -> argparse.Namespace:
         "--decode-contexts", default=None, help="comma-separated prompt lengths to time batch-1 decode after (e.g. 1024,16384; one repeat each)"
     )
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per number; the best counts")
+    parser.add_argument(
+        "--llamacpp-kv", choices=("f16", "q8_0"), default="f16", help="llama.cpp's KV cache type (q8_0 turns its flash attention on; default f16, its own)"
+    )
     parser.add_argument("--rsgl-bench", default=None, help="a built rsgl-bench binary for the bandwidth probe (default: cargo build --release this checkout)")
     parser.add_argument("--model", type=Path, default=None, help="a GGUF file or HF folder to compare on (default: rsgl's default model)")
     parser.add_argument("--gguf", type=Path, default=None, help="with a --model folder: the GGUF file llama.cpp runs")
@@ -349,6 +353,9 @@ class LlamaCppRunner:
         params.n_seq_max = work.sequences
         params.kv_unified = True  # one KV buffer: the long prompt may use more than n_ctx / n_seq_max
         params.n_threads = params.n_threads_batch = threads
+        if work.llama_cpp_kv == "q8_0":  # quantized V pages need its flash attention
+            params.type_k = params.type_v = llama_cpp.GGML_TYPE_Q8_0
+            params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED
         self.ctx = llama_cpp.llama_init_from_model(self.model, params)
         if not self.ctx:
             raise RuntimeError("llama.cpp cannot create its context")
@@ -406,6 +413,7 @@ def measure_llamacpp(gguf_path: str, threads: int, prompts: Prompts, work: Workl
         "llama_cpp_path": str(Path(llama_cpp.__file__).parent),
         "system_info": system_info.strip(),
         "extra_buffer_types": extra_buffer_types,
+        "kv_cache_type": work.llama_cpp_kv,
     }
     return {**result, "load_s": load_s, "info": info}
 
@@ -738,6 +746,7 @@ def main() -> None:
         work.prefill_tokens = args.prefill_tokens
     if args.decode_contexts:
         work.decode_contexts = tuple(int(n) for n in args.decode_contexts.split(","))
+    work.llama_cpp_kv = args.llamacpp_kv
     from rsgl.loader import load_model
     from rsgl.loader.default_model import default_model_path
 

@@ -140,7 +140,7 @@ MXFP4_SCALES = (119, 123)  # e8m0 scale bytes drawn from [119, 123): 2^-8 to 2^-
 
 
 SHAPES = {
-    "llama-1b": Shape("llama", 2048, 16, 32, 8, 64, 8192, True, 500000.0),
+    "llama-1b": Shape("llama", 2048, 16, 32, 8, 64, 8192, True, 500000.0, context=131072),  # Llama-3.2-1B: 128k context
     "llama-8b": Shape("llama", 4096, 32, 32, 8, 128, 14336, False, 500000.0),
     "qwen3-moe": Shape("qwen3moe", 2048, 6, 32, 4, 128, 6144, False, 1000000.0, experts=128, experts_used=8, expert_ffn=768),
     "gemma3-1b": Shape("gemma3", 1152, 26, 4, 1, 256, 6912, True, 1000000.0, context=32768, vocab=GEMMA_VOCAB, sliding_window=512),

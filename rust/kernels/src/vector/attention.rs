@@ -220,7 +220,7 @@ unsafe fn block_partials<V: F32Vector, E: KvElement>(task: &AttentionTask, kv: &
         row[..keys.start].fill(0.0);
         row[keys.end..].fill(0.0);
         if E::SCALED {
-            scale_by_value_scales(task, kv, &block, row, keys);
+            scale_by_value_scales::<V, E>(task, kv, &block, row, keys);
         }
     }
     values::<V, E>(task, kv, &block, probs, width, OutRows { first: part.as_mut_ptr().add(2), stride: len });
@@ -241,13 +241,18 @@ unsafe fn prefetch_page<V: F32Vector, E: KvElement>(task: &AttentionTask, page: 
 /// Multiplies the exponentials of the keys in `columns` of `row` by their value rows' scales
 /// (int8 pages).
 #[inline(always)]
-unsafe fn scale_by_value_scales<E>(task: &AttentionTask, pages: &Pages<E>, block: &Block, row: &mut [f32], columns: Range<usize>) {
+unsafe fn scale_by_value_scales<V: F32Vector, E>(task: &AttentionTask, pages: &Pages<E>, block: &Block, row: &mut [f32], columns: Range<usize>) {
     let ps = task.kv.page_size;
     for p in columns.start / ps..columns.end.div_ceil(ps) {
-        let scales = pages.value_scales.add(task.kv.scale_offset(task.pages[block.pages.start + p], task.kv_head));
         let on_page = columns.start.max(p * ps)..columns.end.min((p + 1) * ps);
-        for (slot, prob) in (on_page.start - p * ps..).zip(&mut row[on_page]) {
-            *prob *= *scales.add(slot);
+        let first_slot = task.kv.scale_offset(task.pages[block.pages.start + p], task.kv_head) + on_page.start - p * ps;
+        let (probs, scales) = (&mut row[on_page], pages.value_scales.add(first_slot));
+        let body = probs.len() / V::LANES * V::LANES;
+        for i in (0..body).step_by(V::LANES) {
+            V::load(probs.as_ptr().add(i)).mul(V::load(scales.add(i))).store(probs.as_mut_ptr().add(i));
+        }
+        for (i, prob) in probs.iter_mut().enumerate().skip(body) {
+            *prob *= *scales.add(i);
         }
     }
 }
