@@ -11,6 +11,7 @@ use crate::model_dir;
 use crate::report::{host_info, print_table, write_json};
 use rsgl_engine::sample::Rng;
 use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, RequestStream, WeightStore};
+use rsgl_kernels::profile::{self, PhaseTotals};
 use serde_json::{json, Value};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -167,6 +168,8 @@ struct CaseResult {
     ttft: f64,
     decode_seconds: f64,
     decoded_tokens: usize,
+    /// With --profile: the decode steps counted and each phase's totals over them.
+    profile: Option<(u64, Vec<PhaseTotals>)>,
 }
 
 impl CaseResult {
@@ -202,6 +205,13 @@ impl CaseResult {
             "decoded_tokens": self.decoded_tokens,
             "decode_tok_s": self.decode_tok_s(),
             "ms_per_decode_step": self.ms_per_step(),
+            "decode_profile": self.profile.as_ref().map(|(steps, phases)| json!({
+                "steps": steps,
+                "phases": phases.iter().map(|p| json!({
+                    "phase": p.phase.name(), "seconds": p.seconds, "regions": p.regions,
+                    "wait_seconds": p.wait_seconds, "bytes": p.bytes,
+                })).collect::<Vec<_>>(),
+            })),
         })
     }
 }
@@ -209,11 +219,60 @@ impl CaseResult {
 /// Times the batch twice on the same prompts: up to the first token, then to the last. The
 /// difference is the decode time, taken from whole runs because a thread woken per token can be
 /// late (the compute threads hold every core), which would blur steps shorter than a millisecond.
-fn run_case(engine: &Engine, batch: usize, len: Lengths, vocab: usize, rng: &mut Rng) -> Result<CaseResult, String> {
+/// With `profiled`, the second run's decode steps are profiled by phase.
+fn run_case(engine: &Engine, batch: usize, len: Lengths, vocab: usize, rng: &mut Rng, profiled: bool) -> Result<CaseResult, String> {
     let prompts: Vec<Vec<u32>> = (0..batch).map(|_| random_prompt(rng, len.prompt, vocab)).collect();
     let ttft = time_batch(engine, &prompts, 1)?;
-    let total = time_batch(engine, &prompts, len.generated)?;
-    Ok(CaseResult { batch, prompt_len: len.prompt, ttft, decode_seconds: total - ttft, decoded_tokens: batch * (len.generated - 1) })
+    profile::reset();
+    profile::enable(profiled);
+    let total = time_batch(engine, &prompts, len.generated);
+    profile::enable(false);
+    let profile = profiled.then(|| profile::totals(true));
+    Ok(CaseResult { batch, prompt_len: len.prompt, ttft, decode_seconds: total? - ttft, decoded_tokens: batch * (len.generated - 1), profile })
+}
+
+/// Prints a case's decode profile: per step, each phase's time, parallel regions, the caller's
+/// wait at their ends and bytes read; with `membw` (GB/s), the step's bytes as a share of it.
+fn print_profile(case: &CaseResult, membw: Option<f64>) {
+    let Some((steps, phases)) = &case.profile else { return };
+    if *steps == 0 {
+        return;
+    }
+    let per_step = |x: f64| x / *steps as f64;
+    let step_seconds: f64 = phases.iter().map(|p| p.seconds).sum();
+    let step_bytes: u64 = phases.iter().map(|p| p.bytes).sum();
+    println!("\ndecode profile, batch {}: {steps} steps of {:.3} ms", case.batch, per_step(step_seconds) * 1e3);
+    let mut rows: Vec<Vec<String>> = phases
+        .iter()
+        .filter(|p| p.seconds > 0.0)
+        .map(|p| {
+            vec![
+                p.phase.name().to_string(),
+                format!("{:.3}", per_step(p.seconds) * 1e3),
+                format!("{:.1}%", 100.0 * p.seconds / step_seconds),
+                format!("{:.1}", per_step(p.regions as f64)),
+                format!("{:.3}", per_step(p.wait_seconds) * 1e3),
+                format!("{:.2}", per_step(p.bytes as f64) / 1e6),
+                if p.bytes > 0 { format!("{:.1}", p.bytes as f64 / p.seconds / 1e9) } else { String::new() },
+            ]
+        })
+        .collect();
+    let regions: u64 = phases.iter().map(|p| p.regions).sum();
+    let wait: f64 = phases.iter().map(|p| p.wait_seconds).sum();
+    rows.push(vec![
+        "step".into(),
+        format!("{:.3}", per_step(step_seconds) * 1e3),
+        "100%".into(),
+        format!("{:.1}", per_step(regions as f64)),
+        format!("{:.3}", per_step(wait) * 1e3),
+        format!("{:.2}", per_step(step_bytes as f64) / 1e6),
+        format!("{:.1}", step_bytes as f64 / step_seconds / 1e9),
+    ]);
+    print_table(&["phase", "ms/step", "share", "regions/step", "wait ms/step", "MB/step", "GB/s"], &rows);
+    if let Some(gbps) = membw {
+        let floor = per_step(step_bytes as f64) / (gbps * 1e9);
+        println!("at {gbps:.1} GB/s the step's bytes take {:.3} ms: {:.0}% of the limit", floor * 1e3, 100.0 * floor / per_step(step_seconds));
+    }
 }
 
 fn random_prompt(rng: &mut Rng, len: usize, vocab: usize) -> Vec<u32> {
@@ -282,6 +341,8 @@ pub fn run(mut args: Args) -> Result<(), String> {
         activation_bits: args.usize_or("activation-bits", 8)?,
         kv_cache_dtype: args.string("kv-cache-dtype").unwrap_or_else(|| "float32".into()),
     };
+    let profiled = args.string("profile").is_some_and(|v| v == "1" || v == "true");
+    let membw = args.string("membw").map(|v| v.parse::<f64>().map_err(|_| format!("--membw: {v:?} is not a number of GB/s"))).transpose()?;
     let json_path = args.string("json");
     args.finish()?;
     if len.generated < 2 {
@@ -312,11 +373,12 @@ pub fn run(mut args: Args) -> Result<(), String> {
     );
 
     // Warm-up: pages, caches and the thread pool see one request before anything is timed.
-    run_case(&engine, 1, Lengths { generated: 2, ..len }, vocab, &mut rng)?;
-    let results = batches.iter().map(|&b| run_case(&engine, b, len, vocab, &mut rng)).collect::<Result<Vec<_>, _>>()?;
+    run_case(&engine, 1, Lengths { generated: 2, ..len }, vocab, &mut rng, false)?;
+    let results = batches.iter().map(|&b| run_case(&engine, b, len, vocab, &mut rng, profiled)).collect::<Result<Vec<_>, _>>()?;
 
     let rows: Vec<Vec<String>> = results.iter().map(CaseResult::row).collect();
     print_table(&["batch", "TTFT ms", "prefill tok/s", "decode tok/s", "ms/step"], &rows);
+    results.iter().for_each(|case| print_profile(case, membw));
     if let Some(path) = json_path {
         let report = json!({
             "bench": "generate",

@@ -21,13 +21,15 @@ usage:
                       [--prompt-len 128] [--gen-len 32] [--dtype float32|bfloat16|float16]
                       [--quantization w8a8_int8 [--quantize-lm-head 1]] [--kv-cache-dtype bfloat16|int8]
                       [--activation-bits 8|16]
-                      [--threads N] [--tp N] [--json FILE]
+                      [--threads N] [--tp N] [--profile 1 [--membw GBPS]] [--json FILE]
       offline greedy generation on a random-weight model of the preset's shape, or on the
       model in DIR (config.json and *.safetensors in F32/BF16/F16, e.g. written by
       benches/prepare_model_dir.py), its weights held in --dtype (default float32) or
       quantized (the lm_head stays in --dtype unless --quantize-lm-head 1):
       prefill and decode tok/s at each batch size (threads default: all cores; --tp splits
-      them among N tensor-parallel ranks)
+      them among N tensor-parallel ranks); --profile 1: where each decode step's time goes,
+      by phase (ms, parallel regions, the caller's wait at their ends, bytes read), and with
+      --membw (GB/s, from `membw`) the step's bytes as a share of that limit
   rsgl-bench allreduce [--ranks 2] [--threads-per-rank 1] [--hidden 576,2048,4096]
                       [--rows 1,8,64,512] [--reps 2000] [--json FILE]
       one tensor-parallel reduction (what each layer does twice with --tp): rows x hidden

@@ -20,6 +20,7 @@ pub mod packed;
 pub mod paged;
 pub mod pool;
 pub mod portable;
+pub mod profile;
 pub mod ssd;
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod vector;

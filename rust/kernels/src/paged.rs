@@ -217,6 +217,19 @@ impl AttentionTask<'_> {
         start..self.span(last).min(pages.end * ps).max(start)
     }
 
+    /// Bytes of the pages the task reads (its used pages' keys, values and int8 scales): what
+    /// a decode's attention streams from memory.
+    pub fn bytes_read(&self) -> usize {
+        let kv = self.kv;
+        let per_key = |slice: KvSlice, width: usize| match slice {
+            KvSlice::F32(_) => 4 * width,
+            KvSlice::Bf16(_) => 2 * width,
+            KvSlice::Int8 { .. } => width + 4,
+        };
+        let keys = self.used_pages().len() * kv.page_size;
+        keys * (per_key(kv.keys, kv.head_dim) + kv.values.map_or(0, |values| per_key(values, kv.value_dim)))
+    }
+
     /// Floats of one key block's partials: one [`Partial`] per query row.
     pub fn block_partials_len(&self) -> usize {
         self.tokens * self.group * Partial::len(self.kv.value_dim)

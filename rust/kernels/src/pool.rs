@@ -107,6 +107,7 @@ impl ThreadPool {
             s.wake.notify_all();
         }
         let mine = catch_unwind(AssertUnwindSafe(|| job(0)));
+        let waiting = crate::profile::enabled().then(Instant::now);
         let mut spins = 0u32;
         while s.pending.load(Acquire) != 0 {
             spins += 1;
@@ -117,6 +118,9 @@ impl ThreadPool {
             }
         }
         unsafe { *s.job.get() = None };
+        if let Some(waiting) = waiting {
+            crate::profile::region(waiting.elapsed());
+        }
         if let Err(panic) = mine {
             std::panic::resume_unwind(panic);
         }

@@ -14,6 +14,7 @@ use crate::scheduler::Scheduler;
 use crate::sequence::{Sequence, Speculation};
 use crate::spec::Speculator;
 use crate::text::TokenTable;
+use rsgl_kernels::profile::{self, Phase};
 use std::collections::HashSet;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
@@ -198,6 +199,7 @@ impl Worker {
         if batch.is_empty() {
             return;
         }
+        let _profiled = profile::step(batch.entries().iter().all(|entry| entry.end - entry.start == 1));
         let scheduled = Instant::now();
         let output = self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv);
         let forwarded = Instant::now();
@@ -237,6 +239,7 @@ impl Worker {
             self.scheduler.persist(entry.index, entry.start, &self.kv);
             self.scheduler.keep_snapshot(entry);
         }
+        let sampling_phase = profile::phase(Phase::Sampling);
         let masked = Instant::now();
         self.fill_masks_ahead(sampling.iter().map(|s| s.index));
         step.grammar = masked.elapsed();
@@ -260,6 +263,7 @@ impl Worker {
                 finished.push((index, None));
             }
         }
+        drop(sampling_phase);
         // Every request the step advanced (its draft checked) no longer reads what fell behind
         // its window.
         for entry in batch.entries() {

@@ -15,6 +15,7 @@ use crate::kv::KvPart;
 use crate::weights::WeightStore;
 use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::portable::exp;
+use rsgl_kernels::profile::{self, Phase};
 use rsgl_kernels::AttentionTask;
 
 /// Query rows (tokens x heads of a kv group) one attention task covers: enough to reuse each
@@ -38,6 +39,9 @@ pub(super) struct PlacedTask<'a> {
 /// task per sequence), each task's key blocks split over threads and their partials merge in
 /// order afterwards (flash-decoding): the same bits as one thread, so no thread sits idle.
 pub(super) fn run_attention(c: &Compute, tasks: &[PlacedTask], out: &mut [f32]) {
+    if profile::enabled() {
+        profile::add_bytes(tasks.iter().map(|placed| placed.task.bytes_read()).sum());
+    }
     let (kern, dst) = (c.kernels, SendPtr(out.as_mut_ptr()));
     let target = ATTENTION_PIECES_PER_THREAD * c.pool.threads();
     let blocks: usize = tasks.iter().map(|t| t.task.key_blocks().len()).sum();
@@ -178,20 +182,32 @@ impl Attention {
         let (c, hd) = (cx.compute, cx.cfg.head_dim);
         let (qs, kvs) = (cx.shard.q_heads.len() * hd, cx.shard.kv_heads.len() * hd);
         let row = self.qkv.out_features();
-        let mut qkv = self.qkv.forward(c, x);
-        self.position_qk(cx, qs, kvs, &mut qkv, &step.positions);
+        let mut qkv = {
+            let _phase = profile::phase(Phase::QkvProjection);
+            self.qkv.forward(c, x)
+        };
+        {
+            let _phase = profile::phase(Phase::Rope);
+            self.position_qk(cx, qs, kvs, &mut qkv, &step.positions);
+        }
         let windowed = kv.is_windowed(layer);
+        let kv_write = profile::phase(Phase::KvWrite);
         for (t, row) in qkv.chunks_exact(row).enumerate() {
             let (k, v) = row[qs..qs + 2 * kvs].split_at(kvs);
             kv.write(layer, step.seqs[step.token_seq[t]].table(windowed), step.positions[t], k, v);
         }
-        let mut attn = self.attention(cx, &kv.layer(layer), windowed, &qkv, step);
+        drop(kv_write);
+        let mut attn = {
+            let _phase = profile::phase(Phase::Attention);
+            self.attention(cx, &kv.layer(layer), windowed, &qkv, step)
+        };
         if self.output_gate {
             let gates = qkv.chunks_exact(row).map(|row| &row[qs + 2 * kvs..]);
             for (out, gate) in attn.chunks_exact_mut(qs).zip(gates) {
                 out.iter_mut().zip(gate).for_each(|(o, &g)| *o /= 1.0 + exp(-g));
             }
         }
+        let _phase = profile::phase(Phase::OutputProjection);
         self.o.forward(c, &attn)
     }
 

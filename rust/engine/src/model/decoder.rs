@@ -18,6 +18,7 @@ use crate::config::{Architecture, ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
+use rsgl_kernels::profile::{self, Phase};
 use rsgl_kernels::{ThreadPool, WeightDtype};
 use std::ops::Range;
 use std::sync::Mutex;
@@ -262,6 +263,7 @@ impl DecoderModel {
     /// batch order. With tensor parallelism, every rank runs its slice of every layer on threads
     /// of its own (rank 0 on the calling thread), and the lm_head's pieces are joined here.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
+        let _phase = profile::phase(Phase::ForwardOther);
         let h = self.cfg.hidden_size;
         // Per token: which sequence and which position.
         let mut token_seq = Vec::new();
@@ -335,9 +337,15 @@ impl DecoderModel {
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
             let mut attn_out = match &layer.mixer {
                 Mixer::Attention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
-                Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
-                Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
-                Mixer::Mamba2(mamba) => mamba.forward(c, &normed, kv.states.layer_mut(l), step),
+                other => {
+                    let _phase = profile::phase(Phase::OtherMixer);
+                    match other {
+                        Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
+                        Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
+                        Mixer::Mamba2(mamba) => mamba.forward(c, &normed, kv.states.layer_mut(l), step),
+                        Mixer::Attention(_) => unreachable!("matched above"),
+                    }
+                }
             };
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
             let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);
@@ -359,6 +367,7 @@ impl DecoderModel {
         let normed = add_and_norm(c, cfg.rms_norm_eps, &mut last_rows, None, &self.norm);
         match &rank.lm_head {
             Some(lm_head) => {
+                let _phase = profile::phase(Phase::LmHead);
                 let mut logits = lm_head.forward(c, &normed);
                 if cfg.scales.logits_divisor != 1.0 {
                     logits.iter_mut().for_each(|logit| *logit /= cfg.scales.logits_divisor);
@@ -405,6 +414,7 @@ pub(super) fn heads_rows(heads: &Range<usize>, head_dim: usize) -> Range<usize> 
 
 /// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.
 fn add_and_norm(c: &Compute, eps: f32, x: &mut [f32], delta: Option<&[f32]>, weight: &[f32]) -> Vec<f32> {
+    let _phase = profile::phase(Phase::Norm);
     let (h, kern) = (weight.len(), c.kernels);
     let mut normed = vec![0.0; x.len()];
     c.pool.for_chunk_pairs_mut(x, h, &mut normed, h, &|row, x, out| {

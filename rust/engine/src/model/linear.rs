@@ -151,6 +151,17 @@ impl Weights {
         }
     }
 
+    /// Bytes of the packed weights (what one forward pass reads).
+    fn bytes(&self) -> usize {
+        match self {
+            Weights::Float(w) => w.bytes(),
+            Weights::Int8(w) => w.bytes(),
+            Weights::Int4(w) => w.bytes(),
+            Weights::Int8Blocks(w) => w.bytes(),
+            Weights::Split(parts) => parts.iter().map(Weights::bytes).sum(),
+        }
+    }
+
     fn in_features(&self) -> usize {
         match self {
             Weights::Float(w) => w.k,
@@ -362,6 +373,9 @@ impl Linear {
 
     /// `x` is `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+        if rsgl_kernels::profile::enabled() {
+            rsgl_kernels::profile::add_bytes(self.weight.bytes());
+        }
         let mut out = vec![0.0; x.len() / self.weight.in_features() * self.out_features()];
         let mut scratch = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.weight.forward(c, &mut scratch, x, self.bias.as_deref(), &mut out);

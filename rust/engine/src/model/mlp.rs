@@ -9,6 +9,7 @@ use super::tensor_parallel::Shard;
 use crate::config::{Activation, ExpertScoring, GroupScore, ModelConfig, MoeConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::{Stored, WeightStore};
+use rsgl_kernels::profile::{self, Phase};
 use rsgl_kernels::{ThreadPool, WeightDtype};
 
 pub(super) fn take_linear(w: &mut WeightStore, prefix: &str, out: usize, inp: usize) -> Result<LinearParts> {
@@ -66,7 +67,10 @@ impl GatedMlp {
 
     /// `x` is `[rows, hidden]`.
     fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
-        let gate_up = self.gate_up.forward(c, x);
+        let gate_up = {
+            let _phase = profile::phase(Phase::GateUpProjection);
+            self.gate_up.forward(c, x)
+        };
         let inter = self.gate_up.out_features() / 2;
         let mut act = vec![0.0; gate_up.len() / 2];
         let activate = match self.activation {
@@ -74,10 +78,13 @@ impl GatedMlp {
             Activation::GeluTanh => c.kernels.gelu_tanh_mul,
             Activation::ClampedSwiglu => c.kernels.clamped_swiglu_mul,
         };
+        let activation = profile::phase(Phase::Activation);
         c.pool.for_chunks_mut(&mut act, inter, &|row, out| {
             let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
             activate(gate, up, out);
         });
+        drop(activation);
+        let _phase = profile::phase(Phase::DownProjection);
         self.down.forward(c, &act)
     }
 }
@@ -170,7 +177,10 @@ impl Mlp {
     pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
         match self {
             Mlp::Dense(ffn) => ffn.forward(c, x),
-            Mlp::Moe(moe) => moe.forward(c, x),
+            Mlp::Moe(moe) => {
+                let _phase = profile::phase(Phase::Experts);
+                moe.forward(c, x)
+            }
         }
     }
 }
