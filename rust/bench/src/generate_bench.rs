@@ -239,39 +239,31 @@ fn print_profile(case: &CaseResult, membw: Option<f64>) {
         return;
     }
     let per_step = |x: f64| x / *steps as f64;
-    let step_seconds: f64 = phases.iter().map(|p| p.seconds).sum();
-    let step_bytes: u64 = phases.iter().map(|p| p.bytes).sum();
-    println!("\ndecode profile, batch {}: {steps} steps of {:.3} ms", case.batch, per_step(step_seconds) * 1e3);
-    let mut rows: Vec<Vec<String>> = phases
-        .iter()
-        .filter(|p| p.seconds > 0.0)
-        .map(|p| {
-            vec![
-                p.phase.name().to_string(),
-                format!("{:.3}", per_step(p.seconds) * 1e3),
-                format!("{:.1}%", 100.0 * p.seconds / step_seconds),
-                format!("{:.1}", per_step(p.regions as f64)),
-                format!("{:.3}", per_step(p.wait_seconds) * 1e3),
-                format!("{:.2}", per_step(p.bytes as f64) / 1e6),
-                if p.bytes > 0 { format!("{:.1}", p.bytes as f64 / p.seconds / 1e9) } else { String::new() },
-            ]
-        })
-        .collect();
-    let regions: u64 = phases.iter().map(|p| p.regions).sum();
-    let wait: f64 = phases.iter().map(|p| p.wait_seconds).sum();
-    rows.push(vec![
-        "step".into(),
-        format!("{:.3}", per_step(step_seconds) * 1e3),
-        "100%".into(),
-        format!("{:.1}", per_step(regions as f64)),
-        format!("{:.3}", per_step(wait) * 1e3),
-        format!("{:.2}", per_step(step_bytes as f64) / 1e6),
-        format!("{:.1}", step_bytes as f64 / step_seconds / 1e9),
-    ]);
+    let step = PhaseTotals {
+        phase: profile::Phase::Engine, // unused: the step's row is named below
+        seconds: phases.iter().map(|p| p.seconds).sum(),
+        regions: phases.iter().map(|p| p.regions).sum(),
+        wait_seconds: phases.iter().map(|p| p.wait_seconds).sum(),
+        bytes: phases.iter().map(|p| p.bytes).sum(),
+    };
+    println!("\ndecode profile, batch {}: {steps} steps of {:.3} ms", case.batch, per_step(step.seconds) * 1e3);
+    let row = |name: &str, p: &PhaseTotals| {
+        vec![
+            name.to_string(),
+            format!("{:.3}", per_step(p.seconds) * 1e3),
+            format!("{:.1}%", 100.0 * p.seconds / step.seconds),
+            format!("{:.1}", per_step(p.regions as f64)),
+            format!("{:.3}", per_step(p.wait_seconds) * 1e3),
+            format!("{:.2}", per_step(p.bytes as f64) / 1e6),
+            if p.bytes > 0 { format!("{:.1}", p.bytes as f64 / p.seconds / 1e9) } else { String::new() },
+        ]
+    };
+    let mut rows: Vec<Vec<String>> = phases.iter().filter(|p| p.seconds > 0.0).map(|p| row(p.phase.name(), p)).collect();
+    rows.push(row("step", &step));
     print_table(&["phase", "ms/step", "share", "regions/step", "wait ms/step", "MB/step", "GB/s"], &rows);
     if let Some(gbps) = membw {
-        let floor = per_step(step_bytes as f64) / (gbps * 1e9);
-        println!("at {gbps:.1} GB/s the step's bytes take {:.3} ms: {:.0}% of the limit", floor * 1e3, 100.0 * floor / per_step(step_seconds));
+        let floor = per_step(step.bytes as f64) / (gbps * 1e9);
+        println!("at {gbps:.1} GB/s the step's bytes take {:.3} ms: {:.0}% of the limit", floor * 1e3, 100.0 * floor / per_step(step.seconds));
     }
 }
 

@@ -33,7 +33,8 @@ pub enum Phase {
     GateUpProjection,
     Activation,
     DownProjection,
-    /// Mixture-of-experts feed-forwards, whole (routing and experts).
+    /// Mixture-of-experts feed-forwards: routing and combining (each expert's projections and
+    /// activation count as those of a dense feed-forward).
     Experts,
     LmHead,
     /// Choosing each sequence's next token from its logits.
