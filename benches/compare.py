@@ -32,6 +32,10 @@ pools and memory do not overlap. Every time is the best of --repeats, after a wa
   first token. transformers: one generate call on the [16, 32] batch (equal lengths, no padding).
   llama.cpp: its low-level API, one llama_batch holding a token of each of the 16 sequences per
   step (kv_unified, n_seq_max=16, n_batch=512), argmax sampling in numpy.
+- decode profile (rsgl rows, printed below the table): one more batch-1 decode with the engine's
+  phase counters on (`rsgl._core.profile_steps`): per step, each phase's time, parallel regions,
+  the stepping thread's wait at their ends and bytes read, the step's bytes against the probe,
+  and the time a token costs beyond its step.
 - bandwidth limit of decode b1: the bytes one token reads (every linear layer's weights and the
   lm_head, in the engine's weight type) at the read bandwidth of `rsgl-bench membw` (best GB/s,
   same thread count, a buffer in huge pages as rsgl keeps its weights: the faster probe here),
@@ -133,6 +137,7 @@ class Row:
     load_s: float | None = None
     peak_rss_gb: float | None = None
     info: dict | None = None  # what the engine reports about itself
+    decode_profile: dict | None = None  # rsgl: a batch-1 decode's steps by phase (rsgl._core.decode_profile)
     error: str | None = None
 
     def limit_tok_s(self) -> float | None:
@@ -287,9 +292,22 @@ def measure_rsgl(
             return time.perf_counter() - first
 
         result = measure(generate, timed_decode, prompts, work, probe)
+        result["decode_profile"] = profiled_decode(timed_decode, prompts.single, work.new_tokens)
         info = llm.get_server_info()
     kept = ("kernels", "int8_kernels", "threads", "dtype", "quantization", "activation_bits", "kv_cache_dtype")
     return {**result, "load_s": load_s, "info": {k: info[k] for k in kept if k in info}}
+
+
+def profiled_decode(timed_decode: TimedDecode, prompt: list[int], new_tokens: int) -> dict:
+    """One more batch-1 decode, streamed, its steps timed by phase (apart from the timed runs:
+    the scopes cost a little), and its own time per token, first to last."""
+    from rsgl import _core
+
+    _core.profile_steps(True)
+    seconds = timed_decode(prompt, new_tokens)
+    _core.profile_steps(False)
+    steps, phases = _core.decode_profile()
+    return {"steps": steps, "phases": phases, "token_seconds": seconds / (new_tokens - 1)}
 
 
 def measure_transformers(dtype: str, threads: int, model_path: str, prompts: Prompts, work: Workload, probe: Probe) -> dict:
@@ -645,6 +663,7 @@ def run_all(runs: list[tuple[Row, Callable[[], dict]]]) -> list[Row]:
             row.bandwidth_gb_s, row.info = result["bandwidth_gb_s"], result["info"]
             row.load_s, row.peak_rss_gb = result.get("load_s"), result["peak_rss_gb"]
             row.info["bandwidth_probes_gb_s"] = result["bandwidth_probes_gb_s"]
+            row.decode_profile = result.get("decode_profile")
         rows.append(row)
     return rows
 
@@ -697,6 +716,39 @@ def print_table(columns: list[str], cells: list[list[str]]) -> None:
     widths = [max(len(r[c]) for r in [columns, *cells]) for c in range(len(columns))]
     for row in [columns, ["-" * w for w in widths], *cells]:
         print("  ".join(cell.rjust(w) for cell, w in zip(row, widths)))
+
+
+def print_decode_profile(row: Row) -> None:
+    """Where an rsgl row's batch-1 decode step goes, phase by phase, and how far it is from its
+    bandwidth limit: bytes read per step (packed weights, KV pages) over the probe's GB/s, against
+    the step's time; "between steps" is what a token costs beyond its step in the same run (the
+    Python side taking outputs, the worker waiting for work)."""
+    profile = row.decode_profile
+    if not profile or not profile["steps"]:
+        return
+    steps, phases = profile["steps"], [p for p in profile["phases"] if p["seconds"] > 0]
+    step = {key: sum(p[key] for p in phases) for key in ("seconds", "regions", "wait_seconds", "bytes")}
+
+    def cells(name: str, p: dict) -> list[str]:
+        gb_s = f"{p['bytes'] / p['seconds'] / 1e9:.1f}" if p["bytes"] else ""
+        return [
+            name,
+            f"{p['seconds'] / steps * 1e3:.3f}",
+            f"{100 * p['seconds'] / step['seconds']:.1f}%",
+            f"{p['regions'] / steps:.1f}",
+            f"{p['wait_seconds'] / steps * 1e3:.3f}",
+            f"{p['bytes'] / steps / 1e6:.2f}",
+            gb_s,
+        ]
+
+    step_ms, token_ms = step["seconds"] / steps * 1e3, profile["token_seconds"] * 1e3
+    print(f"\nrsgl {row.weights}, batch-1 decode profiled: {steps} steps of {step_ms:.3f} ms, a token every {token_ms:.3f} ms")
+    body = [cells(p["phase"], p) for p in phases] + [cells("step", step)]
+    print_table(["phase", "ms/step", "share", "regions/step", "wait ms/step", "MB/step", "GB/s"], body)
+    print(f"between steps: {token_ms - step_ms:.3f} ms per token")
+    if row.bandwidth_gb_s:
+        floor_ms = step["bytes"] / steps / (row.bandwidth_gb_s * 1e9) * 1e3
+        print(f"at {row.bandwidth_gb_s:.1f} GB/s the step's bytes take {floor_ms:.3f} ms: {100 * floor_ms / step_ms:.0f}% of the limit per step")
 
 
 def plot(path: str, model: str, rows: list[Row], work: Workload, threads: int) -> None:
@@ -756,6 +808,8 @@ def main() -> None:
     rows = run_all(plan(args, model, config, prompts, work))
 
     print_table(headers(work), table_rows(rows, work))
+    for row in rows:
+        print_decode_profile(row)
     kernels = next((r.info.get("kernels") for r in rows if r.engine == "rsgl" and r.info), None)
     report = {
         "bench": "compare",

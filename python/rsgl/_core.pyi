@@ -20,6 +20,8 @@ __all__ = [
     "normalize_hf_config",
     "gguf_config",
     "relax_json_schema",
+    "profile_steps",
+    "decode_profile",
     "__version__",
 ]
 
@@ -32,6 +34,16 @@ def relax_json_schema(schema: str) -> tuple[str, list[dict[str, str]]]:
     """A JSON schema (JSON text) as the grammar enforces it: rewritten by the schema policy (JSON
     text), and what it relaxes, one `{"keyword", "pointer", "action"}` dict each (none when it is
     enforced as written); raises InvalidRequestError on invalid JSON."""
+
+def profile_steps(on: bool) -> None:
+    """Counts engine steps' time by phase from now, zeroing the counters (`on`), or stops counting.
+    Process-wide: profile one engine at a time (`benches/compare.py` does, for batch-1 decode)."""
+
+def decode_profile() -> tuple[int, list[dict[str, Any]]]:
+    """The decode steps counted since `profile_steps(True)` and each phase's totals over them, one
+    dict each: `phase` (its name), `seconds`, `regions` (parallel regions: synchronization
+    points), `wait_seconds` (the stepping thread's wait at their ends) and `bytes` (weights and KV
+    pages read)."""
 
 def architectures() -> list[dict[str, Any]]:
     """The architectures the engine runs, one dict each: `name` (rsgl's, the transformers

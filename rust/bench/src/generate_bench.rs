@@ -22,18 +22,22 @@ const OUTPUT_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The model shape of a preset, as the loader would hand it to the engine.
 fn preset_config(name: &str) -> Result<Value, String> {
-    let (hidden, ffn, layers, heads, kv_heads, head_dim, vocab, theta, context) = match name {
-        "smollm2-135m" => (576, 1536, 30, 9, 3, 64, 49152, 1e5, 8192),
+    let (hidden, ffn, layers, heads, kv_heads, head_dim, vocab, theta, context, tied) = match name {
+        "smollm2-135m" => (576, 1536, 30, 9, 3, 64, 49152, 1e5, 8192, true),
+        // Llama-3.2-1B and Llama-3.1-8B with the default model's vocabulary, as
+        // benches/synth_model.py writes them.
+        "llama-1b" => (2048, 8192, 16, 32, 8, 64, 49152, 5e5, 131072, true),
+        "llama-8b" => (4096, 14336, 32, 32, 8, 128, 49152, 5e5, 131072, false),
         // Small enough to build and run in a blink: checks the harness itself.
-        "tiny" => (64, 128, 2, 4, 2, 16, 256, 1e4, 2048),
-        other => return Err(format!("unknown preset {other:?}; use smollm2-135m or tiny")),
+        "tiny" => (64, 128, 2, 4, 2, 16, 256, 1e4, 2048, true),
+        other => return Err(format!("unknown preset {other:?}; use smollm2-135m, llama-1b, llama-8b or tiny")),
     };
     Ok(json!({
         "architecture": "llama", "hidden_size": hidden, "intermediate_size": ffn,
         "num_hidden_layers": layers, "num_attention_heads": heads, "num_key_value_heads": kv_heads,
         "head_dim": head_dim, "vocab_size": vocab, "rms_norm_eps": 1e-5, "rope_theta": theta,
         "rope_scaling": null, "attention_bias": false, "qk_norm": false,
-        "tie_word_embeddings": true, "max_position_embeddings": context,
+        "tie_word_embeddings": tied, "max_position_embeddings": context,
     }))
 }
 

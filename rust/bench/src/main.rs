@@ -17,9 +17,9 @@ usage:
   rsgl-bench kernels  [--threads N] [--json FILE]
       GEMM (bf16/f16/f32 weights) / dot / axpy at SmolLM2-135M shapes, every SIMD path and
       the portable twin; GEMMs split over an N-thread pool (default 1)
-  rsgl-bench generate [--preset smollm2-135m|tiny | --model-dir DIR] [--batch 1,8]
+  rsgl-bench generate [--preset smollm2-135m|llama-1b|llama-8b|tiny | --model-dir DIR] [--batch 1,8]
                       [--prompt-len 128] [--gen-len 32] [--dtype float32|bfloat16|float16]
-                      [--quantization w8a8_int8 [--quantize-lm-head 1]] [--kv-cache-dtype bfloat16|int8]
+                      [--quantization w8a8_int8|w4a8 [--quantize-lm-head 1]] [--kv-cache-dtype bfloat16|int8]
                       [--activation-bits 8|16]
                       [--threads N] [--tp N] [--profile 1 [--membw GBPS]] [--json FILE]
       offline greedy generation on a random-weight model of the preset's shape, or on the

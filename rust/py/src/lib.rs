@@ -330,6 +330,28 @@ fn kernel_isa() -> &'static str {
     rsgl_engine::kernels_isa()
 }
 
+/// Counts engine steps' time by phase from now (zeroing the counters) with `on`, stops counting
+/// without. Process-wide: profile one engine at a time.
+#[pyfunction]
+fn profile_steps(on: bool) {
+    if on {
+        rsgl_engine::profile::reset();
+    }
+    rsgl_engine::profile::enable(on);
+}
+
+/// The decode steps (every sequence one new token) counted since `profile_steps(True)` and each
+/// phase's totals over them: `(steps, [{phase, seconds, regions, wait_seconds, bytes}])`.
+#[pyfunction]
+fn decode_profile(py: Python<'_>) -> PyResult<(u64, Bound<'_, PyAny>)> {
+    let (steps, phases) = rsgl_engine::profile::totals(true);
+    let phases: Vec<_> = phases
+        .iter()
+        .map(|p| serde_json::json!({"phase": p.phase.name(), "seconds": p.seconds, "regions": p.regions, "wait_seconds": p.wait_seconds, "bytes": p.bytes}))
+        .collect();
+    Ok((steps, to_python(py, &phases)?))
+}
+
 /// The architectures the engine runs: their names in each checkpoint format and the facts the
 /// config readers take from them.
 #[pyfunction]
@@ -371,6 +393,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(normalize_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(gguf_config, m)?)?;
     m.add_function(wrap_pyfunction!(relax_json_schema, m)?)?;
+    m.add_function(wrap_pyfunction!(profile_steps, m)?)?;
+    m.add_function(wrap_pyfunction!(decode_profile, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
