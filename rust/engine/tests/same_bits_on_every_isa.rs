@@ -38,38 +38,65 @@ fn fingerprint(e: &Engine) -> u64 {
     h
 }
 
+/// (architecture, precision, the fingerprint recorded on x86_64 AVX2).
+const CASES: [(&str, &str, u64); 7] = [
+    ("llama", r#""dtype": "float32""#, 0xab2f_1062_518c_581a),
+    ("qwen2_moe", r#""dtype": "float32""#, 0x63c7_b134_2823_50f1),
+    ("llama", r#""quantization": "w4a8""#, 0xbd66_4721_dfcf_9c77),
+    ("mixtral", r#""quantization": "w4a8""#, 0x7fc7_037a_0529_8f16),
+    ("llama", r#""quantization": "w8a8_int8", "quantize_lm_head": true"#, 0x0b7a_ab5f_63bc_bc0e),
+    // The delta rule, its convolution and gates: portable Rust with the kernels' exp and ln.
+    ("qwen3_5_text", r#""dtype": "float32""#, 0x43f8_be93_8011_d423),
+    // Latent attention (absorbed: the chunks are shorter than the expanded form pays off at) and grouped sigmoid routing.
+    ("deepseek_v3", r#""dtype": "float32""#, 0x9e29_c454_9484_b658),
+];
+
+/// The fingerprint of a small model of `arch` in `precision` on `threads` compute threads.
+fn fingerprint_of(arch: &str, precision: &str, threads: usize) -> u64 {
+    let mut cfg = config(arch);
+    // Whole 32-input blocks, so 4-bit weights stay 4-bit.
+    (cfg.hidden_size, cfg.intermediate_size) = (64, 64);
+    if cfg.latent_attention.is_none() {
+        cfg.head_dim = 16;
+    }
+    if let Some(moe) = cfg.moe.as_mut() {
+        moe.expert_intermediate_size = 32;
+        moe.shared_expert_intermediate_size = moe.shared_expert_intermediate_size.map(|_| 64);
+    }
+    let opts = format!(r#"{{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": {threads}, "pin_threads": false, {precision}}}"#);
+    let e = Engine::start(cfg.clone(), weights(&cfg), None, vec![], EngineOptions::from_json(&opts).unwrap()).unwrap();
+    fingerprint(&e)
+}
+
 #[test]
 fn models_compute_the_recorded_bits() {
-    // (architecture, precision, the fingerprint recorded on x86_64 AVX2).
-    let cases = [
-        ("llama", r#""dtype": "float32""#, 0xab2f_1062_518c_581a),
-        ("qwen2_moe", r#""dtype": "float32""#, 0x63c7_b134_2823_50f1),
-        ("llama", r#""quantization": "w4a8""#, 0xbd66_4721_dfcf_9c77),
-        ("mixtral", r#""quantization": "w4a8""#, 0x7fc7_037a_0529_8f16),
-        ("llama", r#""quantization": "w8a8_int8", "quantize_lm_head": true"#, 0x0b7a_ab5f_63bc_bc0e),
-        // The delta rule, its convolution and gates: portable Rust with the kernels' exp and ln.
-        ("qwen3_5_text", r#""dtype": "float32""#, 0x43f8_be93_8011_d423),
-        // Latent attention (absorbed: the chunks are shorter than the expanded form pays off at) and grouped sigmoid routing.
-        ("deepseek_v3", r#""dtype": "float32""#, 0x9e29_c454_9484_b658),
-    ];
+    let wrong: Vec<String> = CASES
+        .iter()
+        .filter_map(|&(arch, precision, want)| {
+            let got = fingerprint_of(arch, precision, 2);
+            (got != want).then(|| format!("{arch} {precision}: {got:#x}, recorded {want:#x}"))
+        })
+        .collect();
+    assert!(wrong.is_empty(), "kernels {}: bits differ from the recorded ones (a kernel left its portable twin's order, or numerics changed on purpose: then record the new values on any machine):\n{}", rsgl_kernels::kernels().isa, wrong.join("\n"));
+}
+
+/// How work is cut among threads never changes a result: every GEMM output column, attention
+/// split and reduction is computed in one order whatever the thread count. One thread, an odd
+/// count, and more threads than this machine's cores (`RSGL_TEST_THREADS=64,192` adds counts:
+/// oversubscribed, each parallel region waits for every thread to get a core, so slow).
+#[test]
+fn thread_counts_compute_the_recorded_bits() {
+    let extra = std::env::var("RSGL_TEST_THREADS").unwrap_or_default();
+    let counts: Vec<usize> = [1, 3, 16].into_iter().chain(extra.split(',').filter_map(|n| n.trim().parse().ok())).collect();
     let mut wrong = Vec::new();
-    for (arch, precision, want) in cases {
-        let mut cfg = config(arch);
-        // Whole 32-input blocks, so 4-bit weights stay 4-bit.
-        (cfg.hidden_size, cfg.intermediate_size) = (64, 64);
-        if cfg.latent_attention.is_none() {
-            cfg.head_dim = 16;
-        }
-        if let Some(moe) = cfg.moe.as_mut() {
-            moe.expert_intermediate_size = 32;
-            moe.shared_expert_intermediate_size = moe.shared_expert_intermediate_size.map(|_| 64);
-        }
-        let opts = format!(r#"{{"page_size": 4, "chunked_prefill_size": 16, "max_total_tokens": 512, "threads": 2, {precision}}}"#);
-        let e = Engine::start(cfg.clone(), weights(&cfg), None, vec![], EngineOptions::from_json(&opts).unwrap()).unwrap();
-        let got = fingerprint(&e);
-        if got != want {
-            wrong.push(format!("{arch} {precision}: {got:#x}, recorded {want:#x}"));
+    // Dense, routed experts, 4-bit blocks and latent attention (its decode split over threads).
+    for &(arch, precision, want) in [CASES[0], CASES[1], CASES[2], CASES[6]].iter() {
+        for &threads in &counts {
+            let got = fingerprint_of(arch, precision, threads);
+            if got != want {
+                wrong.push(format!("{arch} {precision} on {threads} threads: {got:#x}, recorded {want:#x}"));
+            }
         }
     }
-    assert!(wrong.is_empty(), "kernels {}: bits differ from the recorded ones (a kernel left its portable twin's order, or numerics changed on purpose: then record the new values on any machine):\n{}", rsgl_kernels::kernels().isa, wrong.join("\n"));
+    assert!(wrong.is_empty(), "thread counts changed the bits:\n{}", wrong.join("\n"));
 }

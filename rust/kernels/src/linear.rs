@@ -13,42 +13,119 @@ use std::ops::Range;
 /// Panels handed to a thread come in pairs, the widest tile any kernel uses.
 const PANEL_UNIT: usize = 2;
 
+/// A layer's GEMM with its activations prepared (converted or quantized into the caller's
+/// scratch): [`run_prepared`] computes it, alone or with other layers in one parallel region.
+pub struct PreparedGemm<'a> {
+    panels: usize,
+    /// `[m, n]`, written a panel's columns at a time.
+    out: SendPtr<f32>,
+    /// `out`'s length.
+    len: usize,
+    n: usize,
+    bias: Option<&'a [f32]>,
+    /// Computes the columns of a range of panels into `out`.
+    run: Box<dyn Fn(Range<usize>, *mut f32) + Sync + 'a>,
+}
+
+/// Runs `gemms` in one parallel region (one synchronization point however many layers: a
+/// decode step's routed experts), their panels laid end to end in pairs and cut into one
+/// contiguous run per thread; then adds each layer's bias. Each output column is computed by
+/// one panel's kernel call whichever thread runs it, so grouping never changes a result.
+pub fn run_prepared(pool: &ThreadPool, gemms: &[PreparedGemm]) {
+    let units: Vec<usize> = gemms.iter().map(|g| g.panels.div_ceil(PANEL_UNIT)).collect();
+    let total: usize = units.iter().sum();
+    if total == 0 {
+        return;
+    }
+    let shares = pool.threads().min(total);
+    pool.run(&|share| {
+        if share >= shares {
+            return;
+        }
+        let mine = split(total, shares, share);
+        let mut first = 0;
+        for (g, &n) in gemms.iter().zip(&units) {
+            let (lo, hi) = (mine.start.max(first) - first, mine.end.min(first + n).saturating_sub(first));
+            if lo < hi {
+                (g.run)(lo * PANEL_UNIT..(hi * PANEL_UNIT).min(g.panels), g.out.get());
+            }
+            first += n;
+        }
+    });
+    for g in gemms {
+        if let Some(b) = g.bias {
+            // SAFETY: the region is over; `out` is the `[m, n]` slice `g` was prepared with.
+            let out = unsafe { std::slice::from_raw_parts_mut(g.out.get(), g.len) };
+            add_bias(out, Some(b), g.n);
+        }
+    }
+}
+
 /// `x` is `[m, w.k]` and `out` `[m, w.n]`. `bf16_scratch` holds the bf16 copy of `x` for
 /// kernels that want one (kept by the caller so decode steps do not allocate).
 pub fn linear(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &PackedWeights, bias: Option<&[f32]>, out: &mut [f32], bf16_scratch: &mut Vec<u16>) {
+    run_prepared(pool, &[prepare(kern, x, w, bias, out, bf16_scratch)]);
+}
+
+/// [`linear`]'s GEMM, prepared.
+pub fn prepare<'a>(
+    kern: &'a Kernels,
+    x: &'a [f32],
+    w: &'a PackedWeights,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    bf16_scratch: &'a mut Vec<u16>,
+) -> PreparedGemm<'a> {
     let m = check_shapes(x, w.k, w.n, out);
-    if m == 0 {
-        return;
-    }
-    let x_bf16: &[u16] = if kern.bf16_activations && w.dtype == WeightDtype::BF16 {
+    let x_bf16: &[u16] = if m > 0 && kern.bf16_activations && w.dtype == WeightDtype::BF16 {
         activations_to_bf16(x, w.k, bf16_scratch);
         bf16_scratch
     } else {
         &[]
     };
     let args = GemmArgs { m, x, x_bf16 };
-    // SAFETY: each share writes only the columns of its own panels of `out`, which is [m, n].
-    split_panels(pool, w.panels(), out, &|range, dst| unsafe { (kern.gemm)(&args, w, range, dst, w.n) });
-    add_bias(out, bias, w.n);
+    // SAFETY: each call writes only the columns of its own panels of `out`, which is [m, n].
+    prepared(w.panels(), w.n, bias, out, Box::new(move |range, dst| unsafe { (kern.gemm)(&args, w, range, dst, w.n) }))
+}
+
+/// A GEMM of `panels` panels into `out` (`[m, n]`; none when `m` is 0).
+fn prepared<'a>(
+    panels: usize,
+    n: usize,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    run: Box<dyn Fn(Range<usize>, *mut f32) + Sync + 'a>,
+) -> PreparedGemm<'a> {
+    let panels = if out.is_empty() { 0 } else { panels };
+    PreparedGemm { panels, out: SendPtr(out.as_mut_ptr()), len: out.len(), n, bias, run }
 }
 
 /// The W8A8 layer: each row of `x` is quantized to int8 with its own scale (into `rows`, kept by
 /// the caller like `bf16_scratch`), then multiplied by the int8 weights with integer sums.
 pub fn linear_i8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8Weights, bias: Option<&[f32]>, out: &mut [f32], rows: &mut QuantizedRows) {
+    run_prepared(pool, &[prepare_i8(kern, pool, x, w, bias, out, rows)]);
+}
+
+/// [`linear_i8`]'s GEMM, prepared (its rows quantized on `pool`: a prefill's activations are
+/// megabytes).
+pub fn prepare_i8<'a>(
+    kern: &'a Kernels,
+    pool: &ThreadPool,
+    x: &'a [f32],
+    w: &'a Int8Weights,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    rows: &'a mut QuantizedRows,
+) -> PreparedGemm<'a> {
     let m = check_shapes(x, w.k, w.n, out);
-    if m == 0 {
-        return;
-    }
-    // Rows quantize on the pool too: a prefill's activations are megabytes.
     rows.resize(m, w.k);
     let k_padded = rows.k_padded;
     pool.for_chunk_pairs_mut(&mut rows.q, k_padded, &mut rows.scales, 1, &|i, q, scale| {
         scale[0] = quantize_row(&x[i * w.k..(i + 1) * w.k], q);
     });
     let (rows, gemm) = (&*rows, kern.gemm_i8.gemm);
-    // SAFETY: as in `linear`.
-    split_panels(pool, w.panels(), out, &|range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
-    add_bias(out, bias, w.n);
+    // SAFETY: as in `prepare`.
+    prepared(w.panels(), w.n, bias, out, Box::new(move |range, dst| unsafe { gemm(rows, w, range, dst, w.n) }))
 }
 
 /// How finely the block layers quantize their activations.
@@ -86,15 +163,69 @@ const SIXTEEN_BIT_ROWS: usize = 256;
 /// 4-bit weights with integer sums per block.
 pub fn linear_q4(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int4Weights, bias: Option<&[f32]>, out: &mut [f32], acts: &mut BlockActivations) {
     let gemm = kern.gemm_i8.gemm_q4;
-    // SAFETY: as in `linear`.
+    // SAFETY: as in `prepare`.
     linear_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, &|rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+}
+
+/// [`linear_q4`]'s GEMM, prepared; none with [`ActivationBits::Sixteen`] (its two passes per
+/// chunk of rows run only through [`linear_q4`]).
+pub fn prepare_q4<'a>(
+    kern: &'a Kernels,
+    pool: &ThreadPool,
+    x: &'a [f32],
+    w: &'a Int4Weights,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    acts: &'a mut BlockActivations,
+) -> Option<PreparedGemm<'a>> {
+    let gemm = kern.gemm_i8.gemm_q4;
+    // SAFETY: as in `prepare`.
+    prepare_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, Box::new(move |rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) }))
 }
 
 /// The 8-bit block layer, as [`linear_q4`].
 pub fn linear_q8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8BlockWeights, bias: Option<&[f32]>, out: &mut [f32], acts: &mut BlockActivations) {
     let gemm = kern.gemm_i8.gemm_q8;
-    // SAFETY: as in `linear`.
+    // SAFETY: as in `prepare`.
     linear_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, &|rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+}
+
+/// [`linear_q8`]'s GEMM, prepared, as [`prepare_q4`].
+pub fn prepare_q8<'a>(
+    kern: &'a Kernels,
+    pool: &ThreadPool,
+    x: &'a [f32],
+    w: &'a Int8BlockWeights,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    acts: &'a mut BlockActivations,
+) -> Option<PreparedGemm<'a>> {
+    let gemm = kern.gemm_i8.gemm_q8;
+    // SAFETY: as in `prepare`.
+    prepare_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, Box::new(move |rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) }))
+}
+
+/// A block layer's GEMM over quantized rows: `gemm(rows, panels, out)`.
+type BlockGemm<'a> = dyn Fn(&QuantizedBlocks, Range<usize>, *mut f32) + Sync + 'a;
+
+/// A block-quantized layer of `(k, n, panels)` with 8-bit activations: quantizes `x` per block
+/// into `acts`; the GEMM reads them from there.
+fn prepare_blocks<'a>(
+    pool: &ThreadPool,
+    x: &'a [f32],
+    (k, n, panels): (usize, usize, usize),
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    acts: &'a mut BlockActivations,
+    gemm: Box<BlockGemm<'a>>,
+) -> Option<PreparedGemm<'a>> {
+    check_shapes(x, k, n, out);
+    if acts.bits != ActivationBits::Eight {
+        return None;
+    }
+    acts.rows.quantize(x, k, pool);
+    let rows = &acts.rows;
+    Some(prepared(panels, n, bias, out, Box::new(move |range, dst| gemm(rows, range, dst))))
 }
 
 /// A block-quantized layer of `(k, n, panels)`: quantizes `x` per block, then runs `gemm` on
@@ -106,28 +237,23 @@ fn linear_blocks(
     bias: Option<&[f32]>,
     out: &mut [f32],
     acts: &mut BlockActivations,
-    gemm: &(dyn Fn(&QuantizedBlocks, Range<usize>, *mut f32) + Sync),
+    gemm: &BlockGemm,
 ) {
     if check_shapes(x, k, n, out) == 0 {
         return;
     }
-    let BlockActivations { bits, rows, halves } = acts;
-    match bits {
-        ActivationBits::Eight => {
-            rows.quantize(x, k, pool);
-            let rows = &*rows;
-            split_panels(pool, panels, out, &|range, dst| gemm(rows, range, dst));
-        }
-        ActivationBits::Sixteen => {
-            for (x, out) in x.chunks(SIXTEEN_BIT_ROWS * k).zip(out.chunks_mut(SIXTEEN_BIT_ROWS * n)) {
-                rows.quantize_with_residuals(x, k, pool);
-                halves.resize(2 * out.len(), 0.0);
-                let rows = &*rows;
-                split_panels(pool, panels, halves, &|range, dst| gemm(rows, range, dst));
-                let (values, residuals) = halves.split_at(out.len());
-                out.iter_mut().zip(values.iter().zip(residuals)).for_each(|(o, (v, r))| *o = v + r);
-            }
-        }
+    if acts.bits == ActivationBits::Eight {
+        let prepared = prepare_blocks(pool, x, (k, n, panels), bias, out, acts, Box::new(gemm));
+        return run_prepared(pool, &[prepared.expect("8-bit activations prepare")]);
+    }
+    let BlockActivations { rows, halves, .. } = acts;
+    for (x, out) in x.chunks(SIXTEEN_BIT_ROWS * k).zip(out.chunks_mut(SIXTEEN_BIT_ROWS * n)) {
+        rows.quantize_with_residuals(x, k, pool);
+        halves.resize(2 * out.len(), 0.0);
+        let rows = &*rows;
+        run_prepared(pool, &[prepared(panels, n, None, halves, Box::new(|range, dst| gemm(rows, range, dst)))]);
+        let (values, residuals) = halves.split_at(out.len());
+        out.iter_mut().zip(values.iter().zip(residuals)).for_each(|(o, (v, r))| *o = v + r);
     }
     add_bias(out, bias, n);
 }
@@ -138,20 +264,6 @@ fn check_shapes(x: &[f32], k: usize, n: usize, out: &[f32]) -> usize {
     assert_eq!(x.len(), m * k, "linear: x must be [m, {k}]");
     assert_eq!(out.len(), m * n, "linear: out must be [m, {n}]");
     m
-}
-
-/// Runs `gemm(panel range, out)` on each thread's share of the panels.
-fn split_panels(pool: &ThreadPool, panels: usize, out: &mut [f32], gemm: &(dyn Fn(Range<usize>, *mut f32) + Sync)) {
-    let units = panels.div_ceil(PANEL_UNIT);
-    let shares = pool.threads().min(units);
-    let dst = SendPtr(out.as_mut_ptr());
-    pool.run(&|share| {
-        if share >= shares {
-            return;
-        }
-        let units = split(units, shares, share);
-        gemm(units.start * PANEL_UNIT..(units.end * PANEL_UNIT).min(panels), dst.get());
-    });
 }
 
 fn add_bias(out: &mut [f32], bias: Option<&[f32]>, n: usize) {

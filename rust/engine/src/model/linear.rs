@@ -7,8 +7,8 @@ use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QBLOCK};
 use rsgl_kernels::int8::quantize_weight_row;
 use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights, HALF_BLOCK};
 use rsgl_kernels::{
-    kernels, linear, linear_i8, linear_q4, linear_q8, ActivationBits, BlockActivations, Int8Weights, Kernels, PackedWeights, QuantizedRows, ThreadPool,
-    WeightDtype,
+    kernels, linear, linear_i8, linear_q4, linear_q8, prepare, prepare_i8, prepare_q4, prepare_q8, run_prepared, ActivationBits, BlockActivations, Int8Weights,
+    Kernels, PackedWeights, PreparedGemm, QuantizedRows, ThreadPool, WeightDtype,
 };
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -169,6 +169,27 @@ impl Weights {
             Weights::Int4(w) => w.k,
             Weights::Int8Blocks(w) => w.k,
             Weights::Split(parts) => parts[0].in_features(),
+        }
+    }
+
+    /// [`Self::forward`]'s GEMM with its activations prepared in `scratch`, to run with others
+    /// in one parallel region; none for split layers and 16-bit block activations.
+    fn prepare<'a>(&'a self, c: &'a Compute, scratch: &'a mut Scratch, x: &'a [f32], bias: Option<&'a [f32]>, out: &'a mut [f32]) -> Option<PreparedGemm<'a>> {
+        match self {
+            Weights::Float(w) => Some(prepare(c.kernels, x, w, bias, out, &mut scratch.bf16)),
+            Weights::Int8(w) => Some(prepare_i8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8)),
+            Weights::Int4(w) => prepare_q4(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Int8Blocks(w) => prepare_q8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Split(_) => None,
+        }
+    }
+
+    /// Whether [`Self::prepare`] prepares this layer with activations of `bits`.
+    fn prepares(&self, bits: ActivationBits) -> bool {
+        match self {
+            Weights::Float(_) | Weights::Int8(_) => true,
+            Weights::Int4(_) | Weights::Int8Blocks(_) => bits == ActivationBits::Eight,
+            Weights::Split(_) => false,
         }
     }
 
@@ -373,12 +394,44 @@ impl Linear {
 
     /// `x` is `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
-        if rsgl_kernels::profile::enabled() {
-            rsgl_kernels::profile::add_bytes(self.weight.bytes());
-        }
-        let mut out = vec![0.0; x.len() / self.weight.in_features() * self.out_features()];
+        self.count_bytes();
+        let mut out = self.output(x);
         let mut scratch = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
         self.weight.forward(c, &mut scratch, x, self.bias.as_deref(), &mut out);
         out
+    }
+
+    /// [`Self::forward`] of each `(layer, x)`, in one parallel region when every layer can be
+    /// prepared (a synchronization point per group, not per layer: a decode step's routed
+    /// experts), else one after another; the same results either way.
+    pub fn forward_group(c: &Compute, layers: &[(&Linear, &[f32])]) -> Vec<Vec<f32>> {
+        let bits = c.scratch.lock().unwrap_or_else(|e| e.into_inner()).blocks.bits;
+        if !layers.iter().all(|(layer, _)| layer.weight.prepares(bits)) {
+            return layers.iter().map(|(layer, x)| layer.forward(c, x)).collect();
+        }
+        let mut outs: Vec<Vec<f32>> = layers.iter().map(|(layer, x)| layer.output(x)).collect();
+        layers.iter().for_each(|(layer, _)| layer.count_bytes());
+        let mut scratches: Vec<Scratch> = layers.iter().map(|_| Scratch { blocks: BlockActivations::new(bits), ..Scratch::default() }).collect();
+        let gemms: Vec<PreparedGemm> = layers
+            .iter()
+            .zip(outs.iter_mut())
+            .zip(scratches.iter_mut())
+            .map(|(((layer, x), out), scratch)| layer.weight.prepare(c, scratch, x, layer.bias.as_deref(), out).expect("checked: every layer prepares"))
+            .collect();
+        run_prepared(&c.pool, &gemms);
+        drop(gemms);
+        outs
+    }
+
+    /// The zeroed output of `x`'s rows.
+    fn output(&self, x: &[f32]) -> Vec<f32> {
+        vec![0.0; x.len() / self.weight.in_features() * self.out_features()]
+    }
+
+    /// Counts the weights' bytes as read by the open profile phase.
+    fn count_bytes(&self) {
+        if rsgl_kernels::profile::enabled() {
+            rsgl_kernels::profile::add_bytes(self.weight.bytes());
+        }
     }
 }

@@ -71,23 +71,39 @@ impl GatedMlp {
             let _phase = profile::phase(Phase::GateUpProjection);
             self.gate_up.forward(c, x)
         };
-        let inter = self.gate_up.out_features() / 2;
+        let inter = self.inter();
         let mut act = vec![0.0; gate_up.len() / 2];
+        let activation = profile::phase(Phase::Activation);
+        c.pool.for_chunks_mut(&mut act, inter, &|row, out| self.activate(c, &gate_up[row * 2 * inter..(row + 1) * 2 * inter], out));
+        drop(activation);
+        let _phase = profile::phase(Phase::DownProjection);
+        self.down.forward(c, &act)
+    }
+
+    /// This rank's intermediate width.
+    fn inter(&self) -> usize {
+        self.gate_up.out_features() / 2
+    }
+
+    /// The activation of rows of gate|up outputs (`[rows, 2 * inter]`, each row's gate, then
+    /// up) into `out` (`[rows, inter]`).
+    fn activate(&self, c: &Compute, gate_up: &[f32], out: &mut [f32]) {
         let activate = match self.activation {
             Activation::Silu => c.kernels.silu_mul,
             Activation::GeluTanh => c.kernels.gelu_tanh_mul,
             Activation::ClampedSwiglu => c.kernels.clamped_swiglu_mul,
         };
-        let activation = profile::phase(Phase::Activation);
-        c.pool.for_chunks_mut(&mut act, inter, &|row, out| {
-            let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
+        let inter = self.inter();
+        for (row, out) in gate_up.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+            let (gate, up) = row.split_at(inter);
             activate(gate, up, out);
-        });
-        drop(activation);
-        let _phase = profile::phase(Phase::DownProjection);
-        self.down.forward(c, &act)
+        }
     }
 }
+
+/// Rows up to which a step runs its routed experts' projections together ([`Experts::forward_grouped`]):
+/// decode batches. Their outputs are held at once, so a prefill's runs expert by expert.
+const GROUPED_ROWS: usize = 32;
 
 pub struct Experts {
     /// Router logits per expert; kept in float32 (small, and decisive for which experts run).
@@ -295,14 +311,24 @@ impl Experts {
             }
         }
         let mut out = vec![0.0; x.len()];
-        for (expert, assigned) in self.experts.iter().zip(&routed) {
-            if assigned.is_empty() {
-                continue;
-            }
-            let gathered: Vec<f32> = assigned.iter().flat_map(|&(row, _)| &x[row * h..(row + 1) * h]).copied().collect();
-            let y = expert.forward(c, &gathered);
+        let active: Vec<(&GatedMlp, &[(usize, f32)])> =
+            self.experts.iter().zip(&routed).filter(|(_, assigned)| !assigned.is_empty()).map(|(expert, assigned)| (expert, assigned.as_slice())).collect();
+        let gather = |assigned: &[(usize, f32)]| -> Vec<f32> { assigned.iter().flat_map(|&(row, _)| &x[row * h..(row + 1) * h]).copied().collect() };
+        let mut combine = |assigned: &[(usize, f32)], y: &[f32]| {
             for (&(row, weight), yr) in assigned.iter().zip(y.chunks_exact(h)) {
                 (c.kernels.axpy)(weight, yr, &mut out[row * h..(row + 1) * h]);
+            }
+        };
+        if rows <= GROUPED_ROWS {
+            let gathered: Vec<(&GatedMlp, Vec<f32>)> = active.iter().map(|&(expert, assigned)| (expert, gather(assigned))).collect();
+            for ((_, assigned), y) in active.iter().zip(Self::forward_grouped(c, &gathered)) {
+                combine(assigned, &y);
+            }
+        } else {
+            // Expert by expert: a prefill's gathered rows and outputs, held for every expert at
+            // once, would be the whole chunk times the experts each row takes.
+            for &(expert, assigned) in &active {
+                combine(assigned, &expert.forward(c, &gather(assigned)));
             }
         }
         if let Some((expert, gate)) = &self.shared {
@@ -314,6 +340,22 @@ impl Experts {
             }
         }
         out
+    }
+
+    /// The experts' feed-forwards on their gathered rows, each projection of all of them
+    /// in one parallel region (three synchronization points a layer rather than two per expert:
+    /// at batch 1 each expert's share of a thread is a few kilobytes of weights).
+    fn forward_grouped(c: &Compute, active: &[(&GatedMlp, Vec<f32>)]) -> Vec<Vec<f32>> {
+        let gate_ups = {
+            let _phase = profile::phase(Phase::GateUpProjection);
+            Linear::forward_group(c, &active.iter().map(|(expert, x)| (&expert.gate_up, x.as_slice())).collect::<Vec<_>>())
+        };
+        let mut acts: Vec<Vec<f32>> = gate_ups.iter().map(|gate_up| vec![0.0; gate_up.len() / 2]).collect();
+        let activation = profile::phase(Phase::Activation);
+        c.pool.for_chunks_mut(&mut acts, 1, &|i, act| active[i].0.activate(c, &gate_ups[i], &mut act[0]));
+        drop(activation);
+        let _phase = profile::phase(Phase::DownProjection);
+        Linear::forward_group(c, &active.iter().zip(&acts).map(|((expert, _), act)| (&expert.down, act.as_slice())).collect::<Vec<_>>())
     }
 }
 
