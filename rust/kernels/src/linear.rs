@@ -28,28 +28,32 @@ pub struct PreparedGemm<'a> {
 }
 
 /// Runs `gemms` in one parallel region (one synchronization point however many layers: a
-/// decode step's routed experts), their panels laid end to end in pairs and cut into one
-/// contiguous run per thread; then adds each layer's bias. Each output column is computed by
-/// one panel's kernel call whichever thread runs it, so grouping never changes a result.
+/// decode step's routed experts), their panels laid end to end in pairs, each pair weighed by
+/// its layer's rows, and cut into one contiguous run of equal weight per thread; then adds each
+/// layer's bias. Each output column is computed by one panel's kernel call whichever thread
+/// runs it, so grouping never changes a result.
 pub fn run_prepared(pool: &ThreadPool, gemms: &[PreparedGemm]) {
     let units: Vec<usize> = gemms.iter().map(|g| g.panels.div_ceil(PANEL_UNIT)).collect();
-    let total: usize = units.iter().sum();
+    let rows: Vec<usize> = gemms.iter().map(|g| (g.len / g.n.max(1)).max(1)).collect();
+    let total: usize = units.iter().zip(&rows).map(|(u, r)| u * r).sum();
     if total == 0 {
         return;
     }
-    let shares = pool.threads().min(total);
+    let shares = pool.threads().min(units.iter().sum());
     pool.run(&|share| {
         if share >= shares {
             return;
         }
+        // A pair belongs to the share its weighted start falls in.
         let mine = split(total, shares, share);
         let mut first = 0;
-        for (g, &n) in gemms.iter().zip(&units) {
-            let (lo, hi) = (mine.start.max(first) - first, mine.end.min(first + n).saturating_sub(first));
+        for ((g, &n), &r) in gemms.iter().zip(&units).zip(&rows) {
+            let unit_at = |weight: usize| (weight.saturating_sub(first)).div_ceil(r).min(n);
+            let (lo, hi) = (unit_at(mine.start), unit_at(mine.end));
             if lo < hi {
                 (g.run)(lo * PANEL_UNIT..(hi * PANEL_UNIT).min(g.panels), g.out.get());
             }
-            first += n;
+            first += n * r;
         }
     });
     for g in gemms {
@@ -300,6 +304,48 @@ mod tests {
             }
         }
         worst
+    }
+
+    /// Layers of different widths, rows and weight types run together in one region compute
+    /// the bits each computes alone, on any number of threads (shares cutting layers anywhere).
+    #[test]
+    fn grouped_layers_compute_what_each_computes_alone() {
+        let kern = kernels();
+        let (k, widths, rows) = (64, [19, 48, 5], [1, 3, 2]);
+        let q4: Vec<Int4Weights> = widths.iter().map(|&n| Int4Weights::quantize(&values(n * k, n as f32), n, k, Int4Offset::Eight)).collect();
+        let float = PackedWeights::pack(&values(33 * k, 1.5), 33, k, WeightDtype::F32);
+        let xs: Vec<Vec<f32>> = rows.iter().map(|&m| values(m * k, m as f32 + 0.25)).chain([values(4 * k, 9.0)]).collect();
+        let bias = values(33, 3.0);
+        for threads in [1, 2, 3, 5] {
+            let pool = ThreadPool::new(threads, false);
+            let mut alone: Vec<Vec<f32>> = Vec::new();
+            for ((w, x), m) in q4.iter().zip(&xs).zip(rows) {
+                let mut out = vec![0.0; m * w.n];
+                linear_q4(kern, &pool, x, w, None, &mut out, &mut BlockActivations::default());
+                alone.push(out);
+            }
+            let mut out = vec![0.0; 4 * 33];
+            linear(kern, &pool, &xs[3], &float, Some(&bias), &mut out, &mut Vec::new());
+            alone.push(out);
+
+            let mut outs: Vec<Vec<f32>> = alone.iter().map(|o| vec![0.0; o.len()]).collect();
+            let mut acts: Vec<BlockActivations> = q4.iter().map(|_| BlockActivations::default()).collect();
+            let mut bf16 = Vec::new();
+            let (q4_outs, float_out) = outs.split_at_mut(3);
+            let mut gemms: Vec<PreparedGemm> = q4
+                .iter()
+                .zip(&xs)
+                .zip(q4_outs.iter_mut())
+                .zip(acts.iter_mut())
+                .map(|(((w, x), out), acts)| prepare_q4(kern, &pool, x, w, None, out, acts).expect("8-bit activations"))
+                .collect();
+            gemms.push(prepare(kern, &xs[3], &float, Some(&bias), &mut float_out[0], &mut bf16));
+            run_prepared(&pool, &gemms);
+            drop(gemms);
+            for (i, (grouped, alone)) in outs.iter().zip(&alone).enumerate() {
+                assert!(grouped.iter().zip(alone).all(|(a, b)| a.to_bits() == b.to_bits()), "layer {i} on {threads} threads");
+            }
+        }
     }
 
     #[test]
