@@ -13,8 +13,8 @@ use rsgl_kernels::int4::{Int4Offset, Int4Weights};
 use rsgl_kernels::int8_block::Int8BlockWeights;
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::{
-    kernels, linear, linear_i8, linear_q4, linear_q8, AttentionTask, BlockActivations, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv,
-    QuantizedRows, RopeStyle, ThreadPool, WeightDtype,
+    kernels, linear, linear_blocks, linear_i8, AttentionTask, BlockActivations, Int8Gemm, Int8Weights, Kernels, KvSlice, PackedWeights, PagedKv, QuantizedRows,
+    RopeStyle, ThreadPool, WeightDtype,
 };
 use serde_json::{json, Value};
 use std::hint::black_box;
@@ -289,14 +289,14 @@ impl Op {
             (Op::GemmQ4 { m, n, .. }, Operand::Int4(w)) => {
                 let (mut out, mut rows) = (vec![0.0; m * n], BlockActivations::default());
                 for _ in 0..iters {
-                    linear_q4(kern, pool, black_box(x), w, None, &mut out, &mut rows);
+                    linear_blocks(kern, pool, black_box(x), w, None, &mut out, &mut rows);
                     black_box(&mut out);
                 }
             }
             (Op::GemmQ8 { m, n, .. }, Operand::Int8Blocks(w)) => {
                 let (mut out, mut rows) = (vec![0.0; m * n], BlockActivations::default());
                 for _ in 0..iters {
-                    linear_q8(kern, pool, black_box(x), w, None, &mut out, &mut rows);
+                    linear_blocks(kern, pool, black_box(x), w, None, &mut out, &mut rows);
                     black_box(&mut out);
                 }
             }

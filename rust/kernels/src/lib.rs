@@ -33,7 +33,7 @@ pub mod x86_64;
 pub use dispatch::{kernels, GemmArgs, Int8Gemm, Kernels};
 pub use int8::{Int8Weights, QuantizedRows};
 pub use linear::{
-    linear, linear_i8, linear_q4, linear_q8, prepare, prepare_i8, prepare_q4, prepare_q8, run_prepared, ActivationBits, BlockActivations, PreparedGemm,
+    linear, linear_blocks, linear_i8, prepare, prepare_blocks, prepare_i8, run_prepared, ActivationBits, BlockActivations, BlockWeights, PreparedGemm,
 };
 pub use packed::{PackedWeights, WeightDtype};
 pub use paged::{AttentionTask, KvSlice, PagedKv};

@@ -1,6 +1,6 @@
 //! Dense layers over the compute pool: `out = x · Wᵀ (+ bias)` with `W` pre-packed, in 16-bit
-//! or 32-bit floats ([`linear`]), W8A8 int8 ([`linear_i8`]), 4-bit ([`linear_q4`]) or 8-bit
-//! ([`linear_q8`]) blocks.
+//! or 32-bit floats ([`linear`]), W8A8 int8 ([`linear_i8`]), 4-bit or 8-bit blocks
+//! ([`linear_blocks`]).
 
 use crate::dispatch::{GemmArgs, Kernels};
 use crate::int4::{Int4Weights, QuantizedBlocks};
@@ -163,91 +163,48 @@ impl BlockActivations {
 /// outputs (a prefill chunk's gate|up outputs at 8B are hundreds of megabytes).
 const SIXTEEN_BIT_ROWS: usize = 256;
 
-/// The W4A8 layer: `x` is quantized per block of 32 (into `acts`), then multiplied by the
-/// 4-bit weights with integer sums per block.
-pub fn linear_q4(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int4Weights, bias: Option<&[f32]>, out: &mut [f32], acts: &mut BlockActivations) {
-    let gemm = kern.gemm_i8.gemm_q4;
-    // SAFETY: as in `prepare`.
-    linear_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, &|rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
+/// Block-quantized weights (4-bit as [`Int4Weights`], 8-bit as [`Int8BlockWeights`]) and the
+/// kernel that multiplies them by per-block quantized activations.
+pub trait BlockWeights: Sync {
+    /// `(k, n, panels)`.
+    fn shape(&self) -> (usize, usize, usize);
+
+    /// The columns of `panels` of `rows · Wᵀ` into `out` (`[m, n]`).
+    ///
+    /// # Safety
+    /// As [`crate::portable::gemm_q4::gemm_q4`]: `out` holds `rows.m` rows of `n`.
+    unsafe fn gemm(&self, kern: &Kernels, rows: &QuantizedBlocks, panels: Range<usize>, out: *mut f32);
 }
 
-/// [`linear_q4`]'s GEMM, prepared; none with [`ActivationBits::Sixteen`] (its two passes per
-/// chunk of rows run only through [`linear_q4`]).
-pub fn prepare_q4<'a>(
-    kern: &'a Kernels,
-    pool: &ThreadPool,
-    x: &'a [f32],
-    w: &'a Int4Weights,
-    bias: Option<&'a [f32]>,
-    out: &'a mut [f32],
-    acts: &'a mut BlockActivations,
-) -> Option<PreparedGemm<'a>> {
-    let gemm = kern.gemm_i8.gemm_q4;
-    // SAFETY: as in `prepare`.
-    prepare_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, Box::new(move |rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) }))
-}
-
-/// The 8-bit block layer, as [`linear_q4`].
-pub fn linear_q8(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &Int8BlockWeights, bias: Option<&[f32]>, out: &mut [f32], acts: &mut BlockActivations) {
-    let gemm = kern.gemm_i8.gemm_q8;
-    // SAFETY: as in `prepare`.
-    linear_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, &|rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) });
-}
-
-/// [`linear_q8`]'s GEMM, prepared, as [`prepare_q4`].
-pub fn prepare_q8<'a>(
-    kern: &'a Kernels,
-    pool: &ThreadPool,
-    x: &'a [f32],
-    w: &'a Int8BlockWeights,
-    bias: Option<&'a [f32]>,
-    out: &'a mut [f32],
-    acts: &'a mut BlockActivations,
-) -> Option<PreparedGemm<'a>> {
-    let gemm = kern.gemm_i8.gemm_q8;
-    // SAFETY: as in `prepare`.
-    prepare_blocks(pool, x, (w.k, w.n, w.panels()), bias, out, acts, Box::new(move |rows, range, dst| unsafe { gemm(rows, w, range, dst, w.n) }))
-}
-
-/// A block layer's GEMM over quantized rows: `gemm(rows, panels, out)`.
-type BlockGemm<'a> = dyn Fn(&QuantizedBlocks, Range<usize>, *mut f32) + Sync + 'a;
-
-/// A block-quantized layer of `(k, n, panels)` with 8-bit activations: quantizes `x` per block
-/// into `acts`; the GEMM reads them from there.
-fn prepare_blocks<'a>(
-    pool: &ThreadPool,
-    x: &'a [f32],
-    (k, n, panels): (usize, usize, usize),
-    bias: Option<&'a [f32]>,
-    out: &'a mut [f32],
-    acts: &'a mut BlockActivations,
-    gemm: Box<BlockGemm<'a>>,
-) -> Option<PreparedGemm<'a>> {
-    check_shapes(x, k, n, out);
-    if acts.bits != ActivationBits::Eight {
-        return None;
+impl BlockWeights for Int4Weights {
+    fn shape(&self) -> (usize, usize, usize) {
+        (self.k, self.n, self.panels())
     }
-    acts.rows.quantize(x, k, pool);
-    let rows = &acts.rows;
-    Some(prepared(panels, n, bias, out, Box::new(move |range, dst| gemm(rows, range, dst))))
+
+    unsafe fn gemm(&self, kern: &Kernels, rows: &QuantizedBlocks, panels: Range<usize>, out: *mut f32) {
+        (kern.gemm_i8.gemm_q4)(rows, self, panels, out, self.n)
+    }
 }
 
-/// A block-quantized layer of `(k, n, panels)`: quantizes `x` per block, then runs `gemm` on
-/// each thread's share of the panels (writing only those columns of its output, `[rows, n]`).
-fn linear_blocks(
-    pool: &ThreadPool,
-    x: &[f32],
-    (k, n, panels): (usize, usize, usize),
-    bias: Option<&[f32]>,
-    out: &mut [f32],
-    acts: &mut BlockActivations,
-    gemm: &BlockGemm,
-) {
+impl BlockWeights for Int8BlockWeights {
+    fn shape(&self) -> (usize, usize, usize) {
+        (self.k, self.n, self.panels())
+    }
+
+    unsafe fn gemm(&self, kern: &Kernels, rows: &QuantizedBlocks, panels: Range<usize>, out: *mut f32) {
+        (kern.gemm_i8.gemm_q8)(rows, self, panels, out, self.n)
+    }
+}
+
+/// The block layers (W4A8, 8-bit blocks): `x` is quantized per block of 32 (into `acts`), then
+/// multiplied by the weights with integer sums per block.
+pub fn linear_blocks<W: BlockWeights>(kern: &Kernels, pool: &ThreadPool, x: &[f32], w: &W, bias: Option<&[f32]>, out: &mut [f32], acts: &mut BlockActivations) {
+    let (k, n, panels) = w.shape();
     if check_shapes(x, k, n, out) == 0 {
         return;
     }
     if acts.bits == ActivationBits::Eight {
-        let prepared = prepare_blocks(pool, x, (k, n, panels), bias, out, acts, Box::new(gemm));
+        let prepared = prepare_blocks(kern, pool, x, w, bias, out, acts);
         return run_prepared(pool, &[prepared.expect("8-bit activations prepare")]);
     }
     let BlockActivations { rows, halves, .. } = acts;
@@ -255,11 +212,34 @@ fn linear_blocks(
         rows.quantize_with_residuals(x, k, pool);
         halves.resize(2 * out.len(), 0.0);
         let rows = &*rows;
-        run_prepared(pool, &[prepared(panels, n, None, halves, Box::new(|range, dst| gemm(rows, range, dst)))]);
+        // SAFETY: as in `prepare`.
+        run_prepared(pool, &[prepared(panels, n, None, halves, Box::new(|range, dst| unsafe { w.gemm(kern, rows, range, dst) }))]);
         let (values, residuals) = halves.split_at(out.len());
         out.iter_mut().zip(values.iter().zip(residuals)).for_each(|(o, (v, r))| *o = v + r);
     }
     add_bias(out, bias, n);
+}
+
+/// [`linear_blocks`]' GEMM, prepared; none with [`ActivationBits::Sixteen`] (its two passes per
+/// chunk of rows run only through [`linear_blocks`]).
+pub fn prepare_blocks<'a, W: BlockWeights>(
+    kern: &'a Kernels,
+    pool: &ThreadPool,
+    x: &'a [f32],
+    w: &'a W,
+    bias: Option<&'a [f32]>,
+    out: &'a mut [f32],
+    acts: &'a mut BlockActivations,
+) -> Option<PreparedGemm<'a>> {
+    let (k, n, panels) = w.shape();
+    check_shapes(x, k, n, out);
+    if acts.bits != ActivationBits::Eight {
+        return None;
+    }
+    acts.rows.quantize(x, k, pool);
+    let rows = &acts.rows;
+    // SAFETY: as in `prepare`.
+    Some(prepared(panels, n, bias, out, Box::new(move |range, dst| unsafe { w.gemm(kern, rows, range, dst) })))
 }
 
 /// Rows of `x`, after checking `x` is `[m, k]` and `out` `[m, n]`.
@@ -286,7 +266,7 @@ mod tests {
         (0..n).map(|i| ((i as f32 + seed) * 0.731).sin() * (1.0 + (i % 7) as f32)).collect()
     }
 
-    /// Largest error of `linear_q4` at `bits` against float activations times the same 4-bit
+    /// Largest error of `linear_blocks` at `bits` against float activations times the same 4-bit
     /// weights, over more rows than one 16-bit pass takes.
     fn q4_error(bits: ActivationBits) -> f32 {
         let (m, n, k) = (SIXTEEN_BIT_ROWS + 3, 19, 96);
@@ -294,7 +274,7 @@ mod tests {
         let x = values(m * k, 5.0);
         let pool = ThreadPool::new(2, false);
         let mut out = vec![0.0; m * n];
-        linear_q4(kernels(), &pool, &x, &w, None, &mut out, &mut BlockActivations::new(bits));
+        linear_blocks(kernels(), &pool, &x, &w, None, &mut out, &mut BlockActivations::new(bits));
         let rows: Vec<Vec<f32>> = (0..n).map(|j| w.row(j)).collect();
         let mut worst = 0f32;
         for (i, out) in out.chunks_exact(n).enumerate() {
@@ -321,7 +301,7 @@ mod tests {
             let mut alone: Vec<Vec<f32>> = Vec::new();
             for ((w, x), m) in q4.iter().zip(&xs).zip(rows) {
                 let mut out = vec![0.0; m * w.n];
-                linear_q4(kern, &pool, x, w, None, &mut out, &mut BlockActivations::default());
+                linear_blocks(kern, &pool, x, w, None, &mut out, &mut BlockActivations::default());
                 alone.push(out);
             }
             let mut out = vec![0.0; 4 * 33];
@@ -337,7 +317,7 @@ mod tests {
                 .zip(&xs)
                 .zip(q4_outs.iter_mut())
                 .zip(acts.iter_mut())
-                .map(|(((w, x), out), acts)| prepare_q4(kern, &pool, x, w, None, out, acts).expect("8-bit activations"))
+                .map(|(((w, x), out), acts)| prepare_blocks(kern, &pool, x, w, None, out, acts).expect("8-bit activations"))
                 .collect();
             gemms.push(prepare(kern, &xs[3], &float, Some(&bias), &mut float_out[0], &mut bf16));
             run_prepared(&pool, &gemms);

@@ -7,8 +7,8 @@ use rsgl_kernels::int4::{Int4Offset, Int4Row, Int4Weights, QBLOCK};
 use rsgl_kernels::int8::quantize_weight_row;
 use rsgl_kernels::int8_block::{Int8BlockRow, Int8BlockWeights, HALF_BLOCK};
 use rsgl_kernels::{
-    kernels, linear, linear_i8, linear_q4, linear_q8, prepare, prepare_i8, prepare_q4, prepare_q8, run_prepared, ActivationBits, BlockActivations, Int8Weights,
-    Kernels, PackedWeights, PreparedGemm, QuantizedRows, ThreadPool, WeightDtype,
+    kernels, linear, linear_blocks, linear_i8, prepare, prepare_blocks, prepare_i8, run_prepared, ActivationBits, BlockActivations, Int8Weights, Kernels,
+    PackedWeights, PreparedGemm, QuantizedRows, ThreadPool, WeightDtype,
 };
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
@@ -178,8 +178,8 @@ impl Weights {
         match self {
             Weights::Float(w) => Some(prepare(c.kernels, x, w, bias, out, &mut scratch.bf16)),
             Weights::Int8(w) => Some(prepare_i8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8)),
-            Weights::Int4(w) => prepare_q4(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
-            Weights::Int8Blocks(w) => prepare_q8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Int4(w) => prepare_blocks(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Int8Blocks(w) => prepare_blocks(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
             Weights::Split(_) => None,
         }
     }
@@ -198,8 +198,8 @@ impl Weights {
         match self {
             Weights::Float(w) => linear(c.kernels, &c.pool, x, w, bias, out, &mut scratch.bf16),
             Weights::Int8(w) => linear_i8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.int8),
-            Weights::Int4(w) => linear_q4(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
-            Weights::Int8Blocks(w) => linear_q8(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Int4(w) => linear_blocks(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
+            Weights::Int8Blocks(w) => linear_blocks(c.kernels, &c.pool, x, w, bias, out, &mut scratch.blocks),
             Weights::Split(parts) => {
                 // Each part into a buffer of its own, then into its columns of `out`: a copy of
                 // the outputs, small beside the GEMMs.
