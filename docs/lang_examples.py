@@ -4,7 +4,7 @@ extraction with a schema. Run them on an in-process engine or on a server:
     python docs/lang_examples.py                               # rsgl.Engine() in this process
     python docs/lang_examples.py --url http://127.0.0.1:30000  # a running python -m rsgl.server
 
-tests/test_lang.py runs every program here on both backends.
+tests/server/test_lang.py runs every program here on both backends.
 """
 
 from __future__ import annotations

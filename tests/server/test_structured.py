@@ -19,7 +19,7 @@ from rsgl._core import relax_json_schema
 from rsgl.errors import InvalidRequestError
 from server_helpers import API_KEY, assert_openai_error
 
-DATA = Path(__file__).parent / "data" / "structured"
+DATA = Path(__file__).parents[1] / "data" / "structured"
 SCHEMAS = json.loads((DATA / "schemas.json").read_text())
 REGEXES = json.loads((DATA / "regexes.json").read_text())
 MAX_TOKENS = 400

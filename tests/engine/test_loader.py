@@ -19,7 +19,7 @@ from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelErr
 from rsgl.loader import load_model
 from rsgl.loader.default_model import GGUF_NAME, default_model_path, download_default_model
 from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_from_gguf
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from tiny_models import SAMPLE_TEXTS, train_byte_level_tokenizer
 from transformers import (
     AutoTokenizer,
     LlamaConfig,
@@ -59,18 +59,6 @@ TINY_MODELS = {
     "qwen2": (Qwen2Config, Qwen2ForCausalLM, {}),
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"tie_word_embeddings": True}),
 }
-SAMPLE_TEXTS = [
-    "Hello world!",
-    "The capital of France is Paris.",
-    "def add(a, b):\n    return a + b  # 12345\n",
-    "naïve café, Straße, Ελληνικά, 日本語のテキスト",
-    "emoji 🙂🚀 and  double  spaces\t\ttabs",
-    "\n\n\nnewlines\r\n",
-    "<|im_start|>user\nhi<|im_end|>\n",
-    "<|im_start|>system\nYou are helpful.<|im_end|>\n<|im_start|>assistant\n",
-    "  leading and trailing spaces  ",
-    "1,000,000 + 3.14159 = x^2",
-]
 
 
 def load(path, **options):
@@ -269,22 +257,6 @@ def test_sliding_window_caps_the_context():
     assert normalize_hf_config({**mistral, "sliding_window": None})["max_position_embeddings"] == 32768
     qwen2 = {**BASE_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}
     assert normalize_hf_config(qwen2)["max_position_embeddings"] == BASE_CONFIG["max_position_embeddings"]
-
-
-def train_byte_level_tokenizer(vocab_size=300) -> Tokenizer:
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<s>", "</s>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(SAMPLE_TEXTS * 20, trainer)
-    # Like Llama's tokenizer.json: the post-processor itself puts BOS first.
-    tokenizer.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    return tokenizer
 
 
 def test_hf_tokenizer_and_generation_files(tiny_folders, tmp_path):

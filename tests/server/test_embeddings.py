@@ -17,11 +17,10 @@ import numpy as np
 import pytest
 import rsgl
 import torch
-from conftest import build_byte_llama
+from core_keys import declared, known_keys
 from rsgl import _core, core_types
 from server_helpers import AUTH, assert_openai_error, drained, openai_client, running_server
-from test_core_stubs import declared, known_keys
-from tiny_models import TINY
+from tiny_models import TINY, build_byte_llama
 
 SERVED_NAME = "tiny-embed"
 CHUNK = 16  # --chunked-prefill-size: the long prompts below take several chunks

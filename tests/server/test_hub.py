@@ -14,10 +14,10 @@ import gguf
 import numpy as np
 import pytest
 import rsgl
-from conftest import build_byte_llama
 from local_hub import LocalHub, serving
 from rsgl.loader.hub import HubId, gguf_models, parse_hub_id
 from server_helpers import openai_client, running_server
+from tiny_models import build_byte_llama
 
 FOLDER_REPO = "test-org/tiny-llama"
 GGUF_REPO = "test-org/tiny-llama-GGUF"

@@ -5,24 +5,11 @@ every declared key shows up."""
 
 from __future__ import annotations
 
-import re
-import typing
-
 import pytest
 import rsgl
+from core_keys import declared, known_keys
 from rsgl import _core, core_types
 from rsgl.loader import Llama3RopeScaling, ModelConfig, MoeConfig, load_model
-
-
-def declared(typed_dict: type) -> set[str]:
-    return set(typing.get_type_hints(typed_dict))
-
-
-def known_keys(refusal: Exception) -> set[str]:
-    """The keys serde lists when it refuses an unknown one."""
-    match = re.search(r"expected (?:one of )?(`.*)$", str(refusal))
-    assert match, f"not an unknown-key refusal: {refusal}"
-    return set(re.findall(r"`(\w+)`", match.group(1)))
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +52,7 @@ def test_output_keys_are_declared_and_all_appear(llm):
         assert out is not None, "no output within 10 s"
         outputs.append(out)
     seen = set().union(*outputs)
-    assert seen == declared(core_types.Output) - {"embedding"}  # an embedding engine's: tests/test_embeddings.py
+    assert seen == declared(core_types.Output) - {"embedding"}  # an embedding engine's: tests/server/test_embeddings.py
     finished = outputs[-1]["finished"]
     assert set(finished) == declared(core_types.Finished)
     assert set(finished["finish_reason"]) <= declared(core_types.FinishReason)

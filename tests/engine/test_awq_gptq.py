@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 import rsgl
 import torch
-from conftest import build_tiny
 from rsgl.loader import load_model
 from safetensors.torch import save_file
 from test_parity import GREEDY, hf_greedy, hf_last_logits, prompt
+from tiny_models import build_tiny
 
 # Wide enough for groups of 128 inputs in every layer (hidden 128, intermediate 256).
 SHAPE = {"hidden_size": 128, "intermediate_size": 256}

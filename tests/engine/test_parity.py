@@ -12,8 +12,7 @@ import numpy as np
 import pytest
 import rsgl
 import torch
-from conftest import DENSE_ARCHS, MOE_ARCHS, build_tiny
-from tiny_models import with_weights_rounded
+from tiny_models import DENSE_ARCHS, MOE_ARCHS, build_tiny, with_weights_rounded
 
 GREEDY = {"temperature": 0, "max_new_tokens": 32, "ignore_eos": True}
 

@@ -23,7 +23,7 @@ import pytest
 import rsgl
 from rsgl.evaluate import perplexity
 
-TEXT = Path(__file__).parent / "data" / "lighthouse_keepers.txt"
+TEXT = Path(__file__).parents[1] / "data" / "lighthouse_keepers.txt"
 QUESTIONS = [
     ("What is the capital of France?", "paris"),
     ("What is the capital of Japan?", "tokyo"),

@@ -267,10 +267,10 @@ def test_disabled_radix_cache_never_hits(tiny_models):
 # Per dtype: (bytes of one K or V row of head_dim elements, the largest and the mean distance of
 # a prompt's log-probabilities from float32 pages'). int8 rounds each token's row to 1/254 of its
 # largest element: about twice bfloat16's error on this model (max 0.044, mean 0.010 measured).
-# tests/test_default_model.py holds the default model's 4-bit and float32 weights to the same bounds.
+# tests/engine/test_default_model.py holds the default model's 4-bit and float32 weights to the same bounds.
 KV_DTYPES = {"bfloat16": (lambda hd: 2 * hd, 0.15, 0.02), "int8": (lambda hd: hd + 4, 0.2, 0.03)}
 # The weight formats int8 pages are held to these bounds on: float32, 16-bit, 4-bit
-# (the 4-bit GGUF blocks as stored are the default model's, in tests/test_default_model.py). Not
+# (the 4-bit GGUF blocks as stored are the default model's, in tests/engine/test_default_model.py). Not
 # W8A8: its int8 activations move this tiny model's log-probabilities further (mean 0.035 measured).
 WEIGHT_FORMATS = {"float32": {}, "bfloat16": {"dtype": "bfloat16"}, "w4a8": {"quantization": "w4a8"}}
 

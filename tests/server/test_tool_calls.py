@@ -11,7 +11,6 @@ import jsonschema
 import langchain_openai
 import pytest
 import rsgl
-from conftest import build_tiny
 from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
 from rsgl.server.chat_reader import ChatReader
@@ -19,7 +18,7 @@ from rsgl.server.reasoning import REASONING_PARSERS, ThinkSplitter
 from rsgl.tools import FORMATS, Function, ToolCall, format_for_template, messages_for_template
 from rsgl.tools.partial_json import call_object, value_prefix
 from server_helpers import API_KEY, AUTH, assert_openai_error, openai_client, running_server
-from test_loader import train_byte_level_tokenizer
+from tiny_models import build_tiny, train_byte_level_tokenizer
 
 WEATHER = {
     "type": "object",

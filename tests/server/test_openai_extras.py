@@ -8,8 +8,8 @@ import httpx
 import openai
 import pytest
 import torch
-from conftest import build_byte_llama
 from server_helpers import AUTH, openai_client, running_server
+from tiny_models import build_byte_llama
 from tokenizers import Tokenizer
 
 SERVED_NAMES = ("tiny-llama", "alias-a")

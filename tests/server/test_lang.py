@@ -19,7 +19,7 @@ from rsgl.lang import backends
 from server_helpers import API_KEY
 from sglang_programs import CAPITAL_SCHEMA, CHARACTER_REGEX, IP_REGEX, QUESTIONS, define_programs
 
-spec = importlib.util.spec_from_file_location("lang_examples", Path(__file__).parents[1] / "docs" / "lang_examples.py")
+spec = importlib.util.spec_from_file_location("lang_examples", Path(__file__).parents[2] / "docs" / "lang_examples.py")
 examples = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(examples)
 

@@ -93,11 +93,11 @@ def test_sixteen_bit_activations_keep_the_stored_4_bits_near_float(hf_model):
 @pytest.mark.parametrize("weights", [{"dtype": "float32"}], ids=["float32"])
 def test_int8_kv_pages_score_a_text_like_float32_pages(weights):
     """int8 pages against float32 pages on this model's real weights dequantized to float32: a
-    text's prompt log-probabilities within the bounds tests/test_engine.py's KV test holds the tiny
+    text's prompt log-probabilities within the bounds tests/engine/test_engine.py's KV test holds the tiny
     model to. Not its Q4_1 blocks as stored: there int8 pages miss those bounds (max 0.367, mean
     0.071 measured; docs/performance.md), so 4-bit weights keep float32 pages by default."""
     _, max_diff, mean_diff = KV_DTYPES["int8"]
-    text = (Path(__file__).parent / "data" / "lighthouse_keepers.txt").read_text()
+    text = (Path(__file__).parents[1] / "data" / "lighthouse_keepers.txt").read_text()
     logprobs = {}
     for kv_dtype in ("float32", "int8"):
         with rsgl.Engine(threads=2, kv_cache_dtype=kv_dtype, progress=False, **weights) as engine:

@@ -22,9 +22,9 @@ from tiny_models import with_weights_rounded
 from zoo_models import FAMILIES, build_family
 
 SUPPORTED = ("gemma2", "gemma3", "glm4", "gpt_oss", "granite", "ministral3", "olmo2", "phi3", "phi3_longrope", "smollm3")
-# Hybrid families, whose recurrent layers tests/test_hybrid.py covers.
+# Hybrid families, whose recurrent layers tests/engine/test_hybrid.py covers.
 HYBRID = ("qwen3_5", "qwen3_next", "granitemoehybrid", "granitemoehybrid_dense")
-# Multi-head latent attention and DeepSeek-style routing, which tests/test_mla_moe.py covers.
+# Multi-head latent attention and DeepSeek-style routing, which tests/engine/test_mla_moe.py covers.
 MLA_MOE = ("deepseek_v2", "deepseek_v2_qlora", "deepseek_v3", "glm4_moe")
 # Families rsgl reads from GGUF files as well.
 GGUF_SUPPORTED = SUPPORTED
