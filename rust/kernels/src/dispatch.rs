@@ -26,13 +26,13 @@ pub struct GemmArgs<'a> {
 /// [`crate::portable::gemm::gemm`] for the contract). Each output element is reduced in the same
 /// order whatever `m` is, so a sequence gets bit-identical results alone or in a batch.
 pub type GemmFn = unsafe fn(a: &GemmArgs, w: &PackedWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
-/// The W8A8 GEMM over per-row quantized activations ([`crate::portable::gemm_i8::gemm_i8`]).
+/// The W8A8 GEMM over per-row quantized activations ([`crate::portable::int8::gemm_i8`]).
 pub type GemmI8Fn = unsafe fn(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize);
 
-/// The W4A8 GEMM over per-block quantized activations ([`crate::portable::gemm_q4::gemm_q4`]).
+/// The W4A8 GEMM over per-block quantized activations ([`crate::portable::int4::gemm_q4`]).
 pub type GemmQ4Fn = unsafe fn(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize);
 
-/// The 8-bit block GEMM over per-block quantized activations ([`crate::portable::gemm_q8::gemm_q8`]).
+/// The 8-bit block GEMM over per-block quantized activations ([`crate::portable::int8_block::gemm_q8`]).
 pub type GemmQ8Fn = unsafe fn(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize);
 
 /// The GEMMs on int8 activations (W8A8 `gemm`, 4-bit and 8-bit blocks) and the name of their path
@@ -48,8 +48,8 @@ pub struct Int8Gemm {
 
 impl Int8Gemm {
     pub fn portable() -> Int8Gemm {
-        use crate::portable::{gemm_i8, gemm_q4, gemm_q8};
-        Int8Gemm { isa: "portable", gemm: gemm_i8::gemm_i8, gemm_q4: gemm_q4::gemm_q4, gemm_q8: gemm_q8::gemm_q8 }
+        use crate::portable::{int4, int8, int8_block};
+        Int8Gemm { isa: "portable", gemm: int8::gemm_i8, gemm_q4: int4::gemm_q4, gemm_q8: int8_block::gemm_q8 }
     }
 
     /// The int8 paths this CPU supports, best first.

@@ -172,7 +172,7 @@ pub trait BlockWeights: Sync {
     /// The columns of `panels` of `rows · Wᵀ` into `out` (`[m, n]`).
     ///
     /// # Safety
-    /// As [`crate::portable::gemm_q4::gemm_q4`]: `out` holds `rows.m` rows of `n`.
+    /// As [`crate::portable::int4::gemm_q4`]: `out` holds `rows.m` rows of `n`.
     unsafe fn gemm(&self, kern: &Kernels, rows: &QuantizedBlocks, panels: Range<usize>, out: *mut f32);
 }
 

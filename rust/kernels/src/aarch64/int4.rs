@@ -403,7 +403,7 @@ unsafe fn gemm_neon<const OFFSET: u8>(x: &QuantizedBlocks, w: &Int4Weights, pane
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_q4::gemm_q4`]; only handed out after detecting i8mm and dotprod.
+/// As [`crate::portable::int4::gemm_q4`]; only handed out after detecting i8mm and dotprod.
 pub unsafe fn gemm_q4_i8mm(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     match w.offset {
         Int4Offset::Eight => gemm_i8mm::<{ Int4Offset::Eight.id() }>(x, w, panels, out, ldo),

@@ -146,7 +146,7 @@ unsafe fn gemm_neon(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, ou
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after detecting i8mm and dotprod.
+/// As [`crate::portable::int8::gemm_i8`]; only handed out after detecting i8mm and dotprod.
 pub unsafe fn gemm_i8_i8mm(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     gemm_i8mm(x, w, panels, out, ldo)
 }

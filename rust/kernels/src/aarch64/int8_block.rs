@@ -148,7 +148,7 @@ unsafe fn gemm_neon<const BITS: u32>(x: &QuantizedBlocks, w: &Int8BlockWeights, 
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after detecting i8mm and dotprod.
+/// As [`crate::portable::int8_block::gemm_q8`]; only handed out after detecting i8mm and dotprod.
 pub unsafe fn gemm_q8_i8mm(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     by_quant_bits!(w.bits, gemm_i8mm, (x, w, panels, out, ldo))
 }

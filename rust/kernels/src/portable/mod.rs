@@ -3,9 +3,9 @@
 
 pub mod attention;
 pub mod gemm;
-pub mod gemm_i8;
-pub mod gemm_q4;
-pub mod gemm_q8;
+pub mod int8;
+pub mod int4;
+pub mod int8_block;
 
 /// Partial sums every sum over a row is split into, whatever the register width: element `i`
 /// goes to partial `i % SUM_LANES`, and [`add_partials`] adds them in one fixed tree. With FMA

@@ -394,7 +394,7 @@ fn portable_int4_is_the_dequantized_product() {
         rows.quantize(&x, k, &ThreadPool::new(1, false));
         let mut out = vec![0.0; m * n];
         // SAFETY: `out` is [m, n] and this thread is its only user.
-        unsafe { crate::portable::gemm_q4::gemm_q4(&rows, &w, 0..w.panels(), out.as_mut_ptr(), n) };
+        unsafe { crate::portable::int4::gemm_q4(&rows, &w, 0..w.panels(), out.as_mut_ptr(), n) };
         for i in 0..m {
             for j in 0..n {
                 let want: f32 = w.row(j).iter().zip(&x[i * k..(i + 1) * k]).map(|(a, b)| a * b).sum();
@@ -423,7 +423,7 @@ fn portable_int8_blocks_are_the_dequantized_product() {
         let w = full_range_blocks(n, k, bits);
         let mut out = vec![0.0; m * n];
         // SAFETY: `out` is [m, n] and this thread is its only user.
-        unsafe { crate::portable::gemm_q8::gemm_q8(&rows, &w, 0..w.panels(), out.as_mut_ptr(), n) };
+        unsafe { crate::portable::int8_block::gemm_q8(&rows, &w, 0..w.panels(), out.as_mut_ptr(), n) };
         for i in 0..m {
             for j in 0..n {
                 let row = w.row(j);

@@ -333,7 +333,7 @@ pub const MIN_ROWS_Q4: usize = 32;
 pub const MIN_ROWS_Q8: usize = 8;
 
 /// # Safety
-/// As [`crate::portable::gemm_q4::gemm_q4`]; only handed out after [`detected`].
+/// As [`crate::portable::int4::gemm_q4`]; only handed out after [`detected`].
 pub unsafe fn gemm_q4_amx(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     if x.m < MIN_ROWS_Q4 {
         gemm_q4_vnni(x, w, panels, out, ldo)
@@ -343,7 +343,7 @@ pub unsafe fn gemm_q4_amx(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<us
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after [`detected`].
+/// As [`crate::portable::int8_block::gemm_q8`]; only handed out after [`detected`].
 pub unsafe fn gemm_q8_amx(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     if x.m < MIN_ROWS_Q8 {
         gemm_q8_vnni(x, w, panels, out, ldo)
@@ -483,7 +483,7 @@ mod w8a8 {
 pub const MIN_ROWS_W8A8: usize = 8;
 
 /// # Safety
-/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after [`detected`].
+/// As [`crate::portable::int8::gemm_i8`]; only handed out after [`detected`].
 pub unsafe fn gemm_i8_amx(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     if x.m < MIN_ROWS_W8A8 {
         gemm_i8_vnni(x, w, panels, out, ldo)

@@ -350,7 +350,7 @@ unsafe fn gemm_avx2(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, 
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_q4::gemm_q4`]; only handed out after detecting VNNI.
+/// As [`crate::portable::int4::gemm_q4`]; only handed out after detecting VNNI.
 pub unsafe fn gemm_q4_vnni(x: &QuantizedBlocks, w: &Int4Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     gemm_vnni(x, w, panels, out, ldo)
 }

@@ -152,13 +152,13 @@ pub fn vnni_detected() -> bool {
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after [`vnni_detected`].
+/// As [`crate::portable::int8::gemm_i8`]; only handed out after [`vnni_detected`].
 pub unsafe fn gemm_i8_vnni(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     gemm_vnni(x, w, panels, out, ldo)
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_i8::gemm_i8`]; only handed out after detecting avx2.
+/// As [`crate::portable::int8::gemm_i8`]; only handed out after detecting avx2.
 pub unsafe fn gemm_i8_avx2(x: &QuantizedRows, w: &Int8Weights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     gemm_avx2(x, w, panels, out, ldo)
 }

@@ -220,7 +220,7 @@ unsafe fn gemm_avx2<const BITS: u32>(x: &QuantizedBlocks, w: &Int8BlockWeights, 
 }
 
 /// # Safety
-/// As [`crate::portable::gemm_q8::gemm_q8`]; only handed out after detecting VNNI.
+/// As [`crate::portable::int8_block::gemm_q8`]; only handed out after detecting VNNI.
 pub unsafe fn gemm_q8_vnni(x: &QuantizedBlocks, w: &Int8BlockWeights, panels: Range<usize>, out: *mut f32, ldo: usize) {
     by_quant_bits!(w.bits, gemm_vnni, (x, w, panels, out, ldo))
 }
