@@ -8,14 +8,12 @@ deltas join into exactly the answer given whole."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 from collections.abc import AsyncIterator, Callable
 from types import FrameType
 from typing import Any
 
 import pytest
-from conftest import build_tiny
 from rsgl.server.anthropic_api import message_events
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.openai_api import chat_shape, stream_chunks
@@ -23,8 +21,7 @@ from rsgl.server.reasoning import HarmonySplitter, ThinkSplitter
 from rsgl.server.responses_api import Keep, response_events
 from rsgl.tools import FORMATS
 from server_helpers import openai_client, running_server
-from test_loader import train_byte_level_tokenizer
-from test_tool_calls import TOOLS, TOOLS_TEMPLATE
+from test_tool_calls import TOOLS, save_tiny_tools_model
 
 CHUNKS = 4000
 EARLY, LATE = range(100, 200), range(CHUNKS - 100, CHUNKS)
@@ -33,7 +30,11 @@ WORDS = ["Paris ", "is ", "sunny <tool", "s> today", "; <|en", "d ", "a<b\n"]
 # (reader, the answer's opening, where its reasoning ends and its content begins)
 READERS = {
     "think+hermes": (ChatReader(FORMATS["hermes"], ThinkSplitter(starts_inside=False)), "<think>", "</think>\n\n"),
-    "harmony+gpt-oss": (ChatReader(FORMATS["gpt-oss"], HarmonySplitter()), "<|channel|>analysis<|message|>", "<|end|><|start|>assistant<|channel|>final<|message|>"),
+    "harmony+gpt-oss": (
+        ChatReader(FORMATS["gpt-oss"], HarmonySplitter()),
+        "<|channel|>analysis<|message|>",
+        "<|end|><|start|>assistant<|channel|>final<|message|>",
+    ),
 }
 
 
@@ -122,13 +123,8 @@ def test_a_chunk_costs_the_same_at_4000_as_at_100(api: str, parsers: str):
 def reasoning_server(tmp_path_factory):
     """A tiny random Qwen2 (byte-level tokenizer, a template rendering tools) served with
     deepseek-r1's reasoning parser: its output is reasoning unless the prompt closed the thinking."""
-    path = tmp_path_factory.mktemp("tiny-stream")
-    build_tiny("qwen2", path, vocab_size=320, max_position_embeddings=4096)
-    tokenizer = train_byte_level_tokenizer()
-    tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
-    tokenizer.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": TOOLS_TEMPLATE}))
-    with running_server(tmp_path_factory.mktemp("stream-server"), "--model-path", str(path), "--reasoning-parser", "deepseek-r1") as (url, _):
+    path = save_tiny_tools_model(tmp_path_factory.mktemp("tiny-stream"), max_position_embeddings=4096)
+    with running_server(tmp_path_factory.mktemp("stream-server"), "--model-path", path, "--reasoning-parser", "deepseek-r1") as (url, _):
         yield url
 
 
