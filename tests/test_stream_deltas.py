@@ -112,7 +112,7 @@ def test_a_chunk_costs_the_same_at_4000_as_at_100(api: str, parsers: str):
     early, late = max(per_chunk[i] for i in EARLY), max(per_chunk[i] for i in LATE)
     assert 0 < late <= early, f"characters held per chunk: {early} at chunks 100-199, {late} at chunks 3,900-3,999"
     # And the stream says what the whole answer says.
-    reasoning, content, _ = reader.fields("".join(pieces), finished=True)
+    reasoning, content, _ = reader.fields("".join(pieces))
     assert streamed_fields(api, events) == (reasoning, content)
 
 

@@ -18,19 +18,18 @@ class ChatReader:
     reasoning: ReasoningSplitter | None  # None: no reasoning is split off
     legacy_functions: bool = False  # the call answers as the deprecated `function_call` (one call)
 
-    def fields(self, text: str, finished: bool) -> tuple[str | None, str, list[ToolCall]]:
-        """(reasoning, content, calls) of the output so far; until `finished`, content that may be
-        the start of calls (or of a tag) is held back and no calls are read."""
-        reasoning, content = self.reasoning.split(text, finished) if self.reasoning else (None, text)
-        if self.call_format is None:
-            return reasoning, content, []
-        if finished:
-            return (reasoning, *self.call_format.parse(content))
-        return reasoning, content[: self.call_format.content_end(content)], []
+    def fields(self, text: str) -> tuple[str | None, str, list[ToolCall]]:
+        """(reasoning, content, calls) of a whole answer."""
+        reasoning, content = self.reasoning.split(text, True) if self.reasoning else (None, text)
+        return (reasoning, *self.calls_in(content))
+
+    def calls_in(self, content: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of a whole answer's content, the calls read off when tools were offered."""
+        return self.call_format.parse(content) if self.call_format else (content, [])
 
     def choice(self, index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
         """A whole answer's choice."""
-        reasoning, content, calls = self.fields(text, finished=True)
+        reasoning, content, calls = self.fields(text)
         message: JsonObject = {"role": "assistant", "content": (content.strip() or None) if calls else content}
         if self.reasoning:
             message["reasoning_content"] = reasoning or None
@@ -97,7 +96,7 @@ class ChatDeltas:
         """What the finished answer, `last_text` its last piece, adds to the reasoning and content
         sent (read whole, as `ChatReader.fields` reads it), and its calls."""
         reasoning, content = self.split.finish(last_text)
-        content, calls = self.reader.call_format.parse(content) if self.reader.call_format else (content, [])
+        content, calls = self.reader.calls_in(content)
         return reasoning[self.sent_reasoning :], content[self.sent_content :], calls
 
     def call_delta(self, index: int, name: str, arguments: str) -> JsonObject | None:

@@ -118,7 +118,7 @@ async def create_response(request: Request) -> Response:
         return EventStreamResponse(response_events(stream, call.chat.reader.deltas(), response, keep), stream, EVENTS)
     output = await generate_whole(request, call.arguments)
     assert isinstance(output, dict)  # one prompt, one sample
-    parts = whole_answer_parts(*call.chat.reader.fields(output["text"], finished=True))
+    parts = whole_answer_parts(*call.chat.reader.fields(output["text"]))
     return json_response(keep(finished(response, parts, output["meta_info"])))
 
 
