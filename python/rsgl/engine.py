@@ -294,14 +294,24 @@ class Engine:
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
         requests, single = self._build_requests(prompt, sampling_params, options)
         if stream:
-            request = self._only(requests)
-            # Compiled here so a bad grammar raises before the caller starts reading the stream.
-            self.check_grammar(request["sampling_params"])
-            return self._stream(request)
+            return self._stream(self._stream_request(requests))
         started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
         results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
         return results[0] if single else results
+
+    def _generate_deltas(
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, **options: Unpack[GenerateOptions]
+    ) -> Generator[Result, None, None]:
+        """`generate(stream=True)` whose chunks hold only what each adds (see `_async_generate_deltas`)."""
+        return self._stream(self._stream_request(self._build_requests(prompt, sampling_params, options)[0]), deltas=True)
+
+    def _stream_request(self, requests: list[GenerateRequest]) -> GenerateRequest:
+        """The one request (one prompt, n=1) of a stream, its grammar compiled now so a bad one
+        raises before the caller starts reading the stream."""
+        request = self._only(requests)
+        self.check_grammar(request["sampling_params"])
+        return request
 
     @overload
     async def async_generate(
@@ -594,9 +604,9 @@ class Engine:
             wakeups = self._loop_wakeups[loop] = _LoopWakeups(loop)
         return wakeups
 
-    def _stream(self, request: GenerateRequest, handle: _core.RequestStream | None = None) -> Generator[Result, None, None]:
-        result = _Result(request)
-        with contextlib.closing(self._outputs(request, handle or self._submit(request))) as outputs:
+    def _stream(self, request: GenerateRequest, deltas: bool = False) -> Generator[Result, None, None]:
+        result = _Result(request, deltas=deltas)
+        with contextlib.closing(self._outputs(request, self._submit(request))) as outputs:
             for out in outputs:
                 yield result.chunk(out)
 
