@@ -294,14 +294,24 @@ class Engine:
         constrain the output of every prompt; an invalid one raises InvalidRequestError."""
         requests, single = self._build_requests(prompt, sampling_params, options)
         if stream:
-            request = self._only(requests)
-            # Compiled here so a bad grammar raises before the caller starts reading the stream.
-            self.check_grammar(request["sampling_params"])
-            return self._stream(request)
+            return self._stream(self._stream_request(requests))
         started = time.perf_counter()
         handles = [self._submit(r) for r in requests]
         results = [self._collect(r, h, started) for r, h in zip(requests, handles)]
         return results[0] if single else results
+
+    def _generate_deltas(
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, **options: Unpack[GenerateOptions]
+    ) -> Generator[Result, None, None]:
+        """`generate(stream=True)` whose chunks hold only what each adds (see `_async_generate_deltas`)."""
+        return self._stream(self._stream_request(self._build_requests(prompt, sampling_params, options)[0]), deltas=True)
+
+    def _stream_request(self, requests: list[GenerateRequest]) -> GenerateRequest:
+        """The one request (one prompt, n=1) of a stream, its grammar compiled now so a bad one
+        raises before the caller starts reading the stream."""
+        request = self._only(requests)
+        self.check_grammar(request["sampling_params"])
+        return request
 
     @overload
     async def async_generate(
@@ -324,18 +334,31 @@ class Engine:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
         requests, single = self._build_requests(prompt, sampling_params, options)
-        wakeups = self._wakeups()
         if stream:
-            request = self._only(requests)
-            if _has_grammar(request["sampling_params"]):
-                # Compiled off the loop, so a bad grammar fails the request before it streams.
-                await asyncio.to_thread(self.check_grammar, request["sampling_params"])
-            # Submitted now, so a request the engine refuses raises before any chunk is awaited.
-            return self._astream(request, wakeups.submit(functools.partial(self._core.submit, request)))
+            return self._astream(*await self._astart_stream(requests))
+        wakeups = self._wakeups()
         started = time.perf_counter()
         handles = [wakeups.submit(functools.partial(self._core.submit, r)) for r in requests]
         results = await asyncio.gather(*(self._acollect(r, h, started) for r, h in zip(requests, handles)))
         return results[0] if single else list(results)
+
+    async def _async_generate_deltas(
+        self, prompt: str | list[str] | None = None, sampling_params: SamplingArgument = None, **options: Unpack[GenerateOptions]
+    ) -> AsyncGenerator[Result, None]:
+        """`async_generate(stream=True)` whose chunks hold only what each adds (SGLang's
+        incremental streaming shape): its `text`, `output_ids` and their log-probabilities, with
+        `meta_info`'s counts and finish reason as whole chunks have them. The server's OpenAI,
+        Anthropic and Responses streams read these, so no chunk costs more as the answer grows."""
+        return self._astream(*await self._astart_stream(self._build_requests(prompt, sampling_params, options)[0]), deltas=True)
+
+    async def _astart_stream(self, requests: list[GenerateRequest]) -> tuple[GenerateRequest, _AsyncHandle]:
+        """Submits a streamed request (one prompt, n=1); a bad grammar or a request the engine
+        refuses raises here, before any chunk is awaited."""
+        request = self._only(requests)
+        if _has_grammar(request["sampling_params"]):
+            # Compiled off the loop, so a bad grammar fails the request before it streams.
+            await asyncio.to_thread(self.check_grammar, request["sampling_params"])
+        return request, self._wakeups().submit(functools.partial(self._core.submit, request))
 
     # ---- embeddings ----------------------------------------------------------------------------
 
@@ -581,19 +604,17 @@ class Engine:
             wakeups = self._loop_wakeups[loop] = _LoopWakeups(loop)
         return wakeups
 
-    def _stream(self, request: GenerateRequest, handle: _core.RequestStream | None = None) -> Generator[Result, None, None]:
-        result = _Result(request)
-        with contextlib.closing(self._outputs(request, handle or self._submit(request))) as outputs:
+    def _stream(self, request: GenerateRequest, deltas: bool = False) -> Generator[Result, None, None]:
+        result = _Result(request, deltas=deltas)
+        with contextlib.closing(self._outputs(request, self._submit(request))) as outputs:
             for out in outputs:
-                result.add(out)
-                yield result.snapshot()
+                yield result.chunk(out)
 
-    async def _astream(self, request: GenerateRequest, handle: _AsyncHandle) -> AsyncGenerator[Result, None]:
-        result = _Result(request)
+    async def _astream(self, request: GenerateRequest, handle: _AsyncHandle, deltas: bool = False) -> AsyncGenerator[Result, None]:
+        result = _Result(request, deltas=deltas)
         async with contextlib.aclosing(self._aoutputs(request, handle)) as outputs:
             async for out in outputs:
-                result.add(out)
-                yield result.snapshot()
+                yield result.chunk(out)
 
     def _collect(self, request: GenerateRequest, handle: _core.RequestStream, started: float) -> Result:
         result = _Result(request, started)
@@ -685,14 +706,17 @@ class _AsyncHandle:
 
 
 class _Result:
-    """Folds a request's outputs into SGLang's result shape."""
+    """Folds a request's outputs into SGLang's result shape: the whole output so far, or with
+    `deltas` each output's own part (`chunk`)."""
 
-    def __init__(self, request: GenerateRequest, started: float | None = None) -> None:
+    def __init__(self, request: GenerateRequest, started: float | None = None, deltas: bool = False) -> None:
         self.request = request
+        self.deltas = deltas
         # From submission: requests of one batch are collected one after another.
         self.started = time.perf_counter() if started is None else started
-        self.text = ""
+        self.text_pieces: list[str] = []  # joined when read, so folding a long output costs no copies
         self.ids: list[int] = []
+        self.completion_tokens = 0
         # SGLang's (logprob, token_id, text) triples; text is None (not detokenized per token).
         self.logprobs: list[tuple[float, int, None]] = []
         self.top_logprobs: list[list[tuple[float, int, None]]] = []
@@ -703,44 +727,66 @@ class _Result:
         schema = request["sampling_params"].get("json_schema")
         self.schema_warnings = json_schema_warnings(schema) if isinstance(schema, str) else ()
 
+    def chunk(self, out: Output) -> Result:
+        """The streamed chunk of `out`: what it adds, or with `deltas` off the result so far."""
+        if self.deltas:
+            logprobs, top_logprobs = self._take(out)
+            return self._shaped(out["text"], out["token_ids"], logprobs, top_logprobs)
+        self.add(out)
+        return self.snapshot()
+
     def add(self, out: Output) -> None:
-        self.text += out["text"]
+        logprobs, top_logprobs = self._take(out)
+        self.text_pieces.append(out["text"])
         self.ids.extend(out["token_ids"])
-        for lp in out.get("logprobs", ()):
-            self.logprobs.append((lp["logprob"], lp["token_id"], None))
-            self.top_logprobs.append(_top_triples(lp))
-        self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
-        if "input_token_logprobs" in out:
-            scored = out["input_token_logprobs"]
-            # Position 0 has no log-probability; SGLang lists it with None.
-            first: list[tuple[float | None, int, None]] = [(None, self.request["input_ids"][0], None)] if not self.request.get("logprob_start_len") else []
-            self.input_logprobs = first + [(lp["logprob"], lp["token_id"], None) for lp in scored]
-            self.input_top_logprobs = [None] * len(first) + [_top_triples(lp) for lp in scored]
-        self.finished = dict(out.get("finished", {}))
+        self.logprobs += logprobs
+        self.top_logprobs += top_logprobs
 
     def snapshot(self) -> Result:
-        """The result so far (copies, so a streamed chunk does not change under its reader)."""
+        """The result so far. As in SGLang's streamed chunks, its `output_ids` is the list that
+        later outputs extend (copy it to keep it as it is); its log-probabilities are copies."""
+        text = "".join(self.text_pieces)
+        self.text_pieces = [text]
+        return self._shaped(text, self.ids, list(self.logprobs), list(self.top_logprobs))
+
+    def _take(self, out: Output) -> tuple[list[tuple[float, int, None]], list[list[tuple[float, int, None]]]]:
+        """Notes what `out` tells of the whole request; returns its tokens' log-probabilities and
+        top alternatives as SGLang lists them."""
+        self.completion_tokens += len(out["token_ids"])
+        scored = out.get("logprobs", [])
+        self.prompt_logits = out.get("prompt_logits", self.prompt_logits)
+        if "input_token_logprobs" in out:
+            prompt_scored = out["input_token_logprobs"]
+            # Position 0 has no log-probability; SGLang lists it with None.
+            first: list[tuple[float | None, int, None]] = [(None, self.request["input_ids"][0], None)] if not self.request.get("logprob_start_len") else []
+            self.input_logprobs = first + [(lp["logprob"], lp["token_id"], None) for lp in prompt_scored]
+            self.input_top_logprobs = [None] * len(first) + [_top_triples(lp) for lp in prompt_scored]
+        self.finished = dict(out.get("finished", {}))
+        return [(lp["logprob"], lp["token_id"], None) for lp in scored], [_top_triples(lp) for lp in scored]
+
+    def _shaped(self, text: str, ids: list[int], logprobs: list[tuple[float, int, None]], top_logprobs: list[list[tuple[float, int, None]]]) -> Result:
         meta = {
             "id": self.request["rid"],
             "prompt_tokens": len(self.request["input_ids"]),
-            "completion_tokens": len(self.ids),
+            "completion_tokens": self.completion_tokens,
             "cached_tokens": 0,
             "finish_reason": None,
             "e2e_latency": time.perf_counter() - self.started,
             **self.finished,
         }
         if self.request.get("return_logprob"):
-            meta["output_token_logprobs"] = list(self.logprobs)
-            meta["output_top_logprobs"] = list(self.top_logprobs)
-            # Empty without logprob_start_len, as SGLang answers (its frontend reads the key).
-            meta["input_token_logprobs"] = list(self.input_logprobs)
+            meta["output_token_logprobs"] = logprobs
+            meta["output_top_logprobs"] = top_logprobs
+            # Empty without logprob_start_len, as SGLang answers (its frontend reads the key). The
+            # prompt's lists come whole with one output and are never extended: chunks share them.
+            meta["input_token_logprobs"] = self.input_logprobs
             if self.request.get("top_logprobs_num"):
-                meta["input_top_logprobs"] = list(self.input_top_logprobs)
+                meta["input_top_logprobs"] = self.input_top_logprobs
         if self.prompt_logits is not None:
             meta["prompt_logits"] = self.prompt_logits
         if self.schema_warnings:
             meta["json_schema_warnings"] = [dict(w) for w in self.schema_warnings]
-        return {"text": self.text, "output_ids": list(self.ids), "meta_info": meta}
+        return {"text": text, "output_ids": ids, "meta_info": meta}
 
 
 # ---- choosing a continuation by log-probability (Engine.select, rsgl.lang's backends) ------------

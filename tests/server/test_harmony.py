@@ -182,16 +182,16 @@ def test_messages_read_as_openai_harmony_reads_them(harmony, answer: str):
 
 def test_channels_split_into_reasoning_content_and_calls():
     reader = ChatReader(FORMATS["gpt-oss"], HarmonySplitter())
-    reasoning, content, [call] = reader.fields(ANSWER, finished=True)
+    reasoning, content, [call] = reader.fields(ANSWER)
     assert (reasoning, content) == ("The user wants Paris.", "Checking.")
     assert (call.name, json.loads(call.arguments)) == ("get_weather", {"city": "Paris", "unit": "celsius"})
     answer = "<|channel|>analysis<|message|>Short.<|end|><|start|>assistant<|channel|>final<|message|>Sunny.<|return|>"
-    assert reader.fields(answer, finished=True) == ("Short.", "Sunny.", [])
+    assert reader.fields(answer) == ("Short.", "Sunny.", [])
     # The recipient may come after the role, as the template renders past calls; the stop token may be text.
     choice = reader.choice(0, "<|start|>assistant to=functions.get_time<|channel|>commentary json<|message|>{}<|call|>", None, "stop")
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["tool_calls"][0]["function"]["name"] == "get_time"
     # Output that is not harmony at all is the content.
-    assert reader.fields("no channels<|end|> here", finished=True) == ("", "no channels here", [])
+    assert reader.fields("no channels<|end|> here") == ("", "no channels here", [])
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 11])

@@ -85,16 +85,19 @@ Call a function as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_en
 # ---- servers ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_tools_model(tmp_path_factory) -> str:
-    """A tiny random Qwen2 with a byte-level tokenizer and TOOLS_TEMPLATE."""
-    path = tmp_path_factory.mktemp("tiny-tools")
-    build_tiny("qwen2", path, vocab_size=320, max_position_embeddings=2048)
+def save_tiny_tools_model(path, max_position_embeddings: int = 2048) -> str:
+    """Saves a tiny random Qwen2 with a byte-level tokenizer and TOOLS_TEMPLATE to `path`."""
+    build_tiny("qwen2", path, vocab_size=320, max_position_embeddings=max_position_embeddings)
     tokenizer = train_byte_level_tokenizer()
     tokenizer.add_special_tokens(["<|im_start|>", "<|im_end|>"])
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>", "chat_template": TOOLS_TEMPLATE}))
     return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_tools_model(tmp_path_factory) -> str:
+    return save_tiny_tools_model(tmp_path_factory.mktemp("tiny-tools"))
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ class Backend(Protocol):
         """SGLang's result: {"text", "meta_info"}."""
 
     def generate_stream(self, text: str, sampling_params: JsonObject) -> Iterator[str]:
-        """The generated text so far, growing chunk by chunk."""
+        """The generated text in pieces, as it comes."""
 
     def select(self, text: str, choices: list[str]) -> JsonObject:
         """`Engine.select`'s result: {"text", "index", "logprobs", "normalized_logprobs"}."""
@@ -90,7 +90,7 @@ class EngineBackend:
         return out
 
     def generate_stream(self, text: str, sampling_params: JsonObject) -> Iterator[str]:
-        for chunk in self.engine.generate(text, dict(sampling_params), stream=True):
+        for chunk in self.engine._generate_deltas(text, dict(sampling_params)):
             yield chunk["text"]
 
     def select(self, text: str, choices: list[str]) -> JsonObject:
@@ -117,6 +117,7 @@ class RuntimeEndpoint:
 
     def generate_stream(self, text: str, sampling_params: JsonObject) -> Iterator[str]:
         body = {"text": text, "sampling_params": sampling_params, "stream": True}
+        sent = 0  # characters: /generate streams the whole text so far, as SGLang's does
         with self._open("POST", "/generate", body) as response:
             for line in response:
                 payload = line.decode().strip().removeprefix("data: ")
@@ -125,7 +126,8 @@ class RuntimeEndpoint:
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     raise RsglError(chunk["error"].get("message", "the server ended the stream with an error"))
-                yield chunk["text"]
+                yield chunk["text"][sent:]
+                sent = len(chunk["text"])
 
     def select(self, text: str, choices: list[str]) -> JsonObject:
         check_choices(text, choices)

@@ -31,9 +31,9 @@ class ProgramState:
         self._variables: dict[str, Any] = {}
         self._meta: dict[str, JsonObject] = {}
         self._messages: list[JsonObject] = []
-        # Streaming: what each variable (and the whole text) has received so far, and which are complete.
+        # Streaming: the pieces each variable (and the whole text) has received so far, and which are complete.
         self._changed = threading.Condition()
-        self._partial: dict[str | None, str] = {}
+        self._partial: dict[str | None, list[str]] = {}
         self._complete: set[str] = set()
         self._finished = False
         self._error: BaseException | None = None
@@ -81,25 +81,33 @@ class ProgramState:
 
     def _append(self, text: str) -> None:
         self._text += text
-        self._publish(WHOLE_TEXT, self._text, complete=False)
+        self._publish(WHOLE_TEXT, text, complete=False)
 
     def _gen(self, expression: Gen) -> None:
         name = expression.name
         params = {**self.default_sampling_params, **expression.sampling_params}
         if self.stream:
-            value = ""
-            for value in self.backend.generate_stream(self._text, params):
-                self._publish(WHOLE_TEXT, self._text + value, complete=False)
-                if name is not None:
-                    self._publish(name, value, complete=False)
+            value = self._streamed_gen(name, params)
         else:
             result = self.backend.generate(self._text, params)
             value = result["text"]
             if name is not None:
                 self._meta[name] = result["meta_info"]
-        self._append(value)
+            self._append(value)
         if name is not None:
-            self._set(name, value)
+            self._set(name, value, published=self.stream)
+
+    def _streamed_gen(self, name: str | None, params: JsonObject) -> str:
+        """Generates, each piece published to the whole text (and variable `name`) as it comes."""
+        pieces = []
+        for piece in self.backend.generate_stream(self._text, params):
+            pieces.append(piece)
+            self._publish(WHOLE_TEXT, piece, complete=False)
+            if name is not None:
+                self._publish(name, piece, complete=False)
+        value = "".join(pieces)
+        self._text += value  # published piece by piece
+        return value
 
     def _select(self, expression: Select) -> None:
         result = self.backend.select(self._text, list(expression.choices))
@@ -108,9 +116,10 @@ class ProgramState:
             self._meta[expression.name] = result
             self._set(expression.name, result["text"])
 
-    def _set(self, name: str, value: Any) -> None:
+    def _set(self, name: str, value: Any, published: bool = False) -> None:
+        """Sets variable `name`; unless its text was `published` piece by piece, it streams whole."""
         self._variables[name] = value
-        self._publish(name, value if isinstance(value, str) else "", complete=True)
+        self._publish(name, value if isinstance(value, str) and not published else "", complete=True)
 
     # ---- reading ----------------------------------------------------------------------------------
 
@@ -159,22 +168,22 @@ class ProgramState:
     def text_iter(self, name: str | None = None) -> Iterator[str]:
         """The pieces of variable `name` as they are generated (with `run(..., stream=True)`); with
         no name, of the whole text."""
-        sent = 0
+        sent = 0  # pieces
         while True:
             with self._changed:
                 self._changed.wait_for(functools.partial(self._has_news, name, sent))
-                value, complete, finished = self._partial.get(name, ""), name in self._complete, self._finished
-            if len(value) > sent:
-                yield value[sent:]
-                sent = len(value)
+                pieces, complete, finished = self._partial.get(name, [])[sent:], name in self._complete, self._finished
+            sent += len(pieces)
+            if text := "".join(pieces):
+                yield text
             elif complete or finished:
                 if self._error is not None:
                     raise self._error
                 return
 
     def _has_news(self, name: str | None, sent: int) -> bool:
-        """Whether variable `name` has grown past `sent` characters, completed, or the program ended."""
-        return len(self._partial.get(name, "")) > sent or name in self._complete or self._finished
+        """Whether variable `name` has received more than `sent` pieces, completed, or the program ended."""
+        return len(self._partial.get(name, [])) > sent or name in self._complete or self._finished
 
     def sync(self) -> None:
         """Waits for a streamed program to finish; raises the error it failed with, if any. The
@@ -186,9 +195,9 @@ class ProgramState:
         if self._error is not None:
             raise self._error
 
-    def _publish(self, name: str | None, value: str, complete: bool) -> None:
+    def _publish(self, name: str | None, piece: str, complete: bool) -> None:
         with self._changed:
-            self._partial[name] = value
+            self._partial.setdefault(name, []).append(piece)
             if complete and name is not None:
                 self._complete.add(name)
             self._changed.notify_all()

@@ -44,7 +44,7 @@ async def create_message(request: Request) -> Response:
     output = await generate_whole(request, call.arguments)
     assert isinstance(output, dict)  # one prompt, one sample
     meta = output["meta_info"]
-    reasoning, content, calls = call.chat.reader.fields(output["text"], finished=True)
+    reasoning, content, calls = call.chat.reader.fields(output["text"])
     blocks = [content_block(part, part.text) for part in whole_answer_parts(reasoning, content, calls)]
     return json_response({**header, "content": blocks, **stop_fields(meta, bool(calls), stops), "usage": usage(meta)})
 

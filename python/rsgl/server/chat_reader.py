@@ -3,10 +3,11 @@ parser), `content`, and `tool_calls` (when tools were offered), whole or as stre
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from rsgl._typing import JsonObject
-from rsgl.server.reasoning import ReasoningSplitter
+from rsgl.server.reasoning import ReasoningSplitter, ReasoningStream
 from rsgl.tools import ToolCall, ToolCallFormat
 from rsgl.tools.calls import new_call_id
 
@@ -17,27 +18,18 @@ class ChatReader:
     reasoning: ReasoningSplitter | None  # None: no reasoning is split off
     legacy_functions: bool = False  # the call answers as the deprecated `function_call` (one call)
 
-    def fields(self, text: str, finished: bool) -> tuple[str | None, str, list[ToolCall]]:
-        """(reasoning, content, calls) of the output so far; until `finished`, content that may be
-        the start of calls (or of a tag) is held back and no calls are read."""
-        reasoning, content = self.reasoning.split(text, finished) if self.reasoning else (None, text)
-        if self.call_format is None:
-            return reasoning, content, []
-        if finished:
-            return (reasoning, *self.call_format.parse(content))
-        return reasoning, content[: self.call_format.content_end(content)], []
+    def fields(self, text: str) -> tuple[str | None, str, list[ToolCall]]:
+        """(reasoning, content, calls) of a whole answer."""
+        reasoning, content = self.reasoning.split(text, True) if self.reasoning else (None, text)
+        return (reasoning, *self.calls_in(content))
 
-    def partial_calls(self, text: str) -> list[tuple[str, str]]:
-        """(name, arguments so far) of each call an unfinished output is writing."""
-        if self.call_format is None:
-            return []
-        _, content = self.reasoning.split(text, False) if self.reasoning else (None, text)
-        start = self.call_format.calls_start(content)
-        return [] if start is None else [(call.name, call.arguments) for call in self.call_format.partial_calls(content[start:])]
+    def calls_in(self, content: str) -> tuple[str, list[ToolCall]]:
+        """(content, calls) of a whole answer's content, the calls read off when tools were offered."""
+        return self.call_format.parse(content) if self.call_format else (content, [])
 
     def choice(self, index: int, text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
         """A whole answer's choice."""
-        reasoning, content, calls = self.fields(text, finished=True)
+        reasoning, content, calls = self.fields(text)
         message: JsonObject = {"role": "assistant", "content": (content.strip() or None) if calls else content}
         if self.reasoning:
             message["reasoning_content"] = reasoning or None
@@ -61,33 +53,51 @@ class ChatReader:
 class ChatDeltas:
     """One streamed answer's deltas: what each chunk adds to the reasoning, the content and the
     calls (each call's id and name once its name is known, then its arguments as they are written;
-    the parsed calls complete them when the answer ends)."""
+    the parsed calls complete them when the answer ends). Each chunk's text is read once (calls
+    being written are read again from where they begin); the answer is read whole when it ends."""
 
     def __init__(self, reader: ChatReader) -> None:
         self.reader = reader
-        self.text = ""
-        self.sent_reasoning = ""
-        self.sent_content = ""
+        self.split: ReasoningStream = reader.reasoning.stream() if reader.reasoning else WholeContent()
+        self.finder = reader.call_format.finder() if reader.call_format else None
+        self.sent_reasoning = 0  # characters
+        self.sent_content = 0
         self.sent_calls: list[tuple[str, str]] = []  # (id, arguments sent) of each call begun
 
     def chunk_choice(self, index: int, new_text: str, logprobs: JsonObject | None, finish_reason: str | None) -> JsonObject:
-        self.text += new_text
-        finished = finish_reason is not None
-        reasoning, content, calls = self.reader.fields(self.text, finished)
+        if finish_reason is None:
+            reasoning, content, unsettled = self.split.feed(new_text)
+            content = self.finder.feed(content) if self.finder else content
+            calls: list[ToolCall] = []
+        else:
+            (reasoning, content, calls), unsettled = self.whole_fields(new_text), ""
         delta: JsonObject = {}
-        if reasoning and len(reasoning) > len(self.sent_reasoning):
-            delta["reasoning_content"] = reasoning[len(self.sent_reasoning) :]
-            self.sent_reasoning = reasoning
-        if len(content) > len(self.sent_content):
-            delta["content"] = content[len(self.sent_content) :]
-            self.sent_content = content
-        progress = [(call.name, call.arguments) for call in calls] if finished else self.reader.partial_calls(self.text)
+        if reasoning:
+            delta["reasoning_content"] = reasoning
+            self.sent_reasoning += len(reasoning)
+        if content:
+            delta["content"] = content
+            self.sent_content += len(content)
+        if finish_reason is not None:
+            progress = [(call.name, call.arguments) for call in calls]
+        elif self.finder is not None and self.finder.calls is not None:
+            assert self.reader.call_format is not None
+            progress = [(call.name, call.arguments) for call in self.reader.call_format.partial_calls(self.finder.calls + unsettled)]
+        else:
+            progress = []
         if self.reader.legacy_functions:
             if progress and (first := self.call_delta(0, *progress[0])):
                 delta["function_call"] = first["function"]
         elif call_deltas := [d for i, (name, arguments) in enumerate(progress) if (d := self.call_delta(i, name, arguments))]:
             delta["tool_calls"] = call_deltas
         return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": self.reader.finish_with(calls, finish_reason)}
+
+    def whole_fields(self, last_text: str) -> tuple[str, str, list[ToolCall]]:
+        """What the finished answer, `last_text` its last piece, adds to the reasoning and content
+        sent (read whole, as `ChatReader.fields` reads it), and its calls."""
+        reasoning, content = self.split.finish(last_text)
+        content, calls = self.reader.calls_in(content)
+        return reasoning[self.sent_reasoning :], content[self.sent_content :], calls
 
     def call_delta(self, index: int, name: str, arguments: str) -> JsonObject | None:
         """What call `index` adds: all of it the first time, then the arguments' new text (which,
@@ -103,25 +113,47 @@ class ChatDeltas:
         return {"index": index, "function": {"arguments": arguments[len(sent) :]}}
 
 
+class WholeContent:
+    """The stream of an answer without reasoning: all of it is content."""
+
+    def __init__(self) -> None:
+        self.pieces: list[str] = []
+
+    def feed(self, new_text: str) -> tuple[str, str, str]:
+        self.pieces.append(new_text)
+        return "", new_text, ""
+
+    def finish(self, new_text: str) -> tuple[str, str]:
+        self.pieces.append(new_text)
+        return "", "".join(self.pieces)
+
+
 @dataclass
 class AnswerPart:
     """One part of a streamed answer: its reasoning, a run of text, or one call."""
 
     kind: str  # "reasoning", "text" or "call"
     index: int  # its place among the answer's parts
-    text: str = ""  # the reasoning, the text or the call's arguments so far
+    pieces: list[str] = dataclasses.field(default_factory=list)  # of `text`, joined when it is read
     call_id: str = ""
     name: str = ""
+
+    @property
+    def text(self) -> str:
+        """The reasoning, the text or the call's arguments so far."""
+        if len(self.pieces) > 1:
+            self.pieces[:] = ["".join(self.pieces)]
+        return self.pieces[0] if self.pieces else ""
 
 
 def whole_answer_parts(reasoning: str | None, content: str, calls: list[ToolCall]) -> list[AnswerPart]:
     """A whole answer's parts, as a stream of it gives them: the reasoning, the text (trimmed when
     calls follow it), each call."""
-    parts = [AnswerPart("reasoning", 0, reasoning)] if reasoning else []
+    parts = [AnswerPart("reasoning", 0, [reasoning])] if reasoning else []
     text = content.strip() if calls else content
     if text:
-        parts.append(AnswerPart("text", len(parts), text))
-    return parts + [AnswerPart("call", len(parts) + i, call.arguments, call.id, call.name) for i, call in enumerate(calls)]
+        parts.append(AnswerPart("text", len(parts), [text]))
+    return parts + [AnswerPart("call", len(parts) + i, [call.arguments], call.id, call.name) for i, call in enumerate(calls)]
 
 
 class AnswerParts:
@@ -158,7 +190,7 @@ class AnswerParts:
 
     def add(self, part: AnswerPart | None, text: str) -> tuple[str, AnswerPart, str]:
         assert part is not None
-        part.text += text
+        part.pieces.append(text)
         return ("add", part, text)
 
     def end(self) -> list[tuple[str, AnswerPart, str]]:

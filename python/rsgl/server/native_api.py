@@ -69,19 +69,21 @@ class GenerateArguments(TypedDict, total=False):
 
 
 class EngineStream:
-    """The chunks of one streaming request, awaited on the event loop (no thread per stream).
-    `aclose()` aborts the request if it has not finished."""
+    """The chunks of one streaming request, awaited on the event loop (no thread per stream):
+    each holding what it adds to the output (`Engine._async_generate_deltas`), or, `cumulative`,
+    the whole output so far (SGLang's /generate). `aclose()` aborts the request if it has not finished."""
 
     def __init__(self, chunks: AsyncGenerator[JsonObject, None], tracker: RequestTracker) -> None:
         self._chunks = chunks
         self._tracker = tracker
 
     @classmethod
-    async def start(cls, request: Request, arguments: GenerateArguments) -> EngineStream:
+    async def start(cls, request: Request, arguments: GenerateArguments, cumulative: bool = False) -> EngineStream:
         """Submits the request; a bad one raises here, before the response has started."""
         tracker = metrics_of(request).track()
+        engine = engine_of(request)
         try:
-            chunks = await engine_of(request).async_generate(stream=True, **arguments)
+            chunks = await (engine.async_generate(stream=True, **arguments) if cumulative else engine._async_generate_deltas(**arguments))
         except BaseException as exc:
             tracker.end(exc)
             raise
@@ -312,7 +314,7 @@ async def generate(request: Request) -> Response:
     arguments = generate_arguments(body)
     texts = LogprobTexts(engine_of(request)) if optional_bool(body, "return_text_in_logprobs") else None
     if optional_bool(body, "stream"):
-        stream = await EngineStream.start(request, arguments)
+        stream = await EngineStream.start(request, arguments, cumulative=True)
         return EventStreamResponse(stream if texts is None else texts.each(stream), stream)
     outputs = await generate_whole(request, arguments)
     if texts is not None:

@@ -286,30 +286,28 @@ def token_text(engine: Engine, token_id: int) -> str:
     return engine.decode([token_id], skip_special_tokens=False)
 
 
-def completion_logprobs(engine: Engine, meta: JsonObject, start: int, text_offset: int) -> JsonObject:
-    """Logprobs of the tokens from `start` on, in /v1/completions' shape; `text_offset` is where the
-    first of them begins in the generated text."""
-    tokens = [token_text(engine, token_id) for _, token_id, _ in meta["output_token_logprobs"][start:]]
+def completion_logprobs(engine: Engine, scores: TokenScores, text_offset: int) -> JsonObject:
+    """Tokens' logprobs in /v1/completions' shape; `text_offset` is where the first of them begins
+    in the generated text."""
+    tokens = [token_text(engine, token_id) for _, token_id, _ in scores.chosen]
     offsets = []
     for token in tokens:
         offsets.append(text_offset)
         text_offset += len(token)
     return {
         "tokens": tokens,
-        "token_logprobs": [logprob for logprob, _, _ in meta["output_token_logprobs"][start:]],
-        "top_logprobs": [None if top is None else {token_text(engine, t): lp for lp, t, _ in top} for top in meta["output_top_logprobs"][start:]],
+        "token_logprobs": [logprob for logprob, _, _ in scores.chosen],
+        "top_logprobs": [None if top is None else {token_text(engine, t): lp for lp, t, _ in top} for top in scores.top],
         "text_offset": offsets,
     }
 
 
-def chat_logprobs(engine: Engine, meta: JsonObject, start: int, text_offset: int) -> JsonObject:
-    """Logprobs of the tokens from `start` on, in /v1/chat/completions' shape (`text_offset` is unused)."""
-    chosen = meta["output_token_logprobs"][start:]
-    tops = meta["output_top_logprobs"][start:]
+def chat_logprobs(engine: Engine, scores: TokenScores, text_offset: int) -> JsonObject:
+    """Tokens' logprobs in /v1/chat/completions' shape (`text_offset` is unused)."""
     return {
         "content": [
             {**chat_token(engine, logprob, token_id), "top_logprobs": [chat_token(engine, lp, t) for lp, t, _ in top]}
-            for (logprob, token_id, _), top in zip(chosen, tops)
+            for (logprob, token_id, _), top in zip(scores.chosen, scores.top)
         ]
     }
 
@@ -317,6 +315,20 @@ def chat_logprobs(engine: Engine, meta: JsonObject, start: int, text_offset: int
 def chat_token(engine: Engine, logprob: float, token_id: int) -> JsonObject:
     token = token_text(engine, token_id)
     return {"token": token, "logprob": logprob, "bytes": list(token.encode())}
+
+
+@dataclass(frozen=True)
+class TokenScores:
+    """Some output tokens' SGLang (logprob, token_id, text) triples, and each one's top
+    alternatives (None for an echoed prompt's first token)."""
+
+    chosen: list[Any]
+    top: list[Any]
+
+    @classmethod
+    def of(cls, meta: JsonObject) -> TokenScores:
+        """The scores in a result's or a chunk's meta_info (none without return_logprob)."""
+        return cls(meta.get("output_token_logprobs", []), meta.get("output_top_logprobs", []))
 
 
 @dataclass(frozen=True)
@@ -328,7 +340,7 @@ class ResponseShape:
     chunk_object: str
     choice: Callable[..., JsonObject]
     chunk_choice: Callable[..., JsonObject]
-    logprobs: Callable[[Engine, JsonObject, int, int], JsonObject]
+    logprobs: Callable[[Engine, TokenScores, int], JsonObject]
     opening_chunk_choice: JsonObject | None = None  # sent before any text when streaming
 
 
@@ -427,39 +439,47 @@ def with_prompt(output: JsonObject, prompt: str) -> JsonObject:
 
 
 async def echo_stream(stream: EngineStream, prompt: str) -> AsyncIterator[JsonObject]:
+    """A stream of engine deltas whose first chunk brings the prompt first."""
+    echoed = False
     async for chunk in stream:
-        yield with_prompt(chunk, prompt)
+        yield chunk if echoed else with_prompt(chunk, prompt)
+        echoed = True
 
 
 def whole_choice(engine: Engine, shape: ResponseShape, index: int, output: JsonObject, return_logprob: bool) -> JsonObject:
     meta = output["meta_info"]
-    logprobs = shape.logprobs(engine, meta, 0, 0) if return_logprob else None
+    logprobs = shape.logprobs(engine, TokenScores.of(meta), 0) if return_logprob else None
     return shape.choice(index, output["text"], logprobs, finish_reason_of(meta))
 
 
 @dataclass(frozen=True)
 class TextStep:
-    """What one engine chunk of a stream adds: its new text, the finish reason once there is one,
-    the chunk, and how many tokens and characters were sent before it."""
+    """What one step of a stream sends: its new text, the finish reason once there is one, the
+    last engine chunk behind it (whose meta_info counts the tokens so far), the scores of the tokens
+    behind its text, and how many characters were sent before it."""
 
     new_text: str
     finish_reason: str | None
     chunk: JsonObject
-    sent_tokens: int
+    scores: TokenScores
     sent_chars: int
 
 
 async def text_steps(stream: AsyncIterator[JsonObject]) -> AsyncIterator[TextStep]:
-    """The steps of a stream whose engine chunks carry the whole text so far; a chunk whose text
-    is held back (a partial character or a possible stop string) goes with the next one."""
-    sent_text, sent_tokens = "", 0
+    """The steps of a stream of engine deltas; a chunk that adds no text (a partial character or a
+    possible stop string held back) goes with the next one."""
+    sent_chars = 0
+    held = TokenScores([], [])
     async for chunk in stream:
         finish_reason = finish_reason_of(chunk["meta_info"])
-        new_text = chunk["text"][len(sent_text) :]
-        if not new_text and finish_reason is None:
+        scores = TokenScores.of(chunk["meta_info"])
+        held.chosen.extend(scores.chosen)
+        held.top.extend(scores.top)
+        if not chunk["text"] and finish_reason is None:
             continue
-        yield TextStep(new_text, finish_reason, chunk, sent_tokens, len(sent_text))
-        sent_text, sent_tokens = chunk["text"], len(chunk["output_ids"])
+        yield TextStep(chunk["text"], finish_reason, chunk, held, sent_chars)
+        sent_chars += len(chunk["text"])
+        held = TokenScores([], [])
 
 
 async def stream_chunks(
@@ -473,7 +493,7 @@ async def stream_chunks(
     last = None
     async for step in text_steps(stream):
         last = step.chunk
-        logprobs = shape.logprobs(engine, last["meta_info"], step.sent_tokens, step.sent_chars) if return_logprob else None
+        logprobs = shape.logprobs(engine, step.scores, step.sent_chars) if return_logprob else None
         yield {**header, "choices": [shape.chunk_choice(0, step.new_text, logprobs, step.finish_reason)]}
     if include_usage and last is not None:
         yield {**header, "choices": [], "usage": usage_of([last], 1)}

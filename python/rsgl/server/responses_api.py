@@ -118,7 +118,7 @@ async def create_response(request: Request) -> Response:
         return EventStreamResponse(response_events(stream, call.chat.reader.deltas(), response, keep), stream, EVENTS)
     output = await generate_whole(request, call.arguments)
     assert isinstance(output, dict)  # one prompt, one sample
-    parts = whole_answer_parts(*call.chat.reader.fields(output["text"], finished=True))
+    parts = whole_answer_parts(*call.chat.reader.fields(output["text"]))
     return json_response(keep(finished(response, parts, output["meta_info"])))
 
 
@@ -236,16 +236,23 @@ def item_text(content: Any, param: str) -> str:
 # ---- the answer, as output items ----------------------------------------------------------------------
 
 
+ITEM_ID_PREFIXES = {"reasoning": "rs", "text": "msg", "call": "fc"}
+
+
+def output_item_id(part: AnswerPart, response_id: str) -> str:
+    """The response's id and the part's place, so an item streamed and the same item in the final response agree."""
+    return f"{ITEM_ID_PREFIXES[part.kind]}_{response_id.removeprefix('resp_')}_{part.index}"
+
+
 def output_item(part: AnswerPart, response_id: str, status: str = "completed") -> JsonObject:
-    """The output item of an answer's part; its id is the response's and the part's place, so an
-    item streamed and the same item in the final response agree."""
-    item_id = f"{response_id.removeprefix('resp_')}_{part.index}"
+    """The output item of an answer's part."""
+    item_id = output_item_id(part, response_id)
     if part.kind == "reasoning":
-        return {"type": "reasoning", "id": f"rs_{item_id}", "summary": [], "content": [{"type": "reasoning_text", "text": part.text}], "status": status}
+        return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": part.text}], "status": status}
     if part.kind == "text":
         text = {"type": "output_text", "text": part.text, "annotations": [], "logprobs": []}
-        return {"type": "message", "id": f"msg_{item_id}", "status": status, "role": "assistant", "content": [text]}
-    return {"type": "function_call", "id": f"fc_{item_id}", "call_id": part.call_id, "name": part.name, "arguments": part.text, "status": status}
+        return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": [text]}
+    return {"type": "function_call", "id": item_id, "call_id": part.call_id, "name": part.name, "arguments": part.text, "status": status}
 
 
 def finished(response: JsonObject, parts: list[AnswerPart], meta: JsonObject) -> JsonObject:
@@ -312,23 +319,25 @@ class ResponseEvents:
         return {"type": kind, "sequence_number": self.sequence - 1, **fields}
 
     def part_events(self, action: str, part: AnswerPart, text: str) -> list[JsonObject]:
-        item = output_item(part, self.response_id, "in_progress" if action != "end" else "completed")
-        where = {"item_id": item["id"], "output_index": part.index}
+        where = {"item_id": output_item_id(part, self.response_id), "output_index": part.index}
         text_event = {"reasoning": "response.reasoning_text", "text": "response.output_text", "call": "response.function_call_arguments"}[part.kind]
-        content_part = {"type": "output_text", "text": part.text, "annotations": []}
-        if action == "begin":
-            empty = output_item(AnswerPart(part.kind, part.index, "", part.call_id, part.name), self.response_id, "in_progress")
-            added = [self.event("response.output_item.added", output_index=part.index, item=empty)]
-            if part.kind == "text":
-                added.append(self.event("response.content_part.added", **where, content_index=0, part={**content_part, "text": ""}))
-            return added
-        if action == "add":
+        if action == "add":  # the part's text so far is not read: an event costs what it adds
             content = {} if part.kind == "call" else {"content_index": 0}
             return [self.event(f"{text_event}.delta", **where, **content, delta=text, **({"logprobs": []} if part.kind == "text" else {}))]
+        if action == "begin":
+            empty = output_item(AnswerPart(part.kind, part.index, [], part.call_id, part.name), self.response_id, "in_progress")
+            added = [self.event("response.output_item.added", output_index=part.index, item=empty)]
+            if part.kind == "text":
+                added.append(self.event("response.content_part.added", **where, content_index=0, part=content_part("")))
+            return added
         if part.kind == "call":
             done = [self.event(f"{text_event}.done", **where, name=part.name, arguments=part.text)]
         else:
             done = [self.event(f"{text_event}.done", **where, content_index=0, text=part.text, **({"logprobs": []} if part.kind == "text" else {}))]
         if part.kind == "text":
-            done.append(self.event("response.content_part.done", **where, content_index=0, part=content_part))
-        return [*done, self.event("response.output_item.done", output_index=part.index, item=item)]
+            done.append(self.event("response.content_part.done", **where, content_index=0, part=content_part(part.text)))
+        return [*done, self.event("response.output_item.done", output_index=part.index, item=output_item(part, self.response_id))]
+
+
+def content_part(text: str) -> JsonObject:
+    return {"type": "output_text", "text": text, "annotations": []}

@@ -67,6 +67,9 @@ class ToolCallFormat(ABC):
             return 0 if any(marker.startswith(head) for marker in self.markers) else len(text)
         return len(text) - partial_marker_length(text, self.markers)
 
+    def finder(self) -> CallsFinder:
+        return CallsFinder(self)
+
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(content, calls) of a whole output; output whose calls do not parse is all content."""
         start = self.calls_start(text)
@@ -74,6 +77,35 @@ class ToolCallFormat(ABC):
         if start is None or not calls:
             return text, []
         return text[:start], calls
+
+
+class CallsFinder:
+    """`ToolCallFormat.content_end` over a content streamed in pieces, each piece looked at once:
+    what is surely content passes as it comes, a tail that may still begin a marker is held back,
+    and once the calls begin everything from there on is theirs (`calls`)."""
+
+    def __init__(self, call_format: ToolCallFormat) -> None:
+        self.format = call_format
+        self.held = ""  # content that may begin a marker (or, for markers only at the start, the content until it is known)
+        self.calls: str | None = None  # the text from where calls begin
+        self.passing = False  # markers only at the start, and the content did not start with one
+
+    def feed(self, new_content: str) -> str:
+        """The part of the content so far, with `new_content`, that is surely content and was not given before."""
+        if self.calls is not None:
+            self.calls += new_content
+            return ""
+        if self.passing:
+            return new_content
+        text = self.held + new_content
+        start = self.format.calls_start(text)
+        if start is not None:
+            self.calls, self.held = text[start:], ""
+            return text[:start]
+        end = self.format.content_end(text)
+        self.passing = not self.format.markers_anywhere and end > 0
+        self.held = text[end:]
+        return text[:end]
 
 
 def partial_marker_length(text: str, markers: tuple[str, ...]) -> int:

@@ -63,10 +63,20 @@ def read_messages(text: str, finished: bool) -> list[HarmonyMessage]:
         else:
             last = i == len(segments) - 1
             body = rest[: len(rest) - partial_marker_length(rest, (*MESSAGE_ENDS, START))] if last and not finished else rest
-        _, _, channel = header.partition(CHANNEL)
-        recipient = RECIPIENT.search(header)
-        messages.append(HarmonyMessage(channel.split(maxsplit=1)[0] if channel.strip() else "", recipient and recipient.group(1), body))
+        messages.append(message_of(header, body))
     return messages
+
+
+def message_of(header: str, body: str) -> HarmonyMessage:
+    """The message whose header (after `<|start|>`, before `<|message|>`) and body are these."""
+    _, _, channel = header.partition(CHANNEL)
+    recipient = RECIPIENT.search(header)
+    return HarmonyMessage(channel.split(maxsplit=1)[0] if channel.strip() else "", recipient and recipient.group(1), body)
+
+
+def call_head(function: str) -> str:
+    """How `HarmonyFormat.write` begins a call of `function`, up to its arguments (then `<|call|>`)."""
+    return f"{START}assistant to={FUNCTIONS}{function}{CHANNEL}commentary json{MESSAGE}"
 
 
 class HarmonyFormat(ToolCallFormat):
@@ -88,7 +98,7 @@ class HarmonyFormat(ToolCallFormat):
         return [PartialCall(message.function, object_prefix(message.body, 0)) for message in read_messages(text, finished=False) if message.function]
 
     def write(self, calls: list[ToolCall]) -> str:
-        return "".join(f"{START}assistant to={FUNCTIONS}{call.name}{CHANNEL}commentary json{MESSAGE}{call.arguments}{CALL}" for call in calls)
+        return "".join(f"{call_head(call.name)}{call.arguments}{CALL}" for call in calls)
 
     def constraint(self, functions: list[Function], parallel: bool) -> JsonObject:
         """The model may reason first (an analysis message), then calls one function (a harmony turn
