@@ -743,11 +743,10 @@ class _Result:
         self.top_logprobs += top_logprobs
 
     def snapshot(self) -> Result:
-        """The result so far. As in SGLang's streamed chunks, its `output_ids` is the list that
-        later outputs extend (copy it to keep it as it is); its log-probabilities are copies."""
+        """The result so far, in lists of its own: a chunk a caller keeps does not change under it."""
         text = "".join(self.text_pieces)
         self.text_pieces = [text]
-        return self._shaped(text, self.ids, list(self.logprobs), list(self.top_logprobs))
+        return self._shaped(text, list(self.ids), list(self.logprobs), list(self.top_logprobs))
 
     def _take(self, out: Output) -> tuple[list[tuple[float, int, None]], list[list[tuple[float, int, None]]]]:
         """Notes what `out` tells of the whole request; returns its tokens' log-probabilities and

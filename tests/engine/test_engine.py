@@ -59,6 +59,8 @@ def test_stream_chunks_grow_to_the_full_answer(llm):
     chunks = list(llm.generate("Once upon a time", GREEDY, stream=True))
     assert len(chunks) == 24
     assert all(a["text"] == b["text"][: len(a["text"])] for a, b in zip(chunks, chunks[1:]))
+    # Each chunk keeps what it had when it was read: later chunks do not extend its lists.
+    assert [len(chunk["output_ids"]) for chunk in chunks] == [chunk["meta_info"]["completion_tokens"] for chunk in chunks] == list(range(1, 25))
     assert chunks[-1]["text"] == full["text"] and chunks[-1]["output_ids"] == full["output_ids"]
     assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
 
