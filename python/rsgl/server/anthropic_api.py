@@ -16,9 +16,12 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.server.chat_reader import AnswerPart, AnswerParts, ChatReader, whole_answer_parts
-from rsgl.server.errors import ANTHROPIC_PATH, bad_request, optional_bool, read_json_object
-from rsgl.server.native_api import EngineStream, EventDialect, EventStreamResponse, engine_of, generate_whole, json_response
+from rsgl.server.engine_calls import EngineStream, engine_of, generate_whole
+from rsgl.server.errors import ANTHROPIC_PATH, bad_request
+from rsgl.server.events import EventDialect, EventStreamResponse
+from rsgl.server.native_api import json_response
 from rsgl.server.openai_api import EXTRA_SAMPLING_FIELDS, chat_request, check_model, finish_reason_of, text_steps
+from rsgl.server.request_body import optional_bool, read_json_object
 
 ROLES = ("user", "assistant")
 TOOL_CHOICES = {"auto": "auto", "any": "required", "none": "none"}  # and {"type": "tool", "name": ...}

@@ -14,9 +14,11 @@ from starlette.routing import Route
 from rsgl._typing import JsonObject
 from rsgl.embeddings import EmbedInput
 from rsgl.engine import Engine
-from rsgl.server.errors import APIError, bad_request, is_text, is_token_ids, optional_int, read_json_object
-from rsgl.server.native_api import engine_of, json_response
+from rsgl.server.engine_calls import engine_of
+from rsgl.server.errors import APIError, bad_request
+from rsgl.server.native_api import json_response
 from rsgl.server.openai_api import check_model
+from rsgl.server.request_body import is_text, is_token_ids, optional_int, read_json_object
 
 ENCODING_FORMATS = ("float", "base64")
 

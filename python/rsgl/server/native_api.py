@@ -1,41 +1,29 @@
-"""SGLang's native endpoints (/health, /generate, /tokenize, /metrics...), and the plumbing
-all endpoints share: JSON responses, server-sent events, and streaming engine calls that never block
-the event loop."""
+"""SGLang's native endpoints (/health, /generate, /tokenize, /metrics...), and the JSON responses
+every endpoint answers with."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime
 import logging
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from functools import partial
-from typing import Any, TypedDict
+from typing import Any
 
 import orjson
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
+from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine
-from rsgl.server.errors import (
-    APIError,
-    ClientDisconnected,
-    as_api_error,
-    bad_request,
-    is_str_list,
-    is_text,
-    is_token_ids,
-    optional_bool,
-    optional_int,
-    read_json_object,
-)
+from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole, metrics_of
+from rsgl.server.errors import APIError, bad_request
+from rsgl.server.events import EventStreamResponse
 from rsgl.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from rsgl.server.metrics import RequestTracker, ServerMetrics, kv_pages_used, kv_usage
+from rsgl.server.metrics import kv_pages_used, kv_usage
+from rsgl.server.request_body import is_str_list, is_text, is_token_ids, optional_bool, optional_int, read_json_object
 
 logger = logging.getLogger("rsgl.server")
 # A probe must not hang on a stuck engine (SGLang's /health_generate gives up after 20 s too).
@@ -44,149 +32,6 @@ HEALTH_GENERATE_TIMEOUT_SECONDS = 20
 
 def json_response(content: Any) -> Response:
     return Response(orjson.dumps(content), media_type="application/json")
-
-
-def engine_of(request: Request) -> Engine:
-    engine: Engine = request.app.state.engine
-    return engine
-
-
-def metrics_of(request: Request) -> ServerMetrics:
-    metrics: ServerMetrics = request.app.state.metrics
-    return metrics
-
-
-class GenerateArguments(TypedDict, total=False):
-    """`Engine.generate` keyword arguments an endpoint passes on."""
-
-    prompt: str | list[str] | None
-    input_ids: list[int] | list[list[int]] | None
-    sampling_params: JsonObject | list[JsonObject] | None
-    return_logprob: bool
-    top_logprobs_num: int
-    logprob_start_len: int | None
-    rid: str | list[str] | None
-
-
-class EngineStream:
-    """The chunks of one streaming request, awaited on the event loop (no thread per stream):
-    each holding what it adds to the output (`Engine._async_generate_deltas`), or, `cumulative`,
-    the whole output so far (SGLang's /generate). `aclose()` aborts the request if it has not finished."""
-
-    def __init__(self, chunks: AsyncGenerator[JsonObject, None], tracker: RequestTracker) -> None:
-        self._chunks = chunks
-        self._tracker = tracker
-
-    @classmethod
-    async def start(cls, request: Request, arguments: GenerateArguments, cumulative: bool = False) -> EngineStream:
-        """Submits the request; a bad one raises here, before the response has started."""
-        tracker = metrics_of(request).track()
-        engine = engine_of(request)
-        try:
-            chunks = await (engine.async_generate(stream=True, **arguments) if cumulative else engine._async_generate_deltas(**arguments))
-        except BaseException as exc:
-            tracker.end(exc)
-            raise
-        return cls(chunks, tracker)
-
-    def __aiter__(self) -> EngineStream:
-        return self
-
-    async def __anext__(self) -> JsonObject:
-        try:
-            chunk = await anext(self._chunks)
-        except StopAsyncIteration:
-            raise  # the end of the stream, not a failure
-        except Exception as exc:
-            self._tracker.end(exc)
-            raise
-        self._tracker.streamed(chunk)
-        return chunk
-
-    async def aclose(self) -> None:
-        self._tracker.end()
-        await self._chunks.aclose()
-
-
-async def generate_whole(request: Request, arguments: GenerateArguments) -> JsonObject | list[JsonObject]:
-    """`Engine.async_generate` (not streamed), counted and timed in the metrics. A client that
-    leaves before the answer is ready has its request aborted."""
-    with metrics_of(request).track() as tracker:
-        outputs: JsonObject | list[JsonObject] = await _unless_client_leaves(request, engine_of(request).async_generate(**arguments))
-        tracker.note_outputs(outputs if isinstance(outputs, list) else [outputs])
-    return outputs
-
-
-async def _unless_client_leaves(request: Request, work: Awaitable[Any]) -> Any:
-    task = asyncio.ensure_future(work)
-    left = asyncio.ensure_future(_client_left(request))
-    try:
-        await asyncio.wait({task, left}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        left.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()  # the Engine aborts a request whose waiting task is cancelled
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientDisconnected()
-
-
-async def _client_left(request: Request) -> None:
-    """Returns when the client disconnects: once the body is read, the server's next message is
-    the disconnect (this waits on it, where polling would wake every request four times a second)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-@dataclass(frozen=True)
-class EventDialect:
-    """How an API writes server-sent events: `data:` lines ending with `data: [DONE]` (OpenAI's
-    chat and completions, SGLang's), or events named by their payload's `type` with no end marker
-    (Anthropic's Messages, OpenAI's Responses); and the payload of an error once the stream began."""
-
-    named: bool
-    error: Callable[[APIError], JsonObject]
-
-    def event(self, payload: JsonObject) -> bytes:
-        return (b"event: " + payload["type"].encode() + b"\n" if self.named else b"") + sse_event(payload)
-
-
-DATA_EVENTS = EventDialect(named=False, error=lambda error: error.body())
-
-
-class EventStreamResponse(StreamingResponse):
-    """Server-sent events of `payloads`, in `dialect`.
-
-    However the response ends (finished, failed, or cancelled by Starlette because the client went
-    away), the engine stream gets closed, which aborts an unfinished request."""
-
-    def __init__(self, payloads: AsyncIterator[JsonObject], stream: EngineStream, dialect: EventDialect = DATA_EVENTS) -> None:
-        super().__init__(_sse_events(payloads, dialect), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        self._stream = stream
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self._stream.aclose()
-
-
-def sse_event(payload: Any) -> bytes:
-    return b"data: " + orjson.dumps(payload) + b"\n\n"
-
-
-async def _sse_events(payloads: AsyncIterator[JsonObject], dialect: EventDialect) -> AsyncIterator[bytes]:
-    try:
-        async for payload in payloads:
-            yield dialect.event(payload)
-    except Exception as exc:  # the 200 status is already sent: report the error in-band, as OpenAI and Anthropic do
-        error = as_api_error(exc)
-        if error.status_code >= 500:
-            logger.exception("streaming response failed")
-        yield dialect.event(dialect.error(error))
-    if not dialect.named:
-        yield b"data: [DONE]\n\n"
 
 
 # ---- endpoints ----------------------------------------------------------------------------------

@@ -18,19 +18,11 @@ from rsgl._typing import JsonObject
 from rsgl.engine import Engine, json_schema_warnings
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.chat_tools import ChatParsers, PreparedChat, prepare_chat
-from rsgl.server.errors import (
-    APIError,
-    bad_request,
-    is_text,
-    is_token_ids,
-    optional_bool,
-    optional_dict,
-    optional_float,
-    optional_int,
-    optional_stop,
-    read_json_object,
-)
-from rsgl.server.native_api import EngineStream, EventStreamResponse, GenerateArguments, engine_of, generate_whole, json_response
+from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole
+from rsgl.server.errors import APIError, bad_request
+from rsgl.server.events import EventStreamResponse
+from rsgl.server.native_api import json_response
+from rsgl.server.request_body import is_text, is_token_ids, optional_bool, optional_dict, optional_float, optional_int, optional_stop, read_json_object
 from rsgl.server.tool_request import check_past_calls, modern_message, tool_request
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions

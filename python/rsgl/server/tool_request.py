@@ -10,7 +10,8 @@ from typing import Any
 import orjson
 
 from rsgl._typing import JsonObject
-from rsgl.server.errors import bad_request, optional_bool
+from rsgl.server.errors import bad_request
+from rsgl.server.request_body import optional_bool
 from rsgl.tools import Function
 
 FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")  # OpenAI's rule for function names
