@@ -61,3 +61,22 @@ def test_server_flags_reach_the_engine_under_the_option_names():
 def test_engine_refuses_an_unknown_option_before_loading():
     with pytest.raises(TypeError, match="not_an_option"):
         Engine("/nonexistent", not_an_option=1)  # type: ignore[call-arg]
+
+
+def test_an_option_added_in_rust_alone_takes_effect_through_the_engine_and_the_server_flag(tmp_path):
+    """`mamba_full_memory_ratio`, which only the Rust struct (and its effect) declares: a hybrid
+    model's recurrent states get `ratio / (1 + ratio)` of the memory budget, the KV pages the rest."""
+    from zoo_models import build_family
+
+    build_family("qwen3_next", tmp_path)
+    budget_gb = 0.001
+    args = parse_args(["--model-path", str(tmp_path), "--threads", "1", "--kv-cache-memory-gb", str(budget_gb), "--mamba-full-memory-ratio", "3"])
+    pools = {}
+    for ratio in (1.0, server_engine_options(args)["mamba_full_memory_ratio"]):
+        options = {**server_engine_options(args), "mamba_full_memory_ratio": ratio}
+        with Engine(**options, progress=False, dtype="float32") as engine:
+            info = engine.get_server_info()
+        assert info["state_slots_total"] == int(budget_gb * 2**30 * ratio / (1 + ratio) / info["state_slot_bytes"]), ratio
+        pools[ratio] = (info["state_slots_total"], info["kv_pages_total"])
+    (slots_half, pages_half), (slots_more, pages_more) = pools[1.0], pools[3.0]
+    assert slots_more > slots_half and pages_more < pages_half

@@ -102,8 +102,15 @@ class EngineKeywords(TypedDict, total=False):
 
     max_mamba_cache_size: int | None
     """For models with recurrent layers (Qwen3.5, Qwen3-Next, Granite 4.0-H): how many requests hold a
-    recurrent state at once; when unset, one per running request within half of `kv_cache_memory_gb`,
-    which the states' bytes come out of. Default: None."""
+    recurrent state at once; when unset, one per running request within the share of
+    `kv_cache_memory_gb` that `mamba_full_memory_ratio` gives the states, whose bytes come out of it.
+    Default: None."""
+
+    mamba_full_memory_ratio: float
+    """For models with recurrent layers, when `max_mamba_cache_size` is unset: the most memory the
+    recurrent states may take per byte left to the KV pages (1: up to half of `kv_cache_memory_gb`;
+    SGLang defaults to 0.9). Raise it to run more requests at once with large states, lower it to keep
+    more tokens of KV. Default: 1.0."""
 
 
 class EngineOptions(EngineKeywords, total=False):
@@ -163,6 +170,7 @@ DEFAULTS: Final[EngineOptions] = {
     "hicache_size_gb": 16.0,
     "swa_full_tokens_ratio": 0.8,
     "max_mamba_cache_size": None,
+    "mamba_full_memory_ratio": 1.0,
 }
 
 # `python -m rsgl.server`'s flag of each option; an unset flag leaves the option out.
@@ -270,8 +278,16 @@ SERVER_FLAGS: Final[dict[str, dict[str, Any]]] = {
         "type": int,
         "help": (
             "For models with recurrent layers (Qwen3.5, Qwen3-Next, Granite 4.0-H): how many requests hold a recurrent "
-            "state at once; when unset, one per running request within half of `kv_cache_memory_gb`, which the states' "
-            "bytes come out of."
+            "state at once; when unset, one per running request within the share of `kv_cache_memory_gb` that "
+            "`mamba_full_memory_ratio` gives the states, whose bytes come out of it."
+        ),
+    },
+    "--mamba-full-memory-ratio": {
+        "type": float,
+        "help": (
+            "For models with recurrent layers, when `max_mamba_cache_size` is unset: the most memory the recurrent states "
+            "may take per byte left to the KV pages (1: up to half of `kv_cache_memory_gb`; SGLang defaults to 0.9). Raise "
+            "it to run more requests at once with large states, lower it to keep more tokens of KV. (default: 1.0)"
         ),
     },
 }

@@ -777,9 +777,15 @@ pub struct EngineOptions {
     /// budget split to give both.
     pub swa_full_tokens_ratio: f64,
     /// For models with recurrent layers (Qwen3.5, Qwen3-Next, Granite 4.0-H): how many requests
-    /// hold a recurrent state at once; when unset, one per running request within half of
-    /// `kv_cache_memory_gb`, which the states' bytes come out of.
+    /// hold a recurrent state at once; when unset, one per running request within the share of
+    /// `kv_cache_memory_gb` that `mamba_full_memory_ratio` gives the states, whose bytes come out
+    /// of it.
     pub max_mamba_cache_size: Option<usize>,
+    /// For models with recurrent layers, when `max_mamba_cache_size` is unset: the most memory
+    /// the recurrent states may take per byte left to the KV pages (1: up to half of
+    /// `kv_cache_memory_gb`; SGLang defaults to 0.9). Raise it to run more requests at once with
+    /// large states, lower it to keep more tokens of KV.
+    pub mamba_full_memory_ratio: f64,
 }
 
 impl Default for EngineOptions {
@@ -813,6 +819,7 @@ impl Default for EngineOptions {
             hicache_size_gb: 16.0,
             swa_full_tokens_ratio: 0.8,
             max_mamba_cache_size: None,
+            mamba_full_memory_ratio: 1.0,
         }
     }
 }
@@ -846,8 +853,9 @@ impl EngineOptions {
         if opts.kv_cache_memory_gb.is_nan() || opts.kv_cache_memory_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
         }
-        if !(opts.swa_full_tokens_ratio > 0.0 && opts.swa_full_tokens_ratio.is_finite()) {
-            return Err(EngineError::InvalidRequest("engine option swa_full_tokens_ratio must be positive".into()));
+        let positive_ratios = [("swa_full_tokens_ratio", opts.swa_full_tokens_ratio), ("mamba_full_memory_ratio", opts.mamba_full_memory_ratio)];
+        if let Some((name, _)) = positive_ratios.iter().find(|(_, ratio)| !(*ratio > 0.0 && ratio.is_finite())) {
+            return Err(EngineError::InvalidRequest(format!("engine option {name} must be positive")));
         }
         if opts.hicache_size_gb.is_nan() || opts.hicache_size_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option hicache_size_gb must be positive".into()));
@@ -906,16 +914,17 @@ impl EngineOptions {
     }
 
     /// How many sequences can hold a recurrent state at once (0 for models without recurrent
-    /// layers): `max_mamba_cache_size`, else one per running request, within half the memory
-    /// budget (at least one).
+    /// layers): `max_mamba_cache_size`, else one per running request, within the states' share
+    /// of the memory budget, `mamba_full_memory_ratio` to the KV pages' one (at least one).
     pub fn state_slots(&self, cfg: &ModelConfig) -> usize {
         let bytes = cfg.state_bytes();
         if bytes == 0 {
             return 0;
         }
         self.max_mamba_cache_size.unwrap_or_else(|| {
-            let half_budget = self.kv_cache_memory_gb * (1u64 << 29) as f64;
-            self.max_running_requests.min((half_budget / bytes as f64) as usize).max(1)
+            let ratio = self.mamba_full_memory_ratio;
+            let states_budget = self.kv_cache_memory_gb * (1u64 << 30) as f64 * ratio / (1.0 + ratio);
+            self.max_running_requests.min((states_budget / bytes as f64) as usize).max(1)
         })
     }
 }
@@ -936,6 +945,37 @@ mod tests {
         }
         let kv_cache_dtype = &schema["$defs"]["KvCacheDtype"];
         assert_eq!(kv_cache_dtype["enum"], serde_json::json!(["float32", "bfloat16", "int8"]), "{kv_cache_dtype}");
+    }
+
+    /// Two layers, the first a Mamba-2 layer whose state takes 320 bytes per sequence.
+    fn hybrid_config() -> ModelConfig {
+        ModelConfig::from_json(
+            r#"{"architecture": "granitemoehybrid", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+            "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 16,
+            "mamba2": {"layers": [0], "heads": 2, "head_dim": 4, "state_size": 4, "groups": 1, "conv_kernel": 4}}"#,
+        )
+        .expect("a tiny hybrid config")
+    }
+
+    #[test]
+    fn mamba_full_memory_ratio_splits_the_budget_between_states_and_kv_pages() {
+        let cfg = hybrid_config();
+        assert_eq!(cfg.state_bytes(), 320);
+        let budget = 3200.0 / (1u64 << 30) as f64;
+        let options_of = |ratio: f64| EngineOptions { kv_cache_memory_gb: budget, mamba_full_memory_ratio: ratio, ..EngineOptions::default() };
+        // The states take up to ratio / (1 + ratio) of the 3,200 bytes, whole states of 320 each.
+        let slots: Vec<usize> = [1.0, 3.0, 0.25, 0.01].into_iter().map(|ratio| options_of(ratio).state_slots(&cfg)).collect();
+        assert_eq!(slots, [5, 7, 2, 1]);
+        // What the states take more, the KV pages lose (64 bytes a token, 16 tokens a page): 1,600
+        // bytes left are 25 tokens in 2 pages, 960 bytes 15 tokens in 1.
+        assert_eq!(cfg.kv_bytes_per_token(KvCacheDtype::Float32), 64);
+        assert_eq!([1.0, 3.0].map(|ratio| options_of(ratio).kv_pools(&cfg).pages), [2, 1]);
+        for ratio in ["0", "-1"] {
+            let refused = EngineOptions::from_json(&format!(r#"{{"mamba_full_memory_ratio": {ratio}}}"#)).expect_err(ratio).to_string();
+            assert!(refused.contains("mamba_full_memory_ratio must be positive"), "{refused}");
+        }
     }
 
     #[test]
