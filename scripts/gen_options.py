@@ -95,7 +95,7 @@ def _types(schema: dict[str, Any]) -> list[str]:
 
 
 def render_module(options: list[Option]) -> str:
-    aliases = {o.enum: o.choices for o in options if o.enum}
+    aliases = {name: o.choices for o in options if (name := o.enum)}
     passed = [o for o in options if o.name not in RESOLVED_BY_ENGINE]
     resolved = [o for o in options if o.name in RESOLVED_BY_ENGINE]
     lines = [
