@@ -90,8 +90,9 @@ def read_options(schema: dict[str, Any]) -> list[Option]:
 
 
 def _types(schema: dict[str, Any]) -> list[str]:
-    kind = schema.get("type", "string" if "oneOf" in schema else None)
-    return kind if isinstance(kind, list) else [kind]
+    """The JSON types a schema allows (an enum of `oneOf` constants: strings)."""
+    kind = schema.get("type", "string" if "oneOf" in schema else [])
+    return list(kind) if isinstance(kind, list) else [kind]
 
 
 def render_module(options: list[Option]) -> str:
