@@ -17,6 +17,7 @@ __all__ = [
     "Notifier",
     "kernel_isa",
     "architectures",
+    "engine_options_schema",
     "normalize_hf_config",
     "gguf_config",
     "relax_json_schema",
@@ -44,6 +45,11 @@ def decode_profile() -> tuple[int, list[dict[str, Any]]]:
     dict each: `phase` (its name), `seconds`, `regions` (parallel regions: synchronization
     points), `wait_seconds` (the stepping thread's wait at their ends) and `bytes` (weights and KV
     pages read)."""
+
+def engine_options_schema() -> dict[str, Any]:
+    """The engine options' JSON Schema: each option's type, default and help (the Rust doc
+    comment), from which `scripts/gen_options.py` writes `rsgl.engine_options` and the docs'
+    option table."""
 
 def architectures() -> list[dict[str, Any]]:
     """The architectures the engine runs, one dict each: `name` (rsgl's, the transformers

@@ -1,11 +1,14 @@
 """The values that cross between Python and the Rust core (`rsgl._core`), as the engine's serde
 types read and build them: plain dicts whose keys these TypedDicts name.
 `tests/unit/test_core_stubs.py` checks them against the engine (an unknown key is refused there, and
-the refusal lists the known ones; outputs and statistics carry no key left out here)."""
+the refusal lists the known ones; outputs and statistics carry no key left out here). The engine's
+options, `EngineOptions`, are generated from the Rust struct into `rsgl.engine_options`."""
 
 from __future__ import annotations
 
 from typing import Any, Literal, NotRequired, TypedDict
+
+from rsgl.engine_options import EngineOptions as EngineOptions
 
 
 class SamplingParams(TypedDict, total=False):
@@ -54,39 +57,6 @@ class EmbedRequest(TypedDict):
 
     rid: str
     input_ids: list[int]
-
-
-class EngineOptions(TypedDict, total=False):
-    """Engine options, named after SGLang's server arguments; every key is optional."""
-
-    context_length: int | None
-    page_size: int
-    max_total_tokens: int | None
-    kv_cache_memory_gb: float
-    kv_cache_dtype: Literal["float32", "bfloat16", "int8"]
-    max_running_requests: int
-    chunked_prefill_size: int
-    threads: int
-    pin_threads: bool
-    tp_size: int
-    dtype: Literal["float32", "bfloat16", "float16"]
-    quantization: Literal["w8a8_int8", "w4a8", "gguf", "awq", "gptq", "mxfp4"] | None
-    quantize_lm_head: bool
-    activation_bits: Literal[8, 16]
-    random_seed: int
-    schedule_policy: Literal["fcfs", "lpm", "dfs-weight"]
-    schedule_conservativeness: float
-    disable_radix_cache: bool
-    disable_jump_forward: bool
-    grammar_compile_threads: int
-    is_embedding: bool
-    speculative_algorithm: Literal["ngram", "suffix"] | None
-    speculative_num_draft_tokens: int
-    speculative_draft_budget: bool
-    hicache_dir: str | None
-    hicache_size_gb: float
-    swa_full_tokens_ratio: float
-    max_mamba_cache_size: int | None
 
 
 class TopLogprob(TypedDict):

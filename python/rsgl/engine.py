@@ -21,7 +21,7 @@ import time
 import uuid
 import weakref
 from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Sequence
-from typing import Any, Literal, TypedDict, Unpack, cast, overload
+from typing import Any, Literal, TypedDict, Unpack, cast, get_args, overload
 
 import orjson
 from tokenizers import Tokenizer
@@ -29,16 +29,14 @@ from tokenizers import Tokenizer
 from rsgl import _core
 from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
-from rsgl.core_types import EmbedRequest, EngineOptions, GenerateRequest, Output, SamplingParams, TokenLogprob
+from rsgl.core_types import EmbedRequest, GenerateRequest, Output, SamplingParams, TokenLogprob
 from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
+from rsgl.engine_options import DEFAULTS, EngineKeywords, EngineOptions, KvCacheDtype, Quantization
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import load_model
 
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
-# What `quantization` accepts (None: weights stay in `dtype`).
-QUANTIZATIONS = (None, "w8a8_int8", "w4a8", "gguf", "awq", "gptq", "mxfp4")
-KV_CACHE_DTYPES = ("float32", "bfloat16", "int8")
 
 logger = logging.getLogger("rsgl")
 
@@ -90,59 +88,24 @@ class Engine:
     default model, SmolLM2-135M-Instruct, its weights requantized to W8A8 int8 (the precision that
     answers best for it) unless `dtype` or `quantization` say otherwise.
 
-    Options are named after SGLang's server arguments:
-    `dtype` (weight precision: "auto" = float32 for float32 checkpoints, else bfloat16;
-    "float32", "bfloat16", "float16"), `context_length`, `page_size`, `max_total_tokens` (KV pool size in tokens),
-    `kv_cache_memory_gb` (KV pool budget when `max_total_tokens` is unset), `kv_cache_dtype`
-    ("float32"; "bfloat16": half the bytes per token, so twice the tokens per budget; "int8": one byte
-    per element plus a float32 scale per token and kv head, attention reading it directly; None:
-    `default_kv_cache_dtype` of the weights),
-    `swa_full_tokens_ratio` (for models with sliding-window layers, which keep only their window's KV in pages of their
-    own: tokens of that pool per token of the global layers' pool, the budget split to give both; default 0.8),
-    `max_mamba_cache_size` (for models with recurrent layers, Qwen3.5, Qwen3-Next and Granite 4.0-H: how many requests hold a
-    recurrent state at once; default one per running request within half of `kv_cache_memory_gb`, which the states
-    come out of),
-    `max_running_requests`, `chunked_prefill_size`, `threads` (default: one per physical core), `pin_threads` (each compute thread on its own
-    core; default True), `tp_size` (tensor parallelism inside the engine: each of `tp_size` ranks holds a slice of
-    every layer and the KV cache of its kv heads, on its own share of the threads, one NUMA node each where there are
-    enough; at most the model's kv heads; default 1),
+    Options are named after SGLang's server arguments. The engine's are keyword arguments typed by
+    `rsgl.engine_options.EngineKeywords` (`page_size`, `max_running_requests`, `threads`,
+    `is_embedding`, `speculative_algorithm`, ...), generated from the Rust engine's options with
+    their help and defaults (also in docs/engine.md#options and `python -m rsgl.server --help`).
+    This class resolves a few engine options itself: `dtype` ("auto": float32 for float32
+    checkpoints, else bfloat16; "float32", "bfloat16", "float16"), `kv_cache_dtype` (None: int8
+    for 16-bit and int8 weights, float32 otherwise: `default_kv_cache_dtype`), `quantization`
+    (None: the checkpoint's, a quantized GGUF, AWQ, GPTQ or MXFP4 file running as stored),
     `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,
-    so two engines do not replay the same samples), `max_n` (the largest `n`), `max_sequences_per_call`
-    (prompts times `n` of one call), `skip_tokenizer_init` (token ids in and out), `served_model_name`,
-    `schedule_policy` ("fcfs", "lpm" or "dfs-weight"), `schedule_conservativeness` (how much of the running
-    requests' remaining output admission keeps KV pages for, relative to SGLang's default estimate: higher
-    admits fewer requests at once and retracts fewer; 0 keeps none back; default 1), `disable_radix_cache` (no prefix
-    sharing), `hicache_dir` (the prefix cache's disk tier: every computed KV page is also written
-    to a file in this folder, by a thread of its own, and prompts whose prefix memory no longer
-    holds read it back instead of recomputing it, also after a restart; `get_server_info()["hicache"]`
-    counts its hits and bytes) with `hicache_size_gb` (its most GiB, default 16), `quantization` ("w8a8_int8": every linear layer's weights quantized to int8 at
-    load, one scale per output channel, activations quantized per token; "w4a8": to 4 bits in
-    groups of 32 with a scale and minimum each, activations quantized per group; "gguf": a
-    quantized GGUF file's blocks as they are, the default for such files; "awq", "gptq": a 4-bit
-    AWQ or GPTQ checkpoint's groups as they are, the default for such checkpoints; "mxfp4": an
-    MXFP4 checkpoint's (gpt-oss's experts) blocks as they are, the default for such checkpoints;
-    None: weights in `dtype`),
-    `quantize_lm_head` (with `quantization`, the lm_head too; it stays in `dtype` by default),
-    `activation_bits` (the 4-bit and 8-bit block layers' activations: 8, int8 per group of 32 as
-    llama.cpp does, the default; 16, int8 plus the int8 residual of that rounding, as close to
-    float activations as makes no difference, prefill up to twice as slow, decode near the same),
-    `progress` (loading progress bar),
-    `disable_jump_forward` (constrained requests sample every token, even text their grammar
-    forces), `think_end_token` (for reasoning models, e.g. "</think>": a grammar applies only
-    after the output contains it, so the model thinks freely first; at once if the prompt ends with
-    it, as templates with thinking turned off close it there), `strict_json_schema` (refuse
-    a JSON schema with keywords the grammar relaxes, instead of reporting them in `meta_info`'s
-    `json_schema_warnings`; a request's own `strict_json_schema` sampling param overrides it),
-    `is_embedding` (serve embeddings with `encode` instead of generating: the final-norm hidden
-    states pooled as the model's sentence-transformers or GGUF config says, else by the last
-    token, then L2-normalized; no lm_head is loaded), `speculative_algorithm` ("ngram": prompt
-    lookup, or "suffix": SuffixDecoding over the request and recent outputs; each decode pass also
-    verifies up to `speculative_num_draft_tokens` drafted tokens, with the same greedy output and
-    the same sampling distribution as without; `meta_info` counts spec_verify_ct,
-    spec_draft_tokens and spec_accepted_tokens; `speculative_draft_budget` (on by default) fits
-    the decode step's time over its rows and attended keys while running and verifies only the
-    draft tokens likely enough to pay for their rows, so many concurrent requests stop drafting
-    what they would mostly reject).
+    so two engines do not replay the same samples) and `hicache_dir` (the prefix cache's disk
+    tier's folder; a path object too). Its own: `revision`, `max_n` (the largest `n`),
+    `max_sequences_per_call` (prompts times `n` of one call), `skip_tokenizer_init` (token ids in
+    and out), `served_model_name`, `progress` (loading progress bar), `think_end_token` (for
+    reasoning models, e.g. "</think>": a grammar applies only after the output contains it, so
+    the model thinks freely first; at once if the prompt ends with it, as templates with thinking
+    turned off close it there), `strict_json_schema` (refuse a JSON schema with keywords the
+    grammar relaxes, instead of reporting them in `meta_info`'s `json_schema_warnings`; a
+    request's own `strict_json_schema` sampling param overrides it).
 
     Structured output: `generate(..., json_schema=..., regex=..., ebnf=..., choices=...)` (or the
     same keys in `sampling_params`, as SGLang takes them) constrains the output; `select` ranks
@@ -155,44 +118,26 @@ class Engine:
         *,
         revision: str | None = None,
         dtype: str = "auto",
-        context_length: int | None = None,
-        page_size: int = 16,
-        max_total_tokens: int | None = None,
-        kv_cache_memory_gb: float = 1.0,
-        kv_cache_dtype: str | None = None,
-        max_running_requests: int = 64,
-        chunked_prefill_size: int = 2048,
-        threads: int | None = None,
-        pin_threads: bool = True,
-        tp_size: int = 1,
+        kv_cache_dtype: KvCacheDtype | None = None,
+        quantization: Quantization | None = None,
         random_seed: int | None = None,
+        hicache_dir: str | os.PathLike[str] | None = None,
         max_n: int = DEFAULT_MAX_N,
         max_sequences_per_call: int = DEFAULT_MAX_SEQUENCES_PER_CALL,
         skip_tokenizer_init: bool = False,
         served_model_name: str | None = None,
-        schedule_policy: str = "fcfs",
-        schedule_conservativeness: float = 1.0,
-        disable_radix_cache: bool = False,
-        quantization: str | None = None,
-        quantize_lm_head: bool = False,
-        activation_bits: int = 8,
         progress: bool = True,
-        disable_jump_forward: bool = False,
         think_end_token: str | None = None,
         strict_json_schema: bool = False,
-        is_embedding: bool = False,
-        speculative_algorithm: str | None = None,
-        speculative_num_draft_tokens: int = 4,
-        speculative_draft_budget: bool = True,
-        hicache_dir: str | os.PathLike[str] | None = None,
-        hicache_size_gb: float = 16.0,
-        swa_full_tokens_ratio: float = 0.8,
-        max_mamba_cache_size: int | None = None,
+        **options: Unpack[EngineKeywords],
     ) -> None:
-        if quantization not in QUANTIZATIONS:
-            raise InvalidRequestError(f"quantization={quantization!r} is not supported; use one of {QUANTIZATIONS}")
-        if kv_cache_dtype is not None and kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise InvalidRequestError(f"kv_cache_dtype={kv_cache_dtype!r} is not supported; use one of {KV_CACHE_DTYPES}")
+        unknown = options.keys() - EngineKeywords.__optional_keys__
+        if unknown:
+            raise TypeError(f"Engine() got unexpected keyword arguments {sorted(unknown)}; the engine's options are in docs/engine.md#options")
+        for name, value, supported in (("quantization", quantization, get_args(Quantization)), ("kv_cache_dtype", kv_cache_dtype, get_args(KvCacheDtype))):
+            # Before the model loads, which can take long.
+            if value is not None and value not in supported:
+                raise InvalidRequestError(f"{name}={value!r} is not supported; use one of {supported} or None")
         if random_seed is None:
             random_seed = secrets.randbits(63)
             logger.info("random_seed %d drawn at start-up (pass random_seed to reproduce a run)", random_seed)
@@ -211,43 +156,22 @@ class Engine:
             )
         self.tokenizer = self.model.tokenizer
         self.served_model_name = served_model_name or self.model.model_name
-        self.is_embedding = is_embedding
-        options: JsonObject = {
-            "context_length": context_length,
-            "page_size": page_size,
-            "max_total_tokens": max_total_tokens,
-            "kv_cache_memory_gb": kv_cache_memory_gb,
-            "kv_cache_dtype": kv_cache_dtype or default_kv_cache_dtype(self.model.dtype, quantization or self.model.quantization),
-            "max_running_requests": max_running_requests,
-            "chunked_prefill_size": chunked_prefill_size,
-            "threads": threads or 0,
-            "pin_threads": pin_threads,
-            "tp_size": tp_size,
+        self.is_embedding = options.get("is_embedding", DEFAULTS["is_embedding"])
+        # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
+        quantization = quantization or cast(Quantization | None, self.model.quantization)
+        resolved = {
             "dtype": self.model.dtype,
-            # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
-            "quantization": quantization or self.model.quantization,
-            "quantize_lm_head": quantize_lm_head,
-            "activation_bits": activation_bits,
+            "quantization": quantization,
+            "kv_cache_dtype": kv_cache_dtype or default_kv_cache_dtype(self.model.dtype, quantization),
             "random_seed": random_seed,
-            "schedule_policy": schedule_policy,
-            "schedule_conservativeness": schedule_conservativeness,
-            "disable_radix_cache": disable_radix_cache,
-            "disable_jump_forward": disable_jump_forward,
-            "is_embedding": is_embedding,
-            "speculative_algorithm": speculative_algorithm,
-            "speculative_num_draft_tokens": speculative_num_draft_tokens,
-            "speculative_draft_budget": speculative_draft_budget,
             "hicache_dir": None if hicache_dir is None else os.fspath(hicache_dir),
-            "hicache_size_gb": hicache_size_gb,
-            "swa_full_tokens_ratio": swa_full_tokens_ratio,
-            "max_mamba_cache_size": max_mamba_cache_size,
         }
         store = self.model.open_weights()
         store.show_progress(progress)
         self._core = _core.Engine(
             self.model.config,
             store,
-            cast(EngineOptions, options),  # checked by the engine, which names a bad value
+            cast(EngineOptions, {**options, **resolved}),  # checked by the engine, which names a bad value
             self.model.eos_token_ids,
             token_bytes=None if self.tokenizer is None else self.model.token_bytes,
             special_token_ids=self.model.special_token_ids,

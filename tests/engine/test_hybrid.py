@@ -15,6 +15,8 @@ import rsgl
 import safetensors.torch
 import torch
 import transformers
+from rsgl.server.__main__ import engine_options as server_engine_options
+from rsgl.server.__main__ import parse_args as parse_server_args
 from zoo_models import build_family
 
 NEW_TOKENS = 12
@@ -159,3 +161,20 @@ def test_a_qwen3_5_vision_language_checkpoint_runs_its_language_model_on_text(tm
     prompts = PROMPTS[1:3]
     alone, batched, _ = generate(tmp_path / "whole", prompts)
     assert alone == batched == transformers_greedy(text, prompts)
+
+
+def test_an_option_added_in_rust_alone_takes_effect_through_the_engine_and_the_server_flag(tmp_path):
+    """`mamba_full_memory_ratio`, which only the Rust struct (and its effect) declares: a hybrid
+    model's recurrent states get `ratio / (1 + ratio)` of the memory budget, the KV pages the rest."""
+    build_family("qwen3_next", tmp_path)
+    budget_gb = 0.001
+    args = parse_server_args(["--model-path", str(tmp_path), "--threads", "1", "--kv-cache-memory-gb", str(budget_gb), "--mamba-full-memory-ratio", "3"])
+    pools = {}
+    for ratio in (1.0, server_engine_options(args)["mamba_full_memory_ratio"]):
+        options = {**server_engine_options(args), "mamba_full_memory_ratio": ratio}
+        with rsgl.Engine(**options, progress=False, dtype="float32") as engine:
+            info = engine.get_server_info()
+        assert info["state_slots_total"] == int(budget_gb * 2**30 * ratio / (1 + ratio) / info["state_slot_bytes"]), ratio
+        pools[ratio] = (info["state_slots_total"], info["kv_pages_total"])
+    (slots_half, pages_half), (slots_more, pages_more) = pools[1.0], pools[3.0]
+    assert slots_more > slots_half and pages_more < pages_half

@@ -14,7 +14,8 @@ from typing import Any
 
 import uvicorn
 
-from rsgl.engine import KV_CACHE_DTYPES, Engine
+from rsgl.engine import Engine
+from rsgl.engine_options import SERVER_FLAGS
 from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
 from rsgl.server.chat_tools import ChatParsers
@@ -24,67 +25,16 @@ from rsgl.server.watchdog import exit_after
 from rsgl.tools import FORMATS
 
 # Each of these reaches rsgl.Engine under the same name when given; unset ones keep Engine's defaults.
+# The engine's own options' flags are generated from the Rust struct (rsgl.engine_options).
 ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
     "--model-path": {
         "help": "a .gguf file, a Hugging Face model folder, or a Hugging Face Hub id (org/name; org/name-GGUF:Q4_K_M picks a "
         "quantization) fetched into the Hugging Face cache (default: SmolLM2-135M-Instruct)"
     },
     "--revision": {"help": "with a Hub id: the branch, tag or commit to serve (default: main)"},
-    "--context-length": {"type": int, "help": "the longest prompt + completion, in tokens (default: the model's)"},
-    "--max-running-requests": {"type": int, "help": "requests decoded together in one batch"},
-    "--chunked-prefill-size": {"type": int, "help": "prompt tokens prefilled per step"},
-    "--page-size": {"type": int, "help": "tokens per KV-cache page"},
-    "--max-total-tokens": {"type": int, "help": "KV-cache pool size, in tokens"},
-    "--kv-cache-dtype": {
-        "choices": list(KV_CACHE_DTYPES),
-        "help": "element type of the KV cache (default: int8 for 16-bit and int8 weights, float32 otherwise; bfloat16 holds twice "
-        "float32's tokens, int8 with a scale per token and head almost four times)",
-    },
-    "--swa-full-tokens-ratio": {
-        "type": float,
-        "help": "for models with sliding-window layers (Gemma 2 and 3): tokens of the sliding layers' window pages per token of "
-        "the global layers' pages, the KV budget split to give both (default 0.8)",
-    },
-    "--max-mamba-cache-size": {
-        "type": int,
-        "help": "for models with recurrent layers (Qwen3.5, Qwen3-Next, Granite 4.0-H): requests holding a recurrent state at once (default: one "
-        "per running request within half the KV budget, which the states come out of)",
-    },
-    "--hicache-dir": {
-        "help": "keep every computed KV page also in a file in this folder (the prefix cache's disk tier): prompts whose "
-        "prefix memory no longer holds read it back instead of recomputing it, also after a restart (default: off)",
-    },
-    "--hicache-size-gb": {"type": float, "help": "most GiB the disk tier's file takes; least recently used pages make room (default 16)"},
-    "--threads": {"type": int, "help": "compute threads (default: one per core)"},
-    "--tp-size": {
-        "type": int,
-        "aliases": ["--tp"],
-        "help": "tensor-parallel ranks: each holds a slice of every layer and of the KV cache (whole kv heads) and runs on its "
-        "own share of the threads, one NUMA node each where there are enough; partial sums are added in shared memory (default 1)",
-    },
+    **SERVER_FLAGS,
+    # The loader takes more than the engine's dtypes.
     "--dtype": {"help": "weight precision: auto (float32 for float32 checkpoints, else bfloat16), float32, bfloat16, float16"},
-    "--quantization": {
-        "choices": ["w8a8_int8", "w4a8", "gguf", "awq", "gptq", "mxfp4"],
-        "help": "quantize the linear layers at load: w8a8_int8 (int8 weights per channel, int8 activations per token), "
-        "w4a8 (4-bit weights in groups of 32, int8 activations per group); gguf, awq, gptq, mxfp4 (the default for quantized GGUF "
-        "files and 4-bit AWQ / GPTQ / MXFP4 checkpoints): their weights as they are stored",
-    },
-    "--quantize-lm-head": {"action": "store_true", "default": None, "help": "with --quantization, quantize the lm_head too"},
-    "--activation-bits": {
-        "type": int,
-        "choices": [8, 16],
-        "help": "activations of 4-bit and 8-bit quantized layers: 8 (int8 per group of 32, as llama.cpp; default) "
-        "or 16 (int8 plus its rounding residual: closer to float answers, slower prefill)",
-    },
-    "--schedule-policy": {"choices": ["fcfs", "lpm", "dfs-weight"], "help": "order of admission (default fcfs)"},
-    "--schedule-conservativeness": {
-        "type": float,
-        "help": "how much of the running requests' remaining output admission keeps KV pages for, relative to SGLang's "
-        "default estimate: higher admits fewer requests at once and retracts fewer, 0 keeps none back (default 1.0)",
-    },
-    "--disable-radix-cache": {"action": "store_true", "default": None, "help": "disable prefix caching"},
-    "--disable-jump-forward": {"action": "store_true", "default": None, "help": "sample every token of constrained output, even forced text"},
-    "--random-seed": {"type": int, "help": "seed of the requests that give none (default: drawn at start-up and logged)"},
     "--max-n": {"type": int, "help": "the largest n (samples per prompt) a request may ask for (default 128, as OpenAI)"},
     "--strict-json-schema": {
         "action": "store_true",
@@ -93,19 +43,9 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "unknown formats...) instead of accepting them with warnings; requests may set strict_json_schema themselves",
     },
     "--think-end-token": {"help": "for reasoning models (e.g. '</think>'): grammars apply only after the model outputs this"},
-    "--speculative-algorithm": {
-        "choices": ["ngram", "suffix"],
-        "help": "speculative decoding without a draft model: ngram (prompt lookup) or suffix (SuffixDecoding over the request "
-        "and recent outputs); each decode pass also verifies drafted tokens, output unchanged (default: off)",
-    },
-    "--speculative-num-draft-tokens": {"type": int, "help": "the most draft tokens a request verifies per step (default 4)"},
-    "--is-embedding": {
-        "action": "store_true",
-        "default": None,
-        "help": "serve embeddings (/v1/embeddings, /encode) instead of generating: hidden states pooled as the model's config says "
-        "(last token by default), L2-normalized",
-    },
 }
+# Other names some flags answer to (SGLang's).
+FLAG_ALIASES = {"--tp-size": ["--tp"]}
 # uvicorn cancels what still runs this long after the engine aborted it: time for its last events.
 ABORT_MARGIN_SECONDS = 2
 # Past the graceful timeout and that margin, a stop signal ends the process this much later whatever it is doing.
@@ -159,7 +99,7 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
     )
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
-        engine_group.add_argument(flag, *options.get("aliases", []), **{key: value for key, value in options.items() if key != "aliases"})
+        engine_group.add_argument(flag, *FLAG_ALIASES.get(flag, []), **options)
     return parser.parse_args(argv)
 
 

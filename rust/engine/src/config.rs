@@ -17,6 +17,7 @@ use crate::pooling::Pooling;
 use crate::request::deserialize_with_path;
 use crate::spec::SpeculativeAlgorithm;
 use rsgl_kernels::{ActivationBits, WeightDtype};
+use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// The model as the runner sees it; its serde form is the normalized config the Python loader
@@ -614,7 +615,7 @@ fn option_as_written<S: Serializer>(value: &Option<f32>, serializer: S) -> std::
 }
 
 /// Weight precision. Activations stay f32 (kernels with bf16 dot products round them to bf16).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Dtype {
     #[default]
@@ -636,7 +637,7 @@ impl Dtype {
 /// Element type of the KV pages. Attention computes in f32 whatever they hold; bfloat16 halves
 /// the bytes a token's K and V take (twice the tokens in the same memory) and the bytes decode
 /// attention reads, int8 (symmetric, a scale per token and kv head) quarters them.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum KvCacheDtype {
     #[default]
@@ -657,7 +658,7 @@ impl KvCacheDtype {
 }
 
 /// Weight quantization applied when the model is built.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 pub enum Quantization {
     /// int8 weights with one scale per output channel and int8 activations with one scale per
     /// token, quantized on the fly (SGLang's `w8a8_int8`).
@@ -693,50 +694,58 @@ impl Quantization {
     }
 }
 
-/// Engine options, named after SGLang's server arguments where one exists.
-#[derive(Debug, Clone, Deserialize)]
+/// Engine options, named after SGLang's server arguments where one exists. The source of every
+/// other statement of them: `scripts/gen_options.py` turns [`EngineOptions::json_schema`] (these
+/// doc comments, the types, the defaults) into the Python package's option types, the server's
+/// flags and the docs' option table. So each doc comment is the option's help text, written for
+/// users.
+#[derive(Debug, Clone, Deserialize, Serialize, JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct EngineOptions {
-    /// Longest prompt + output a request may have; defaults to the model's limit.
+    /// The longest prompt + output a request may have, in tokens; the model's limit when unset.
     pub context_length: Option<usize>,
     /// Tokens per KV page.
     pub page_size: usize,
-    /// KV pool size in tokens; when absent, derived from `kv_cache_memory_gb`.
+    /// The KV pool's size in tokens; when unset, as many as `kv_cache_memory_gb` holds.
     pub max_total_tokens: Option<usize>,
-    /// Memory budget of the KV pool in GiB (used when `max_total_tokens` is absent).
+    /// The KV pool's memory budget in GiB (when `max_total_tokens` is unset).
     pub kv_cache_memory_gb: f64,
-    /// Element type of the KV pages.
+    /// Element type of the KV pages: bfloat16 holds twice float32's tokens in the same memory,
+    /// int8 (a scale per token and kv head) almost four times. Attention computes in float32.
     pub kv_cache_dtype: KvCacheDtype,
-    /// Most requests decoding at once.
+    /// The most requests decoding together.
     pub max_running_requests: usize,
-    /// Most prompt tokens prefilled in one step (longer prompts are prefilled in chunks).
+    /// The most prompt tokens prefilled in one step (longer prompts are prefilled in chunks).
     pub chunked_prefill_size: usize,
-    /// Compute threads; 0 means one per physical core.
+    /// Compute threads; 0: one per physical core.
     pub threads: usize,
     /// Pins each compute thread to its own core.
     pub pin_threads: bool,
-    /// Tensor-parallel ranks: each holds a slice of every layer and runs on its own share of the
-    /// threads (its own NUMA node where there are enough), the layers' partial sums added in
-    /// shared memory. At most the model's kv heads.
+    /// Tensor-parallel ranks: each holds a slice of every layer and of the KV cache (whole kv
+    /// heads) and runs on its own share of the threads, one NUMA node each where there are
+    /// enough; partial sums are added in shared memory. At most the model's kv heads.
     pub tp_size: usize,
-    /// Precision the weights are held and multiplied in (with `quantization`: the embedding's
-    /// and the lm_head's).
+    /// Precision the weights are held and multiplied in (with `quantization`: the embedding's and
+    /// the lm_head's).
     pub dtype: Dtype,
-    /// Quantizes every linear layer's weights at load.
+    /// Quantizes the linear layers at load (w8a8_int8: int8 weights per channel, int8 activations
+    /// per token; w4a8: 4-bit weights in groups of 32, int8 activations per group), or runs a
+    /// checkpoint's quantized weights as they are stored (gguf, awq, gptq, mxfp4).
     pub quantization: Option<Quantization>,
     /// With `quantization`, quantizes the lm_head too (and a tied embedding with it).
     pub quantize_lm_head: bool,
-    /// Bits of the activations of the 4-bit and 8-bit block layers: 8 (int8 per block, as
-    /// llama.cpp) or 16 (int8 plus its rounding residual: closer to 16-bit floats, prefill
-    /// slower; see `rsgl_kernels::ActivationBits`).
+    /// Bits of the activations of the 4-bit and 8-bit quantized layers: 8 (int8 per block of 32,
+    /// as llama.cpp) or 16 (int8 plus its rounding residual: closer to float answers, slower
+    /// prefill).
     pub activation_bits: u8,
-    /// Seed of the per-request seeds of requests that give none.
+    /// The seed of the per-request seeds of requests that give none.
     pub random_seed: u64,
-    /// Order of admission: fcfs, lpm or dfs-weight.
+    /// Order of admission: fcfs (arrival), lpm (longest cached prefix first) or dfs-weight
+    /// (requests sharing prefixes together).
     pub schedule_policy: SchedulePolicy,
-    /// How much of the running requests' remaining output budgets admission keeps pages for,
-    /// relative to SGLang's default estimate (its name; see `reserve`): higher admits fewer
-    /// requests and retracts less, 0 reserves nothing.
+    /// How much of the running requests' remaining output admission keeps KV pages for, relative
+    /// to SGLang's default estimate: higher admits fewer requests at once and retracts fewer, 0
+    /// keeps none back.
     pub schedule_conservativeness: f64,
     /// Turns prefix sharing off (every request computes its whole prompt).
     pub disable_radix_cache: bool,
@@ -744,29 +753,39 @@ pub struct EngineOptions {
     pub disable_jump_forward: bool,
     /// Threads compiling grammars (off the engine thread).
     pub grammar_compile_threads: usize,
-    /// Serves embeddings (`Engine::embed`) instead of generating: the model's hidden states are
-    /// pooled, and it has no lm_head.
+    /// Serves embeddings instead of generating: the model's final hidden states are pooled (as
+    /// its config says, else the last token's) and L2-normalized; no lm_head is loaded.
     pub is_embedding: bool,
-    /// Drafts tokens from text the request (or recent requests) has seen and verifies them in
-    /// the request's decode pass (off when absent).
+    /// Speculative decoding without a draft model: ngram (prompt lookup) or suffix
+    /// (SuffixDecoding over the request and recent outputs); each decode pass also verifies the
+    /// drafted tokens, the output unchanged. Off when unset.
     pub speculative_algorithm: Option<SpeculativeAlgorithm>,
-    /// Most draft tokens a request verifies per step.
+    /// The most draft tokens a request verifies per step.
     pub speculative_num_draft_tokens: usize,
-    /// Verifies only the draft tokens worth their rows by the step cost fitted while running
-    /// (see `spec::StepCost::budget`); false verifies every draft token.
+    /// Verifies only the draft tokens worth their rows by the step cost fitted while running;
+    /// false verifies every draft token.
+    // The cost model: `spec::StepCost::budget`.
     pub speculative_draft_budget: bool,
-    /// Keeps every computed page also in a file under this folder, read back for prompts whose
-    /// prefix memory no longer holds, across restarts (the disk tier; off when absent).
+    /// Keeps every computed KV page also in a file in this folder (the prefix cache's disk tier):
+    /// prompts whose prefix memory no longer holds read it back instead of recomputing it, also
+    /// after a restart. Off when unset.
     pub hicache_dir: Option<String>,
-    /// Most GiB the disk tier's file takes; the least recently used pages make room.
+    /// The most GiB the disk tier's file takes; the least recently used pages make room.
     pub hicache_size_gb: f64,
-    /// Where the model's sliding layers keep only their window's KV (in window pages of their
-    /// own), how many tokens their pool holds per token of the global layers' pool.
+    /// For models with sliding-window layers (Gemma 2 and 3), which keep only their window's KV
+    /// in pages of their own: tokens of that pool per token of the global layers' pool, the KV
+    /// budget split to give both.
     pub swa_full_tokens_ratio: f64,
-    /// For models with recurrent layers (Gated DeltaNet): how many sequences hold a state at
-    /// once (SGLang's name); by default one per running request within half of
-    /// `kv_cache_memory_gb`, which the states' bytes come out of.
+    /// For models with recurrent layers (Qwen3.5, Qwen3-Next, Granite 4.0-H): how many requests
+    /// hold a recurrent state at once; when unset, one per running request within the share of
+    /// `kv_cache_memory_gb` that `mamba_full_memory_ratio` gives the states, whose bytes come out
+    /// of it.
     pub max_mamba_cache_size: Option<usize>,
+    /// For models with recurrent layers, when `max_mamba_cache_size` is unset: the most memory
+    /// the recurrent states may take per byte left to the KV pages (1: up to half of
+    /// `kv_cache_memory_gb`; SGLang defaults to 0.9). Raise it to run more requests at once with
+    /// large states, lower it to keep more tokens of KV.
+    pub mamba_full_memory_ratio: f64,
 }
 
 impl Default for EngineOptions {
@@ -800,11 +819,17 @@ impl Default for EngineOptions {
             hicache_size_gb: 16.0,
             swa_full_tokens_ratio: 0.8,
             max_mamba_cache_size: None,
+            mamba_full_memory_ratio: 1.0,
         }
     }
 }
 
 impl EngineOptions {
+    /// The options' JSON Schema: each one's type, default and help (its doc comment).
+    pub fn json_schema() -> serde_json::Value {
+        schemars::schema_for!(EngineOptions).to_value()
+    }
+
     pub fn from_json(json: &str) -> Result<Self> {
         Self::deserialize_from(&mut serde_json::Deserializer::from_str(json))
     }
@@ -828,8 +853,9 @@ impl EngineOptions {
         if opts.kv_cache_memory_gb.is_nan() || opts.kv_cache_memory_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option kv_cache_memory_gb must be positive".into()));
         }
-        if !(opts.swa_full_tokens_ratio > 0.0 && opts.swa_full_tokens_ratio.is_finite()) {
-            return Err(EngineError::InvalidRequest("engine option swa_full_tokens_ratio must be positive".into()));
+        let positive_ratios = [("swa_full_tokens_ratio", opts.swa_full_tokens_ratio), ("mamba_full_memory_ratio", opts.mamba_full_memory_ratio)];
+        if let Some((name, _)) = positive_ratios.iter().find(|(_, ratio)| !(*ratio > 0.0 && ratio.is_finite())) {
+            return Err(EngineError::InvalidRequest(format!("engine option {name} must be positive")));
         }
         if opts.hicache_size_gb.is_nan() || opts.hicache_size_gb <= 0.0 {
             return Err(EngineError::InvalidRequest("engine option hicache_size_gb must be positive".into()));
@@ -888,16 +914,74 @@ impl EngineOptions {
     }
 
     /// How many sequences can hold a recurrent state at once (0 for models without recurrent
-    /// layers): `max_mamba_cache_size`, else one per running request, within half the memory
-    /// budget (at least one).
+    /// layers): `max_mamba_cache_size`, else one per running request, within the states' share
+    /// of the memory budget, `mamba_full_memory_ratio` to the KV pages' one (at least one).
     pub fn state_slots(&self, cfg: &ModelConfig) -> usize {
         let bytes = cfg.state_bytes();
         if bytes == 0 {
             return 0;
         }
         self.max_mamba_cache_size.unwrap_or_else(|| {
-            let half_budget = self.kv_cache_memory_gb * (1u64 << 29) as f64;
-            self.max_running_requests.min((half_budget / bytes as f64) as usize).max(1)
+            let ratio = self.mamba_full_memory_ratio;
+            let states_budget = self.kv_cache_memory_gb * (1u64 << 30) as f64 * ratio / (1.0 + ratio);
+            self.max_running_requests.min((states_budget / bytes as f64) as usize).max(1)
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_engine_options_schema_gives_every_option_its_help_and_default() {
+        let schema = EngineOptions::json_schema();
+        let properties = schema["properties"].as_object().expect("the options' properties");
+        let defaults = serde_json::to_value(EngineOptions::default()).expect("the defaults serialize");
+        assert_eq!(properties.keys().collect::<Vec<_>>(), defaults.as_object().expect("an object").keys().collect::<Vec<_>>());
+        for (name, property) in properties {
+            assert!(property["description"].as_str().is_some_and(|help| !help.is_empty()), "{name} has no doc comment");
+            assert_eq!(property.get("default"), Some(&defaults[name]), "{name}");
+        }
+        let kv_cache_dtype = &schema["$defs"]["KvCacheDtype"];
+        assert_eq!(kv_cache_dtype["enum"], serde_json::json!(["float32", "bfloat16", "int8"]), "{kv_cache_dtype}");
+    }
+
+    /// Two layers, the first a Mamba-2 layer whose state takes 320 bytes per sequence.
+    fn hybrid_config() -> ModelConfig {
+        ModelConfig::from_json(
+            r#"{"architecture": "granitemoehybrid", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+            "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 16,
+            "mamba2": {"layers": [0], "heads": 2, "head_dim": 4, "state_size": 4, "groups": 1, "conv_kernel": 4}}"#,
+        )
+        .expect("a tiny hybrid config")
+    }
+
+    #[test]
+    fn mamba_full_memory_ratio_splits_the_budget_between_states_and_kv_pages() {
+        let cfg = hybrid_config();
+        assert_eq!(cfg.state_bytes(), 320);
+        let budget = 3200.0 / (1u64 << 30) as f64;
+        let options_of = |ratio: f64| EngineOptions { kv_cache_memory_gb: budget, mamba_full_memory_ratio: ratio, ..EngineOptions::default() };
+        // The states take up to ratio / (1 + ratio) of the 3,200 bytes, whole states of 320 each.
+        let slots: Vec<usize> = [1.0, 3.0, 0.25, 0.01].into_iter().map(|ratio| options_of(ratio).state_slots(&cfg)).collect();
+        assert_eq!(slots, [5, 7, 2, 1]);
+        // What the states take more, the KV pages lose (64 bytes a token, 16 tokens a page): 1,600
+        // bytes left are 25 tokens in 2 pages, 960 bytes 15 tokens in 1.
+        assert_eq!(cfg.kv_bytes_per_token(KvCacheDtype::Float32), 64);
+        assert_eq!([1.0, 3.0].map(|ratio| options_of(ratio).kv_pools(&cfg).pages), [2, 1]);
+        for ratio in ["0", "-1"] {
+            let refused = EngineOptions::from_json(&format!(r#"{{"mamba_full_memory_ratio": {ratio}}}"#)).expect_err(ratio).to_string();
+            assert!(refused.contains("mamba_full_memory_ratio must be positive"), "{refused}");
+        }
+    }
+
+    #[test]
+    fn engine_options_read_back_what_they_write() {
+        let options = EngineOptions { context_length: Some(512), quantization: Some(Quantization::W4A8), ..EngineOptions::default() };
+        let read = EngineOptions::from_json(&serde_json::to_string(&options).expect("options serialize")).expect("options read back");
+        assert_eq!(format!("{read:?}"), format!("{options:?}"));
     }
 }

@@ -359,6 +359,13 @@ fn architectures(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     to_python(py, &rsgl_engine::config::ARCHITECTURES)
 }
 
+/// The engine options' JSON Schema (a dict): each option's type, default and help, which
+/// `scripts/gen_options.py` turns into the Python option types, the server's flags and the docs.
+#[pyfunction]
+fn engine_options_schema(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    to_python(py, &EngineOptions::json_schema())
+}
+
 /// The normalized model config of a transformers config.json (a dict).
 #[pyfunction]
 fn normalize_hf_config<'py>(py: Python<'py>, config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
@@ -390,6 +397,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Notifier>()?;
     m.add_function(wrap_pyfunction!(kernel_isa, m)?)?;
     m.add_function(wrap_pyfunction!(architectures, m)?)?;
+    m.add_function(wrap_pyfunction!(engine_options_schema, m)?)?;
     m.add_function(wrap_pyfunction!(normalize_hf_config, m)?)?;
     m.add_function(wrap_pyfunction!(gguf_config, m)?)?;
     m.add_function(wrap_pyfunction!(relax_json_schema, m)?)?;

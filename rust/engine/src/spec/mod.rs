@@ -16,11 +16,12 @@ mod suffix;
 pub use budget::{CostModel, StepCost};
 use draft_len::DraftLength;
 use prompt_lookup::PromptLookup;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use suffix::{GlobalSuffixCache, SuffixDrafter};
 
 /// Where drafts come from (`--speculative-algorithm`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SpeculativeAlgorithm {
     /// Prompt lookup: the longest recent n-gram of the request's prompt and output, continued.
