@@ -611,4 +611,4 @@ impl Scheduler {
 
 #[cfg(test)]
 #[path = "scheduler_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -8,9 +8,10 @@ use crate::request::{GenerateRequest, OutputSink};
 
 const PAGE: usize = 4;
 
-fn tiny_config() -> ModelConfig {
+/// A one-layer llama of hidden size 8 (the scheduler needs its KV shapes, never its weights).
+pub(crate) fn tiny_config(vocab_size: usize) -> ModelConfig {
     serde_json::from_value(serde_json::json!({
-        "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+        "architecture": "llama", "vocab_size": vocab_size, "hidden_size": 8, "intermediate_size": 8,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
         "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 1024
@@ -23,7 +24,7 @@ fn tiny_config() -> ModelConfig {
 fn scheduler(pages: usize, budget: usize) -> (Scheduler, KvCache) {
     let opts = EngineOptions { page_size: PAGE, chunked_prefill_size: budget, ..EngineOptions::default() };
     let pools = Pools { pages, window_pages: None, state_slots: 0 };
-    let kv = KvCache::new(&tiny_config(), pools, PAGE, KvCacheDtype::Float32, &[2]);
+    let kv = KvCache::new(&tiny_config(10), pools, PAGE, KvCacheDtype::Float32, &[2]);
     (Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None), kv)
 }
 
