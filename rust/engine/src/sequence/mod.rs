@@ -241,3 +241,6 @@ impl Sequence {
         reason
     }
 }
+
+#[cfg(test)]
+mod tests;
