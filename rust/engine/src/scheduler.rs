@@ -20,7 +20,7 @@
 
 use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
-use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash, PageRecord};
+use crate::kv::disk::{page_hashes, DiskTier, DiskTierCounts, PageHash, PageRecord};
 use crate::kv::window::{covered_pages, first_window_page, window_pages_per_request, NO_PAGE};
 use crate::kv::{Freed, KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache, StateSlots};
 use crate::policy::{admission_order, SchedulePolicy};
@@ -119,7 +119,7 @@ pub(crate) struct SchedulerCounts {
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub retractions: u64,
-    pub disk: Option<DiskTierStats>,
+    pub disk: Option<DiskTierCounts>,
 }
 
 impl Scheduler {
@@ -200,7 +200,7 @@ impl Scheduler {
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
-            disk: self.disk.as_mut().map(DiskTier::stats),
+            disk: self.disk.as_mut().map(DiskTier::counts),
         }
     }
 

@@ -399,7 +399,10 @@ impl<M: ForwardPass> Worker<M> {
         s.cache_hit_tokens = counts.cache_hit_tokens;
         s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
         s.retracted_requests = counts.retractions;
-        s.hicache = counts.disk;
+        // The disk tier's path and start-up notes were published at start and do not change.
+        if let (Some(hicache), Some(disk)) = (&mut s.hicache, counts.disk) {
+            hicache.counts = disk;
+        }
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
         if let Some(model) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.model()) {
