@@ -534,4 +534,22 @@ mod tests {
         assert_eq!(read_all(&mut tier, &[3, 3]), vec![3], "the first slot again");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn statistics_are_one_flat_record_whose_counts_move() {
+        let dir = folder("stats");
+        let mut tier = open(&dir, 8, 1);
+        store_all(&mut tier, &[1, 2, 3, 4]);
+        settle(&mut tier);
+        let counts = tier.counts();
+        assert_eq!((counts.used_pages, counts.written_pages, counts.capacity_pages), (2, 2, 8));
+        // The counts sit beside the path and the start-up notes, as one record's keys.
+        let stats = serde_json::to_value(tier.stats()).expect("statistics serialize");
+        assert_eq!(stats["written_pages"], 2);
+        assert_eq!(stats["path"], tier.path.as_str());
+        assert!(stats["startup"].as_str().is_some_and(|notes| notes.contains("0 pages recovered")));
+        assert!(stats.get("counts").is_none());
+        drop(tier);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
