@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::config::{KvCacheDtype, ModelConfig};
+use crate::kv::disk::DiskTierOptions;
 use crate::kv::Pools;
 use crate::request::{GenerateRequest, OutputSink};
 
@@ -27,10 +28,19 @@ fn scheduler(pages: usize, budget: usize) -> (Scheduler, KvCache) {
 
 /// [`scheduler`] with the options `opts` (its page size set to 4).
 fn scheduler_with(pages: usize, opts: EngineOptions) -> (Scheduler, KvCache) {
+    scheduler_on(pages, opts, None)
+}
+
+/// [`scheduler_with`], with the disk tier in `disk_dir` if given.
+fn scheduler_on(pages: usize, opts: EngineOptions, disk_dir: Option<&std::path::Path>) -> (Scheduler, KvCache) {
     let opts = EngineOptions { page_size: PAGE, ..opts };
     let pools = Pools { pages, window_pages: None, state_slots: 0 };
     let kv = KvCache::new(&tiny_config(10), pools, PAGE, KvCacheDtype::Float32, &[2]);
-    (Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None), kv)
+    let disk = disk_dir.map(|dir| {
+        let options = DiskTierOptions { dir: dir.to_path_buf(), capacity_bytes: 1 << 20, fingerprint: 1 };
+        DiskTier::open(&options, PAGE, kv.page_bytes()).expect("the disk tier opens")
+    });
+    (Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, disk), kv)
 }
 
 /// Request `rid`: a prompt of `prompt` tokens (distinct per request: no shared prefixes) and
@@ -53,12 +63,12 @@ fn request_of(rid: &str, ids: &[u32], max_new: usize) -> Sequence {
 fn step(s: &mut Scheduler, kv: &mut KvCache) -> Vec<(String, usize, usize)> {
     let batch = s.plan(kv);
     let planned = batch.entries().iter().map(|e| (s.running()[e.index].rid.clone(), e.start, e.end)).collect();
-    run(s, &batch);
+    run(s, kv, &batch);
     planned
 }
 
-/// "Runs" a planned batch as [`step`] does.
-fn run(s: &mut Scheduler, batch: &Batch) {
+/// "Runs" a planned batch as [`step`] does (its K/V, all zeros, written to the disk tier).
+fn run(s: &mut Scheduler, kv: &KvCache, batch: &Batch) {
     let mut done = Vec::new();
     for e in batch.entries() {
         let seq = &mut s.running_mut()[e.index];
@@ -73,6 +83,7 @@ fn run(s: &mut Scheduler, batch: &Batch) {
         if extending {
             s.cache_progress(e.index);
         }
+        s.persist(e.index, e.start, kv);
     }
     done.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
     done.into_iter().for_each(|i| drop(s.retire(i)));
@@ -226,7 +237,7 @@ fn splits_a_long_prompt_into_budget_sized_chunks_and_samples_after_the_last() {
         let chunks = batch.chunks(s.running());
         planned.extend(batch.entries().iter().zip(&chunks).map(|(e, c)| (e.start, e.end, e.completes, c.rows.clone())));
         drop(chunks);
-        run(&mut s, &batch);
+        run(&mut s, &kv, &batch);
     }
     // Only the chunk reaching the prompt's end asks for a logits row (its last token's).
     assert_eq!(planned, [(0, 8, false, 8..8), (8, 16, false, 8..8), (16, 20, true, 3..4), (20, 21, true, 0..1)]);
@@ -296,4 +307,28 @@ fn every_page_comes_back_after_requests_finish_retract_or_are_aborted() {
     assert_eq!(s.cache.evictable_pages(), s.cache.cached_pages());
     assert!(s.flush_cache());
     assert_eq!((s.pool.free_pages(), s.cache.cached_pages()), (12, 0));
+}
+
+#[test]
+fn a_new_scheduler_reads_back_the_prompt_pages_an_earlier_one_wrote_to_disk() {
+    let dir = std::env::temp_dir().join(format!("rsgl-scheduler-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (x, w): (Vec<u32>, Vec<u32>) = ((1..=14).collect(), (30..39).collect());
+    let (mut s, mut kv) = scheduler_on(16, EngineOptions::default(), Some(&dir));
+    s.enqueue(request_of("x", &x, 1));
+    s.enqueue(request_of("w", &w, 1));
+    step(&mut s, &mut kv);
+    drop(s); // waits for the writer
+             // A fresh scheduler (nothing in memory) finds x's 3 whole pages and w's 2 on disk: requests
+             // continuing them compute only the rest.
+    let (mut s, mut kv) = scheduler_on(16, EngineOptions { max_running_requests: 1, ..EngineOptions::default() }, Some(&dir));
+    let y: Vec<u32> = x.iter().copied().chain([20, 21, 22, 23]).collect();
+    s.enqueue(request_of("y", &y, 1));
+    s.enqueue(request_of("z", &w, 1));
+    assert_eq!(step(&mut s, &mut kv), [entry("y", 12, 18)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("z", 8, 9)]);
+    let disk = s.counts().disk.expect("the tier is on");
+    assert_eq!((disk.hit_tokens, disk.read_pages), (20, 5));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }
