@@ -88,3 +88,81 @@ impl Batch {
         split
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pooling::Pooling;
+    use crate::request::{EmbedRequest, GenerateRequest, OutputSink};
+    use crate::sequence::Speculation;
+    use crate::spec::{SpeculativeAlgorithm, Speculator};
+
+    fn sink() -> OutputSink {
+        OutputSink::new(std::sync::mpsc::channel().0, None)
+    }
+
+    /// A request for `prompt` (`extra`: more of its JSON fields).
+    fn generating(prompt: &[u32], extra: &str) -> Sequence {
+        let json = format!(r#"{{"rid": "x", "input_ids": {prompt:?}, "sampling_params": {{"max_new_tokens": 8}}{extra}}}"#);
+        Sequence::new(GenerateRequest::from_json(&json).expect("a request"), sink(), &[], 64, 0)
+    }
+
+    fn embedding(prompt_len: usize, pooling: Pooling) -> Sequence {
+        Sequence::embedding(EmbedRequest { rid: "e".into(), input_ids: vec![1; prompt_len] }, sink(), pooling, 4)
+    }
+
+    /// Whether an entry of `seq`'s tokens `start..end` completes it, and its rows.
+    fn rows(seq: &Sequence, start: usize, end: usize) -> (bool, Range<usize>) {
+        let entry = BatchEntry::new(0, seq, start, end);
+        (entry.completes, entry.rows)
+    }
+
+    #[test]
+    fn a_generating_entry_asks_for_the_rows_it_samples_or_scores() {
+        let seq = generating(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], "");
+        assert_eq!(rows(&seq, 0, 6), (false, 6..6), "a chunk midway: none");
+        assert_eq!(rows(&seq, 6, 10), (true, 3..4), "the prompt's end: its last token's");
+        let scored = generating(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10], r#", "logprob_start_len": 3"#);
+        assert_eq!(rows(&scored, 0, 6), (false, 0..6), "a prompt being scored: every token's");
+        assert_eq!(rows(&scored, 6, 10), (true, 0..4));
+    }
+
+    #[test]
+    fn a_drafting_entry_asks_for_a_row_after_each_draft_token() {
+        let speculator = Speculator::new(SpeculativeAlgorithm::Ngram, 3, 0, false);
+        let mut seq = generating(&[1, 2, 3, 1, 2, 3, 1, 2], "");
+        seq.speculation = Some(Speculation::new(speculator.drafter()));
+        seq.kv.computed = 8;
+        seq.tokens.push(3); // sampled: decoding
+        seq.draft(&speculator);
+        let drafted = seq.draft_len();
+        assert!(drafted > 0);
+        assert_eq!(rows(&seq, 8, 9 + drafted), (true, 0..drafted + 1));
+    }
+
+    #[test]
+    fn an_embedding_entry_asks_for_the_rows_its_pooling_takes() {
+        let last = embedding(5, Pooling::Last);
+        assert_eq!((rows(&last, 0, 3), rows(&last, 3, 5)), ((false, 3..3), (true, 1..2)));
+        let mean = embedding(5, Pooling::Mean);
+        assert_eq!((rows(&mean, 0, 3), rows(&mean, 3, 5)), ((false, 0..3), (true, 0..2)));
+        let cls = embedding(5, Pooling::Cls);
+        assert_eq!((rows(&cls, 0, 3), rows(&cls, 3, 5)), ((false, 0..1), (true, 2..2)));
+    }
+
+    #[test]
+    fn the_model_runs_each_entry_and_its_rows_come_back_split_in_entry_order() {
+        let running = [generating(&[1, 2, 3, 4, 5], ""), generating(&[6, 7, 8], ""), generating(&[9, 10, 11, 12], "")];
+        let mut batch = Batch::default();
+        assert!(batch.is_empty());
+        // Request 2 whole, request 0's first chunk (no rows), request 1 whole.
+        for (index, start, end) in [(2, 0, 4), (0, 0, 2), (1, 0, 3)] {
+            batch.push(BatchEntry::new(index, &running[index], start, end));
+        }
+        let chunks = batch.chunks(&running);
+        let ran: Vec<(&[u32], usize, Range<usize>)> = chunks.iter().map(|c| (c.tokens, c.start_pos, c.rows.clone())).collect();
+        assert_eq!(ran, [(&[9, 10, 11, 12][..], 0, 3..4), (&[1, 2][..], 0, 2..2), (&[6, 7, 8][..], 0, 2..3)]);
+        let output = [1.0, 1.5, 2.0, 2.5];
+        assert_eq!(batch.split_rows(&output, 2), [vec![&[1.0, 1.5][..]], vec![], vec![&[2.0, 2.5][..]]]);
+    }
+}

@@ -20,7 +20,7 @@
 
 use crate::batch::{Batch, BatchEntry};
 use crate::config::EngineOptions;
-use crate::kv::disk::{page_hashes, DiskTier, DiskTierStats, PageHash, PageRecord};
+use crate::kv::disk::{page_hashes, DiskTier, DiskTierCounts, PageHash, PageRecord};
 use crate::kv::window::{covered_pages, first_window_page, window_pages_per_request, NO_PAGE};
 use crate::kv::{Freed, KvCache, NoPrefixCache, PagePool, PrefixCache, RadixCache, StateSlots};
 use crate::policy::{admission_order, SchedulePolicy};
@@ -119,7 +119,7 @@ pub(crate) struct SchedulerCounts {
     pub admitted_prompt_tokens: u64,
     pub cache_hit_tokens: u64,
     pub retractions: u64,
-    pub disk: Option<DiskTierStats>,
+    pub disk: Option<DiskTierCounts>,
 }
 
 impl Scheduler {
@@ -155,11 +155,10 @@ impl Scheduler {
 
     /// Queues a request for admission, prefetching its prompt's pages on disk past those in
     /// memory.
-    pub fn enqueue(&mut self, seq: Sequence) {
+    pub fn enqueue(&mut self, mut seq: Sequence) {
         if let Some(disk) = &self.disk {
-            let key = seq.prefill_key();
-            let in_memory = self.cache.cached_prefix_pages(seq.kv.namespace, key);
-            disk.prefetch(&page_hashes(seq.kv.namespace, key, self.pool.page_size())[in_memory..]);
+            let in_memory = self.cache.cached_prefix_pages(seq.kv.namespace, seq.prefill_key());
+            disk.prefetch(&seq.prefill_page_hashes(self.pool.page_size())[in_memory..]);
         }
         self.waiting.push_back(seq);
     }
@@ -200,7 +199,7 @@ impl Scheduler {
             admitted_prompt_tokens: self.admitted_prompt_tokens,
             cache_hit_tokens: self.cache_hit_tokens,
             retractions: self.retractions,
-            disk: self.disk.as_mut().map(DiskTier::stats),
+            disk: self.disk.as_mut().map(DiskTier::counts),
         }
     }
 
@@ -368,8 +367,7 @@ impl Scheduler {
             let mut cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
             // The recurrent layers resume only where a snapshot of their state is kept.
             let snapshot = self.states.as_mut().and_then(|states| {
-                let hashes = page_hashes(seq.kv.namespace, &seq.prefill_key()[..cached.pages.len() * ps], ps);
-                let found = states.longest_snapshot(&hashes);
+                let found = states.longest_snapshot(&seq.prefill_page_hashes(ps)[..cached.pages.len()]);
                 cached.pages.truncate(found.map_or(0, |(pages, _)| pages));
                 found.map(|(_, slot)| slot)
             });
@@ -451,12 +449,10 @@ impl Scheduler {
 
     /// The names of the prompt pages of `seq` up to the last of those after its first
     /// `in_memory` that the disk tier holds (empty without the tier).
-    fn disk_chain(&self, seq: &Sequence, in_memory: usize) -> Vec<PageHash> {
+    fn disk_chain(&self, seq: &mut Sequence, in_memory: usize) -> Vec<PageHash> {
         let Some(disk) = &self.disk else { return Vec::new() };
-        let mut hashes = page_hashes(seq.kv.namespace, seq.prefill_key(), self.pool.page_size());
-        let on_disk = disk.find(&hashes[in_memory..]);
-        hashes.truncate(in_memory + on_disk);
-        hashes
+        let hashes = seq.prefill_page_hashes(self.pool.page_size());
+        hashes[..in_memory + disk.find(&hashes[in_memory..])].to_vec()
     }
 
     /// Reads the pages of `chain` from page `first` on from disk into the request's first
@@ -477,15 +473,15 @@ impl Scheduler {
     /// Writes the whole pages request `index` completed in a step that started at token `from`
     /// to the disk tier (pages already there only count as used).
     pub fn persist(&mut self, index: usize, from: usize, kv: &KvCache) {
-        let (Some(disk), seq) = (&mut self.disk, &self.running[index]) else { return };
+        let (Some(disk), seq) = (&mut self.disk, &mut self.running[index]) else { return };
         let ps = self.pool.page_size();
         let full = seq.kv.computed / ps;
         if !seq.caches_prefix() || from / ps >= full {
             return;
         }
-        let hashes = page_hashes(seq.kv.namespace, &seq.tokens[..full * ps], ps);
+        let hashes = seq.kv.page_hashes.of(seq.kv.namespace, &seq.tokens[..full * ps], ps);
         for p in from / ps..full {
-            let record = PageRecord::in_chain(seq.kv.namespace, &hashes, p, &seq.tokens[p * ps..(p + 1) * ps]);
+            let record = PageRecord::in_chain(seq.kv.namespace, hashes, p, &seq.tokens[p * ps..(p + 1) * ps]);
             // Written before the step's window pages slide: every page completed has its own.
             disk.store(record, |out| kv.copy_page_out(seq.kv.pages[p], seq.kv.window.get(p).copied().unwrap_or(NO_PAGE), out));
         }
@@ -611,4 +607,4 @@ impl Scheduler {
 
 #[cfg(test)]
 #[path = "scheduler_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -3,14 +3,16 @@
 
 use super::*;
 use crate::config::{KvCacheDtype, ModelConfig};
+use crate::kv::disk::DiskTierOptions;
 use crate::kv::Pools;
 use crate::request::{GenerateRequest, OutputSink};
 
 const PAGE: usize = 4;
 
-fn tiny_config() -> ModelConfig {
+/// A one-layer llama of hidden size 8 (the scheduler needs its KV shapes, never its weights).
+pub(crate) fn tiny_config(vocab_size: usize) -> ModelConfig {
     serde_json::from_value(serde_json::json!({
-        "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 8,
+        "architecture": "llama", "vocab_size": vocab_size, "hidden_size": 8, "intermediate_size": 8,
         "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 4,
         "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
         "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 1024
@@ -21,10 +23,24 @@ fn tiny_config() -> ModelConfig {
 /// A scheduler over `pages` pages of 4 tokens, prefilling at most `budget` tokens a step, and
 /// the KV cache it plans into.
 fn scheduler(pages: usize, budget: usize) -> (Scheduler, KvCache) {
-    let opts = EngineOptions { page_size: PAGE, chunked_prefill_size: budget, ..EngineOptions::default() };
+    scheduler_with(pages, EngineOptions { chunked_prefill_size: budget, ..EngineOptions::default() })
+}
+
+/// [`scheduler`] with the options `opts` (its page size set to 4).
+fn scheduler_with(pages: usize, opts: EngineOptions) -> (Scheduler, KvCache) {
+    scheduler_on(pages, opts, None)
+}
+
+/// [`scheduler_with`], with the disk tier in `disk_dir` if given.
+fn scheduler_on(pages: usize, opts: EngineOptions, disk_dir: Option<&std::path::Path>) -> (Scheduler, KvCache) {
+    let opts = EngineOptions { page_size: PAGE, ..opts };
     let pools = Pools { pages, window_pages: None, state_slots: 0 };
-    let kv = KvCache::new(&tiny_config(), pools, PAGE, KvCacheDtype::Float32, &[2]);
-    (Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None), kv)
+    let kv = KvCache::new(&tiny_config(10), pools, PAGE, KvCacheDtype::Float32, &[2]);
+    let disk = disk_dir.map(|dir| {
+        let options = DiskTierOptions { dir: dir.to_path_buf(), capacity_bytes: 1 << 20, fingerprint: 1 };
+        DiskTier::open(&options, PAGE, kv.page_bytes()).expect("the disk tier opens")
+    });
+    (Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, disk), kv)
 }
 
 /// Request `rid`: a prompt of `prompt` tokens (distinct per request: no shared prefixes) and
@@ -32,6 +48,11 @@ fn scheduler(pages: usize, budget: usize) -> (Scheduler, KvCache) {
 fn request(rid: &str, prompt: usize, max_new: usize) -> Sequence {
     let first = 100 * (rid.bytes().next().unwrap_or(0) as u32);
     let ids: Vec<u32> = (first..first + prompt as u32).collect();
+    request_of(rid, &ids, max_new)
+}
+
+/// Request `rid` with the prompt `ids` and `max_new` output tokens.
+fn request_of(rid: &str, ids: &[u32], max_new: usize) -> Sequence {
     let json = format!(r#"{{"rid": "{rid}", "input_ids": {ids:?}, "sampling_params": {{"max_new_tokens": {max_new}}}}}"#);
     let req = GenerateRequest::from_json(&json).expect("a request");
     Sequence::new(req, OutputSink::new(std::sync::mpsc::channel().0, None), &[], 1024, 0)
@@ -42,6 +63,12 @@ fn request(rid: &str, prompt: usize, max_new: usize) -> Sequence {
 fn step(s: &mut Scheduler, kv: &mut KvCache) -> Vec<(String, usize, usize)> {
     let batch = s.plan(kv);
     let planned = batch.entries().iter().map(|e| (s.running()[e.index].rid.clone(), e.start, e.end)).collect();
+    run(s, kv, &batch);
+    planned
+}
+
+/// "Runs" a planned batch as [`step`] does (its K/V, all zeros, written to the disk tier).
+fn run(s: &mut Scheduler, kv: &KvCache, batch: &Batch) {
     let mut done = Vec::new();
     for e in batch.entries() {
         let seq = &mut s.running_mut()[e.index];
@@ -56,10 +83,10 @@ fn step(s: &mut Scheduler, kv: &mut KvCache) -> Vec<(String, usize, usize)> {
         if extending {
             s.cache_progress(e.index);
         }
+        s.persist(e.index, e.start, kv);
     }
     done.sort_unstable_by_key(|&i| std::cmp::Reverse(i));
     done.into_iter().for_each(|i| drop(s.retire(i)));
-    planned
 }
 
 fn entry(rid: &str, start: usize, end: usize) -> (String, usize, usize) {
@@ -175,4 +202,133 @@ fn retracts_only_when_the_pool_is_dry_and_then_whom_it_costs_least() {
     }
     assert!(s.is_idle());
     assert_eq!(s.retractions, 1);
+}
+
+#[test]
+fn each_policy_admits_in_its_own_order() {
+    // The cache holds p's 3 pages; c continues all of them, b the first 2, a none.
+    let p: Vec<u32> = (1..=12).collect();
+    let a: Vec<u32> = (50..58).collect();
+    let b: Vec<u32> = p[..8].iter().copied().chain(60..64).collect();
+    let c: Vec<u32> = p.iter().copied().chain([70]).collect();
+    let order = |policy: SchedulePolicy| {
+        let (mut s, mut kv) = scheduler_with(64, EngineOptions { schedule_policy: policy, max_running_requests: 1, ..EngineOptions::default() });
+        s.enqueue(request_of("p", &p, 1));
+        step(&mut s, &mut kv);
+        for (rid, prompt) in [("c", &c), ("a", &a), ("b", &b)] {
+            s.enqueue(request_of(rid, prompt, 1));
+        }
+        // One request a step, each done after its prefill.
+        (0..3).map(|_| step(&mut s, &mut kv)[0].0.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(order(SchedulePolicy::Fcfs), ["c", "a", "b"]);
+    assert_eq!(order(SchedulePolicy::Lpm), ["c", "b", "a"], "longest cached prefix first");
+    // Depth first over the prefix tree: a sits at its root, b above c on p's path.
+    assert_eq!(order(SchedulePolicy::DfsWeight), ["a", "b", "c"]);
+}
+
+#[test]
+fn splits_a_long_prompt_into_budget_sized_chunks_and_samples_after_the_last() {
+    let (mut s, mut kv) = scheduler(64, 8);
+    s.enqueue(request("a", 20, 2));
+    let mut planned = Vec::new();
+    while !s.is_idle() {
+        let batch = s.plan(&mut kv);
+        let chunks = batch.chunks(s.running());
+        planned.extend(batch.entries().iter().zip(&chunks).map(|(e, c)| (e.start, e.end, e.completes, c.rows.clone())));
+        drop(chunks);
+        run(&mut s, &kv, &batch);
+    }
+    // Only the chunk reaching the prompt's end asks for a logits row (its last token's).
+    assert_eq!(planned, [(0, 8, false, 8..8), (8, 16, false, 8..8), (16, 20, true, 3..4), (20, 21, true, 0..1)]);
+}
+
+#[test]
+fn retracts_the_request_with_the_least_output_even_holding_fewer_pages() {
+    // 7 pages: a's prompt and output alone fill them.
+    let (mut s, mut kv) = scheduler(7, 64);
+    (0..1000).for_each(|_| s.new_token_ratio.decay());
+    s.enqueue(request("a", 12, 16));
+    for _ in 0..3 {
+        step(&mut s, &mut kv);
+    }
+    s.enqueue(request("b", 2, 16));
+    let mut steps = 0;
+    while s.retractions == 0 {
+        step(&mut s, &mut kv);
+        steps += 1;
+        assert!(steps < 20, "the pool should run dry");
+    }
+    let (a, b) = (&s.running()[0], &s.waiting[0]);
+    assert_eq!((a.rid.as_str(), b.rid.as_str()), ("a", "b"));
+    assert!(b.output_len() < a.output_len());
+    assert!(b.tokens.len().div_ceil(PAGE) < a.kv.pages.len(), "b held fewer pages than a");
+    for _ in 0..60 {
+        step(&mut s, &mut kv);
+    }
+    assert!(s.is_idle());
+}
+
+/// Every page is in exactly one place: free, in the prefix cache, or a running request's own.
+fn assert_pages_accounted(s: &Scheduler, pages: usize) {
+    let own: usize = s.running().iter().map(|r| r.kv.pages.len() - r.kv.shared_pages).sum();
+    assert_eq!(s.pool.free_pages() + s.cache.cached_pages() + own, pages);
+}
+
+#[test]
+fn every_page_comes_back_after_requests_finish_retract_or_are_aborted() {
+    let (mut s, mut kv) = scheduler(12, 8);
+    (0..1000).for_each(|_| s.new_token_ratio.decay());
+    let shared: Vec<u32> = (1..=8).collect();
+    for (i, rid) in ["a", "b", "c", "d", "e"].iter().enumerate() {
+        // Pairs share a two-page prefix, so the cache holds pages requests also read.
+        let prompt: Vec<u32> = shared.iter().copied().chain(10 * i as u32..10 * i as u32 + 5).collect();
+        s.enqueue(request_of(rid, if i % 2 == 0 { &prompt } else { &prompt[6..] }, 12));
+    }
+    s.enqueue(request("w", 6, 4));
+    assert!(s.remove("w").is_some_and(|w| w.kv.pages.is_empty()), "aborted waiting: it held nothing");
+    for n in 0..200 {
+        step(&mut s, &mut kv);
+        assert_pages_accounted(&s, 12);
+        match n {
+            // c mid-prompt, then a mid-output.
+            1 => assert!(s.remove("c").is_some_and(|c| c.kv.pages.is_empty())),
+            5 => assert!(s.remove("a").is_some_and(|a| a.output_len() > 0 && a.kv.pages.is_empty())),
+            _ => {}
+        }
+        assert_pages_accounted(&s, 12);
+        if s.is_idle() {
+            break;
+        }
+    }
+    assert!(s.is_idle());
+    assert!(s.retractions > 0, "the pool ran dry on the way");
+    // No request holds a lock or a page: the cache empties, and the pool is whole again.
+    assert_eq!(s.cache.evictable_pages(), s.cache.cached_pages());
+    assert!(s.flush_cache());
+    assert_eq!((s.pool.free_pages(), s.cache.cached_pages()), (12, 0));
+}
+
+#[test]
+fn a_new_scheduler_reads_back_the_prompt_pages_an_earlier_one_wrote_to_disk() {
+    let dir = std::env::temp_dir().join(format!("rsgl-scheduler-disk-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let (x, w): (Vec<u32>, Vec<u32>) = ((1..=14).collect(), (30..39).collect());
+    let (mut s, mut kv) = scheduler_on(16, EngineOptions::default(), Some(&dir));
+    s.enqueue(request_of("x", &x, 1));
+    s.enqueue(request_of("w", &w, 1));
+    step(&mut s, &mut kv);
+    drop(s); // waits for the writer
+             // A fresh scheduler (nothing in memory) finds x's 3 whole pages and w's 2 on disk: requests
+             // continuing them compute only the rest.
+    let (mut s, mut kv) = scheduler_on(16, EngineOptions { max_running_requests: 1, ..EngineOptions::default() }, Some(&dir));
+    let y: Vec<u32> = x.iter().copied().chain([20, 21, 22, 23]).collect();
+    s.enqueue(request_of("y", &y, 1));
+    s.enqueue(request_of("z", &w, 1));
+    assert_eq!(step(&mut s, &mut kv), [entry("y", 12, 18)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("z", 8, 9)]);
+    let disk = s.counts().disk.expect("the tier is on");
+    assert_eq!((disk.hit_tokens, disk.read_pages), (20, 5));
+    drop(s);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -221,7 +221,7 @@ impl Engine {
 #[pyclass(module = "rsgl._core")]
 struct RequestStream {
     inner: Mutex<rsgl_engine::RequestStream>,
-    /// Kept outside the lock, which a blocking `next_json` holds without the GIL.
+    /// Kept outside the lock, which a blocking `next` holds without the GIL.
     done: AtomicBool,
 }
 

@@ -3,25 +3,57 @@
 
 use super::stats::{EngineStats, StepCounts};
 use super::Command;
+use crate::batch::Batch;
+use crate::config::ModelConfig;
 use crate::error::{invalid, Result};
 use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSpec};
 use crate::kv::KvCache;
-use crate::model::DecoderModel;
+use crate::model::{DecoderModel, SeqChunk};
 use crate::pooling::Pooling;
-use crate::request::{EmbedRequest, GenerateRequest, OutputSink};
+use crate::request::{EmbedRequest, GenerateRequest, Output, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::sequence::{Sequence, Speculation};
 use crate::spec::Speculator;
 use crate::text::TokenTable;
 use rsgl_kernels::profile::{self, Phase};
+use rsgl_kernels::ThreadPool;
 use std::collections::HashSet;
 use std::sync::mpsc::{Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-pub(super) struct Worker {
-    pub(super) model: DecoderModel,
+/// What a step needs of the model (the model, or a fake in tests).
+pub(super) trait ForwardPass {
+    fn config(&self) -> &ModelConfig;
+    /// The length of each row [`Self::forward`] returns.
+    fn output_width(&self) -> usize;
+    /// Compute threads idle between forward passes (the engine fills token masks on them).
+    fn pool(&self) -> &ThreadPool;
+    /// Runs the batch's chunks, writing their K/V into `kv`; returns the rows they ask for.
+    fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32>;
+}
+
+impl ForwardPass for DecoderModel {
+    fn config(&self) -> &ModelConfig {
+        DecoderModel::config(self)
+    }
+
+    fn output_width(&self) -> usize {
+        DecoderModel::output_width(self)
+    }
+
+    fn pool(&self) -> &ThreadPool {
+        DecoderModel::pool(self)
+    }
+
+    fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
+        DecoderModel::forward(self, seqs, kv)
+    }
+}
+
+pub(super) struct Worker<M = DecoderModel> {
+    pub(super) model: M,
     pub(super) kv: KvCache,
     pub(super) scheduler: Scheduler,
     pub(super) tokenizer: Option<Arc<TokenTable>>,
@@ -51,7 +83,18 @@ struct Sampling<'l> {
     draft: Vec<u32>,
 }
 
-impl Worker {
+/// A running request (by index) ending this step, with its final output (none when its caller
+/// went away).
+type Ending = (usize, Option<Output>);
+
+/// What the bookkeeping of a step's rows leaves to do: requests to sample, and the requests
+/// (embeddings) it ended.
+struct Bookkept<'l> {
+    sampling: Vec<Sampling<'l>>,
+    finished: Vec<Ending>,
+}
+
+impl<M: ForwardPass> Worker<M> {
     pub(super) fn run(mut self, commands: Receiver<Command>) {
         loop {
             // Block while idle (no spinning); otherwise take whatever has arrived and step.
@@ -180,34 +223,70 @@ impl Worker {
         let _ = seq.out.send(Ok(out));
     }
 
+    /// One step, phase by phase: draft, plan the batch, run it, book each entry's rows, sample,
+    /// retire; then publish, and hand the finished requests their final outputs.
     fn step(&mut self) {
         let started = Instant::now();
-        if let Some(speculator) = &mut self.speculator {
-            let mut decoding: Vec<&mut Sequence> = self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).collect();
-            decoding.iter_mut().for_each(|s| s.draft(speculator));
-            // A lone request's pass is bound by reading the weights: its draft rows are cheap, and
-            // the fit cannot tell the step's fixed cost from its one context's growth anyway.
-            if let (Some(cost), true) = (&mut speculator.step_cost, decoding.len() > 1) {
-                let odds: Vec<(usize, f32)> = decoding.iter().map(|s| s.draft_odds()).collect();
-                let keys = decoding.iter().map(|s| s.kv.computed + 1).sum();
-                for (seq, keep) in decoding.into_iter().zip(cost.budget(&odds, keys)) {
-                    seq.shorten_draft(keep);
-                }
-            }
-        }
-        let batch = self.scheduler.plan(&mut self.kv);
-        if batch.is_empty() {
-            return;
-        }
+        self.draft();
+        let Some(batch) = self.plan() else { return };
         let _profiled = profile::step(batch.entries().iter().all(|entry| entry.end - entry.start == 1));
         let scheduled = Instant::now();
-        let output = self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv);
+        let output = self.forward(&batch);
         let forwarded = Instant::now();
         let mut step = StepCounts::default();
-        let mut sampling: Vec<Sampling> = Vec::new();
-        // Requests ending this step, with their final output (none when their caller went away).
-        let mut finished = Vec::new();
-        for (entry, rows) in batch.entries().iter().zip(batch.split_rows(&output, self.model.output_width())) {
+        let Bookkept { sampling, mut finished } = self.bookkeeping(&batch, &output, &mut step);
+        finished.extend(self.sample(sampling, &mut step));
+        let finals = self.retire(&batch, finished);
+        step.schedule = scheduled - started;
+        step.forward = forwarded - scheduled;
+        step.sample = forwarded.elapsed();
+        if let (Some(cost), 0) = (self.speculator.as_mut().and_then(|s| s.step_cost.as_mut()), step.prompt_tokens) {
+            cost.observe(step.tokens, step.keys, started.elapsed().as_secs_f64());
+        }
+        // Publish before the final outputs go out, so a caller that sees its request finish
+        // also sees its pages back in the pool.
+        self.publish(Some(&step));
+        for (seq, out) in finals {
+            self.active.remove(&seq.rid);
+            if let Some(out) = out {
+                let _ = seq.out.send(Ok(out));
+            }
+        }
+    }
+
+    /// With speculative decoding on: drafts tokens for every decoding request, cut to what the
+    /// step's fitted cost says pays.
+    fn draft(&mut self) {
+        let Some(speculator) = &mut self.speculator else { return };
+        let mut decoding: Vec<&mut Sequence> = self.scheduler.running_mut().iter_mut().filter(|s| s.is_decoding()).collect();
+        decoding.iter_mut().for_each(|s| s.draft(speculator));
+        // A lone request's pass is bound by reading the weights: its draft rows are cheap, and
+        // the fit cannot tell the step's fixed cost from its one context's growth anyway.
+        if let (Some(cost), true) = (&mut speculator.step_cost, decoding.len() > 1) {
+            let odds: Vec<(usize, f32)> = decoding.iter().map(|s| s.draft_odds()).collect();
+            let keys = decoding.iter().map(|s| s.kv.computed + 1).sum();
+            for (seq, keep) in decoding.into_iter().zip(cost.budget(&odds, keys)) {
+                seq.shorten_draft(keep);
+            }
+        }
+    }
+
+    /// This step's batch; none when no request can run now.
+    fn plan(&mut self) -> Option<Batch> {
+        Some(self.scheduler.plan(&mut self.kv)).filter(|batch| !batch.is_empty())
+    }
+
+    /// The model's output rows for `batch`, its new K/V written into the cache.
+    fn forward(&mut self, batch: &Batch) -> Vec<f32> {
+        self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv)
+    }
+
+    /// Books each entry's rows of `output`: the step's counts, the request's computed tokens
+    /// (its draft taken back off), prompt log-probabilities, pooling, the prefix cache, the disk
+    /// tier and state snapshots. Says which requests sample and which embeddings are done.
+    fn bookkeeping<'l>(&mut self, batch: &Batch, output: &'l [f32], step: &mut StepCounts) -> Bookkept<'l> {
+        let mut bookkept = Bookkept { sampling: Vec::new(), finished: Vec::new() };
+        for (entry, rows) in batch.entries().iter().zip(batch.split_rows(output, self.model.output_width())) {
             let seq = &mut self.scheduler.running_mut()[entry.index];
             step.tokens += entry.end - entry.start;
             step.keys += entry.end;
@@ -225,11 +304,11 @@ impl Worker {
             if let Some(pooler) = &mut seq.pooler {
                 pooler.take(entry.start, entry.end, &rows);
                 if entry.completes {
-                    finished.push((entry.index, Some(seq.finish_embedding())));
+                    bookkept.finished.push((entry.index, Some(seq.finish_embedding())));
                 }
             } else if entry.completes {
                 let sampled_row = rows.len().checked_sub(draft.len() + 1).expect("a completing entry has its logits rows");
-                sampling.push(Sampling { index: entry.index, rows: rows[sampled_row..].to_vec(), draft });
+                bookkept.sampling.push(Sampling { index: entry.index, rows: rows[sampled_row..].to_vec(), draft });
             }
             if extending && seq.caches_prefix() {
                 // Share the pages at once (not only when the request ends): requests waiting
@@ -239,10 +318,18 @@ impl Worker {
             self.scheduler.persist(entry.index, entry.start, &self.kv);
             self.scheduler.keep_snapshot(entry);
         }
-        let sampling_phase = profile::phase(Phase::Sampling);
+        bookkept
+    }
+
+    /// Samples each request of `sampling` from its rows (checking its draft), and sends the
+    /// outputs of those that go on; returns those ending (none as output when their caller
+    /// went away).
+    fn sample(&mut self, sampling: Vec<Sampling>, step: &mut StepCounts) -> Vec<Ending> {
+        let _phase = profile::phase(Phase::Sampling);
         let masked = Instant::now();
         self.fill_masks_ahead(sampling.iter().map(|s| s.index));
         step.grammar = masked.elapsed();
+        let mut finished = Vec::new();
         for Sampling { index, rows, draft } in sampling {
             let seq = &mut self.scheduler.running_mut()[index];
             let out = if seq.max_new_tokens == 0 {
@@ -263,7 +350,13 @@ impl Worker {
                 finished.push((index, None));
             }
         }
-        drop(sampling_phase);
+        finished
+    }
+
+    /// Releases the window pages the step's requests fell behind, and takes the `finished`
+    /// requests out of the scheduler (their pages back to the pool and the cache); returns
+    /// them with their final outputs.
+    fn retire(&mut self, batch: &Batch, mut finished: Vec<Ending>) -> Vec<(Sequence, Option<Output>)> {
         // Every request the step advanced (its draft checked) no longer reads what fell behind
         // its window.
         for entry in batch.entries() {
@@ -275,21 +368,7 @@ impl Worker {
         if let Some(speculator) = &mut self.speculator {
             finals.iter().for_each(|(seq, _)| speculator.finished(&seq.tokens[seq.prompt_len..]));
         }
-        step.schedule = scheduled - started;
-        step.forward = forwarded - scheduled;
-        step.sample = forwarded.elapsed();
-        if let (Some(cost), 0) = (self.speculator.as_mut().and_then(|s| s.step_cost.as_mut()), step.prompt_tokens) {
-            cost.observe(step.tokens, step.keys, started.elapsed().as_secs_f64());
-        }
-        // Publish before the final outputs go out, so a caller that sees its request finish
-        // also sees its pages back in the pool.
-        self.publish(Some(&step));
-        for (seq, out) in finals {
-            self.active.remove(&seq.rid);
-            if let Some(out) = out {
-                let _ = seq.out.send(Ok(out));
-            }
-        }
+        finals
     }
 
     /// Fills the token masks the requests sampling this step need before sampling, on the
@@ -320,7 +399,10 @@ impl Worker {
         s.cache_hit_tokens = counts.cache_hit_tokens;
         s.cache_hit_rate = if s.prompt_tokens > 0 { s.cache_hit_tokens as f64 / s.prompt_tokens as f64 } else { 0.0 };
         s.retracted_requests = counts.retractions;
-        s.hicache = counts.disk;
+        // The disk tier's path and start-up notes were published at start and do not change.
+        if let (Some(hicache), Some(disk)) = (&mut s.hicache, counts.disk) {
+            hicache.counts = disk;
+        }
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
         if let Some(model) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.model()) {
@@ -336,3 +418,7 @@ impl Worker {
 fn waits_for(seq: &Sequence, spec: &GrammarSpec) -> bool {
     seq.pending_grammar.as_ref().is_some_and(|g| g.spec == *spec)
 }
+
+#[cfg(test)]
+#[path = "worker_tests.rs"]
+mod tests;

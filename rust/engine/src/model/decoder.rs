@@ -264,7 +264,6 @@ impl DecoderModel {
     /// of its own (rank 0 on the calling thread), and the lm_head's pieces are joined here.
     pub fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
         let _phase = profile::phase(Phase::ForwardOther);
-        let h = self.cfg.hidden_size;
         // Per token: which sequence and which position.
         let mut token_seq = Vec::new();
         let mut positions = Vec::new();
@@ -274,28 +273,16 @@ impl DecoderModel {
                 positions.push(chunk.start_pos + t);
             }
         }
-        let mut x = Vec::with_capacity(positions.len() * h);
-        for &tok in seqs.iter().flat_map(|c| c.tokens) {
-            match &self.embed {
-                Some(e) => e.push_row(tok as usize, h, &mut x),
-                None => {
-                    let rank = self.ranks.iter().find(|r| r.shard.vocab.contains(&(tok as usize))).expect("a rank holds every vocabulary row");
-                    x.extend(rank.lm_head.as_ref().expect("tied to the embedding").weight.row(tok as usize - rank.shard.vocab.start));
-                }
-            }
-        }
-        scale_by(&mut x, self.cfg.scales.embedding);
         let step = Step { seqs, token_seq, positions };
         let Some(drivers) = &self.rank_drivers else {
-            return self.run_rank(&self.ranks[0], &step, x, &mut kv.parts_mut()[0]);
+            return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
         };
         // Each driver takes its rank's KV part and leaves its rank's output.
         let parts: Vec<Mutex<Option<&mut KvPart>>> = kv.parts_mut().iter_mut().map(|part| Mutex::new(Some(part))).collect();
         let pieces: Vec<Mutex<Vec<f32>>> = self.ranks.iter().map(|_| Mutex::new(Vec::new())).collect();
         drivers.run(&|r| {
             let part = parts[r].lock().unwrap_or_else(|e| e.into_inner()).take().expect("one driver per rank");
-            // Every rank keeps a residual stream of its own.
-            *pieces[r].lock().unwrap_or_else(|e| e.into_inner()) = self.run_rank(&self.ranks[r], &step, x.clone(), part);
+            *pieces[r].lock().unwrap_or_else(|e| e.into_inner()) = self.run_rank(&self.ranks[r], &step, part);
         });
         let pieces: Vec<Vec<f32>> = pieces.into_iter().map(|p| p.into_inner().unwrap_or_else(|e| e.into_inner())).collect();
         let rank0 = &self.ranks[0];
@@ -316,10 +303,29 @@ impl DecoderModel {
         }
     }
 
-    /// One rank's forward pass over its slice from the embedded tokens `x`; returns its lm_head
-    /// rows (every rank's hidden states are the same; rank 0's are returned). A panic poisons
-    /// the reduction so the other ranks stop waiting for this one.
-    fn run_rank(&self, rank: &RankModel, step: &Step, mut x: Vec<f32>, kv: &mut KvPart) -> Vec<f32> {
+    /// The step's tokens embedded, `[tokens, hidden_size]`: the residual stream a rank starts
+    /// from.
+    fn embed(&self, step: &Step) -> Vec<f32> {
+        let h = self.cfg.hidden_size;
+        let mut x = Vec::with_capacity(step.positions.len() * h);
+        for &tok in step.seqs.iter().flat_map(|c| c.tokens) {
+            match &self.embed {
+                Some(e) => e.push_row(tok as usize, h, &mut x),
+                None => {
+                    let rank = self.ranks.iter().find(|r| r.shard.vocab.contains(&(tok as usize))).expect("a rank holds every vocabulary row");
+                    x.extend(rank.lm_head.as_ref().expect("tied to the embedding").weight.row(tok as usize - rank.shard.vocab.start));
+                }
+            }
+        }
+        scale_by(&mut x, self.cfg.scales.embedding);
+        x
+    }
+
+    /// One rank's forward pass over its slice; returns its lm_head rows (every rank's hidden
+    /// states are the same; rank 0's are returned). Every rank embeds the tokens into a
+    /// residual stream of its own, on its own threads (no rank copies another's). A panic
+    /// poisons the reduction so the other ranks stop waiting for this one.
+    fn run_rank(&self, rank: &RankModel, step: &Step, kv: &mut KvPart) -> Vec<f32> {
         struct PoisonOnPanic<'a>(&'a AllReduce);
         impl Drop for PoisonOnPanic<'_> {
             fn drop(&mut self) {
@@ -329,6 +335,7 @@ impl DecoderModel {
             }
         }
         let _poison = PoisonOnPanic(&self.reduce);
+        let mut x = self.embed(step);
         let (cfg, c, h) = (&self.cfg, &rank.compute, self.cfg.hidden_size);
         let attention_cx = AttentionContext { cfg, ropes: &self.ropes, scale: self.attention_scale, compute: c, shard: &rank.shard };
         let mut round = 0;

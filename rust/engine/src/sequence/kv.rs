@@ -1,6 +1,7 @@
 //! Where a request's KV lives: its page table, how much of it is computed, and what the prefix
 //! cache shares with it.
 
+use crate::kv::disk::PageHash;
 use crate::kv::NodeId;
 
 pub(crate) struct SeqKv {
@@ -25,6 +26,27 @@ pub(crate) struct SeqKv {
     /// The recurrent-state slot it holds while running (models with recurrent layers).
     pub state_slot: Option<u32>,
     admitted: bool,
+    /// The names of its first whole pages, as far as they were asked for.
+    pub page_hashes: PageHashes,
+}
+
+/// The names ([`PageHash`]) of a request's first whole pages, each hashed once.
+#[derive(Default)]
+pub(crate) struct PageHashes(Vec<PageHash>);
+
+impl PageHashes {
+    /// The names of the whole pages of `tokens` in `namespace`: the request's first tokens
+    /// (prompt and confirmed output, never a draft, which may change). Pages named by an
+    /// earlier call are not hashed again.
+    pub fn of(&mut self, namespace: u64, tokens: &[u32], page_size: usize) -> &[PageHash] {
+        let whole = tokens.len() / page_size;
+        let mut last = self.0.last().copied().unwrap_or_else(|| PageHash::root(namespace));
+        for page in tokens.chunks_exact(page_size).skip(self.0.len()) {
+            last = last.next(page);
+            self.0.push(last);
+        }
+        &self.0[..whole]
+    }
 }
 
 impl SeqKv {
@@ -40,6 +62,7 @@ impl SeqKv {
             cached_tokens: 0,
             state_slot: None,
             admitted: false,
+            page_hashes: PageHashes::default(),
         }
     }
 
@@ -75,4 +98,21 @@ impl SeqKv {
 fn namespace_of(salt: &str) -> u64 {
     let hash = salt.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
     hash.max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kv::disk::page_hashes;
+
+    #[test]
+    fn page_names_are_the_chain_of_the_tokens_so_far() {
+        let mut names = PageHashes::default();
+        let tokens: Vec<u32> = (0..23).collect();
+        assert_eq!(names.of(7, &tokens[..6], 4), page_hashes(7, &tokens[..6], 4));
+        // Longer (the chain goes on from the pages named) and shorter again.
+        assert_eq!(names.of(7, &tokens, 4), page_hashes(7, &tokens, 4));
+        assert_eq!(names.of(7, &tokens[..9], 4), page_hashes(7, &tokens[..9], 4));
+        assert_eq!(names.of(7, &tokens[..3], 4), []);
+    }
 }

@@ -9,6 +9,7 @@ mod speculation;
 mod text;
 
 use crate::grammar::{Constraint, GrammarSpec};
+use crate::kv::disk::PageHash;
 use crate::pooling::{Pooler, Pooling};
 use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
 use crate::sample::{log_softmax, SamplingParams};
@@ -105,6 +106,12 @@ impl Sequence {
             true => &self.tokens[..self.report.cacheable_len(self.tokens.len()) - 1],
             false => &[],
         }
+    }
+
+    /// The names of the whole pages of [`Self::prefill_key`], each page hashed once.
+    pub fn prefill_page_hashes(&mut self, page_size: usize) -> &[PageHash] {
+        let key = self.prefill_key().len();
+        self.kv.page_hashes.of(self.kv.namespace, &self.tokens[..key], page_size)
     }
 
     /// Whether a chunk of this request from `start` needs the logits of every one of its tokens.
@@ -241,3 +248,6 @@ impl Sequence {
         reason
     }
 }
+
+#[cfg(test)]
+mod tests;

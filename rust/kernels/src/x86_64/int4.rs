@@ -213,19 +213,32 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const OFFSET: u8>(t: &Tile<
     }
 }
 
-/// Decode (one row) runs both halves of its panels per block, so its weight streams advance
-/// together; a batch tile runs one half (8 outputs) of its panel at a time, so 4 rows keep
-/// their sums, a chunk's two nibble registers and the broadcast activations in the 16
-/// registers (holding a record's 8 nibble registers for both halves spilled them every block).
+/// How the AVX2 block GEMMs run a tile of `R` rows: decode (one row) runs `both` halves of its
+/// panels per block, so its weight streams advance together; a batch tile runs `one` half (8
+/// outputs) of its panels at a time, so 4 rows keep their sums, a chunk's quant registers and
+/// the broadcast activations in the 16 registers (holding a record's 8 nibble registers for
+/// both halves spilled them every block).
 #[inline(always)]
-unsafe fn tile_avx2<const R: usize, const NP: usize, const OFFSET: u8>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
+pub(super) fn by_halves_avx2<const R: usize>(blocks: Range<usize>, both: impl FnOnce(Range<usize>), one: impl Fn(Range<usize>, usize)) {
     if R == 1 {
-        halves_avx2::<R, NP, 2, OFFSET>(t, blocks, 0);
+        both(blocks);
     } else {
         for half in 0..2 {
-            halves_avx2::<R, NP, 1, OFFSET>(t, blocks.clone(), half);
+            one(blocks.clone(), half);
         }
     }
+}
+
+// The closures are inlined as the tiles are: into the caller's AVX2 code.
+#[inline(always)]
+unsafe fn tile_avx2<const R: usize, const NP: usize, const OFFSET: u8>(t: &Tile<Int4Weights>, blocks: Range<usize>) {
+    by_halves_avx2::<R>(
+        blocks,
+        #[inline(always)]
+        |blocks| halves_avx2::<R, NP, 2, OFFSET>(t, blocks, 0),
+        #[inline(always)]
+        |blocks, half| halves_avx2::<R, NP, 1, OFFSET>(t, blocks, half),
+    );
 }
 
 /// `R` rows by halves `first_half..first_half + H` of `NP` panels.

@@ -11,7 +11,7 @@
 //!
 //! Integer sums are exact and the float steps fixed: results match the portable twin bit for bit.
 
-use super::int4::{block_tiles, chunk_blocks, group, prefetch_ahead, vnni_tiles, Tile};
+use super::int4::{block_tiles, by_halves_avx2, chunk_blocks, group, prefetch_ahead, vnni_tiles, Tile};
 use crate::int4::{Int4Offset, QuantizedBlocks};
 use crate::int8_block::{by_quant_bits, quant_bytes, record_bytes, upper_fields, Int8BlockWeights, CHUNK_BYTES, NIBBLE_BYTES};
 use crate::portable::gemm::{for_each_tile_in_chunks, unroll};
@@ -107,16 +107,16 @@ unsafe fn tile_vnni<const R: usize, const NP: usize, const UNUSED: u8, const BIT
     }
 }
 
-// Decode takes a tile's panels whole, a batch one half at a time.
+// The closures are inlined as the tiles are: into the caller's AVX2 code.
 #[inline(always)]
 unsafe fn tile_avx2<const R: usize, const NP: usize, const UNUSED: u8, const BITS: u32>(t: &Tile<Int8BlockWeights>, blocks: Range<usize>) {
-    if R == 1 {
-        decode_avx2::<NP, BITS>(t, blocks);
-    } else {
-        for half in 0..2 {
-            half_avx2::<R, NP, BITS>(t, blocks.clone(), half);
-        }
-    }
+    by_halves_avx2::<R>(
+        blocks,
+        #[inline(always)]
+        |blocks| decode_avx2::<NP, BITS>(t, blocks),
+        #[inline(always)]
+        |blocks, half| half_avx2::<R, NP, BITS>(t, blocks, half),
+    );
 }
 
 /// One row by all of `NP` panels: each group of the row's activations is broadcast (and its

@@ -41,6 +41,16 @@ pub struct DiskTierOptions {
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct DiskTierStats {
     pub path: String,
+    /// What start-up found, for the log.
+    pub startup: String,
+    #[serde(flatten)]
+    pub counts: DiskTierCounts,
+}
+
+/// The disk tier's numbers: all that changes after start-up, so publishing them every step
+/// copies no strings.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct DiskTierCounts {
     pub capacity_pages: usize,
     pub used_pages: usize,
     /// Prompt tokens read back from disk at admission (first admissions, as cache_hit_tokens).
@@ -56,8 +66,6 @@ pub struct DiskTierStats {
     /// Records indexed at start-up, and records found there but ignored (truncated, corrupt).
     pub recovered_pages: usize,
     pub ignored_records: usize,
-    /// What start-up found, for the log.
-    pub startup: String,
 }
 
 struct Entry {
@@ -101,7 +109,9 @@ pub(crate) struct DiskTier {
     writer: Option<JoinHandle<()>>,
     in_flight_bytes: usize,
     read_buffer: Vec<u8>,
-    stats: DiskTierStats,
+    path: String,
+    startup: String,
+    counts: DiskTierCounts,
 }
 
 impl DiskTier {
@@ -140,14 +150,16 @@ impl DiskTier {
             writer: Some(writer),
             in_flight_bytes: 0,
             read_buffer: Vec::new(),
-            stats: DiskTierStats { path: path.display().to_string(), capacity_pages: capacity as usize, ..Default::default() },
+            path: path.display().to_string(),
+            startup: String::new(),
+            counts: DiskTierCounts { capacity_pages: capacity as usize, ..Default::default() },
         };
         tier.recover()?;
-        notes.insert(0, format!("{} pages recovered from {}", tier.stats.recovered_pages, path.display()));
-        if tier.stats.ignored_records > 0 {
-            notes.push(format!("{} truncated or corrupt records ignored", tier.stats.ignored_records));
+        notes.insert(0, format!("{} pages recovered from {}", tier.counts.recovered_pages, path.display()));
+        if tier.counts.ignored_records > 0 {
+            notes.push(format!("{} truncated or corrupt records ignored", tier.counts.ignored_records));
         }
-        tier.stats.startup = notes.into_iter().filter(|n| !n.is_empty()).collect::<Vec<_>>().join("; ");
+        tier.startup = notes.into_iter().filter(|n| !n.is_empty()).collect::<Vec<_>>().join("; ");
         Ok(tier)
     }
 
@@ -173,7 +185,7 @@ impl DiskTier {
                 }
                 Err("no record") => self.free_slots.push(slot),
                 _ => {
-                    self.stats.ignored_records += 1;
+                    self.counts.ignored_records += 1;
                     self.free_slots.push(slot);
                 }
             }
@@ -181,7 +193,7 @@ impl DiskTier {
         let parents: Vec<PageHash> = self.entries.values().map(|e| e.parent).collect();
         parents.iter().for_each(|p| self.entries.get_mut(p).into_iter().for_each(|e| e.children += 1));
         self.leaves = self.entries.values().filter(|e| e.children == 0).map(|e| (e.last_access, e.slot)).collect();
-        self.stats.recovered_pages = self.entries.len();
+        self.counts.recovered_pages = self.entries.len();
         // Slots past a smaller capacity than the file was written with are gone.
         self.file.set_len(file_len.min(self.layout.slot_offset(self.capacity as u32)))
     }
@@ -218,13 +230,13 @@ impl DiskTier {
         let bytes = staged.as_deref().map_or(&self.read_buffer[..], |s| &s[..]);
         let Some(payload) = self.layout.payload(bytes, expected) else {
             eprintln!("rsgl: disk KV cache: slot {slot} failed its checks (truncated or corrupt); recomputing its page");
-            self.stats.rejected_pages += 1;
+            self.counts.rejected_pages += 1;
             self.remove(hash);
             return false;
         };
         apply(payload);
-        self.stats.read_pages += 1;
-        self.stats.read_bytes += self.layout.payload_bytes as u64;
+        self.counts.read_pages += 1;
+        self.counts.read_bytes += self.layout.payload_bytes as u64;
         self.touch(hash);
         true
     }
@@ -239,7 +251,7 @@ impl DiskTier {
             return;
         }
         if self.in_flight_bytes + self.layout.slot_bytes() > MAX_IN_FLIGHT_BYTES {
-            self.stats.dropped_pages += 1;
+            self.counts.dropped_pages += 1;
             return;
         }
         let Some(slot) = self.take_slot() else { return };
@@ -272,13 +284,18 @@ impl DiskTier {
     }
 
     pub fn stats(&mut self) -> DiskTierStats {
+        DiskTierStats { path: self.path.clone(), startup: self.startup.clone(), counts: self.counts() }
+    }
+
+    /// [`Self::stats`] without the strings, which do not change.
+    pub fn counts(&mut self) -> DiskTierCounts {
         self.collect_written();
-        self.stats.used_pages = self.entries.len();
-        self.stats.clone()
+        self.counts.used_pages = self.entries.len();
+        self.counts
     }
 
     pub fn count_hit_tokens(&mut self, tokens: usize) {
-        self.stats.hit_tokens += tokens as u64;
+        self.counts.hit_tokens += tokens as u64;
     }
 
     /// Takes the writer's reports: written slots no longer need their staged copy; a failed
@@ -290,15 +307,15 @@ impl DiskTier {
             let current = owner.filter(|h| self.entries[h].staged.as_ref().is_some_and(|s| Arc::ptr_eq(s, &bytes)));
             match error {
                 None => {
-                    self.stats.written_pages += 1;
-                    self.stats.written_bytes += bytes.len() as u64;
+                    self.counts.written_pages += 1;
+                    self.counts.written_bytes += bytes.len() as u64;
                     if let Some(hash) = current {
                         self.entries.get_mut(&hash).expect("owned slot").staged = None;
                     }
                 }
                 Some(e) => {
                     eprintln!("rsgl: disk KV cache: writing slot {slot} failed: {e}");
-                    self.stats.dropped_pages += 1;
+                    self.counts.dropped_pages += 1;
                     current.into_iter().for_each(|hash| self.remove(hash));
                 }
             }
@@ -464,7 +481,7 @@ mod tests {
         assert!(other.stats().startup.contains("1 cache files of other models"), "{}", other.stats().startup);
         drop(other);
         let mut again = open(&dir, 8, 1);
-        assert_eq!(again.stats().recovered_pages, 3);
+        assert_eq!(again.counts().recovered_pages, 3);
         assert_eq!(again.find(&page_hashes(0, &[1, 2, 3, 4, 9, 9], PAGE)), 2);
         assert_eq!(read_all(&mut again, &[1, 2, 3, 4, 5, 6]), vec![1, 3, 5]);
         assert_eq!(read_all(&mut again, &[1, 2, 3, 4, 5, 7]), vec![1, 3], "a page holding other tokens is not served");
@@ -485,9 +502,9 @@ mod tests {
         file.write_all_at(&[0xff], layout.slot_offset(1) + record::ALIGN as u64 + 7).expect("written");
         file.set_len(layout.slot_offset(2) + 100).expect("cut");
         let mut tier = open(&dir, 8, 1);
-        assert_eq!((tier.stats().recovered_pages, tier.stats().ignored_records), (2, 1), "the cut record is ignored at start-up");
+        assert_eq!((tier.counts().recovered_pages, tier.counts().ignored_records), (2, 1), "the cut record is ignored at start-up");
         assert_eq!(read_all(&mut tier, &[1, 2, 3, 4, 5, 6]), vec![1], "the corrupt page is caught when read");
-        assert_eq!((tier.stats().rejected_pages, tier.stats().used_pages), (1, 1), "and dropped");
+        assert_eq!((tier.counts().rejected_pages, tier.counts().used_pages), (1, 1), "and dropped");
         store_all(&mut tier, &[1, 2, 3, 4, 5, 6]);
         assert_eq!(read_all(&mut tier, &[1, 2, 3, 4, 5, 6]), vec![1, 3, 5], "recomputed pages are written again");
         let _ = std::fs::remove_dir_all(&dir);
@@ -508,13 +525,31 @@ mod tests {
         store_all(&mut tier, &[5, 5]); // now [9 9] is the oldest leaf
         assert_eq!(read_all(&mut tier, &[9, 9]), Vec::<u8>::new());
         assert_eq!(read_all(&mut tier, &[8, 8]), vec![8]);
-        assert_eq!(tier.stats().used_pages, 4);
+        assert_eq!(tier.counts().used_pages, 4);
         store_all(&mut tier, &[4, 4]);
         tier.clear(); // before the writer reports the last page written
-        assert_eq!((read_all(&mut tier, &[8, 8]), tier.stats().used_pages), (vec![], 0));
+        assert_eq!((read_all(&mut tier, &[8, 8]), tier.counts().used_pages), (vec![], 0));
         settle(&mut tier);
         store_all(&mut tier, &[3, 3]);
         assert_eq!(read_all(&mut tier, &[3, 3]), vec![3], "the first slot again");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn statistics_are_one_flat_record_whose_counts_move() {
+        let dir = folder("stats");
+        let mut tier = open(&dir, 8, 1);
+        store_all(&mut tier, &[1, 2, 3, 4]);
+        settle(&mut tier);
+        let counts = tier.counts();
+        assert_eq!((counts.used_pages, counts.written_pages, counts.capacity_pages), (2, 2, 8));
+        // The counts sit beside the path and the start-up notes, as one record's keys.
+        let stats = serde_json::to_value(tier.stats()).expect("statistics serialize");
+        assert_eq!(stats["written_pages"], 2);
+        assert_eq!(stats["path"], tier.path.as_str());
+        assert!(stats["startup"].as_str().is_some_and(|notes| notes.contains("0 pages recovered")));
+        assert!(stats.get("counts").is_none());
+        drop(tier);
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
