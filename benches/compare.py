@@ -722,7 +722,7 @@ def print_decode_profile(row: Row) -> None:
     """Where an rsgl row's batch-1 decode step goes, phase by phase, and how far it is from its
     bandwidth limit: bytes read per step (packed weights, KV pages) over the probe's GB/s, against
     the step's time; "between steps" is what a token costs beyond its step in the same run (the
-    Python side taking outputs, the worker waiting for work)."""
+    Python side taking outputs, the engine loop waiting for work)."""
     profile = row.decode_profile
     if not profile or not profile["steps"]:
         return

@@ -10,7 +10,7 @@
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
 use llguidance::toktrie::TokTrie;
-use rsgl_engine::grammar::{Grammar, GrammarBackend, GrammarSpec, LlgBackend};
+use rsgl_engine::grammar::{Grammar, GrammarBackend, GrammarSource, LlgBackend};
 use rsgl_engine::sample::Rng;
 use rsgl_engine::text::TokenTable;
 use serde::Serialize;
@@ -56,7 +56,7 @@ impl Kind {
 struct Case {
     name: String,
     kind: Kind,
-    spec: GrammarSpec,
+    source: GrammarSource,
     example: String,
 }
 
@@ -74,12 +74,12 @@ fn load_cases(path: &str, kind: Kind) -> Result<Vec<Case>, String> {
             let name = entry["name"].as_str().map_or_else(|| format!("#{i}"), String::from);
             // `null` is a valid JSON example: only a missing one is an error.
             let (grammar, example) = (&entry[kind.field()], entry.get("example"));
-            let (spec, example) = match (kind, grammar, example) {
-                (Kind::JsonSchema, Value::Object(_) | Value::Bool(_), Some(example)) => (GrammarSpec::JsonSchema(grammar.to_string()), python_json(example)),
-                (Kind::Regex, Value::String(pattern), Some(Value::String(example))) => (GrammarSpec::Regex(pattern.clone()), example.clone()),
+            let (source, example) = match (kind, grammar, example) {
+                (Kind::JsonSchema, Value::Object(_) | Value::Bool(_), Some(example)) => (GrammarSource::JsonSchema(grammar.to_string()), python_json(example)),
+                (Kind::Regex, Value::String(pattern), Some(Value::String(example))) => (GrammarSource::Regex(pattern.clone()), example.clone()),
                 _ => return Err(format!("{path}: {name} needs a {:?} and an example", kind.field())),
             };
-            Ok(Case { name, kind, spec, example })
+            Ok(Case { name, kind, source, example })
         })
         .collect()
 }
@@ -259,7 +259,7 @@ struct Walker<'a> {
 impl Walker<'_> {
     fn compile(&self, case: &Case) -> Result<(Box<dyn Grammar>, f64), String> {
         let start = Instant::now();
-        let compiled = self.backend.compile(&case.spec);
+        let compiled = self.backend.compile(&case.source);
         let seconds = start.elapsed().as_secs_f64();
         Ok((compiled.map_err(|e| e.to_string())?, seconds))
     }

@@ -95,7 +95,7 @@ mod tests {
     use crate::pooling::Pooling;
     use crate::request::{EmbedRequest, GenerateRequest, OutputSink};
     use crate::sequence::Speculation;
-    use crate::spec::{SpeculativeAlgorithm, Speculator};
+    use crate::speculative::{SpeculativeAlgorithm, Speculator};
 
     fn sink() -> OutputSink {
         OutputSink::new(std::sync::mpsc::channel().0, None)

@@ -15,7 +15,7 @@ use crate::kv::Pools;
 use crate::policy::SchedulePolicy;
 use crate::pooling::Pooling;
 use crate::request::deserialize_with_path;
-use crate::spec::SpeculativeAlgorithm;
+use crate::speculative::SpeculativeAlgorithm;
 use rsgl_kernels::{ActivationBits, WeightDtype};
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
@@ -764,7 +764,7 @@ pub struct EngineOptions {
     pub speculative_num_draft_tokens: usize,
     /// Verifies only the draft tokens worth their rows by the step cost fitted while running;
     /// false verifies every draft token.
-    // The cost model: `spec::StepCost::budget`.
+    // The cost model: `speculative::StepCost::budget`.
     pub speculative_draft_budget: bool,
     /// Keeps every computed KV page also in a file in this folder (the prefix cache's disk tier):
     /// prompts whose prefix memory no longer holds read it back instead of recomputing it, also

@@ -6,7 +6,7 @@
 //! ([`model`]) runs it over a paged KV pool ([`kv`]), the sampler ([`sample`]) picks tokens and
 //! the detokenizer ([`text`]) turns them into text with stop strings applied. Constrained
 //! requests ([`grammar`]) sample from a token mask and skip over text their grammar forces.
-//! With speculation on ([`spec`]), a decoding request's step also verifies tokens drafted from
+//! With speculation on ([`speculative`]), a decoding request's step also verifies tokens drafted from
 //! text it has seen.
 //! An embedding engine's requests pool the model's hidden states instead ([`pooling`]).
 
@@ -24,7 +24,7 @@ mod reserve;
 pub mod sample;
 mod scheduler;
 mod sequence;
-pub mod spec;
+pub mod speculative;
 pub mod text;
 pub mod weights;
 
@@ -37,6 +37,6 @@ pub use rsgl_kernels::profile;
 pub use weights::WeightStore;
 
 /// Name of the kernel path chosen for this CPU ("avx2", "neon", "portable").
-pub fn kernels_isa() -> &'static str {
+pub fn kernel_isa() -> &'static str {
     rsgl_kernels::kernels().isa
 }

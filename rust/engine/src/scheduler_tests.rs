@@ -58,7 +58,7 @@ fn request_of(rid: &str, ids: &[u32], max_new: usize) -> Sequence {
     Sequence::new(req, OutputSink::new(std::sync::mpsc::channel().0, None), &[], 1024, 0)
 }
 
-/// Plans and "runs" one step as the worker does (every completing entry samples a token; a
+/// Plans and "runs" one step as the engine loop does (every completing entry samples a token; a
 /// request with its whole output retires); returns the planned `(rid, start, end)` entries.
 fn step(s: &mut Scheduler, kv: &mut KvCache) -> Vec<(String, usize, usize)> {
     let batch = s.plan(kv);

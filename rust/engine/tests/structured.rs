@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use rsgl_engine::grammar::{Grammar, GrammarBackend, GrammarSpec, LlgBackend};
+use rsgl_engine::grammar::{Grammar, GrammarBackend, GrammarSource, LlgBackend};
 use rsgl_engine::request::FinishReason;
 use rsgl_engine::{EngineError, GenerateRequest};
 use std::time::Duration;
@@ -27,7 +27,7 @@ fn ids(text: &str) -> Vec<u32> {
 
 #[test]
 fn masks_allow_exactly_the_continuations_of_the_grammar() {
-    let mut g = backend(false).compile(&GrammarSpec::Regex("a[bc]{2}".into())).unwrap();
+    let mut g = backend(false).compile(&GrammarSource::Regex("a[bc]{2}".into())).unwrap();
     assert_eq!(allowed(&mut *g), vec![ascii_id('a'), AB], "'a', or the 'ab' token");
     g.commit(ascii_id('a')).unwrap();
     assert_eq!(allowed(&mut *g), ids("bc"));
@@ -39,7 +39,7 @@ fn masks_allow_exactly_the_continuations_of_the_grammar() {
 
 #[test]
 fn a_finished_grammar_allows_only_eos() {
-    let mut g = backend(false).compile(&GrammarSpec::Choices(vec!["no".into(), "say \"hi\"".into()])).unwrap();
+    let mut g = backend(false).compile(&GrammarSource::Choices(vec!["no".into(), "say \"hi\"".into()])).unwrap();
     for t in ids("say \"hi") {
         g.commit(t).unwrap();
     }
@@ -52,7 +52,7 @@ fn a_finished_grammar_allows_only_eos() {
 fn json_is_laid_out_compactly_with_a_space_after_separators() {
     let schema =
         r#"{"type": "object", "properties": {"x": {"type": "integer"}, "y": {"type": "boolean"}}, "required": ["x", "y"], "additionalProperties": false}"#;
-    let mut g = backend(false).compile(&GrammarSpec::JsonSchema(schema.into())).unwrap();
+    let mut g = backend(false).compile(&GrammarSource::JsonSchema(schema.into())).unwrap();
     for (i, t) in ids(r#"{"x": 12, "y": true}"#).into_iter().enumerate() {
         assert!(allowed(&mut *g).contains(&t), "token {i} ({:?}) refused", ascii_text(&[t]));
         g.commit(t).unwrap();
@@ -64,34 +64,34 @@ fn json_is_laid_out_compactly_with_a_space_after_separators() {
 fn invalid_grammars_are_refused_with_the_field_and_the_backends_message() {
     let b = backend(false);
     let cases = [
-        (GrammarSpec::Regex("(ab".into()), "regex"),
-        (GrammarSpec::JsonSchema(r#"{"type": "objekt"}"#.into()), "objekt"),
-        (GrammarSpec::JsonSchema("{not json".into()), "not valid JSON"),
-        (GrammarSpec::Ebnf("root ::= \"a\"".into()), "Lark"),
-        (GrammarSpec::Ebnf("start: missing_rule".into()), "ebnf"),
-        (GrammarSpec::Choices(vec![]), "at least one choice"),
+        (GrammarSource::Regex("(ab".into()), "regex"),
+        (GrammarSource::JsonSchema(r#"{"type": "objekt"}"#.into()), "objekt"),
+        (GrammarSource::JsonSchema("{not json".into()), "not valid JSON"),
+        (GrammarSource::Ebnf("root ::= \"a\"".into()), "Lark"),
+        (GrammarSource::Ebnf("start: missing_rule".into()), "ebnf"),
+        (GrammarSource::Choices(vec![]), "at least one choice"),
     ];
-    for (spec, expected) in cases {
-        match b.compile(&spec) {
-            Err(EngineError::InvalidRequest(message)) => assert!(message.contains(expected), "{spec:?}: {message}"),
-            Err(other) => panic!("{spec:?}: wrong error kind {other:?}"),
-            Ok(_) => panic!("{spec:?} compiled"),
+    for (source, expected) in cases {
+        match b.compile(&source) {
+            Err(EngineError::InvalidRequest(message)) => assert!(message.contains(expected), "{source:?}: {message}"),
+            Err(other) => panic!("{source:?}: wrong error kind {other:?}"),
+            Ok(_) => panic!("{source:?} compiled"),
         }
     }
 }
 
 #[test]
 fn forced_text_is_tokenized_as_the_tokenizer_would() {
-    let spec = GrammarSpec::Choices(vec!["abcd!".into()]);
+    let source = GrammarSource::Choices(vec!["abcd!".into()]);
     let canonical = backend(true);
     assert!(canonical.can_jump_forward());
-    let mut g = canonical.compile(&spec).unwrap();
+    let mut g = canonical.compile(&source).unwrap();
     let forced = g.forced_tokens();
     assert_eq!(forced.first(), Some(&AB), "the 'ab' merge, as the tokenizer spells it: {forced:?}");
     assert!("abcd!".starts_with(&ascii_text(&forced)), "{forced:?}");
     let approximate = backend(false);
     assert!(!approximate.can_jump_forward(), "without the tokenizer nothing is forced");
-    assert!(approximate.compile(&spec).unwrap().forced_tokens().is_empty());
+    assert!(approximate.compile(&source).unwrap().forced_tokens().is_empty());
 }
 
 fn constrained(rid: &str, params: &str) -> GenerateRequest {
@@ -205,5 +205,5 @@ fn recursive_references_that_llguidance_would_intersect_compile() {
             "related": {"type": "object", "additionalProperties": {},
                 "properties": {"redirect": {"type": "array", "items": {"$ref": "#/definitions/redirect"}}},
                 "patternProperties": {".*": {"type": "array", "items": {"type": "object", "anyOf": [{"$ref": "#/definitions/content"}, {"$ref": "#/definitions/redirect"}]}}}}}}"##;
-    backend(false).compile(&GrammarSpec::JsonSchema(schema.into())).unwrap();
+    backend(false).compile(&GrammarSource::JsonSchema(schema.into())).unwrap();
 }

@@ -327,7 +327,7 @@ fn to_python<'py>(py: Python<'py>, value: &impl serde::Serialize) -> PyResult<Bo
 
 #[pyfunction]
 fn kernel_isa() -> &'static str {
-    rsgl_engine::kernels_isa()
+    rsgl_engine::kernel_isa()
 }
 
 /// Counts engine steps' time by phase from now (zeroing the counters) with `on`, stops counting

@@ -1,30 +1,30 @@
 //! The engine thread and its handle. The thread owns the model, the KV cache and every request;
 //! callers talk to it through channels, so no lock is held while the model runs.
 
+mod engine_loop;
 mod stats;
-mod worker;
 
 pub use stats::EngineStats;
 
 use crate::config::{EngineOptions, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
-use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSpec, LlgBackend};
+use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSource, LlgBackend};
 use crate::kv::disk::{DiskTier, DiskTierOptions};
 use crate::kv::{KvCache, PagePool};
 use crate::model::{Compute, DecoderModel, ModelOutput, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::{Scheduler, WindowPool};
-use crate::spec::Speculator;
+use crate::speculative::Speculator;
 use crate::text::TokenTable;
 use crate::weights::WeightStore;
+use engine_loop::EngineLoop;
 use rsgl_kernels::pool::split;
 use std::collections::HashSet;
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-use worker::Worker;
 
 /// Tokens of recent outputs suffix drafting keeps (SuffixDecoding's global tree), a few MB.
 const SUFFIX_WINDOW_TOKENS: usize = 1 << 18;
@@ -40,7 +40,7 @@ enum Command {
     Submit(Box<GenerateRequest>, OutputSink),
     Embed(Box<EmbedRequest>, OutputSink),
     /// A grammar compiled for the requests parked waiting for it.
-    GrammarReady(GrammarSpec, Result<Box<dyn Grammar>>),
+    GrammarReady(GrammarSource, Result<Box<dyn Grammar>>),
     Abort(String),
     /// Empty the prefix cache; answers whether it could (only when no request is in flight).
     FlushCache(Sender<bool>),
@@ -192,7 +192,7 @@ impl Engine {
             let build = move || LlgBackend::new(&table, t.json.as_deref(), &eos).map(|b| Arc::new(b) as Arc<dyn GrammarBackend>);
             Arc::new(GrammarService::new(opts.grammar_compile_threads, build))
         });
-        let worker = Worker {
+        let engine_loop = EngineLoop {
             model,
             kv,
             scheduler: Scheduler::new(
@@ -224,7 +224,7 @@ impl Engine {
                 if let Some(cpu) = pin_engine_thread {
                     rsgl_kernels::pool::pin_current_thread(cpu);
                 }
-                worker.run(commands)
+                engine_loop.run(commands)
             })
             .map_err(|e| invalid(format!("cannot start the engine thread: {e}")))?;
         Ok(Engine {
@@ -245,7 +245,7 @@ impl Engine {
     pub fn check_grammar(&self, params: &crate::sample::SamplingParams) -> Result<()> {
         match (params.grammar()?, &self.grammars) {
             (None, _) => Ok(()),
-            (Some(spec), Some(grammars)) => grammars.compile(&spec).map(drop),
+            (Some(source), Some(grammars)) => grammars.compile(&source).map(drop),
             (Some(_), None) => Err(crate::grammar::needs_tokenizer()),
         }
     }

@@ -1,7 +1,7 @@
 //! The grammar backend on llguidance: an Earley parser over a lazily built lexer, with token
 //! masks computed by walking the tokenizer's trie.
 
-use super::{Grammar, GrammarBackend, GrammarSpec};
+use super::{Grammar, GrammarBackend, GrammarSource};
 use crate::error::{invalid, Result};
 use crate::text::TokenTable;
 use llguidance::api::TopLevelGrammar;
@@ -50,9 +50,9 @@ impl LlgBackend {
 }
 
 impl GrammarBackend for LlgBackend {
-    fn compile(&self, spec: &GrammarSpec) -> Result<Box<dyn Grammar>> {
-        let field = spec.field();
-        let grammar = top_level_grammar(spec).map_err(|e| invalid(format!("{field}: {e}")))?;
+    fn compile(&self, source: &GrammarSource) -> Result<Box<dyn Grammar>> {
+        let field = source.field();
+        let grammar = top_level_grammar(source).map_err(|e| invalid(format!("{field}: {e}")))?;
         let parser = self.factory.create_parser(grammar).map_err(|e| invalid(format!("{field}: {e}")))?;
         Ok(Box::new(LlgGrammar(Matcher::new(Ok(parser)))))
     }
@@ -66,9 +66,9 @@ impl GrammarBackend for LlgBackend {
 /// no free whitespace: a model cannot pad the output forever, and every key is forced text.
 const JSON_LAYOUT: &str = r#"{"whitespace_flexible": false, "item_separator": ", ", "key_separator": ": "}"#;
 
-fn top_level_grammar(spec: &GrammarSpec) -> std::result::Result<TopLevelGrammar, String> {
-    Ok(match spec {
-        GrammarSpec::JsonSchema(text) => {
+fn top_level_grammar(source: &GrammarSource) -> std::result::Result<TopLevelGrammar, String> {
+    Ok(match source {
+        GrammarSource::JsonSchema(text) => {
             let mut schema: serde_json::Value = serde_json::from_str(text).map_err(|e| format!("not valid JSON: {e}"))?;
             // The relaxations are reported where the request is read (`relaxations_of`).
             super::relax(&mut schema);
@@ -79,14 +79,14 @@ fn top_level_grammar(spec: &GrammarSpec) -> std::result::Result<TopLevelGrammar,
             }
             TopLevelGrammar::from_json_schema(schema)
         }
-        GrammarSpec::Regex(rx) => TopLevelGrammar::from_regex(rx),
-        GrammarSpec::Ebnf(lark) => {
+        GrammarSource::Regex(rx) => TopLevelGrammar::from_regex(rx),
+        GrammarSource::Ebnf(lark) => {
             if lark.contains("::=") {
                 return Err("rsgl's grammar backend (llguidance) takes Lark syntax (`start: \"a\" | b`), not GBNF (`root ::= ...`)".into());
             }
             TopLevelGrammar::from_lark(lark.clone())
         }
-        GrammarSpec::Choices(choices) => {
+        GrammarSource::Choices(choices) => {
             if choices.is_empty() {
                 return Err("give at least one choice".into());
             }

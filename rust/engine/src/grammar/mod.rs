@@ -1,6 +1,6 @@
 //! Structured output: grammars that decide which tokens a request may sample.
 //!
-//! A [`GrammarBackend`] compiles a [`GrammarSpec`] into a [`Grammar`], a matcher that fills a
+//! A [`GrammarBackend`] compiles a [`GrammarSource`] into a [`Grammar`], a matcher that fills a
 //! token bitmask, follows the tokens the request commits, rolls back, and says which tokens the
 //! grammar forces next (jump-forward). [`GrammarService`] puts a cache of compiled grammars and
 //! compile threads in front of a backend, so the engine thread never compiles; [`Constraint`]
@@ -28,7 +28,7 @@ pub(crate) fn needs_tokenizer() -> EngineError {
 /// What a request's output must match.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum GrammarSpec {
+pub enum GrammarSource {
     /// A JSON schema, as JSON text.
     JsonSchema(String),
     /// A regular expression the whole output must match.
@@ -39,23 +39,23 @@ pub enum GrammarSpec {
     Choices(Vec<String>),
 }
 
-impl GrammarSpec {
+impl GrammarSource {
     /// The request field the grammar came from, for error messages.
     pub fn field(&self) -> &'static str {
         match self {
-            GrammarSpec::JsonSchema(_) => "json_schema",
-            GrammarSpec::Regex(_) => "regex",
-            GrammarSpec::Ebnf(_) => "ebnf",
-            GrammarSpec::Choices(_) => "choices",
+            GrammarSource::JsonSchema(_) => "json_schema",
+            GrammarSource::Regex(_) => "regex",
+            GrammarSource::Ebnf(_) => "ebnf",
+            GrammarSource::Choices(_) => "choices",
         }
     }
 }
 
 /// Compiles grammars for one tokenizer.
 pub trait GrammarBackend: Send + Sync {
-    /// A matcher at the start of `spec`'s language; an invalid grammar is an
+    /// A matcher at the start of `source`'s language; an invalid grammar is an
     /// [`crate::EngineError::InvalidRequest`] carrying the backend's message.
-    fn compile(&self, spec: &GrammarSpec) -> Result<Box<dyn Grammar>>;
+    fn compile(&self, source: &GrammarSource) -> Result<Box<dyn Grammar>>;
 
     /// Whether [`Grammar::forced_tokens`] can return anything (it needs the tokenizer's own,
     /// canonical tokenization of forced text).

@@ -1,7 +1,7 @@
 //! Compiled grammars for one tokenizer: a cache in front of the backend, and compile threads
 //! that take work off the engine thread.
 
-use super::{Grammar, GrammarBackend, GrammarSpec};
+use super::{Grammar, GrammarBackend, GrammarSource};
 use crate::error::{EngineError, Result};
 use serde::Serialize;
 use std::collections::{HashMap, VecDeque};
@@ -28,7 +28,7 @@ pub struct GrammarStats {
 
 pub struct GrammarService {
     shared: Arc<Shared>,
-    jobs: Sender<(GrammarSpec, Delivery)>,
+    jobs: Sender<(GrammarSource, Delivery)>,
 }
 
 struct Shared {
@@ -44,8 +44,8 @@ struct Shared {
 
 #[derive(Default)]
 struct Cache {
-    entries: HashMap<GrammarSpec, std::result::Result<Box<dyn Grammar>, EngineError>>,
-    order: VecDeque<GrammarSpec>,
+    entries: HashMap<GrammarSource, std::result::Result<Box<dyn Grammar>, EngineError>>,
+    order: VecDeque<GrammarSource>,
 }
 
 impl GrammarService {
@@ -60,7 +60,7 @@ impl GrammarService {
             cache_hits: AtomicU64::new(0),
             compile_nanos: AtomicU64::new(0),
         });
-        let (tx, rx) = channel::<(GrammarSpec, Delivery)>();
+        let (tx, rx) = channel::<(GrammarSource, Delivery)>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..threads.max(1) {
             let (shared, rx) = (shared.clone(), rx.clone());
@@ -77,19 +77,19 @@ impl GrammarService {
         GrammarService { shared, jobs: tx }
     }
 
-    /// A fresh matcher for `spec` if it was compiled before.
-    pub fn cached(&self, spec: &GrammarSpec) -> Option<Result<Box<dyn Grammar>>> {
-        self.shared.cached(spec)
+    /// A fresh matcher for `source` if it was compiled before.
+    pub fn cached(&self, source: &GrammarSource) -> Option<Result<Box<dyn Grammar>>> {
+        self.shared.cached(source)
     }
 
-    /// Compiles `spec` (or takes it from the cache) on the calling thread.
-    pub fn compile(&self, spec: &GrammarSpec) -> Result<Box<dyn Grammar>> {
-        self.shared.compile(spec)
+    /// Compiles `source` (or takes it from the cache) on the calling thread.
+    pub fn compile(&self, source: &GrammarSource) -> Result<Box<dyn Grammar>> {
+        self.shared.compile(source)
     }
 
-    /// Compiles `spec` on a compile thread and hands the result to `deliver` there.
-    pub fn compile_later(&self, spec: GrammarSpec, deliver: Delivery) {
-        if let Err(std::sync::mpsc::SendError((_, deliver))) = self.jobs.send((spec, deliver)) {
+    /// Compiles `source` on a compile thread and hands the result to `deliver` there.
+    pub fn compile_later(&self, source: GrammarSource, deliver: Delivery) {
+        if let Err(std::sync::mpsc::SendError((_, deliver))) = self.jobs.send((source, deliver)) {
             deliver(Err(EngineError::Closed));
         }
     }
@@ -109,12 +109,12 @@ impl GrammarService {
     }
 }
 
-fn compile_loop(shared: &Shared, jobs: &Mutex<Receiver<(GrammarSpec, Delivery)>>) {
+fn compile_loop(shared: &Shared, jobs: &Mutex<Receiver<(GrammarSource, Delivery)>>) {
     loop {
         // The lock is held only while waiting for a job, never while compiling.
         let job = jobs.lock().expect("grammar job lock").recv();
-        let Ok((spec, deliver)) = job else { return };
-        deliver(shared.compile(&spec));
+        let Ok((source, deliver)) = job else { return };
+        deliver(shared.compile(&source));
     }
 }
 
@@ -140,29 +140,29 @@ impl Shared {
             .clone()
     }
 
-    fn cached(&self, spec: &GrammarSpec) -> Option<Result<Box<dyn Grammar>>> {
+    fn cached(&self, source: &GrammarSource) -> Option<Result<Box<dyn Grammar>>> {
         let cache = self.cache.lock().expect("grammar cache lock");
-        let hit = cache.entries.get(spec).map(|entry| entry.as_ref().map(|g| g.fork()).map_err(Clone::clone));
+        let hit = cache.entries.get(source).map(|entry| entry.as_ref().map(|g| g.fork()).map_err(Clone::clone));
         if hit.is_some() {
             self.cache_hits.fetch_add(1, Ordering::Relaxed);
         }
         hit
     }
 
-    fn compile(&self, spec: &GrammarSpec) -> Result<Box<dyn Grammar>> {
-        if let Some(hit) = self.cached(spec) {
+    fn compile(&self, source: &GrammarSource) -> Result<Box<dyn Grammar>> {
+        if let Some(hit) = self.cached(source) {
             return hit;
         }
         let backend = self.backend()?;
         let started = Instant::now();
-        let compiled = backend.compile(spec);
+        let compiled = backend.compile(source);
         self.compile_nanos.fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         self.compiled.fetch_add(1, Ordering::Relaxed);
         // Errors are kept too: a client retrying a bad schema gets the same message at once.
         let entry = compiled.as_ref().map(|g| g.fork()).map_err(Clone::clone);
         let mut cache = self.cache.lock().expect("grammar cache lock");
-        if cache.entries.insert(spec.clone(), entry).is_none() {
-            cache.order.push_back(spec.clone());
+        if cache.entries.insert(source.clone(), entry).is_none() {
+            cache.order.push_back(source.clone());
         }
         while cache.order.len() > CACHE_CAPACITY {
             let oldest = cache.order.pop_front().expect("non-empty");

@@ -1,7 +1,7 @@
 //! Sampling parameters, named and defaulted as in SGLang's `sampling_params`.
 
 use crate::error::{invalid, Result};
-use crate::grammar::GrammarSpec;
+use crate::grammar::GrammarSource;
 use serde::{Deserialize, Deserializer};
 use std::collections::HashMap;
 
@@ -108,10 +108,10 @@ impl SamplingParams {
     }
 
     /// The grammar the output must follow, if any.
-    pub fn grammar(&self) -> Result<Option<GrammarSpec>> {
+    pub fn grammar(&self) -> Result<Option<GrammarSource>> {
         let mut specs = Vec::new();
         if let Some(rx) = &self.regex {
-            specs.push(GrammarSpec::Regex(rx.clone()));
+            specs.push(GrammarSource::Regex(rx.clone()));
         }
         if let Some(schema) = &self.json_schema {
             // SGLang sends the schema as JSON text; an object is taken as the schema itself.
@@ -122,16 +122,16 @@ impl SamplingParams {
             if self.strict_json_schema {
                 crate::grammar::refuse_relaxed(&crate::grammar::relaxations_of(&text)?)?;
             }
-            specs.push(GrammarSpec::JsonSchema(text));
+            specs.push(GrammarSource::JsonSchema(text));
         }
         if let Some(grammar) = &self.ebnf {
-            specs.push(GrammarSpec::Ebnf(grammar.clone()));
+            specs.push(GrammarSource::Ebnf(grammar.clone()));
         }
         if let Some(choices) = &self.choices {
-            specs.push(GrammarSpec::Choices(choices.clone()));
+            specs.push(GrammarSource::Choices(choices.clone()));
         }
         if specs.len() > 1 {
-            let fields: Vec<&str> = specs.iter().map(GrammarSpec::field).collect();
+            let fields: Vec<&str> = specs.iter().map(GrammarSource::field).collect();
             return Err(invalid(format!("give at most one of regex, json_schema, ebnf and choices (got {})", fields.join(", "))));
         }
         Ok(specs.pop())

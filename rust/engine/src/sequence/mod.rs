@@ -8,7 +8,7 @@ mod report;
 mod speculation;
 mod text;
 
-use crate::grammar::{Constraint, GrammarSpec};
+use crate::grammar::{Constraint, GrammarSource};
 use crate::kv::disk::PageHash;
 use crate::pooling::{Pooler, Pooling};
 use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
@@ -24,7 +24,7 @@ use text::OutputText;
 /// A grammar a request waits for: compiled before the request runs.
 #[derive(Clone)]
 pub(crate) struct PendingGrammar {
-    pub spec: GrammarSpec,
+    pub source: GrammarSource,
     /// The tokens ending the model's reasoning (`</think>`), after which the grammar applies.
     pub think_end_token_ids: Option<Vec<u32>>,
 }
@@ -63,7 +63,7 @@ impl Sequence {
         let report = Report::new(&req);
         let p = req.sampling_params;
         Sequence {
-            pending_grammar: p.grammar().unwrap_or_default().map(|spec| PendingGrammar { spec, think_end_token_ids: req.think_end_token_ids }),
+            pending_grammar: p.grammar().unwrap_or_default().map(|source| PendingGrammar { source, think_end_token_ids: req.think_end_token_ids }),
             constraint: None,
             decode_steps: 0,
             rid: req.rid,

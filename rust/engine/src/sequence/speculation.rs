@@ -11,7 +11,7 @@
 
 use super::Sequence;
 use crate::request::Output;
-use crate::spec::{Drafter, Speculator};
+use crate::speculative::{Drafter, Speculator};
 use crate::text::TokenTable;
 
 pub(crate) struct Speculation {

@@ -3,7 +3,7 @@
 
 use super::*;
 use crate::request::OutputSink;
-use crate::spec::{SpeculativeAlgorithm, Speculator};
+use crate::speculative::{SpeculativeAlgorithm, Speculator};
 
 const VOCAB: usize = 16;
 

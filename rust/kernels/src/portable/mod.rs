@@ -3,8 +3,8 @@
 
 pub mod attention;
 pub mod gemm;
-pub mod int8;
 pub mod int4;
+pub mod int8;
 pub mod int8_block;
 
 /// Partial sums every sum over a row is split into, whatever the register width: element `i`

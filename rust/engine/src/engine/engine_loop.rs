@@ -6,7 +6,7 @@ use super::Command;
 use crate::batch::Batch;
 use crate::config::ModelConfig;
 use crate::error::{invalid, Result};
-use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSpec};
+use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSource};
 use crate::kv::KvCache;
 use crate::model::{DecoderModel, SeqChunk};
 use crate::pooling::Pooling;
@@ -14,7 +14,7 @@ use crate::request::{EmbedRequest, GenerateRequest, Output, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::sequence::{Sequence, Speculation};
-use crate::spec::Speculator;
+use crate::speculative::Speculator;
 use crate::text::TokenTable;
 use rsgl_kernels::profile::{self, Phase};
 use rsgl_kernels::ThreadPool;
@@ -52,7 +52,7 @@ impl ForwardPass for DecoderModel {
     }
 }
 
-pub(super) struct Worker<M = DecoderModel> {
+pub(super) struct EngineLoop<M = DecoderModel> {
     pub(super) model: M,
     pub(super) kv: KvCache,
     pub(super) scheduler: Scheduler,
@@ -94,7 +94,7 @@ struct Bookkept<'l> {
     finished: Vec<Ending>,
 }
 
-impl<M: ForwardPass> Worker<M> {
+impl<M: ForwardPass> EngineLoop<M> {
     pub(super) fn run(mut self, commands: Receiver<Command>) {
         loop {
             // Block while idle (no spinning); otherwise take whatever has arrived and step.
@@ -104,7 +104,7 @@ impl<M: ForwardPass> Worker<M> {
                 match cmd {
                     Command::Submit(req, out) => self.accept(*req, out),
                     Command::Embed(req, out) => self.accept_embedding(*req, out),
-                    Command::GrammarReady(spec, grammar) => self.grammar_ready(&spec, grammar),
+                    Command::GrammarReady(source, grammar) => self.grammar_ready(&source, grammar),
                     Command::Abort(rid) => self.abort_group(&rid),
                     Command::FlushCache(reply) => {
                         let flushed = self.scheduler.flush_cache();
@@ -134,19 +134,19 @@ impl<M: ForwardPass> Worker<M> {
         }
         let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
         seq.speculation = self.speculator.as_ref().map(|s| Speculation::new(s.drafter()));
-        let Some(spec) = seq.pending_grammar.as_ref().map(|g| g.spec.clone()) else {
+        let Some(source) = seq.pending_grammar.as_ref().map(|g| g.source.clone()) else {
             self.scheduler.enqueue(seq);
             return;
         };
         let grammars = self.grammars.as_ref().expect("submit refuses constrained requests without a tokenizer");
-        if let Some(grammar) = grammars.cached(&spec) {
+        if let Some(grammar) = grammars.cached(&source) {
             return self.start_constrained(seq, grammar);
         }
         // Park the request; a compile thread sends the grammar back through the inbox. Requests
         // arriving with a grammar already being compiled (n > 1, a batch) wait for that one.
-        if !self.grammar_queue.iter().any(|s| waits_for(s, &spec)) {
-            let (inbox, compiled) = (self.inbox.clone(), spec.clone());
-            grammars.compile_later(spec, Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(compiled, grammar)))));
+        if !self.grammar_queue.iter().any(|s| waits_for(s, &source)) {
+            let (inbox, compiled) = (self.inbox.clone(), source.clone());
+            grammars.compile_later(source, Box::new(move |grammar| drop(inbox.send(Command::GrammarReady(compiled, grammar)))));
         }
         self.grammar_queue.push(seq);
         self.publish(None);
@@ -168,9 +168,9 @@ impl<M: ForwardPass> Worker<M> {
         new
     }
 
-    /// Starts every request parked waiting for `spec` (none if they were all aborted meanwhile).
-    fn grammar_ready(&mut self, spec: &GrammarSpec, grammar: Result<Box<dyn Grammar>>) {
-        let (ready, waiting) = std::mem::take(&mut self.grammar_queue).into_iter().partition(|s| waits_for(s, spec));
+    /// Starts every request parked waiting for `source` (none if they were all aborted meanwhile).
+    fn grammar_ready(&mut self, source: &GrammarSource, grammar: Result<Box<dyn Grammar>>) {
+        let (ready, waiting) = std::mem::take(&mut self.grammar_queue).into_iter().partition(|s| waits_for(s, source));
         self.grammar_queue = waiting;
         for seq in ready {
             let own = grammar.as_ref().map(|g| g.fork()).map_err(Clone::clone);
@@ -405,7 +405,7 @@ impl<M: ForwardPass> Worker<M> {
         }
         s.grammar_waiting_requests = self.grammar_queue.len();
         s.grammar = self.grammars.as_ref().map(|g| g.stats());
-        if let Some(model) = self.speculator.as_ref().and_then(|spec| spec.step_cost.as_ref()?.model()) {
+        if let Some(model) = self.speculator.as_ref().and_then(|speculator| speculator.step_cost.as_ref()?.model()) {
             (s.spec_step_fixed_seconds, s.spec_step_row_seconds, s.spec_step_key_seconds) = (model.fixed, model.per_row, model.per_key);
         }
         if let Some(step) = step {
@@ -414,11 +414,11 @@ impl<M: ForwardPass> Worker<M> {
     }
 }
 
-/// Whether a parked request waits for the grammar `spec`.
-fn waits_for(seq: &Sequence, spec: &GrammarSpec) -> bool {
-    seq.pending_grammar.as_ref().is_some_and(|g| g.spec == *spec)
+/// Whether a parked request waits for the grammar `source`.
+fn waits_for(seq: &Sequence, source: &GrammarSource) -> bool {
+    seq.pending_grammar.as_ref().is_some_and(|g| g.source == *source)
 }
 
 #[cfg(test)]
-#[path = "worker_tests.rs"]
+#[path = "engine_loop_tests.rs"]
 mod tests;

@@ -226,7 +226,7 @@ mod tests {
     }
 
     /// Per-propose cost at long contexts, one new token per step as in decoding:
-    /// `cargo test --release -p rsgl-engine spec::tests::propose_cost -- --ignored --nocapture`.
+    /// `cargo test --release -p rsgl-engine speculative::tests::propose_cost -- --ignored --nocapture`.
     #[test]
     #[ignore = "benchmark"]
     fn propose_cost() {

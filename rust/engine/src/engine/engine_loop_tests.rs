@@ -5,7 +5,7 @@ use super::*;
 use crate::config::{EngineOptions, KvCacheDtype};
 use crate::kv::{PagePool, Pools};
 use crate::scheduler::tests::tiny_config;
-use crate::spec::SpeculativeAlgorithm;
+use crate::speculative::SpeculativeAlgorithm;
 use std::cell::RefCell;
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver};
@@ -53,13 +53,13 @@ impl ForwardPass for FakeModel {
     }
 }
 
-/// A worker over the fake (rows `width` wide: `VOCAB` to generate, `HIDDEN` to embed) and
+/// An engine loop over the fake (rows `width` wide: `VOCAB` to generate, `HIDDEN` to embed) and
 /// `pages` pages of 4 tokens, prefilling at most `budget` tokens a step.
-fn worker(pages: usize, budget: usize, width: usize, speculative: Option<SpeculativeAlgorithm>) -> Worker<FakeModel> {
+fn engine_loop(pages: usize, budget: usize, width: usize, speculative: Option<SpeculativeAlgorithm>) -> EngineLoop<FakeModel> {
     let cfg = tiny_config(VOCAB);
     let opts = EngineOptions { page_size: PAGE, chunked_prefill_size: budget, ..EngineOptions::default() };
     let kv = KvCache::new(&cfg, Pools { pages, window_pages: None, state_slots: 0 }, PAGE, KvCacheDtype::Float32, &[2]);
-    Worker {
+    EngineLoop {
         model: FakeModel { cfg, pool: ThreadPool::new(1, false), width, ran: RefCell::new(Vec::new()) },
         kv,
         scheduler: Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None),
@@ -79,7 +79,7 @@ fn worker(pages: usize, budget: usize, width: usize, speculative: Option<Specula
 }
 
 /// Submits greedy request `rid` (`extra`: more of its JSON fields); returns its outputs.
-fn submit(w: &mut Worker<FakeModel>, rid: &str, prompt: &[u32], max_new: usize, extra: &str) -> Receiver<Result<Output>> {
+fn submit(w: &mut EngineLoop<FakeModel>, rid: &str, prompt: &[u32], max_new: usize, extra: &str) -> Receiver<Result<Output>> {
     let json = format!(r#"{{"rid": "{rid}", "input_ids": {prompt:?}, "sampling_params": {{"max_new_tokens": {max_new}, "temperature": 0.0}}{extra}}}"#);
     let (tx, rx) = channel();
     w.accept(GenerateRequest::from_json(&json).expect("a request"), OutputSink::new(tx, None));
@@ -93,14 +93,14 @@ fn received(rx: &Receiver<Result<Output>>) -> (Vec<u32>, bool) {
 }
 
 /// Pages free or held only by the prefix cache (evictable): all of them once nothing runs.
-fn idle_pages(w: &mut Worker<FakeModel>) -> usize {
+fn idle_pages(w: &mut EngineLoop<FakeModel>) -> usize {
     let counts = w.scheduler.counts();
     counts.free_pages + counts.cached_pages
 }
 
 #[test]
 fn a_step_runs_every_phase_and_requests_end_with_their_pages_back() {
-    let mut w = worker(16, 64, VOCAB, None);
+    let mut w = engine_loop(16, 64, VOCAB, None);
     let a = submit(&mut w, "a", &[1, 2, 3], 4, "");
     let b = submit(&mut w, "b", &[9, 10, 11, 12, 13], 2, "");
     w.step();
@@ -120,7 +120,7 @@ fn a_step_runs_every_phase_and_requests_end_with_their_pages_back() {
 
 #[test]
 fn drafting_drafts_for_decoding_requests_only() {
-    let mut w = worker(16, 10, VOCAB, Some(SpeculativeAlgorithm::Ngram));
+    let mut w = engine_loop(16, 10, VOCAB, Some(SpeculativeAlgorithm::Ngram));
     // a repeats itself (n-gram lookup continues it); b is still prefilling after the first step.
     let _a = submit(&mut w, "a", &[1, 2, 3, 1, 2, 3, 1, 2], 8, "");
     let _b = submit(&mut w, "b", &[5, 6, 7, 8, 9, 10], 8, "");
@@ -136,7 +136,7 @@ fn drafting_drafts_for_decoding_requests_only() {
 
 #[test]
 fn planning_gives_no_batch_until_a_request_can_run() {
-    let mut w = worker(16, 64, VOCAB, None);
+    let mut w = engine_loop(16, 64, VOCAB, None);
     assert!(w.plan().is_none());
     submit(&mut w, "a", &[1, 2, 3], 4, "");
     let batch = w.plan().expect("a's prompt runs");
@@ -146,7 +146,7 @@ fn planning_gives_no_batch_until_a_request_can_run() {
 
 #[test]
 fn the_forward_pass_runs_the_batch_chunks_and_returns_their_rows() {
-    let mut w = worker(16, 6, VOCAB, None);
+    let mut w = engine_loop(16, 6, VOCAB, None);
     submit(&mut w, "a", &[1, 2, 3], 4, "");
     submit(&mut w, "b", &[7, 8, 9, 10, 11], 4, "");
     let batch = w.plan().expect("a batch");
@@ -158,7 +158,7 @@ fn the_forward_pass_runs_the_batch_chunks_and_returns_their_rows() {
 
 #[test]
 fn bookkeeping_advances_each_entry_and_picks_who_samples() {
-    let mut w = worker(16, 10, VOCAB, None);
+    let mut w = engine_loop(16, 10, VOCAB, None);
     submit(&mut w, "a", &[1, 2, 3], 4, "");
     submit(&mut w, "b", &[4, 5, 6, 7, 8, 9, 10, 11, 12, 13], 4, "");
     let batch = w.plan().expect("a batch");
@@ -179,7 +179,7 @@ fn bookkeeping_advances_each_entry_and_picks_who_samples() {
 
 #[test]
 fn bookkeeping_records_prompt_logprobs_from_every_row() {
-    let mut w = worker(16, 64, VOCAB, None);
+    let mut w = engine_loop(16, 64, VOCAB, None);
     let rx = submit(&mut w, "a", &[1, 2, 7, 8], 1, r#", "logprob_start_len": 0"#);
     let batch = w.plan().expect("a batch");
     let output = w.forward(&batch);
@@ -199,7 +199,7 @@ fn bookkeeping_records_prompt_logprobs_from_every_row() {
 
 #[test]
 fn bookkeeping_ends_an_embedding_with_its_pooled_row() {
-    let mut w = worker(16, 64, HIDDEN, None);
+    let mut w = engine_loop(16, 64, HIDDEN, None);
     let (tx, rx) = channel();
     w.accept_embedding(EmbedRequest { rid: "e".into(), input_ids: vec![1, 2, 3, 4, 5] }, OutputSink::new(tx, None));
     let batch = w.plan().expect("a batch");
@@ -215,7 +215,7 @@ fn bookkeeping_ends_an_embedding_with_its_pooled_row() {
 
 #[test]
 fn sampling_sends_each_token_and_returns_who_ends() {
-    let mut w = worker(16, 64, VOCAB, None);
+    let mut w = engine_loop(16, 64, VOCAB, None);
     let going_on = submit(&mut w, "a", &[1, 2, 3], 4, "");
     let done = submit(&mut w, "b", &[5, 6], 1, "");
     let gone = submit(&mut w, "c", &[8, 9], 4, "");
@@ -237,7 +237,7 @@ fn sampling_sends_each_token_and_returns_who_ends() {
 
 #[test]
 fn retiring_takes_out_the_finished_requests_and_frees_their_pages() {
-    let mut w = worker(16, 64, VOCAB, None);
+    let mut w = engine_loop(16, 64, VOCAB, None);
     for (rid, prompt) in [("a", [1, 2, 3, 4, 5]), ("b", [6, 7, 8, 9, 10]), ("c", [11, 12, 13, 14, 15])] {
         submit(&mut w, rid, &prompt, 4, "");
     }
