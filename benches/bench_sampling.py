@@ -39,7 +39,7 @@ def main() -> None:
 
     rng = np.random.default_rng(0)
     with rsgl.Engine(threads=args.threads, disable_radix_cache=True, progress=False) as llm:
-        vocab = llm.model.config["vocab_size"]
+        vocab = llm.model_config["vocab_size"]
         prompts = [rng.integers(100, vocab, size=PROMPT_TOKENS).tolist() for _ in range(max(BATCH_SIZES))]
 
         def tok_s(batch: int, mode: dict) -> float:

@@ -803,7 +803,7 @@ def main() -> None:
     from rsgl.loader.default_model import default_model_path
 
     model = args.model or Path(default_model_path())
-    config = load_model(model, skip_tokenizer_init=True, progress=False).config
+    config = load_model(model, skip_tokenizer_init=True, progress=False).config.fields
     prompts = make_prompts(config["vocab_size"], work)
     rows = run_all(plan(args, model, config, prompts, work))
 

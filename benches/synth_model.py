@@ -76,6 +76,7 @@ from typing import Any
 
 import gguf
 import numpy as np
+import tokenizers
 
 CACHE = Path.home() / ".cache" / "rsgl-bench" / "synth"
 SHARD_BYTES = 5 << 30
@@ -643,10 +644,11 @@ def write_tokenizer_files(shape_vocab: int, folder: Path) -> tuple[int, int]:
     if model.tokenizer is None or model.chat_template is None:
         raise RuntimeError("the default model loaded without its tokenizer or chat template")
     tokenizer = json.loads(model.tokenizer.to_str())
-    source_vocab = model.tokenizer.get_vocab_size(with_added_tokens=True)
-    vocab = max(shape_vocab, model.config["vocab_size"])
+    source = tokenizers.Tokenizer.from_str(model.tokenizer.to_str())
+    source_vocab = source.get_vocab_size(with_added_tokens=True)
+    vocab = max(shape_vocab, model.config.fields["vocab_size"])
     # Gemma's vocabulary: the filler tokens as plain BPE vocabulary entries (no merge reaches them).
-    filler = filler_tokens(list(model.tokenizer.get_vocab(with_added_tokens=True)), vocab) if vocab > source_vocab else []
+    filler = filler_tokens(list(source.get_vocab(with_added_tokens=True)), vocab) if vocab > source_vocab else []
     tokenizer["model"]["vocab"] |= {token: source_vocab + index for index, token in enumerate(filler)}
     (folder / "tokenizer.json").write_text(json.dumps(tokenizer, ensure_ascii=False))
     # tokenizer_class: else transformers 5 builds the tokenizer its config's model_type names (Llama's,

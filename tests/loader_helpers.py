@@ -7,6 +7,7 @@ their scales)."""
 from __future__ import annotations
 
 import numpy as np
+from rsgl._core import ModelConfig
 from rsgl.loader import load_model
 
 TINY = dict(
@@ -39,6 +40,11 @@ def load(path, **options):
     return load_model(str(path), progress=False, **options)
 
 
+def normalized(raw_config: dict) -> dict:
+    """The fields of the config the core normalizes a config.json's contents into."""
+    return ModelConfig.from_hf(raw_config).fields
+
+
 def loaded_tensors(model) -> dict[str, np.ndarray]:
     tensors = {}
     for name, values in model.tensors():
@@ -48,8 +54,8 @@ def loaded_tensors(model) -> dict[str, np.ndarray]:
 
 
 def detokenize(model, ids: list[int]) -> str:
-    """Decoding the way the Rust core does it, from `token_bytes`."""
-    return b"".join(model.token_bytes[i] for i in ids).decode()
+    """Decoding the way the engine's detokenizer does it, from the token table's bytes."""
+    return b"".join(model.tokenizer.token_bytes(i) for i in ids).decode()
 
 
 def state_dict(model) -> dict[str, np.ndarray]:

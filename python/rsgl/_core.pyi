@@ -5,21 +5,21 @@ are named in rsgl.core_types (the model config's in rsgl.loader)."""
 
 import os
 from collections.abc import Mapping, Sequence
-from typing import Any, final
+from typing import Any, Literal, final
 
 from rsgl.core_types import EmbedRequest, EngineOptions, EngineStats, GenerateRequest, Output, SamplingParams
-from rsgl.loader import ModelConfig
+from rsgl.loader import ModelConfigFields
 
 __all__ = [
     "WeightStore",
+    "ModelConfig",
+    "Tokenizer",
     "Engine",
     "RequestStream",
     "Notifier",
     "kernel_isa",
     "architectures",
     "engine_options_schema",
-    "normalize_hf_config",
-    "gguf_config",
     "relax_json_schema",
     "profile_steps",
     "decode_profile",
@@ -58,14 +58,6 @@ def architectures() -> list[dict[str, Any]]:
     "none", "per_head" or "all_heads"), `attention_bias`, `sliding_window` and `moe` (None for
     dense MLPs)."""
 
-def normalize_hf_config(config: Mapping[str, Any]) -> ModelConfig:
-    """The normalized model config of a transformers config.json (4.x or 5.x layout); raises
-    UnsupportedModelError for a model rsgl does not run, ModelLoadError for a broken config."""
-
-def gguf_config(path: str | os.PathLike[str]) -> ModelConfig:
-    """The normalized model config of a GGUF file, from its metadata and tensors; raises
-    UnsupportedModelError or ModelLoadError as `normalize_hf_config` does."""
-
 @final
 class WeightStore:
     """A checkpoint's tensors, mapped by the core under Hugging Face names; an Engine takes them
@@ -94,20 +86,64 @@ class WeightStore:
     def __len__(self) -> int: ...
 
 @final
+class ModelConfig:
+    """A model's normalized config, held by the core: the loader reads a copy of its `fields`, and
+    the engine takes the config itself. The constructors raise UnsupportedModelError for a model
+    rsgl does not run, ModelLoadError for a broken config."""
+
+    @staticmethod
+    def from_hf(config: Mapping[str, Any]) -> ModelConfig:
+        """The normalized config of a transformers config.json (4.x or 5.x layout)."""
+    @staticmethod
+    def from_gguf(path: str | os.PathLike[str]) -> ModelConfig:
+        """The normalized config of a GGUF file, from its metadata and tensors."""
+    def with_checkpoint(self, pooling: Literal["last", "mean", "cls"] | None = None, has_lm_head: bool = True) -> ModelConfig:
+        """This config with what a folder's other files say: the pooling sentence-transformers
+        declares, and whether there is an `lm_head` (tied to the embedding without one)."""
+    @property
+    def fields(self) -> ModelConfigFields:
+        """The config's fields, as a new dict."""
+
+@final
+class Tokenizer:
+    """The model's tokenizer (a `tokenizer.json`), shared with the engine: prompts are encoded,
+    texts decoded and structured output's forced text tokenized by this one instance. Raises
+    ModelLoadError for text that is no tokenizer, UnsupportedModelError for a decoder rsgl
+    cannot detokenize with (neither byte-level BPE nor SentencePiece style)."""
+
+    @staticmethod
+    def from_str(json: str, vocab_size: int | None = None) -> Tokenizer:
+        """`vocab_size` is the model's (ids past the tokenizer's own vocabulary decode to nothing);
+        None for the tokenizer's own."""
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
+        """Encodes texts in parallel, without the GIL."""
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str: ...
+    def token_to_id(self, token: str) -> int | None: ...
+    def id_to_token(self, id: int) -> str | None: ...
+    def token_bytes(self, id: int) -> bytes:
+        """The bytes a token adds to text, as the engine's detokenizer writes them."""
+    def is_special(self, id: int) -> bool:
+        """Whether a token is special (left out of text decoded with skip_special_tokens)."""
+    @property
+    def vocab_size(self) -> int:
+        """The model's vocabulary size (the token table's length)."""
+    def to_str(self) -> str:
+        """The tokenizer as `tokenizer.json` text."""
+
+@final
 class Engine:
     """The engine thread. Raises rsgl.errors exceptions on bad models, options or requests."""
 
     def __new__(
         cls,
-        config: Mapping[str, Any],
+        config: ModelConfig,
         weights: WeightStore,
         options: EngineOptions,
         eos_token_ids: list[int],
-        token_bytes: list[bytes] | None = None,
-        special_token_ids: list[int] = ...,
-        tokenizer_json: str | None = None,
+        tokenizer: Tokenizer | None = None,
     ) -> Engine:
-        """`config` is the model config as rsgl's loader normalizes it (rsgl.loader)."""
+        """`tokenizer` read with the config's vocab_size."""
     def submit(self, request: GenerateRequest, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
         """Queues a request; request errors are raised here. With a `notifier`, each of the
         request's outputs pushes `key` onto it."""

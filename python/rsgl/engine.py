@@ -24,7 +24,6 @@ from collections.abc import AsyncGenerator, Callable, Generator, Iterator, Seque
 from typing import Any, Literal, TypedDict, Unpack, cast, get_args, overload
 
 import orjson
-from tokenizers import Tokenizer
 
 from rsgl import _core
 from rsgl._typing import JsonObject
@@ -155,6 +154,7 @@ class Engine:
                 "checkpoint runs as stored without the option; to quantize float weights at load use 'w4a8' (4-bit) or 'w8a8_int8'."
             )
         self.tokenizer = self.model.tokenizer
+        self.model_config = self.model.config.fields  # read only: the engine runs on the core's own config
         self.served_model_name = served_model_name or self.model.model_name
         self.is_embedding = options.get("is_embedding", DEFAULTS["is_embedding"])
         # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
@@ -173,13 +173,11 @@ class Engine:
             store,
             cast(EngineOptions, {**options, **resolved}),  # checked by the engine, which names a bad value
             self.model.eos_token_ids,
-            token_bytes=None if self.tokenizer is None else self.model.token_bytes,
-            special_token_ids=self.model.special_token_ids,
-            tokenizer_json=None if self.tokenizer is None else self.tokenizer.to_str(),
+            tokenizer=self.tokenizer,
         )
         self._loop_wakeups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWakeups] = weakref.WeakKeyDictionary()
         self._think_end_token = think_end_token if self.tokenizer else None
-        self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False).ids if think_end_token and self.tokenizer else None
+        self._think_end_ids = self.tokenizer.encode(think_end_token, add_special_tokens=False) if think_end_token and self.tokenizer else None
         self._sampling_defaults = {k: v for k, v in self.model.generation_config.items() if k in _MODEL_SAMPLING_DEFAULTS and v is not None}
         self.strict_json_schema = strict_json_schema
         if strict_json_schema:
@@ -348,17 +346,14 @@ class Engine:
 
     def tokenize(self, text: str) -> list[int]:
         """A text's prompt ids, BOS first when the model wants one."""
-        tokenizer = self._need_tokenizer("text prompts")
-        ids: list[int] = tokenizer.encode(text).ids
-        bos = self.model.bos_token_id
-        if self.model.add_bos_token and bos is not None and ids[:1] != [bos]:
-            ids = [bos, *ids]
-        return ids
+        return self._with_bos(self._need_tokenizer("text prompts").encode(text))
+
+    def tokenize_batch(self, texts: list[str]) -> list[list[int]]:
+        """Each text's prompt ids as `tokenize` gives them, encoded in parallel without the GIL."""
+        return [self._with_bos(ids) for ids in self._need_tokenizer("text prompts").encode_batch(texts)]
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
-        tokenizer = self._need_tokenizer("decoding")
-        text: str = tokenizer.decode(list(ids), skip_special_tokens=skip_special_tokens)
-        return text
+        return self._need_tokenizer("decoding").decode(list(ids), skip_special_tokens=skip_special_tokens)
 
     def abort_request(self, rid: str) -> None:
         """Aborts a request (for n > 1, every sample of it) wherever it is."""
@@ -385,7 +380,13 @@ class Engine:
 
     # ---- internals ------------------------------------------------------------------------------
 
-    def _need_tokenizer(self, what: str) -> Tokenizer:
+    def _with_bos(self, ids: list[int]) -> list[int]:
+        bos = self.model.bos_token_id
+        if self.model.add_bos_token and bos is not None and ids[:1] != [bos]:
+            return [bos, *ids]
+        return ids
+
+    def _need_tokenizer(self, what: str) -> _core.Tokenizer:
         if self.tokenizer is None:
             raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
         return self.tokenizer
@@ -410,7 +411,7 @@ class Engine:
             prompts: list[str] = [prompt] if isinstance(prompt, str) else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidRequestError("prompt must be a string or a list of strings")
-            id_lists = [self.tokenize(p) for p in prompts]
+            id_lists = self.tokenize_batch(prompts)
         else:
             assert input_ids is not None
             single = not input_ids or isinstance(input_ids[0], int)

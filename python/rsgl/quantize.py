@@ -190,15 +190,15 @@ def convert(model_path: str | None, output: Path, method: str, dtype: str, progr
     if progress:
         from tqdm import tqdm
 
-        stream = tqdm(stream, desc=f"quantizing to {method}", unit="tensor", total=len(expected_tensor_shapes(model.config)))
+        stream = tqdm(stream, desc=f"quantizing to {method}", unit="tensor", total=len(expected_tensor_shapes(model.config.fields)))
     floats = dict(stream)
     group_size = w4a8.QBLOCK if method == "w4a8" else group_size
     if method != "w8a8_int8":
         check_group_size(floats, group_size)
-    if calibration and not model.config["moe"]:  # MoE: the norm also feeds the router; not scaled
+    if calibration and not model.config.fields["moe"]:  # MoE: the norm also feeds the router; not scaled
         if model.tokenizer is None:
             raise RsglError("calibration needs the model's tokenizer for its text; pass --no-calibration")
-        inputs = calibration_inputs(model_path, model.tokenizer.encode(CALIBRATION_TEXT.read_text()).ids)
+        inputs = calibration_inputs(model_path, model.tokenizer.encode(CALIBRATION_TEXT.read_text()))
         if method == "w8a8_int8":
             smooth(floats, inputs)
         elif method == "w4a8":

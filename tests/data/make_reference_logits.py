@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 import transformers
-from rsgl._core import normalize_hf_config
+from rsgl._core import ModelConfig
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/, for tiny_models
 from tiny_models import TINY  # noqa: E402
@@ -31,7 +31,7 @@ def main() -> None:
     model.save_pretrained(OUTPUT)
     (OUTPUT / "generation_config.json").unlink(missing_ok=True)  # not read by the test
     hf_config = json.loads((OUTPUT / "config.json").read_text())
-    (OUTPUT / "rsgl_config.json").write_text(json.dumps(normalize_hf_config(hf_config), indent=1) + "\n")
+    (OUTPUT / "rsgl_config.json").write_text(json.dumps(ModelConfig.from_hf(hf_config).fields, indent=1) + "\n")
     with torch.no_grad():
         logits = model(torch.tensor([PROMPT])).logits[0]
     # repr of a float32 widened to float64 round-trips it exactly.

@@ -16,6 +16,7 @@ import rsgl
 import safetensors.torch
 import torch
 from gguf_convert import convert
+from loader_helpers import normalized
 from rsgl import _core
 from test_hybrid import GREEDY, PROMPTS, generate, transformers_greedy
 from zoo_models import build_family
@@ -56,8 +57,8 @@ def test_the_gguf_config_is_the_folders(hybrid_gguf):
     """What differs is what the file holds otherwise: norm weights stored as the 1 + w they scale by, and
     Qwen3.5's value heads tiled."""
     folder, gguf_file, _ = hybrid_gguf
-    from_folder = _core.normalize_hf_config(json.loads((folder / "config.json").read_text()))
-    from_gguf = _core.gguf_config(gguf_file)
+    from_folder = normalized(json.loads((folder / "config.json").read_text()))
+    from_gguf = _core.ModelConfig.from_gguf(gguf_file).fields
     tiled = from_folder["architecture"] == "qwen3_5_text"
     assert from_gguf["gated_delta_net"] == from_folder["gated_delta_net"] | {"value_head_order": "tiled" if tiled else "grouped"}
     assert from_gguf | {"gated_delta_net": None} == from_folder | {"pooling": None, "norm_weight_offset": 0.0, "gated_delta_net": None}

@@ -17,6 +17,7 @@ import safetensors.torch
 import torch
 import transformers
 from gguf_convert import convert
+from loader_helpers import normalized
 from rsgl import _core
 from tiny_models import with_weights_rounded
 from zoo_models import FAMILIES, build_family
@@ -77,8 +78,8 @@ def test_gpt_oss_gguf_config_is_its_folders(tmp_path):
     """What a gpt-oss GGUF file cannot say (its YaRN's unrounded blend, which layers slide) comes from the
     architecture: rsgl reads the file llama.cpp's converter writes as the folder it came from."""
     build_family("gpt_oss", tmp_path / "gpt_oss")
-    from_folder = _core.normalize_hf_config(json.loads((tmp_path / "gpt_oss" / "config.json").read_text()))
-    from_gguf = _core.gguf_config(convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf"))
+    from_folder = normalized(json.loads((tmp_path / "gpt_oss" / "config.json").read_text()))
+    from_gguf = _core.ModelConfig.from_gguf(convert(tmp_path / "gpt_oss", tmp_path / "gpt_oss.gguf")).fields
     assert from_gguf["rope_scaling"]["truncate"] is False and from_gguf["sliding_window"]["layers"] == [0]
     assert from_gguf == from_folder | {"pooling": None}
 

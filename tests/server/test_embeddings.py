@@ -222,4 +222,4 @@ def test_gguf_pooling_type_is_read(tmp_path: Path, pooling_type: int | None, poo
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    assert _core.gguf_config(path)["pooling"] == pooling
+    assert _core.ModelConfig.from_gguf(path).fields["pooling"] == pooling

@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 import rsgl
 from core_keys import declared, known_keys
+from loader_helpers import normalized
 from rsgl import _core, core_types
-from rsgl.loader import Llama3RopeScaling, ModelConfig, MoeConfig, load_model
+from rsgl.loader import Llama3RopeScaling, ModelConfigFields, MoeConfig, load_model
 
 
 @pytest.fixture(scope="module")
@@ -80,6 +81,6 @@ def test_model_config_keys_are_the_engines():
         "num_experts_per_tok": 2,
         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
     }
-    config = _core.normalize_hf_config(mixtral)
-    assert set(config) == declared(ModelConfig)
+    config = normalized(mixtral)
+    assert set(config) == declared(ModelConfigFields)
     assert set(config["moe"] or {}) == declared(MoeConfig) and set(config["rope_scaling"] or {}) == declared(Llama3RopeScaling)

@@ -1,4 +1,4 @@
-"""rsgl._core.normalize_hf_config on Hugging Face config.json contents: the scales of Granite,
+"""rsgl._core.ModelConfig.from_hf on Hugging Face config.json contents: the scales of Granite,
 SmolLM3's layers without RoPE, transformers 4's and 5's RoPE layouts (llama3, yarn) normalizing
 alike, a sliding window capping the context, and the mixture-of-experts configs of Mixtral,
 Qwen2-MoE and DeepSeek-V3; and the configs rsgl refuses, with typed errors."""
@@ -6,17 +6,16 @@ Qwen2-MoE and DeepSeek-V3; and the configs rsgl refuses, with typed errors."""
 from __future__ import annotations
 
 import pytest
-from loader_helpers import BASE_CONFIG, NO_SCALES
-from rsgl._core import normalize_hf_config
+from loader_helpers import BASE_CONFIG, NO_SCALES, normalized
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 
 
 def test_granite_scales_and_smollm3_nope_layers_are_normalized():
     granite = {**BASE_CONFIG, "architectures": ["GraniteForCausalLM"], "embedding_multiplier": 12.0, "residual_multiplier": 0.22}
-    scales = normalize_hf_config({**granite, "attention_multiplier": 0.015625, "logits_scaling": 8.0})["scales"]
+    scales = normalized({**granite, "attention_multiplier": 0.015625, "logits_scaling": 8.0})["scales"]
     assert scales == {**NO_SCALES, "embedding": 12.0, "residual": 0.22, "attention": 0.015625, "logits_divisor": 8.0}
     smollm3 = {**BASE_CONFIG, "architectures": ["SmolLM3ForCausalLM"], "num_hidden_layers": 8, "no_rope_layers": [1, 1, 1, 0, 1, 1, 1, 0]}
-    assert normalize_hf_config(smollm3)["no_rope_layers"] == [3, 7]
+    assert normalized(smollm3)["no_rope_layers"] == [3, 7]
 
 
 LLAMA3_SCALING = {
@@ -31,39 +30,39 @@ def test_transformers_4_and_5_rope_layouts_normalize_alike():
     v4 = {**BASE_CONFIG, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3_SCALING}}
     v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3_SCALING}}
     del v5["rope_theta"]
-    normalized = normalize_hf_config(v4)
-    assert normalized == normalize_hf_config(v5)
-    assert normalized["rope_theta"] == 500000.0
-    assert normalized["rope_scaling"] == {"rope_type": "llama3", **LLAMA3_SCALING}
+    config = normalized(v4)
+    assert config == normalized(v5)
+    assert config["rope_theta"] == 500000.0
+    assert config["rope_scaling"] == {"rope_type": "llama3", **LLAMA3_SCALING}
 
     plain_v4 = {**BASE_CONFIG, "rope_scaling": None}
     plain_v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "default", "rope_theta": 50000.0}}
-    assert normalize_hf_config(plain_v4) == normalize_hf_config(plain_v5)
+    assert normalized(plain_v4) == normalized(plain_v5)
 
     yarn = {"factor": 16.0, "original_max_position_embeddings": 16384, "beta_fast": 32.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0}
     yarn_v4 = {**BASE_CONFIG, "rope_theta": 1e6, "rope_scaling": {"type": "yarn", **yarn, "llama_4_scaling_beta": 0.1}}
     yarn_v5 = {**BASE_CONFIG, "rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6, **yarn, "llama_4_scaling_beta": 0.1}}
-    normalized = normalize_hf_config(yarn_v4)
-    assert normalized == normalize_hf_config(yarn_v5)
+    config = normalized(yarn_v4)
+    assert config == normalized(yarn_v5)
     del yarn["mscale"], yarn["mscale_all_dim"]
-    assert normalized["rope_scaling"] == {"rope_type": "yarn", **yarn, "truncate": True, "attention_factor": 1.0}
-    assert normalized["scales"]["query_temperature"] == {"beta": 0.1, "length": 16384}
+    assert config["rope_scaling"] == {"rope_type": "yarn", **yarn, "truncate": True, "attention_factor": 1.0}
+    assert config["scales"]["query_temperature"] == {"beta": 0.1, "length": 16384}
 
     with pytest.raises(UnsupportedModelError, match="'dynamic' RoPE scaling"):
-        normalize_hf_config({**BASE_CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
+        normalized({**BASE_CONFIG, "rope_scaling": {"rope_type": "dynamic", "factor": 4.0}})
 
 
 def test_sliding_window_caps_the_context():
     mistral = {**BASE_CONFIG, "architectures": ["MistralForCausalLM"], "max_position_embeddings": 32768}
-    assert normalize_hf_config({**mistral, "sliding_window": 4096})["max_position_embeddings"] == 4096
-    assert normalize_hf_config({**mistral, "sliding_window": None})["max_position_embeddings"] == 32768
+    assert normalized({**mistral, "sliding_window": 4096})["max_position_embeddings"] == 4096
+    assert normalized({**mistral, "sliding_window": None})["max_position_embeddings"] == 32768
     qwen2 = {**BASE_CONFIG, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 16, "use_sliding_window": False}
-    assert normalize_hf_config(qwen2)["max_position_embeddings"] == BASE_CONFIG["max_position_embeddings"]
+    assert normalized(qwen2)["max_position_embeddings"] == BASE_CONFIG["max_position_embeddings"]
 
 
 def test_moe_configs_are_normalized():
     mixtral = {**BASE_CONFIG, "architectures": ["MixtralForCausalLM"], "num_local_experts": 8, "num_experts_per_tok": 2}
-    assert normalize_hf_config(mixtral)["moe"] == {
+    assert normalized(mixtral)["moe"] == {
         "num_experts": 8,
         "experts_per_token": 2,
         "expert_intermediate_size": BASE_CONFIG["intermediate_size"],
@@ -82,11 +81,11 @@ def test_moe_configs_are_normalized():
         "moe_intermediate_size": 24,
         "shared_expert_intermediate_size": 40,
     }
-    normalized = normalize_hf_config(qwen)
-    assert normalized["attention_bias"] and normalized["moe"]["shared_expert_intermediate_size"] == 40
-    assert normalized["moe"]["norm_topk_prob"] is False
+    config = normalized(qwen)
+    assert config["attention_bias"] and config["moe"]["shared_expert_intermediate_size"] == 40
+    assert config["moe"]["norm_topk_prob"] is False
     with pytest.raises(UnsupportedModelError, match="dense and sparse"):
-        normalize_hf_config({**qwen, "mlp_only_layers": [0]})
+        normalized({**qwen, "mlp_only_layers": [0]})
     deepseek = {
         **BASE_CONFIG,
         "architectures": ["DeepseekV3ForCausalLM"],
@@ -99,7 +98,7 @@ def test_moe_configs_are_normalized():
         "routed_scaling_factor": 2.5,
         "first_k_dense_replace": 1,
     }
-    assert normalize_hf_config(deepseek)["moe"] == {
+    assert normalized(deepseek)["moe"] == {
         "num_experts": 8,
         "experts_per_token": 2,
         "expert_intermediate_size": 24,
@@ -111,6 +110,6 @@ def test_moe_configs_are_normalized():
         "dense_layers": 1,
     }
     with pytest.raises(UnsupportedModelError, match="dense and sparse"):
-        normalize_hf_config({**deepseek, "moe_layer_freq": 2})
+        normalized({**deepseek, "moe_layer_freq": 2})
     with pytest.raises(ModelLoadError, match="cannot give 2 experts per token"):
-        normalize_hf_config({**deepseek, "topk_group": 0})
+        normalized({**deepseek, "topk_group": 0})

@@ -1,15 +1,16 @@
 """Loading a model's weights, config and tokenizer for the Rust core.
 
     model = load_model("path/to/hf-folder-or-file.gguf")  # None: the default model
-    json.dumps(model.config)                              # the model config the Rust core reads
+    model.config.fields                                   # the model config the Rust core holds, as a dict
     store = model.open_weights()                          # the files, mapped by the Rust core
     for name, array in model.tensors(): ...               # Hugging Face names, float32, one at a time
 
 Two formats: a Hugging Face folder (config.json + *.safetensors + tokenizer.json) and a GGUF file.
 Both come out the same: a normalized config, and tensors under Hugging Face names. The Rust core
-normalizes the config (over its table of architectures, `_core.architectures()`) and maps the
-weight files itself (`WeightStore`), and the engine packs each tensor straight from the mapping,
-so no weight passes through Python when serving; Python reads the tokenizer. `tensors()`
+normalizes the config (over its table of architectures, `_core.architectures()`) into a
+`_core.ModelConfig` the engine takes as it is, reads the tokenizer (`_core.Tokenizer`) and maps
+the weight files itself (`WeightStore`); the engine packs each tensor straight from the mapping,
+so no weight passes through Python when serving. `tensors()`
 (float32 copies, one at a time) is for the converter and the tests.
 """
 
@@ -23,13 +24,12 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 import numpy as np
-from tokenizers import Tokenizer
 
-from rsgl._core import WeightStore, architectures
+from rsgl._core import ModelConfig, Tokenizer, WeightStore, architectures
 from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
 
-__all__ = ["LoadedModel", "ModelConfig", "load_model", "SUPPORTED_ARCHITECTURES"]
+__all__ = ["LoadedModel", "ModelConfigFields", "load_model", "SUPPORTED_ARCHITECTURES"]
 
 SUPPORTED_ARCHITECTURES = tuple(architecture["name"] for architecture in architectures())
 # How each architecture's layers are put together (the Rust core's `model::archs`), by name.
@@ -176,9 +176,9 @@ class Mamba2(TypedDict):
     conv_kernel: int
 
 
-class ModelConfig(TypedDict):
-    """The config the Rust core reads, as it normalizes a checkpoint's (`_core.normalize_hf_config`,
-    `_core.gguf_config`)."""
+class ModelConfigFields(TypedDict):
+    """The fields of the config the Rust core normalizes a checkpoint's into (`_core.ModelConfig`:
+    `from_hf`, `from_gguf`), as its `fields` gives them."""
 
     architecture: str
     hidden_size: int
@@ -220,19 +220,17 @@ class TokenizerFields:
     bos_token_id: int | None
     eos_token_ids: list[int]
     generation_config: JsonObject
-    token_bytes: list[bytes] | None  # per model vocab id: the bytes it adds to decoded text
-    special_token_ids: list[int]
 
 
 @dataclass
 class LoadedModel(TokenizerFields):
     """Everything the engine needs from a model's files.
 
-    Prompt ids are `([bos_token_id] if add_bos_token else []) + tokenizer.encode(text).ids`:
+    Prompt ids are `([bos_token_id] if add_bos_token else []) + tokenizer.encode(text)`:
     `add_bos_token` is False when the tokenizer's own post-processor already adds BOS.
     """
 
-    config: ModelConfig
+    config: ModelConfig  # the core's; `config.fields` reads it
     open_weights: Callable[[], WeightStore]  # maps the weight files (cheap: only headers are read)
     source: str  # the path loaded
     model_name: str  # the name to serve it under
@@ -256,7 +254,7 @@ class LoadedModel(TokenizerFields):
         listed = store.tensors()
         shapes = {name: shape for name, shape, _ in listed}
         mxfp4 = {name for name, _, stored in listed if stored == MXFP4}
-        for name in with_progress(list(expected_tensor_shapes(self.config, shapes, mxfp4)), self.progress):
+        for name in with_progress(list(expected_tensor_shapes(self.config.fields, shapes, mxfp4)), self.progress):
             yield name, np.frombuffer(store.read(name), dtype="<f4").reshape(shapes[name])
 
 
@@ -350,7 +348,7 @@ _FUSED_PROJECTIONS = (
 )
 
 
-def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
+def expected_tensor_shapes(config: ModelConfigFields, found: Iterable[str] = (), mxfp4: Collection[str] = ()) -> dict[str, tuple[int, ...]]:
     """Every tensor the Rust core needs for this config, by Hugging Face name, with its shape; the
     projections the checkpoint whose tensor names are `found` fuses, fused (`mxfp4`: those of
     them stored as MXFP4, see `_stacked_experts_where_stored`)."""
@@ -383,7 +381,7 @@ def expected_tensor_shapes(config: ModelConfig, found: Iterable[str] = (), mxfp4
     return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config, set(mxfp4))
 
 
-def _attention_shapes(prefix: str, config: ModelConfig, assembly: dict[str, Any], found: set[str]) -> dict[str, tuple[int, ...]]:
+def _attention_shapes(prefix: str, config: ModelConfigFields, assembly: dict[str, Any], found: set[str]) -> dict[str, tuple[int, ...]]:
     """An attention sublayer's tensors (`prefix`: `model.layers.{i}.self_attn.`)."""
     hidden, head_dim = config["hidden_size"], config["head_dim"]
     q_rows = config["num_attention_heads"] * head_dim
@@ -406,7 +404,7 @@ def _attention_shapes(prefix: str, config: ModelConfig, assembly: dict[str, Any]
     return shapes
 
 
-def _latent_attention_shapes(prefix: str, latent: LatentAttention, config: ModelConfig, found: set[str]) -> dict[str, tuple[int, ...]]:
+def _latent_attention_shapes(prefix: str, latent: LatentAttention, config: ModelConfigFields, found: set[str]) -> dict[str, tuple[int, ...]]:
     """A latent attention sublayer's tensors (`prefix`: `model.layers.{i}.self_attn.`), with its key and value
     up-projections as one `kv_b_proj`, or apart as llama.cpp's files keep them (the keys' transposed per head)."""
     hidden, heads = config["hidden_size"], config["num_attention_heads"]
@@ -471,7 +469,7 @@ def _mamba2_shapes(prefix: str, mamba: Mamba2, hidden: int, found: set[str]) -> 
     return shapes
 
 
-def _granite_mlp_shapes(prefix: str, config: ModelConfig) -> dict[str, tuple[int, ...]]:
+def _granite_mlp_shapes(prefix: str, config: ModelConfigFields) -> dict[str, tuple[int, ...]]:
     """Granite 4's MLP tensors: the shared MLP (gate and up stacked), and the experts stacked
     (each one's gate and up rows, then their down matrices) with their router, where it has experts."""
     hidden, shared = config["hidden_size"], config["intermediate_size"]
@@ -500,7 +498,9 @@ def _fused_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str]) -> 
     return shapes
 
 
-def _stacked_experts_where_stored(shapes: dict[str, tuple[int, ...]], found: set[str], config: ModelConfig, mxfp4: set[str]) -> dict[str, tuple[int, ...]]:
+def _stacked_experts_where_stored(
+    shapes: dict[str, tuple[int, ...]], found: set[str], config: ModelConfigFields, mxfp4: set[str]
+) -> dict[str, tuple[int, ...]]:
     """gpt-oss stores a layer's experts stacked and transposed (`mlp.experts.gate_up_proj`
     [E, hidden, 2 * inter], gate and up interleaved; `mlp.experts.down_proj` [E, inter, hidden]) and
     names its router `mlp.router`: where `found` has them, they replace the per-expert matrices.
@@ -534,7 +534,7 @@ def _swiglu_shapes(prefix: str, names: tuple[str, str, str], hidden: int, inner:
     return {f"{prefix}{gate}.weight": (inner, hidden), f"{prefix}{up}.weight": (inner, hidden), f"{prefix}{down}.weight": (hidden, inner)}
 
 
-def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig, found: set[str]) -> dict[str, tuple[int, ...]]:
+def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfigFields, found: set[str]) -> dict[str, tuple[int, ...]]:
     """A sparse MLP's tensors, as Mixtral (`block_sparse_moe`, w1/w3/w2), Qwen MoE (`mlp`, gate/up/down_proj,
     and Qwen2-MoE's gated shared expert) or DeepSeek checkpoints (ungated `shared_experts`, and the router's
     choice bias) name them."""
@@ -554,7 +554,7 @@ def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfig, found: set[str
     return shapes
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfig, source: Path, mxfp4: Collection[str] = ()) -> None:
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfigFields, source: Path, mxfp4: Collection[str] = ()) -> None:
     """Fail before loading when the files lack a tensor the config needs, or hold it in another
     shape (`mxfp4`: the names of `found` stored as MXFP4)."""
     expected = expected_tensor_shapes(config, found, mxfp4)

@@ -24,7 +24,7 @@ EXACT_STORAGE = {np.dtype(np.int8): "I8", np.dtype(np.uint8): "U8", np.dtype(np.
 
 def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | None = None) -> JsonObject:
     """A transformers config.json from the loader's normalized config."""
-    config: JsonObject = dict(model.config)
+    config: JsonObject = dict(model.config.fields)
     architecture = config.pop("architecture")
     layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim", "gated_delta_net", "mamba2")]
     if layout != [None, "silu", 0.0, None, None, None]:
@@ -55,7 +55,7 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
             logits_scaling=scales["logits_divisor"],
         )
     if no_rope_layers:
-        hf["no_rope_layers"] = [int(layer not in no_rope_layers) for layer in range(model.config["num_hidden_layers"])]
+        hf["no_rope_layers"] = [int(layer not in no_rope_layers) for layer in range(model.config.fields["num_hidden_layers"])]
     if quantization_config is not None:
         hf["quantization_config"] = quantization_config
     return hf
@@ -117,7 +117,7 @@ def write_model_folder(out: Path, model: LoadedModel, tensors: dict[str, np.ndar
     write_safetensors(partial, tensors, float_dtype)
     (out / "config.json").write_text(json.dumps(hf_config(model, float_dtype, quantization_config), indent=2) + "\n")
     if model.tokenizer is not None:
-        model.tokenizer.save(str(out / "tokenizer.json"))
+        (out / "tokenizer.json").write_text(model.tokenizer.to_str(), encoding="utf-8")
     if model.chat_template is not None:
         (out / "chat_template.jinja").write_text(model.chat_template)
     os.replace(partial, out / "model.safetensors")

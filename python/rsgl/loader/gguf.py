@@ -1,5 +1,5 @@
 """GGUF files (llama.cpp's format): the Rust core reads the config from the metadata
-(`rsgl._core.gguf_config`) and maps the weights (`WeightStore.open_gguf`), naming and laying them
+(`rsgl._core.ModelConfig.from_gguf`) and maps the weights (`WeightStore.open_gguf`), naming and laying them
 out as a Hugging Face checkpoint (GGUF lists dimensions innermost first; llama.cpp's converter
 permutes the q/k rows of llama models and stacks the experts of mixture-of-experts layers) and
 dequantizing them as it packs; Python builds the tokenizer from the metadata the core reads
@@ -14,7 +14,7 @@ from typing import Any
 
 import gguf
 
-from rsgl._core import WeightStore, gguf_config
+from rsgl._core import ModelConfig, Tokenizer, WeightStore
 from rsgl.errors import UnsupportedModelError
 from rsgl.loader import (
     WEIGHT_DTYPE_PROBE,
@@ -24,7 +24,7 @@ from rsgl.loader import (
     check_tensor_shapes,
     unique_ints,
 )
-from rsgl.loader.tokenizer import GgufVocabulary, special_token_ids, token_bytes, tokenizer_from_gguf
+from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_json_from_gguf
 
 _NATIVE_DTYPE = {"F32": "float32"}
 # Storage types whose weights are not quantized (a file of these runs in `dtype`).
@@ -34,11 +34,12 @@ _CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 
 
 def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
-    config = gguf_config(path)  # before anything else: an unsupported or broken file fails at once
-    open_weights = functools.partial(WeightStore.open_gguf, path, config["architecture"], config["num_attention_heads"], config["num_key_value_heads"])
+    config = ModelConfig.from_gguf(path)  # before anything else: an unsupported or broken file fails at once
+    fields = config.fields
+    open_weights = functools.partial(WeightStore.open_gguf, path, fields["architecture"], fields["num_attention_heads"], fields["num_key_value_heads"])
     tensors: Tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
     shapes = {name: shape for name, (shape, _) in tensors.items()}
-    check_tensor_shapes(shapes, config, path)
+    check_tensor_shapes(shapes, fields, path)
     unknown = sorted(name for name in shapes if not name.startswith(("model.", "lm_head.")) and name not in _CONFIG_TENSORS)
     if unknown:
         raise UnsupportedModelError(f"{path} holds a tensor rsgl does not know ({unknown[0]}); this model variant is not supported.")
@@ -55,7 +56,7 @@ def load(path: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         # embeddings too) runs in its own quantization, as llama.cpp runs it: the core packs the
         # blocks it has integer kernels for as they are, the rest in `dtype`.
         quantization=None if all(stored in _FLOAT_TYPES for _, stored in tensors.values()) else "gguf",
-        **vars(_tokenizer_fields(WeightStore.gguf_metadata(path), config["vocab_size"], skip_tokenizer_init)),
+        **vars(_tokenizer_fields(WeightStore.gguf_metadata(path), fields["vocab_size"], skip_tokenizer_init)),
     )
 
 
@@ -73,19 +74,18 @@ def _tokenizer_fields(metadata: dict[str, Any], vocab_size: int, skip_tokenizer_
     model = metadata.get("tokenizer.ggml.model", "none")
     tokenizer = None
     if tokens is not None and not skip_tokenizer_init:
-        tokenizer = tokenizer_from_gguf(
-            GgufVocabulary(
-                model=model,
-                pre=metadata.get("tokenizer.ggml.pre"),
-                tokens=tokens,
-                token_types=metadata.get("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens),
-                merges=metadata.get("tokenizer.ggml.merges"),
-                scores=metadata.get("tokenizer.ggml.scores"),
-                special_ids={index for index in ids.values() if index is not None},
-                unknown_id=ids["unknown"],
-                add_space_prefix=metadata.get("tokenizer.ggml.add_space_prefix", True),
-            )
+        vocabulary = GgufVocabulary(
+            model=model,
+            pre=metadata.get("tokenizer.ggml.pre"),
+            tokens=tokens,
+            token_types=metadata.get("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens),
+            merges=metadata.get("tokenizer.ggml.merges"),
+            scores=metadata.get("tokenizer.ggml.scores"),
+            special_ids={index for index in ids.values() if index is not None},
+            unknown_id=ids["unknown"],
+            add_space_prefix=metadata.get("tokenizer.ggml.add_space_prefix", True),
         )
+        tokenizer = Tokenizer.from_str(tokenizer_json_from_gguf(vocabulary), vocab_size)
 
     def text_of(token_id: int | None) -> str | None:
         return tokens[token_id] if tokens is not None and token_id is not None else None
@@ -100,6 +100,4 @@ def _tokenizer_fields(metadata: dict[str, Any], vocab_size: int, skip_tokenizer_
         bos_token_id=ids["bos"],
         eos_token_ids=unique_ints(ids["eos"], ids["eot"], *turn_ends),
         generation_config={},
-        token_bytes=None if tokenizer is None else token_bytes(tokenizer, vocab_size),
-        special_token_ids=[] if tokenizer is None else special_token_ids(tokenizer),
     )

@@ -1,6 +1,6 @@
 """Hugging Face model folders: config.json, *.safetensors (one file or shards), tokenizer files.
 
-The Rust core normalizes config.json (`rsgl._core.normalize_hf_config`) and maps the safetensors
+The Rust core normalizes config.json (`rsgl._core.ModelConfig.from_hf`) and maps the safetensors
 files (`rsgl._core.WeightStore`), checking every header against its file's size here, before
 loading starts; their tensors never pass through Python when serving.
 """
@@ -13,16 +13,14 @@ import logging
 from pathlib import Path
 from typing import TypedDict
 
-from tokenizers import Tokenizer
-
-from rsgl._core import WeightStore, normalize_hf_config
+from rsgl._core import ModelConfig, Tokenizer, WeightStore
 from rsgl._typing import JsonObject
 from rsgl.errors import ModelLoadError, UnsupportedModelError
 from rsgl.loader import (
     MXFP4,
     WEIGHT_DTYPE_PROBE,
     LoadedModel,
-    ModelConfig,
+    ModelConfigFields,
     Tensors,
     TokenizerFields,
     check_tensor_shapes,
@@ -30,7 +28,6 @@ from rsgl.loader import (
     unique_ints,
 )
 from rsgl.loader.pooling import sentence_transformers_pooling
-from rsgl.loader.tokenizer import encoding_prepends, special_token_ids, token_bytes
 
 # Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
@@ -45,14 +42,13 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
             f"{folder} has no config.json; pass a complete Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
         )
     raw_config = _read_json(config_path)
-    config = normalize_hf_config(raw_config)  # before the weights: an unsupported model fails at once
-    config["pooling"] = sentence_transformers_pooling(folder)
+    config = ModelConfig.from_hf(raw_config)  # before the weights: an unsupported model fails at once
     quantization, int4_layout = _quantization(raw_config, folder)
     open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder), **int4_layout)
     tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
-    if "lm_head.weight" not in tensors:
-        config["tie_word_embeddings"] = True  # no lm_head: the output projection can only be the embedding
-    _check_tensors(tensors, config, folder, quantization)
+    config = config.with_checkpoint(pooling=sentence_transformers_pooling(folder), has_lm_head="lm_head.weight" in tensors)
+    fields = config.fields
+    _check_tensors(tensors, fields, folder, quantization)
     if quantization in ("awq", "gptq"):
         _explain_float_layers(tensors, int4_layout["group_size"], folder)
     return LoadedModel(
@@ -62,7 +58,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         model_name=folder.resolve().name,
         dtype=_checkpoint_dtype(tensors),
         quantization=quantization,
-        **vars(_tokenizer_fields(folder, raw_config, config["vocab_size"], skip_tokenizer_init)),
+        **vars(_tokenizer_fields(folder, raw_config, fields["vocab_size"], skip_tokenizer_init)),
     )
 
 
@@ -201,14 +197,14 @@ def _explain_float_layers(tensors: Tensors, group_size: int | None, folder: Path
         )
 
 
-def _past_the_last_layer(name: str, config: ModelConfig) -> bool:
+def _past_the_last_layer(name: str, config: ModelConfigFields) -> bool:
     """A tensor of a layer after the model's last: DeepSeek-V3's and GLM-4.5's multi-token prediction layers, which
     transformers does not run either."""
     layer = name.removeprefix("model.layers.").split(".", 1)[0]
     return name.startswith("model.layers.") and layer.isdigit() and int(layer) >= config["num_hidden_layers"]
 
 
-def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantization: str | None) -> None:
+def _check_tensors(tensors: Tensors, config: ModelConfigFields, folder: Path, quantization: str | None) -> None:
     shapes = {name: shape for name, (shape, _) in tensors.items() if not name.endswith(_SCALE_SUFFIX)}
     mxfp4 = {name for name, (_, stored) in tensors.items() if stored == MXFP4}
     check_tensor_shapes(shapes, config, folder, mxfp4)
@@ -254,7 +250,7 @@ def _check_tensors(tensors: Tensors, config: ModelConfig, folder: Path, quantiza
 def _tokenizer_fields(folder: Path, raw_config: JsonObject, vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
     tokenizer_config = _read_optional_json(folder / "tokenizer_config.json")
     generation_config = _read_optional_json(folder / "generation_config.json")
-    tokenizer = None if skip_tokenizer_init else _read_tokenizer(folder / "tokenizer.json")
+    tokenizer = None if skip_tokenizer_init else _read_tokenizer(folder / "tokenizer.json", vocab_size)
     bos_token = _token_text(tokenizer_config.get("bos_token"))
     eos_token = _token_text(tokenizer_config.get("eos_token"))
     bos_token_id = _token_id(tokenizer, bos_token, raw_config.get("bos_token_id"))
@@ -262,7 +258,8 @@ def _tokenizer_fields(folder: Path, raw_config: JsonObject, vocab_size: int, ski
     if tokenizer is not None:  # a template may need the texts even when tokenizer_config.json lacks them
         bos_token = bos_token or _token_at(tokenizer, bos_token_id)
         eos_token = eos_token or _token_at(tokenizer, eos_token_ids[0] if eos_token_ids else None)
-    tokenizer_adds_bos = tokenizer is not None and bos_token_id is not None and encoding_prepends(tokenizer, bos_token_id)
+    # Whether the tokenizer's own post-processor already starts every encoding with BOS.
+    tokenizer_adds_bos = tokenizer is not None and bos_token_id is not None and tokenizer.encode("a")[:1] == [bos_token_id]
     return TokenizerFields(
         tokenizer=tokenizer,
         chat_template=_chat_template(folder, tokenizer_config),
@@ -272,17 +269,15 @@ def _tokenizer_fields(folder: Path, raw_config: JsonObject, vocab_size: int, ski
         bos_token_id=bos_token_id,
         eos_token_ids=eos_token_ids,
         generation_config=generation_config,
-        token_bytes=None if tokenizer is None else token_bytes(tokenizer, vocab_size),
-        special_token_ids=[] if tokenizer is None else special_token_ids(tokenizer),
     )
 
 
-def _read_tokenizer(path: Path) -> Tokenizer | None:
+def _read_tokenizer(path: Path, vocab_size: int) -> Tokenizer | None:
     if not path.is_file():
         return None
     try:
-        return Tokenizer.from_file(str(path))
-    except Exception as error:  # tokenizers raises bare Exceptions for unreadable files
+        return Tokenizer.from_str(path.read_text(encoding="utf-8"), vocab_size)
+    except (OSError, UnicodeDecodeError, ModelLoadError) as error:
         raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
 
 

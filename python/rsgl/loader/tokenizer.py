@@ -1,19 +1,11 @@
-"""Tokenizers: built from GGUF metadata, and described for the Rust core.
-
-The Rust core detokenizes by itself: it gets, for every token id, the bytes that token adds to the
-decoded text (`token_bytes`), and the ids of special tokens. This module computes those from a
-`tokenizers.Tokenizer`, and builds such a tokenizer from the vocabulary a GGUF file stores
-(no `transformers` needed at run time).
+"""The tokenizer a GGUF file describes, built as `tokenizer.json` text for the Rust core's
+`Tokenizer` (which encodes, decodes and detokenizes; no `transformers` needed at run time).
 """
 
 from __future__ import annotations
 
 import functools
-import json
-import re
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -24,7 +16,6 @@ _CONTROL = 3
 _USER_DEFINED = 4
 
 _SENTENCEPIECE_SPACE = "\u2581"  # "▁"
-_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 
 # How text is split before byte-level BPE, by `tokenizer.ggml.pre` (llama.cpp's llama-vocab.cpp).
 _LLAMA3_SPLIT = (
@@ -65,83 +56,6 @@ def bytes_to_unicode() -> dict[int, str]:
     return table
 
 
-@functools.cache
-def _unicode_to_byte() -> dict[str, int]:
-    return {char: byte for byte, char in bytes_to_unicode().items()}
-
-
-# ---------------------------------------------------------------------------------------------
-# Describing a tokenizer for the Rust core
-# ---------------------------------------------------------------------------------------------
-
-
-def token_bytes(tokenizer: Tokenizer, vocab_size: int) -> list[bytes]:
-    """The bytes each id in 0..vocab_size-1 adds to decoded text (b"" for ids the tokenizer lacks).
-
-    Concatenating them equals `tokenizer.decode(ids, skip_special_tokens=False)`, except that a
-    SentencePiece decoder also strips the one space it prepended to the whole text.
-    """
-    to_bytes = _token_to_bytes_function(tokenizer)
-    spelling = {index: token for token, index in tokenizer.get_vocab(with_added_tokens=True).items()}
-    return [to_bytes(spelling[index]) if index in spelling else b"" for index in range(vocab_size)]
-
-
-def special_token_ids(tokenizer: Tokenizer) -> list[int]:
-    """Ids of the added tokens marked special (left out of text decoded with skip_special_tokens)."""
-    return sorted(index for index, token in tokenizer.get_added_tokens_decoder().items() if token.special)
-
-
-def encoding_prepends(tokenizer: Tokenizer, token_id: int) -> bool:
-    """Whether `tokenizer.encode(text)` already starts with this token (a post-processor adds it)."""
-    ids = tokenizer.encode("a").ids
-    return bool(ids) and ids[0] == token_id
-
-
-def _token_to_bytes_function(tokenizer: Tokenizer) -> Callable[[str], bytes]:
-    decoder_types = _decoder_types(tokenizer)
-    if "ByteLevel" in decoder_types:
-        return _byte_level_token_bytes
-    if decoder_types & {"Metaspace", "ByteFallback", "Replace"}:
-        return _sentencepiece_token_bytes
-    raise UnsupportedModelError(
-        f"rsgl cannot detokenize with this tokenizer (decoder: {sorted(decoder_types) or 'none'}); it supports "
-        "byte-level BPE (GPT-2 style) and SentencePiece-style tokenizers. Use a model with one of those, "
-        "or load it with skip_tokenizer_init=True and pass token ids."
-    )
-
-
-def _decoder_types(tokenizer: Tokenizer) -> set[str]:
-    """Every decoder `type` in the tokenizer's decoder, nested Sequences included."""
-    if tokenizer.decoder is None:
-        return set()
-    found: set[str] = set()
-
-    def visit(node: Any) -> None:
-        if isinstance(node, dict):
-            found.add(node["type"])
-            for child in node.get("decoders", ()):
-                visit(child)
-
-    visit(json.loads(tokenizer.decoder.__getstate__()))
-    return found
-
-
-def _byte_level_token_bytes(token: str) -> bytes:
-    table = _unicode_to_byte()
-    if all(char in table for char in token):
-        return bytes(table[char] for char in token)
-    # Like the `tokenizers` ByteLevel decoder: a token outside the byte alphabet (an added token
-    # such as "  ") stands for its own UTF-8 text.
-    return token.encode("utf-8")
-
-
-def _sentencepiece_token_bytes(token: str) -> bytes:
-    byte = _BYTE_TOKEN.fullmatch(token)
-    if byte:
-        return bytes([int(byte[1], 16)])
-    return token.replace(_SENTENCEPIECE_SPACE, " ").encode("utf-8")
-
-
 # ---------------------------------------------------------------------------------------------
 # Building a tokenizer from a GGUF vocabulary
 # ---------------------------------------------------------------------------------------------
@@ -162,8 +76,9 @@ class GgufVocabulary:
     add_space_prefix: bool  # SentencePiece: prepend "▁" to the text
 
 
-def tokenizer_from_gguf(vocabulary: GgufVocabulary) -> Tokenizer:
-    """The tokenizer a GGUF file describes, as llama.cpp (and transformers' GGUF loader) builds it."""
+def tokenizer_json_from_gguf(vocabulary: GgufVocabulary) -> str:
+    """The tokenizer a GGUF file describes, as llama.cpp (and transformers' GGUF loader) builds
+    it, as `tokenizer.json` text."""
     if vocabulary.model == "gpt2":
         tokenizer = _byte_level_bpe(vocabulary)
     elif vocabulary.model == "llama":
@@ -174,7 +89,7 @@ def tokenizer_from_gguf(vocabulary: GgufVocabulary) -> Tokenizer:
             "and 'llama' (SentencePiece BPE). Use another model, or load it with skip_tokenizer_init=True."
         )
     _add_gguf_added_tokens(tokenizer, vocabulary)
-    return tokenizer
+    return tokenizer.to_str()
 
 
 def _byte_level_bpe(vocabulary: GgufVocabulary) -> Tokenizer:

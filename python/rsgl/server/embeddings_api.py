@@ -74,7 +74,7 @@ def embedding_input(value: Any, param: str) -> EmbedInput:
 
 def check_dimensions(dimensions: int | None, engine: Engine) -> None:
     """Only the model's own width: truncating suits only models trained for it (Matryoshka)."""
-    hidden_size = engine.model.config["hidden_size"]
+    hidden_size = engine.model_config["hidden_size"]
     if dimensions is not None and dimensions != hidden_size:
         raise bad_request(f"dimensions must be the model's embedding size, {hidden_size}; this server does not truncate embeddings", "dimensions")
 

@@ -111,10 +111,9 @@ async def tokenize(request: Request) -> Response:
     if not is_text(text):
         raise bad_request("prompt (or text) must be a string or a list of strings", "prompt")
     engine = engine_of(request)
-    single = isinstance(text, str)
-    tokens = await one_or_each(engine.tokenize, text, single)
-    count = len(tokens) if single else [len(row) for row in tokens]
-    return json_response({"tokens": tokens, "count": count, "max_model_len": engine.get_server_info()["context_length"]})
+    rows = await asyncio.to_thread(engine.tokenize_batch, [text] if isinstance(text, str) else text)
+    counted: JsonObject = {"tokens": rows[0], "count": len(rows[0])} if isinstance(text, str) else {"tokens": rows, "count": [len(row) for row in rows]}
+    return json_response({**counted, "max_model_len": engine.get_server_info()["context_length"]})
 
 
 async def detokenize(request: Request) -> Response:
@@ -122,7 +121,7 @@ async def detokenize(request: Request) -> Response:
     body = await read_json_object(request)
     engine = engine_of(request)
     tokens = body.get("tokens")
-    vocab_size = engine.model.config["vocab_size"]
+    vocab_size = engine.model_config["vocab_size"]
     if not is_token_ids(tokens) or not all(0 <= t < vocab_size for row in token_rows(tokens) for t in row):
         raise bad_request(f"tokens must be a non-empty list of token ids from 0 to {vocab_size - 1}, or a list of such lists", "tokens")
     decode = partial(engine.decode, skip_special_tokens=optional_bool(body, "skip_special_tokens", True))
@@ -130,8 +129,7 @@ async def detokenize(request: Request) -> Response:
 
 
 async def one_or_each(function: Callable[[Any], Any], value: Any, single: bool) -> Any:
-    """`function(value)`, or `function` of each item when `value` is a batch, run off the event loop
-    (long texts take a while to tokenize)."""
+    """`function(value)`, or `function` of each item when `value` is a batch, run off the event loop."""
     results = await asyncio.to_thread(lambda: [function(item) for item in ([value] if single else value)])
     return results[0] if single else results
 

@@ -206,7 +206,7 @@ def sampling_params(body: JsonObject, max_tokens: int | None, engine: Engine) ->
         "stop": optional_stop(body),
         "ignore_eos": optional_bool(body, "ignore_eos"),
         "n": optional_int(body, "n", 1, minimum=1),
-        "logit_bias": logit_bias(body, engine.model.config["vocab_size"]),
+        "logit_bias": logit_bias(body, engine.model_config["vocab_size"]),
         "strict_json_schema": optional_bool(body, "strict_json_schema", None),  # None: the server's --strict-json-schema
         **structured_output(body),
     }

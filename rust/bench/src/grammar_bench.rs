@@ -9,13 +9,13 @@
 
 use crate::args::Args;
 use crate::report::{host_info, print_table, write_json};
-use llguidance::toktrie::TokTrie;
 use rsgl_engine::grammar::{Grammar, GrammarBackend, GrammarSource, LlgBackend};
 use rsgl_engine::sample::Rng;
-use rsgl_engine::text::TokenTable;
+use rsgl_engine::Tokenizer;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 const DEFAULT_SCHEMAS: &str = "tests/data/structured/schemas.json";
@@ -114,25 +114,6 @@ fn python_json(value: &Value) -> String {
     let mut out = Vec::new();
     value.serialize(&mut serde_json::Serializer::with_formatter(&mut out, PythonSeparators)).expect("JSON values always serialize");
     String::from_utf8(out).expect("serde_json writes UTF-8")
-}
-
-/// The tokens of a `tokenizer.json` as the engine's table holds them. llguidance prefixes the
-/// special ones with a marker byte; the table marks them instead (the backend adds it back).
-fn token_table(tokenizer_json: &Value) -> Result<TokenTable, String> {
-    let mut bytes = llguidance::token_bytes_from_tokenizer_json(tokenizer_json).map_err(|e| format!("cannot read the tokens: {e}"))?;
-    let special: Vec<u32> = tokenizer_json["added_tokens"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter(|token| token["special"].as_bool() == Some(true))
-        .filter_map(|token| token["id"].as_u64().map(|id| id as u32))
-        .collect();
-    for &id in &special {
-        if let Some(token) = bytes.get_mut(id as usize).filter(|b| b.first() == Some(&TokTrie::SPECIAL_TOKEN_MARKER)) {
-            token.remove(0);
-        }
-    }
-    Ok(TokenTable::new(bytes, special))
 }
 
 /// The first of [`EOS_CANDIDATES`] the tokenizer has, and its id.
@@ -249,8 +230,7 @@ impl GrammarResult {
 
 struct Walker<'a> {
     backend: &'a LlgBackend,
-    tokenizer: &'a tokenizers::Tokenizer,
-    table: &'a TokenTable,
+    tokenizer: &'a Tokenizer,
     eos: u32,
     mask: Mask,
     rng: Rng,
@@ -266,12 +246,12 @@ impl Walker<'_> {
 
     fn measure(&mut self, case: &Case) -> Result<GrammarResult, String> {
         let (mut grammar, compile_seconds) = self.compile(case)?;
-        let encoding = self.tokenizer.encode(case.example.as_str(), false).map_err(|e| format!("cannot tokenize the example: {e}"))?;
-        let tokens = encoding.get_ids();
-        let (mask_seconds, refusal) = match follow_example(&mut *grammar, tokens, self.eos, &mut self.mask)? {
+        let tokens = self.tokenizer.encode(&case.example, false).map_err(|e| format!("cannot tokenize the example: {e}"))?;
+        let (mask_seconds, refusal) = match follow_example(&mut *grammar, &tokens, self.eos, &mut self.mask)? {
             ExampleWalk::Followed(seconds) => (seconds, None),
             ExampleWalk::Refused(position) => {
-                let token = tokens.get(position).map_or_else(|| "EOS".into(), |&t| String::from_utf8_lossy(self.table.bytes(t, false)).into_owned());
+                let token =
+                    tokens.get(position).map_or_else(|| "EOS".into(), |&t| String::from_utf8_lossy(self.tokenizer.table().bytes(t, false)).into_owned());
                 let (mut fresh, _) = self.compile(case)?;
                 let seconds = random_walk(&mut *fresh, self.eos, &mut self.mask, &mut self.rng)?;
                 (seconds, Some(Refusal { position, example_tokens: tokens.len(), token }))
@@ -389,13 +369,12 @@ pub fn run(mut args: Args) -> Result<(), String> {
     let mut cases = load_cases(&schemas_path, Kind::JsonSchema)?;
     cases.extend(load_cases(&regexes_path, Kind::Regex)?);
     let tokenizer_text = std::fs::read_to_string(&tokenizer_path).map_err(|e| format!("cannot read {tokenizer_path}: {e}"))?;
-    let tokenizer_json: Value = serde_json::from_str(&tokenizer_text).map_err(|e| format!("{tokenizer_path}: {e}"))?;
-    let table = token_table(&tokenizer_json).map_err(|e| format!("{tokenizer_path}: {e}"))?;
-    let tokenizer: tokenizers::Tokenizer = tokenizer_text.parse().map_err(|e| format!("{tokenizer_path}: {e}"))?;
+    let tokenizer = Arc::new(Tokenizer::from_json(&tokenizer_text, None).map_err(|e| format!("{tokenizer_path}: {e}"))?);
+    let table = tokenizer.table();
     let (eos_text, eos) = eos_token(|text| tokenizer.token_to_id(text))?;
 
     let started = Instant::now();
-    let backend = LlgBackend::new(&table, Some(&tokenizer_text), &[eos]).map_err(|e| e.to_string())?;
+    let backend = LlgBackend::new(tokenizer.clone(), &[eos]).map_err(|e| e.to_string())?;
     let backend_seconds = started.elapsed().as_secs_f64();
     println!(
         "rsgl-bench grammar: {tokenizer_path} ({} tokens, EOS {eos_text} = {eos}), backend built in {:.1} ms (forced text tokenized canonically: {}), {} grammars",
@@ -405,7 +384,7 @@ pub fn run(mut args: Args) -> Result<(), String> {
         cases.len()
     );
 
-    let mut walker = Walker { backend: &backend, tokenizer: &tokenizer, table: &table, eos, mask: Mask::new(table.len()), rng: Rng::new(SEED) };
+    let mut walker = Walker { backend: &backend, tokenizer: &tokenizer, eos, mask: Mask::new(table.len()), rng: Rng::new(SEED) };
     let results =
         cases.iter().map(|case| walker.measure(case).map_err(|e| format!("{} {}: {e}", case.kind.label(), case.name))).collect::<Result<Vec<_>, _>>()?;
 

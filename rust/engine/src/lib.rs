@@ -29,11 +29,12 @@ pub mod text;
 pub mod weights;
 
 pub use config::{EngineOptions, ModelConfig};
-pub use engine::{Engine, RequestStream, Tokenizer};
+pub use engine::{Engine, RequestStream};
 pub use error::{EngineError, Result};
 pub use request::{EmbedRequest, GenerateRequest, Output, Waker};
 /// Where engine steps' time goes, by phase (off unless turned on; `rsgl-bench generate --profile`).
 pub use rsgl_kernels::profile;
+pub use text::Tokenizer;
 pub use weights::WeightStore;
 
 /// Name of the kernel path chosen for this CPU ("avx2", "neon", "portable").

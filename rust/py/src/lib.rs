@@ -7,11 +7,12 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pythonize::{pythonize, Depythonizer};
+use rsgl_engine::pooling::Pooling;
 use rsgl_engine::request::deserialize_with_path;
 use rsgl_engine::sample::SamplingParams;
-use rsgl_engine::text::TokenTable;
 use rsgl_engine::weights::{Int4Checkpoint, Int4Packing};
-use rsgl_engine::{EmbedRequest, EngineError, EngineOptions, GenerateRequest, ModelConfig, Tokenizer};
+use rsgl_engine::{EmbedRequest, EngineError, EngineOptions, GenerateRequest};
+use serde::Deserialize;
 use std::io::{Read, Write};
 use std::os::fd::AsRawFd;
 use std::os::unix::net::UnixStream;
@@ -120,6 +121,111 @@ impl WeightStore {
     }
 }
 
+/// A model's normalized config, held by the core: the loader reads a copy of its `fields`, and
+/// the engine takes the config itself, so it is never rebuilt from Python values.
+#[pyclass(module = "rsgl._core", frozen)]
+struct ModelConfig {
+    inner: rsgl_engine::ModelConfig,
+}
+
+#[pymethods]
+impl ModelConfig {
+    /// The normalized config of a transformers config.json (a dict).
+    #[staticmethod]
+    fn from_hf(config: &Bound<'_, PyAny>) -> PyResult<Self> {
+        let inner = rsgl_engine::ModelConfig::from_hf_config(&mut Depythonizer::from_object(config)).map_err(to_py_err)?;
+        Ok(ModelConfig { inner })
+    }
+
+    /// The normalized config of a GGUF file, from its metadata and tensors.
+    #[staticmethod]
+    fn from_gguf(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
+        let inner = py.detach(|| rsgl_engine::ModelConfig::from_gguf(&path)).map_err(to_py_err)?;
+        Ok(ModelConfig { inner })
+    }
+
+    /// This config with what a folder's other files say: the pooling sentence-transformers
+    /// declares, and whether there is an `lm_head`.
+    #[pyo3(signature = (pooling=None, has_lm_head=true))]
+    fn with_checkpoint(&self, pooling: Option<&Bound<'_, PyAny>>, has_lm_head: bool) -> PyResult<Self> {
+        let pooling = pooling
+            .map(|p| Pooling::deserialize(&mut Depythonizer::from_object(p)))
+            .transpose()
+            .map_err(|e| ModelLoadError::new_err(format!("pooling: {e}")))?;
+        Ok(ModelConfig { inner: self.inner.clone().with_checkpoint(pooling, has_lm_head) })
+    }
+
+    /// The config's fields, as a new dict.
+    #[getter]
+    fn fields<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        to_python(py, &self.inner)
+    }
+}
+
+/// The model's tokenizer (a `tokenizer.json`), shared with the engine: prompts are encoded,
+/// texts decoded and structured output's forced text tokenized by this one instance.
+#[pyclass(module = "rsgl._core", frozen)]
+struct Tokenizer {
+    inner: Arc<rsgl_engine::Tokenizer>,
+}
+
+#[pymethods]
+impl Tokenizer {
+    /// Reads `tokenizer.json` text; `vocab_size` is the model's (ids past the tokenizer's own
+    /// vocabulary decode to nothing), or None for the tokenizer's own.
+    #[staticmethod]
+    #[pyo3(signature = (json, vocab_size=None))]
+    fn from_str(py: Python<'_>, json: String, vocab_size: Option<usize>) -> PyResult<Self> {
+        let inner = py.detach(|| rsgl_engine::Tokenizer::from_json(&json, vocab_size)).map_err(to_py_err)?;
+        Ok(Tokenizer { inner: Arc::new(inner) })
+    }
+
+    #[pyo3(signature = (text, add_special_tokens=true))]
+    fn encode(&self, py: Python<'_>, text: &str, add_special_tokens: bool) -> PyResult<Vec<u32>> {
+        py.detach(|| self.inner.encode(text, add_special_tokens)).map_err(to_py_err)
+    }
+
+    /// Encodes texts in parallel, without the GIL.
+    #[pyo3(signature = (texts, add_special_tokens=true))]
+    fn encode_batch(&self, py: Python<'_>, texts: Vec<String>, add_special_tokens: bool) -> PyResult<Vec<Vec<u32>>> {
+        py.detach(|| self.inner.encode_batch(texts, add_special_tokens)).map_err(to_py_err)
+    }
+
+    #[pyo3(signature = (ids, skip_special_tokens=true))]
+    fn decode(&self, py: Python<'_>, ids: Vec<u32>, skip_special_tokens: bool) -> PyResult<String> {
+        py.detach(|| self.inner.decode(&ids, skip_special_tokens)).map_err(to_py_err)
+    }
+
+    fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The bytes a token adds to text, as the engine's detokenizer writes them.
+    fn token_bytes<'py>(&self, py: Python<'py>, id: u32) -> Bound<'py, PyBytes> {
+        PyBytes::new(py, self.inner.table().bytes(id, false))
+    }
+
+    /// Whether a token is special (left out of text decoded with skip_special_tokens).
+    fn is_special(&self, id: u32) -> bool {
+        self.inner.table().is_special(id)
+    }
+
+    /// The model's vocabulary size (the token table's length).
+    #[getter]
+    fn vocab_size(&self) -> usize {
+        self.inner.table().len()
+    }
+
+    /// The tokenizer as `tokenizer.json` text.
+    fn to_str(&self) -> String {
+        self.inner.to_json()
+    }
+}
+
 #[pyclass(module = "rsgl._core")]
 struct Engine {
     /// Held only while a call clones or takes the handle: a call that holds the GIL never waits
@@ -136,24 +242,20 @@ impl Engine {
 #[pymethods]
 impl Engine {
     #[new]
-    // Python's keyword arguments, one per value the engine needs.
-    #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (config, weights, options, eos_token_ids, token_bytes=None, special_token_ids=Vec::new(), tokenizer_json=None))]
+    #[pyo3(signature = (config, weights, options, eos_token_ids, tokenizer=None))]
     fn new(
         py: Python<'_>,
-        config: &Bound<'_, PyAny>,
+        config: &ModelConfig,
         weights: &WeightStore,
         options: &Bound<'_, PyAny>,
         eos_token_ids: Vec<u32>,
-        token_bytes: Option<Vec<Vec<u8>>>,
-        special_token_ids: Vec<u32>,
-        tokenizer_json: Option<String>,
+        tokenizer: Option<&Tokenizer>,
     ) -> PyResult<Self> {
-        let cfg = ModelConfig::deserialize_from(&mut Depythonizer::from_object(config)).map_err(to_py_err)?;
+        let cfg = config.inner.clone();
         let opts = EngineOptions::deserialize_from(&mut Depythonizer::from_object(options)).map_err(to_py_err)?;
         let store =
             weights.inner.lock().expect("store lock").take().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
-        let tokenizer = token_bytes.map(|b| Tokenizer { table: TokenTable::new(b, special_token_ids), json: tokenizer_json });
+        let tokenizer = tokenizer.map(|t| t.inner.clone());
         let engine = py.detach(|| rsgl_engine::Engine::start(cfg, store, tokenizer, eos_token_ids, opts)).map_err(to_py_err)?;
         Ok(Engine { inner: Mutex::new(Some(Arc::new(engine))) })
     }
@@ -366,20 +468,6 @@ fn engine_options_schema(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     to_python(py, &EngineOptions::json_schema())
 }
 
-/// The normalized model config of a transformers config.json (a dict).
-#[pyfunction]
-fn normalize_hf_config<'py>(py: Python<'py>, config: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
-    let normalized = ModelConfig::from_hf_config(&mut Depythonizer::from_object(config)).map_err(to_py_err)?;
-    to_python(py, &normalized)
-}
-
-/// The normalized model config of a GGUF file, from its metadata and tensors.
-#[pyfunction]
-fn gguf_config(py: Python<'_>, path: PathBuf) -> PyResult<Bound<'_, PyAny>> {
-    let config = py.detach(|| ModelConfig::from_gguf(&path)).map_err(to_py_err)?;
-    to_python(py, &config)
-}
-
 /// A JSON schema (given as JSON text) as the grammar enforces it: the schema rewritten by the
 /// schema policy (JSON text), and what it relaxes, a list of `{keyword, pointer, action}` dicts,
 /// empty when the schema is enforced as written.
@@ -392,14 +480,14 @@ fn relax_json_schema<'py>(py: Python<'py>, schema: &str) -> PyResult<(String, Bo
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<WeightStore>()?;
+    m.add_class::<ModelConfig>()?;
+    m.add_class::<Tokenizer>()?;
     m.add_class::<Engine>()?;
     m.add_class::<RequestStream>()?;
     m.add_class::<Notifier>()?;
     m.add_function(wrap_pyfunction!(kernel_isa, m)?)?;
     m.add_function(wrap_pyfunction!(architectures, m)?)?;
     m.add_function(wrap_pyfunction!(engine_options_schema, m)?)?;
-    m.add_function(wrap_pyfunction!(normalize_hf_config, m)?)?;
-    m.add_function(wrap_pyfunction!(gguf_config, m)?)?;
     m.add_function(wrap_pyfunction!(relax_json_schema, m)?)?;
     m.add_function(wrap_pyfunction!(profile_steps, m)?)?;
     m.add_function(wrap_pyfunction!(decode_profile, m)?)?;

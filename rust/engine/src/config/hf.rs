@@ -9,6 +9,7 @@ use super::{
 };
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
+use crate::pooling::Pooling;
 use serde::{Deserialize, Deserializer};
 use serde_json::{Map, Value};
 
@@ -16,6 +17,13 @@ const LLAMA3_ROPE_KEYS: [&str; 4] = ["factor", "low_freq_factor", "high_freq_fac
 const REMEDY: &str = "the config looks broken: download the model again";
 
 impl ModelConfig {
+    /// With what a checkpoint's files beside config.json say: the pooling sentence-transformers
+    /// declares, and whether there is an `lm_head` (without one the output projection can only
+    /// be the embedding, whatever `tie_word_embeddings` says).
+    pub fn with_checkpoint(self, pooling: Option<Pooling>, has_lm_head: bool) -> Self {
+        ModelConfig { pooling, tie_word_embeddings: self.tie_word_embeddings || !has_lm_head, ..self }
+    }
+
     /// The normalized config of a transformers config.json, from its JSON text, a parsed
     /// `serde_json::Value` or the dict the binding passes.
     pub fn from_hf_config<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {

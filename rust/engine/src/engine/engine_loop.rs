@@ -15,7 +15,7 @@ use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::sequence::{Sequence, Speculation};
 use crate::speculative::Speculator;
-use crate::text::TokenTable;
+use crate::text::Tokenizer;
 use rsgl_kernels::profile::{self, Phase};
 use rsgl_kernels::ThreadPool;
 use std::collections::HashSet;
@@ -56,7 +56,7 @@ pub(super) struct EngineLoop<M = DecoderModel> {
     pub(super) model: M,
     pub(super) kv: KvCache,
     pub(super) scheduler: Scheduler,
-    pub(super) tokenizer: Option<Arc<TokenTable>>,
+    pub(super) tokenizer: Option<Arc<Tokenizer>>,
     pub(super) grammars: Option<Arc<GrammarService>>,
     /// Constrained requests waiting for their grammar (their `pending_grammar`) to compile.
     pub(super) grammar_queue: Vec<Sequence>,
@@ -335,7 +335,7 @@ impl<M: ForwardPass> EngineLoop<M> {
             let out = if seq.max_new_tokens == 0 {
                 seq.finish_without_tokens(rows[0])
             } else {
-                let advanced = seq.advance_through_draft(&rows, &draft, self.tokenizer.as_deref());
+                let advanced = seq.advance_through_draft(&rows, &draft, self.tokenizer.as_deref().map(Tokenizer::table));
                 step.forced += advanced.forced;
                 step.drafted += advanced.drafted;
                 step.accepted += advanced.accepted;

@@ -16,7 +16,7 @@ use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Ou
 use crate::sample::Rng;
 use crate::scheduler::{Scheduler, WindowPool};
 use crate::speculative::Speculator;
-use crate::text::TokenTable;
+use crate::text::Tokenizer;
 use crate::weights::WeightStore;
 use engine_loop::EngineLoop;
 use rsgl_kernels::pool::split;
@@ -28,13 +28,6 @@ use std::time::Duration;
 
 /// Tokens of recent outputs suffix drafting keeps (SuffixDecoding's global tree), a few MB.
 const SUFFIX_WINDOW_TOKENS: usize = 1 << 18;
-
-/// What the engine knows of the tokenizer: each token's bytes (for text), and the tokenizer
-/// itself as `tokenizer.json` text, which structured output uses to tokenize forced text.
-pub struct Tokenizer {
-    pub table: TokenTable,
-    pub json: Option<String>,
-}
 
 enum Command {
     Submit(Box<GenerateRequest>, OutputSink),
@@ -115,7 +108,7 @@ impl RequestStream {
 
 impl Engine {
     /// Builds the model from `weights` (moved, so they live in memory once) and starts the thread.
-    pub fn start(cfg: ModelConfig, weights: WeightStore, tokenizer: Option<Tokenizer>, eos_token_ids: Vec<u32>, opts: EngineOptions) -> Result<Engine> {
+    pub fn start(cfg: ModelConfig, weights: WeightStore, tokenizer: Option<Arc<Tokenizer>>, eos_token_ids: Vec<u32>, opts: EngineOptions) -> Result<Engine> {
         let context_length = opts.context_length(&cfg);
         if context_length == 0 {
             return Err(invalid("context_length must be at least 1"));
@@ -131,6 +124,12 @@ impl Engine {
             .collect();
         let pin_engine_thread = computes[0].home_cpu;
         let vocab_size = cfg.vocab_size;
+        if let Some(table) = tokenizer.as_deref().map(Tokenizer::table).filter(|t| t.len() != vocab_size) {
+            return Err(EngineError::ModelLoad(format!(
+                "the tokenizer was read for {} token ids but the model has {vocab_size}: read it with vocab_size={vocab_size}",
+                table.len()
+            )));
+        }
         let precision = Precision { dtype: opts.dtype.weight_dtype(), quantization: opts.quantization, quantize_lm_head: opts.quantize_lm_head };
         let pooling = cfg.pooling.unwrap_or_default();
         let output = if opts.is_embedding { ModelOutput::HiddenStates } else { ModelOutput::Logits };
@@ -186,10 +185,9 @@ impl Engine {
         }));
         let (inbox, commands) = channel();
         let has_tokenizer = tokenizer.is_some();
-        let table = tokenizer.as_ref().map(|t| Arc::new(t.table.clone()));
-        let grammars = tokenizer.map(|t| {
-            let (table, eos) = (table.clone().expect("present with the tokenizer"), eos_token_ids.clone());
-            let build = move || LlgBackend::new(&table, t.json.as_deref(), &eos).map(|b| Arc::new(b) as Arc<dyn GrammarBackend>);
+        let grammars = tokenizer.clone().map(|t| {
+            let eos = eos_token_ids.clone();
+            let build = move || LlgBackend::new(t, &eos).map(|b| Arc::new(b) as Arc<dyn GrammarBackend>);
             Arc::new(GrammarService::new(opts.grammar_compile_threads, build))
         });
         let engine_loop = EngineLoop {
@@ -202,7 +200,7 @@ impl Engine {
                 &opts,
                 disk,
             ),
-            tokenizer: table,
+            tokenizer,
             grammars: grammars.clone(),
             grammar_queue: Vec::new(),
             jump_forward: !opts.disable_jump_forward,

@@ -3,7 +3,7 @@
 
 use super::{Grammar, GrammarBackend, GrammarSource};
 use crate::error::{invalid, Result};
-use crate::text::TokenTable;
+use crate::text::Tokenizer;
 use llguidance::api::TopLevelGrammar;
 use llguidance::{Matcher, ParserFactory};
 use std::sync::Arc;
@@ -15,9 +15,10 @@ pub struct LlgBackend {
 }
 
 impl LlgBackend {
-    /// Builds the token trie from `table` and, when the tokenizer's own `tokenizer.json` is
-    /// given and tokenizes text pieces canonically, uses it to tokenize forced text.
-    pub fn new(table: &TokenTable, tokenizer_json: Option<&str>, eos_token_ids: &[u32]) -> Result<Self> {
+    /// Builds the token trie from the tokenizer's token table and, when the tokenizer spells
+    /// pieces of text canonically, uses it to tokenize forced text.
+    pub fn new(tokenizer: Arc<Tokenizer>, eos_token_ids: &[u32]) -> Result<Self> {
+        let table = tokenizer.table();
         let words: Vec<Vec<u8>> = (0..table.len() as u32)
             .map(|t| {
                 let bytes = table.bytes(t, false);
@@ -34,14 +35,8 @@ impl LlgBackend {
             return Err(invalid("structured output needs an end-of-sequence token; the model declares none"));
         }
         let trie = TokTrie::from(&TokRxInfo::new(words.len() as u32, eos[0]), &words).with_eos_tokens(&eos);
-        let hf = match tokenizer_json {
-            Some(json) => Some(json.parse::<tokenizers::Tokenizer>().map_err(|e| invalid(format!("cannot read the tokenizer for structured output: {e}")))?),
-            None => None,
-        };
-        let env: TokEnv = match hf {
-            Some(tokenizer) if tokenizes_canonically(&trie, &tokenizer) => Arc::new(ModelTokenizer { trie, tokenizer }),
-            _ => Arc::new(ApproximateTokEnv::new(trie)),
-        };
+        let env: TokEnv =
+            if tokenizes_canonically(&trie, tokenizer.hf()) { Arc::new(ModelTokenizer { trie, tokenizer }) } else { Arc::new(ApproximateTokEnv::new(trie)) };
         let canonical = env.tokenize_is_canonical();
         let mut factory = ParserFactory::new_simple(&env).map_err(|e| invalid(format!("cannot set up the grammar backend: {e}")))?;
         factory.quiet();
@@ -142,7 +137,7 @@ impl Grammar for LlgGrammar {
 /// The model's tokenizer, for tokenizing forced text as the model would have.
 struct ModelTokenizer {
     trie: TokTrie,
-    tokenizer: tokenizers::Tokenizer,
+    tokenizer: Arc<Tokenizer>,
 }
 
 impl ModelTokenizer {
@@ -157,7 +152,7 @@ impl TokenizerEnv for ModelTokenizer {
     }
 
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.tokenize_with_greedy_fallback(s, |text| Self::encode(&self.tokenizer, text))
+        self.trie.tokenize_with_greedy_fallback(s, |text| Self::encode(self.tokenizer.hf(), text))
     }
 }
 

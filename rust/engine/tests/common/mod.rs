@@ -4,6 +4,7 @@
 use rsgl_engine::config::{ExpertScoring, GatedDeltaNet, LatentAttention, SlidingWindow};
 use rsgl_engine::sample::Rng;
 use rsgl_engine::{Engine, EngineOptions, GenerateRequest, ModelConfig, Output, WeightStore};
+use std::sync::Arc;
 use std::time::Duration;
 
 pub const VOCAB: usize = 97;
@@ -218,26 +219,37 @@ pub fn ascii_id(c: char) -> u32 {
 }
 
 /// A byte-level BPE tokenizer over the tiny model's vocabulary: printable ASCII, one merge
-/// ("a" + "b"), and `</s>` as EOS. Its tokenizer.json makes forced text tokenizable canonically.
-pub fn ascii_tokenizer() -> rsgl_engine::Tokenizer {
+/// ("a" + "b"), and `</s>` as EOS. It tokenizes forced text canonically.
+pub fn ascii_tokenizer() -> Arc<rsgl_engine::Tokenizer> {
+    ascii_tokenizer_with_normalizer(serde_json::Value::Null)
+}
+
+/// [`ascii_tokenizer`] with a `tokenizer.json` normalizer, such as one prepending a space
+/// (SentencePiece style), which makes it unfit to tokenize pieces of text.
+pub fn ascii_tokenizer_with_normalizer(normalizer: serde_json::Value) -> Arc<rsgl_engine::Tokenizer> {
     let mut bytes = vec![b"</s>".to_vec()];
     bytes.extend((b' '..=b'~').map(|b| vec![b]));
     bytes.push(b"ab".to_vec());
     assert_eq!(bytes.len(), VOCAB);
     // Byte-level BPE spells a space as U+0120 and printable ASCII as itself.
     let spelling = |token: &[u8]| -> String { token.iter().map(|&b| if b == b' ' { '\u{120}' } else { b as char }).collect() };
-    let vocab: serde_json::Map<String, serde_json::Value> = bytes.iter().enumerate().skip(1).map(|(id, token)| (spelling(token), id.into())).collect();
+    // `</s>` is in the model's vocabulary too, as real tokenizers keep their added tokens.
+    let vocab: serde_json::Map<String, serde_json::Value> = bytes.iter().enumerate().map(|(id, token)| (spelling(token), id.into())).collect();
     let json = serde_json::json!({
         "version": "1.0", "truncation": null, "padding": null,
         "added_tokens": [{"id": 0, "content": "</s>", "single_word": false, "lstrip": false, "rstrip": false, "normalized": false, "special": true}],
-        "normalizer": null,
+        "normalizer": normalizer,
         "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
         "post_processor": null,
         "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
         "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null, "end_of_word_suffix": null,
                   "fuse_unk": false, "byte_fallback": false, "vocab": vocab, "merges": ["a b"]}
     });
-    rsgl_engine::Tokenizer { table: rsgl_engine::text::TokenTable::new(bytes, [0]), json: Some(json.to_string()) }
+    let tokenizer = rsgl_engine::Tokenizer::from_json(&json.to_string(), Some(VOCAB)).unwrap();
+    for (id, token) in bytes.iter().enumerate() {
+        assert_eq!(tokenizer.table().bytes(id as u32, false), token.as_slice());
+    }
+    Arc::new(tokenizer)
 }
 
 /// The tiny Llama with [`ascii_tokenizer`] (EOS `</s>`).
