@@ -176,6 +176,20 @@ class Mamba2(TypedDict):
     conv_kernel: int
 
 
+class VisionConfig(TypedDict):
+    """A SigLIP-style vision tower and SmolVLM's pixel-shuffle projector (rsgl._core.ModelConfig's `vision`)."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    image_size: int  # a tile's side, in pixels
+    patch_size: int
+    layer_norm_eps: float
+    scale_factor: int  # the pixel shuffle folds scale_factor**2 neighbouring patches into one token
+    image_token_id: int  # the prompt tokens an image's rows replace
+
+
 class ModelConfigFields(TypedDict):
     """The fields of the config the Rust core normalizes a checkpoint's into (`_core.ModelConfig`:
     `from_hf`, `from_gguf`), as its `fields` gives them."""
@@ -206,6 +220,7 @@ class ModelConfigFields(TypedDict):
     gated_delta_net: GatedDeltaNet | None  # layers with a recurrent state in place of attention
     mamba2: Mamba2 | None  # layers with a recurrent state in place of attention (Granite 4)
     latent_attention: LatentAttention | None  # multi-head latent attention in every layer (DeepSeek)
+    vision: VisionConfig | None  # a vision-language model's image encoder (SmolVLM)
 
 
 @dataclass
@@ -378,7 +393,31 @@ def expected_tensor_shapes(config: ModelConfigFields, found: Iterable[str] = (),
     shapes["model.norm.weight"] = (hidden,)
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
+    if vision := config.get("vision"):
+        shapes.update(_vision_shapes(vision, hidden))
     return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config, set(mxfp4))
+
+
+def _vision_shapes(vision: VisionConfig, text_hidden: int) -> dict[str, tuple[int, ...]]:
+    """A SmolVLM vision tower's and projector's tensors."""
+    width, inner, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
+    tower = "model.vision_model."
+    shapes: dict[str, tuple[int, ...]] = {
+        tower + "embeddings.patch_embedding.weight": (width, 3, patch, patch),
+        tower + "embeddings.patch_embedding.bias": (width,),
+        tower + "embeddings.position_embedding.weight": ((vision["image_size"] // patch) ** 2, width),
+        tower + "post_layernorm.weight": (width,),
+        tower + "post_layernorm.bias": (width,),
+        "model.connector.modality_projection.proj.weight": (text_hidden, width * vision["scale_factor"] ** 2),
+    }
+    for layer in range(vision["num_hidden_layers"]):
+        prefix = f"{tower}encoder.layers.{layer}."
+        for name, (rows, cols) in {"self_attn.q_proj": (width, width), "self_attn.k_proj": (width, width), "self_attn.v_proj": (width, width),
+                                   "self_attn.out_proj": (width, width), "mlp.fc1": (inner, width), "mlp.fc2": (width, inner)}.items():  # fmt: skip
+            shapes[f"{prefix}{name}.weight"], shapes[f"{prefix}{name}.bias"] = (rows, cols), (rows,)
+        for norm in ("layer_norm1", "layer_norm2"):
+            shapes[f"{prefix}{norm}.weight"], shapes[f"{prefix}{norm}.bias"] = (width,), (width,)
+    return shapes
 
 
 def _attention_shapes(prefix: str, config: ModelConfigFields, assembly: dict[str, Any], found: set[str]) -> dict[str, tuple[int, ...]]:

@@ -26,11 +26,11 @@ def hf_config(model: LoadedModel, dtype: str, quantization_config: JsonObject | 
     """A transformers config.json from the loader's normalized config."""
     config: JsonObject = dict(model.config.fields)
     architecture = config.pop("architecture")
-    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim", "gated_delta_net", "mamba2")]
-    if layout != [None, "silu", 0.0, None, None, None]:
+    layout = [config.pop(key) for key in ("sliding_window", "activation", "norm_weight_offset", "rotary_dim", "gated_delta_net", "mamba2", "vision")]
+    if layout != [None, "silu", 0.0, None, None, None, None]:
         raise UnsupportedModelError(
             f"rsgl cannot write {architecture} checkpoints yet (sliding windows, GeGLU, offset norms, partial rotary, recurrent "
-            "layers); quantize them at load instead."
+            "layers, vision towers); quantize them at load instead."
         )
     config.pop("qk_norm")  # implied by the architecture (qwen3, qwen3_moe)
     config.pop("pooling")  # sentence-transformers' files carry it, not config.json

@@ -74,6 +74,7 @@ impl Batch {
                     rows: e.rows.clone(),
                     state_slot: seq.kv.state_slot.map(|slot| slot as usize),
                     snapshot: e.snapshot.map(|(n, slot)| (n, slot as usize)),
+                    image_rows: seq.image_rows(e.start..e.end),
                 }
             })
             .collect()

@@ -6,6 +6,7 @@ mod architecture;
 mod gguf;
 mod hf;
 mod keys;
+mod vision;
 
 pub use architecture::{Architecture, MoeFacts, RecurrentMixer, ARCHITECTURES};
 
@@ -82,6 +83,29 @@ pub struct ModelConfig {
     /// `head_dim = kv_lora_rank + qk_rope_head_dim` wide, and whose value is the key's latent part.
     #[serde(default)]
     pub latent_attention: Option<LatentAttention>,
+    /// A vision-language model's image encoder; None for text-only models.
+    #[serde(default)]
+    pub vision: Option<VisionConfig>,
+}
+
+/// A SigLIP-style vision tower (SmolVLM, Idefics3): square tiles of `image_size` pixels cut into
+/// `patch_size` patches, `num_hidden_layers` pre-norm ViT blocks (LayerNorm, attention and a
+/// GELU-tanh MLP, all with biases); a pixel shuffle folds `scale_factor` squared neighbouring
+/// patches into one token, which a linear layer projects to the language model's width, in
+/// place of the prompt's `image_token_id` tokens.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionConfig {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub image_size: usize,
+    pub patch_size: usize,
+    #[serde(serialize_with = "as_written")]
+    pub layer_norm_eps: f32,
+    pub scale_factor: usize,
+    pub image_token_id: u32,
 }
 
 /// The shape of multi-head latent attention: q from the hidden state (through a rank

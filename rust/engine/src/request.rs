@@ -35,6 +35,21 @@ pub struct GenerateRequest {
     /// until it contains them, and follows the grammar after.
     #[serde(default)]
     pub think_end_token_ids: Option<Vec<u32>>,
+    /// The prompt's images, in the order of their image tokens (a vision-language model's).
+    #[serde(default)]
+    pub images: Vec<ImageInput>,
+}
+
+/// An image of a prompt, preprocessed for the model's vision tower.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageInput {
+    /// Names the picture: the prefix cache and the image encoder's cache key by it (the Python
+    /// side sends a SHA-256 of its pixels).
+    pub hash: String,
+    /// Its tiles' pixel values, float32 little-endian, `[tiles, 3, image_size, image_size]`.
+    #[serde(with = "serde_bytes")]
+    pub pixel_values: Vec<u8>,
 }
 
 /// A prompt to embed, on an engine started with `is_embedding`.

@@ -105,6 +105,7 @@ impl ModelConfig {
             gated_delta_net: gated_delta_net(&keys, architecture, num_hidden_layers)?,
             mamba2: None,
             latent_attention,
+            vision: None,
         };
         config.validate()?;
         Ok(config)

@@ -3,6 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts, RecurrentMixer};
 use super::keys::{quoted, truthy, Keys};
+use super::vision;
 use super::{
     Activation, ExpertGroups, ExpertScoring, GatedDeltaNet, GroupScore, LatentAttention, Mamba2, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales,
     SlidingWindow, ValueHeadOrder,
@@ -29,6 +30,7 @@ impl ModelConfig {
     pub fn from_hf_config<'de, D: Deserializer<'de>>(de: D) -> Result<Self> {
         let raw = Map::<String, Value>::deserialize(de)
             .map_err(|e| EngineError::ModelLoad(format!("config.json holds no JSON object ({e}); download the model again.")))?;
+        let vision = vision::vision_config(&raw, REMEDY)?;
         let raw = language_model_config(raw)?;
         let hf = Keys::new(&raw, "config.json".into(), REMEDY);
         let architecture = architecture(&hf)?;
@@ -87,6 +89,7 @@ impl ModelConfig {
             gated_delta_net,
             mamba2,
             latent_attention,
+            vision,
         };
         config.validate()?;
         Ok(config)

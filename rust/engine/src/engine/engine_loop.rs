@@ -1,6 +1,7 @@
 //! The engine thread's loop: it takes commands, parks constrained requests until their
 //! grammar compiles, runs scheduler steps and publishes statistics.
 
+use super::encoder_cache::EncoderCache;
 use super::stats::{EngineStats, StepCounts};
 use super::Command;
 use crate::batch::Batch;
@@ -13,6 +14,7 @@ use crate::pooling::Pooling;
 use crate::request::{EmbedRequest, GenerateRequest, Output, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
+use crate::sequence::PromptImage;
 use crate::sequence::{Sequence, Speculation};
 use crate::speculative::Speculator;
 use crate::text::Tokenizer;
@@ -32,6 +34,8 @@ pub(super) trait ForwardPass {
     fn pool(&self) -> &ThreadPool;
     /// Runs the batch's chunks, writing their K/V into `kv`; returns the rows they ask for.
     fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32>;
+    /// An image's rows for its image tokens, from its preprocessed tiles.
+    fn encode_image(&self, pixels: &[f32]) -> Result<Vec<f32>>;
 }
 
 impl ForwardPass for DecoderModel {
@@ -50,6 +54,10 @@ impl ForwardPass for DecoderModel {
     fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32> {
         DecoderModel::forward(self, seqs, kv)
     }
+
+    fn encode_image(&self, pixels: &[f32]) -> Result<Vec<f32>> {
+        DecoderModel::encode_image(self, pixels)
+    }
 }
 
 pub(super) struct EngineLoop<M = DecoderModel> {
@@ -57,6 +65,8 @@ pub(super) struct EngineLoop<M = DecoderModel> {
     pub(super) kv: KvCache,
     pub(super) scheduler: Scheduler,
     pub(super) tokenizer: Option<Arc<Tokenizer>>,
+    /// Image encoder outputs, by image hash.
+    pub(super) encoded: EncoderCache,
     pub(super) grammars: Option<Arc<GrammarService>>,
     /// Constrained requests waiting for their grammar (their `pending_grammar`) to compile.
     pub(super) grammar_queue: Vec<Sequence>,
@@ -133,6 +143,11 @@ impl<M: ForwardPass> EngineLoop<M> {
             return;
         }
         let mut seq = Sequence::new(req, out, &self.eos_token_ids, self.context_length, self.seeds.next_u64());
+        if let Err(e) = seq.place_images(self.model.config().vision.as_ref()) {
+            self.active.remove(&seq.rid);
+            let _ = seq.out.send(Err(e));
+            return;
+        }
         seq.speculation = self.speculator.as_ref().map(|s| Speculation::new(s.drafter()));
         let Some(source) = seq.pending_grammar.as_ref().map(|g| g.source.clone()) else {
             self.scheduler.enqueue(seq);
@@ -276,9 +291,29 @@ impl<M: ForwardPass> EngineLoop<M> {
         Some(self.scheduler.plan(&mut self.kv)).filter(|batch| !batch.is_empty())
     }
 
-    /// The model's output rows for `batch`, its new K/V written into the cache.
+    /// The model's output rows for `batch`, its new K/V written into the cache: first the images
+    /// whose tokens the batch computes are encoded (or found encoded).
     fn forward(&mut self, batch: &Batch) -> Vec<f32> {
+        self.encode_images(batch);
         self.model.forward(&batch.chunks(self.scheduler.running()), &mut self.kv)
+    }
+
+    fn encode_images(&mut self, batch: &Batch) {
+        let (model, encoded) = (&self.model, &mut self.encoded);
+        for entry in batch.entries() {
+            let seq = &mut self.scheduler.running_mut()[entry.index];
+            let computing = |image: &PromptImage| image.rows.is_none() && image.positions.iter().any(|p| (entry.start..entry.end).contains(p));
+            for image in seq.images.iter_mut().filter(|image| computing(image)) {
+                let rows = encoded.get(&image.input.hash).unwrap_or_else(|| {
+                    let rows: Arc<[f32]> = model.encode_image(&image.pixels()).expect("images are checked when submitted").into();
+                    encoded.insert(image.input.hash.clone(), rows.clone());
+                    rows
+                });
+                image.rows = Some(rows);
+                // The rows stay with the request (a retracted one computes its prompt again).
+                image.input.pixel_values = Vec::new();
+            }
+        }
     }
 
     /// Books each entry's rows of `output`: the step's counts, the request's computed tokens

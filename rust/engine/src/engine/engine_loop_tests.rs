@@ -51,6 +51,10 @@ impl ForwardPass for FakeModel {
         self.ran.borrow_mut().extend(seqs.iter().map(|c| (c.tokens.to_vec(), c.start_pos, c.rows.clone())));
         seqs.iter().flat_map(|c| c.rows.clone().map(|r| c.tokens[r])).flat_map(|token| row_after(token, self.width)).collect()
     }
+
+    fn encode_image(&self, pixels: &[f32]) -> crate::error::Result<Vec<f32>> {
+        Ok(pixels.to_vec())
+    }
 }
 
 /// An engine loop over the fake (rows `width` wide: `VOCAB` to generate, `HIDDEN` to embed) and
@@ -64,6 +68,7 @@ fn engine_loop(pages: usize, budget: usize, width: usize, speculative: Option<Sp
         kv,
         scheduler: Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None),
         tokenizer: None,
+        encoded: Default::default(),
         grammars: None,
         grammar_queue: Vec::new(),
         jump_forward: false,

@@ -1,12 +1,13 @@
 //! The engine thread and its handle. The thread owns the model, the KV cache and every request;
 //! callers talk to it through channels, so no lock is held while the model runs.
 
+mod encoder_cache;
 mod engine_loop;
 mod stats;
 
 pub use stats::EngineStats;
 
-use crate::config::{EngineOptions, ModelConfig};
+use crate::config::{EngineOptions, ModelConfig, VisionConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSource, LlgBackend};
 use crate::kv::disk::{DiskTier, DiskTierOptions};
@@ -15,6 +16,7 @@ use crate::model::{Compute, DecoderModel, ModelOutput, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::{Scheduler, WindowPool};
+use crate::sequence::images;
 use crate::speculative::Speculator;
 use crate::text::Tokenizer;
 use crate::weights::WeightStore;
@@ -50,6 +52,8 @@ pub struct Engine {
     max_total_tokens: usize,
     grammars: Option<Arc<GrammarService>>,
     is_embedding: bool,
+    /// The model's image encoder, which the images of a request must fit.
+    vision: Option<VisionConfig>,
 }
 
 /// The outputs of one request, in order; ends after the output carrying `finished`.
@@ -124,6 +128,7 @@ impl Engine {
             .collect();
         let pin_engine_thread = computes[0].home_cpu;
         let vocab_size = cfg.vocab_size;
+        let cfg_vision = cfg.vision.clone();
         if let Some(table) = tokenizer.as_deref().map(Tokenizer::table).filter(|t| t.len() != vocab_size) {
             return Err(EngineError::ModelLoad(format!(
                 "the tokenizer was read for {} token ids but the model has {vocab_size}: read it with vocab_size={vocab_size}",
@@ -201,6 +206,7 @@ impl Engine {
                 disk,
             ),
             tokenizer,
+            encoded: Default::default(),
             grammars: grammars.clone(),
             grammar_queue: Vec::new(),
             jump_forward: !opts.disable_jump_forward,
@@ -235,6 +241,7 @@ impl Engine {
             max_total_tokens: num_pages * opts.page_size,
             grammars,
             is_embedding: opts.is_embedding,
+            vision: cfg_vision,
         })
     }
 
@@ -275,6 +282,7 @@ impl Engine {
             return Err(invalid("this engine serves embeddings (started with is_embedding); it does not generate: start one without it to generate"));
         }
         validate(&req, self.vocab_size, self.context_length, self.has_tokenizer)?;
+        images::check(&req.images, &req.input_ids, self.vision.as_ref())?;
         self.check_fits(req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len()))?;
         let rid = req.rid.clone();
         self.send_request(rid, waker, |out| Command::Submit(Box::new(req), out))

@@ -14,6 +14,7 @@ use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
 use super::rope::Rope;
 use super::tensor_parallel::{AllReduce, Shard};
+use super::vision::VisionTower;
 use crate::config::{Architecture, ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
@@ -52,6 +53,9 @@ pub struct SeqChunk<'a> {
     /// snapshot the prefix cache keeps); `n` ends a delta-rule chunk (a multiple of its length
     /// from position 0).
     pub snapshot: Option<(usize, usize)>,
+    /// Rows given in place of token embeddings (an image's, at its image tokens): `(index in
+    /// tokens, hidden_size values)`.
+    pub image_rows: Vec<(usize, &'a [f32])>,
 }
 
 impl SeqChunk<'_> {
@@ -147,6 +151,8 @@ pub struct DecoderModel {
     /// its home CPU; share 0 is the caller): persistent, as a compute pool's workers are, so a
     /// decode step starts no thread.
     rank_drivers: Option<ThreadPool>,
+    /// A vision-language model's image encoder.
+    vision: Option<VisionTower>,
 }
 
 impl DecoderModel {
@@ -185,6 +191,7 @@ impl DecoderModel {
             }
         }
         let norm = take_norm(&mut w, "model.norm.weight", h, &cfg)?;
+        let vision = cfg.vision.as_ref().map(|vision| VisionTower::take(&mut w, vision, h, dtype, &computes[0])).transpose()?;
         // A GGUF file's LongRoPE factors, which its config holds.
         for factors in ["rope_factors_short.weight", "rope_factors_long.weight"] {
             drop(w.take_optional(factors, &[cfg.rotary_dim.unwrap_or(hd) / 2])?);
@@ -232,7 +239,7 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers })
+        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision })
     }
 
     pub fn config(&self) -> &ModelConfig {
@@ -245,6 +252,14 @@ impl DecoderModel {
             Some(_) => self.cfg.vocab_size,
             None => self.cfg.hidden_size,
         }
+    }
+
+    /// An image's rows for the language model, in place of its image tokens, from its
+    /// preprocessed tiles; on the first rank's threads.
+    pub fn encode_image(&self, pixels: &[f32]) -> Result<Vec<f32>> {
+        let vision = self.vision.as_ref().ok_or_else(|| EngineError::InvalidRequest(format!("this {} model does not read images", self.cfg.architecture)))?;
+        let _phase = profile::phase(Phase::ForwardOther);
+        vision.forward(&self.ranks[0].compute, pixels)
     }
 
     /// The first rank's compute threads, idle between forward passes (the engine fills token
@@ -318,6 +333,13 @@ impl DecoderModel {
             }
         }
         scale_by(&mut x, self.cfg.scales.embedding);
+        let mut first = 0;
+        for chunk in step.seqs {
+            for &(at, row) in &chunk.image_rows {
+                x[(first + at) * h..(first + at + 1) * h].copy_from_slice(row);
+            }
+            first += chunk.tokens.len();
+        }
         x
     }
 

@@ -13,6 +13,7 @@ mod mlp;
 mod recurrent;
 mod rope;
 mod tensor_parallel;
+mod vision;
 
 pub use decoder::{DecoderModel, ModelOutput, Precision, SeqChunk};
 pub use linear::{Compute, Linear, LinearParts, Weights};

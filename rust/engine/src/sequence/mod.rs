@@ -2,24 +2,41 @@
 //! ([`SeqKv`]), how it picks tokens ([`Picker`]), its grammar, its text ([`OutputText`]) and
 //! what else it reports ([`Report`]).
 
+pub(crate) mod images;
 mod kv;
 mod picker;
 mod report;
 mod speculation;
 mod text;
 
+use crate::config::VisionConfig;
 use crate::grammar::{Constraint, GrammarSource};
 use crate::kv::disk::PageHash;
 use crate::pooling::{Pooler, Pooling};
-use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
+use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, ImageInput, Output, OutputSink, StopMatch};
 use crate::sample::{log_softmax, SamplingParams};
 use crate::text::TokenTable;
+pub(crate) use images::PromptImage;
 pub(crate) use kv::SeqKv;
 use picker::Picker;
 use report::Report;
 pub(crate) use speculation::Speculation;
 use std::time::{Duration, Instant};
 use text::OutputText;
+
+/// What names a request's prefix-cache namespace: its cache salt, and its images' hashes, so
+/// prompts with different images never share KV (not even their text before the images).
+fn namespace_key(cache_salt: Option<String>, images: &[ImageInput]) -> Option<String> {
+    if images.is_empty() {
+        return cache_salt;
+    }
+    let mut key = cache_salt.unwrap_or_default();
+    for image in images {
+        key.push('\0');
+        key.push_str(&image.hash);
+    }
+    Some(key)
+}
 
 /// A grammar a request waits for: compiled before the request runs.
 #[derive(Clone)]
@@ -54,6 +71,8 @@ pub(crate) struct Sequence {
     /// When the engine received it, and how long it then waited for its first admission.
     pub arrived: Instant,
     pub queued: Option<Duration>,
+    /// The prompt's images (a vision-language model's), placed on its image tokens.
+    pub images: Vec<PromptImage>,
     text: OutputText,
 }
 
@@ -69,7 +88,7 @@ impl Sequence {
             rid: req.rid,
             group: req.group,
             max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
-            kv: SeqKv::new(req.cache_salt.as_deref()),
+            kv: SeqKv::new(namespace_key(req.cache_salt, &req.images).as_deref()),
             text: OutputText::new(p.stop.clone(), p.no_stop_trim),
             picker: Picker::new(p, &req.input_ids, eos, seed),
             report,
@@ -80,7 +99,18 @@ impl Sequence {
             out,
             tokens: req.input_ids,
             prompt_len,
+            images: req.images.into_iter().map(PromptImage::new).collect(),
         }
+    }
+
+    /// Places the prompt's images on its image tokens (`vision`: the model's image encoder).
+    pub fn place_images(&mut self, vision: Option<&VisionConfig>) -> crate::error::Result<()> {
+        images::place(&mut self.images, &self.tokens[..self.prompt_len], vision)
+    }
+
+    /// The images' rows (those encoded) at positions `range`, as a forward pass takes them.
+    pub fn image_rows(&self, range: std::ops::Range<usize>) -> Vec<(usize, &[f32])> {
+        images::rows_in(&self.images, range)
     }
 
     /// An embedding request: its prompt prefilled for the hidden states `pooling` asks for.

@@ -466,6 +466,18 @@ impl WeightStore {
         self.take_checked(name, &[rows, cols])
     }
 
+    /// Removes a float tensor of `shape` (a convolution's `[out, in, k, k]`), checking it, to be
+    /// read as a `[shape[0], the other dimensions' product]` matrix, as a GEMM over patches reads it.
+    pub fn take_flattened(&mut self, name: &str, shape: &[usize]) -> Result<MatrixRows> {
+        let mut matrix = self.take_checked(name, shape)?;
+        if !matches!(matrix.entry.stored, Stored::Ggml(GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)) {
+            return Err(EngineError::UnsupportedModel(format!("{name} is stored as {}; rsgl reads it only as floats", matrix.entry.stored.name())));
+        }
+        matrix.entry.shape = vec![shape[0], shape[1..].iter().product()];
+        matrix.row_bytes = matrix.entry.row_bytes();
+        Ok(matrix)
+    }
+
     /// A stack of `count` matrices `[rows, cols]` (one per head), read as their rows one after
     /// another.
     pub fn take_matrices(&mut self, name: &str, count: usize, rows: usize, cols: usize) -> Result<MatrixRows> {
@@ -723,16 +735,18 @@ impl Drop for MatrixRows {
 }
 
 /// A tensor of a vision-language checkpoint under its name in the text model (transformers 4
-/// saves the language model as `language_model.model.*`, 5 as `model.language_model.*`); None
-/// for the vision tower and its projector (Qwen3.5's `model.visual`), and for the multi-token
-/// prediction layers Qwen3.5 and Qwen3-Next ship (`mtp.*`), which rsgl does not read yet. Other
-/// names as they are.
+/// saves the language model as `language_model.model.*`, 5 as `model.language_model.*`;
+/// SmolVLM as `model.text_model.*`); None for the vision towers and projectors rsgl does not
+/// read yet (Gemma 3's, Qwen3.5's `model.visual`), and for the multi-token prediction layers
+/// Qwen3.5 and Qwen3-Next ship (`mtp.*`). Other names, SmolVLM's vision tower
+/// (`model.vision_model.*`, `model.connector.*`) among them, as they are.
 fn language_model_name(name: &str) -> Option<String> {
     const UNREAD: [&str; 6] = ["vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.", "model.visual.", "mtp."];
     if UNREAD.iter().any(|prefix| name.starts_with(prefix)) {
         return None;
     }
-    Some(match (name.strip_prefix("language_model."), name.strip_prefix("model.language_model.")) {
+    let text_model = name.strip_prefix("model.language_model.").or_else(|| name.strip_prefix("model.text_model."));
+    Some(match (name.strip_prefix("language_model."), text_model) {
         (Some(text_model), _) => text_model.to_string(),
         (_, Some(layers)) => format!("model.{layers}"),
         _ => name.to_string(),

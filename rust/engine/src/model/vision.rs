@@ -1,0 +1,245 @@
+//! The image side of a vision-language model (SmolVLM, Idefics3): a SigLIP-style ViT over each
+//! square tile's patches, then a pixel shuffle and one linear layer into the language model's
+//! embedding width. The rows it returns take the place of the prompt's image tokens.
+
+use super::linear::{Compute, Linear, LinearParts};
+use super::mlp::take_linear;
+use crate::config::VisionConfig;
+use crate::error::{EngineError, Result};
+use crate::weights::WeightStore;
+use rsgl_kernels::pool::SendPtr;
+use rsgl_kernels::{kernels, WeightDtype};
+
+const TOWER: &str = "model.vision_model";
+
+struct LayerNorm {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    eps: f32,
+}
+
+impl LayerNorm {
+    fn take(w: &mut WeightStore, prefix: &str, width: usize, eps: f32) -> Result<LayerNorm> {
+        Ok(LayerNorm { weight: w.take(&format!("{prefix}.weight"), &[width])?, bias: w.take(&format!("{prefix}.bias"), &[width])?, eps })
+    }
+
+    /// Each row of `x` normalized to zero mean and unit variance, then scaled and shifted.
+    fn forward(&self, x: &[f32]) -> Vec<f32> {
+        let width = self.weight.len();
+        let mut out = Vec::with_capacity(x.len());
+        for row in x.chunks_exact(width) {
+            let mean = row.iter().sum::<f32>() / width as f32;
+            let variance = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / width as f32;
+            let inverse = 1.0 / (variance + self.eps).sqrt();
+            out.extend(row.iter().zip(&self.weight).zip(&self.bias).map(|((v, w), b)| (v - mean) * inverse * w + b));
+        }
+        out
+    }
+}
+
+/// One pre-norm ViT block: attention over the tile's patches, then a GELU-tanh MLP.
+struct EncoderLayer {
+    norm1: LayerNorm,
+    qkv: Linear,
+    out: Linear,
+    norm2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+pub struct VisionTower {
+    cfg: VisionConfig,
+    /// The patch convolution as a GEMM over flattened patches (`[hidden, 3 * patch * patch]`).
+    patch_embedding: Linear,
+    /// Each patch's position-embedding row, as transformers buckets a whole tile's patches.
+    positions: Vec<f32>,
+    layers: Vec<EncoderLayer>,
+    post_norm: LayerNorm,
+    projection: Linear,
+}
+
+impl VisionTower {
+    /// Takes the tower's and projector's tensors from `w`, packed in `dtype` (`text_hidden`: the
+    /// language model's embedding width).
+    pub fn take(w: &mut WeightStore, cfg: &VisionConfig, text_hidden: usize, dtype: WeightDtype, c: &Compute) -> Result<VisionTower> {
+        let (d, p) = (cfg.hidden_size, cfg.patch_size);
+        let pack = |parts: Vec<LinearParts>| Linear::fused(parts, dtype, None, &c.pool);
+        let patch_weight = w.take_flattened(&format!("{TOWER}.embeddings.patch_embedding.weight"), &[d, 3, p, p])?;
+        let patch_bias = w.take(&format!("{TOWER}.embeddings.patch_embedding.bias"), &[d])?;
+        let patch_embedding = pack(vec![LinearParts::new(patch_weight, Some(patch_bias))]);
+        let side = cfg.patches_per_side();
+        let table = w.take(&format!("{TOWER}.embeddings.position_embedding.weight"), &[side * side, d])?;
+        let buckets = position_buckets(side);
+        let positions =
+            buckets.iter().flat_map(|&row| buckets.iter().map(move |&col| row * side + col)).flat_map(|id| table[id * d..(id + 1) * d].to_vec()).collect();
+        let eps = cfg.layer_norm_eps;
+        let layers = (0..cfg.num_hidden_layers)
+            .map(|l| {
+                let prefix = format!("{TOWER}.encoder.layers.{l}");
+                let mut projection = |name: &str, out: usize, inp: usize| take_linear(w, &format!("{prefix}.{name}"), out, inp);
+                let qkv = vec![projection("self_attn.q_proj", d, d)?, projection("self_attn.k_proj", d, d)?, projection("self_attn.v_proj", d, d)?];
+                let out = projection("self_attn.out_proj", d, d)?;
+                let (fc1, fc2) = (projection("mlp.fc1", cfg.intermediate_size, d)?, projection("mlp.fc2", d, cfg.intermediate_size)?);
+                Ok(EncoderLayer {
+                    norm1: LayerNorm::take(w, &format!("{prefix}.layer_norm1"), d, eps)?,
+                    qkv: pack(qkv),
+                    out: pack(vec![out]),
+                    norm2: LayerNorm::take(w, &format!("{prefix}.layer_norm2"), d, eps)?,
+                    fc1: pack(vec![fc1]),
+                    fc2: pack(vec![fc2]),
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let post_norm = LayerNorm::take(w, &format!("{TOWER}.post_layernorm"), d, eps)?;
+        let shuffled = d * cfg.scale_factor * cfg.scale_factor;
+        let projection = pack(vec![take_linear(w, "model.connector.modality_projection.proj", text_hidden, shuffled)?]);
+        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projection })
+    }
+
+    /// The language model's rows for an image's tiles (`[tiles, 3, image_size, image_size]`
+    /// pixel values, preprocessed): `[tiles * tokens_per_tile, text_hidden]`, tile by tile.
+    pub fn forward(&self, c: &Compute, pixels: &[f32]) -> Result<Vec<f32>> {
+        let cfg = &self.cfg;
+        if pixels.is_empty() || !pixels.len().is_multiple_of(cfg.values_per_tile()) {
+            return Err(EngineError::InvalidRequest(format!(
+                "an image's pixel values must be whole tiles of 3 x {0} x {0} values; got {1}",
+                cfg.image_size,
+                pixels.len()
+            )));
+        }
+        let tiles = pixels.len() / cfg.values_per_tile();
+        let patches = cfg.patches_per_side().pow(2);
+        let mut x = self.patch_embedding.forward(c, &patch_rows(pixels, cfg));
+        for tile in x.chunks_exact_mut(patches * cfg.hidden_size) {
+            tile.iter_mut().zip(&self.positions).for_each(|(v, p)| *v += p);
+        }
+        for layer in &self.layers {
+            let qkv = layer.qkv.forward(c, &layer.norm1.forward(&x));
+            let attended = self.attention(c, &qkv, tiles);
+            add(&mut x, &layer.out.forward(c, &attended));
+            let mut hidden = layer.fc1.forward(c, &layer.norm2.forward(&x));
+            gelu_tanh(&mut hidden);
+            add(&mut x, &layer.fc2.forward(c, &hidden));
+        }
+        let x = self.post_norm.forward(&x);
+        Ok(self.projection.forward(c, &pixel_shuffle(&x, cfg, tiles)))
+    }
+
+    /// Bidirectional multi-head attention within each tile; `qkv` is `[tiles * patches, 3 * hidden]`.
+    fn attention(&self, c: &Compute, qkv: &[f32], tiles: usize) -> Vec<f32> {
+        let (d, heads) = (self.cfg.hidden_size, self.cfg.num_attention_heads);
+        let (hd, n) = (d / heads, self.cfg.patches_per_side().pow(2));
+        let scale = 1.0 / (hd as f32).sqrt();
+        let k = kernels();
+        let mut out = vec![0.0f32; tiles * n * d];
+        let out_at = SendPtr(out.as_mut_ptr());
+        c.pool.for_each_dynamic(tiles * heads, &|task| {
+            let (tile, head) = (task / heads, task % heads);
+            let row = |i: usize, part: usize| &qkv[(tile * n + i) * 3 * d + part * d + head * hd..][..hd];
+            let mut scores = vec![0.0f32; n];
+            let mut acc = vec![0.0f32; hd];
+            for i in 0..n {
+                let q = row(i, 0);
+                scores.iter_mut().enumerate().for_each(|(j, s)| *s = (k.dot)(q, row(j, 1)) * scale);
+                (k.softmax)(&mut scores);
+                acc.fill(0.0);
+                scores.iter().enumerate().for_each(|(j, &weight)| (k.axpy)(weight, row(j, 2), &mut acc));
+                // SAFETY: each task writes its own head's columns of its own tile's rows.
+                let dst = unsafe { std::slice::from_raw_parts_mut(out_at.get().add((tile * n + i) * d + head * hd), hd) };
+                dst.copy_from_slice(&acc);
+            }
+        });
+        out
+    }
+}
+
+/// Each tile's patches as rows of `3 * patch * patch` values (channel, then patch row, then
+/// column: the convolution weight's order), patches row by row.
+fn patch_rows(pixels: &[f32], cfg: &VisionConfig) -> Vec<f32> {
+    let (size, p, side) = (cfg.image_size, cfg.patch_size, cfg.patches_per_side());
+    let mut rows = Vec::with_capacity(pixels.len());
+    for tile in pixels.chunks_exact(cfg.values_per_tile()) {
+        for (py, px) in (0..side).flat_map(|py| (0..side).map(move |px| (py, px))) {
+            for channel in tile.chunks_exact(size * size) {
+                for y in py * p..(py + 1) * p {
+                    rows.extend_from_slice(&channel[y * size + px * p..][..p]);
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// The position-embedding bucket of each patch index along a side, as transformers computes it
+/// for a whole tile in float32 (`bucketize(i * (1/side), arange(1/side, 1, 1/side), right=True)`),
+/// which for some sides (19, 25, 29...) puts a patch in its neighbour's bucket.
+fn position_buckets(side: usize) -> Vec<usize> {
+    let step = 1.0 / side as f64;
+    let len = ((1.0 - step) / step).ceil() as usize;
+    let boundaries: Vec<f32> = (0..len).map(|i| (step + i as f64 * step) as f32).collect();
+    let fraction = 1.0f32 / side as f32;
+    (0..side)
+        .map(|i| {
+            let coordinate = (i as f32 * fraction).min(1.0 - 1e-6);
+            boundaries.iter().take_while(|&&b| b <= coordinate).count()
+        })
+        .collect()
+}
+
+/// SmolVLM's pixel shuffle: each `scale` x `scale` square of neighbouring patches becomes one
+/// token, their features side by side (row within the square, then column); tokens row by row.
+fn pixel_shuffle(x: &[f32], cfg: &VisionConfig, tiles: usize) -> Vec<f32> {
+    let (d, side, s) = (cfg.hidden_size, cfg.patches_per_side(), cfg.scale_factor);
+    let mut out = Vec::with_capacity(x.len());
+    for tile in 0..tiles {
+        let patch = |row: usize, col: usize| &x[((tile * side + row) * side + col) * d..][..d];
+        for (row, col) in (0..side / s).flat_map(|row| (0..side / s).map(move |col| (row, col))) {
+            for (i, j) in (0..s).flat_map(|i| (0..s).map(move |j| (i, j))) {
+                out.extend_from_slice(patch(row * s + i, col * s + j));
+            }
+        }
+    }
+    out
+}
+
+fn add(x: &mut [f32], delta: &[f32]) {
+    x.iter_mut().zip(delta).for_each(|(v, d)| *v += d);
+}
+
+/// GELU with the tanh approximation (transformers' `gelu_pytorch_tanh`), the kernels' own.
+fn gelu_tanh(x: &mut [f32]) {
+    let ones = vec![1.0f32; x.len()];
+    let gate = x.to_vec();
+    (kernels().gelu_tanh_mul)(&gate, &ones, x);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn position_buckets_follow_transformers_float32_rounding() {
+        // From torch.bucketize as transformers' SmolVLM embeddings call it.
+        assert_eq!(position_buckets(19), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 11, 13, 14, 15, 16, 17, 18]);
+        assert_eq!(position_buckets(25), [0, 1, 2, 3, 4, 4, 6, 7, 8, 8, 9, 10, 11, 12, 14, 14, 16, 17, 17, 19, 19, 21, 22, 22, 24]);
+        assert_eq!(position_buckets(32), (0..32).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn pixel_shuffle_folds_squares_of_patches() {
+        let cfg = VisionConfig {
+            hidden_size: 1,
+            intermediate_size: 1,
+            num_hidden_layers: 0,
+            num_attention_heads: 1,
+            image_size: 4,
+            patch_size: 1,
+            layer_norm_eps: 1e-6,
+            scale_factor: 2,
+            image_token_id: 0,
+        };
+        let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
+        // Patches row by row, 4 per row: the top-left square is 0, 1, 4, 5.
+        assert_eq!(pixel_shuffle(&x, &cfg, 1), [0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0, 12.0, 13.0, 10.0, 11.0, 14.0, 15.0]);
+    }
+}

@@ -1,0 +1,132 @@
+//! A prompt's images: which prompt positions each one's rows fill, and the rows once its
+//! vision tower has run.
+
+use crate::config::VisionConfig;
+use crate::error::{invalid, Result};
+use crate::request::ImageInput;
+use std::ops::Range;
+use std::sync::Arc;
+
+pub(crate) struct PromptImage {
+    pub input: ImageInput,
+    /// The prompt positions of its image tokens, in order.
+    pub positions: Vec<usize>,
+    /// The language model's rows for those positions, once encoded (`[positions, hidden]`).
+    pub rows: Option<Arc<[f32]>>,
+}
+
+impl PromptImage {
+    /// Not placed yet: see [`place`].
+    pub fn new(input: ImageInput) -> PromptImage {
+        PromptImage { input, positions: Vec::new(), rows: None }
+    }
+
+    /// Its tiles' pixel values as floats.
+    pub fn pixels(&self) -> Vec<f32> {
+        self.input.pixel_values.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect()
+    }
+}
+
+/// Checks that `images` fit the prompt's image tokens: each takes as many in a row as its tiles
+/// give, and they must add up to all of them. Returns how many each takes.
+pub(crate) fn check<'a>(images: impl IntoIterator<Item = &'a ImageInput>, prompt: &[u32], vision: Option<&VisionConfig>) -> Result<Vec<usize>> {
+    let mut images = images.into_iter().peekable();
+    if images.peek().is_none() {
+        return Ok(Vec::new());
+    }
+    let vision = vision.ok_or_else(|| invalid("this model does not read images; send text only"))?;
+    let bytes_per_tile = vision.values_per_tile() * 4;
+    let tokens = images
+        .enumerate()
+        .map(|(i, image)| {
+            let bytes = image.pixel_values.len();
+            if bytes == 0 || !bytes.is_multiple_of(bytes_per_tile) {
+                return Err(invalid(format!(
+                    "images[{i}]: pixel_values must be whole tiles of 3 x {0} x {0} float32 values ({bytes_per_tile} bytes each); got {bytes} bytes",
+                    vision.image_size
+                )));
+            }
+            Ok(bytes / bytes_per_tile * vision.tokens_per_tile())
+        })
+        .collect::<Result<Vec<usize>>>()?;
+    let (found, needed) = (prompt.iter().filter(|&&t| t == vision.image_token_id).count(), tokens.iter().sum::<usize>());
+    if found != needed {
+        return Err(invalid(format!("the prompt has {found} image tokens (id {}) but its images need {needed}", vision.image_token_id)));
+    }
+    Ok(tokens)
+}
+
+/// Places `images` on the prompt's image tokens, in order (see [`check`]).
+pub(crate) fn place(images: &mut [PromptImage], prompt: &[u32], vision: Option<&VisionConfig>) -> Result<()> {
+    let tokens = check(images.iter().map(|image| &image.input), prompt, vision)?;
+    let Some(vision) = vision else { return Ok(()) };
+    let mut slots = prompt.iter().enumerate().filter(|&(_, &t)| t == vision.image_token_id).map(|(p, _)| p);
+    for (image, count) in images.iter_mut().zip(tokens) {
+        image.positions = slots.by_ref().take(count).collect();
+    }
+    Ok(())
+}
+
+/// The rows images give at positions `range`: `(position - range.start, row)`.
+pub(crate) fn rows_in<'a>(images: &'a [PromptImage], range: Range<usize>) -> Vec<(usize, &'a [f32])> {
+    let mut rows = Vec::new();
+    for image in images {
+        let Some(values) = &image.rows else { continue };
+        let width = values.len() / image.positions.len();
+        for (k, &p) in image.positions.iter().enumerate().filter(|(_, p)| range.contains(p)) {
+            rows.push((p - range.start, &values[k * width..(k + 1) * width]));
+        }
+    }
+    rows
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vision() -> VisionConfig {
+        VisionConfig {
+            hidden_size: 4,
+            intermediate_size: 4,
+            num_hidden_layers: 1,
+            num_attention_heads: 1,
+            image_size: 2,
+            patch_size: 1,
+            layer_norm_eps: 1e-6,
+            scale_factor: 2,
+            image_token_id: 9,
+        }
+    }
+
+    fn image(tiles: usize) -> PromptImage {
+        PromptImage::new(ImageInput { hash: "h".into(), pixel_values: vec![0; tiles * 3 * 2 * 2 * 4] })
+    }
+
+    fn placed(mut images: Vec<PromptImage>, prompt: &[u32], vision: Option<&VisionConfig>) -> Result<Vec<PromptImage>> {
+        place(&mut images, prompt, vision).map(|()| images)
+    }
+
+    #[test]
+    fn images_take_their_tokens_in_order_and_counts_must_match() {
+        // One token per tile (2x2 patches, shuffled by 2).
+        let prompt = [1, 9, 2, 9, 9, 3];
+        let images = placed(vec![image(1), image(2)], &prompt, Some(&vision())).unwrap();
+        assert_eq!(images[0].positions, [1]);
+        assert_eq!(images[1].positions, [3, 4]);
+        assert!(placed(vec![image(1)], &prompt, Some(&vision())).is_err(), "two image tokens left over");
+        assert!(placed(vec![image(2), image(2)], &prompt, Some(&vision())).is_err(), "one token short");
+        assert!(placed(vec![image(1)], &prompt, None).is_err(), "a text model");
+        let ragged = PromptImage::new(ImageInput { hash: "h".into(), pixel_values: vec![0; 7] });
+        assert!(placed(vec![ragged], &prompt, Some(&vision())).is_err());
+    }
+
+    #[test]
+    fn rows_fall_on_the_positions_of_a_range() {
+        let prompt = [1, 9, 2, 9, 9, 3];
+        let mut images = placed(vec![image(1), image(2)], &prompt, Some(&vision())).unwrap();
+        images[0].rows = Some(vec![1.0, 1.0].into());
+        images[1].rows = Some(vec![2.0, 2.0, 3.0, 3.0].into());
+        let rows = rows_in(&images, 2..6);
+        assert_eq!(rows, vec![(1, &[2.0, 2.0][..]), (2, &[3.0, 3.0][..])]);
+    }
+}
