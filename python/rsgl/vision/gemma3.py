@@ -1,0 +1,134 @@
+"""Image preprocessing for Gemma 3 (transformers' `Gemma3ImageProcessor`) and the prompt's image
+placeholders expanded as `Gemma3Processor` does.
+
+An image is converted to RGB, resized to the SigLIP tower's square input with Pillow's bilinear
+filter (whatever its aspect ratio), rescaled by 1/255 and normalized with mean 0.5 and std 0.5 per
+channel (values in [-1, 1]). In the prompt, each `<start_of_image>` (the chat template writes one
+per image) becomes `\\n\\n<start_of_image>`, `image_seq_length` `<image_soft_token>` tokens (the
+tower's output pooled to a fixed count) and `<end_of_image>\\n\\n`.
+
+The numbers of Gemma 3 4B-27B (their preprocessor_config.json and transformers' `Gemma3Config`):
+896 x 896 pixels (64 x 64 patches of 14), 256 tokens per image (`mm_tokens_per_image`, pooled 4 x 4).
+
+Pan and scan (off by default) adds crops of an elongated image, each preprocessed like a whole
+image and given its own token sequence after the original's. transformers' `Gemma3Processor` runs
+it only when a call asks for it (`do_pan_and_scan=True`), whatever preprocessor_config.json says,
+with its own fixed settings (`PanAndScan`'s defaults); here it is the `pan_and_scan` argument of
+`from_folder`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from rsgl.errors import InvalidRequestError
+from rsgl.vision.pixels import FloatPixels, normalized, read_json, refuse_disabled_steps, resampling, resized_pixels, to_rgb
+
+BOI_TOKEN = "<start_of_image>"
+EOI_TOKEN = "<end_of_image>"
+IMAGE_TOKEN = "<image_soft_token>"
+
+
+@dataclass(frozen=True)
+class PanAndScan:
+    """When and how an image is cut into crops along its long side: only if the long side is at
+    least `min_ratio_to_activate` times the short one, into round(long / short) crops (2 at least,
+    `max_num_crops` at most, and no more than fit at `min_crop_size` pixels each); none if the
+    crops would be narrower than `min_crop_size`."""
+
+    min_crop_size: int = 256
+    max_num_crops: int = 4
+    min_ratio_to_activate: float = 1.2
+
+    def crop_boxes(self, width: int, height: int) -> list[tuple[int, int, int, int]]:
+        """The crops' (left, top, right, bottom) boxes, row by row; the last crop in a row or column
+        stops at the image's edge."""
+        long_side, short_side = max(width, height), min(width, height)
+        if long_side / short_side < self.min_ratio_to_activate:
+            return []
+        crops = int(math.floor(long_side / short_side + 0.5))
+        crops = min(self.max_num_crops, max(2, min(long_side // self.min_crop_size, crops)))
+        columns, rows = (crops, 1) if width >= height else (1, crops)
+        crop_width, crop_height = math.ceil(width / columns), math.ceil(height / rows)
+        if min(crop_width, crop_height) < self.min_crop_size:
+            return []
+        return [
+            (left, top, min(left + crop_width, width), min(top + crop_height, height))
+            for top in range(0, rows * crop_height, crop_height)
+            for left in range(0, columns * crop_width, crop_width)
+        ]
+
+
+@dataclass(frozen=True)
+class Gemma3ImageProcessor:
+    """A Gemma 3 checkpoint's image preprocessing (preprocessor_config.json) and prompt expansion
+    (processor_config.json's image_seq_length)."""
+
+    height: int
+    width: int
+    resample: Image.Resampling
+    rescale_factor: float
+    image_mean: tuple[float, ...]
+    image_std: tuple[float, ...]
+    image_seq_length: int
+    pan_and_scan: PanAndScan | None = None
+
+    @classmethod
+    def from_folder(cls, path: str | Path, pan_and_scan: bool = False) -> Gemma3ImageProcessor:
+        """From a model folder's preprocessor_config.json and processor_config.json; keys they leave
+        out take transformers' defaults. `pan_and_scan` adds crops of elongated images (see the module)."""
+        folder = Path(path)
+        config_path = folder / "preprocessor_config.json"
+        config = read_json(config_path)
+        refuse_disabled_steps(config, config_path)
+        processor_config_path = folder / "processor_config.json"
+        processor_config = read_json(processor_config_path) if processor_config_path.exists() else {}
+        size = config.get("size") or {"height": 224, "width": 224}
+        return cls(
+            height=size["height"],
+            width=size["width"],
+            resample=resampling(config, Image.Resampling.BILINEAR),
+            rescale_factor=config.get("rescale_factor", 1 / 255),
+            image_mean=tuple(config.get("image_mean") or (0.5, 0.5, 0.5)),
+            image_std=tuple(config.get("image_std") or (0.5, 0.5, 0.5)),
+            image_seq_length=processor_config.get("image_seq_length", 256),
+            pan_and_scan=PanAndScan() if pan_and_scan else None,
+        )
+
+    def preprocess(self, image: Image.Image) -> FloatPixels:
+        """The vision tower's input for one image: float32 [1 + crops, 3, height, width], the whole
+        image then its pan-and-scan crops (none unless pan and scan is on)."""
+        rgb = to_rgb(image)
+        boxes = self.pan_and_scan.crop_boxes(rgb.width, rgb.height) if self.pan_and_scan else []
+        views = [rgb, *(rgb.crop(box) for box in boxes)]
+        resized = [resized_pixels(view, self.height, self.width, self.resample) for view in views]
+        return np.stack([normalized(pixels, self.rescale_factor, self.image_mean, self.image_std) for pixels in resized])
+
+    @property
+    def image_sequence(self) -> str:
+        """The text one view of an image (the whole image or a crop) takes in the prompt."""
+        return f"\n\n{BOI_TOKEN}{IMAGE_TOKEN * self.image_seq_length}{EOI_TOKEN}\n\n"
+
+    def expand(self, text: str, crops_per_image: Sequence[int]) -> str:
+        """`text` with its i-th `<start_of_image>` replaced by image i's token sequence; one entry of
+        `crops_per_image` per image: its pixel values' length minus one (0 without pan and scan)."""
+        pieces = text.split(BOI_TOKEN)
+        if len(pieces) - 1 != len(crops_per_image):
+            raise InvalidRequestError(f"the prompt has {len(pieces) - 1} {BOI_TOKEN} placeholders for {len(crops_per_image)} images")
+        expanded = [pieces[0]]
+        for crops, piece in zip(crops_per_image, pieces[1:]):
+            expanded += [self.image_text(crops), piece]
+        return "".join(expanded)
+
+    def image_text(self, crops: int) -> str:
+        """The text an image with `crops` pan-and-scan crops takes in the prompt."""
+        if not crops:
+            return self.image_sequence
+        crops_text = " ".join([self.image_sequence] * crops)
+        return f"Here is the original image {self.image_sequence} and here are some crops to help you see better {crops_text}"
