@@ -50,6 +50,14 @@ class GenerateRequest(TypedDict):
     cache_salt: NotRequired[str | None]
     group: NotRequired[str | None]
     think_end_token_ids: NotRequired[list[int] | None]
+    images: NotRequired[list[ImageInput]]
+
+
+class ImageInput(TypedDict):
+    """An image of a prompt, preprocessed: its tiles' float32 pixel values and a hash of the picture."""
+
+    hash: str
+    pixel_values: bytes
 
 
 class EmbedRequest(TypedDict):

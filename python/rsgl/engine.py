@@ -28,11 +28,12 @@ import orjson
 from rsgl import _core
 from rsgl._typing import JsonObject
 from rsgl.chat_template import render_chat
-from rsgl.core_types import EmbedRequest, GenerateRequest, Output, SamplingParams, TokenLogprob
+from rsgl.core_types import EmbedRequest, GenerateRequest, ImageInput, Output, SamplingParams, TokenLogprob
 from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
 from rsgl.engine_options import DEFAULTS, EngineKeywords, EngineOptions, KvCacheDtype, Quantization
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import load_model
+from rsgl.vision.prompt_images import ImageData, prompt_images_for
 
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
@@ -76,6 +77,9 @@ class GenerateOptions(TypedDict, total=False):
     regex: str | None
     ebnf: str | None
     choices: list[str] | None
+    # Images for a text prompt's image placeholders (a vision-language model's): one list per prompt, or one list
+    # (or one image) for a single prompt; each bytes, a data URL, base64 text or a PIL image.
+    image_data: ImageData | list[ImageData] | list[list[ImageData]] | None
 
 
 class Engine:
@@ -155,6 +159,7 @@ class Engine:
             )
         self.tokenizer = self.model.tokenizer
         self.model_config = self.model.config.fields  # read only: the engine runs on the core's own config
+        self._prompt_images = prompt_images_for(self.model)
         self.served_model_name = served_model_name or self.model.model_name
         self.is_embedding = options.get("is_embedding", DEFAULTS["is_embedding"])
         # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
@@ -255,7 +260,7 @@ class Engine:
     ) -> Result | list[Result] | AsyncGenerator[Result, None]:
         """`generate` for asyncio code: waits without blocking the event loop; with
         `stream=True`, returns an async iterator of chunks."""
-        requests, single = self._build_requests(prompt, sampling_params, options)
+        requests, single = await self._abuild_requests(prompt, sampling_params, options)
         if stream:
             return self._astream(*await self._astart_stream(requests))
         wakeups = self._wakeups()
@@ -271,7 +276,7 @@ class Engine:
         incremental streaming shape): its `text`, `output_ids` and their log-probabilities, with
         `meta_info`'s counts and finish reason as whole chunks have them. The server's OpenAI,
         Anthropic and Responses streams read these, so no chunk costs more as the answer grows."""
-        return self._astream(*await self._astart_stream(self._build_requests(prompt, sampling_params, options)[0]), deltas=True)
+        return self._astream(*await self._astart_stream((await self._abuild_requests(prompt, sampling_params, options))[0]), deltas=True)
 
     async def _astart_stream(self, requests: list[GenerateRequest]) -> tuple[GenerateRequest, _AsyncHandle]:
         """Submits a streamed request (one prompt, n=1); a bad grammar or a request the engine
@@ -391,6 +396,14 @@ class Engine:
             raise InvalidRequestError(f"{what} need a tokenizer; this engine has none (skip_tokenizer_init or no tokenizer.json): pass input_ids")
         return self.tokenizer
 
+    async def _abuild_requests(
+        self, prompt: str | list[str] | None, sampling_params: SamplingArgument, options: GenerateOptions
+    ) -> tuple[list[GenerateRequest], bool]:
+        """`_build_requests`, on a worker thread when images come (decoding and resizing them takes a while)."""
+        if options.get("image_data") is None:
+            return self._build_requests(prompt, sampling_params, options)
+        return await asyncio.to_thread(self._build_requests, prompt, sampling_params, options)
+
     def _build_requests(
         self, prompt: str | list[str] | None, sampling_params: SamplingArgument, options: GenerateOptions
     ) -> tuple[list[GenerateRequest], bool]:
@@ -411,9 +424,14 @@ class Engine:
             prompts: list[str] = [prompt] if isinstance(prompt, str) else list(prompt)
             if not all(isinstance(p, str) for p in prompts):
                 raise InvalidRequestError("prompt must be a string or a list of strings")
+            images = self._prompts_images(prompts, options.get("image_data"), single)
+            prompts = [text for text, _ in images] if images else prompts
             id_lists = self.tokenize_batch(prompts)
         else:
             assert input_ids is not None
+            if options.get("image_data") is not None:
+                raise InvalidRequestError("image_data goes with a text prompt (its image placeholders are written out as the model's image tokens), not with input_ids")
+            images = []
             single = not input_ids or isinstance(input_ids[0], int)
             id_lists = [cast(list[int], list(input_ids))] if single else [list(cast(list[int], ids)) for ids in input_ids]
             if not all(isinstance(t, int) and not isinstance(t, bool) for ids in id_lists for t in ids):
@@ -423,7 +441,8 @@ class Engine:
             raise InvalidRequestError("sampling_params must be one dict or one per prompt")
         rids = rid if isinstance(rid, list) else [rid] * len(id_lists)
         requests: list[GenerateRequest] = []
-        for ids, p, r in zip(id_lists, params, rids):
+        image_inputs = [inputs for _, inputs in images] if images else [[] for _ in id_lists]
+        for ids, p, r, prompt_images in zip(id_lists, params, rids, image_inputs):
             p = self._normalize_params(p, grammar)
             n = p.pop("n", 1)
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n:
@@ -449,9 +468,22 @@ class Engine:
                         # SGLang's -1 (and no return_logprob) means no prompt log-probabilities.
                         "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
                         "think_end_token_ids": think_end_ids,
+                        "images": prompt_images,
                     }
                 )
         return requests, single and len(requests) == 1
+
+    def _prompts_images(self, prompts: list[str], image_data: Any, single: bool) -> list[tuple[str, list[ImageInput]]]:
+        """Each prompt with its image placeholders written out, and its images (none without image_data)."""
+        if image_data is None:
+            return []
+        if self._prompt_images is None:
+            raise InvalidRequestError(f"image_data: {self.served_model_name} reads text only; send no images")
+        per_prompt = [image_data if isinstance(image_data, list) else [image_data]] if single else image_data
+        if not isinstance(per_prompt, list) or len(per_prompt) != len(prompts) or not all(isinstance(images, list) for images in per_prompt):
+            raise InvalidRequestError("image_data: give one list of images per prompt")
+        prepare = self._prompt_images.prepare
+        return [prepare(text, images, "image_data" if single else f"image_data[{i}]") for i, (text, images) in enumerate(zip(prompts, per_prompt))]
 
     def _prompt_ends_thinking(self, ids: list[int]) -> bool:
         """Whether the prompt ends with the think-end token (then whitespace). Compared as text:

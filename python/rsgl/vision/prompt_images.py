@@ -1,0 +1,46 @@
+"""A prompt's images made ready for the engine: each decoded within limits, cut into tiles by its model family's
+processor, its placeholder in the prompt written out as the model's image tokens, and sent to the core as float32 tiles
+with a hash of the picture (which keys the prefix cache and the image encoder's cache)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeAlias
+
+from rsgl.core_types import ImageInput
+from rsgl.errors import InvalidRequestError
+from rsgl.loader import LoadedModel
+from rsgl.vision.images import ImageLimits, ImageSource, image_hash, load_image
+from rsgl.vision.smolvlm import SmolVLMImages
+
+# What a request may give as an image: bytes, a data URL, base64 text or a PIL image.
+ImageData: TypeAlias = ImageSource
+
+
+def prompt_images_for(model: LoadedModel) -> PromptImages | None:
+    """How `model`'s prompts take images; None for a text-only model."""
+    if model.config.fields["vision"] is None:
+        return None
+    return PromptImages(SmolVLMImages.from_folder(Path(model.source)))
+
+
+@dataclass
+class PromptImages:
+    """How a vision-language model's prompts take images (SmolVLM, Idefics3)."""
+
+    processor: SmolVLMImages
+    limits: ImageLimits = field(default_factory=ImageLimits)
+    # SmolVLM-256M makes up to 17 tiles of an image (1,088 tokens and 17 vision passes): 16 images fill a 16k context.
+    max_images: int = 16
+
+    def prepare(self, text: str, sources: Sequence[ImageSource], part: str) -> tuple[str, list[ImageInput]]:
+        """`text` with each image placeholder written out for its image, and the images as the core takes them
+        (`part` names the request field in errors, e.g. "image_data")."""
+        if len(sources) > self.max_images:
+            raise InvalidRequestError(f"{part}: at most {self.max_images} images per prompt; got {len(sources)}")
+        images = [load_image(source, part=f"{part}[{i}]", limits=self.limits) for i, source in enumerate(sources)]
+        tiled = [self.processor.preprocess(image) for image in images]
+        text = self.processor.expand(text, [(rows, cols) for _, rows, cols in tiled])
+        return text, [{"hash": image_hash(image).hex(), "pixel_values": pixels.tobytes()} for image, (pixels, _, _) in zip(images, tiled)]
