@@ -430,7 +430,9 @@ class Engine:
         else:
             assert input_ids is not None
             if options.get("image_data") is not None:
-                raise InvalidRequestError("image_data goes with a text prompt (its image placeholders are written out as the model's image tokens), not with input_ids")
+                raise InvalidRequestError(
+                    "image_data goes with a text prompt (its image placeholders are written out as the model's image tokens), not with input_ids"
+                )
             images = []
             single = not input_ids or isinstance(input_ids[0], int)
             id_lists = [cast(list[int], list(input_ids))] if single else [list(cast(list[int], ids)) for ids in input_ids]

@@ -97,6 +97,11 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rsgl.server
         "one), which sets --think-end-token to </think> unless given, so structured output and forced tool calls apply after "
         "it; gpt-oss: harmony's analysis channel (the default for harmony chat templates)",
     )
+    chat.add_argument(
+        "--allow-image-urls",
+        action="store_true",
+        help="fetch chat image parts given as http(s) URLs (each within 20 MB and 10 s); without it only data: URLs are read",
+    )
     engine_group = parser.add_argument_group("engine")
     for flag, options in ENGINE_OPTIONS.items():
         engine_group.add_argument(flag, *FLAG_ALIASES.get(flag, []), **options)
@@ -144,6 +149,7 @@ def main(argv: list[str] | None = None, prog: str = "python -m rsgl.server") -> 
             log_requests=args.log_requests,
             model_aliases=args.served_model_name[1:],
             chat_parsers=ChatParsers(args.tool_call_parser, args.reasoning_parser),
+            allow_image_urls=args.allow_image_urls,
         )
         uvicorn_timeout = args.graceful_shutdown_timeout + ABORT_MARGIN_SECONDS
         config = uvicorn.Config(app, host=args.host, port=args.port, log_level=args.log_level, timeout_graceful_shutdown=uvicorn_timeout)

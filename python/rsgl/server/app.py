@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rsgl.engine import Engine
 from rsgl.server import anthropic_api, embeddings_api, native_api, openai_api, openapi, responses_api
 from rsgl.server.admission import AdmissionMiddleware
+from rsgl.server.chat_images import server_image_limits
 from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
 from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, log_request, log_steps
@@ -45,6 +46,7 @@ def build_app(
     log_requests: bool = False,
     model_aliases: Sequence[str] = (),
     chat_parsers: ChatParsers | None = None,
+    allow_image_urls: bool = False,
 ) -> Starlette:
     """The HTTP app serving `engine`, which it shuts down when the server stops. With `api_key`,
     requests need `Authorization: Bearer <api_key>` (or `x-api-key: <api_key>`). Beyond `max_queued_requests` generation
@@ -53,7 +55,8 @@ def build_app(
     (0: never) what the engine did is logged, if anything; `log_requests` logs each request's end.
     The OpenAI API takes the engine's served model name, `model_aliases` and "default" as `model`;
     `chat_parsers` names its tool-call and reasoning parsers (default: both guessed from the
-    template; no reasoning parser but harmony's)."""
+    template; no reasoning parser but harmony's). Chat image parts are `data:` URLs, and http(s) URLs
+    only with `allow_image_urls`."""
     key_check = [Middleware(APIKeyMiddleware, api_key=api_key)] if api_key else []
     admission = Middleware(AdmissionMiddleware, max_in_flight=max_queued_requests, max_body_bytes=max_request_bytes)
     app = Starlette(
@@ -70,6 +73,7 @@ def build_app(
     app.state.model_aliases = list(model_aliases)
     app.state.chat_parsers = chat_parsers or ChatParsers()
     app.state.responses = responses_api.ResponseStore()
+    app.state.image_limits = server_image_limits(allow_image_urls)
     return app
 
 

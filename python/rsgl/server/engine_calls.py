@@ -14,6 +14,7 @@ from rsgl._typing import JsonObject
 from rsgl.engine import Engine
 from rsgl.server.errors import ClientDisconnected
 from rsgl.server.metrics import RequestTracker, ServerMetrics
+from rsgl.vision.prompt_images import ImageData
 
 
 def engine_of(request: Request) -> Engine:
@@ -36,6 +37,7 @@ class GenerateArguments(TypedDict, total=False):
     top_logprobs_num: int
     logprob_start_len: int | None
     rid: str | list[str] | None
+    image_data: list[ImageData] | None  # a chat's images (decoded), for its prompt's image placeholders
 
 
 class EngineStream:

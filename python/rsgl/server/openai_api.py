@@ -16,6 +16,7 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine, json_schema_warnings
+from rsgl.server.chat_images import ChatImage, image_url, is_image_part, load_chat_images, template_part
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.chat_tools import ChatParsers, PreparedChat, prepare_chat
 from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole
@@ -85,13 +86,19 @@ async def chat_request(request: Request, body: JsonObject) -> ChatCall:
     tools = tool_request(body)
     if tools.forced is not None and any(name in params for name in GRAMMAR_FIELDS):
         raise bad_request("a forced tool call (tool_choice) cannot be combined with response_format, regex, ebnf or json_schema", "tool_choice")
-    chat = await prepare_chat(engine_of(request), chat_messages(body), tools, chat_parsers(request), chat_template_kwargs(body))
+    messages = chat_messages(body)
+    images = chat_images(body)
+    if images and engine_of(request).model_config["vision"] is None:
+        raise bad_request(f"{engine_of(request).served_model_name} reads text only; send no image parts", images[0].param)
+    chat = await prepare_chat(engine_of(request), messages, tools, chat_parsers(request), chat_template_kwargs(body))
     arguments = GenerateArguments(
         prompt=chat.prompt,
         sampling_params={**params, **chat.constraint, **chat.sampling_overrides},
         return_logprob=return_logprob,
         top_logprobs_num=top_logprobs,
     )
+    if images:
+        arguments["image_data"] = await load_chat_images(images, request.app.state.image_limits)
     return ChatCall(arguments, chat, params["n"])
 
 
@@ -253,14 +260,28 @@ def past_reasoning(message: JsonObject, param: str) -> JsonObject:
     return {"thinking": reasoning}
 
 
-def message_text(content: Any, param: str) -> str:
+def message_text(content: Any, param: str) -> str | list[JsonObject]:
+    """A message's content for the chat template: text, or (with images) its parts, each image a placeholder part."""
     if content is None:
         return ""  # an assistant turn that only called tools
     if isinstance(content, str):
         return content
     if isinstance(content, list) and all(is_text_part(part) for part in content):
         return "\n".join(part["text"] for part in content)
-    raise bad_request(f"{param} must be a string or a list of text parts (this server reads text only)", param)
+    if isinstance(content, list) and all(is_text_part(part) or is_image_part(part) for part in content):
+        return [template_part(part) for part in content]
+    raise bad_request(f"{param} must be a string or a list of text and image_url parts", param)
+
+
+def chat_images(body: JsonObject) -> list[ChatImage]:
+    """The messages' image parts, in order (after chat_messages checked the messages)."""
+    return [
+        image_url(part, f"messages[{i}].content[{j}]")
+        for i, message in enumerate(body["messages"])
+        if isinstance(message.get("content"), list)
+        for j, part in enumerate(message["content"])
+        if is_image_part(part)
+    ]
 
 
 def is_text_part(part: Any) -> bool:
