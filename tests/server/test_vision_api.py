@@ -13,7 +13,7 @@ import httpx
 import pytest
 import rsgl
 from PIL import Image
-from server_helpers import AUTH, openai_client, running_server
+from server_helpers import API_KEY, AUTH, openai_client, running_server
 from vision_models import build_tiny_smolvlm
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
@@ -101,7 +101,9 @@ def test_too_many_images_and_a_missing_url_are_refused(vlm_server):
     with httpx.Client(base_url=vlm_server, headers=AUTH, timeout=60) as http:
         many = http.post("/v1/chat/completions", json={"model": "default", "messages": image_message(*[data_url(png(picture()))] * 17)})
         assert many.status_code == 400 and "at most 16 images" in many.json()["error"]["message"]
-        missing = http.post("/v1/chat/completions", json={"model": "default", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]})
+        missing = http.post(
+            "/v1/chat/completions", json={"model": "default", "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+        )
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "messages[0].content[0].image_url"
 
 
@@ -110,3 +112,19 @@ def test_a_text_model_refuses_image_parts(server_url):
         response = http.post("/v1/chat/completions", json={"model": "default", "messages": image_message(data_url(png(picture())))})
         assert response.status_code == 400 and "text only" in response.json()["error"]["message"]
         assert response.json()["error"]["param"] == "messages[0].content[0].image_url"
+
+
+def test_the_anthropic_client_sends_a_base64_image_block(vlm_server):
+    import anthropic
+
+    client = anthropic.Anthropic(base_url=vlm_server, api_key=API_KEY, max_retries=0)
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": base64.b64encode(png(picture())).decode()}}
+    content = [image, {"type": "text", "text": QUESTION}]
+    # The newest SDKs send no temperature: the server's Anthropic route reads it from the body where given.
+    reply = client.messages.create(model="default", max_tokens=8, messages=[{"role": "user", "content": content}], extra_body={"temperature": 0})
+    chat = openai_client(vlm_server).chat.completions.create(model="default", messages=image_message(data_url(png(picture()))), temperature=0, max_tokens=8)
+    assert reply.content[0].text == chat.choices[0].message.content
+    assert reply.usage.input_tokens == chat.usage.prompt_tokens
+    bad = {**image, "source": {**image["source"], "media_type": "image/tiff"}}
+    with pytest.raises(anthropic.BadRequestError, match="media_type"):
+        client.messages.create(model="default", max_tokens=8, messages=[{"role": "user", "content": [bad]}])

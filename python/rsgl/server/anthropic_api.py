@@ -62,6 +62,9 @@ async def count_tokens(request: Request) -> Response:
     return json_response({"input_tokens": len(ids)})
 
 
+# The media types Anthropic's image blocks carry.
+IMAGE_MEDIA_TYPES = ("image/jpeg", "image/png", "image/gif", "image/webp")
+
 ROUTES = [
     Route(ANTHROPIC_PATH, create_message, methods=["POST"]),
     Route(ANTHROPIC_PATH + "/count_tokens", count_tokens, methods=["POST"]),
@@ -124,18 +127,35 @@ def chat_messages(messages: Any) -> list[JsonObject]:
 
 
 def user_messages(blocks: list[JsonObject], param: str) -> list[JsonObject]:
-    """A user turn: its tool results (each a tool message, as chat templates take them), then its text."""
-    results, texts = [], []
+    """A user turn: its tool results (each a tool message, as chat templates take them), then its text and images
+    (as chat completions' text and image_url parts)."""
+    results, parts = [], []
     for j, block in enumerate(blocks):
         kind, where = block.get("type"), f"{param}.content[{j}]"
         if kind == "text" and isinstance(block.get("text"), str):
-            texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image":
+            parts.append({"type": "image_url", "image_url": {"url": image_source_url(block.get("source"), f"{where}.source")}})
         elif kind == "tool_result" and isinstance(block.get("tool_use_id"), str):
             result = block_text(block.get("content", ""), f"{where}.content")
             results.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": ("Error: " + result) if block.get("is_error") else result})
         else:
-            raise bad_request(f"{where} must be a text or tool_result block (this server reads text only), got type {kind!r}", where)
-    return results + ([{"role": "user", "content": "\n".join(texts)}] if texts or not results else [])
+            raise bad_request(f"{where} must be a text, image or tool_result block, got type {kind!r}", where)
+    if any(part["type"] == "image_url" for part in parts):
+        return [*results, {"role": "user", "content": parts}]
+    return results + ([{"role": "user", "content": "\n".join(part["text"] for part in parts)}] if parts or not results else [])
+
+
+def image_source_url(source: Any, param: str) -> str:
+    """An image block's source as a URL: base64 data as a data: URL, or its url."""
+    if isinstance(source, dict) and source.get("type") == "base64" and isinstance(source.get("data"), str):
+        media_type = source.get("media_type")
+        if media_type not in IMAGE_MEDIA_TYPES:
+            raise bad_request(f"{param}.media_type must be one of {', '.join(IMAGE_MEDIA_TYPES)}, got {media_type!r}", f"{param}.media_type")
+        return f"data:{media_type};base64,{source['data']}"
+    if isinstance(source, dict) and source.get("type") == "url" and isinstance(source.get("url"), str):
+        return str(source["url"])
+    raise bad_request(f'{param} must be {{"type": "base64", "media_type": ..., "data": ...}} or {{"type": "url", "url": ...}}', param)
 
 
 def assistant_message(blocks: list[JsonObject], param: str) -> JsonObject:
