@@ -91,3 +91,13 @@ def test_a_text_model_refuses_images(tmp_path):
     with rsgl.Engine(str(tmp_path), threads=1, progress=False) as engine:
         with pytest.raises(rsgl.InvalidRequestError, match="text only"):
             engine.generate("hi", GREEDY, image_data=[picture(0, (32, 32))])
+
+
+def test_prompt_chunks_that_cut_through_images_give_the_same_tokens(tiny_vlm):
+    """Prefill in chunks of 5 tokens: an image's rows are split over several steps (and encoded once)."""
+    engine, model, processor = tiny_vlm
+    images = [picture(20, (90, 60)), picture(21, (30, 30))]
+    text = prompt(2)
+    with rsgl.Engine(engine.model.source, threads=1, chunked_prefill_size=5, progress=False) as chunked:
+        result = chunked.generate(text, GREEDY, image_data=images)
+    assert result["output_ids"] == transformers_greedy(model, processor, text, images)

@@ -27,6 +27,10 @@ struct FakeModel {
     pool: ThreadPool,
     width: usize,
     ran: RefCell<Vec<Ran>>,
+    /// Per chunk run, the image rows it was given: (index in the chunk, the row's first value).
+    image_rows: RefCell<Vec<Vec<(usize, f32)>>>,
+    /// Images encoded.
+    encoded: RefCell<usize>,
 }
 
 /// The fake's row after `token`: [`FAVOURED`] at `token + 1` (mod `width`), 0 elsewhere.
@@ -49,11 +53,14 @@ impl ForwardPass for FakeModel {
 
     fn forward(&self, seqs: &[SeqChunk], _kv: &mut KvCache) -> Vec<f32> {
         self.ran.borrow_mut().extend(seqs.iter().map(|c| (c.tokens.to_vec(), c.start_pos, c.rows.clone())));
+        self.image_rows.borrow_mut().extend(seqs.iter().map(|c| c.image_rows.iter().map(|&(at, row)| (at, row[0])).collect()));
         seqs.iter().flat_map(|c| c.rows.clone().map(|r| c.tokens[r])).flat_map(|token| row_after(token, self.width)).collect()
     }
 
+    /// Each tile's row (one token per tile in [`with_vision`]) holds its first pixel value.
     fn encode_image(&self, pixels: &[f32]) -> crate::error::Result<Vec<f32>> {
-        Ok(pixels.to_vec())
+        *self.encoded.borrow_mut() += 1;
+        Ok(pixels.chunks_exact(TILE_VALUES).flat_map(|tile| vec![tile[0]; HIDDEN]).collect())
     }
 }
 
@@ -64,7 +71,14 @@ fn engine_loop(pages: usize, budget: usize, width: usize, speculative: Option<Sp
     let opts = EngineOptions { page_size: PAGE, chunked_prefill_size: budget, ..EngineOptions::default() };
     let kv = KvCache::new(&cfg, Pools { pages, window_pages: None, state_slots: 0 }, PAGE, KvCacheDtype::Float32, &[2]);
     EngineLoop {
-        model: FakeModel { cfg, pool: ThreadPool::new(1, false), width, ran: RefCell::new(Vec::new()) },
+        model: FakeModel {
+            cfg,
+            pool: ThreadPool::new(1, false),
+            width,
+            ran: RefCell::new(Vec::new()),
+            image_rows: RefCell::default(),
+            encoded: RefCell::default(),
+        },
         kv,
         scheduler: Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None),
         tokenizer: None,
@@ -253,4 +267,59 @@ fn retiring_takes_out_the_finished_requests_and_frees_their_pages() {
     assert_eq!(retired, ["c", "a"], "highest index first, so the indices stay right");
     assert_eq!(w.scheduler.running().iter().map(|s| s.rid.as_str()).collect::<Vec<_>>(), ["b"]);
     assert_eq!(idle_pages(&mut w), 16 - held[1]);
+}
+
+/// Pixel values of a tile of [`with_vision`]'s tower: 3 channels of 2 x 2.
+const TILE_VALUES: usize = 12;
+const IMAGE_TOKEN: u32 = 15;
+
+/// The fake with an image encoder making one token per 2 x 2 tile ([`IMAGE_TOKEN`]).
+fn with_vision(mut w: EngineLoop<FakeModel>) -> EngineLoop<FakeModel> {
+    let vision = crate::config::VisionConfig {
+        hidden_size: 4,
+        intermediate_size: 4,
+        num_hidden_layers: 1,
+        num_attention_heads: 1,
+        image_size: 2,
+        patch_size: 1,
+        layer_norm_eps: 1e-6,
+        scale_factor: 2,
+        image_token_id: IMAGE_TOKEN,
+    };
+    w.model.cfg.vision = Some(vision);
+    w
+}
+
+/// An image's JSON: `tiles` tiles whose pixels are all `value`.
+fn image_json(hash: &str, tiles: usize, value: f32) -> String {
+    let bytes: Vec<u8> = (0..tiles * TILE_VALUES).flat_map(|_| value.to_le_bytes()).collect();
+    format!(r#"{{"hash": "{hash}", "pixel_values": {bytes:?}}}"#)
+}
+
+#[test]
+fn images_are_encoded_once_and_their_rows_follow_the_chunks_that_compute_their_tokens() {
+    // Chunks of 3 tokens cut image a's two tokens (positions 1, 2) from image b's (4).
+    let mut w = with_vision(engine_loop(16, 3, VOCAB, None));
+    let images = format!(r#", "images": [{}, {}]"#, image_json("a", 2, 0.5), image_json("b", 1, 0.25));
+    let first = submit(&mut w, "first", &[1, IMAGE_TOKEN, IMAGE_TOKEN, 2, IMAGE_TOKEN, 3], 1, &images);
+    w.step();
+    w.step();
+    assert_eq!(received(&first), (vec![4], true));
+    assert_eq!(*w.model.image_rows.borrow(), [vec![(1, 0.5), (2, 0.5)], vec![(1, 0.25)]]);
+    assert_eq!(*w.model.encoded.borrow(), 2);
+    // The same picture in another request: its rows come from the encoder cache.
+    let again = submit(&mut w, "again", &[7, IMAGE_TOKEN, IMAGE_TOKEN, 2], 1, &format!(r#", "images": [{}]"#, image_json("a", 2, 0.5)));
+    w.step();
+    assert_eq!(received(&again), (vec![3], true));
+    assert_eq!(*w.model.encoded.borrow(), 2, "encoded before");
+    assert_eq!(w.model.image_rows.borrow().last().unwrap(), &vec![(1, 0.5), (2, 0.5)]);
+    assert_eq!(idle_pages(&mut w), 16);
+}
+
+#[test]
+fn images_that_do_not_fit_their_tokens_fail_their_request() {
+    let mut w = with_vision(engine_loop(16, 8, VOCAB, None));
+    let short = submit(&mut w, "short", &[1, IMAGE_TOKEN, 2], 1, &format!(r#", "images": [{}]"#, image_json("a", 2, 0.5)));
+    assert!(matches!(short.try_recv(), Ok(Err(crate::error::EngineError::InvalidRequest(m))) if m.contains("image tokens")));
+    assert!(w.scheduler.is_idle() && w.active.is_empty());
 }
