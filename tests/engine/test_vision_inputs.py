@@ -16,6 +16,7 @@ from PIL import Image
 from rsgl._core import Tokenizer
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.vision.images import ImageLimits, image_hash, load_image, to_rgb
+from rsgl.vision.pixels import PixelSteps
 from rsgl.vision.smolvlm import FAKE_IMAGE_TOKEN, GLOBAL_IMAGE_TOKEN, IMAGE_TOKEN, SmolVLMImages
 from transformers.image_transforms import convert_to_rgb
 from transformers.image_utils import load_image as transformers_load_image
@@ -83,7 +84,7 @@ def assert_same_tiles(images: SmolVLMImages, image_processor, image: Image.Image
 def test_folder_settings(smolvlm_folder):
     images = SmolVLMImages.from_folder(smolvlm_folder)
     assert (images.tile_size, images.longest_edge, images.image_seq_len, images.split) == (TILE, LONGEST_EDGE, TOKENS_PER_TILE, True)
-    assert images.resample == Image.Resampling.LANCZOS and images.mean == images.std == (0.5, 0.5, 0.5)
+    assert images.pixel_steps == PixelSteps(Image.Resampling.LANCZOS, 1 / 255, (0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -117,6 +117,31 @@ def rsgl_tokenizer(folder) -> RsglTokenizer:
     return RsglTokenizer.from_str((folder / "tokenizer.json").read_text())
 
 
+# Prompts with no, one and two images, `{image}` where each model's placeholder goes, and the images' (width, height).
+PROMPTS = [
+    ("<|im_start|>user\nhello<|im_end|>\n", []),
+    ("<|im_start|>user\n{image}What is this?<|im_end|>\n", [(120, 80)]),
+    ("Compare {image} with{image}: which is larger?", [(37, 91), (1500, 900)]),
+]
+PROMPT_IDS = ["no-image", "one-image", "two-images"]
+
+
+def prompts_with(placeholder: str) -> list[tuple[str, list[tuple[int, int]]]]:
+    return [(text.format(image=placeholder), sizes) for text, sizes in PROMPTS]
+
+
+def assert_expanded_prompt_equals_processor(folder, reference, processor, text, sizes, expand_argument):
+    """`processor` (rsgl's) preprocesses random images of `sizes` and expands `text` for them, giving `processor.expand`
+    `expand_argument` of each image's preprocess output; the expanded text's rsgl token ids equal `reference` processor's
+    input_ids. Returns the preprocess outputs and `reference`'s."""
+    images = [random_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
+    expected = reference(text=text, images=images or None, return_tensors="np")
+    outputs = [processor.preprocess(image) for image in images]
+    expanded = processor.expand(text, [expand_argument(output) for output in outputs])
+    assert rsgl_tokenizer(folder).encode(expanded) == expected["input_ids"][0].tolist()
+    return outputs, expected
+
+
 # ---- Qwen2-VL / Qwen2.5-VL --------------------------------------------------------------------------
 
 
@@ -160,23 +185,15 @@ def test_qwen_bounded_config_shrinks_and_grows(tmp_path):
     assert all(side % 28 == 0 for side in (large_h, large_w, tiny_h, tiny_w))
 
 
-QWEN_PROMPTS = [
-    ("<|im_start|>user\nhello<|im_end|>\n", []),
-    ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>What is this?<|im_end|>\n", [(120, 80)]),
-    ("A <|vision_start|><|image_pad|><|vision_end|> and B <|vision_start|><|image_pad|><|vision_end|>: which is larger?", [(37, 91), (1500, 900)]),
-]
+QWEN_PROMPTS = prompts_with("<|vision_start|><|image_pad|><|vision_end|>")
 
 
-@pytest.mark.parametrize(("text", "sizes"), QWEN_PROMPTS, ids=["no-image", "one-image", "two-images"])
+@pytest.mark.parametrize(("text", "sizes"), QWEN_PROMPTS, ids=PROMPT_IDS)
 def test_qwen_expanded_prompt_equals_processor(qwen_folder, qwen_processor, text, sizes):
-    images = [random_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
-    expected = qwen_processor(text=text, images=images or None, return_tensors="np")
     processor = Qwen2VLImageProcessor.from_folder(qwen_folder)
-    grids = [processor.preprocess(image)[1] for image in images]
-    ids = rsgl_tokenizer(qwen_folder).encode(processor.expand(text, grids))
-    assert ids == expected["input_ids"][0].tolist()
+    outputs, expected = assert_expanded_prompt_equals_processor(qwen_folder, qwen_processor, processor, text, sizes, lambda output: output[1])
     image_pad = qwen_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    assert ids.count(image_pad) == sum(processor.image_token_count(grid) for grid in grids)
+    assert expected["input_ids"][0].tolist().count(image_pad) == sum(processor.image_token_count(grid) for _, grid in outputs)
 
 
 def test_qwen_expand_needs_one_placeholder_per_image(qwen_folder):
@@ -205,7 +222,7 @@ def tiny_qwen2_5_vl(qwen_processor):
     return Qwen2_5_VLForConditionalGeneration(config).eval()
 
 
-@pytest.mark.parametrize(("text", "sizes"), QWEN_PROMPTS, ids=["no-image", "one-image", "two-images"])
+@pytest.mark.parametrize(("text", "sizes"), QWEN_PROMPTS, ids=PROMPT_IDS)
 def test_mrope_positions_equal_get_rope_index(qwen_folder, qwen_processor, tiny_qwen2_5_vl, text, sizes):
     images = [gradient_image(w, h) for w, h in sizes]
     inputs = qwen_processor(text=text, images=images or None, return_tensors="pt")
@@ -233,6 +250,14 @@ def test_qwen_refuses_configs_it_does_not_follow(tmp_path):
     (tmp_path / "preprocessor_config.json").write_text(json.dumps({**QWEN_3B_CONFIG, "do_normalize": False}))
     with pytest.raises(UnsupportedModelError, match="do_normalize"):
         Qwen2VLImageProcessor.from_folder(tmp_path)
+
+
+def test_qwen_skips_steps_set_to_null_as_transformers(tmp_path):
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({**QWEN_3B_CONFIG, "do_normalize": None}))
+    image = random_image(64, 64)
+    expected = Qwen2VLImageProcessorPil.from_pretrained(tmp_path)(image, return_tensors="np")["pixel_values"]
+    assert np.array_equal(Qwen2VLImageProcessor.from_folder(tmp_path).preprocess(image)[0], expected)
+    assert expected.min() >= 0  # rescaled, not normalized
 
 
 def test_qwen_refuses_elongated_images(qwen_folder):
@@ -281,23 +306,14 @@ def test_gemma_pan_and_scan_equals_processor(gemma_folder, gemma_processor, size
     assert rsgl_tokenizer(gemma_folder).encode(processor.expand("<start_of_image>", [crops])) == expected["input_ids"][0].tolist()
 
 
-GEMMA_PROMPTS = [
-    ("<start_of_turn>user\nhello<end_of_turn>\n", []),
-    ("<start_of_turn>user\n<start_of_image>Describe it.<end_of_turn>\n", [(120, 80)]),
-    ("Compare <start_of_image> with<start_of_image>", [(37, 91), (1500, 900)]),
-]
-
-
-@pytest.mark.parametrize(("text", "sizes"), GEMMA_PROMPTS, ids=["no-image", "one-image", "two-images"])
+@pytest.mark.parametrize(("text", "sizes"), prompts_with("<start_of_image>"), ids=PROMPT_IDS)
 def test_gemma_expanded_prompt_equals_processor(gemma_folder, gemma_processor, text, sizes):
-    images = [random_image(w, h, seed=i) for i, (w, h) in enumerate(sizes)]
-    expected = gemma_processor(text=text, images=images or None, return_tensors="np")
     processor = Gemma3ImageProcessor.from_folder(gemma_folder)
     assert processor.image_seq_length == gemma_processor.image_seq_length == 16
-    ids = rsgl_tokenizer(gemma_folder).encode(processor.expand(text, [0] * len(images)))
-    assert ids == expected["input_ids"][0].tolist()
-    if images:
-        assert np.array_equal(np.concatenate([processor.preprocess(image) for image in images]), expected["pixel_values"])
+    # Without pan and scan, an image is one view: no crops.
+    pixel_values, expected = assert_expanded_prompt_equals_processor(gemma_folder, gemma_processor, processor, text, sizes, lambda views: len(views) - 1)
+    if pixel_values:
+        assert np.array_equal(np.concatenate(pixel_values), expected["pixel_values"])
 
 
 def test_gemma_expand_needs_one_placeholder_per_image(gemma_folder):

@@ -16,6 +16,7 @@ so no weight passes through Python when serving. `tensors()`
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Iterator
@@ -633,3 +634,19 @@ def unique_ints(*groups: int | list[int] | tuple[int, ...] | None) -> list[int]:
             if value is not None and int(value) not in seen:
                 seen.append(int(value))
     return seen
+
+
+def read_json_object(path: Path) -> JsonObject:
+    """The JSON object in a model file; ModelLoadError if it cannot be read or holds something else."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as error:
+        raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path} holds no JSON object; download it again.")
+    return data
+
+
+def read_optional_json_object(path: Path) -> JsonObject:
+    """`read_json_object(path)`, or {} if there is no such file."""
+    return read_json_object(path) if path.is_file() else {}

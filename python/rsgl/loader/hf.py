@@ -8,7 +8,6 @@ loading starts; their tensors never pass through Python when serving.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 from pathlib import Path
 from typing import TypedDict
@@ -25,6 +24,8 @@ from rsgl.loader import (
     TokenizerFields,
     check_tensor_shapes,
     expected_tensor_shapes,
+    read_json_object,
+    read_optional_json_object,
     unique_ints,
 )
 from rsgl.loader.pooling import sentence_transformers_pooling
@@ -41,7 +42,7 @@ def load(folder: Path, *, skip_tokenizer_init: bool) -> LoadedModel:
         raise ModelLoadError(
             f"{folder} has no config.json; pass a complete Hugging Face model folder (config.json, *.safetensors, tokenizer.json) or a .gguf file."
         )
-    raw_config = _read_json(config_path)
+    raw_config = read_json_object(config_path)
     config = ModelConfig.from_hf(raw_config)  # before the weights: an unsupported model fails at once
     quantization, int4_layout = _quantization(raw_config, folder)
     open_weights = functools.partial(WeightStore.open_safetensors, _checkpoint_paths(folder), **int4_layout)
@@ -98,7 +99,7 @@ class Int4Layout(TypedDict, total=False):
 def _checkpoint_paths(folder: Path) -> list[Path]:
     index_path = folder / "model.safetensors.index.json"
     if index_path.is_file():
-        shards = sorted({folder / shard for shard in _read_json(index_path).get("weight_map", {}).values()})
+        shards = sorted({folder / shard for shard in read_json_object(index_path).get("weight_map", {}).values()})
         missing = [shard.name for shard in shards if not shard.is_file()]
         if missing:
             raise ModelLoadError(f"{folder} lacks the shard(s) {', '.join(missing)} its index lists; download them.")
@@ -248,8 +249,8 @@ def _check_tensors(tensors: Tensors, config: ModelConfigFields, folder: Path, qu
 
 
 def _tokenizer_fields(folder: Path, raw_config: JsonObject, vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
-    tokenizer_config = _read_optional_json(folder / "tokenizer_config.json")
-    generation_config = _read_optional_json(folder / "generation_config.json")
+    tokenizer_config = read_optional_json_object(folder / "tokenizer_config.json")
+    generation_config = read_optional_json_object(folder / "generation_config.json")
     tokenizer = None if skip_tokenizer_init else _read_tokenizer(folder / "tokenizer.json", vocab_size)
     bos_token = _token_text(tokenizer_config.get("bos_token"))
     eos_token = _token_text(tokenizer_config.get("eos_token"))
@@ -288,7 +289,7 @@ def _chat_template(folder: Path, tokenizer_config: JsonObject) -> str | None:
     template_file = folder / "chat_template.jinja"
     if template_file.is_file():
         return template_file.read_text(encoding="utf-8")
-    processor_template = _read_optional_json(folder / "chat_template.json").get("chat_template")
+    processor_template = read_optional_json_object(folder / "chat_template.json").get("chat_template")
     template = tokenizer_config.get("chat_template") or processor_template
     if isinstance(template, list):
         return {entry["name"]: entry["template"] for entry in template}.get("default")
@@ -309,17 +310,3 @@ def _token_id(tokenizer: Tokenizer | None, text: str | None, fallback: int | lis
 
 def _token_at(tokenizer: Tokenizer, token_id: int | None) -> str | None:
     return None if token_id is None else tokenizer.id_to_token(token_id)
-
-
-def _read_json(path: Path) -> JsonObject:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} holds no JSON object; download it again.")
-    return data
-
-
-def _read_optional_json(path: Path) -> JsonObject:
-    return _read_json(path) if path.is_file() else {}

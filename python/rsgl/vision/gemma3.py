@@ -28,7 +28,9 @@ import numpy as np
 from PIL import Image
 
 from rsgl.errors import InvalidRequestError
-from rsgl.vision.pixels import FloatPixels, normalized, read_json, refuse_disabled_steps, resampling, resized_pixels, to_rgb
+from rsgl.loader import read_optional_json_object
+from rsgl.vision.images import to_rgb
+from rsgl.vision.pixels import FloatPixels, PixelSteps, preprocessor_config
 
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"
@@ -72,10 +74,7 @@ class Gemma3ImageProcessor:
 
     height: int
     width: int
-    resample: Image.Resampling
-    rescale_factor: float
-    image_mean: tuple[float, ...]
-    image_std: tuple[float, ...]
+    pixel_steps: PixelSteps
     image_seq_length: int
     pan_and_scan: PanAndScan | None = None
 
@@ -84,19 +83,13 @@ class Gemma3ImageProcessor:
         """From a model folder's preprocessor_config.json and processor_config.json; keys they leave
         out take transformers' defaults. `pan_and_scan` adds crops of elongated images (see the module)."""
         folder = Path(path)
-        config_path = folder / "preprocessor_config.json"
-        config = read_json(config_path)
-        refuse_disabled_steps(config, config_path)
-        processor_config_path = folder / "processor_config.json"
-        processor_config = read_json(processor_config_path) if processor_config_path.exists() else {}
+        config = preprocessor_config(folder)
+        processor_config = read_optional_json_object(folder / "processor_config.json")
         size = config.get("size") or {"height": 224, "width": 224}
         return cls(
             height=size["height"],
             width=size["width"],
-            resample=resampling(config, Image.Resampling.BILINEAR),
-            rescale_factor=config.get("rescale_factor", 1 / 255),
-            image_mean=tuple(config.get("image_mean") or (0.5, 0.5, 0.5)),
-            image_std=tuple(config.get("image_std") or (0.5, 0.5, 0.5)),
+            pixel_steps=PixelSteps.from_config(config, Image.Resampling.BILINEAR, mean=0.5, std=0.5),
             image_seq_length=processor_config.get("image_seq_length", 256),
             pan_and_scan=PanAndScan() if pan_and_scan else None,
         )
@@ -107,8 +100,8 @@ class Gemma3ImageProcessor:
         rgb = to_rgb(image)
         boxes = self.pan_and_scan.crop_boxes(rgb.width, rgb.height) if self.pan_and_scan else []
         views = [rgb, *(rgb.crop(box) for box in boxes)]
-        resized = [resized_pixels(view, self.height, self.width, self.resample) for view in views]
-        return np.stack([normalized(pixels, self.rescale_factor, self.image_mean, self.image_std) for pixels in resized])
+        steps = self.pixel_steps
+        return steps.values(np.stack([np.asarray(steps.resized(view, self.height, self.width)) for view in views]))
 
     @property
     def image_sequence(self) -> str:

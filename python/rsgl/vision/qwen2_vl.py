@@ -28,7 +28,8 @@ import numpy.typing as npt
 from PIL import Image
 
 from rsgl.errors import InvalidRequestError, ModelLoadError
-from rsgl.vision.pixels import FloatPixels, normalized, read_json, refuse_disabled_steps, resampling, resized_pixels, to_rgb
+from rsgl.vision.images import to_rgb
+from rsgl.vision.pixels import FloatPixels, PixelSteps, preprocessor_config
 
 # OpenAI CLIP's per-channel statistics, transformers' default for this processor.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -70,33 +71,28 @@ class Qwen2VLImageProcessor:
     merge_size: int
     min_pixels: int
     max_pixels: int
-    resample: Image.Resampling
-    rescale_factor: float
-    image_mean: tuple[float, ...]
-    image_std: tuple[float, ...]
+    pixel_steps: PixelSteps
 
     @classmethod
     def from_folder(cls, path: str | Path) -> Qwen2VLImageProcessor:
         """From a model folder's preprocessor_config.json; keys it leaves out take transformers' defaults.
         Top-level `min_pixels` / `max_pixels` win over `size`'s `shortest_edge` / `longest_edge`."""
-        config_path = Path(path) / "preprocessor_config.json"
-        config = read_json(config_path)
-        refuse_disabled_steps(config, config_path)
+        folder = Path(path)
+        config = preprocessor_config(folder)
         size = config.get("size") or {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
         min_pixels = config.get("min_pixels", size.get("shortest_edge"))
         max_pixels = config.get("max_pixels", size.get("longest_edge"))
         if min_pixels is None or max_pixels is None:
-            raise ModelLoadError(f"{config_path} gives no pixel bounds: set min_pixels and max_pixels, or size's shortest_edge and longest_edge")
+            raise ModelLoadError(
+                f"{folder / 'preprocessor_config.json'} gives no pixel bounds: set min_pixels and max_pixels, or size's shortest_edge and longest_edge"
+            )
         return cls(
             patch_size=config.get("patch_size", 14),
             temporal_patch_size=config.get("temporal_patch_size", 2),
             merge_size=config.get("merge_size", 2),
             min_pixels=min_pixels,
             max_pixels=max_pixels,
-            resample=resampling(config, Image.Resampling.BICUBIC),
-            rescale_factor=config.get("rescale_factor", 1 / 255),
-            image_mean=tuple(config.get("image_mean") or CLIP_MEAN),
-            image_std=tuple(config.get("image_std") or CLIP_STD),
+            pixel_steps=PixelSteps.from_config(config, Image.Resampling.BICUBIC, mean=CLIP_MEAN, std=CLIP_STD),
         )
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
@@ -114,7 +110,7 @@ class Qwen2VLImageProcessor:
         image repeated), the patch's pixels row by row."""
         rgb = to_rgb(image)
         height, width = self.resized_size(rgb.height, rgb.width)
-        pixels = normalized(resized_pixels(rgb, height, width, self.resample), self.rescale_factor, self.image_mean, self.image_std)
+        pixels = self.pixel_steps.values(np.asarray(self.pixel_steps.resized(rgb, height, width)))
         patch, merge, frames = self.patch_size, self.merge_size, self.temporal_patch_size
         channels = pixels.shape[0]
         grid_h, grid_w = height // patch, width // patch

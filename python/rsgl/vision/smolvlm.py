@@ -39,19 +39,19 @@ become 1024 / 4^2 = 64 tokens. Every image is scaled to a longest edge of 2048, 
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 from PIL import Image
 
+from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
+from rsgl.loader import read_optional_json_object
 from rsgl.vision.images import to_rgb
+from rsgl.vision.pixels import FloatPixels, PixelSteps
 
 IMAGE_TOKEN = "<image>"
 FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
@@ -76,30 +76,26 @@ class SmolVLMImages:
     longest_edge: int | None
     resize_to: tuple[int, int] | None
     split: bool
-    resample: Image.Resampling
-    rescale_factor: float | None
-    # Per channel; None with do_normalize false.
-    mean: tuple[float, float, float] | None
-    std: tuple[float, float, float] | None
+    pixel_steps: PixelSteps
 
     @classmethod
     def from_folder(cls, path: str | Path) -> SmolVLMImages:
         """Raises ModelLoadError if the folder has no image processor settings or they are unusable."""
         folder = Path(path)
-        processor = _read_json_object(folder / "processor_config.json")
+        processor = read_optional_json_object(folder / "processor_config.json")
         nested = processor.get("image_processor")
-        settings = nested if isinstance(nested, dict) else _read_json_object(folder / "preprocessor_config.json")
+        settings = nested if isinstance(nested, dict) else read_optional_json_object(folder / "preprocessor_config.json")
         if not settings:
             raise ModelLoadError(f"{folder} has no image processor settings (preprocessor_config.json, or processor_config.json's image_processor)")
         try:
             images = cls._from_settings(settings, processor.get("image_seq_len", _DEFAULT_IMAGE_SEQ_LEN))
         except (KeyError, TypeError, ValueError) as error:
             raise ModelLoadError(f"{folder}: unusable image processor settings ({error!r})") from error
-        images._check_tokens_per_tile(_read_json_object(folder / "config.json"), folder)
+        images._check_tokens_per_tile(read_optional_json_object(folder / "config.json"), folder)
         return images
 
     @classmethod
-    def _from_settings(cls, settings: dict[str, Any], image_seq_len: int) -> SmolVLMImages:
+    def _from_settings(cls, settings: JsonObject, image_seq_len: int) -> SmolVLMImages:
         size = settings.get("size", {"longest_edge": _DEFAULT_LONGEST_EDGE})
         longest_edge = resize_to = None
         if settings.get("do_resize", True):
@@ -107,20 +103,16 @@ class SmolVLMImages:
                 longest_edge = int(size["longest_edge"])
             else:
                 resize_to = (int(size["height"]), int(size["width"]))
-        normalize = settings.get("do_normalize", True)
         return cls(
             tile_size=int(settings.get("max_image_size", {"longest_edge": _DEFAULT_TILE_SIZE})["longest_edge"]),
             image_seq_len=int(image_seq_len),
             longest_edge=longest_edge,
             resize_to=resize_to,
             split=bool(settings.get("do_image_splitting", True)),
-            resample=Image.Resampling(settings.get("resample", Image.Resampling.LANCZOS)),
-            rescale_factor=float(settings.get("rescale_factor", 1 / 255)) if settings.get("do_rescale", True) else None,
-            mean=_per_channel(settings.get("image_mean", _DEFAULT_MEAN_STD)) if normalize else None,
-            std=_per_channel(settings.get("image_std", _DEFAULT_MEAN_STD)) if normalize else None,
+            pixel_steps=PixelSteps.from_config(settings, Image.Resampling.LANCZOS, mean=_DEFAULT_MEAN_STD, std=_DEFAULT_MEAN_STD),
         )
 
-    def _check_tokens_per_tile(self, config: dict[str, Any], folder: Path) -> None:
+    def _check_tokens_per_tile(self, config: JsonObject, folder: Path) -> None:
         """The vision encoder makes (tile / patch)^2 patches of a tile, the connector merges scale_factor^2 of them
         into one token: a processor writing another number of `<image>` tokens would not match the model."""
         vision = config.get("vision_config")
@@ -133,37 +125,29 @@ class SmolVLMImages:
                 f" (patch_size {vision['patch_size']}, scale_factor {config['scale_factor']}) makes {tokens} of a {self.tile_size}-pixel tile"
             )
 
-    def preprocess(self, image: Image.Image) -> tuple[npt.NDArray[np.float32], int, int]:
+    def preprocess(self, image: Image.Image) -> tuple[FloatPixels, int, int]:
         """`image`'s pixel values, float32 [tiles, 3, tile_size, tile_size] (the global image last), and its tile
         rows and columns (0 and 0 for an image of one tile), as transformers' SmolVLMImageProcessorPil gives them."""
         image = to_rgb(image)
+        resize = self.pixel_steps.resized
         if self.longest_edge is not None:
-            image = self._resize(image, _longest_edge_size(image.height, image.width, self.longest_edge))
+            image = resize(image, *_longest_edge_size(image.height, image.width, self.longest_edge))
         elif self.resize_to is not None:
-            image = self._resize(image, self.resize_to)
+            image = resize(image, *self.resize_to)
         tile = self.tile_size
         rows = cols = 0
         if not self.split:
-            tiles = [np.asarray(self._resize(image, (tile, tile)))]
+            tiles = [np.asarray(resize(image, tile, tile))]
         else:
-            image = self._resize(image, _tile_multiple_size(image.height, image.width, tile))
+            image = resize(image, *_tile_multiple_size(image.height, image.width, tile))
             pixels = np.asarray(image)
             if image.height > tile or image.width > tile:
                 rows, cols = image.height // tile, image.width // tile
                 tiles = [pixels[row * tile : (row + 1) * tile, col * tile : (col + 1) * tile] for row in range(rows) for col in range(cols)]
-                tiles.append(np.asarray(self._resize(image, (tile, tile))))
+                tiles.append(np.asarray(resize(image, tile, tile)))
             else:
                 tiles = [pixels]
-        channels_first = np.stack(tiles).transpose(0, 3, 1, 2)
-        if self.rescale_factor is not None:
-            values = (channels_first.astype(np.float64) * self.rescale_factor).astype(np.float32)
-        else:
-            values = channels_first.astype(np.float32)
-        if self.mean is not None and self.std is not None:
-            mean = np.array(self.mean, dtype=np.float32)[:, None, None]
-            std = np.array(self.std, dtype=np.float32)[:, None, None]
-            values = (values - mean) / std
-        return np.ascontiguousarray(values), rows, cols
+        return self.pixel_steps.values(np.stack(tiles)), rows, cols
 
     def expand(self, text: str, images_rows_cols: Sequence[tuple[int, int]]) -> str:
         """`text` with its i-th `<image>` written out for an image of `images_rows_cols[i]` (rows, cols) tiles.
@@ -184,10 +168,6 @@ class SmolVLMImages:
             return global_image
         grid = "".join("".join(f"{FAKE_IMAGE_TOKEN}<row_{row}_col_{col}>{image_tokens}" for col in range(1, cols + 1)) + "\n" for row in range(1, rows + 1))
         return f"{grid}\n{global_image}"
-
-    def _resize(self, image: Image.Image, height_width: tuple[int, int]) -> Image.Image:
-        height, width = height_width
-        return image.resize((width, height), resample=self.resample)
 
 
 def _longest_edge_size(height: int, width: int, longest_edge: int) -> tuple[int, int]:
@@ -221,21 +201,3 @@ def _tile_multiple_size(height: int, width: int, tile: int) -> tuple[int, int]:
 
 def _round_up_to_even(length: int) -> int:
     return length + length % 2
-
-
-def _per_channel(value: float | Sequence[float]) -> tuple[float, float, float]:
-    red, green, blue = [float(value)] * 3 if isinstance(value, int | float) else [float(channel) for channel in value]
-    return red, green, blue
-
-
-def _read_json_object(path: Path) -> dict[str, Any]:
-    """The JSON object in `path`; {} if there is no such file."""
-    if not path.is_file():
-        return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError) as error:
-        raise ModelLoadError(f"cannot read {path} ({error}); download it again.") from error
-    if not isinstance(data, dict):
-        raise ModelLoadError(f"{path} holds no JSON object; download it again.")
-    return data
