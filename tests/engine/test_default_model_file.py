@@ -51,6 +51,7 @@ def test_default_model_config(default_model):
         "gated_delta_net": None,
         "mamba2": None,
         "latent_attention": None,
+        "vision": None,
     }
     assert default_model.eos_token_ids == [2] and default_model.eos_token == "<|im_end|>"
     assert default_model.add_bos_token is False

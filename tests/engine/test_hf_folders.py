@@ -84,6 +84,7 @@ def test_hf_config_is_normalized(tiny_folders, architecture):
         "gated_delta_net": None,
         "mamba2": None,
         "latent_attention": None,
+        "vision": None,
     }
 
 
