@@ -35,6 +35,16 @@ def tiny_models(tmp_path_factory):
     return out
 
 
+@pytest.fixture(scope="session")
+def smolvlm_folder(tmp_path_factory):
+    """A tiny random SmolVLM folder with its tokenizer and processor (tests/vision_models.py)."""
+    from vision_models import build_tiny_smolvlm
+
+    folder = tmp_path_factory.mktemp("smolvlm")
+    build_tiny_smolvlm(folder)
+    return folder
+
+
 # ---- a server per test module (python -m rsgl.server on loopback), and its clients ----------------
 
 

@@ -56,13 +56,6 @@ def encoded(image: Image.Image, format: str, **options) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def smolvlm_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("smolvlm")
-    build_tiny_smolvlm(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
 def reference(smolvlm_folder):
     """transformers' processor for the folder, with the PIL image processor (the one rsgl matches)."""
     processor = transformers.AutoProcessor.from_pretrained(smolvlm_folder)

@@ -14,7 +14,6 @@ import pytest
 import rsgl
 from PIL import Image
 from server_helpers import API_KEY, AUTH, openai_client, running_server
-from vision_models import build_tiny_smolvlm
 
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 QUESTION = "What is here?"
@@ -50,25 +49,18 @@ def image_message(*urls: str) -> list[dict]:
 
 
 @pytest.fixture(scope="module")
-def vlm_folder(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("smolvlm")
-    build_tiny_smolvlm(folder)
-    return folder
-
-
-@pytest.fixture(scope="module")
-def vlm_server(vlm_folder, tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("vlm-server"), "--model-path", str(vlm_folder), "--threads", "1") as (url, _):
+def vlm_server(smolvlm_folder, tmp_path_factory):
+    with running_server(tmp_path_factory.mktemp("vlm-server"), "--model-path", str(smolvlm_folder), "--threads", "1") as (url, _):
         yield url
 
 
-def test_the_openai_client_sends_a_data_url_image(vlm_server, vlm_folder):
+def test_the_openai_client_sends_a_data_url_image(vlm_server, smolvlm_folder):
     client = openai_client(vlm_server)
     model = client.models.list().data[0].id
     reply = client.chat.completions.create(
         model=model, messages=image_message(data_url(png(picture()))), temperature=0, max_tokens=8, extra_body={"ignore_eos": True}
     )
-    with rsgl.Engine(str(vlm_folder), threads=1, progress=False) as engine:
+    with rsgl.Engine(str(smolvlm_folder), threads=1, progress=False) as engine:
         expected = engine.chat([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": QUESTION}]}], GREEDY, image_data=[picture()])
     assert reply.choices[0].message.content == expected["text"]
     assert reply.usage.prompt_tokens == expected["meta_info"]["prompt_tokens"]

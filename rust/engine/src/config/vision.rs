@@ -61,3 +61,22 @@ impl VisionConfig {
         3 * self.image_size * self.image_size
     }
 }
+
+#[cfg(test)]
+impl VisionConfig {
+    /// A tower of 2 x 2 pixel tiles making one image token each (`image_token_id`), for tests of
+    /// what happens around it.
+    pub(crate) fn one_token_per_tile(image_token_id: u32) -> VisionConfig {
+        VisionConfig {
+            hidden_size: 4,
+            intermediate_size: 4,
+            num_hidden_layers: 1,
+            num_attention_heads: 1,
+            image_size: 2,
+            patch_size: 1,
+            layer_norm_eps: 1e-6,
+            scale_factor: 2,
+            image_token_id,
+        }
+    }
+}

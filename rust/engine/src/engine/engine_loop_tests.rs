@@ -275,18 +275,7 @@ const IMAGE_TOKEN: u32 = 15;
 
 /// The fake with an image encoder making one token per 2 x 2 tile ([`IMAGE_TOKEN`]).
 fn with_vision(mut w: EngineLoop<FakeModel>) -> EngineLoop<FakeModel> {
-    let vision = crate::config::VisionConfig {
-        hidden_size: 4,
-        intermediate_size: 4,
-        num_hidden_layers: 1,
-        num_attention_heads: 1,
-        image_size: 2,
-        patch_size: 1,
-        layer_norm_eps: 1e-6,
-        scale_factor: 2,
-        image_token_id: IMAGE_TOKEN,
-    };
-    w.model.cfg.vision = Some(vision);
+    w.model.cfg.vision = Some(crate::config::VisionConfig::one_token_per_tile(IMAGE_TOKEN));
     w
 }
 

@@ -51,7 +51,10 @@ pub struct VisionTower {
     cfg: VisionConfig,
     /// The patch convolution as a GEMM over flattened patches (`[hidden, 3 * patch * patch]`).
     patch_embedding: Linear,
-    /// Each patch's position-embedding row, as transformers buckets a whole tile's patches.
+    /// The position embedding, a row per patch of a tile in order. transformers buckets
+    /// fractional patch coordinates in float32 to the same rows, except that for some sides (19,
+    /// 25, 29... never SmolVLM's 32 or Idefics3's 26) torch's vectorized `arange` rounds a
+    /// boundary the other way, differently on different CPUs.
     positions: Vec<f32>,
     layers: Vec<EncoderLayer>,
     post_norm: LayerNorm,
@@ -68,10 +71,7 @@ impl VisionTower {
         let patch_bias = w.take(&format!("{TOWER}.embeddings.patch_embedding.bias"), &[d])?;
         let patch_embedding = pack(vec![LinearParts::new(patch_weight, Some(patch_bias))]);
         let side = cfg.patches_per_side();
-        let table = w.take(&format!("{TOWER}.embeddings.position_embedding.weight"), &[side * side, d])?;
-        let buckets = position_buckets(side);
-        let positions =
-            buckets.iter().flat_map(|&row| buckets.iter().map(move |&col| row * side + col)).flat_map(|id| table[id * d..(id + 1) * d].to_vec()).collect();
+        let positions = w.take(&format!("{TOWER}.embeddings.position_embedding.weight"), &[side * side, d])?;
         let eps = cfg.layer_norm_eps;
         let layers = (0..cfg.num_hidden_layers)
             .map(|l| {
@@ -170,22 +170,6 @@ fn patch_rows(pixels: &[f32], cfg: &VisionConfig) -> Vec<f32> {
     rows
 }
 
-/// The position-embedding bucket of each patch index along a side, as transformers computes it
-/// for a whole tile in float32 (`bucketize(i * (1/side), arange(1/side, 1, 1/side), right=True)`),
-/// which for some sides (19, 25, 29...) puts a patch in its neighbour's bucket.
-fn position_buckets(side: usize) -> Vec<usize> {
-    let step = 1.0 / side as f64;
-    let len = ((1.0 - step) / step).ceil() as usize;
-    let boundaries: Vec<f32> = (0..len).map(|i| (step + i as f64 * step) as f32).collect();
-    let fraction = 1.0f32 / side as f32;
-    (0..side)
-        .map(|i| {
-            let coordinate = (i as f32 * fraction).min(1.0 - 1e-6);
-            boundaries.iter().take_while(|&&b| b <= coordinate).count()
-        })
-        .collect()
-}
-
 /// SmolVLM's pixel shuffle: each `scale` x `scale` square of neighbouring patches becomes one
 /// token, their features side by side (row within the square, then column); tokens row by row.
 fn pixel_shuffle(x: &[f32], cfg: &VisionConfig, tiles: usize) -> Vec<f32> {
@@ -216,14 +200,6 @@ fn gelu_tanh(x: &mut [f32]) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn position_buckets_follow_transformers_float32_rounding() {
-        // From torch.bucketize as transformers' SmolVLM embeddings call it.
-        assert_eq!(position_buckets(19), [0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 11, 13, 14, 15, 16, 17, 18]);
-        assert_eq!(position_buckets(25), [0, 1, 2, 3, 4, 4, 6, 7, 8, 8, 9, 10, 11, 12, 14, 14, 16, 17, 17, 19, 19, 21, 22, 22, 24]);
-        assert_eq!(position_buckets(32), (0..32).collect::<Vec<_>>());
-    }
 
     #[test]
     fn pixel_shuffle_folds_squares_of_patches() {

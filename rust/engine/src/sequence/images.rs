@@ -85,17 +85,7 @@ mod tests {
     use super::*;
 
     fn vision() -> VisionConfig {
-        VisionConfig {
-            hidden_size: 4,
-            intermediate_size: 4,
-            num_hidden_layers: 1,
-            num_attention_heads: 1,
-            image_size: 2,
-            patch_size: 1,
-            layer_norm_eps: 1e-6,
-            scale_factor: 2,
-            image_token_id: 9,
-        }
+        VisionConfig::one_token_per_tile(9)
     }
 
     fn image(tiles: usize) -> PromptImage {
