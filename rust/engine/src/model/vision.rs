@@ -8,7 +8,7 @@ use crate::config::VisionConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
 use rsgl_kernels::pool::SendPtr;
-use rsgl_kernels::{kernels, WeightDtype};
+use rsgl_kernels::{kernels, linear, PackedWeights, WeightDtype};
 
 const TOWER: &str = "model.vision_model";
 
@@ -126,29 +126,34 @@ impl VisionTower {
     }
 
     /// Bidirectional multi-head attention within each tile; `qkv` is `[tiles * patches, 3 * hidden]`.
+    /// Per tile and head, two GEMMs on the compute threads: the scores against the keys packed as
+    /// a weight matrix, then, softmaxed, the values packed transposed.
     fn attention(&self, c: &Compute, qkv: &[f32], tiles: usize) -> Vec<f32> {
         let (d, heads) = (self.cfg.hidden_size, self.cfg.num_attention_heads);
         let (hd, n) = (d / heads, self.cfg.patches_per_side().pow(2));
         let scale = 1.0 / (hd as f32).sqrt();
         let k = kernels();
         let mut out = vec![0.0f32; tiles * n * d];
-        let out_at = SendPtr(out.as_mut_ptr());
-        c.pool.for_each_dynamic(tiles * heads, &|task| {
-            let (tile, head) = (task / heads, task % heads);
-            let row = |i: usize, part: usize| &qkv[(tile * n + i) * 3 * d + part * d + head * hd..][..hd];
-            let mut scores = vec![0.0f32; n];
-            let mut acc = vec![0.0f32; hd];
-            for i in 0..n {
-                let q = row(i, 0);
-                scores.iter_mut().enumerate().for_each(|(j, s)| *s = (k.dot)(q, row(j, 1)) * scale);
-                (k.softmax)(&mut scores);
-                acc.fill(0.0);
-                scores.iter().enumerate().for_each(|(j, &weight)| (k.axpy)(weight, row(j, 2), &mut acc));
-                // SAFETY: each task writes its own head's columns of its own tile's rows.
-                let dst = unsafe { std::slice::from_raw_parts_mut(out_at.get().add((tile * n + i) * d + head * hd), hd) };
-                dst.copy_from_slice(&acc);
+        let (mut scores, mut head_out, mut scratch) = (vec![0.0f32; n * n], vec![0.0f32; n * hd], Vec::new());
+        for (tile, head) in (0..tiles).flat_map(|tile| (0..heads).map(move |head| (tile, head))) {
+            let part = |i: usize, part: usize| &qkv[(tile * n + i) * 3 * d + part * d + head * hd..][..hd];
+            let queries: Vec<f32> = (0..n).flat_map(|i| part(i, 0).iter().copied()).collect();
+            let keys = PackedWeights::pack_rows(n, hd, WeightDtype::F32, &c.pool, &|j, row| row.copy_from_slice(part(j, 1)));
+            linear(k, &c.pool, &queries, &keys, None, &mut scores, &mut scratch);
+            let rows_at = SendPtr(scores.as_mut_ptr());
+            c.pool.for_each_dynamic(n, &|i| {
+                // SAFETY: each task owns one row of the scores.
+                let row = unsafe { std::slice::from_raw_parts_mut(rows_at.get().add(i * n), n) };
+                row.iter_mut().for_each(|s| *s *= scale);
+                (k.softmax)(row);
+            });
+            let values =
+                PackedWeights::pack_rows(hd, n, WeightDtype::F32, &c.pool, &|dim, row| row.iter_mut().enumerate().for_each(|(j, v)| *v = part(j, 2)[dim]));
+            linear(k, &c.pool, &scores, &values, None, &mut head_out, &mut scratch);
+            for (i, row) in head_out.chunks_exact(hd).enumerate() {
+                out[(tile * n + i) * d + head * hd..][..hd].copy_from_slice(row);
             }
-        });
+        }
         out
     }
 }
