@@ -33,9 +33,9 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
         image_token_id: outer.count("image_token_id")? as u32,
     };
     let side = config.image_size / config.patch_size.max(1);
-    if config.image_size % config.patch_size.max(1) != 0
-        || side % config.scale_factor.max(1) != 0
-        || config.hidden_size % config.num_attention_heads.max(1) != 0
+    if !config.image_size.is_multiple_of(config.patch_size.max(1))
+        || !side.is_multiple_of(config.scale_factor.max(1))
+        || !config.hidden_size.is_multiple_of(config.num_attention_heads.max(1))
     {
         return Err(outer.broken(format!(
             "its vision tower's image_size {} is not patches of {} that a pixel shuffle of {} folds evenly (or hidden_size {} is not {} heads)",

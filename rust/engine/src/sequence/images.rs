@@ -68,7 +68,7 @@ pub(crate) fn place(images: &mut [PromptImage], prompt: &[u32], vision: Option<&
 }
 
 /// The rows images give at positions `range`: `(position - range.start, row)`.
-pub(crate) fn rows_in<'a>(images: &'a [PromptImage], range: Range<usize>) -> Vec<(usize, &'a [f32])> {
+pub(crate) fn rows_in(images: &[PromptImage], range: Range<usize>) -> Vec<(usize, &[f32])> {
     let mut rows = Vec::new();
     for image in images {
         let Some(values) = &image.rows else { continue };
