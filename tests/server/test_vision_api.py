@@ -120,3 +120,20 @@ def test_the_anthropic_client_sends_a_base64_image_block(vlm_server):
     bad = {**image, "source": {**image["source"], "media_type": "image/tiff"}}
     with pytest.raises(anthropic.BadRequestError, match="media_type"):
         client.messages.create(model="default", max_tokens=8, messages=[{"role": "user", "content": [bad]}])
+
+
+def test_sglang_generate_takes_image_data(vlm_server, smolvlm_folder):
+    text = "User:<image>" + QUESTION + "<end_of_utterance>\nAssistant:"
+    with httpx.Client(base_url=vlm_server, headers=AUTH, timeout=60) as http:
+        one = http.post("/generate", json={"text": text, "image_data": data_url(png(picture())), "sampling_params": GREEDY}).json()
+        batch = http.post(
+            "/generate",
+            json={"text": [text, text], "image_data": [[data_url(png(picture()))], base64.b64encode(png(picture())).decode()], "sampling_params": GREEDY},
+        ).json()
+        assert [b["output_ids"] for b in batch] == [one["output_ids"]] * 2
+        with_ids = http.post("/generate", json={"input_ids": [1, 2], "image_data": data_url(png(picture()))})
+        assert with_ids.status_code == 400 and with_ids.json()["error"]["param"] == "image_data"
+        bad = http.post("/generate", json={"text": [text, text], "image_data": [data_url(png(picture())), "data:image/png;base64,AAAA"]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "image_data[1]"
+    with rsgl.Engine(str(smolvlm_folder), threads=1, progress=False) as engine:
+        assert one["output_ids"] == engine.generate(text, GREEDY, image_data=[picture()])["output_ids"]

@@ -1,6 +1,7 @@
-"""Images in chat requests (OpenAI's `image_url` content parts): found in the messages, replaced by the parts chat
-templates render as image placeholders, and decoded off the event loop within the server's limits (`data:` URLs
-always; http(s) URLs only with --allow-image-urls, each fetched within a size and a time limit)."""
+"""Images in requests: OpenAI's `image_url` content parts (found in the messages, replaced by the parts chat templates
+render as image placeholders) and SGLang's `image_data` of /generate, decoded off the event loop within the server's
+limits (`data:` URLs and base64 always; http(s) URLs only with --allow-image-urls, each fetched within a size and a
+time limit)."""
 
 from __future__ import annotations
 
@@ -72,3 +73,20 @@ async def load_chat_images(images: list[ChatImage], limits: ImageLimits) -> list
         return loaded
 
     return await asyncio.to_thread(load_all)
+
+
+def generate_images(image_data: Any, prompts: int | None) -> list[list[ChatImage]]:
+    """SGLang's `image_data` of /generate, per prompt: for one prompt (`prompts` None) an image or a list of them;
+    for a batch, per prompt an image or a list of them."""
+
+    def images(value: Any, param: str) -> list[ChatImage]:
+        items = value if isinstance(value, list) else [value]
+        if not all(isinstance(item, str) and item for item in items):
+            raise bad_request(f"{param} must be an image (a data URL, base64 text or an http(s) URL) or a list of them", param)
+        return [ChatImage(item, f"{param}[{i}]" if isinstance(value, list) else param) for i, item in enumerate(items)]
+
+    if prompts is None:
+        return [images(image_data, "image_data")]
+    if not isinstance(image_data, list) or len(image_data) != prompts:
+        raise bad_request(f"image_data must hold the images of each of the {prompts} prompts", "image_data")
+    return [images(value, f"image_data[{i}]") for i, value in enumerate(image_data)]

@@ -37,7 +37,7 @@ class GenerateArguments(TypedDict, total=False):
     top_logprobs_num: int
     logprob_start_len: int | None
     rid: str | list[str] | None
-    image_data: list[ImageData] | None  # a chat's images (decoded), for its prompt's image placeholders
+    image_data: list[ImageData] | list[list[ImageData]] | None  # decoded images for the prompts' image placeholders
 
 
 class EngineStream:

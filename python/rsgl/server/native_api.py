@@ -18,6 +18,7 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine
+from rsgl.server.chat_images import generate_images, load_chat_images
 from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole, metrics_of
 from rsgl.server.errors import APIError, bad_request
 from rsgl.server.events import EventStreamResponse
@@ -155,6 +156,13 @@ async def generate(request: Request) -> Response:
     each log-probability's token."""
     body = await read_json_object(request)
     arguments = generate_arguments(body)
+    if body.get("image_data") is not None:
+        if body.get("text") is None:
+            raise bad_request("image_data goes with text (its image placeholders are written out as the model's image tokens), not with input_ids", "image_data")
+        prompts = None if isinstance(body["text"], str) else len(body["text"])
+        per_prompt = generate_images(body["image_data"], prompts)
+        loaded = [await load_chat_images(images, request.app.state.image_limits) for images in per_prompt]
+        arguments["image_data"] = loaded[0] if prompts is None else loaded
     texts = LogprobTexts(engine_of(request)) if optional_bool(body, "return_text_in_logprobs") else None
     if optional_bool(body, "stream"):
         stream = await EngineStream.start(request, arguments, cumulative=True)
