@@ -113,13 +113,22 @@ def test_any_tool_choice_forces_a_call_and_a_tool_result_turn_is_answered(server
     assert answer.content and answer.stop_reason in ("end_turn", "max_tokens") and all(block.type == "text" for block in answer.content)
 
 
+# A 1 x 1 PNG, for a text-only model to refuse.
+PNG_SOURCE = {
+    "type": "base64",
+    "media_type": "image/png",
+    "data": "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAIAAACQd1PeAAAADElEQVR4nGP4z8AAAAMBAQDJ/pLvAAAAAElFTkSuQmCC",
+}
+
+
 @pytest.mark.parametrize(
     ("body", "fragment"),
     [
         ({"messages": QUESTION}, "max_tokens"),
         ({"max_tokens": 8, "messages": []}, "messages"),
         ({"max_tokens": 8, "messages": [{"role": "system", "content": "hi"}]}, "role"),
-        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "text only"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]}, "source"),
+        ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": PNG_SOURCE}]}]}, "text only"),
         ({"max_tokens": 8, "messages": [*QUESTION, {"role": "assistant", "content": "The"}]}, "prefilled"),
         ({"max_tokens": 8, "messages": QUESTION, "tool_choice": {"type": "tool", "name": "nope"}, "tools": [WEATHER_TOOL]}, "nope"),
         ({"max_tokens": 8, "messages": QUESTION, "tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "custom tools"),
