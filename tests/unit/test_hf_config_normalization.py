@@ -113,3 +113,13 @@ def test_moe_configs_are_normalized():
         normalized({**deepseek, "moe_layer_freq": 2})
     with pytest.raises(ModelLoadError, match="cannot give 2 experts per token"):
         normalized({**deepseek, "topk_group": 0})
+
+
+def test_a_vision_language_config_runs_its_text_model_by_model_type():
+    """SmolVLM's text config names its own class (VLlama3ForCausalLM): its model_type says Llama."""
+    text = {**BASE_CONFIG, "architectures": ["VLlama3ForCausalLM"], "model_type": "llama"}
+    vision = {"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 32, "patch_size": 8}
+    config = normalized({"architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3", "text_config": text,
+                         "vision_config": vision, "scale_factor": 2, "image_token_id": 7})  # fmt: skip
+    assert config["architecture"] == "llama"
+    assert config["vision"] == {**vision, "layer_norm_eps": 1e-6, "scale_factor": 2, "image_token_id": 7}

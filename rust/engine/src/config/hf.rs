@@ -116,6 +116,8 @@ fn language_model_config(mut raw: Map<String, Value>) -> Result<Map<String, Valu
     // Where the language model does not say, the whole model's config does.
     config.extend(raw.into_iter().filter(|(key, _)| key == "tie_word_embeddings"));
     config.extend(text);
+    // Named by its model_type: SmolVLM's text config names a class of its own (VLlama3ForCausalLM).
+    config.remove("architectures");
     Ok(config)
 }
 
