@@ -158,7 +158,7 @@ async def generate(request: Request) -> Response:
     arguments = generate_arguments(body)
     if body.get("image_data") is not None:
         if body.get("text") is None:
-            raise bad_request("image_data goes with text (its image placeholders are written out as the model's image tokens), not with input_ids", "image_data")
+            raise bad_request("image_data goes with text (its image placeholders become the model's image tokens), not with input_ids", "image_data")
         prompts = None if isinstance(body["text"], str) else len(body["text"])
         per_prompt = generate_images(body["image_data"], prompts)
         loaded = [await load_chat_images(images, request.app.state.image_limits) for images in per_prompt]
