@@ -33,7 +33,8 @@ from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
 from rsgl.engine_options import DEFAULTS, EngineKeywords, EngineOptions, KvCacheDtype, Quantization
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import load_model
-from rsgl.vision.prompt_images import ImageData, prompt_images_for
+from rsgl.vision.images import ImageSource
+from rsgl.vision.prompt_images import prompt_images_for
 
 # Seconds a blocked call waits in Rust before returning to Python (to notice Ctrl-C).
 _POLL_SECONDS = 0.2
@@ -79,7 +80,7 @@ class GenerateOptions(TypedDict, total=False):
     choices: list[str] | None
     # Images for a text prompt's image placeholders (a vision-language model's): one list per prompt, or one list
     # (or one image) for a single prompt; each bytes, a data URL, base64 text or a PIL image.
-    image_data: ImageData | list[ImageData] | list[list[ImageData]] | None
+    image_data: ImageSource | list[ImageSource] | list[list[ImageSource]] | None
 
 
 class Engine:

@@ -18,11 +18,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from rsgl.engine import Engine
 from rsgl.server import anthropic_api, embeddings_api, native_api, openai_api, openapi, responses_api
 from rsgl.server.admission import AdmissionMiddleware
-from rsgl.server.chat_images import server_image_limits
 from rsgl.server.chat_tools import ChatParsers
 from rsgl.server.errors import EXCEPTION_HANDLERS, APIError
 from rsgl.server.logs import DEFAULT_LOG_INTERVAL_SECONDS, log_request, log_steps
 from rsgl.server.metrics import ServerMetrics
+from rsgl.server.request_images import server_image_limits
 from rsgl.server.watchdog import LoopWatchdog
 
 # A request in flight costs no thread (it waits on the event loop), so the bound is about memory.

@@ -14,7 +14,7 @@ from rsgl._typing import JsonObject
 from rsgl.engine import Engine
 from rsgl.server.errors import ClientDisconnected
 from rsgl.server.metrics import RequestTracker, ServerMetrics
-from rsgl.vision.prompt_images import ImageData
+from rsgl.vision.images import ImageSource
 
 
 def engine_of(request: Request) -> Engine:
@@ -37,7 +37,7 @@ class GenerateArguments(TypedDict, total=False):
     top_logprobs_num: int
     logprob_start_len: int | None
     rid: str | list[str] | None
-    image_data: list[ImageData] | list[list[ImageData]] | None  # decoded images for the prompts' image placeholders
+    image_data: list[ImageSource] | list[list[ImageSource]] | None  # decoded images for the prompts' image placeholders
 
 
 class EngineStream:

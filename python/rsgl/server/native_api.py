@@ -18,13 +18,13 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine
-from rsgl.server.chat_images import generate_images, load_chat_images
 from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole, metrics_of
 from rsgl.server.errors import APIError, bad_request
 from rsgl.server.events import EventStreamResponse
 from rsgl.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rsgl.server.metrics import kv_pages_used, kv_usage
 from rsgl.server.request_body import is_str_list, is_text, is_token_ids, optional_bool, optional_int, read_json_object
+from rsgl.server.request_images import generate_images, load_request_images
 
 logger = logging.getLogger("rsgl.server")
 # A probe must not hang on a stuck engine (SGLang's /health_generate gives up after 20 s too).
@@ -161,7 +161,7 @@ async def generate(request: Request) -> Response:
             raise bad_request("image_data goes with text (its image placeholders become the model's image tokens), not with input_ids", "image_data")
         prompts = None if isinstance(body["text"], str) else len(body["text"])
         per_prompt = generate_images(body["image_data"], prompts)
-        loaded = [await load_chat_images(images, request.app.state.image_limits) for images in per_prompt]
+        loaded = [await load_request_images(images, request.app.state.image_limits) for images in per_prompt]
         arguments["image_data"] = loaded[0] if prompts is None else loaded
     texts = LogprobTexts(engine_of(request)) if optional_bool(body, "return_text_in_logprobs") else None
     if optional_bool(body, "stream"):

@@ -16,7 +16,6 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine, json_schema_warnings
-from rsgl.server.chat_images import ChatImage, image_url, is_image_part, load_chat_images, template_part
 from rsgl.server.chat_reader import ChatReader
 from rsgl.server.chat_tools import ChatParsers, PreparedChat, prepare_chat
 from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole
@@ -24,6 +23,7 @@ from rsgl.server.errors import APIError, bad_request
 from rsgl.server.events import EventStreamResponse
 from rsgl.server.native_api import json_response
 from rsgl.server.request_body import is_text, is_token_ids, optional_bool, optional_dict, optional_float, optional_int, optional_stop, read_json_object
+from rsgl.server.request_images import RequestImage, image_url, is_image_part, load_request_images, template_part
 from rsgl.server.tool_request import check_past_calls, modern_message, tool_request
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -98,7 +98,7 @@ async def chat_request(request: Request, body: JsonObject) -> ChatCall:
         top_logprobs_num=top_logprobs,
     )
     if images:
-        arguments["image_data"] = await load_chat_images(images, request.app.state.image_limits)
+        arguments["image_data"] = await load_request_images(images, request.app.state.image_limits)
     return ChatCall(arguments, chat, params["n"])
 
 
@@ -273,7 +273,7 @@ def message_text(content: Any, param: str) -> str | list[JsonObject]:
     raise bad_request(f"{param} must be a string or a list of text and image_url parts", param)
 
 
-def chat_images(body: JsonObject) -> list[ChatImage]:
+def chat_images(body: JsonObject) -> list[RequestImage]:
     """The messages' image parts, in order (after chat_messages checked the messages)."""
     return [
         image_url(part, f"messages[{i}].content[{j}]")

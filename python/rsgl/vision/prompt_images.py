@@ -7,16 +7,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeAlias
 
 from rsgl.core_types import ImageInput
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import LoadedModel
 from rsgl.vision.images import ImageLimits, ImageSource, image_hash, load_image
 from rsgl.vision.smolvlm import SmolVLMImages
-
-# What a request may give as an image: bytes, a data URL, base64 text or a PIL image.
-ImageData: TypeAlias = ImageSource
 
 
 def prompt_images_for(model: LoadedModel) -> PromptImages | None:

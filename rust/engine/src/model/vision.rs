@@ -195,11 +195,18 @@ fn add(x: &mut [f32], delta: &[f32]) {
     x.iter_mut().zip(delta).for_each(|(v, d)| *v += d);
 }
 
-/// GELU with the tanh approximation (transformers' `gelu_pytorch_tanh`), the kernels' own.
+/// Values [`gelu_tanh`] takes at a time (it copies each piece once).
+const GELU_PIECE: usize = 4096;
+
+/// GELU with the tanh approximation (transformers' `gelu_pytorch_tanh`), the kernels' gated one
+/// times 1, piece by piece rather than with two copies of the whole input.
 fn gelu_tanh(x: &mut [f32]) {
-    let ones = vec![1.0f32; x.len()];
-    let gate = x.to_vec();
-    (kernels().gelu_tanh_mul)(&gate, &ones, x);
+    let ones = [1.0f32; GELU_PIECE];
+    let gelu_tanh_mul = kernels().gelu_tanh_mul;
+    for piece in x.chunks_mut(GELU_PIECE) {
+        let gate = piece.to_vec();
+        gelu_tanh_mul(&gate, &ones[..piece.len()], piece);
+    }
 }
 
 #[cfg(test)]

@@ -13,15 +13,14 @@ from typing import Any
 from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError
 from rsgl.server.errors import bad_request
-from rsgl.vision.images import ImageLimits, load_image
-from rsgl.vision.prompt_images import ImageData
+from rsgl.vision.images import ImageLimits, ImageSource, load_image
 
 FETCH_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
-class ChatImage:
-    """An image part of a chat message: its URL and where it sits in the request (for errors)."""
+class RequestImage:
+    """An image of a request (a chat image part, an entry of image_data): its URL and where it sits in the request (for errors)."""
 
     url: str
     param: str
@@ -31,13 +30,13 @@ def is_image_part(part: Any) -> bool:
     return isinstance(part, dict) and part.get("type") == "image_url"
 
 
-def image_url(part: JsonObject, param: str) -> ChatImage:
+def image_url(part: JsonObject, param: str) -> RequestImage:
     """An `image_url` part's URL (OpenAI's `{"url": ...}` object, or the bare string some clients send)."""
     value = part.get("image_url")
     url = value.get("url") if isinstance(value, dict) else value
     if not isinstance(url, str) or not url:
         raise bad_request(f"{param}.image_url must be an object with a url: a data: URL or an http(s) URL", f"{param}.image_url")
-    return ChatImage(url, f"{param}.image_url")
+    return RequestImage(url, f"{param}.image_url")
 
 
 def template_part(part: JsonObject) -> JsonObject:
@@ -60,11 +59,11 @@ def fetch_image(url: str) -> bytes:
     return body
 
 
-async def load_chat_images(images: list[ChatImage], limits: ImageLimits) -> list[ImageData]:
+async def load_request_images(images: list[RequestImage], limits: ImageLimits) -> list[ImageSource]:
     """The images decoded on a worker thread; a bad one is a 400 naming its part."""
 
-    def load_all() -> list[ImageData]:
-        loaded: list[ImageData] = []
+    def load_all() -> list[ImageSource]:
+        loaded: list[ImageSource] = []
         for image in images:
             try:
                 loaded.append(load_image(image.url, part=image.param, limits=limits))
@@ -75,15 +74,15 @@ async def load_chat_images(images: list[ChatImage], limits: ImageLimits) -> list
     return await asyncio.to_thread(load_all)
 
 
-def generate_images(image_data: Any, prompts: int | None) -> list[list[ChatImage]]:
+def generate_images(image_data: Any, prompts: int | None) -> list[list[RequestImage]]:
     """SGLang's `image_data` of /generate, per prompt: for one prompt (`prompts` None) an image or a list of them;
     for a batch, per prompt an image or a list of them."""
 
-    def images(value: Any, param: str) -> list[ChatImage]:
+    def images(value: Any, param: str) -> list[RequestImage]:
         items = value if isinstance(value, list) else [value]
         if not all(isinstance(item, str) and item for item in items):
             raise bad_request(f"{param} must be an image (a data URL, base64 text or an http(s) URL) or a list of them", param)
-        return [ChatImage(item, f"{param}[{i}]" if isinstance(value, list) else param) for i, item in enumerate(items)]
+        return [RequestImage(item, f"{param}[{i}]" if isinstance(value, list) else param) for i, item in enumerate(items)]
 
     if prompts is None:
         return [images(image_data, "image_data")]
