@@ -19,7 +19,7 @@ from server_helpers import API_KEY, AUTH, assert_openai_error, metric_values, ru
 
 PROMPT = "The capital of France is"
 # Runs for many seconds unless stopped.
-LONG_STREAM = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 1000, "ignore_eos": True}, "stream": True}
+LONG_STREAM = {"text": "Once upon a time", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}, "stream": True}
 
 
 # ---- the server ---------------------------------------------------------------------------------
@@ -465,6 +465,17 @@ def test_ctrl_c_stops_the_server_cleanly_with_the_shells_code(tmp_path):
     assert "Traceback" not in log and "KeyboardInterrupt" not in log, log[-3000:]
 
 
+def refuses_connections_soon(url: str, within_seconds: float) -> bool:
+    deadline = time.monotonic() + within_seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=5)
+        except httpx.ConnectError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_sigterm_finishes_short_streams_aborts_long_ones_and_exits_0(tmp_path):
     short_request = {"prompt": PROMPT, "max_tokens": 16, "temperature": 0, "ignore_eos": True, "stream": True}
     with running_server(tmp_path, "--graceful-shutdown-timeout", "3") as (url, process):
@@ -473,8 +484,8 @@ def test_sigterm_finishes_short_streams_aborts_long_ones_and_exits_0(tmp_path):
             long = started_stream(streams, http, "/generate", LONG_STREAM)
             process.send_signal(signal.SIGTERM)
             short_payloads = sse_lines_payloads(list(short))
-            with pytest.raises(httpx.ConnectError):  # no longer accepting
-                httpx.get(f"{url}/health", timeout=5)
+            # uvicorn sees the signal at its next tick (0.1 s): a short stream may end before that.
+            assert refuses_connections_soon(f"{url}/health", within_seconds=2)
             long_payloads = sse_lines_payloads(list(long))
         assert process.wait(timeout=30) == 0
     assert short_payloads[-1] == "[DONE]" and short_payloads[-2]["choices"][0]["finish_reason"] == "length"
