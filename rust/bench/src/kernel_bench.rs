@@ -111,6 +111,8 @@ fn cases() -> Vec<Op> {
     }
     // A wide bf16 layer (3-4B models' down projections: 8192 inputs), batched and in prefill.
     cases.extend([(16, 2048, 8192), (512, 2048, 8192)].map(|(m, n, k)| Op::Gemm { m, n, k, dtype: WeightDtype::BF16 }));
+    // A vision tower's tile (SigLIP base at 512 pixels: 1024 patches, hidden 768, FFN 3072): q|k|v, fc1, fc2.
+    cases.extend([(1024, 2304, 768), (1024, 3072, 768), (1024, 768, 3072)].map(|(m, n, k)| Op::Gemm { m, n, k, dtype: WeightDtype::BF16 }));
     // Speculative decoding's verify passes: 2 to 8 rows.
     let verify_shapes = [(2, 3072, 576), (5, 3072, 576), (8, 3072, 576)];
     cases.extend(shapes.iter().chain(&verify_shapes).map(|&(m, n, k)| Op::GemmI8 { m, n, k }));

@@ -265,20 +265,53 @@ pub fn f16_to_f32(h: u16) -> f32 {
 /// Activation rows rounded to bf16 pairs, `[m][k / 2][2]` (odd `k` padded with zero), for
 /// kernels that multiply in bf16 (`vdpbf16ps`, `BFDOT`).
 pub fn activations_to_bf16(x: &[f32], k: usize, out: &mut Vec<u16>) {
-    let pairs = k.div_ceil(2);
     out.clear();
-    for row in x.chunks_exact(k) {
-        out.extend(row.iter().map(|&v| f32_to_bf16(v)));
-        if k % 2 == 1 {
-            out.push(0);
-        }
+    out.resize(x.len() / k * k.div_ceil(2) * 2, 0);
+    #[cfg(target_arch = "x86_64")]
+    if is_x86_feature_detected!("avx512bw") {
+        // SAFETY: the features were just detected.
+        return unsafe { rows_to_bf16_avx512(x, k, out) };
     }
-    debug_assert_eq!(out.len(), x.len() / k * pairs * 2);
+    rows_to_bf16(x, k, out);
+}
+
+/// [`activations_to_bf16`]'s conversion into `out`, sized and zeroed: written through slices,
+/// not pushed, so it vectorizes (integer steps only: the same bits at any vector width).
+#[inline(always)]
+fn rows_to_bf16(x: &[f32], k: usize, out: &mut [u16]) {
+    for (row, dst) in x.chunks_exact(k).zip(out.chunks_exact_mut(k.div_ceil(2) * 2)) {
+        dst.iter_mut().zip(row).for_each(|(h, &v)| *h = f32_to_bf16(v));
+    }
+}
+
+/// [`rows_to_bf16`] compiled for AVX-512, 16 values at a time: a prefill converts every GEMM's
+/// input, a vision tower's attention a million scores per head.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn rows_to_bf16_avx512(x: &[f32], k: usize, out: &mut [u16]) {
+    rows_to_bf16(x, k, out)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn bf16_activations_are_the_same_bits_at_every_vector_width() {
+        if !is_x86_feature_detected!("avx512bw") {
+            return;
+        }
+        let specials = [0.0, -0.0, 1e-40, -3e-39, f32::MIN_POSITIVE, f32::MAX, f32::INFINITY, f32::NEG_INFINITY, f32::NAN, 1.0039062, 1.0117188];
+        for k in [1, 7, 33, 77] {
+            let x: Vec<f32> = (0..5 * k).map(|i| if i % 4 == 0 { specials[i % specials.len()] } else { (i as f32 * 0.7311).sin() * 1e3 }).collect();
+            let (mut portable, mut wide) = (vec![0; 5 * k.div_ceil(2) * 2], vec![0; 5 * k.div_ceil(2) * 2]);
+            rows_to_bf16(&x, k, &mut portable);
+            // SAFETY: detected above.
+            unsafe { rows_to_bf16_avx512(&x, k, &mut wide) };
+            assert_eq!(portable, wide, "k = {k}");
+        }
+    }
 
     #[test]
     fn f16_round_trips_every_half() {

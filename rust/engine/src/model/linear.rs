@@ -394,11 +394,19 @@ impl Linear {
 
     /// `x` is `[rows, in]`; returns `[rows, out]`.
     pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
-        self.count_bytes();
-        let mut out = self.output(x);
-        let mut scratch = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        self.weight.forward(c, &mut scratch, x, self.bias.as_deref(), &mut out);
+        let mut out = Vec::new();
+        self.forward_into(c, x, &mut out);
         out
+    }
+
+    /// [`Self::forward`] into `out`, whose allocation is reused (a loop over layers keeps its
+    /// buffers rather than faulting in fresh pages for every output).
+    pub fn forward_into(&self, c: &Compute, x: &[f32], out: &mut Vec<f32>) {
+        self.count_bytes();
+        out.clear();
+        out.resize(x.len() / self.weight.in_features() * self.out_features(), 0.0);
+        let mut scratch = c.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.weight.forward(c, &mut scratch, x, self.bias.as_deref(), out);
     }
 
     /// [`Self::forward`] of each `(layer, x)`, in one parallel region when every layer can be

@@ -7,10 +7,12 @@ use super::mlp::take_linear;
 use crate::config::VisionConfig;
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
-use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::{kernels, linear, PackedWeights, WeightDtype};
 
 const TOWER: &str = "model.vision_model";
+
+/// Rows of a tile one task of the compute threads normalizes.
+const ROWS_PER_TASK: usize = 16;
 
 struct LayerNorm {
     weight: Vec<f32>,
@@ -23,17 +25,21 @@ impl LayerNorm {
         Ok(LayerNorm { weight: w.take(&format!("{prefix}.weight"), &[width])?, bias: w.take(&format!("{prefix}.bias"), &[width])?, eps })
     }
 
-    /// Each row of `x` normalized to zero mean and unit variance, then scaled and shifted.
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
+    /// Each row of `x` normalized to zero mean and unit variance, then scaled and shifted, into
+    /// `out` (rows split among the compute threads).
+    fn forward_into(&self, c: &Compute, x: &[f32], out: &mut Vec<f32>) {
         let width = self.weight.len();
-        let mut out = Vec::with_capacity(x.len());
-        for row in x.chunks_exact(width) {
-            let mean = row.iter().sum::<f32>() / width as f32;
-            let variance = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / width as f32;
-            let inverse = 1.0 / (variance + self.eps).sqrt();
-            out.extend(row.iter().zip(&self.weight).zip(&self.bias).map(|((v, w), b)| (v - mean) * inverse * w + b));
-        }
-        out
+        out.resize(x.len(), 0.0);
+        c.pool.for_chunks_mut(out, width * ROWS_PER_TASK, &|piece, rows| {
+            for (row, out) in x[piece * width * ROWS_PER_TASK..].chunks_exact(width).zip(rows.chunks_exact_mut(width)) {
+                let mean = row.iter().sum::<f32>() / width as f32;
+                let variance = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / width as f32;
+                let inverse = 1.0 / (variance + self.eps).sqrt();
+                for (((o, v), w), b) in out.iter_mut().zip(row).zip(&self.weight).zip(&self.bias) {
+                    *o = (v - mean) * inverse * w + b;
+                }
+            }
+        });
     }
 }
 
@@ -59,6 +65,25 @@ pub struct VisionTower {
     layers: Vec<EncoderLayer>,
     post_norm: LayerNorm,
     projection: Linear,
+    /// The weights' format, and that of the keys and values attention packs.
+    dtype: WeightDtype,
+}
+
+/// What a tile's pass through the layers writes, kept from layer to layer and tile to tile: a
+/// tile's rows fit the caches, an image's (17 tiles of SmolVLM's) would not, and fresh buffers
+/// of that size cost a page fault per 4 KiB.
+#[derive(Default)]
+struct TileBuffers {
+    normed: Vec<f32>,
+    qkv: Vec<f32>,
+    attended: Vec<f32>,
+    /// A sublayer's output before it joins the residual stream.
+    delta: Vec<f32>,
+    hidden: Vec<f32>,
+    queries: Vec<f32>,
+    scores: Vec<f32>,
+    head_out: Vec<f32>,
+    bf16: Vec<u16>,
 }
 
 impl VisionTower {
@@ -93,7 +118,7 @@ impl VisionTower {
         let post_norm = LayerNorm::take(w, &format!("{TOWER}.post_layernorm"), d, eps)?;
         let shuffled = d * cfg.scale_factor * cfg.scale_factor;
         let projection = pack(vec![take_linear(w, "model.connector.modality_projection.proj", text_hidden, shuffled)?]);
-        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projection })
+        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projection, dtype })
     }
 
     /// The language model's rows for an image's tiles (`[tiles, 3, image_size, image_size]`
@@ -107,54 +132,66 @@ impl VisionTower {
                 pixels.len()
             )));
         }
-        let tiles = pixels.len() / cfg.values_per_tile();
-        let patches = cfg.patches_per_side().pow(2);
-        let mut x = self.patch_embedding.forward(c, &patch_rows(pixels, cfg));
-        for tile in x.chunks_exact_mut(patches * cfg.hidden_size) {
-            tile.iter_mut().zip(&self.positions).for_each(|(v, p)| *v += p);
+        let mut shuffled = Vec::with_capacity(pixels.len() / cfg.values_per_tile() * cfg.tokens_per_tile() * cfg.hidden_size * cfg.scale_factor.pow(2));
+        let mut buffers = TileBuffers::default();
+        for tile in pixels.chunks_exact(cfg.values_per_tile()) {
+            let x = self.encode_tile(c, tile, &mut buffers);
+            shuffled.extend(pixel_shuffle(x, cfg, 1));
         }
-        for layer in &self.layers {
-            let qkv = layer.qkv.forward(c, &layer.norm1.forward(&x));
-            let attended = self.attention(c, &qkv, tiles);
-            add(&mut x, &layer.out.forward(c, &attended));
-            let mut hidden = layer.fc1.forward(c, &layer.norm2.forward(&x));
-            gelu_tanh(&mut hidden);
-            add(&mut x, &layer.fc2.forward(c, &hidden));
-        }
-        let x = self.post_norm.forward(&x);
-        Ok(self.projection.forward(c, &pixel_shuffle(&x, cfg, tiles)))
+        Ok(self.projection.forward(c, &shuffled))
     }
 
-    /// Bidirectional multi-head attention within each tile; `qkv` is `[tiles * patches, 3 * hidden]`.
-    /// Per tile and head, two GEMMs on the compute threads: the scores against the keys packed as
-    /// a weight matrix, then, softmaxed, the values packed transposed.
-    fn attention(&self, c: &Compute, qkv: &[f32], tiles: usize) -> Vec<f32> {
+    /// One tile's patches through the encoder, post-normed (in `buffers.normed`): each tile
+    /// attends within itself, so tile by tile gives the same rows as all at once.
+    fn encode_tile<'b>(&self, c: &Compute, pixels: &[f32], b: &'b mut TileBuffers) -> &'b [f32] {
+        let mut x = self.patch_embedding.forward(c, &patch_rows(pixels, &self.cfg));
+        add(c, &mut x, &self.positions);
+        for layer in &self.layers {
+            layer.norm1.forward_into(c, &x, &mut b.normed);
+            layer.qkv.forward_into(c, &b.normed, &mut b.qkv);
+            self.attention(c, b);
+            layer.out.forward_into(c, &b.attended, &mut b.delta);
+            add(c, &mut x, &b.delta);
+            layer.norm2.forward_into(c, &x, &mut b.normed);
+            layer.fc1.forward_into(c, &b.normed, &mut b.hidden);
+            gelu_tanh(c, &mut b.hidden);
+            layer.fc2.forward_into(c, &b.hidden, &mut b.delta);
+            add(c, &mut x, &b.delta);
+        }
+        self.post_norm.forward_into(c, &x, &mut b.normed);
+        &b.normed
+    }
+
+    /// Bidirectional multi-head attention over a tile's patches, from `b.qkv` (`[patches, 3 *
+    /// hidden]`) into `b.attended`. Per head, two GEMMs on the compute threads: the scores against
+    /// the keys packed as a weight matrix, then, softmaxed, the values packed transposed (both in
+    /// the tower's weight format: bf16 runs the bf16 kernels).
+    fn attention(&self, c: &Compute, b: &mut TileBuffers) {
         let (d, heads) = (self.cfg.hidden_size, self.cfg.num_attention_heads);
         let (hd, n) = (d / heads, self.cfg.patches_per_side().pow(2));
         let scale = 1.0 / (hd as f32).sqrt();
         let k = kernels();
-        let mut out = vec![0.0f32; tiles * n * d];
-        let (mut scores, mut head_out, mut scratch) = (vec![0.0f32; n * n], vec![0.0f32; n * hd], Vec::new());
-        for (tile, head) in (0..tiles).flat_map(|tile| (0..heads).map(move |head| (tile, head))) {
-            let part = |i: usize, part: usize| &qkv[(tile * n + i) * 3 * d + part * d + head * hd..][..hd];
-            let queries: Vec<f32> = (0..n).flat_map(|i| part(i, 0).iter().copied()).collect();
-            let keys = PackedWeights::pack_rows(n, hd, WeightDtype::F32, &c.pool, &|j, row| row.copy_from_slice(part(j, 1)));
-            linear(k, &c.pool, &queries, &keys, None, &mut scores, &mut scratch);
-            let rows_at = SendPtr(scores.as_mut_ptr());
-            c.pool.for_each_dynamic(n, &|i| {
-                // SAFETY: each task owns one row of the scores.
-                let row = unsafe { std::slice::from_raw_parts_mut(rows_at.get().add(i * n), n) };
+        let qkv = &b.qkv;
+        let part = |i: usize, part: usize, head: usize| &qkv[i * 3 * d + part * d + head * hd..][..hd];
+        b.attended.resize(n * d, 0.0);
+        b.scores.resize(n * n, 0.0);
+        b.head_out.resize(n * hd, 0.0);
+        for head in 0..heads {
+            b.queries.clear();
+            (0..n).for_each(|i| b.queries.extend_from_slice(part(i, 0, head)));
+            let keys = PackedWeights::pack_rows(n, hd, self.dtype, &c.pool, &|j, row| row.copy_from_slice(part(j, 1, head)));
+            linear(k, &c.pool, &b.queries, &keys, None, &mut b.scores, &mut b.bf16);
+            c.pool.for_chunks_mut(&mut b.scores, n, &|_, row| {
                 row.iter_mut().for_each(|s| *s *= scale);
                 (k.softmax)(row);
             });
             let values =
-                PackedWeights::pack_rows(hd, n, WeightDtype::F32, &c.pool, &|dim, row| row.iter_mut().enumerate().for_each(|(j, v)| *v = part(j, 2)[dim]));
-            linear(k, &c.pool, &scores, &values, None, &mut head_out, &mut scratch);
-            for (i, row) in head_out.chunks_exact(hd).enumerate() {
-                out[(tile * n + i) * d + head * hd..][..hd].copy_from_slice(row);
+                PackedWeights::pack_rows(hd, n, self.dtype, &c.pool, &|dim, row| row.iter_mut().enumerate().for_each(|(j, v)| *v = part(j, 2, head)[dim]));
+            linear(k, &c.pool, &b.scores, &values, None, &mut b.head_out, &mut b.bf16);
+            for (i, row) in b.head_out.chunks_exact(hd).enumerate() {
+                b.attended[i * d + head * hd..][..hd].copy_from_slice(row);
             }
         }
-        out
     }
 }
 
@@ -191,22 +228,25 @@ fn pixel_shuffle(x: &[f32], cfg: &VisionConfig, tiles: usize) -> Vec<f32> {
     out
 }
 
-fn add(x: &mut [f32], delta: &[f32]) {
-    x.iter_mut().zip(delta).for_each(|(v, d)| *v += d);
+/// `x += delta`, on the compute threads.
+fn add(c: &Compute, x: &mut [f32], delta: &[f32]) {
+    c.pool.for_chunks_mut(x, ELEMENTWISE_PIECE, &|piece, values| {
+        values.iter_mut().zip(&delta[piece * ELEMENTWISE_PIECE..]).for_each(|(v, d)| *v += d);
+    });
 }
 
-/// Values [`gelu_tanh`] takes at a time (it copies each piece once).
-const GELU_PIECE: usize = 4096;
+/// Values one task of [`add`] or [`gelu_tanh`] takes (the latter copies its piece once).
+const ELEMENTWISE_PIECE: usize = 4096;
 
 /// GELU with the tanh approximation (transformers' `gelu_pytorch_tanh`), the kernels' gated one
-/// times 1, piece by piece rather than with two copies of the whole input.
-fn gelu_tanh(x: &mut [f32]) {
-    let ones = [1.0f32; GELU_PIECE];
+/// times 1, piece by piece on the compute threads rather than with two copies of the whole input.
+fn gelu_tanh(c: &Compute, x: &mut [f32]) {
     let gelu_tanh_mul = kernels().gelu_tanh_mul;
-    for piece in x.chunks_mut(GELU_PIECE) {
-        let gate = piece.to_vec();
-        gelu_tanh_mul(&gate, &ones[..piece.len()], piece);
-    }
+    c.pool.for_chunks_mut(x, ELEMENTWISE_PIECE, &|_, piece| {
+        let (mut gate, ones) = ([0.0f32; ELEMENTWISE_PIECE], [1.0f32; ELEMENTWISE_PIECE]);
+        gate[..piece.len()].copy_from_slice(piece);
+        gelu_tanh_mul(&gate[..piece.len()], &ones[..piece.len()], piece);
+    });
 }
 
 #[cfg(test)]
