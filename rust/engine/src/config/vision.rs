@@ -56,7 +56,7 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
             PIXEL_SHUFFLE_PROJECTORS.join(", ")
         )));
     }
-    let tower = Keys::new(projector, format!("{source}'s metadata"), remedy).prefixed("clip.vision.".into());
+    let tower = general.prefixed("clip.vision.".into());
     let projection_dim = tower.count("projection_dim")?;
     if projection_dim != text_hidden {
         return Err(EngineError::ModelLoad(format!(
