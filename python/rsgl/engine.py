@@ -376,7 +376,8 @@ class Engine:
 
     def get_server_info(self) -> JsonObject:
         stats = self._core.stats()
-        return {"model_path": self.model.source, "served_model_name": self.served_model_name, "precision_note": self.model.precision_note, **stats}
+        model = {"model_path": self.model.source, "mmproj": self.model.mmproj, "served_model_name": self.served_model_name}
+        return {**model, "precision_note": self.model.precision_note, **stats}
 
     def shutdown(self) -> None:
         self._core.shutdown()

@@ -173,3 +173,4 @@ def test_the_server_takes_mmproj(converted, tmp_path):
         expected = engine.chat(chat, GREEDY, image_data=[IMAGES[0]])
     assert reply.choices[0].message.content == expected["text"]
     assert reply.usage.prompt_tokens == expected["meta_info"]["prompt_tokens"]
+    assert f"with projector {projectors['f32']}" in (tmp_path / "server.log").read_text()
