@@ -72,8 +72,9 @@ class WeightStore:
         `packing="ggml_q4_1"` reads rsgl's w4a8 checkpoints: uint8 rows of Q4_1 blocks, listed as
         "Q4_1" tensors `[out, in]`."""
     @staticmethod
-    def open_gguf(path: str | os.PathLike[str], architecture: str, heads: int, kv_heads: int) -> WeightStore:
-        """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint."""
+    def open_gguf(path: str | os.PathLike[str], architecture: str, heads: int, kv_heads: int, mmproj: str | os.PathLike[str] | None = None) -> WeightStore:
+        """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint, with llama.cpp's
+        separate projector file (`mmproj`) of a vision-language model's images."""
     @staticmethod
     def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
         """A GGUF file's metadata (key -> value)."""
@@ -95,8 +96,10 @@ class ModelConfig:
     def from_hf(config: Mapping[str, Any]) -> ModelConfig:
         """The normalized config of a transformers config.json (4.x or 5.x layout)."""
     @staticmethod
-    def from_gguf(path: str | os.PathLike[str]) -> ModelConfig:
-        """The normalized config of a GGUF file, from its metadata and tensors."""
+    def from_gguf(path: str | os.PathLike[str], mmproj: str | os.PathLike[str] | None = None) -> ModelConfig:
+        """The normalized config of a GGUF file, from its metadata and tensors; with llama.cpp's separate
+        projector file (`mmproj`), its vision config too (UnsupportedModelError for a projector type rsgl
+        does not run)."""
     def with_checkpoint(self, pooling: Literal["last", "mean", "cls"] | None = None, has_lm_head: bool = True) -> ModelConfig:
         """This config with what a folder's other files say: the pooling sentence-transformers
         declares, and whether there is an `lm_head` (tied to the embedding without one)."""

@@ -102,7 +102,9 @@ class Engine:
     (None: the checkpoint's, a quantized GGUF, AWQ, GPTQ or MXFP4 file running as stored),
     `random_seed` (seeds every request that gives no `seed`; None draws one at start-up, logged,
     so two engines do not replay the same samples) and `hicache_dir` (the prefix cache's disk
-    tier's folder; a path object too). Its own: `revision`, `max_n` (the largest `n`),
+    tier's folder; a path object too). Its own: `revision`, `mmproj` (a GGUF vision-language
+    model's projector file, llama.cpp's `mmproj-*.gguf`; None: the one beside the model, if any),
+    `max_n` (the largest `n`),
     `max_sequences_per_call` (prompts times `n` of one call), `skip_tokenizer_init` (token ids in
     and out), `served_model_name`, `progress` (loading progress bar), `think_end_token` (for
     reasoning models, e.g. "</think>": a grammar applies only after the output contains it, so
@@ -121,6 +123,7 @@ class Engine:
         model_path: str | None = None,
         *,
         revision: str | None = None,
+        mmproj: str | os.PathLike[str] | None = None,
         dtype: str = "auto",
         kv_cache_dtype: KvCacheDtype | None = None,
         quantization: Quantization | None = None,
@@ -148,7 +151,7 @@ class Engine:
         self.random_seed = random_seed
         self.max_n = max_n
         self.max_sequences_per_call = max_sequences_per_call
-        self.model = load_model(model_path, dtype=dtype, revision=revision, skip_tokenizer_init=skip_tokenizer_init, progress=progress)
+        self.model = load_model(model_path, dtype=dtype, revision=revision, skip_tokenizer_init=skip_tokenizer_init, progress=progress, mmproj=mmproj)
         if quantization is not None:
             self.model.precision_note = None  # the precision asked for, not the default model's
         stored = self.model.stored_quantization
@@ -373,7 +376,8 @@ class Engine:
 
     def get_server_info(self) -> JsonObject:
         stats = self._core.stats()
-        return {"model_path": self.model.source, "served_model_name": self.served_model_name, "precision_note": self.model.precision_note, **stats}
+        model = {"model_path": self.model.source, "mmproj": self.model.mmproj, "served_model_name": self.served_model_name}
+        return {**model, "precision_note": self.model.precision_note, **stats}
 
     def shutdown(self) -> None:
         self._core.shutdown()

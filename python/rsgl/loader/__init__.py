@@ -262,6 +262,8 @@ class LoadedModel(TokenizerFields):
     # Why the weights run in another precision than the checkpoint's default (the start-up line says it).
     precision_note: str | None = None
     progress: bool = True  # a progress bar on stderr while the weights load
+    # A GGUF vision-language model's projector file (llama.cpp's mmproj-*.gguf), whose metadata sets its image preprocessing.
+    mmproj: str | None = None
 
     def tensors(self) -> Iterator[tuple[str, np.ndarray]]:
         """Every tensor the engine needs, (Hugging Face name, float32 C-contiguous array), one at
@@ -281,10 +283,12 @@ def load_model(
     revision: str | None = None,
     skip_tokenizer_init: bool = False,
     progress: bool = True,
+    mmproj: str | os.PathLike[str] | None = None,
 ) -> LoadedModel:
     """Read a Hugging Face model folder or a .gguf file, or the model of a Hugging Face Hub id
     ("org/name", "org/name-GGUF:Q4_K_M"; see `rsgl.loader.hub`) at `revision`; None: the default
-    model, SmolLM2-135M-Instruct.
+    model, SmolLM2-135M-Instruct. A GGUF vision-language model reads images through llama.cpp's
+    separate projector file: `mmproj`, else an `mmproj-*.gguf` file beside the model.
 
     Only the config, the tokenizer and the weight files' headers are read here; the engine maps
     the weights when it starts. `dtype` picks the weight precision the engine computes with
@@ -306,8 +310,10 @@ def load_model(
     if gguf_file is not None:
         from rsgl.loader import gguf
 
-        model = gguf.load(gguf_file, skip_tokenizer_init=skip_tokenizer_init)
+        model = gguf.load(gguf_file, skip_tokenizer_init=skip_tokenizer_init, mmproj=mmproj)
     else:
+        if mmproj is not None:
+            raise InvalidRequestError(f"mmproj is a GGUF model's projector file; {path} is a Hugging Face folder, whose safetensors hold its vision tower.")
         from rsgl.loader import hf
 
         model = hf.load(path, skip_tokenizer_init=skip_tokenizer_init)
@@ -594,7 +600,7 @@ def _moe_shapes(prefix: str, moe: MoeConfig, config: ModelConfigFields, found: s
     return shapes
 
 
-def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfigFields, source: Path, mxfp4: Collection[str] = ()) -> None:
+def check_tensor_shapes(found: dict[str, tuple[int, ...]], config: ModelConfigFields, source: Path | str, mxfp4: Collection[str] = ()) -> None:
     """Fail before loading when the files lack a tensor the config needs, or hold it in another
     shape (`mxfp4`: the names of `found` stored as MXFP4)."""
     expected = expected_tensor_shapes(config, found, mxfp4)

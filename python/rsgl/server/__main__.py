@@ -32,6 +32,10 @@ ENGINE_OPTIONS: dict[str, dict[str, Any]] = {
         "quantization) fetched into the Hugging Face cache (default: SmolLM2-135M-Instruct)"
     },
     "--revision": {"help": "with a Hub id: the branch, tag or commit to serve (default: main)"},
+    "--mmproj": {
+        "help": "a GGUF vision-language model's projector file (llama.cpp's mmproj-*.gguf), through which it reads images "
+        "(default: the one beside the model, if any)"
+    },
     **SERVER_FLAGS,
     # The loader takes more than the engine's dtypes.
     "--dtype": {"help": "weight precision: auto (float32 for float32 checkpoints, else bfloat16), float32, bfloat16, float16"},

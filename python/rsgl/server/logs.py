@@ -28,9 +28,10 @@ def startup_summary(info: ServerInfo) -> list[str]:
     ranks = f" over {info['tp_size']} tensor-parallel ranks" if info["tp_size"] > 1 else ""
     disk_tier = [f"Disk KV tier: {hicache['capacity_pages']} pages; {hicache['startup']}"] if hicache else []
     window = info.get("sliding_window")
+    projector = f" with projector {info['mmproj']}" if info.get("mmproj") else ""
     window_pool = [f"Sliding layers' KV: their last {window} tokens, {info['kv_window_pages_total']} window pages"] if window else []
     return [
-        f"Model: {info['model_path']} (served as {info['served_model_name']}); weights: {weights}",
+        f"Model: {info['model_path']}{projector} (served as {info['served_model_name']}); weights: {weights}",
         f"KV cache: {info['kv_cache_dtype']}, {info['kv_pages_total']} pages of {info['page_size']} tokens ({info['max_total_tokens']} tokens); "
         f"radix cache: {'on' if info['radix_cache'] else 'off'}",
         *window_pool,

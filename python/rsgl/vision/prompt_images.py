@@ -19,6 +19,8 @@ def prompt_images_for(model: LoadedModel) -> PromptImages | None:
     """How `model`'s prompts take images; None for a text-only model."""
     if model.config.fields["vision"] is None:
         return None
+    if model.mmproj is not None:
+        return PromptImages(SmolVLMImages.from_projector(model.mmproj))
     return PromptImages(SmolVLMImages.from_folder(Path(model.source)))
 
 

@@ -28,6 +28,12 @@ The values come from the model folder, as transformers reads them: the image pro
 `processor_config.json`. Settings a file leaves out take transformers' class defaults (SmolVLM's: longest edge
 4 x 364, tiles of 364, LANCZOS, mean = std = 0.5, and 169 image tokens per tile), which are not SmolVLM-256M's.
 
+A GGUF model has no such files: `from_projector` reads the settings llama.cpp's converter keeps in the projector
+file (`clip.vision.*`: the tile size, the longest edge, mean and std; the patch size and scale factor, which make
+`image_seq_len`), and the processor's for the rest (LANCZOS, 1/255, splitting on), so a GGUF model gets the tiles
+and prompt of its Hugging Face folder. (llama.cpp itself resizes and splits a little differently: it always adds
+the whole image, and rounds both edges up to tiles independently.)
+
 HuggingFaceTB/SmolVLM-256M-Instruct (model_type idefics3, processor class Idefics3Processor) says:
 preprocessor_config.json: size {"longest_edge": 2048}, max_image_size {"longest_edge": 512}, resample 1 (LANCZOS),
 mean = std = 0.5, rescale_factor 1/255, splitting on; processor_config.json: image_seq_len 64; config.json: a SigLIP
@@ -47,6 +53,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from rsgl._core import WeightStore
 from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.loader import read_optional_json_object
@@ -64,6 +71,9 @@ _DEFAULT_LONGEST_EDGE = 4 * 364
 _DEFAULT_TILE_SIZE = 364
 _DEFAULT_MEAN_STD = 0.5
 _DEFAULT_IMAGE_SEQ_LEN = 169
+# Projector files written before llama.cpp kept the longest edge (clip.vision.preproc_image_size): 4 tiles, as every
+# SmolVLM and Idefics3 processor sets it.
+_TILES_PER_LONGEST_EDGE = 4
 
 
 @dataclass(frozen=True)
@@ -93,6 +103,24 @@ class SmolVLMImages:
             raise ModelLoadError(f"{folder}: unusable image processor settings ({error!r})") from error
         images._check_tokens_per_tile(read_optional_json_object(folder / "config.json"), folder)
         return images
+
+    @classmethod
+    def from_projector(cls, path: str | Path) -> SmolVLMImages:
+        """The preprocessing a GGUF model's projector file (llama.cpp's mmproj-*.gguf, projector type idefics3) sets
+        in its metadata. Raises ModelLoadError if its settings are missing or unusable."""
+        metadata = WeightStore.gguf_metadata(path)
+        try:
+            tile, patch = int(metadata["clip.vision.image_size"]), int(metadata["clip.vision.patch_size"])
+            scale_factor = int(metadata.get("clip.vision.projector.scale_factor", 2))
+            settings: JsonObject = {
+                "size": {"longest_edge": int(metadata.get("clip.vision.preproc_image_size") or _TILES_PER_LONGEST_EDGE * tile)},
+                "max_image_size": {"longest_edge": tile},
+                "image_mean": metadata["clip.vision.image_mean"],
+                "image_std": metadata["clip.vision.image_std"],
+            }
+            return cls._from_settings(settings, (tile // patch) ** 2 // scale_factor**2)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+            raise ModelLoadError(f"{path}: unusable image preprocessing settings in its metadata ({error!r}); download the projector file again") from error
 
     @classmethod
     def _from_settings(cls, settings: JsonObject, image_seq_len: int) -> SmolVLMImages:

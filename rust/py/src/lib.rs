@@ -83,10 +83,18 @@ impl WeightStore {
         Self::wrap(py, || rsgl_engine::WeightStore::open_int4_safetensors(&paths, checkpoint))
     }
 
-    /// Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint.
+    /// Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint, with
+    /// llama.cpp's separate projector file (`mmproj`) of a vision-language model's images.
     #[staticmethod]
-    fn open_gguf(py: Python<'_>, path: PathBuf, architecture: &str, heads: usize, kv_heads: usize) -> PyResult<Self> {
-        Self::wrap(py, || rsgl_engine::WeightStore::open_gguf(&path, architecture, heads, kv_heads))
+    #[pyo3(signature = (path, architecture, heads, kv_heads, mmproj=None))]
+    fn open_gguf(py: Python<'_>, path: PathBuf, architecture: &str, heads: usize, kv_heads: usize, mmproj: Option<PathBuf>) -> PyResult<Self> {
+        Self::wrap(py, || {
+            let mut store = rsgl_engine::WeightStore::open_gguf(&path, architecture, heads, kv_heads)?;
+            if let Some(projector) = &mmproj {
+                store.add_gguf_projector(projector)?;
+            }
+            Ok(store)
+        })
     }
 
     /// A GGUF file's metadata (key -> value).
@@ -137,10 +145,12 @@ impl ModelConfig {
         Ok(ModelConfig { inner })
     }
 
-    /// The normalized config of a GGUF file, from its metadata and tensors.
+    /// The normalized config of a GGUF file, from its metadata and tensors; with llama.cpp's
+    /// separate projector file (`mmproj`), its vision config too.
     #[staticmethod]
-    fn from_gguf(py: Python<'_>, path: PathBuf) -> PyResult<Self> {
-        let inner = py.detach(|| rsgl_engine::ModelConfig::from_gguf(&path)).map_err(to_py_err)?;
+    #[pyo3(signature = (path, mmproj=None))]
+    fn from_gguf(py: Python<'_>, path: PathBuf, mmproj: Option<PathBuf>) -> PyResult<Self> {
+        let inner = py.detach(|| rsgl_engine::ModelConfig::from_gguf(&path, mmproj.as_deref())).map_err(to_py_err)?;
         Ok(ModelConfig { inner })
     }
 

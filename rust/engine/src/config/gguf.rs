@@ -3,6 +3,7 @@
 
 use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
+use super::vision;
 use super::{
     ExpertGroups, ExpertScoring, GatedDeltaNet, GroupScore, LatentAttention, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow,
     ValueHeadOrder,
@@ -15,8 +16,9 @@ use std::path::Path;
 
 impl ModelConfig {
     /// The normalized config of a GGUF file, from its metadata and from its tensors (mapped
-    /// here under Hugging Face names) where the metadata leaves facts to them.
-    pub fn from_gguf(path: &Path) -> Result<ModelConfig> {
+    /// here under Hugging Face names) where the metadata leaves facts to them; with llama.cpp's
+    /// separate projector file (`projector`), its vision config too.
+    pub fn from_gguf(path: &Path, projector: Option<&Path>) -> Result<ModelConfig> {
         let metadata = WeightStore::gguf_metadata(path)?;
         let source = path.display();
         let general = Keys::new(&metadata, format!("{source}'s metadata"), "the file looks broken: download it again");
@@ -105,7 +107,9 @@ impl ModelConfig {
             gated_delta_net: gated_delta_net(&keys, architecture, num_hidden_layers)?,
             mamba2: None,
             latent_attention,
-            vision: None,
+            vision: projector
+                .map(|projector| vision::projector_config(&WeightStore::gguf_metadata(projector)?, &projector.display().to_string(), &metadata, hidden_size))
+                .transpose()?,
         };
         config.validate()?;
         Ok(config)
@@ -314,7 +318,7 @@ mod tests {
         let f32_tensor = |name, dims: Vec<u64>| (name, dims.clone(), 0, vec![0u8; 4 * dims.iter().product::<u64>() as usize]);
         let tensors = [f32_tensor("token_embd.weight", vec![32, 3]), f32_tensor("output.weight", vec![32, 3]), f32_tensor("blk.0.attn_q.bias", vec![4096])];
         let file = TempFile::new("gpt-oss-config.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &tensors));
-        let cfg = ModelConfig::from_gguf(&file.0).unwrap();
+        let cfg = ModelConfig::from_gguf(&file.0, None).unwrap();
         assert_eq!((cfg.architecture.as_str(), cfg.vocab_size, cfg.head_dim, cfg.attention_bias, cfg.tie_word_embeddings), ("gpt_oss", 3, 64, true, false));
         let Some(RopeScaling::Yarn { factor, original_max_position_embeddings, truncate, attention_factor, .. }) = cfg.rope_scaling else { panic!("no YaRN") };
         assert_eq!((factor, original_max_position_embeddings, truncate, attention_factor), (32.0, 4096, false, 1.0 + 0.1 * 32f64.ln()));

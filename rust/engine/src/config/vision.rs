@@ -1,14 +1,19 @@
-//! A vision-language checkpoint's image encoder, from its config.json: SmolVLM's and Idefics3's
-//! SigLIP-style tower, whose patches a pixel shuffle folds into fewer, wider tokens that one
-//! linear layer projects into the language model.
+//! A vision-language checkpoint's image encoder, from its config.json or from the metadata of
+//! llama.cpp's separate projector file (`mmproj-*.gguf`): SmolVLM's and Idefics3's SigLIP-style
+//! tower, whose patches a pixel shuffle folds into fewer, wider tokens that one linear layer
+//! projects into the language model.
 
 use super::keys::Keys;
 use super::VisionConfig;
-use crate::error::Result;
+use crate::error::{EngineError, Result};
 use serde_json::{Map, Value};
 
 /// Model types whose vision tower and projector rsgl runs.
 const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
+/// The projector types (llama.cpp's `clip.projector_type`) of those models' projector files.
+const PIXEL_SHUFFLE_PROJECTORS: [&str; 1] = ["idefics3"];
+/// The text of the token whose embeddings an image's rows replace, in SmolVLM's vocabulary.
+const IMAGE_TOKEN: &str = "<image>";
 
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
 /// or None for a text-only model or one whose images rsgl does not read yet (it then runs on
@@ -32,20 +37,70 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
         scale_factor: outer.optional_count("scale_factor")?.unwrap_or(2),
         image_token_id: outer.count("image_token_id")? as u32,
     };
-    let side = config.image_size / config.patch_size.max(1);
-    if !config.image_size.is_multiple_of(config.patch_size.max(1))
-        || !side.is_multiple_of(config.scale_factor.max(1))
-        || !config.hidden_size.is_multiple_of(config.num_attention_heads.max(1))
-    {
-        return Err(outer.broken(format!(
-            "its vision tower's image_size {} is not patches of {} that a pixel shuffle of {} folds evenly (or hidden_size {} is not {} heads)",
-            config.image_size, config.patch_size, config.scale_factor, config.hidden_size, config.num_attention_heads
-        )));
-    }
+    config.check(&outer)?;
     Ok(Some(config))
 }
 
+/// The vision config of a projector file (`projector`: its metadata, read from `source`) for the
+/// GGUF language model whose metadata is `text` and embedding width `text_hidden`, as llama.cpp's
+/// converter writes them: the tower's shape under `clip.vision.*`, the image token from the
+/// model's vocabulary.
+pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, text: &Map<String, Value>, text_hidden: usize) -> Result<VisionConfig> {
+    let remedy = "the projector file looks broken: download it again";
+    let general = Keys::new(projector, format!("{source}'s metadata"), remedy);
+    let kind = general.get("clip.projector_type").and_then(Value::as_str).unwrap_or_default();
+    if !general.flag("clip.has_vision_encoder") || !PIXEL_SHUFFLE_PROJECTORS.contains(&kind) {
+        let what = if kind.is_empty() { "no vision projector".to_string() } else { format!("a '{kind}' projector") };
+        return Err(EngineError::UnsupportedModel(format!(
+            "{source} holds {what}; rsgl reads images through projector files of type {} (SmolVLM, Idefics3): run the model on text alone without it",
+            PIXEL_SHUFFLE_PROJECTORS.join(", ")
+        )));
+    }
+    let tower = general.prefixed("clip.vision.".into());
+    let projection_dim = tower.count("projection_dim")?;
+    if projection_dim != text_hidden {
+        return Err(EngineError::ModelLoad(format!(
+            "{source} projects images to {projection_dim} values per token, but the language model's tokens have {text_hidden}: it is the projector of another model; pass the one made with the model"
+        )));
+    }
+    let tokens = text.get("tokenizer.ggml.tokens").and_then(Value::as_array);
+    let image_token_id = tokens.and_then(|tokens| tokens.iter().position(|token| token.as_str() == Some(IMAGE_TOKEN))).ok_or_else(|| {
+        EngineError::ModelLoad(format!(
+            "the language model has no {IMAGE_TOKEN} token in its vocabulary, which {source}'s images take the place of: it is the projector of another model"
+        ))
+    })?;
+    let config = VisionConfig {
+        hidden_size: tower.count("embedding_length")?,
+        intermediate_size: tower.count("feed_forward_length")?,
+        num_hidden_layers: tower.count("block_count")?,
+        num_attention_heads: tower.count("attention.head_count")?,
+        image_size: tower.count("image_size")?,
+        patch_size: tower.count("patch_size")?,
+        layer_norm_eps: tower.number("attention.layer_norm_epsilon")?.unwrap_or(1e-6) as f32,
+        // llama.cpp's converter writes the config's, which transformers defaults to 2.
+        scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(2),
+        image_token_id: image_token_id as u32,
+    };
+    config.check(&tower)?;
+    Ok(config)
+}
+
 impl VisionConfig {
+    /// Refuses a tower whose tiles are not whole patches that the pixel shuffle folds evenly.
+    fn check(&self, keys: &Keys) -> Result<()> {
+        let side = self.image_size / self.patch_size.max(1);
+        if !self.image_size.is_multiple_of(self.patch_size.max(1))
+            || !side.is_multiple_of(self.scale_factor.max(1))
+            || !self.hidden_size.is_multiple_of(self.num_attention_heads.max(1))
+        {
+            return Err(keys.broken(format!(
+                "its vision tower's image_size {} is not patches of {} that a pixel shuffle of {} folds evenly (or hidden_size {} is not {} heads)",
+                self.image_size, self.patch_size, self.scale_factor, self.hidden_size, self.num_attention_heads
+            )));
+        }
+        Ok(())
+    }
+
     /// Patches along each side of a tile.
     pub fn patches_per_side(&self) -> usize {
         self.image_size / self.patch_size

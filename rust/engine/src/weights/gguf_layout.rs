@@ -2,7 +2,9 @@
 //! out: llama.cpp's names mapped back, its dimensions (innermost first) reversed, the stacked
 //! experts of a mixture-of-experts layer split per expert, the rotary halves its converter
 //! interleaves in llama q/k heads read back in order, and the multi-token prediction layers it
-//! appends (Qwen3.5, Qwen3-Next), which rsgl does not read yet, left out.
+//! appends (Qwen3.5, Qwen3-Next), which rsgl does not read yet, left out. A projector file
+//! (`mmproj-*.gguf`: a vision-language model's image encoder, which llama.cpp keeps apart) is
+//! named as the Hugging Face checkpoint names its vision tower and connector.
 
 use super::ggml::GgmlType;
 use super::gguf::{read_directory, GgufDirectory, GgufTensorInfo};
@@ -78,6 +80,26 @@ const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
     ("ffn_gate_inp_shexp", "shared_expert_gate"),
 ];
 
+/// A projector file's tensors outside its layers, by their GGUF names past `v.` or `mm.`, under
+/// the Hugging Face names of SmolVLM's and Idefics3's vision tower and connector.
+const PROJECTOR_TENSORS: &[(&str, &str)] = &[
+    ("v.patch_embd", "model.vision_model.embeddings.patch_embedding"),
+    ("v.position_embd", "model.vision_model.embeddings.position_embedding"),
+    ("v.post_ln", "model.vision_model.post_layernorm"),
+    ("mm.model.fc", "model.connector.modality_projection.proj"),
+];
+/// A projector file's layer tensors (`v.blk.N.`), under their module names in the tower's layer.
+const PROJECTOR_LAYER_TENSORS: &[(&str, &str)] = &[
+    ("attn_q", "self_attn.q_proj"),
+    ("attn_k", "self_attn.k_proj"),
+    ("attn_v", "self_attn.v_proj"),
+    ("attn_out", "self_attn.out_proj"),
+    ("ln1", "layer_norm1"),
+    ("ln2", "layer_norm2"),
+    ("ffn_up", "mlp.fc1"),
+    ("ffn_down", "mlp.fc2"),
+];
+
 /// The Hugging Face name of a layer's norm llama.cpp calls `base`, by where it sits: `ffn_norm`
 /// is a Llama's `post_attention_layernorm` and a Gemma's `pre_feedforward_layernorm`;
 /// `post_attention_norm` follows the attention, as its output's norm (Gemma, OLMo 2) or, in a
@@ -150,13 +172,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         directory.tensors.iter().filter_map(split_name).filter(|(_, base, _)| base.starts_with("ssm_")).filter_map(|(layer, _, _)| layer).collect();
     let mut tensors = Vec::new();
     for info in &directory.tensors {
-        let kind = GgmlType::from_id(info.type_id).ok_or_else(|| {
-            EngineError::UnsupportedModel(format!(
-                "{path}: tensor {} is stored as {}, which rsgl does not read; use a file in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or a K-quant (Q2_K to Q6_K)",
-                info.name,
-                GgmlType::id_name(info.type_id)
-            ))
-        })?;
+        let kind = known_type(file, info)?;
         // The directory checked that rows are whole blocks.
         let mut shape: Vec<usize> = info.dims.iter().rev().map(|&d| d as usize).collect();
         let tensor =
@@ -227,6 +243,40 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         tensors.push(tensor(format!("{module}.{suffix}"), shape, info.data.start, head_dim));
     }
     Ok(tensors)
+}
+
+/// A projector file's tensors under Hugging Face names (dimensions outermost first); tensors of
+/// other names keep theirs.
+pub fn projector_tensors(file: &MappedFile) -> Result<Vec<HfTensor>> {
+    let directory = directory(file)?;
+    directory
+        .tensors
+        .iter()
+        .map(|info| {
+            let kind = known_type(file, info)?;
+            let (module, suffix) = info.name.rsplit_once('.').unwrap_or((&info.name, ""));
+            let layer = module.strip_prefix("v.blk.").and_then(|rest| rest.split_once('.'));
+            let hf_module = match layer {
+                Some((layer, base)) => lookup(PROJECTOR_LAYER_TENSORS, base).map(|m| format!("model.vision_model.encoder.layers.{layer}.{m}")),
+                None => lookup(PROJECTOR_TENSORS, module).map(str::to_string),
+            };
+            let name = hf_module.map_or_else(|| info.name.clone(), |m| format!("{m}.{suffix}"));
+            let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
+            Ok(HfTensor { name, shape, kind, offset: info.data.start, interleaved_head_dim: None })
+        })
+        .collect()
+}
+
+/// The storage type of `info`, refused by name where rsgl does not read it.
+fn known_type(file: &MappedFile, info: &GgufTensorInfo) -> Result<GgmlType> {
+    GgmlType::from_id(info.type_id).ok_or_else(|| {
+        EngineError::UnsupportedModel(format!(
+            "{}: tensor {} is stored as {}, which rsgl does not read; use a file in F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1 or a K-quant (Q2_K to Q6_K)",
+            file.path.display(),
+            info.name,
+            GgmlType::id_name(info.type_id)
+        ))
+    })
 }
 
 fn lookup<'a>(table: &[(&str, &'a str)], key: &str) -> Option<&'a str> {

@@ -337,6 +337,35 @@ impl WeightStore {
         Ok(store)
     }
 
+    /// Maps llama.cpp's separate projector file of a vision-language model (`mmproj-*.gguf`) beside
+    /// the model's, its tensors named as the Hugging Face checkpoint names its vision tower and
+    /// connector.
+    pub fn add_gguf_projector(&mut self, path: &Path) -> Result<()> {
+        let file = MappedFile::open(path)?;
+        let source = self.sources.len();
+        for tensor in gguf_layout::projector_tensors(&file)? {
+            if self.contains(&tensor.name) {
+                return Err(EngineError::ModelLoad(format!(
+                    "{} and the model's file both hold {}; pass the model's own projector file",
+                    path.display(),
+                    tensor.name
+                )));
+            }
+            let entry = Entry {
+                source,
+                shape: tensor.shape,
+                stored: Stored::Ggml(tensor.kind),
+                offset: tensor.offset,
+                order: RowOrder::Plain,
+                groups: None,
+                scales: None,
+            };
+            self.add(tensor.name, entry);
+        }
+        self.sources.push(Arc::new(Source::Mapped(file)));
+        Ok(())
+    }
+
     /// A GGUF file's metadata (config, tokenizer, chat template), as JSON values by key; a sharded
     /// model's, from its first shard, which holds them.
     pub fn gguf_metadata(path: &Path) -> Result<serde_json::Map<String, serde_json::Value>> {

@@ -276,6 +276,44 @@ fn hybrid_gguf_tensors_come_out_as_their_hugging_face_parameters() {
     assert!(text.contains("blk.0.ssm_in.weight") && text.contains("convert the model again"), "{text}");
 }
 
+/// llama.cpp's projector file of SmolVLM: its tower's and connector's tensors under Hugging Face
+/// names and layout beside the language model's; a name it does not know kept as it is.
+#[test]
+fn a_projector_file_reads_as_the_vision_tower_of_the_hugging_face_checkpoint() {
+    let f32_bytes = |values: &[f32]| le_bytes(values, f32::to_le_bytes);
+    let model = TempFile::new("vlm.gguf", &gguf(&[("output_norm.weight", vec![2], 0, f32_bytes(&[1.0, 2.0]))]));
+    let values: Vec<f32> = (0..6).map(|v| v as f32).collect();
+    let projector = TempFile::new(
+        "mmproj-vlm.gguf",
+        &gguf(&[
+            ("v.patch_embd.weight", vec![1, 1, 3, 2], 0, f32_bytes(&values)),
+            ("v.blk.1.attn_out.bias", vec![2], 0, f32_bytes(&[5.0, 6.0])),
+            ("v.blk.0.ffn_down.weight", vec![3, 2], 0, f32_bytes(&values)),
+            ("mm.model.fc.weight", vec![3, 2], 0, f32_bytes(&values)),
+            ("v.post_ln.weight", vec![2], 0, f32_bytes(&[7.0, 8.0])),
+            ("v.unknown.weight", vec![2], 0, f32_bytes(&[0.0, 0.0])),
+        ]),
+    );
+    let mut store = WeightStore::open_gguf(&model.0, "llama", 1, 1).unwrap();
+    store.add_gguf_projector(&projector.0).unwrap();
+    let shapes: Vec<(&str, &[usize])> = store.names().into_iter().map(|name| (name, store.shape(name).unwrap())).collect();
+    assert_eq!(
+        shapes,
+        [
+            ("model.connector.modality_projection.proj.weight", &[2, 3][..]),
+            ("model.norm.weight", &[2]),
+            ("model.vision_model.embeddings.patch_embedding.weight", &[2, 3, 1, 1]),
+            ("model.vision_model.encoder.layers.0.mlp.fc2.weight", &[2, 3]),
+            ("model.vision_model.encoder.layers.1.self_attn.out_proj.bias", &[2]),
+            ("model.vision_model.post_layernorm.weight", &[2]),
+            ("v.unknown.weight", &[2]),
+        ]
+    );
+    assert_eq!(store.read("model.vision_model.encoder.layers.0.mlp.fc2.weight").unwrap(), values);
+    let text = error_text(store.add_gguf_projector(&projector.0));
+    assert!(text.contains("both hold"), "{text}");
+}
+
 #[test]
 fn a_sharded_gguf_model_maps_every_shard_whichever_is_named() {
     let row = |value: f32| le_bytes(&[value; 4], f32::to_le_bytes);
