@@ -1,6 +1,6 @@
 """Time to first token for one image and a question: rsgl against llama.cpp on a random-weight SmolVLM-256M.
 
-    python benches/vision_ttft.py [--runs 3] [--threads 2] [--gguf-type bf16|f16] [--llama-cpp-bin DIR]
+    python benches/vision_ttft.py [--runs 3] [--threads 2] [--gguf-type bf16|f16] [--rsgl-files gguf|folder] [--llama-cpp-bin DIR]
         [--skip-llama-cpp] [--skip-mtmd-cli] [--perf] [--out bench-results/vision_ttft.json]
 
 The model: SmolVLM-256M-Instruct's shapes with random weights (std 0.02), built with transformers' own classes and
@@ -18,7 +18,8 @@ engine's image cache hits) and a 32-token question, as SmolVLM's template render
 token. A 448-pixel square is scaled to 2048 and cut into 4 x 4 tiles of 512 plus the whole image as a 17th tile:
 17 x 64 = 1088 image tokens in both engines.
 
-- rsgl: an Engine(folder, dtype="bfloat16") in a process of its own; TTFT is the wall time of `generate(prompt,
+- rsgl: an Engine(text GGUF, mmproj=projector GGUF, dtype="bfloat16"), the files llama.cpp reads (--rsgl-files
+  folder: the Hugging Face folder they came from), in a process of its own; TTFT is the wall time of `generate(prompt,
   image_data=[png bytes])`, image decoding and tiling included. After the runs, the same process splits a request's
   time: the image preparation alone (decode, tile, hash: rsgl.vision's PromptImages.prepare), a text-only prefill of
   as many tokens as the image prompt (random token ids), and the rest, which is the vision tower's (its encoder
@@ -220,12 +221,12 @@ GREEDY_ONE_TOKEN = {"temperature": 0.0, "max_new_tokens": 1, "ignore_eos": True}
 _engine: Any = None
 
 
-def rsgl_load(folder: str, threads: int) -> dict:
+def rsgl_load(model: str, mmproj: str | None, threads: int) -> dict:
     global _engine
     import rsgl
 
     started = time.perf_counter()
-    _engine = rsgl.Engine(folder, dtype="bfloat16", threads=threads, progress=False)
+    _engine = rsgl.Engine(model, mmproj=mmproj, dtype="bfloat16", threads=threads, progress=False)
     return {"load_seconds": time.perf_counter() - started, "kernel_isa": rsgl._core.kernel_isa(), "pid": os.getpid()}
 
 
@@ -412,6 +413,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gguf-type", choices=("bf16", "f16"), default="bf16", help="llama.cpp's weights (text model and projector)")
     parser.add_argument("--llama-cpp-bin", type=Path, default=LLAMA_CPP_BIN, help="the folder of llama-server and llama-mtmd-cli")
+    parser.add_argument(
+        "--rsgl-files", choices=("gguf", "folder"), default="gguf", help="rsgl reads llama.cpp's GGUF and projector, or the Hugging Face folder they came from"
+    )
     parser.add_argument("--skip-llama-cpp", action="store_true")
     parser.add_argument("--skip-mtmd-cli", action="store_true", help="no llama-mtmd-cli run")
     parser.add_argument("--perf", action="store_true", help="perf record one more request of each engine: self time by symbol")
@@ -431,7 +435,8 @@ def main() -> None:
     report: dict[str, Any] = {}
     server = None
     with ProcessPoolExecutor(max_workers=1, mp_context=get_context("spawn")) as rsgl_worker:
-        info = rsgl_worker.submit(rsgl_load, str(folder), args.threads).result()
+        rsgl_files = (str(text), str(projector)) if args.rsgl_files == "gguf" else (str(folder), None)
+        info = {**rsgl_worker.submit(rsgl_load, *rsgl_files, args.threads).result(), "files": args.rsgl_files}
         try:
             if with_llama_cpp:
                 server = LlamaServer(args.llama_cpp_bin, text, projector, args.threads)
@@ -492,7 +497,7 @@ def print_table(report: dict) -> None:
             f" {stats['peak_rss_mb']:>11.0f}"
         )
 
-    row(f"rsgl ({rsgl['kernel_isa']})", rsgl, rsgl["image_tokens"])
+    row(f"rsgl ({rsgl['files']}, {rsgl['kernel_isa']})", rsgl, rsgl["image_tokens"])
     if llama:
         server, cli = llama["server"], llama.get("mtmd_cli")
         row(f"llama-server ({llama['gguf_type']})", server, f"{cli['image_chunks']}x{IMAGE_SEQ_LEN}" if cli else "?")

@@ -1,7 +1,7 @@
 """Images in, on a tiny random SmolVLM and Idefics3 (transformers' own classes, float32): greedy tokens equal to
 transformers' for prompts with one and two images, through `Engine.generate(prompt, image_data=...)`; different
 images give different tokens; the same image again is read from the prefix cache with the same tokens, a different
-one never is; requests whose images do not fit are refused."""
+one shares only the text before it; requests whose images do not fit are refused."""
 
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def test_different_images_give_different_tokens_and_the_same_image_hits_the_cach
     engine, model, processor = tiny_vlm
     engine.flush_cache()
     first, other = picture(10, (64, 64)), picture(11, (64, 64))
-    text = prompt(1)
+    preamble = "Short answers only: what do you see in this one? "
+    text = preamble + prompt(1)
     reference = transformers_greedy(model, processor, text, [first]), transformers_greedy(model, processor, text, [other])
     assert reference[0] != reference[1], "the fixture must tell the two pictures apart"
     one = engine.generate(text, GREEDY, image_data=[first])
@@ -68,8 +69,11 @@ def test_different_images_give_different_tokens_and_the_same_image_hits_the_cach
     different = engine.generate(text, GREEDY, image_data=[other])
     assert [one["output_ids"], different["output_ids"]] == list(reference)
     assert again["output_ids"] == one["output_ids"]
-    assert again["meta_info"]["cached_tokens"] > 0, "the same picture's prompt is read from the prefix cache"
-    assert different["meta_info"]["cached_tokens"] == 0, "another picture never shares the first one's KV"
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image>")
+    first_image_token = processor(text=text, images=[[first]])["input_ids"][0].index(image_token)
+    assert again["meta_info"]["cached_tokens"] > first_image_token, "the same picture's prompt is read from the prefix cache, its image included"
+    # The text before the picture is shared (whole pages of it); nothing from the picture on.
+    assert 0 < different["meta_info"]["cached_tokens"] <= first_image_token, "another picture shares the text before it, never its KV"
 
 
 def test_images_that_do_not_fit_the_prompt_are_refused(tiny_vlm):

@@ -31,13 +31,13 @@ pub(crate) fn admission_order(policy: SchedulePolicy, waiting: &[&Sequence], cac
     match policy {
         SchedulePolicy::Fcfs => fcfs,
         SchedulePolicy::Lpm => {
-            let matched: Vec<usize> = waiting.iter().map(|s| cache.match_prefix(s.kv.namespace, s.prefill_key()).pages.len()).collect();
+            let matched: Vec<usize> = waiting.iter().map(|s| cache.match_prefix(s.kv.namespace, &s.prefill_key()).pages.len()).collect();
             let mut order = fcfs;
             order.sort_by_key(|&i| std::cmp::Reverse(matched[i]));
             order
         }
         SchedulePolicy::DfsWeight => {
-            let nodes: Vec<_> = waiting.iter().map(|s| cache.match_prefix(s.kv.namespace, s.prefill_key()).node).collect();
+            let nodes: Vec<_> = waiting.iter().map(|s| cache.match_prefix(s.kv.namespace, &s.prefill_key()).node).collect();
             let paths: Vec<Vec<usize>> = nodes.iter().map(|&n| cache.path_from_root(n)).collect();
             let mut weight: HashMap<usize, usize> = HashMap::new();
             for path in &paths {

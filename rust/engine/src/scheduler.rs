@@ -157,7 +157,7 @@ impl Scheduler {
     /// memory.
     pub fn enqueue(&mut self, mut seq: Sequence) {
         if let Some(disk) = &self.disk {
-            let in_memory = self.cache.cached_prefix_pages(seq.kv.namespace, seq.prefill_key());
+            let in_memory = self.cache.cached_prefix_pages(seq.kv.namespace, &seq.prefill_key());
             disk.prefetch(&seq.prefill_page_hashes(self.pool.page_size())[in_memory..]);
         }
         self.waiting.push_back(seq);
@@ -364,7 +364,7 @@ impl Scheduler {
                 None => None,
             };
             let seq = slots[i].as_mut().expect("each index once");
-            let mut cached = self.cache.match_prefix(seq.kv.namespace, seq.prefill_key());
+            let mut cached = self.cache.match_prefix(seq.kv.namespace, &seq.prefill_key());
             // The recurrent layers resume only where a snapshot of their state is kept.
             let snapshot = self.states.as_mut().and_then(|states| {
                 let found = states.longest_snapshot(&seq.prefill_page_hashes(ps)[..cached.pages.len()]);
@@ -461,10 +461,11 @@ impl Scheduler {
     fn read_from_disk(&mut self, seq: &Sequence, chain: &[PageHash], first: usize, own: &[u32], window: &[u32], kv: &mut KvCache) -> usize {
         let Some(disk) = &mut self.disk else { return 0 };
         let ps = self.pool.page_size();
+        let key = seq.cache_key(chain.len() * ps);
         (first..chain.len())
             .zip(own)
             .take_while(|&(p, &page)| {
-                let record = PageRecord::in_chain(seq.kv.namespace, chain, p, &seq.tokens[p * ps..(p + 1) * ps]);
+                let record = PageRecord::in_chain(seq.kv.namespace, chain, p, &key[p * ps..(p + 1) * ps]);
                 disk.read(&record, |bytes| kv.copy_page_in(page, window.get(p).copied().unwrap_or(NO_PAGE), bytes))
             })
             .count()
@@ -479,9 +480,10 @@ impl Scheduler {
         if !seq.caches_prefix() || from / ps >= full {
             return;
         }
-        let hashes = seq.kv.page_hashes.of(seq.kv.namespace, &seq.tokens[..full * ps], ps);
+        let key = seq.cache_key(full * ps).into_owned();
+        let hashes = seq.kv.page_hashes.of(seq.kv.namespace, &key, ps);
         for p in from / ps..full {
-            let record = PageRecord::in_chain(seq.kv.namespace, hashes, p, &seq.tokens[p * ps..(p + 1) * ps]);
+            let record = PageRecord::in_chain(seq.kv.namespace, hashes, p, &key[p * ps..(p + 1) * ps]);
             // Written before the step's window pages slide: every page completed has its own.
             disk.store(record, |out| kv.copy_page_out(seq.kv.pages[p], seq.kv.window.get(p).copied().unwrap_or(NO_PAGE), out));
         }
@@ -492,7 +494,7 @@ impl Scheduler {
     fn shares_uncached_prefix(&self, seq: &Sequence, matched: usize, first_admitted: usize) -> bool {
         let page = self.pool.page_size();
         self.running[first_admitted..].iter().any(|other| {
-            let common = other.tokens.iter().zip(seq.prefill_key()).take_while(|(a, b)| a == b).count();
+            let common = other.cache_key(other.tokens.len()).iter().zip(seq.prefill_key().iter()).take_while(|(a, b)| a == b).count();
             other.kv.namespace == seq.kv.namespace && common / page * page > matched
         })
     }
@@ -502,12 +504,13 @@ impl Scheduler {
     pub fn cache_progress(&mut self, index: usize) {
         let page = self.pool.page_size();
         let seq = &mut self.running[index];
-        let kv = &mut seq.kv;
-        let full = kv.computed / page;
-        if full <= kv.shared_pages {
+        let full = seq.kv.computed / page;
+        if full <= seq.kv.shared_pages {
             return;
         }
-        let (shared, redundant) = self.cache.share(kv.namespace, &seq.tokens[..full * page], &kv.pages[..full], kv.window.get(..full).unwrap_or_default());
+        let key = seq.cache_key(full * page).into_owned();
+        let kv = &mut seq.kv;
+        let (shared, redundant) = self.cache.share(kv.namespace, &key, &kv.pages[..full], kv.window.get(..full).unwrap_or_default());
         self.cache.lock(shared.node);
         if let Some(old) = kv.cache_node.replace(shared.node) {
             self.cache.unlock(old);
@@ -536,15 +539,15 @@ impl Scheduler {
     /// caches its prefix), the rest to the pools.
     fn release(&mut self, seq: &mut Sequence) {
         let page = self.pool.page_size();
-        let caches = seq.caches_prefix();
+        let full = if seq.caches_prefix() { (seq.kv.computed / page).min(seq.kv.pages.len()) } else { 0 };
+        let key = seq.cache_key(full * page).into_owned();
         let kv = &mut seq.kv;
-        let full = if caches { (kv.computed / page).min(kv.pages.len()) } else { 0 };
         if !kv.window.is_empty() {
             self.cache.unpin_window(&kv.window[kv.window_start.min(kv.shared_pages)..kv.shared_pages]);
         }
         let tail = kv.pages.split_off(full);
         let window_tail = kv.window.split_off(full.min(kv.window.len()));
-        let unkept = self.cache.adopt(kv.namespace, &seq.tokens[..full * page], &kv.pages, &kv.window);
+        let unkept = self.cache.adopt(kv.namespace, &key, &kv.pages, &kv.window);
         self.give_back(unkept);
         self.give_back(Freed { pages: tail, window: window_tail.into_iter().filter(|&p| p != NO_PAGE).collect() });
         if let Some(node) = kv.cache_node.take() {
@@ -573,7 +576,7 @@ impl Scheduler {
         if at <= entry.start || !seq.caches_prefix() || !self.cache.keeps_prefixes() {
             return;
         }
-        let hashes = page_hashes(seq.kv.namespace, &seq.tokens[..at], ps);
+        let hashes = page_hashes(seq.kv.namespace, &seq.cache_key(at), ps);
         if states.longest_snapshot(&hashes[hashes.len() - 1..]).is_none() {
             entry.snapshot = states.take().map(|slot| (at - entry.start, slot));
         }
@@ -584,7 +587,7 @@ impl Scheduler {
         let (Some(states), Some((n, slot))) = (&mut self.states, entry.snapshot) else { return };
         let seq = &self.running[entry.index];
         let ps = self.pool.page_size();
-        let prefix = *page_hashes(seq.kv.namespace, &seq.tokens[..entry.start + n], ps).last().expect("a snapshot follows whole pages");
+        let prefix = *page_hashes(seq.kv.namespace, &seq.cache_key(entry.start + n), ps).last().expect("a snapshot follows whole pages");
         states.keep_snapshot(prefix, slot);
     }
 

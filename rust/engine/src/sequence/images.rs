@@ -4,6 +4,7 @@
 use crate::config::VisionConfig;
 use crate::error::{invalid, Result};
 use crate::request::ImageInput;
+use std::borrow::Cow;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -19,6 +20,15 @@ impl PromptImage {
     /// Not placed yet: see [`place`].
     pub fn new(input: ImageInput) -> PromptImage {
         PromptImage { input, positions: Vec::new(), rows: None }
+    }
+
+    /// What the prefix cache keys its `k`-th position by in place of the image token: an id
+    /// from the image's hash and `k`, above every vocabulary (bit 31 set), so two pictures
+    /// never share a key (a chance of 2^-31 per position, for every position of the image).
+    fn cache_id(&self, k: usize) -> u32 {
+        let mixed = super::kv::stable_hash(self.input.hash.as_bytes()) ^ (k as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let mixed = (mixed ^ (mixed >> 31)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        0x8000_0000 | (mixed >> 33) as u32
     }
 
     /// Its tiles' pixel values as floats.
@@ -67,6 +77,22 @@ pub(crate) fn place(images: &mut [PromptImage], prompt: &[u32], vision: Option<&
     Ok(())
 }
 
+/// `tokens` (a request's first ones) as the prefix cache keys them: each image's positions hold
+/// its [`PromptImage::cache_id`]s, so prompts share KV up to the first image that differs,
+/// their text before it included.
+pub(crate) fn cache_key<'a>(images: &[PromptImage], tokens: &'a [u32]) -> Cow<'a, [u32]> {
+    if images.is_empty() {
+        return Cow::Borrowed(tokens);
+    }
+    let mut key = tokens.to_vec();
+    for image in images {
+        for (k, &p) in image.positions.iter().enumerate().take_while(|&(_, &p)| p < tokens.len()) {
+            key[p] = image.cache_id(k);
+        }
+    }
+    Cow::Owned(key)
+}
+
 /// The rows images give at positions `range`: `(position - range.start, row)`.
 pub(crate) fn rows_in(images: &[PromptImage], range: Range<usize>) -> Vec<(usize, &[f32])> {
     let mut rows = Vec::new();
@@ -89,7 +115,11 @@ mod tests {
     }
 
     fn image(tiles: usize) -> PromptImage {
-        PromptImage::new(ImageInput { hash: "h".into(), pixel_values: vec![0; tiles * 3 * 2 * 2 * 4] })
+        picture(tiles, "h")
+    }
+
+    fn picture(tiles: usize, hash: &str) -> PromptImage {
+        PromptImage::new(ImageInput { hash: hash.into(), pixel_values: vec![0; tiles * 3 * 2 * 2 * 4] })
     }
 
     fn placed(mut images: Vec<PromptImage>, prompt: &[u32], vision: Option<&VisionConfig>) -> Result<Vec<PromptImage>> {
@@ -108,6 +138,25 @@ mod tests {
         assert!(placed(vec![image(1)], &prompt, None).is_err(), "a text model");
         let ragged = PromptImage::new(ImageInput { hash: "h".into(), pixel_values: vec![0; 7] });
         assert!(placed(vec![ragged], &prompt, Some(&vision())).is_err());
+    }
+
+    #[test]
+    fn cache_keys_hold_the_text_and_name_each_image_position_by_its_picture() {
+        let prompt = [1, 9, 2, 9, 9, 3];
+        let key = |hashes: [&str; 2]| {
+            let images = placed(vec![picture(1, hashes[0]), picture(2, hashes[1])], &prompt, Some(&vision())).unwrap();
+            cache_key(&images, &prompt).into_owned()
+        };
+        let (a, again, other_second) = (key(["a", "b"]), key(["a", "b"]), key(["a", "c"]));
+        assert_eq!(a, again, "the same pictures: the same key");
+        assert_eq!([a[0], a[2], a[5]], [1, 2, 3], "text keeps its tokens");
+        assert!([a[1], a[3], a[4]].iter().all(|&id| id >= 1 << 31), "image positions hold ids above any vocabulary: {a:?}");
+        assert_ne!(a[3], a[4], "each position of an image its own id");
+        assert_eq!(a[..3], other_second[..3], "shared up to the first image that differs");
+        assert_ne!(a[3..5], other_second[3..5]);
+        assert_eq!(*cache_key(&[], &prompt), prompt, "a text prompt is its own key");
+        let images = placed(vec![picture(1, "a"), picture(2, "b")], &prompt, Some(&vision())).unwrap();
+        assert_eq!(*cache_key(&images, &prompt[..4]), a[..4], "a prefix's key is the key's prefix");
     }
 
     #[test]

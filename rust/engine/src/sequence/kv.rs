@@ -94,10 +94,14 @@ impl SeqKv {
     }
 }
 
-/// A stable 64-bit namespace for a cache salt (FNV-1a; 0 is left to requests without a salt).
+/// A stable 64-bit namespace for a cache salt (0 is left to requests without a salt).
 fn namespace_of(salt: &str) -> u64 {
-    let hash = salt.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3));
-    hash.max(1)
+    stable_hash(salt.as_bytes()).max(1)
+}
+
+/// FNV-1a: the same in every process (the disk tier's page names outlive one).
+pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ b as u64).wrapping_mul(0x0100_0000_01b3))
 }
 
 #[cfg(test)]

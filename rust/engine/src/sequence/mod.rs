@@ -13,7 +13,7 @@ use crate::config::VisionConfig;
 use crate::grammar::{Constraint, GrammarSource};
 use crate::kv::disk::PageHash;
 use crate::pooling::{Pooler, Pooling};
-use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, ImageInput, Output, OutputSink, StopMatch};
+use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
 use crate::sample::{log_softmax, SamplingParams};
 use crate::text::TokenTable;
 pub(crate) use images::PromptImage;
@@ -21,22 +21,9 @@ pub(crate) use kv::SeqKv;
 use picker::Picker;
 use report::Report;
 pub(crate) use speculation::Speculation;
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 use text::OutputText;
-
-/// What names a request's prefix-cache namespace: its cache salt, and its images' hashes, so
-/// prompts with different images never share KV (not even their text before the images).
-fn namespace_key(cache_salt: Option<String>, images: &[ImageInput]) -> Option<String> {
-    if images.is_empty() {
-        return cache_salt;
-    }
-    let mut key = cache_salt.unwrap_or_default();
-    for image in images {
-        key.push('\0');
-        key.push_str(&image.hash);
-    }
-    Some(key)
-}
 
 /// A grammar a request waits for: compiled before the request runs.
 #[derive(Clone)]
@@ -88,7 +75,7 @@ impl Sequence {
             rid: req.rid,
             group: req.group,
             max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
-            kv: SeqKv::new(namespace_key(req.cache_salt, &req.images).as_deref()),
+            kv: SeqKv::new(req.cache_salt.as_deref()),
             text: OutputText::new(p.stop.clone(), p.no_stop_trim),
             picker: Picker::new(p, &req.input_ids, eos, seed),
             report,
@@ -129,19 +116,26 @@ impl Sequence {
         self.pooler.is_none()
     }
 
-    /// Tokens whose KV may come from the cache: all but the last, which must be computed for
-    /// its logits, and none whose logits give a wanted prompt log-probability.
-    pub fn prefill_key(&self) -> &[u32] {
+    /// The first `len` tokens as the prefix cache keys them (an image's positions by the image,
+    /// see [`images::cache_key`]).
+    pub fn cache_key(&self, len: usize) -> Cow<'_, [u32]> {
+        images::cache_key(&self.images, &self.tokens[..len])
+    }
+
+    /// The key of the tokens whose KV may come from the cache: all but the last, which must be
+    /// computed for its logits, and none whose logits give a wanted prompt log-probability.
+    pub fn prefill_key(&self) -> Cow<'_, [u32]> {
         match self.caches_prefix() {
-            true => &self.tokens[..self.report.cacheable_len(self.tokens.len()) - 1],
-            false => &[],
+            true => self.cache_key(self.report.cacheable_len(self.tokens.len()) - 1),
+            false => Cow::Borrowed(&[]),
         }
     }
 
     /// The names of the whole pages of [`Self::prefill_key`], each page hashed once.
     pub fn prefill_page_hashes(&mut self, page_size: usize) -> &[PageHash] {
-        let key = self.prefill_key().len();
-        self.kv.page_hashes.of(self.kv.namespace, &self.tokens[..key], page_size)
+        let len = self.prefill_key().len();
+        let key = images::cache_key(&self.images, &self.tokens[..len]);
+        self.kv.page_hashes.of(self.kv.namespace, &key, page_size)
     }
 
     /// Whether a chunk of this request from `start` needs the logits of every one of its tokens.
