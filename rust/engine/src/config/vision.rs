@@ -1,14 +1,17 @@
-//! A vision-language checkpoint's image encoder, from its config.json: SmolVLM's and Idefics3's
-//! SigLIP-style tower, whose patches a pixel shuffle folds into fewer, wider tokens that one
-//! linear layer projects into the language model.
+//! A vision-language checkpoint's image encoder, from its config.json: a SigLIP-style tower whose
+//! patches a projector folds into fewer tokens of the language model's width. SmolVLM's and
+//! Idefics3's pixel shuffle puts each square of patches side by side and projects it; Gemma 3's
+//! averages each square, normalizes and projects it, and its language model attends both ways
+//! within each image.
 
 use super::keys::Keys;
-use super::VisionConfig;
+use super::{VisionConfig, VisionProjector};
 use crate::error::Result;
 use serde_json::{Map, Value};
 
 /// Model types whose vision tower and projector rsgl runs.
 const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
+const AVERAGE_POOL_MODELS: [&str; 1] = ["gemma3"];
 
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
 /// or None for a text-only model or one whose images rsgl does not read yet (it then runs on
@@ -16,29 +19,47 @@ const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
 pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> Result<Option<VisionConfig>> {
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let Some(Value::Object(vision)) = raw.get("vision_config") else { return Ok(None) };
-    if !PIXEL_SHUFFLE_MODELS.contains(&model_type) {
-        return Ok(None);
-    }
+    let projector = match model_type {
+        _ if PIXEL_SHUFFLE_MODELS.contains(&model_type) => VisionProjector::PixelShuffle,
+        _ if AVERAGE_POOL_MODELS.contains(&model_type) => VisionProjector::AveragePool,
+        _ => return Ok(None),
+    };
     let outer = Keys::new(raw, "config.json".into(), remedy);
     let tower = Keys::new(vision, "config.json's vision_config".into(), remedy);
+    let (image_size, patch_size) = (tower.count("image_size")?, tower.count("patch_size")?);
+    let side = image_size / patch_size.max(1);
+    let (scale_factor, image_token_id) = match projector {
+        VisionProjector::PixelShuffle => (outer.optional_count("scale_factor")?.unwrap_or(2), outer.count("image_token_id")?),
+        // Pooled to mm_tokens_per_image tokens, a square of them; transformers 4 writes the
+        // image token's id as image_token_index.
+        VisionProjector::AveragePool => {
+            let tokens = outer.optional_count("mm_tokens_per_image")?.unwrap_or(256);
+            let per_side = tokens.isqrt();
+            if per_side == 0 || per_side * per_side != tokens || !side.is_multiple_of(per_side) {
+                return Err(outer.broken(format!("its mm_tokens_per_image {tokens} is not a square whose side divides the tower's {side} patches a side")));
+            }
+            (side / per_side, outer.first_count(&["image_token_id", "image_token_index"])?)
+        }
+    };
     let config = VisionConfig {
         hidden_size: tower.count("hidden_size")?,
         intermediate_size: tower.count("intermediate_size")?,
         num_hidden_layers: tower.count("num_hidden_layers")?,
         num_attention_heads: tower.count("num_attention_heads")?,
-        image_size: tower.count("image_size")?,
-        patch_size: tower.count("patch_size")?,
+        image_size,
+        patch_size,
         layer_norm_eps: tower.number("layer_norm_eps")?.unwrap_or(1e-6) as f32,
-        scale_factor: outer.optional_count("scale_factor")?.unwrap_or(2),
-        image_token_id: outer.count("image_token_id")? as u32,
+        scale_factor,
+        projector,
+        image_token_id: image_token_id as u32,
+        bidirectional_image_tokens: projector == VisionProjector::AveragePool,
     };
-    let side = config.image_size / config.patch_size.max(1);
     if !config.image_size.is_multiple_of(config.patch_size.max(1))
         || !side.is_multiple_of(config.scale_factor.max(1))
         || !config.hidden_size.is_multiple_of(config.num_attention_heads.max(1))
     {
         return Err(outer.broken(format!(
-            "its vision tower's image_size {} is not patches of {} that a pixel shuffle of {} folds evenly (or hidden_size {} is not {} heads)",
+            "its vision tower's image_size {} is not patches of {} that squares of {} fold evenly (or hidden_size {} is not {} heads)",
             config.image_size, config.patch_size, config.scale_factor, config.hidden_size, config.num_attention_heads
         )));
     }
@@ -51,7 +72,7 @@ impl VisionConfig {
         self.image_size / self.patch_size
     }
 
-    /// The language model's image tokens per tile, after the pixel shuffle.
+    /// The language model's image tokens per tile, after the projector.
     pub fn tokens_per_tile(&self) -> usize {
         (self.patches_per_side() / self.scale_factor).pow(2)
     }
@@ -76,7 +97,9 @@ impl VisionConfig {
             patch_size: 1,
             layer_norm_eps: 1e-6,
             scale_factor: 2,
+            projector: VisionProjector::PixelShuffle,
             image_token_id,
+            bidirectional_image_tokens: false,
         }
     }
 }
