@@ -104,3 +104,22 @@ def test_different_images_give_different_tokens_and_the_same_image_hits_the_cach
     assert again["output_ids"] == one["output_ids"]
     assert again["meta_info"]["cached_tokens"] > 0, "the same picture's prompt is read from the prefix cache"
     assert different["meta_info"]["cached_tokens"] == 0, "another picture never shares the first one's KV"
+
+
+def test_a_cached_prefix_ending_inside_an_image_gives_the_same_tokens(tiny_gemma3):
+    """Pages of 13 tokens: a second prompt with the same image and other text after it reads the first one's pages up to
+    a boundary inside the image's tokens, and the chunk computing the rest of them starts there (its queries still see
+    all of them)."""
+    engine, model, processor = tiny_gemma3
+    images = [picture(30, (40, 40))]
+    first_text, second_text = prompt(1), prompt(1).replace("What is here?", "Which one?")
+    ids = processor(text=first_text, images=images, return_tensors="np")["input_ids"][0].tolist()
+    image_token = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
+    run = [p for p, token in enumerate(ids) if token == image_token]
+    assert run[0] < 26 <= run[-1], "a page boundary falls inside the image's tokens"
+    with rsgl.Engine(engine.model.source, threads=1, page_size=13, progress=False) as paged:
+        first = paged.generate(first_text, GREEDY, image_data=images)
+        second = paged.generate(second_text, GREEDY, image_data=images)
+    assert second["meta_info"]["cached_tokens"] == 26
+    assert first["output_ids"] == transformers_greedy(model, processor, first_text, images)
+    assert second["output_ids"] == transformers_greedy(model, processor, second_text, images)
