@@ -75,3 +75,82 @@ def build_tiny_smolvlm(folder, model_type: str = "smolvlm", base_tokenizer: Call
     )
     processor.save_pretrained(folder)
     return model
+
+
+# ---- Gemma 3 ----------------------------------------------------------------------------------------
+
+# Gemma 3's image markers and image token (the processor writes `<start_of_image>` out as boi, image tokens, eoi).
+GEMMA3_TOKENS = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+# A 32-pixel image in 8-pixel patches: 4 x 4 patches, pooled 2 x 2 into 4 image tokens (Gemma 3 4B: 64 x 64 into 256).
+GEMMA3_TOKENS_PER_IMAGE = 4
+GEMMA3_VISION = dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2, image_size=TILE, patch_size=PATCH, vision_use_head=False)
+# Layers 0 and 2 slide over 3 positions (fewer than an image's tokens: a query's window and its image both bound what it
+# sees), layer 1 is global. Three layers let the images, and how their tokens attend, show in the tokens.
+GEMMA3_TEXT = dict(
+    model_type="gemma3_text",
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    query_pre_attn_scalar=16,
+    sliding_window=3,
+    layer_types=["sliding_attention", "full_attention", "sliding_attention"],
+    max_position_embeddings=256,
+    rms_norm_eps=1e-6,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
+# Parameters re-drawn as normal(mean, std), by the first name part that matches. Gemma's RMS norms scale by 1 + weight (the
+# projector's too), SigLIP's LayerNorms by their weight; q scaled by 1 + 2 as in zoo_models (q_norm flattens a larger q_proj).
+GEMMA3_INITS = {
+    "q_norm.weight": (2.0, 0.1),
+    "vision_tower.*norm.*weight": (1.0, 0.1),
+    "norm.weight": (0.0, 0.1),
+    "bias": (0.0, 0.05),
+    "embed_tokens.weight": (0.0, 0.05),
+    "mm_input_projection_weight": (0.0, 0.1),
+    "": (0.0, 0.15),
+}
+
+
+def build_tiny_gemma3(folder):
+    """Saves a random Gemma3ForConditionalGeneration (float32, weights as GEMMA3_INITS draws them) with the byte-level
+    tokenizer plus GEMMA3_TOKENS and Gemma3Processor's files (32 x 32 images, GEMMA3_TOKENS_PER_IMAGE tokens each) to
+    `folder`. Returns the transformers model."""
+    import re
+
+    folder = Path(folder)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens(list(GEMMA3_TOKENS.values()))
+    token = tokenizer.token_to_id
+    config = transformers.Gemma3Config(
+        text_config={**GEMMA3_TEXT, "vocab_size": tokenizer.get_vocab_size()},
+        vision_config=GEMMA3_VISION,
+        mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
+        image_token_index=token(GEMMA3_TOKENS["image_token"]),
+        boi_token_index=token(GEMMA3_TOKENS["boi_token"]),
+        eoi_token_index=token(GEMMA3_TOKENS["eoi_token"]),
+    )
+    torch.manual_seed(3)
+    model = transformers.Gemma3ForConditionalGeneration(config).to(torch.float32).eval()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            mean, std = next(init for pattern, init in GEMMA3_INITS.items() if re.search(pattern, name))
+            weight.normal_(mean, std)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "extra_special_tokens": GEMMA3_TOKENS})
+    )
+    processor = transformers.Gemma3Processor(
+        image_processor=transformers.Gemma3ImageProcessorPil(size={"height": TILE, "width": TILE}),
+        tokenizer=transformers.AutoTokenizer.from_pretrained(folder),
+        image_seq_length=GEMMA3_TOKENS_PER_IMAGE,
+    )
+    processor.save_pretrained(folder)
+    # As Gemma 3's folders on the Hub have it (transformers 5 nests it in processor_config.json).
+    processor.image_processor.save_pretrained(folder)
+    return model

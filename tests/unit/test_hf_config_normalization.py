@@ -122,4 +122,11 @@ def test_a_vision_language_config_runs_its_text_model_by_model_type():
     config = normalized({"architectures": ["Idefics3ForConditionalGeneration"], "model_type": "idefics3", "text_config": text,
                          "vision_config": vision, "scale_factor": 2, "image_token_id": 7})  # fmt: skip
     assert config["architecture"] == "llama"
-    assert config["vision"] == {**vision, "layer_norm_eps": 1e-6, "scale_factor": 2, "image_token_id": 7}
+    assert config["vision"] == {
+        **vision,
+        "layer_norm_eps": 1e-6,
+        "scale_factor": 2,
+        "projector": "pixel_shuffle",
+        "image_token_id": 7,
+        "bidirectional_image_tokens": False,
+    }

@@ -178,7 +178,8 @@ class Mamba2(TypedDict):
 
 
 class VisionConfig(TypedDict):
-    """A SigLIP-style vision tower and SmolVLM's pixel-shuffle projector (rsgl._core.ModelConfig's `vision`)."""
+    """A SigLIP-style vision tower and its projector: SmolVLM's pixel shuffle or Gemma 3's average pool
+    (rsgl._core.ModelConfig's `vision`)."""
 
     hidden_size: int
     intermediate_size: int
@@ -187,8 +188,10 @@ class VisionConfig(TypedDict):
     image_size: int  # a tile's side, in pixels
     patch_size: int
     layer_norm_eps: float
-    scale_factor: int  # the pixel shuffle folds scale_factor**2 neighbouring patches into one token
+    scale_factor: int  # the projector folds each square of scale_factor**2 neighbouring patches into one token
+    projector: Literal["pixel_shuffle", "average_pool"]  # side by side then a linear layer, or averaged, normalized and projected
     image_token_id: int  # the prompt tokens an image's rows replace
+    bidirectional_image_tokens: bool  # the language model attends both ways within each run of image tokens (Gemma 3)
 
 
 class ModelConfigFields(TypedDict):
@@ -406,7 +409,7 @@ def expected_tensor_shapes(config: ModelConfigFields, found: Iterable[str] = (),
 
 
 def _vision_shapes(vision: VisionConfig, text_hidden: int) -> dict[str, tuple[int, ...]]:
-    """A SmolVLM vision tower's and projector's tensors."""
+    """A SigLIP vision tower's and its projector's tensors (Gemma 3's under the names the core gives them)."""
     width, inner, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
     tower = "model.vision_model."
     shapes: dict[str, tuple[int, ...]] = {
@@ -415,8 +418,12 @@ def _vision_shapes(vision: VisionConfig, text_hidden: int) -> dict[str, tuple[in
         tower + "embeddings.position_embedding.weight": ((vision["image_size"] // patch) ** 2, width),
         tower + "post_layernorm.weight": (width,),
         tower + "post_layernorm.bias": (width,),
-        "model.connector.modality_projection.proj.weight": (text_hidden, width * vision["scale_factor"] ** 2),
     }
+    if vision["projector"] == "average_pool":
+        shapes["model.multi_modal_projector.mm_soft_emb_norm.weight"] = (width,)
+        shapes["model.multi_modal_projector.mm_input_projection_weight"] = (width, text_hidden)  # multiplies from the right
+    else:
+        shapes["model.connector.modality_projection.proj.weight"] = (text_hidden, width * vision["scale_factor"] ** 2)
     for layer in range(vision["num_hidden_layers"]):
         prefix = f"{tower}encoder.layers.{layer}."
         for name, (rows, cols) in {"self_attn.q_proj": (width, width), "self_attn.k_proj": (width, width), "self_attn.v_proj": (width, width),

@@ -119,6 +119,11 @@ class Gemma3ImageProcessor:
             expanded += [self.image_text(crops), piece]
         return "".join(expanded)
 
+    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[FloatPixels]]:
+        """`text` with its i-th `<start_of_image>` written out for `images[i]`, and each image's views (see `preprocess`)."""
+        views = [self.preprocess(image) for image in images]
+        return self.expand(text, [len(pixels) - 1 for pixels in views]), views
+
     def image_text(self, crops: int) -> str:
         """The text an image with `crops` pan-and-scan crops takes in the prompt."""
         if not crops:

@@ -1,34 +1,51 @@
 """A prompt's images made ready for the engine: each decoded within limits, cut into tiles by its model family's
-processor, its placeholder in the prompt written out as the model's image tokens, and sent to the core as float32 tiles
-with a hash of the picture (which keys the prefix cache and the image encoder's cache)."""
+processor (SmolVLM's, Gemma 3's), its placeholder in the prompt written out as the model's image tokens, and sent to the
+core as float32 tiles with a hash of the picture (which keys the prefix cache and the image encoder's cache)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
+
+from PIL import Image
 
 from rsgl.core_types import ImageInput
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import LoadedModel
+from rsgl.vision.gemma3 import Gemma3ImageProcessor
 from rsgl.vision.images import ImageLimits, ImageSource, image_hash, load_image
+from rsgl.vision.pixels import FloatPixels
 from rsgl.vision.smolvlm import SmolVLMImages
 
 
+class ImageProcessor(Protocol):
+    """A model family's image preprocessing and prompt expansion."""
+
+    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[FloatPixels]]:
+        """`text` with each image placeholder written out for its image, and each image's tiles."""
+        ...
+
+
 def prompt_images_for(model: LoadedModel) -> PromptImages | None:
-    """How `model`'s prompts take images; None for a text-only model."""
-    if model.config.fields["vision"] is None:
+    """How `model`'s prompts take images; None for a text-only model. The projector names the family: SmolVLM's and
+    Idefics3's pixel shuffle, Gemma 3's average pool."""
+    vision = model.config.fields["vision"]
+    if vision is None:
         return None
-    if model.mmproj is not None:
+    if model.mmproj is not None:  # a GGUF model's projector file: SmolVLM's, Idefics3's (the types rsgl reads)
         return PromptImages(SmolVLMImages.from_projector(model.mmproj))
-    return PromptImages(SmolVLMImages.from_folder(Path(model.source)))
+    folder = Path(model.source)
+    processor: ImageProcessor = Gemma3ImageProcessor.from_folder(folder) if vision["projector"] == "average_pool" else SmolVLMImages.from_folder(folder)
+    return PromptImages(processor)
 
 
 @dataclass
 class PromptImages:
-    """How a vision-language model's prompts take images (SmolVLM, Idefics3)."""
+    """How a vision-language model's prompts take images (SmolVLM, Idefics3, Gemma 3)."""
 
-    processor: SmolVLMImages
+    processor: ImageProcessor
     limits: ImageLimits = field(default_factory=ImageLimits)
     # SmolVLM-256M makes up to 17 tiles of an image (1,088 tokens and 17 vision passes): 16 images fill a 16k context.
     max_images: int = 16
@@ -39,6 +56,5 @@ class PromptImages:
         if len(sources) > self.max_images:
             raise InvalidRequestError(f"{part}: at most {self.max_images} images per prompt; got {len(sources)}")
         images = [load_image(source, part=f"{part}[{i}]", limits=self.limits) for i, source in enumerate(sources)]
-        tiled = [self.processor.preprocess(image) for image in images]
-        text = self.processor.expand(text, [(rows, cols) for _, rows, cols in tiled])
-        return text, [{"hash": image_hash(image).hex(), "pixel_values": pixels.tobytes()} for image, (pixels, _, _) in zip(images, tiled)]
+        text, tiles = self.processor.expand_images(text, images)
+        return text, [{"hash": image_hash(image).hex(), "pixel_values": pixels.tobytes()} for image, pixels in zip(images, tiles)]

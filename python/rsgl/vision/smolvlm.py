@@ -188,6 +188,11 @@ class SmolVLMImages:
             expanded += [self.image_prompt(rows, cols), piece]
         return "".join(expanded)
 
+    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[FloatPixels]]:
+        """`text` with its i-th `<image>` written out for `images[i]`, and each image's tiles (see `preprocess`)."""
+        tiled = [self.preprocess(image) for image in images]
+        return self.expand(text, [(rows, cols) for _, rows, cols in tiled]), [pixels for pixels, _, _ in tiled]
+
     def image_prompt(self, rows: int, cols: int) -> str:
         """The text one image of rows x cols tiles (0 x 0: a single tile) stands for in the prompt."""
         image_tokens = IMAGE_TOKEN * self.image_seq_len

@@ -319,6 +319,7 @@ impl Op {
                     window: None,
                     softcap: None,
                     sinks: None,
+                    key_ends: None,
                 };
                 let mut out = vec![0.0; x_len];
                 for _ in 0..iters {

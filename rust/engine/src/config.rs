@@ -88,11 +88,11 @@ pub struct ModelConfig {
     pub vision: Option<VisionConfig>,
 }
 
-/// A SigLIP-style vision tower (SmolVLM, Idefics3): square tiles of `image_size` pixels cut into
-/// `patch_size` patches, `num_hidden_layers` pre-norm ViT blocks (LayerNorm, attention and a
-/// GELU-tanh MLP, all with biases); a pixel shuffle folds `scale_factor` squared neighbouring
-/// patches into one token, which a linear layer projects to the language model's width, in
-/// place of the prompt's `image_token_id` tokens.
+/// A SigLIP-style vision tower (SmolVLM, Idefics3, Gemma 3): square tiles of `image_size` pixels
+/// cut into `patch_size` patches, `num_hidden_layers` pre-norm ViT blocks (LayerNorm, attention
+/// and a GELU-tanh MLP, all with biases); its projector folds each `scale_factor` x
+/// `scale_factor` square of neighbouring patches into one token of the language model's width,
+/// in place of the prompt's `image_token_id` tokens.
 #[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct VisionConfig {
@@ -105,7 +105,23 @@ pub struct VisionConfig {
     #[serde(serialize_with = "as_written")]
     pub layer_norm_eps: f32,
     pub scale_factor: usize,
+    pub projector: VisionProjector,
     pub image_token_id: u32,
+    /// The language model attends both ways within each run of image tokens (Gemma 3): every
+    /// query of a run sees the whole run, as well as what precedes it.
+    pub bidirectional_image_tokens: bool,
+}
+
+/// How a vision tower's patches become the language model's image tokens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum VisionProjector {
+    /// SmolVLM's and Idefics3's: each square's patches side by side (a pixel shuffle), then one
+    /// linear layer.
+    PixelShuffle,
+    /// Gemma 3's: each square's patches averaged, an RMS norm scaling by `1 + w`, then a matrix
+    /// stored `[vision hidden, text hidden]`.
+    AveragePool,
 }
 
 /// The shape of multi-head latent attention: q from the hidden state (through a rank

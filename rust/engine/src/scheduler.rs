@@ -7,7 +7,8 @@
 //! may still take ([`reserve`](crate::reserve)), sharing their cached prefix and deferring those
 //! that share an uncached prefix with one admitted in this step (so that prefix is computed
 //! once), then plan the step: one token per decoding request, then prompt chunks within the
-//! token budget in admission order.
+//! token budget in admission order (a chunk splits no run of image tokens its model attends both
+//! ways: it stops before one, or holds all of it, past the budget if it must).
 //!
 //! With the disk tier on, a request's prompt pages past what memory holds are read back from
 //! disk at admission (the kernel prefetches them while it waits), and every page a request
@@ -229,10 +230,11 @@ impl Scheduler {
             let seq = &self.running[index];
             let start = seq.kv.computed;
             if !seq.is_decoding() && budget > 0 {
-                let end = seq.tokens.len().min(start + budget);
+                let end = seq.prompt_chunk_end(start, seq.tokens.len().min(start + budget));
                 let end = self.grow_window(index, start, end);
+                let end = self.running[index].prompt_chunk_end_within(start, end);
                 if end > start {
-                    budget -= end - start;
+                    budget = budget.saturating_sub(end - start);
                     let mut entry = BatchEntry::new(index, &self.running[index], start, end);
                     self.plan_snapshot(&mut entry);
                     batch.push(entry);

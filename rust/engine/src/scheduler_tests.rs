@@ -332,3 +332,24 @@ fn a_new_scheduler_reads_back_the_prompt_pages_an_earlier_one_wrote_to_disk() {
     drop(s);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_prompt_chunk_never_splits_a_run_attended_both_ways() {
+    let (mut s, mut kv) = scheduler(64, 4);
+    let mut seq = request("a", 14, 1);
+    // Gemma 3's image tokens at 2..9 (longer than the budget) and 11..13.
+    seq.bidirectional = vec![2..9, 11..13];
+    s.enqueue(seq);
+    // Up to the first run; the whole run, past the budget; up to the second run's end (a chunk
+    // may end where a run does); the rest.
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 0, 2)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 2, 9)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 9, 13)]);
+    assert_eq!(step(&mut s, &mut kv), [entry("a", 13, 14)]);
+    // Held short (by the window pool): before the run it would cut, or nothing if it starts in it.
+    let mut held = request("b", 14, 1);
+    held.bidirectional = vec![2..9, 11..13];
+    assert_eq!([held.prompt_chunk_end_within(0, 5), held.prompt_chunk_end_within(2, 5), held.prompt_chunk_end_within(3, 9)], [2, 2, 9]);
+    // A chunk starting inside a run (after a prefix read from the cache) holds the rest of it.
+    assert_eq!(held.prompt_chunk_end(4, 6), 9);
+}

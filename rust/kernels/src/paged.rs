@@ -146,8 +146,9 @@ pub fn page_head_scale_start(page: u32, head: usize, kv_heads: usize, page_size:
 
 /// The queries of one kv head's group (the `group` query heads sharing it, GQA) at `tokens`
 /// consecutive positions of one sequence, starting at `first_pos`. Query token `t` attends to
-/// keys `first_key(t)..span(t)`: causal, and with a `window` only the last `window` of them;
-/// decode is `tokens == 1`. The K and V of those positions are already in the pages.
+/// keys `first_key(t)..span(t)`: causal (or up to its `key_ends`), and with a `window` only the
+/// last `window` of them up to its own; decode is `tokens == 1`. The K and V of those positions
+/// are already in the pages.
 pub struct AttentionTask<'a> {
     pub kv: &'a PagedKv<'a>,
     /// The sequence's page table. Pages wholly before the task's first key are never read, so
@@ -171,6 +172,10 @@ pub struct AttentionTask<'a> {
     /// Attention sinks (gpt-oss): one learned logit per group head, in the softmax's
     /// denominator only (it takes probability mass but adds no value).
     pub sinks: Option<&'a [f32]>,
+    /// Where the keys each query token sees end (exclusive), past its own position for a query
+    /// that attends both ways within a block of tokens (Gemma 3's images): one per token, each
+    /// after its own position and none before the previous token's. `None`: causal.
+    pub key_ends: Option<&'a [usize]>,
 }
 
 impl AttentionTask<'_> {
@@ -179,14 +184,15 @@ impl AttentionTask<'_> {
         self.sinks.map(|sinks| sinks[g])
     }
 
-    /// Keys query token `t` sees end here (exclusive): its own position's is the last.
+    /// Keys query token `t` sees end here (exclusive): its own position's is the last, unless
+    /// `key_ends` says otherwise. Never less than an earlier token's.
     pub fn span(&self, t: usize) -> usize {
-        self.first_pos + t + 1
+        self.key_ends.map_or(self.first_pos + t + 1, |ends| ends[t])
     }
 
-    /// The first key query token `t` sees: 0, or the start of its window.
+    /// The first key query token `t` sees: 0, or the start of the window up to its own position.
     pub fn first_key(&self, t: usize) -> usize {
-        self.window.map_or(0, |w| self.span(t).saturating_sub(w))
+        self.window.map_or(0, |w| (self.first_pos + t + 1).saturating_sub(w))
     }
 
     /// The task's pages: indexes in `pages` from the one holding the first key any query sees
@@ -243,6 +249,14 @@ impl AttentionTask<'_> {
         assert!(self.kv_head < kv.kv_heads, "attention: kv head {} of {}", self.kv_head, kv.kv_heads);
         assert!(self.tokens > 0 && self.group > 0);
         assert!(self.window != Some(0), "attention: a window of no keys");
+        if let Some(ends) = self.key_ends {
+            assert!(ends.len() == self.tokens, "attention: {} key ends for {} tokens", ends.len(), self.tokens);
+            let mut floor = self.first_pos;
+            for (t, &end) in ends.iter().enumerate() {
+                assert!(end > self.first_pos + t && end >= floor, "attention: query {t}'s keys end at {end}, before its own or an earlier query's");
+                floor = end;
+            }
+        }
         assert!(self.softcap.is_none_or(|cap| cap > 0.0 && cap.is_finite()), "attention: a soft cap must be positive and finite");
         assert!(self.pages.len() * kv.page_size >= self.span(self.tokens - 1), "attention: the page table is too short");
         let last = (self.tokens - 1) * self.q_stride + self.group * hd;

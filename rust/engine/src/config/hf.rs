@@ -505,6 +505,7 @@ fn expert_groups(hf: &Keys, scoring: ExpertScoring) -> Result<Option<ExpertGroup
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::VisionProjector;
     use serde_json::json;
 
     fn llama(extra: Value) -> Value {
@@ -558,9 +559,18 @@ mod tests {
             "architectures": ["Gemma3ForConditionalGeneration"], "model_type": "gemma3", "mm_tokens_per_image": 256,
             "text_config": { "hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text", "num_hidden_layers": 34,
                              "rope_scaling": { "factor": 8.0, "rope_type": "linear" }, "sliding_window": 1024 },
-            "vision_config": { "model_type": "siglip_vision_model", "hidden_size": 1152 },
+            "vision_config": { "hidden_size": 1152, "image_size": 896, "intermediate_size": 4304, "model_type": "siglip_vision_model",
+                               "num_attention_heads": 16, "num_hidden_layers": 27, "patch_size": 14, "vision_use_head": false },
+            "image_token_index": 262144, "boi_token_index": 255999, "eoi_token_index": 256000,
         });
         let cfg = ModelConfig::from_hf_config(&raw).unwrap();
+        let vision = cfg.vision.as_ref().unwrap();
+        // 64 x 64 patches pooled in squares of 4 into 256 tokens, attended both ways.
+        assert_eq!((vision.projector, vision.scale_factor, vision.tokens_per_tile(), vision.image_token_id), (VisionProjector::AveragePool, 4, 256, 262144));
+        assert_eq!((vision.layer_norm_eps, vision.bidirectional_image_tokens), (1e-6, true));
+        let mut not_square = raw.clone();
+        not_square["mm_tokens_per_image"] = json!(200);
+        assert!(message(not_square).contains("mm_tokens_per_image 200 is not a square"));
         assert_eq!((cfg.architecture.as_str(), cfg.hidden_size, cfg.num_hidden_layers, cfg.head_dim, cfg.vocab_size), ("gemma3_text", 2560, 34, 256, 262208));
         assert_eq!((cfg.scales.attention, cfg.tie_word_embeddings, cfg.rope_theta), (Some(1.0 / 16.0), true, 1e6));
         let window = cfg.sliding_window.unwrap();

@@ -1,16 +1,19 @@
 //! A vision-language checkpoint's image encoder, from its config.json or from the metadata of
-//! llama.cpp's separate projector file (`mmproj-*.gguf`): SmolVLM's and Idefics3's SigLIP-style
-//! tower, whose patches a pixel shuffle folds into fewer, wider tokens that one linear layer
-//! projects into the language model.
+//! llama.cpp's separate projector file (`mmproj-*.gguf`): a SigLIP-style tower whose patches a
+//! projector folds into fewer tokens of the language model's width. SmolVLM's and Idefics3's
+//! pixel shuffle puts each square of patches side by side and projects it; Gemma 3's averages
+//! each square, normalizes and projects it, and its language model attends both ways within
+//! each image.
 
 use super::keys::Keys;
-use super::VisionConfig;
+use super::{VisionConfig, VisionProjector};
 use crate::error::{EngineError, Result};
 use serde_json::{Map, Value};
 
 /// Model types whose vision tower and projector rsgl runs.
 const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
-/// The projector types (llama.cpp's `clip.projector_type`) of those models' projector files.
+const AVERAGE_POOL_MODELS: [&str; 1] = ["gemma3"];
+/// The projector types (llama.cpp's `clip.projector_type`) of the pixel-shuffle models' projector files.
 const PIXEL_SHUFFLE_PROJECTORS: [&str; 1] = ["idefics3"];
 /// The text of the token whose embeddings an image's rows replace, in SmolVLM's vocabulary.
 const IMAGE_TOKEN: &str = "<image>";
@@ -21,21 +24,40 @@ const IMAGE_TOKEN: &str = "<image>";
 pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> Result<Option<VisionConfig>> {
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let Some(Value::Object(vision)) = raw.get("vision_config") else { return Ok(None) };
-    if !PIXEL_SHUFFLE_MODELS.contains(&model_type) {
-        return Ok(None);
-    }
+    let projector = match model_type {
+        _ if PIXEL_SHUFFLE_MODELS.contains(&model_type) => VisionProjector::PixelShuffle,
+        _ if AVERAGE_POOL_MODELS.contains(&model_type) => VisionProjector::AveragePool,
+        _ => return Ok(None),
+    };
     let outer = Keys::new(raw, "config.json".into(), remedy);
     let tower = Keys::new(vision, "config.json's vision_config".into(), remedy);
+    let (image_size, patch_size) = (tower.count("image_size")?, tower.count("patch_size")?);
+    let side = image_size / patch_size.max(1);
+    let (scale_factor, image_token_id) = match projector {
+        VisionProjector::PixelShuffle => (outer.optional_count("scale_factor")?.unwrap_or(2), outer.count("image_token_id")?),
+        // Pooled to mm_tokens_per_image tokens, a square of them; transformers 4 writes the
+        // image token's id as image_token_index.
+        VisionProjector::AveragePool => {
+            let tokens = outer.optional_count("mm_tokens_per_image")?.unwrap_or(256);
+            let per_side = tokens.isqrt();
+            if per_side == 0 || per_side * per_side != tokens || !side.is_multiple_of(per_side) {
+                return Err(outer.broken(format!("its mm_tokens_per_image {tokens} is not a square whose side divides the tower's {side} patches a side")));
+            }
+            (side / per_side, outer.first_count(&["image_token_id", "image_token_index"])?)
+        }
+    };
     let config = VisionConfig {
         hidden_size: tower.count("hidden_size")?,
         intermediate_size: tower.count("intermediate_size")?,
         num_hidden_layers: tower.count("num_hidden_layers")?,
         num_attention_heads: tower.count("num_attention_heads")?,
-        image_size: tower.count("image_size")?,
-        patch_size: tower.count("patch_size")?,
+        image_size,
+        patch_size,
         layer_norm_eps: tower.number("layer_norm_eps")?.unwrap_or(1e-6) as f32,
-        scale_factor: outer.optional_count("scale_factor")?.unwrap_or(2),
-        image_token_id: outer.count("image_token_id")? as u32,
+        scale_factor,
+        projector,
+        image_token_id: image_token_id as u32,
+        bidirectional_image_tokens: projector == VisionProjector::AveragePool,
     };
     config.check(&outer)?;
     Ok(Some(config))
@@ -79,14 +101,16 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
         layer_norm_eps: tower.number("attention.layer_norm_epsilon")?.unwrap_or(1e-6) as f32,
         // llama.cpp's converter writes the config's, which transformers defaults to 2.
         scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(2),
+        projector: VisionProjector::PixelShuffle,
         image_token_id: image_token_id as u32,
+        bidirectional_image_tokens: false,
     };
     config.check(&tower)?;
     Ok(config)
 }
 
 impl VisionConfig {
-    /// Refuses a tower whose tiles are not whole patches that the pixel shuffle folds evenly.
+    /// Refuses a tower whose tiles are not whole patches that the projector's squares fold evenly.
     fn check(&self, keys: &Keys) -> Result<()> {
         let side = self.image_size / self.patch_size.max(1);
         if !self.image_size.is_multiple_of(self.patch_size.max(1))
@@ -94,7 +118,7 @@ impl VisionConfig {
             || !self.hidden_size.is_multiple_of(self.num_attention_heads.max(1))
         {
             return Err(keys.broken(format!(
-                "its vision tower's image_size {} is not patches of {} that a pixel shuffle of {} folds evenly (or hidden_size {} is not {} heads)",
+                "its vision tower's image_size {} is not patches of {} that squares of {} fold evenly (or hidden_size {} is not {} heads)",
                 self.image_size, self.patch_size, self.scale_factor, self.hidden_size, self.num_attention_heads
             )));
         }
@@ -106,7 +130,7 @@ impl VisionConfig {
         self.image_size / self.patch_size
     }
 
-    /// The language model's image tokens per tile, after the pixel shuffle.
+    /// The language model's image tokens per tile, after the projector.
     pub fn tokens_per_tile(&self) -> usize {
         (self.patches_per_side() / self.scale_factor).pow(2)
     }
@@ -131,7 +155,9 @@ impl VisionConfig {
             patch_size: 1,
             layer_norm_eps: 1e-6,
             scale_factor: 2,
+            projector: VisionProjector::PixelShuffle,
             image_token_id,
+            bidirectional_image_tokens: false,
         }
     }
 }

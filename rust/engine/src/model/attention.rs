@@ -1,6 +1,7 @@
 //! The attention sublayer: q, k and v from one fused GEMM, their norms and rope, the new K/V
 //! written to the sequence's pages, causal attention over them (sliding windows, sinks and soft
-//! caps as the config says), an optional sigmoid gate on the output, and o_proj.
+//! caps as the config says; both ways within the runs a chunk says), an optional sigmoid gate on
+//! the output, and o_proj.
 
 use super::archs::{Assembly, QkNorm};
 use super::decoder::{heads_rows, scale_by, take_norm, Step};
@@ -242,8 +243,9 @@ impl Attention {
     }
 
     /// Causal attention of every new token over its sequence's positions `0..=pos` (the last
-    /// `window` of them in a sliding layer), for this rank's kv heads, as tasks of one kv head's
-    /// query group over a run of consecutive tokens ([`run_attention`]).
+    /// `window` of them in a sliding layer; to the end of its run, for a token in a run attended
+    /// both ways), for this rank's kv heads, as tasks of one kv head's query group over a run of
+    /// consecutive tokens ([`run_attention`]).
     fn attention(&self, cx: &AttentionContext, paged: &rsgl_kernels::PagedKv, windowed: bool, qkv: &[f32], step: &Step) -> Vec<f32> {
         let (cfg, c, hd) = (cx.cfg, cx.compute, cx.cfg.head_dim);
         let (kv_heads, qs) = (cx.shard.kv_heads.len(), cx.shard.q_heads.len() * hd);
@@ -276,6 +278,7 @@ impl Attention {
                     window: self.window,
                     softcap: cfg.scales.attention_logit_cap,
                     sinks: self.sinks.as_ref().map(|sinks| &sinks[h * group..(h + 1) * group]),
+                    key_ends: step.key_ends.as_ref().map(|ends| &ends[t..t + tokens]),
                 },
                 // Its tokens' columns of its kv head's query heads.
                 offset: t * qs + h * group * hd,

@@ -56,6 +56,9 @@ pub struct SeqChunk<'a> {
     /// Rows given in place of token embeddings (an image's, at its image tokens): `(index in
     /// tokens, hidden_size values)`.
     pub image_rows: Vec<(usize, &'a [f32])>,
+    /// Runs of positions whose queries see the whole run (Gemma 3's image tokens), each ending
+    /// within the chunk; attention is causal elsewhere.
+    pub bidirectional: Vec<Range<usize>>,
 }
 
 impl SeqChunk<'_> {
@@ -134,6 +137,9 @@ pub(super) struct Step<'a> {
     pub seqs: &'a [SeqChunk<'a>],
     pub token_seq: Vec<usize>,
     pub positions: Vec<usize>,
+    /// Per token, where the keys it attends to end, where a chunk has runs attended both ways
+    /// ([`SeqChunk::bidirectional`]); None: causal.
+    pub key_ends: Option<Vec<usize>>,
 }
 
 pub struct DecoderModel {
@@ -192,6 +198,10 @@ impl DecoderModel {
         }
         let norm = take_norm(&mut w, "model.norm.weight", h, &cfg)?;
         let vision = cfg.vision.as_ref().map(|vision| VisionTower::take(&mut w, vision, h, dtype, &computes[0])).transpose()?;
+        if vision.is_none() {
+            // The SigLIP-style tower of a vision-language model run on text (LLaVA's CLIP).
+            ["model.vision_model.", "model.multi_modal_projector."].iter().for_each(|prefix| w.drop_prefixed(prefix));
+        }
         // A GGUF file's LongRoPE factors, which its config holds.
         for factors in ["rope_factors_short.weight", "rope_factors_long.weight"] {
             drop(w.take_optional(factors, &[cfg.rotary_dim.unwrap_or(hd) / 2])?);
@@ -288,7 +298,11 @@ impl DecoderModel {
                 positions.push(chunk.start_pos + t);
             }
         }
-        let step = Step { seqs, token_seq, positions };
+        let key_ends = seqs.iter().any(|chunk| !chunk.bidirectional.is_empty()).then(|| {
+            let run_end = |chunk: &SeqChunk, pos: usize| chunk.bidirectional.iter().find(|run| run.contains(&pos)).map_or(pos + 1, |run| run.end);
+            token_seq.iter().zip(&positions).map(|(&s, &pos)| run_end(&seqs[s], pos)).collect()
+        });
+        let step = Step { seqs, token_seq, positions, key_ends };
         let Some(drivers) = &self.rank_drivers else {
             return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
         };

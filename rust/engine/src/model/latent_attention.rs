@@ -227,6 +227,7 @@ impl LatentAttention {
                     window: None,
                     softcap: None,
                     sinks: None,
+                    key_ends: None,
                 },
                 offset: first_row * latent_out_row,
                 stride: latent_out_row,
@@ -291,6 +292,7 @@ impl LatentAttention {
                     window: None,
                     softcap: None,
                     sinks: None,
+                    key_ends: None,
                 },
                 // Its tokens' columns of its head.
                 offset: (b * heads + head) * v,

@@ -1,10 +1,11 @@
-//! The image side of a vision-language model (SmolVLM, Idefics3): a SigLIP-style ViT over each
-//! square tile's patches, then a pixel shuffle and one linear layer into the language model's
-//! embedding width. The rows it returns take the place of the prompt's image tokens.
+//! The image side of a vision-language model (SmolVLM, Idefics3, Gemma 3): a SigLIP-style ViT
+//! over each square tile's patches, then its projector into the language model's embedding
+//! width: SmolVLM's pixel shuffle and one linear layer, or Gemma 3's average pool, RMS norm and
+//! matrix. The rows it returns take the place of the prompt's image tokens.
 
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::take_linear;
-use crate::config::VisionConfig;
+use crate::config::{VisionConfig, VisionProjector};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
 use rsgl_kernels::{kernels, linear, PackedWeights, WeightDtype};
@@ -53,18 +54,28 @@ struct EncoderLayer {
     fc2: Linear,
 }
 
+/// How the tower's patches become the language model's rows ([`VisionProjector`]).
+enum Projector {
+    PixelShuffle(Linear),
+    /// The RMS norm's weight (its 1 added) and the projection.
+    AveragePool {
+        norm: Vec<f32>,
+        projection: Linear,
+    },
+}
+
 pub struct VisionTower {
     cfg: VisionConfig,
     /// The patch convolution as a GEMM over flattened patches (`[hidden, 3 * patch * patch]`).
     patch_embedding: Linear,
-    /// The position embedding, a row per patch of a tile in order. transformers buckets
-    /// fractional patch coordinates in float32 to the same rows, except that for some sides (19,
-    /// 25, 29... never SmolVLM's 32 or Idefics3's 26) torch's vectorized `arange` rounds a
-    /// boundary the other way, differently on different CPUs.
+    /// The position embedding, a row per patch of a tile in order (SigLIP's, Gemma 3's). For
+    /// SmolVLM, transformers buckets fractional patch coordinates in float32 to the same rows,
+    /// except that for some sides (19, 25, 29... never SmolVLM's 32 or Idefics3's 26) torch's
+    /// vectorized `arange` rounds a boundary the other way, differently on different CPUs.
     positions: Vec<f32>,
     layers: Vec<EncoderLayer>,
     post_norm: LayerNorm,
-    projection: Linear,
+    projector: Projector,
     /// The weights' format, and that of the keys and values attention packs.
     dtype: WeightDtype,
 }
@@ -116,9 +127,21 @@ impl VisionTower {
             })
             .collect::<Result<Vec<_>>>()?;
         let post_norm = LayerNorm::take(w, &format!("{TOWER}.post_layernorm"), d, eps)?;
-        let shuffled = d * cfg.scale_factor * cfg.scale_factor;
-        let projection = pack(vec![take_linear(w, "model.connector.modality_projection.proj", text_hidden, shuffled)?]);
-        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projection, dtype })
+        let projector = match cfg.projector {
+            VisionProjector::PixelShuffle => {
+                let shuffled = d * cfg.scale_factor * cfg.scale_factor;
+                Projector::PixelShuffle(pack(vec![take_linear(w, "model.connector.modality_projection.proj", text_hidden, shuffled)?]))
+            }
+            VisionProjector::AveragePool => {
+                // SigLIP's pooling head, which transformers may save but Gemma 3 does not run.
+                w.drop_prefixed(&format!("{TOWER}.head."));
+                let mut norm = w.take("model.multi_modal_projector.mm_soft_emb_norm.weight", &[d])?;
+                norm.iter_mut().for_each(|weight| *weight += 1.0);
+                let projection = w.take_transposed("model.multi_modal_projector.mm_input_projection_weight", text_hidden, d)?;
+                Projector::AveragePool { norm, projection: pack(vec![LinearParts::new(projection, None)]) }
+            }
+        };
+        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projector, dtype })
     }
 
     /// The language model's rows for an image's tiles (`[tiles, 3, image_size, image_size]`
@@ -132,13 +155,28 @@ impl VisionTower {
                 pixels.len()
             )));
         }
-        let mut shuffled = Vec::with_capacity(pixels.len() / cfg.values_per_tile() * cfg.tokens_per_tile() * cfg.hidden_size * cfg.scale_factor.pow(2));
+        let tiles = pixels.len() / cfg.values_per_tile();
+        let mut encoded = Vec::with_capacity(tiles * cfg.patches_per_side().pow(2) * cfg.hidden_size);
         let mut buffers = TileBuffers::default();
         for tile in pixels.chunks_exact(cfg.values_per_tile()) {
-            let x = self.encode_tile(c, tile, &mut buffers);
-            shuffled.extend(pixel_shuffle(x, cfg, 1));
+            encoded.extend_from_slice(self.encode_tile(c, tile, &mut buffers));
         }
-        Ok(self.projection.forward(c, &shuffled))
+        Ok(self.project(c, &encoded, tiles))
+    }
+
+    /// The projector over the tower's output `x` (`[tiles * patches, hidden]`).
+    fn project(&self, c: &Compute, x: &[f32], tiles: usize) -> Vec<f32> {
+        match &self.projector {
+            Projector::PixelShuffle(projection) => projection.forward(c, &pixel_shuffle(x, &self.cfg, tiles)),
+            Projector::AveragePool { norm, projection } => {
+                let mut pooled = average_pool(x, &self.cfg, tiles);
+                let mut normed = vec![0.0; pooled.len()];
+                for (row, out) in pooled.chunks_exact_mut(norm.len()).zip(normed.chunks_exact_mut(norm.len())) {
+                    (c.kernels.add_rmsnorm)(row, None, norm, self.cfg.layer_norm_eps, out);
+                }
+                projection.forward(c, &normed)
+            }
+        }
     }
 
     /// One tile's patches through the encoder, post-normed (in `buffers.normed`): each tile
@@ -228,6 +266,24 @@ fn pixel_shuffle(x: &[f32], cfg: &VisionConfig, tiles: usize) -> Vec<f32> {
     out
 }
 
+/// Gemma 3's average pool: each `scale` x `scale` square of neighbouring patches becomes the
+/// mean of their features; tokens row by row.
+fn average_pool(x: &[f32], cfg: &VisionConfig, tiles: usize) -> Vec<f32> {
+    let (d, side, s) = (cfg.hidden_size, cfg.patches_per_side(), cfg.scale_factor);
+    let mut out = Vec::with_capacity(x.len() / (s * s));
+    for tile in 0..tiles {
+        let patch = |row: usize, col: usize| &x[((tile * side + row) * side + col) * d..][..d];
+        for (row, col) in (0..side / s).flat_map(|row| (0..side / s).map(move |col| (row, col))) {
+            let mut sum = vec![0.0f32; d];
+            for (i, j) in (0..s).flat_map(|i| (0..s).map(move |j| (i, j))) {
+                sum.iter_mut().zip(patch(row * s + i, col * s + j)).for_each(|(v, p)| *v += p);
+            }
+            out.extend(sum.iter().map(|v| v / (s * s) as f32));
+        }
+    }
+    out
+}
+
 /// `x += delta`, on the compute threads.
 fn add(c: &Compute, x: &mut [f32], delta: &[f32]) {
     c.pool.for_chunks_mut(x, ELEMENTWISE_PIECE, &|piece, values| {
@@ -254,7 +310,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn pixel_shuffle_folds_squares_of_patches() {
+    fn pixel_shuffle_and_average_pool_fold_squares_of_patches() {
         let cfg = VisionConfig {
             hidden_size: 1,
             intermediate_size: 1,
@@ -264,10 +320,15 @@ mod tests {
             patch_size: 1,
             layer_norm_eps: 1e-6,
             scale_factor: 2,
+            projector: VisionProjector::PixelShuffle,
             image_token_id: 0,
+            bidirectional_image_tokens: false,
         };
         let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
         // Patches row by row, 4 per row: the top-left square is 0, 1, 4, 5.
         assert_eq!(pixel_shuffle(&x, &cfg, 1), [0.0, 1.0, 4.0, 5.0, 2.0, 3.0, 6.0, 7.0, 8.0, 9.0, 12.0, 13.0, 10.0, 11.0, 14.0, 15.0]);
+        // The same squares averaged; a second tile after the first.
+        let two_tiles: Vec<f32> = x.iter().chain(&x).copied().collect();
+        assert_eq!(average_pool(&two_tiles, &cfg, 2), [2.5, 4.5, 10.5, 12.5, 2.5, 4.5, 10.5, 12.5]);
     }
 }

@@ -93,6 +93,19 @@ pub(crate) fn cache_key<'a>(images: &[PromptImage], tokens: &'a [u32]) -> Cow<'a
     Cow::Owned(key)
 }
 
+/// The runs of consecutive image tokens of placed `images` (the blocks Gemma 3 attends both
+/// ways), in order.
+pub(crate) fn runs(images: &[PromptImage]) -> Vec<Range<usize>> {
+    let mut runs: Vec<Range<usize>> = Vec::new();
+    for &p in images.iter().flat_map(|image| &image.positions) {
+        match runs.last_mut() {
+            Some(run) if run.end == p => run.end += 1,
+            _ => runs.push(p..p + 1),
+        }
+    }
+    runs
+}
+
 /// The rows images give at positions `range`: `(position - range.start, row)`.
 pub(crate) fn rows_in(images: &[PromptImage], range: Range<usize>) -> Vec<(usize, &[f32])> {
     let mut rows = Vec::new();
@@ -167,5 +180,13 @@ mod tests {
         images[1].rows = Some(vec![2.0, 2.0, 3.0, 3.0].into());
         let rows = rows_in(&images, 2..6);
         assert_eq!(rows, vec![(1, &[2.0, 2.0][..]), (2, &[3.0, 3.0][..])]);
+    }
+
+    #[test]
+    fn runs_are_consecutive_image_tokens_whatever_image_they_belong_to() {
+        let prompt = [9, 1, 9, 9, 9, 2];
+        let images = placed(vec![image(1), image(1), image(2)], &prompt, Some(&vision())).unwrap();
+        assert_eq!(runs(&images), [0..1, 2..5]);
+        assert!(runs(&[]).is_empty());
     }
 }

@@ -60,6 +60,9 @@ pub(crate) struct Sequence {
     pub queued: Option<Duration>,
     /// The prompt's images (a vision-language model's), placed on its image tokens.
     pub images: Vec<PromptImage>,
+    /// Runs of prompt positions whose queries see the whole run (a Gemma 3 prompt's image
+    /// tokens), in order: a prompt chunk never splits one ([`Self::prompt_chunk_end`]).
+    pub bidirectional: Vec<std::ops::Range<usize>>,
     text: OutputText,
 }
 
@@ -87,12 +90,40 @@ impl Sequence {
             tokens: req.input_ids,
             prompt_len,
             images: req.images.into_iter().map(PromptImage::new).collect(),
+            bidirectional: Vec::new(),
         }
     }
 
     /// Places the prompt's images on its image tokens (`vision`: the model's image encoder).
     pub fn place_images(&mut self, vision: Option<&VisionConfig>) -> crate::error::Result<()> {
-        images::place(&mut self.images, &self.tokens[..self.prompt_len], vision)
+        images::place(&mut self.images, &self.tokens[..self.prompt_len], vision)?;
+        if vision.is_some_and(|vision| vision.bidirectional_image_tokens) {
+            self.bidirectional = images::runs(&self.images);
+        }
+        Ok(())
+    }
+
+    /// Where a prompt chunk from `start` that would end at `end` ends so that it splits no run
+    /// attended both ways: before a run it would cut, or, starting in one, after it (past `end`
+    /// when the run is longer: its queries see all of it).
+    pub fn prompt_chunk_end(&self, start: usize, end: usize) -> usize {
+        match self.bidirectional.iter().find(|run| run.start < end && end < run.end) {
+            Some(run) if run.start > start => run.start,
+            Some(run) => run.end,
+            None => end,
+        }
+    }
+
+    /// Where a prompt chunk from `start` that can go no further than `end` ends so that it splits
+    /// no run attended both ways: before the run it would cut (at `start`, computing nothing, if
+    /// it starts in that run).
+    pub fn prompt_chunk_end_within(&self, start: usize, end: usize) -> usize {
+        self.bidirectional.iter().find(|run| run.start < end && end < run.end).map_or(end, |run| run.start.max(start))
+    }
+
+    /// The runs attended both ways that meet positions `range`.
+    pub fn bidirectional_in(&self, range: std::ops::Range<usize>) -> Vec<std::ops::Range<usize>> {
+        self.bidirectional.iter().filter(|run| run.start < range.end && range.start < run.end).cloned().collect()
     }
 
     /// The images' rows (those encoded) at positions `range`, as a forward pass takes them.

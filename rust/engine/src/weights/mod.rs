@@ -418,6 +418,11 @@ impl WeightStore {
         self.tensors.retain(|name, _| !past(name));
     }
 
+    /// Drops the tensors whose names start with `prefix` (a vision tower of a model run on text).
+    pub fn drop_prefixed(&mut self, prefix: &str) {
+        self.tensors.retain(|name, _| !name.starts_with(prefix));
+    }
+
     pub fn is_empty(&self) -> bool {
         self.tensors.is_empty()
     }
@@ -493,6 +498,15 @@ impl WeightStore {
     /// Removes a `[rows, cols]` matrix, checking its shape, to be read row by row.
     pub fn take_matrix(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatrixRows> {
         self.take_checked(name, &[rows, cols])
+    }
+
+    /// Removes a float tensor stored `[cols, rows]`, the transpose of the `[rows, cols]` matrix a
+    /// GEMM reads (Gemma 3's projector, which multiplies from the right), transposed in memory.
+    pub fn take_transposed(&mut self, name: &str, rows: usize, cols: usize) -> Result<MatrixRows> {
+        let stored = self.take(name, &[cols, rows])?;
+        let transposed = (0..rows).flat_map(|r| stored.iter().skip(r).step_by(rows).copied()).collect();
+        self.insert(name, vec![rows, cols], transposed)?;
+        self.take_matrix(name, rows, cols)
     }
 
     /// Removes a float tensor of `shape` (a convolution's `[out, in, k, k]`), checking it, to be
@@ -765,12 +779,16 @@ impl Drop for MatrixRows {
 
 /// A tensor of a vision-language checkpoint under its name in the text model (transformers 4
 /// saves the language model as `language_model.model.*`, 5 as `model.language_model.*`;
-/// SmolVLM as `model.text_model.*`); None for the vision towers and projectors rsgl does not
-/// read yet (Gemma 3's, Qwen3.5's `model.visual`), and for the multi-token prediction layers
+/// SmolVLM as `model.text_model.*`); Gemma 3's vision tower and projector as
+/// [`gemma3_vision_name`] names them; None for the vision towers and projectors rsgl does not
+/// read yet (Mistral 3's, Qwen3.5's `model.visual`), and for the multi-token prediction layers
 /// Qwen3.5 and Qwen3-Next ship (`mtp.*`). Other names, SmolVLM's vision tower
 /// (`model.vision_model.*`, `model.connector.*`) among them, as they are.
 fn language_model_name(name: &str) -> Option<String> {
     const UNREAD: [&str; 6] = ["vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.", "model.visual.", "mtp."];
+    if let Some(vision) = gemma3_vision_name(name) {
+        return Some(vision);
+    }
     if UNREAD.iter().any(|prefix| name.starts_with(prefix)) {
         return None;
     }
@@ -780,6 +798,21 @@ fn language_model_name(name: &str) -> Option<String> {
         (_, Some(layers)) => format!("model.{layers}"),
         _ => name.to_string(),
     })
+}
+
+/// A tensor of Gemma 3's SigLIP tower under SmolVLM's tower's names (`model.vision_model.*`,
+/// from `[model.]vision_tower[.vision_model].*`: the Hub's files keep `vision_model`,
+/// transformers 5 saves without it), and of its projector as `model.multi_modal_projector.*`;
+/// None for other names.
+fn gemma3_vision_name(name: &str) -> Option<String> {
+    const SIGLIP_PARTS: [&str; 4] = ["embeddings.", "encoder.", "post_layernorm.", "head."];
+    let name = name.strip_prefix("model.").unwrap_or(name);
+    if let Some(projector) = name.strip_prefix("multi_modal_projector.mm_") {
+        return Some(format!("model.multi_modal_projector.mm_{projector}"));
+    }
+    let tower = name.strip_prefix("vision_tower.")?;
+    let tower = tower.strip_prefix("vision_model.").unwrap_or(tower);
+    SIGLIP_PARTS.iter().any(|part| tower.starts_with(part)).then(|| format!("model.vision_model.{tower}"))
 }
 
 /// A shape without its leading 1s, which do not change how the values lie in memory: llama.cpp's

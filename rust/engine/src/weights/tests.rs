@@ -637,3 +637,17 @@ fn gguf_mxfp4_experts_read_as_stored() {
         }
     }
 }
+
+#[test]
+fn gemma3s_vision_tower_is_read_under_siglips_names_and_other_towers_are_not() {
+    let named = |name: &str| super::language_model_name(name);
+    for hub in ["vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight", "model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"] {
+        assert_eq!(named(hub).as_deref(), Some("model.vision_model.encoder.layers.0.mlp.fc1.weight"));
+    }
+    assert_eq!(named("vision_tower.post_layernorm.bias").as_deref(), Some("model.vision_model.post_layernorm.bias"), "as transformers 5 saves it");
+    assert_eq!(named("multi_modal_projector.mm_soft_emb_norm.weight").as_deref(), Some("model.multi_modal_projector.mm_soft_emb_norm.weight"));
+    // Mistral 3's Pixtral tower and projector.
+    assert_eq!(named("vision_tower.transformer.layers.0.attention.q_proj.weight"), None);
+    assert_eq!(named("multi_modal_projector.linear_1.weight"), None);
+    assert_eq!(named("language_model.model.layers.0.mlp.up_proj.weight").as_deref(), Some("model.layers.0.mlp.up_proj.weight"));
+}

@@ -256,7 +256,8 @@ pub(crate) mod tests {
     }
 
     /// The queries of a test task: `tokens` from `first_pos`, with a sliding window, a soft
-    /// cap and attention sinks ([`sinks`]).
+    /// cap, attention sinks ([`sinks`]) and a block of positions `start..end` whose queries see
+    /// all of it (`key_ends`).
     #[derive(Clone, Copy, Debug)]
     struct Queries {
         tokens: usize,
@@ -264,6 +265,7 @@ pub(crate) mod tests {
         window: Option<usize>,
         softcap: Option<f32>,
         sinks: bool,
+        block: Option<(usize, usize)>,
     }
 
     /// The sink logits of a test's `heads` q heads: around the scores' size, so they matter.
@@ -276,6 +278,28 @@ pub(crate) mod tests {
         fn alone(self, t: usize) -> Queries {
             Queries { tokens: 1, first_pos: self.first_pos + t, ..self }
         }
+
+        /// Where the keys query token `t` sees end: its block's end, or after its own position.
+        fn key_end(self, t: usize) -> usize {
+            let pos = self.first_pos + t;
+            self.block.filter(|&(start, end)| (start..end).contains(&pos)).map_or(pos + 1, |(_, end)| end)
+        }
+
+        /// The task's `key_ends`, with a block.
+        fn key_ends(self) -> Option<Vec<usize>> {
+            self.block.map(|_| (0..self.tokens).map(|t| self.key_end(t)).collect())
+        }
+
+        /// The positions whose keys the queries may see.
+        fn positions(self) -> usize {
+            self.key_end(self.tokens - 1)
+        }
+    }
+
+    /// Blocks of positions attended both ways that the tests cover for queries `tokens` from
+    /// `first_pos`: none, one within the queries, and one they end inside of.
+    fn blocks(first_pos: usize, tokens: usize) -> [Option<(usize, usize)>; 3] {
+        [None, Some((first_pos + 1, first_pos + tokens.min(5))), Some((first_pos + tokens / 2, first_pos + tokens + 3))]
     }
 
     /// Windows, soft caps and sinks the tests cover: windows of 1 key, smaller than a page, not a
@@ -309,6 +333,7 @@ pub(crate) mod tests {
         q: &'a [f32],
         at: Queries,
         sinks: &'a [f32],
+        key_ends: Option<&'a [usize]>,
         h: usize,
     ) -> AttentionTask<'a> {
         AttentionTask {
@@ -324,6 +349,7 @@ pub(crate) mod tests {
             window: at.window,
             softcap: at.softcap,
             sinks: at.sinks.then(|| &sinks[h * group..(h + 1) * group]),
+            key_ends,
         }
     }
 
@@ -332,9 +358,9 @@ pub(crate) mod tests {
         let kv = f.kv(stored);
         let out_stride = f.kv_heads * group * kv.value_dim;
         let mut out = vec![f32::NAN; at.tokens * out_stride];
-        let sinks = sinks(f.kv_heads * group);
+        let (sinks, key_ends) = (sinks(f.kv_heads * group), at.key_ends());
         for h in 0..f.kv_heads {
-            let task = fixture_task(f, &kv, table, group, q, at, &sinks, h);
+            let task = fixture_task(f, &kv, table, group, q, at, &sinks, key_ends.as_deref(), h);
             // SAFETY: `out` holds every row the task writes, and nothing else runs.
             unsafe { (kern.attention)(&task, out.as_mut_ptr().add(h * group * kv.value_dim), out_stride) };
         }
@@ -343,25 +369,28 @@ pub(crate) mod tests {
 
     /// Float32 pages give dense attention to rounding; int8 pages to within their quantization
     /// (a half step of 1/127 of each row's largest element, through softmax and the sum). Each
-    /// query sees the last `window` keys up to its own, its scores soft capped; values are as
-    /// wide as keys or narrower, in pages of their own or latent. Long contexts span several
-    /// key blocks, so their partials' merge is checked too.
+    /// query sees the last `window` keys up to its own (and in a block, the rest of the
+    /// block), its scores soft capped; values are as wide as keys or narrower, in pages of their
+    /// own or latent. Long contexts span several key blocks, so their partials' merge is checked
+    /// too.
     #[test]
     fn portable_attention_matches_dense_causal_attention() {
         for values_from in [Values::Own(8), Values::Own(5), Values::Latent(5), Values::Latent(8)] {
             for (stored, tolerance) in [(Stored::F32, 1e-5), (Stored::Int8, 2e-2)] {
                 for (window, softcap, with_sinks) in VARIANTS {
-                    let queries = Queries { tokens: 11, first_pos: 0, window, softcap, sinks: with_sinks };
-                    dense_check(values_from, stored, tolerance, 4, queries);
-                    dense_check(values_from, stored, tolerance, 7, Queries { tokens: 3, first_pos: 700, ..queries });
+                    for (block, long_block) in blocks(0, 11).into_iter().zip(blocks(700, 3)) {
+                        let queries = Queries { tokens: 11, first_pos: 0, window, softcap, sinks: with_sinks, block };
+                        dense_check(values_from, stored, tolerance, 4, queries);
+                        dense_check(values_from, stored, tolerance, 7, Queries { tokens: 3, first_pos: 700, block: long_block, ..queries });
+                    }
                 }
             }
         }
     }
 
     fn dense_check(values_from: Values, stored: Stored, tolerance: f64, page_size: usize, at: Queries) {
-        let Queries { tokens, first_pos, window, softcap, sinks: with_sinks } = at;
-        let (kv_heads, group, hd, vd, positions) = (2, 3, 8, values_from.dim(), first_pos + tokens);
+        let Queries { tokens, first_pos, window, softcap, sinks: with_sinks, .. } = at;
+        let (kv_heads, group, hd, vd, positions) = (2, 3, 8, values_from.dim(), at.positions());
         let f = Fixture::new(page_size, kv_heads, hd, values_from, positions);
         let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * vd);
         let q = data(tokens * stride, 9.0);
@@ -369,7 +398,7 @@ pub(crate) mod tests {
         let sinks = sinks(kv_heads * group);
         for t in 0..tokens {
             let pos = first_pos + t;
-            let keys = (pos + 1).saturating_sub(window.unwrap_or(usize::MAX))..pos + 1;
+            let keys = (pos + 1).saturating_sub(window.unwrap_or(usize::MAX))..at.key_end(t);
             for head in 0..kv_heads * group {
                 let h = head / group;
                 let qv = &q[t * stride + head * hd..][..hd];
@@ -394,8 +423,9 @@ pub(crate) mod tests {
 
     /// A SIMD attention against the portable one on odd shapes, windows and soft caps, with
     /// float32, bfloat16 and int8 pages, values as wide as keys or narrower, in pages of their own
-    /// or latent, groups wider than a score tile, and each query of an extend task against the
-    /// same query alone (decode): all bit-identical.
+    /// or latent, groups wider than a score tile, blocks of queries that see past their own
+    /// positions, and each query of an extend task against the same query alone (decode): all
+    /// bit-identical.
     pub(crate) fn check_attention(simd: &Kernels) {
         let reference = Kernels::portable();
         let shapes = [
@@ -416,12 +446,13 @@ pub(crate) mod tests {
         // queries straddle a block's end.
         for ((page_size, hd, values_from, group), (first_pos, tokens)) in shapes.into_iter().map(|shape| (shape, (37, 9))).chain(LONG_SHAPES) {
             let kv_heads = 2;
-            let f = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
+            let f = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens + 3);
             let (stride, out_stride) = (kv_heads * group * hd, kv_heads * group * values_from.dim());
             let q = data(tokens * stride, 10.0);
+            let variants = VARIANTS.into_iter().flat_map(|variant| blocks(first_pos, tokens).map(|block| (variant, block)));
             for stored in STORED {
-                for (window, softcap, sinks) in VARIANTS {
-                    let at = Queries { tokens, first_pos, window, softcap, sinks };
+                for ((window, softcap, sinks), block) in variants.clone() {
+                    let at = Queries { tokens, first_pos, window, softcap, sinks, block };
                     let want = run(&reference, &f, stored, group, &q, at);
                     let got = run(simd, &f, stored, group, &q, at);
                     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
@@ -455,11 +486,11 @@ pub(crate) mod tests {
     fn partials_split_anyhow_merge_to_the_same_bits() {
         for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
             for ((page_size, hd, values_from, group), (first_pos, tokens)) in LONG_SHAPES {
-                let (kv_heads, f) = (2, Fixture::new(page_size, 2, hd, values_from, first_pos + tokens));
+                let (kv_heads, f) = (2, Fixture::new(page_size, 2, hd, values_from, first_pos + tokens + 3));
                 let q = data(tokens * kv_heads * group * hd, 13.0);
                 for stored in STORED {
-                    for (window, softcap, sinks) in VARIANTS {
-                        let at = Queries { tokens, first_pos, window, softcap, sinks };
+                    for ((window, softcap, sinks), block) in VARIANTS.into_iter().flat_map(|variant| blocks(first_pos, tokens).map(|block| (variant, block))) {
+                        let at = Queries { tokens, first_pos, window, softcap, sinks, block };
                         let whole = run(&kern, &f, stored, group, &q, at);
                         let split = run_split(&kern, &f, stored, group, &q, at);
                         assert!(whole.iter().zip(&split).all(|(a, b)| a.to_bits() == b.to_bits()), "{} {stored:?} {values_from:?} {at:?}", kern.isa);
@@ -475,9 +506,9 @@ pub(crate) mod tests {
         let kv = f.kv(stored);
         let out_stride = f.kv_heads * group * kv.value_dim;
         let mut out = vec![f32::NAN; at.tokens * out_stride];
-        let sinks = sinks(f.kv_heads * group);
+        let (sinks, key_ends) = (sinks(f.kv_heads * group), at.key_ends());
         for h in 0..f.kv_heads {
-            let task = fixture_task(f, &kv, &f.table, group, q, at, &sinks, h);
+            let task = fixture_task(f, &kv, &f.table, group, q, at, &sinks, key_ends.as_deref(), h);
             let (blocks, block_len) = (task.key_blocks(), task.block_partials_len());
             let mut partials = vec![f32::NAN; blocks.len() * block_len];
             let (mut start, mut run_len) = (blocks.start, 1);
@@ -504,7 +535,7 @@ pub(crate) mod tests {
             for kern in std::iter::once(Kernels::portable()).chain(Kernels::simd_paths()) {
                 for stored in STORED {
                     for (window, softcap, sinks) in VARIANTS {
-                        let at = Queries { tokens, first_pos, window, softcap, sinks };
+                        let at = Queries { tokens, first_pos, window, softcap, sinks, block: None };
                         f.values_from = Values::Latent(vd);
                         let latent = run(&kern, &f, stored, group, &q, at);
                         f.values_from = Values::Own(vd);
@@ -521,12 +552,12 @@ pub(crate) mod tests {
     #[test]
     fn a_window_ignores_what_lies_before_it() {
         let (page_size, kv_heads, hd, group, tokens, first_pos) = (4, 2, 16, 2, 3, 29);
-        let at = Queries { tokens, first_pos, window: Some(9), softcap: Some(1.5), sinks: true };
+        let at = Queries { tokens, first_pos, window: Some(9), softcap: Some(1.5), sinks: true, block: Some((first_pos + 1, first_pos + tokens + 2)) };
         let first_key = first_pos + 1 - 9;
         let q = data(tokens * kv_heads * group * hd, 11.0);
         for values_from in [Values::Own(hd), Values::Latent(hd - 3)] {
-            let clean = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
-            let mut poisoned = Fixture::new(page_size, kv_heads, hd, values_from, first_pos + tokens);
+            let clean = Fixture::new(page_size, kv_heads, hd, values_from, at.positions());
+            let mut poisoned = Fixture::new(page_size, kv_heads, hd, values_from, at.positions());
             poisoned.poison_before(first_key);
             let mut stale = clean.table.clone();
             stale[..first_key / page_size].fill(u32::MAX);
