@@ -75,6 +75,7 @@ impl Batch {
                     state_slot: seq.kv.state_slot.map(|slot| slot as usize),
                     snapshot: e.snapshot.map(|(n, slot)| (n, slot as usize)),
                     image_rows: seq.image_rows(e.start..e.end),
+                    mrope: seq.mrope.as_ref(),
                 }
             })
             .collect()

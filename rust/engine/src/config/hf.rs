@@ -187,7 +187,8 @@ fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
     let Some(scaling) = rope_scaling_keys(hf) else { return Ok((theta, None)) };
     match scaling.get("rope_type").or_else(|| scaling.get("type")) {
         None => Ok((theta, None)),
-        Some(kind) if kind == "default" => Ok((theta, None)),
+        // M-RoPE's frequencies are the default ones, split by position part (`ImageEncoder::mrope_section`).
+        Some(kind) if kind == "default" || kind == "mrope" => Ok((theta, None)),
         Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, &scaling)?))),
         Some(kind) if kind == "longrope" || kind == "su" => Ok((theta, Some(longrope_scaling(hf, &scaling)?))),
         Some(kind) if kind == "yarn" => Ok((theta, Some(yarn_scaling(hf, &scaling)?))),

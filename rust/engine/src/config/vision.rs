@@ -3,7 +3,8 @@
 //! linear layer projects into the language model.
 
 use super::keys::Keys;
-use super::VisionConfig;
+use super::qwen_vision;
+use super::{ImageEncoder, VisionConfig};
 use crate::error::Result;
 use serde_json::{Map, Value};
 
@@ -13,9 +14,12 @@ const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
 /// or None for a text-only model or one whose images rsgl does not read yet (it then runs on
 /// text alone).
-pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> Result<Option<VisionConfig>> {
+pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> Result<Option<ImageEncoder>> {
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let Some(Value::Object(vision)) = raw.get("vision_config") else { return Ok(None) };
+    if model_type == qwen_vision::MODEL_TYPE {
+        return qwen_vision::vision_config(raw, vision, remedy).map(|tower| Some(ImageEncoder::Qwen2_5Vl(tower)));
+    }
     if !PIXEL_SHUFFLE_MODELS.contains(&model_type) {
         return Ok(None);
     }
@@ -42,7 +46,7 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
             config.image_size, config.patch_size, config.scale_factor, config.hidden_size, config.num_attention_heads
         )));
     }
-    Ok(Some(config))
+    Ok(Some(ImageEncoder::Siglip(config)))
 }
 
 impl VisionConfig {

@@ -9,9 +9,10 @@ mod report;
 mod speculation;
 mod text;
 
-use crate::config::VisionConfig;
+use crate::config::ImageEncoder;
 use crate::grammar::{Constraint, GrammarSource};
 use crate::kv::disk::PageHash;
+use crate::model::{ImageRun, MropePositions};
 use crate::pooling::{Pooler, Pooling};
 use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, ImageInput, Output, OutputSink, StopMatch};
 use crate::sample::{log_softmax, SamplingParams};
@@ -73,6 +74,8 @@ pub(crate) struct Sequence {
     pub queued: Option<Duration>,
     /// The prompt's images (a vision-language model's), placed on its image tokens.
     pub images: Vec<PromptImage>,
+    /// The 3D rope positions of a prompt with images, for a model that gives them (Qwen2.5-VL).
+    pub mrope: Option<MropePositions>,
     text: OutputText,
 }
 
@@ -100,12 +103,28 @@ impl Sequence {
             tokens: req.input_ids,
             prompt_len,
             images: req.images.into_iter().map(PromptImage::new).collect(),
+            mrope: None,
         }
     }
 
-    /// Places the prompt's images on its image tokens (`vision`: the model's image encoder).
-    pub fn place_images(&mut self, vision: Option<&VisionConfig>) -> crate::error::Result<()> {
-        images::place(&mut self.images, &self.tokens[..self.prompt_len], vision)
+    /// Places the prompt's images on its image tokens (`vision`: the model's image encoder),
+    /// and gives the prompt its 3D rope positions where the model takes them.
+    pub fn place_images(&mut self, vision: Option<&ImageEncoder>) -> crate::error::Result<()> {
+        images::place(&mut self.images, &self.tokens[..self.prompt_len], vision)?;
+        if let Some(ImageEncoder::Qwen2_5Vl(qwen)) = vision.filter(|_| !self.images.is_empty()) {
+            let merge = qwen.spatial_merge_size;
+            let runs: Vec<ImageRun> = self
+                .images
+                .iter()
+                .map(|image| {
+                    let [frames, rows, columns] = image.input.grid_thw.expect("placed Qwen2.5-VL images have grids");
+                    let first = image.positions[0];
+                    ImageRun { tokens: first..image.positions[image.positions.len() - 1] + 1, grid: [frames, rows / merge, columns / merge] }
+                })
+                .collect();
+            self.mrope = Some(MropePositions::new(self.prompt_len, &runs)?);
+        }
+        Ok(())
     }
 
     /// The images' rows (those encoded) at positions `range`, as a forward pass takes them.
