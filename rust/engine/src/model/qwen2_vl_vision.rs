@@ -108,6 +108,23 @@ fn patch_positions(windows: &Windows, [_, rows, columns]: [usize; 3], merge: usi
     positions
 }
 
+/// Per patch at (row, column), the cos and sin of its 2D rope over a head of `4 * inv_freq.len()`
+/// (`[patches, 2, head_dim]`): the first half of the frequencies turned by its row, the second by
+/// its column, each pair of dimensions half a head apart (transformers' `rotate_half`).
+fn rope_tables_2d(inv_freq: &[f64], positions: &[(usize, usize)]) -> Vec<f32> {
+    let hd = 4 * inv_freq.len();
+    let mut tables = vec![0.0; positions.len() * 2 * hd];
+    let mut angles = vec![0.0; hd / 2];
+    for (&(row, column), tables) in positions.iter().zip(tables.chunks_exact_mut(2 * hd)) {
+        let (by_row, by_column) = angles.split_at_mut(hd / 4);
+        by_row.iter_mut().zip(inv_freq).for_each(|(a, f)| *a = row as f64 * f);
+        by_column.iter_mut().zip(inv_freq).for_each(|(a, f)| *a = column as f64 * f);
+        let (cos, sin) = tables.split_at_mut(hd);
+        rope_tables(&angles, RopeStyle::Neox, cos, sin);
+    }
+    tables
+}
+
 impl QwenVisionTower {
     /// Takes the tower's and merger's tensors from `w`, packed in `dtype` (`text_hidden`: the
     /// language model's embedding width, which the merger projects to).
@@ -160,7 +177,7 @@ impl QwenVisionTower {
         }
         let windows = Windows::new(grid, merge, cfg.merged_tokens_per_window());
         let mut x = windows.reorder(&self.patch_embed.forward(c, pixels), unit, d);
-        let tables = self.rope_tables(&patch_positions(&windows, grid, merge));
+        let tables = rope_tables_2d(&self.inv_freq, &patch_positions(&windows, grid, merge));
         let kern = c.kernels;
         for block in &self.blocks {
             let mut qkv = block.qkv.forward(c, &rms_norm(c, &mut x, &block.norm1));
@@ -186,23 +203,6 @@ impl QwenVisionTower {
         c.pool.for_chunks_mut(&mut hidden, GELU_PIECE, &|_, piece| piece.iter_mut().for_each(|v| *v = gelu(*v)));
         let merged = self.merger_out.forward(c, &hidden);
         Ok(windows.restore(&merged, self.merger_out.out_features()))
-    }
-
-    /// Per patch, the cos and sin of its 2D rope over a head (`[patches, 2, head_dim]`): the
-    /// first half of the frequencies turned by its row, the second by its column, each pair of
-    /// dimensions half a head apart (transformers' `rotate_half`).
-    fn rope_tables(&self, positions: &[(usize, usize)]) -> Vec<f32> {
-        let hd = self.cfg.head_dim();
-        let mut tables = vec![0.0; positions.len() * 2 * hd];
-        let mut angles = vec![0.0; hd / 2];
-        for (&(row, column), tables) in positions.iter().zip(tables.chunks_exact_mut(2 * hd)) {
-            let (by_row, by_column) = angles.split_at_mut(hd / 4);
-            by_row.iter_mut().zip(&self.inv_freq).for_each(|(a, f)| *a = row as f64 * f);
-            by_column.iter_mut().zip(&self.inv_freq).for_each(|(a, f)| *a = column as f64 * f);
-            let (cos, sin) = tables.split_at_mut(hd);
-            rope_tables(&angles, RopeStyle::Neox, cos, sin);
-        }
-        tables
     }
 
     /// Bidirectional multi-head attention within each of `segments` (runs of patches); `qkv` is
@@ -327,6 +327,20 @@ mod tests {
         assert_eq!(positions[8..12], [(2, 0), (2, 1), (3, 0), (3, 1)]);
         // The second window holds merged tokens 2 and 5 (column 2).
         assert_eq!(positions[16..20], [(0, 4), (0, 5), (1, 4), (1, 5)]);
+    }
+
+    #[test]
+    fn the_2d_rope_turns_by_row_then_by_column() {
+        // Heads of 8: frequencies 1 and 0.5 by the row, then the same by the column; dimension i pairs with i + 4.
+        let tables = rope_tables_2d(&[1.0, 0.5], &[(0, 0), (3, 5)]);
+        let (cos, sin) = tables[16..].split_at(8);
+        let angles = [3.0, 1.5, 5.0, 2.5f64];
+        for (i, angle) in angles.iter().chain(&angles).enumerate() {
+            assert!((cos[i] as f64 - angle.cos()).abs() < 1e-6, "cos {i}");
+            let sign = if i < 4 { -1.0 } else { 1.0 };
+            assert!((sin[i] as f64 - sign * angle.sin()).abs() < 1e-6, "sin {i}");
+        }
+        assert!(tables[..8].iter().all(|&c| c == 1.0) && tables[8..16].iter().all(|&s| s == 0.0), "patch (0, 0) is not turned");
     }
 
     #[test]
