@@ -1,4 +1,5 @@
-"""A tiny random SmolVLM (or Idefics3) folder, built offline with transformers' own classes.
+"""Tiny random vision-language folders, built offline with transformers' own classes: SmolVLM (or Idefics3) and
+Qwen2.5-VL (`build_tiny_qwen2_5_vl`).
 
 `build_tiny_smolvlm(folder)` writes config.json and model.safetensors (float32: tiny_models.TINY's text model, a
 2-layer vision encoder of 32-pixel tiles in 8-pixel patches, scale_factor 2, so TOKENS_PER_TILE = 4; the text config
@@ -153,4 +154,58 @@ def build_tiny_gemma3(folder):
     processor.save_pretrained(folder)
     # As Gemma 3's folders on the Hub have it (transformers 5 nests it in processor_config.json).
     processor.image_processor.save_pretrained(folder)
+    return model
+
+
+# ---- Qwen2.5-VL ---------------------------------------------------------------------------------------------------
+
+QWEN_TOKENS = ("<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+QWEN_PATCH = 14
+# Windows of 56 pixels: 2 x 2 merged tokens (4 x 4 patches), so a 56 x 84 or 112 x 112 image is cut into several.
+QWEN_WINDOW = 56
+# Images are shrunk to at most 112 x 112 pixels' worth (16 tokens) and grown to at least 56 x 56 (4 tokens).
+QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 56 * 56, 112 * 112
+QWEN_VISION = dict(
+    depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=48, patch_size=QWEN_PATCH, window_size=QWEN_WINDOW, fullatt_block_indexes=[1]
+)
+
+
+def build_tiny_qwen2_5_vl(folder):
+    """Saves a random Qwen2.5-VL (float32; a 2-layer language model of 48 wide with 3 heads of 16 over 1 kv head, M-RoPE
+    sections 2 + 3 + 3; a 3-block vision tower, the middle one full attention, the others windowed) with the byte-level
+    tokenizer plus Qwen's special tokens and the image processor's preprocessor_config.json to `folder`. Weights have a
+    std of 0.2 (the language model's) and 0.3 (the vision tower's), enough that greedy tokens change when the tower
+    attends to the whole image instead of windows (or the reverse), or the positions of image tokens or of output tokens
+    are 1D ones. Returns the transformers model."""
+    folder = Path(folder)
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens(list(QWEN_TOKENS))
+    ids = {token: tokenizer.token_to_id(token) for token in QWEN_TOKENS}
+    text = dict(
+        hidden_size=48, intermediate_size=64, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1, vocab_size=tokenizer.get_vocab_size(),
+        max_position_embeddings=1024, bos_token_id=1, eos_token_id=ids["<|im_end|>"], initializer_range=0.2,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": [2, 3, 3]},
+    )  # fmt: skip
+    config = transformers.Qwen2_5_VLConfig(
+        text_config=text,
+        vision_config={**QWEN_VISION, "initializer_range": 0.3},
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        initializer_range=0.2,
+    )
+    torch.manual_seed(25)
+    model = transformers.Qwen2_5_VLForConditionalGeneration(config).to(torch.float32).eval()
+    with torch.no_grad():
+        # transformers starts the norms at 1 and the biases at 0: random ones test that they are read.
+        for name, parameter in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or "ln_q" in name:
+                parameter.normal_(1.0 if not name.endswith("bias") else 0.0, 0.1)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "<unk>"})
+    )
+    transformers.Qwen2VLImageProcessorPil(min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS).save_pretrained(folder)
     return model

@@ -54,10 +54,11 @@ class GenerateRequest(TypedDict):
 
 
 class ImageInput(TypedDict):
-    """An image of a prompt, preprocessed: its tiles' float32 pixel values and a hash of the picture."""
+    """An image of a prompt, preprocessed: its tiles' (or patches') float32 pixel values and a hash of the picture."""
 
     hash: str
     pixel_values: bytes
+    grid_thw: NotRequired[list[int]]  # Qwen2.5-VL's patch grid: frames, rows, columns
 
 
 class EmbedRequest(TypedDict):

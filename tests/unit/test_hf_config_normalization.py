@@ -123,6 +123,7 @@ def test_a_vision_language_config_runs_its_text_model_by_model_type():
                          "vision_config": vision, "scale_factor": 2, "image_token_id": 7})  # fmt: skip
     assert config["architecture"] == "llama"
     assert config["vision"] == {
+        "tower": "siglip",
         **vision,
         "layer_norm_eps": 1e-6,
         "scale_factor": 2,
@@ -130,3 +131,20 @@ def test_a_vision_language_config_runs_its_text_model_by_model_type():
         "image_token_id": 7,
         "bidirectional_image_tokens": False,
     }
+
+
+def test_qwen2_5_vl_configs_nested_and_flat_read_alike():
+    """transformers 5 nests the language model's config (its rope parameters too); the Hub's checkpoints keep it flat,
+    with transformers 4's `rope_scaling` of type "mrope"."""
+    vision = {"depth": 2, "hidden_size": 32, "intermediate_size": 48, "num_heads": 2, "out_hidden_size": 64, "fullatt_block_indexes": [1]}
+    text = {**BASE_CONFIG, "model_type": "qwen2_5_vl_text", "rope_parameters": {"rope_type": "default", "rope_theta": 5e5, "mrope_section": [2, 3, 3]}}
+    text.pop("architectures", None)
+    nested = normalized({"architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "text_config": text,
+                         "vision_config": vision, "image_token_id": 7})  # fmt: skip
+    flat_text = {key: value for key, value in text.items() if key not in ("model_type", "rope_parameters")}
+    flat = normalized({**flat_text, "architectures": ["Qwen2_5_VLForConditionalGeneration"], "model_type": "qwen2_5_vl", "rope_theta": 5e5,
+                       "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]}, "vision_config": vision, "image_token_id": 7})  # fmt: skip
+    assert nested == flat
+    assert (nested["architecture"], nested["rope_theta"], nested["rope_scaling"]) == ("qwen2_5_vl_text", 5e5, None)
+    assert nested["vision"] == {"tower": "qwen2_5_vl", **vision, "patch_size": 14, "temporal_patch_size": 2, "spatial_merge_size": 2,
+                                "window_size": 112, "rope_theta": 10000.0, "image_token_id": 7, "mrope_section": (2, 3, 3)}  # fmt: skip

@@ -181,6 +181,7 @@ class VisionConfig(TypedDict):
     """A SigLIP-style vision tower and its projector: SmolVLM's pixel shuffle or Gemma 3's average pool
     (rsgl._core.ModelConfig's `vision`)."""
 
+    tower: Literal["siglip"]
     hidden_size: int
     intermediate_size: int
     num_hidden_layers: int
@@ -192,6 +193,25 @@ class VisionConfig(TypedDict):
     projector: Literal["pixel_shuffle", "average_pool"]  # side by side then a linear layer, or averaged, normalized and projected
     image_token_id: int  # the prompt tokens an image's rows replace
     bidirectional_image_tokens: bool  # the language model attends both ways within each run of image tokens (Gemma 3)
+
+
+class Qwen2_5VlVisionConfig(TypedDict):
+    """Qwen2.5-VL's vision tower and patch merger (rsgl._core.ModelConfig's `vision`), and its language model's M-RoPE sections."""
+
+    tower: Literal["qwen2_5_vl"]
+    hidden_size: int
+    intermediate_size: int
+    depth: int
+    num_heads: int
+    patch_size: int
+    temporal_patch_size: int  # frames a patch spans (a still image repeated)
+    spatial_merge_size: int  # the merger folds spatial_merge_size**2 neighbouring patches into one token
+    window_size: int  # in pixels: blocks other than fullatt_block_indexes attend within such windows
+    fullatt_block_indexes: list[int]
+    out_hidden_size: int
+    rope_theta: float
+    image_token_id: int
+    mrope_section: tuple[int, int, int]  # the language model's rotary frequencies turned by (temporal, height, width) positions
 
 
 class ModelConfigFields(TypedDict):
@@ -224,7 +244,7 @@ class ModelConfigFields(TypedDict):
     gated_delta_net: GatedDeltaNet | None  # layers with a recurrent state in place of attention
     mamba2: Mamba2 | None  # layers with a recurrent state in place of attention (Granite 4)
     latent_attention: LatentAttention | None  # multi-head latent attention in every layer (DeepSeek)
-    vision: VisionConfig | None  # a vision-language model's image encoder (SmolVLM)
+    vision: VisionConfig | Qwen2_5VlVisionConfig | None  # a vision-language model's image encoder (SmolVLM, Qwen2.5-VL)
 
 
 @dataclass
@@ -404,7 +424,7 @@ def expected_tensor_shapes(config: ModelConfigFields, found: Iterable[str] = (),
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
     if vision := config.get("vision"):
-        shapes.update(_vision_shapes(vision, hidden))
+        shapes.update(_qwen_vision_shapes(vision, hidden) if vision["tower"] == "qwen2_5_vl" else _vision_shapes(vision, hidden))
     return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config, set(mxfp4))
 
 
@@ -431,6 +451,27 @@ def _vision_shapes(vision: VisionConfig, text_hidden: int) -> dict[str, tuple[in
             shapes[f"{prefix}{name}.weight"], shapes[f"{prefix}{name}.bias"] = (rows, cols), (rows,)
         for norm in ("layer_norm1", "layer_norm2"):
             shapes[f"{prefix}{norm}.weight"], shapes[f"{prefix}{norm}.bias"] = (width,), (width,)
+    return shapes
+
+
+def _qwen_vision_shapes(vision: Qwen2_5VlVisionConfig, text_hidden: int) -> dict[str, tuple[int, ...]]:
+    """Qwen2.5-VL's vision tower's and merger's tensors."""
+    width, inner, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
+    merged = width * vision["spatial_merge_size"] ** 2
+    shapes: dict[str, tuple[int, ...]] = {
+        "visual.patch_embed.proj.weight": (width, 3, vision["temporal_patch_size"], patch, patch),
+        "visual.merger.ln_q.weight": (width,),
+        "visual.merger.mlp.0.weight": (merged, merged),
+        "visual.merger.mlp.0.bias": (merged,),
+        "visual.merger.mlp.2.weight": (text_hidden, merged),
+        "visual.merger.mlp.2.bias": (text_hidden,),
+    }
+    for layer in range(vision["depth"]):
+        prefix = f"visual.blocks.{layer}."
+        for name, (rows, cols) in {"attn.qkv": (3 * width, width), "attn.proj": (width, width), "mlp.gate_proj": (inner, width),
+                                   "mlp.up_proj": (inner, width), "mlp.down_proj": (width, inner)}.items():  # fmt: skip
+            shapes[f"{prefix}{name}.weight"], shapes[f"{prefix}{name}.bias"] = (rows, cols), (rows,)
+        shapes[f"{prefix}norm1.weight"], shapes[f"{prefix}norm2.weight"] = (width,), (width,)
     return shapes
 
 

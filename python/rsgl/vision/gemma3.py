@@ -30,7 +30,7 @@ from PIL import Image
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import read_optional_json_object
 from rsgl.vision.images import to_rgb
-from rsgl.vision.pixels import FloatPixels, PixelSteps, preprocessor_config
+from rsgl.vision.pixels import FloatPixels, PixelSteps, ProcessedImage, preprocessor_config
 
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"
@@ -119,10 +119,10 @@ class Gemma3ImageProcessor:
             expanded += [self.image_text(crops), piece]
         return "".join(expanded)
 
-    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[FloatPixels]]:
+    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[ProcessedImage]]:
         """`text` with its i-th `<start_of_image>` written out for `images[i]`, and each image's views (see `preprocess`)."""
         views = [self.preprocess(image) for image in images]
-        return self.expand(text, [len(pixels) - 1 for pixels in views]), views
+        return self.expand(text, [len(pixels) - 1 for pixels in views]), [ProcessedImage(pixels) for pixels in views]
 
     def image_text(self, crops: int) -> str:
         """The text an image with `crops` pan-and-scan crops takes in the prompt."""

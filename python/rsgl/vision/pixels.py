@@ -21,6 +21,16 @@ from rsgl.loader import read_json_object
 FloatPixels = npt.NDArray[np.float32]
 PerChannel = tuple[float, float, float]
 
+
+@dataclass
+class ProcessedImage:
+    """One image as a model's vision tower takes it: its pixel values (tiles or patches) and, for Qwen2-VL's tower,
+    its patch grid (frames, rows, columns)."""
+
+    pixels: FloatPixels
+    grid_thw: tuple[int, int, int] | None = None
+
+
 # Preprocessing steps Qwen2-VL's and Gemma 3's processors always run; a config turning one off is refused.
 ALWAYS_ON_STEPS = ("do_resize", "do_rescale", "do_normalize", "do_convert_rgb")
 

@@ -29,7 +29,7 @@ from PIL import Image
 
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.vision.images import to_rgb
-from rsgl.vision.pixels import FloatPixels, PixelSteps, preprocessor_config
+from rsgl.vision.pixels import FloatPixels, PixelSteps, ProcessedImage, preprocessor_config
 
 # OpenAI CLIP's per-channel statistics, transformers' default for this processor.
 CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -126,6 +126,11 @@ class Qwen2VLImageProcessor:
         """The number of `<|image_pad|>` tokens an image of this patch grid takes in the prompt."""
         grid_t, grid_h, grid_w = grid_thw
         return grid_t * grid_h * grid_w // self.merge_size**2
+
+    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[ProcessedImage]]:
+        """`text` with its i-th `<|image_pad|>` repeated for `images[i]`, and each image's patches and grid (see `preprocess`)."""
+        patched = [self.preprocess(image) for image in images]
+        return self.expand(text, [grid for _, grid in patched]), [ProcessedImage(pixels, grid) for pixels, grid in patched]
 
     def expand(self, text: str, grid_thws: Sequence[GridTHW]) -> str:
         """`text` with its i-th `<|image_pad|>` repeated to image i's token count. Every occurrence

@@ -58,7 +58,7 @@ from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.loader import read_optional_json_object
 from rsgl.vision.images import to_rgb
-from rsgl.vision.pixels import FloatPixels, PixelSteps
+from rsgl.vision.pixels import FloatPixels, PixelSteps, ProcessedImage
 
 IMAGE_TOKEN = "<image>"
 FAKE_IMAGE_TOKEN = "<fake_token_around_image>"
@@ -188,10 +188,10 @@ class SmolVLMImages:
             expanded += [self.image_prompt(rows, cols), piece]
         return "".join(expanded)
 
-    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[FloatPixels]]:
+    def expand_images(self, text: str, images: Sequence[Image.Image]) -> tuple[str, list[ProcessedImage]]:
         """`text` with its i-th `<image>` written out for `images[i]`, and each image's tiles (see `preprocess`)."""
         tiled = [self.preprocess(image) for image in images]
-        return self.expand(text, [(rows, cols) for _, rows, cols in tiled]), [pixels for pixels, _, _ in tiled]
+        return self.expand(text, [(rows, cols) for _, rows, cols in tiled]), [ProcessedImage(pixels) for pixels, _, _ in tiled]
 
     def image_prompt(self, rows: int, cols: int) -> str:
         """The text one image of rows x cols tiles (0 x 0: a single tile) stands for in the prompt."""

@@ -76,6 +76,7 @@ impl Batch {
                     snapshot: e.snapshot.map(|(n, slot)| (n, slot as usize)),
                     image_rows: seq.image_rows(e.start..e.end),
                     bidirectional: seq.bidirectional_in(e.start..e.end),
+                    mrope: seq.mrope.as_ref(),
                 }
             })
             .collect()

@@ -6,6 +6,7 @@ mod architecture;
 mod gguf;
 mod hf;
 mod keys;
+mod qwen_vision;
 mod vision;
 
 pub use architecture::{Architecture, MoeFacts, RecurrentMixer, ARCHITECTURES};
@@ -85,7 +86,46 @@ pub struct ModelConfig {
     pub latent_attention: Option<LatentAttention>,
     /// A vision-language model's image encoder; None for text-only models.
     #[serde(default)]
-    pub vision: Option<VisionConfig>,
+    pub vision: Option<ImageEncoder>,
+}
+
+/// A vision-language model's image encoder, by the family of its vision tower.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(tag = "tower")]
+pub enum ImageEncoder {
+    /// SmolVLM's and Idefics3's.
+    #[serde(rename = "siglip")]
+    Siglip(VisionConfig),
+    #[serde(rename = "qwen2_5_vl")]
+    Qwen2_5Vl(Qwen2_5VlVision),
+}
+
+/// Qwen2.5-VL's vision tower: an image of any size (sides multiples of `patch_size *
+/// spatial_merge_size`) cut into `patch_size` squares, each over `temporal_patch_size` frames
+/// (a still image repeated), embedded by a 3D convolution without bias; `depth` pre-norm ViT
+/// blocks (RMSNorm, attention with a 2D rope over the patch's row and column, a SwiGLU MLP with
+/// biases), attending within windows of `window_size` pixels except the `fullatt_block_indexes`
+/// blocks, which see the whole image; a merger (RMSNorm, then a GELU MLP) folds each
+/// `spatial_merge_size` squared patches into one token of `out_hidden_size`, in place of the
+/// prompt's `image_token_id` tokens. Those tokens take 3D positions in the language model
+/// (M-RoPE): its rotary frequencies split in `mrope_section` parts, turned by the token's
+/// frame, row and column.
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Qwen2_5VlVision {
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub depth: usize,
+    pub num_heads: usize,
+    pub patch_size: usize,
+    pub temporal_patch_size: usize,
+    pub spatial_merge_size: usize,
+    pub window_size: usize,
+    pub fullatt_block_indexes: Vec<usize>,
+    pub out_hidden_size: usize,
+    pub rope_theta: f64,
+    pub image_token_id: u32,
+    pub mrope_section: [usize; 3],
 }
 
 /// A SigLIP-style vision tower (SmolVLM, Idefics3, Gemma 3): square tiles of `image_size` pixels
@@ -527,6 +567,14 @@ impl ModelConfig {
                 "model config: rope needs an even head_dim ({}) and an even rotary_dim ({:?}) no larger",
                 self.head_dim, self.rotary_dim
             )));
+        }
+        if let Some(section) = self.vision.as_ref().and_then(ImageEncoder::mrope_section) {
+            let frequencies = self.rotary_dim.unwrap_or(self.head_dim) / 2;
+            if section.iter().sum::<usize>() != frequencies {
+                return Err(EngineError::ModelLoad(format!(
+                    "model config: mrope_section {section:?} must split the {frequencies} rotary frequencies of a head"
+                )));
+            }
         }
         if let Some(RopeScaling::LongRope { short_factor, long_factor, .. }) = &self.rope_scaling {
             let frequencies = self.rotary_dim.unwrap_or(self.head_dim) / 2;

@@ -47,9 +47,13 @@ pub struct ImageInput {
     /// Names the picture: the prefix cache and the image encoder's cache key by it (the Python
     /// side sends a SHA-256 of its pixels).
     pub hash: String,
-    /// Its tiles' pixel values, float32 little-endian, `[tiles, 3, image_size, image_size]`.
+    /// Its pixel values, float32 little-endian: SigLIP towers' tiles, `[tiles, 3, image_size,
+    /// image_size]`; Qwen2.5-VL's patches, `[patches, 3 * temporal_patch_size * patch_size^2]`.
     #[serde(with = "serde_bytes")]
     pub pixel_values: Vec<u8>,
+    /// Qwen2.5-VL's patch grid: (frames, rows, columns) of patches.
+    #[serde(default)]
+    pub grid_thw: Option<[usize; 3]>,
 }
 
 /// A prompt to embed, on an engine started with `is_embedding`.

@@ -109,6 +109,8 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "llama", hf_class: "LlamaForCausalLM", gguf_name: Some("llama"), ..PLAIN },
     Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: Some("mistral"), sliding_window: true, ..PLAIN },
     Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: Some("qwen2"), attention_bias: true, ..PLAIN },
+    // Qwen2.5-VL's language model: Qwen2's, its rope turned by 3D positions at image tokens (M-RoPE).
+    Architecture { name: "qwen2_5_vl_text", hf_class: "Qwen2_5_VLForConditionalGeneration", attention_bias: true, ..PLAIN },
     Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: Some("qwen3"), assembly: llama::QWEN3, ..PLAIN },
     Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", gguf_name: Some("smollm3"), no_rope_layer_every: Some(4), ..PLAIN },
     Architecture { name: "granite", hf_class: "GraniteForCausalLM", gguf_name: Some("granite"), ..PLAIN },

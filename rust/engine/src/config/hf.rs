@@ -187,7 +187,8 @@ fn rope(hf: &Keys) -> Result<(f64, Option<RopeScaling>)> {
     let Some(scaling) = rope_scaling_keys(hf) else { return Ok((theta, None)) };
     match scaling.get("rope_type").or_else(|| scaling.get("type")) {
         None => Ok((theta, None)),
-        Some(kind) if kind == "default" => Ok((theta, None)),
+        // M-RoPE's frequencies are the default ones, split by position part (`ImageEncoder::mrope_section`).
+        Some(kind) if kind == "default" || kind == "mrope" => Ok((theta, None)),
         Some(kind) if kind == "llama3" => Ok((theta, Some(llama3_scaling(hf, &scaling)?))),
         Some(kind) if kind == "longrope" || kind == "su" => Ok((theta, Some(longrope_scaling(hf, &scaling)?))),
         Some(kind) if kind == "yarn" => Ok((theta, Some(yarn_scaling(hf, &scaling)?))),
@@ -505,7 +506,7 @@ fn expert_groups(hf: &Keys, scoring: ExpertScoring) -> Result<Option<ExpertGroup
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::VisionProjector;
+    use crate::config::{ImageEncoder, VisionProjector};
     use serde_json::json;
 
     fn llama(extra: Value) -> Value {
@@ -564,7 +565,7 @@ mod tests {
             "image_token_index": 262144, "boi_token_index": 255999, "eoi_token_index": 256000,
         });
         let cfg = ModelConfig::from_hf_config(&raw).unwrap();
-        let vision = cfg.vision.as_ref().unwrap();
+        let Some(ImageEncoder::Siglip(vision)) = cfg.vision.as_ref() else { panic!("Gemma 3's tower is SigLIP's") };
         // 64 x 64 patches pooled in squares of 4 into 256 tokens, attended both ways.
         assert_eq!((vision.projector, vision.scale_factor, vision.tokens_per_tile(), vision.image_token_id), (VisionProjector::AveragePool, 4, 256, 262144));
         assert_eq!((vision.layer_norm_eps, vision.bidirectional_image_tokens), (1e-6, true));

@@ -6,7 +6,8 @@
 //! each image.
 
 use super::keys::Keys;
-use super::{VisionConfig, VisionProjector};
+use super::qwen_vision;
+use super::{ImageEncoder, VisionConfig, VisionProjector};
 use crate::error::{EngineError, Result};
 use serde_json::{Map, Value};
 
@@ -21,10 +22,11 @@ const IMAGE_TOKEN: &str = "<image>";
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
 /// or None for a text-only model or one whose images rsgl does not read yet (it then runs on
 /// text alone).
-pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> Result<Option<VisionConfig>> {
+pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> Result<Option<ImageEncoder>> {
     let model_type = raw.get("model_type").and_then(Value::as_str).unwrap_or_default();
     let Some(Value::Object(vision)) = raw.get("vision_config") else { return Ok(None) };
     let projector = match model_type {
+        qwen_vision::MODEL_TYPE => return qwen_vision::vision_config(raw, vision, remedy).map(|tower| Some(ImageEncoder::Qwen2_5Vl(tower))),
         _ if PIXEL_SHUFFLE_MODELS.contains(&model_type) => VisionProjector::PixelShuffle,
         _ if AVERAGE_POOL_MODELS.contains(&model_type) => VisionProjector::AveragePool,
         _ => return Ok(None),
@@ -60,7 +62,7 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
         bidirectional_image_tokens: projector == VisionProjector::AveragePool,
     };
     config.check(&outer)?;
-    Ok(Some(config))
+    Ok(Some(ImageEncoder::Siglip(config)))
 }
 
 /// The vision config of a projector file (`projector`: its metadata, read from `source`) for the

@@ -34,8 +34,9 @@ pub(super) trait ForwardPass {
     fn pool(&self) -> &ThreadPool;
     /// Runs the batch's chunks, writing their K/V into `kv`; returns the rows they ask for.
     fn forward(&self, seqs: &[SeqChunk], kv: &mut KvCache) -> Vec<f32>;
-    /// An image's rows for its image tokens, from its preprocessed tiles.
-    fn encode_image(&self, pixels: &[f32]) -> Result<Vec<f32>>;
+    /// An image's rows for its image tokens, from its preprocessed tiles (or patches, of grid
+    /// `grid_thw`).
+    fn encode_image(&self, pixels: &[f32], grid_thw: Option<[usize; 3]>) -> Result<Vec<f32>>;
 }
 
 impl ForwardPass for DecoderModel {
@@ -55,8 +56,8 @@ impl ForwardPass for DecoderModel {
         DecoderModel::forward(self, seqs, kv)
     }
 
-    fn encode_image(&self, pixels: &[f32]) -> Result<Vec<f32>> {
-        DecoderModel::encode_image(self, pixels)
+    fn encode_image(&self, pixels: &[f32], grid_thw: Option<[usize; 3]>) -> Result<Vec<f32>> {
+        DecoderModel::encode_image(self, pixels, grid_thw)
     }
 }
 
@@ -305,7 +306,7 @@ impl<M: ForwardPass> EngineLoop<M> {
             let computing = |image: &PromptImage| image.rows.is_none() && image.positions.iter().any(|p| (entry.start..entry.end).contains(p));
             for image in seq.images.iter_mut().filter(|image| computing(image)) {
                 let rows = encoded.get(&image.input.hash).unwrap_or_else(|| {
-                    let rows: Arc<[f32]> = model.encode_image(&image.pixels()).expect("images are checked when submitted").into();
+                    let rows: Arc<[f32]> = model.encode_image(&image.pixels(), image.input.grid_thw).expect("images are checked when submitted").into();
                     encoded.insert(image.input.hash.clone(), rows.clone());
                     rows
                 });

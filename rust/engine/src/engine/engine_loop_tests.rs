@@ -58,7 +58,7 @@ impl ForwardPass for FakeModel {
     }
 
     /// Each tile's row (one token per tile in [`with_vision`]) holds its first pixel value.
-    fn encode_image(&self, pixels: &[f32]) -> crate::error::Result<Vec<f32>> {
+    fn encode_image(&self, pixels: &[f32], _grid_thw: Option<[usize; 3]>) -> crate::error::Result<Vec<f32>> {
         *self.encoded.borrow_mut() += 1;
         Ok(pixels.chunks_exact(TILE_VALUES).flat_map(|tile| vec![tile[0]; HIDDEN]).collect())
     }
@@ -275,7 +275,7 @@ const IMAGE_TOKEN: u32 = 15;
 
 /// The fake with an image encoder making one token per 2 x 2 tile ([`IMAGE_TOKEN`]).
 fn with_vision(mut w: EngineLoop<FakeModel>) -> EngineLoop<FakeModel> {
-    w.model.cfg.vision = Some(crate::config::VisionConfig::one_token_per_tile(IMAGE_TOKEN));
+    w.model.cfg.vision = Some(crate::config::ImageEncoder::Siglip(crate::config::VisionConfig::one_token_per_tile(IMAGE_TOKEN)));
     w
 }
 

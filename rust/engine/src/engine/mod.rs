@@ -7,7 +7,7 @@ mod stats;
 
 pub use stats::EngineStats;
 
-use crate::config::{EngineOptions, ModelConfig, VisionConfig};
+use crate::config::{EngineOptions, ImageEncoder, ModelConfig};
 use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSource, LlgBackend};
 use crate::kv::disk::{DiskTier, DiskTierOptions};
@@ -53,7 +53,7 @@ pub struct Engine {
     grammars: Option<Arc<GrammarService>>,
     is_embedding: bool,
     /// The model's image encoder, which the images of a request must fit.
-    vision: Option<VisionConfig>,
+    vision: Option<ImageEncoder>,
 }
 
 /// The outputs of one request, in order; ends after the output carrying `finished`.

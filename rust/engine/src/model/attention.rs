@@ -189,7 +189,7 @@ impl Attention {
         };
         {
             let _phase = profile::phase(Phase::Rope);
-            self.position_qk(cx, qs, kvs, &mut qkv, &step.positions);
+            self.position_qk(cx, qs, kvs, &mut qkv, step);
         }
         let windowed = kv.is_windowed(layer);
         let kv_write = profile::phase(Phase::KvWrite);
@@ -215,11 +215,11 @@ impl Attention {
     /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then the
     /// layer's rope unless it is a NoPE one, on every token's q and k (this rank's heads), in place;
     /// then q's scale by position where the config has one.
-    fn position_qk(&self, cx: &AttentionContext, qs: usize, kvs: usize, qkv: &mut [f32], positions: &[usize]) {
+    fn position_qk(&self, cx: &AttentionContext, qs: usize, kvs: usize, qkv: &mut [f32], step: &Step) {
         let (cfg, c) = (cx.cfg, cx.compute);
         let kern = c.kernels;
         c.pool.for_chunks_mut(qkv, self.qkv.out_features(), &|t, row| {
-            let pos = positions[t];
+            let pos = step.positions[t];
             let (q, rest) = row.split_at_mut(qs);
             let k = &mut rest[..kvs];
             if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
@@ -232,9 +232,16 @@ impl Attention {
                     }
                 }
             }
-            if let Some(rope) = self.rope.map(|index| &cx.ropes[index]) {
-                rope.apply(kern, q, pos);
-                rope.apply(kern, k, pos);
+            match (self.rope.map(|index| &cx.ropes[index]), &step.rope_positions) {
+                (Some(rope), Some(positions)) => {
+                    rope.apply_3d(kern, q, positions[t]);
+                    rope.apply_3d(kern, k, positions[t]);
+                }
+                (Some(rope), None) => {
+                    rope.apply(kern, q, pos);
+                    rope.apply(kern, k, pos);
+                }
+                (None, _) => {}
             }
             if let Some(temperature) = &cfg.scales.query_temperature {
                 scale_by(q, temperature.at(pos));

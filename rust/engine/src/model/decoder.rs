@@ -12,10 +12,12 @@ use super::latent_attention::LatentAttention;
 use super::linear::{Compute, Linear, LinearParts};
 use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
+use super::mrope::MropePositions;
+use super::qwen2_vl_vision::QwenVisionTower;
 use super::rope::Rope;
 use super::tensor_parallel::{AllReduce, Shard};
 use super::vision::VisionTower;
-use crate::config::{Architecture, ModelConfig, Quantization};
+use crate::config::{Architecture, ImageEncoder, ModelConfig, Quantization};
 use crate::error::{EngineError, Result};
 use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
@@ -59,6 +61,9 @@ pub struct SeqChunk<'a> {
     /// Runs of positions whose queries see the whole run (Gemma 3's image tokens), each ending
     /// within the chunk; attention is causal elsewhere.
     pub bidirectional: Vec<Range<usize>>,
+    /// The sequence's 3D rope positions (M-RoPE), where its prompt has images for a model that
+    /// gives them such positions; None: each token's position turns every rotary frequency.
+    pub mrope: Option<&'a MropePositions>,
 }
 
 impl SeqChunk<'_> {
@@ -140,6 +145,8 @@ pub(super) struct Step<'a> {
     /// Per token, where the keys it attends to end, where a chunk has runs attended both ways
     /// ([`SeqChunk::bidirectional`]); None: causal.
     pub key_ends: Option<Vec<usize>>,
+    /// Per token, its 3D rope positions, when a sequence of the step has M-RoPE positions.
+    pub rope_positions: Option<Vec<[usize; 3]>>,
 }
 
 pub struct DecoderModel {
@@ -158,7 +165,13 @@ pub struct DecoderModel {
     /// decode step starts no thread.
     rank_drivers: Option<ThreadPool>,
     /// A vision-language model's image encoder.
-    vision: Option<VisionTower>,
+    vision: Option<ImageTower>,
+}
+
+/// A vision tower of one of the families rsgl runs.
+enum ImageTower {
+    Siglip(VisionTower),
+    Qwen(QwenVisionTower),
 }
 
 impl DecoderModel {
@@ -197,11 +210,15 @@ impl DecoderModel {
             }
         }
         let norm = take_norm(&mut w, "model.norm.weight", h, &cfg)?;
-        let vision = cfg.vision.as_ref().map(|vision| VisionTower::take(&mut w, vision, h, dtype, &computes[0])).transpose()?;
-        if vision.is_none() {
-            // The SigLIP-style tower of a vision-language model run on text (LLaVA's CLIP).
-            ["model.vision_model.", "model.multi_modal_projector."].iter().for_each(|prefix| w.drop_prefixed(prefix));
-        }
+        let vision = match &cfg.vision {
+            Some(ImageEncoder::Siglip(vision)) => Some(ImageTower::Siglip(VisionTower::take(&mut w, vision, h, dtype, &computes[0])?)),
+            Some(ImageEncoder::Qwen2_5Vl(vision)) => Some(ImageTower::Qwen(QwenVisionTower::take(&mut w, vision, h, dtype, &computes[0])?)),
+            None => {
+                // The SigLIP-style tower of a vision-language model run on text (LLaVA's CLIP).
+                ["model.vision_model.", "model.multi_modal_projector."].iter().for_each(|prefix| w.drop_prefixed(prefix));
+                None
+            }
+        };
         // A GGUF file's LongRoPE factors, which its config holds.
         for factors in ["rope_factors_short.weight", "rope_factors_long.weight"] {
             drop(w.take_optional(factors, &[cfg.rotary_dim.unwrap_or(hd) / 2])?);
@@ -233,7 +250,8 @@ impl DecoderModel {
         }
         // GGUF files are read in the Hugging Face layout (llama.cpp's q/k permutation is undone),
         // so the family's rope style holds for both.
-        let mut ropes = vec![Rope::global(&cfg, max_positions, assembly.rope_style)];
+        let mrope_section = cfg.vision.as_ref().and_then(ImageEncoder::mrope_section);
+        let mut ropes = vec![Rope::global(&cfg, max_positions, assembly.rope_style).with_mrope_section(mrope_section)];
         if let Some(theta) = cfg.sliding_window.as_ref().and_then(|window| window.rope_theta) {
             ropes.push(Rope::new(&cfg, theta, None, max_positions, assembly.rope_style));
         }
@@ -265,11 +283,16 @@ impl DecoderModel {
     }
 
     /// An image's rows for the language model, in place of its image tokens, from its
-    /// preprocessed tiles; on the first rank's threads.
-    pub fn encode_image(&self, pixels: &[f32]) -> Result<Vec<f32>> {
+    /// preprocessed tiles (or patches, of grid `grid_thw`); on the first rank's threads.
+    pub fn encode_image(&self, pixels: &[f32], grid_thw: Option<[usize; 3]>) -> Result<Vec<f32>> {
         let vision = self.vision.as_ref().ok_or_else(|| EngineError::InvalidRequest(format!("this {} model does not read images", self.cfg.architecture)))?;
         let _phase = profile::phase(Phase::ForwardOther);
-        vision.forward(&self.ranks[0].compute, pixels)
+        let compute = &self.ranks[0].compute;
+        match (vision, grid_thw) {
+            (ImageTower::Siglip(tower), _) => tower.forward(compute, pixels),
+            (ImageTower::Qwen(tower), Some(grid)) => tower.forward(compute, pixels, grid),
+            (ImageTower::Qwen(_), None) => Err(EngineError::InvalidRequest("a Qwen2.5-VL image needs its patch grid (grid_thw)".into())),
+        }
     }
 
     /// The first rank's compute threads, idle between forward passes (the engine fills token
@@ -302,7 +325,11 @@ impl DecoderModel {
             let run_end = |chunk: &SeqChunk, pos: usize| chunk.bidirectional.iter().find(|run| run.contains(&pos)).map_or(pos + 1, |run| run.end);
             token_seq.iter().zip(&positions).map(|(&s, &pos)| run_end(&seqs[s], pos)).collect()
         });
-        let step = Step { seqs, token_seq, positions, key_ends };
+        let rope_positions = seqs.iter().any(|chunk| chunk.mrope.is_some()).then(|| {
+            let at = |chunk: &SeqChunk, p: usize| chunk.mrope.map_or([p; 3], |mrope| mrope.at(p));
+            seqs.iter().flat_map(|chunk| (chunk.start_pos..chunk.start_pos + chunk.tokens.len()).map(move |p| at(chunk, p))).collect()
+        });
+        let step = Step { seqs, token_seq, positions, key_ends, rope_positions };
         let Some(drivers) = &self.rank_drivers else {
             return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
         };

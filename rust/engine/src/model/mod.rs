@@ -10,6 +10,8 @@ mod latent_attention;
 mod linear;
 mod mamba2;
 mod mlp;
+mod mrope;
+mod qwen2_vl_vision;
 mod recurrent;
 mod rope;
 mod tensor_parallel;
@@ -17,5 +19,6 @@ mod vision;
 
 pub use decoder::{DecoderModel, ModelOutput, Precision, SeqChunk};
 pub use linear::{Compute, Linear, LinearParts, Weights};
+pub use mrope::{ImageRun, MropePositions};
 pub use rope::Rope;
 pub use tensor_parallel::{AllReduce, Shard};

@@ -2,6 +2,7 @@
 //! of each head or its first `rotary_dim` dimensions, in the per-element form the rope kernel
 //! takes (see [`rsgl_kernels::portable::rope`]).
 
+use super::mrope::section_of;
 use crate::config::{ModelConfig, RopeScaling};
 use rsgl_kernels::portable::rope_tables;
 use rsgl_kernels::RopeStyle;
@@ -22,6 +23,8 @@ pub struct Rope {
     /// MB (Gemma 3 4B: 131,072 positions x 256 dimensions x 2 tables x 2 bases) that a server
     /// answering short prompts never reads.
     blocks: Vec<OnceLock<Box<[f32]>>>,
+    /// M-RoPE's sections of the rotary frequencies (Qwen2.5-VL), which 3D positions turn.
+    mrope_section: Option<[usize; 3]>,
 }
 
 /// What rotates position `p`: the inverse frequencies of each pair of rotated dimensions
@@ -106,7 +109,12 @@ impl Rope {
         let (head_dim, rotary_dim) = (cfg.head_dim, cfg.rotary_dim.unwrap_or(cfg.head_dim));
         let frequencies = Frequencies::new(rotary_dim, theta, scaling);
         let blocks = (0..max_positions.div_ceil(BLOCK_POSITIONS)).map(|_| OnceLock::new()).collect();
-        Rope { head_dim, rotary_dim, style, frequencies, blocks }
+        Rope { head_dim, rotary_dim, style, frequencies, blocks, mrope_section: None }
+    }
+
+    /// This rope, turned at 3D positions by M-RoPE's sections (see [`Rope::apply_3d`]).
+    pub fn with_mrope_section(self, mrope_section: Option<[usize; 3]>) -> Rope {
+        Rope { mrope_section, ..self }
     }
 
     /// The cos and sin tables of the positions of block `block`.
@@ -143,6 +151,32 @@ impl Rope {
     /// Rotates every head in `heads` (concatenated) for position `pos`.
     pub fn apply(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], pos: usize) {
         let (cos, sin) = self.tables(pos);
+        self.rotate_heads(kernels, heads, cos, sin);
+    }
+
+    /// Rotates every head in `heads` for M-RoPE's 3D `positions` (temporal, height, width): each
+    /// rotary frequency turned by the position of its section. Equal positions are the ordinary
+    /// rope.
+    pub fn apply_3d(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], positions: [usize; 3]) {
+        let section = match self.mrope_section {
+            Some(section) if positions.iter().any(|&p| p != positions[0]) => section,
+            _ => return self.apply(kernels, heads, positions[0]),
+        };
+        let d = self.rotary_dim;
+        let tables = positions.map(|p| self.tables(p));
+        let (mut cos, mut sin) = (vec![0.0; d], vec![0.0; d]);
+        for i in 0..d {
+            let frequency = match self.style {
+                RopeStyle::Neox => i % (d / 2),
+                RopeStyle::GptJ => i / 2,
+            };
+            let (part_cos, part_sin) = tables[section_of(section, frequency)];
+            (cos[i], sin[i]) = (part_cos[i], part_sin[i]);
+        }
+        self.rotate_heads(kernels, heads, &cos, &sin);
+    }
+
+    fn rotate_heads(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], cos: &[f32], sin: &[f32]) {
         if self.rotary_dim == self.head_dim {
             (kernels.rope)(heads, cos, sin, self.style);
         } else {
@@ -182,6 +216,31 @@ mod tests {
         let want = [1.0, 2.2541800141e-01, 5.0813272595e-02, 6.7949593067e-03, 4.5648391824e-04, 1.8188336981e-05, 4.0999784687e-06, 9.2420896181e-07];
         assert_close(&every_4th, &want);
         assert_eq!(gpt_oss.amplitude, 1.3465735902799727f64 as f32);
+    }
+
+    #[test]
+    fn three_positions_turn_their_sections_of_the_frequencies() {
+        let json = serde_json::json!({"architectures": ["LlamaForCausalLM"], "hidden_size": 16, "intermediate_size": 8, "num_hidden_layers": 1,
+                                      "num_attention_heads": 2, "vocab_size": 4, "max_position_embeddings": 64});
+        let cfg = ModelConfig::from_hf_config(json).unwrap();
+        // Heads of 8: 4 frequencies, the first turned by the temporal position, the next by the height, the last two by the width.
+        let rope = Rope::new(&cfg, 10000.0, None, 64, RopeStyle::Neox).with_mrope_section(Some([1, 1, 2]));
+        let k = rsgl_kernels::kernels();
+        let x: Vec<f32> = (0..16).map(|v| v as f32 * 0.1 + 0.3).collect();
+        let (mut plain, mut equal) = (x.clone(), x.clone());
+        rope.apply(k, &mut plain, 5);
+        rope.apply_3d(k, &mut equal, [5; 3]);
+        assert_eq!(plain, equal, "equal positions are the ordinary rope");
+        let positions = [3, 9, 20];
+        let mut got = x.clone();
+        rope.apply_3d(k, &mut got, positions);
+        for (head, j) in (0..2).flat_map(|head| (0..4).map(move |j| (head, j))) {
+            let angle = positions[[0, 1, 2, 2][j]] as f64 / 10000f64.powf(2.0 * j as f64 / 8.0);
+            let (x0, x1) = (x[head * 8 + j] as f64, x[head * 8 + j + 4] as f64);
+            let want = [x0 * angle.cos() - x1 * angle.sin(), x1 * angle.cos() + x0 * angle.sin()];
+            let pair = [got[head * 8 + j] as f64, got[head * 8 + j + 4] as f64];
+            assert!((pair[0] - want[0]).abs() < 1e-5 && (pair[1] - want[1]).abs() < 1e-5, "head {head}, frequency {j}: {pair:?} != {want:?}");
+        }
     }
 
     #[test]

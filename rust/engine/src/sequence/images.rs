@@ -1,7 +1,7 @@
 //! A prompt's images: which prompt positions each one's rows fill, and the rows once its
 //! vision tower has run.
 
-use crate::config::VisionConfig;
+use crate::config::{ImageEncoder, Qwen2_5VlVision, VisionConfig};
 use crate::error::{invalid, Result};
 use crate::request::ImageInput;
 use std::borrow::Cow;
@@ -38,39 +38,66 @@ impl PromptImage {
 }
 
 /// Checks that `images` fit the prompt's image tokens: each takes as many in a row as its tiles
-/// give, and they must add up to all of them. Returns how many each takes.
-pub(crate) fn check<'a>(images: impl IntoIterator<Item = &'a ImageInput>, prompt: &[u32], vision: Option<&VisionConfig>) -> Result<Vec<usize>> {
+/// (or patches) give, and they must add up to all of them. Returns how many each takes.
+pub(crate) fn check<'a>(images: impl IntoIterator<Item = &'a ImageInput>, prompt: &[u32], vision: Option<&ImageEncoder>) -> Result<Vec<usize>> {
     let mut images = images.into_iter().peekable();
     if images.peek().is_none() {
         return Ok(Vec::new());
     }
     let vision = vision.ok_or_else(|| invalid("this model does not read images; send text only"))?;
-    let bytes_per_tile = vision.values_per_tile() * 4;
     let tokens = images
         .enumerate()
-        .map(|(i, image)| {
-            let bytes = image.pixel_values.len();
-            if bytes == 0 || !bytes.is_multiple_of(bytes_per_tile) {
-                return Err(invalid(format!(
-                    "images[{i}]: pixel_values must be whole tiles of 3 x {0} x {0} float32 values ({bytes_per_tile} bytes each); got {bytes} bytes",
-                    vision.image_size
-                )));
-            }
-            Ok(bytes / bytes_per_tile * vision.tokens_per_tile())
+        .map(|(i, image)| match vision {
+            ImageEncoder::Siglip(siglip) => siglip_tokens(i, image, siglip),
+            ImageEncoder::Qwen2_5Vl(qwen) => qwen_tokens(i, image, qwen),
         })
         .collect::<Result<Vec<usize>>>()?;
-    let (found, needed) = (prompt.iter().filter(|&&t| t == vision.image_token_id).count(), tokens.iter().sum::<usize>());
+    let image_token_id = vision.image_token_id();
+    let (found, needed) = (prompt.iter().filter(|&&t| t == image_token_id).count(), tokens.iter().sum::<usize>());
     if found != needed {
-        return Err(invalid(format!("the prompt has {found} image tokens (id {}) but its images need {needed}", vision.image_token_id)));
+        return Err(invalid(format!("the prompt has {found} image tokens (id {image_token_id}) but its images need {needed}")));
     }
     Ok(tokens)
 }
 
+/// The tokens of image `i` for a SigLIP tower: its tiles' tokens.
+fn siglip_tokens(i: usize, image: &ImageInput, vision: &VisionConfig) -> Result<usize> {
+    let bytes_per_tile = vision.values_per_tile() * 4;
+    let bytes = image.pixel_values.len();
+    if bytes == 0 || !bytes.is_multiple_of(bytes_per_tile) {
+        return Err(invalid(format!(
+            "images[{i}]: pixel_values must be whole tiles of 3 x {0} x {0} float32 values ({bytes_per_tile} bytes each); got {bytes} bytes",
+            vision.image_size
+        )));
+    }
+    Ok(bytes / bytes_per_tile * vision.tokens_per_tile())
+}
+
+/// The tokens of image `i` for Qwen2.5-VL's tower: its grid's patches, merged.
+fn qwen_tokens(i: usize, image: &ImageInput, vision: &Qwen2_5VlVision) -> Result<usize> {
+    let merge = vision.spatial_merge_size;
+    let Some([frames, rows, columns]) = image.grid_thw.filter(|&[t, h, w]| t > 0 && h > 0 && w > 0 && h.is_multiple_of(merge) && w.is_multiple_of(merge))
+    else {
+        return Err(invalid(format!("images[{i}]: a Qwen2.5-VL image needs grid_thw, its patch grid, with rows and columns multiples of {merge}")));
+    };
+    let patches = frames * rows * columns;
+    let bytes = image.pixel_values.len();
+    if bytes != patches * vision.values_per_patch() * 4 {
+        return Err(invalid(format!(
+            "images[{i}]: pixel_values must be {patches} patches of {} float32 values for grid_thw {:?}; got {bytes} bytes",
+            vision.values_per_patch(),
+            [frames, rows, columns]
+        )));
+    }
+    Ok(patches / vision.patches_per_token())
+}
+
 /// Places `images` on the prompt's image tokens, in order (see [`check`]).
-pub(crate) fn place(images: &mut [PromptImage], prompt: &[u32], vision: Option<&VisionConfig>) -> Result<()> {
+pub(crate) fn place(images: &mut [PromptImage], prompt: &[u32], vision: Option<&ImageEncoder>) -> Result<()> {
     let tokens = check(images.iter().map(|image| &image.input), prompt, vision)?;
     let Some(vision) = vision else { return Ok(()) };
-    let mut slots = prompt.iter().enumerate().filter(|&(_, &t)| t == vision.image_token_id).map(|(p, _)| p);
+    let image_token_id = vision.image_token_id();
+    let mut slots = prompt.iter().enumerate().filter(|&(_, &t)| t == image_token_id).map(|(p, _)| p);
     for (image, count) in images.iter_mut().zip(tokens) {
         image.positions = slots.by_ref().take(count).collect();
     }
@@ -123,8 +150,8 @@ pub(crate) fn rows_in(images: &[PromptImage], range: Range<usize>) -> Vec<(usize
 mod tests {
     use super::*;
 
-    fn vision() -> VisionConfig {
-        VisionConfig::one_token_per_tile(9)
+    fn vision() -> ImageEncoder {
+        ImageEncoder::Siglip(VisionConfig::one_token_per_tile(9))
     }
 
     fn image(tiles: usize) -> PromptImage {
@@ -132,10 +159,10 @@ mod tests {
     }
 
     fn picture(tiles: usize, hash: &str) -> PromptImage {
-        PromptImage::new(ImageInput { hash: hash.into(), pixel_values: vec![0; tiles * 3 * 2 * 2 * 4] })
+        PromptImage::new(ImageInput { hash: hash.into(), pixel_values: vec![0; tiles * 3 * 2 * 2 * 4], grid_thw: None })
     }
 
-    fn placed(mut images: Vec<PromptImage>, prompt: &[u32], vision: Option<&VisionConfig>) -> Result<Vec<PromptImage>> {
+    fn placed(mut images: Vec<PromptImage>, prompt: &[u32], vision: Option<&ImageEncoder>) -> Result<Vec<PromptImage>> {
         place(&mut images, prompt, vision).map(|()| images)
     }
 
@@ -149,7 +176,7 @@ mod tests {
         assert!(placed(vec![image(1)], &prompt, Some(&vision())).is_err(), "two image tokens left over");
         assert!(placed(vec![image(2), image(2)], &prompt, Some(&vision())).is_err(), "one token short");
         assert!(placed(vec![image(1)], &prompt, None).is_err(), "a text model");
-        let ragged = PromptImage::new(ImageInput { hash: "h".into(), pixel_values: vec![0; 7] });
+        let ragged = PromptImage::new(ImageInput { hash: "h".into(), pixel_values: vec![0; 7], grid_thw: None });
         assert!(placed(vec![ragged], &prompt, Some(&vision())).is_err());
     }
 

@@ -9,9 +9,10 @@ mod report;
 mod speculation;
 mod text;
 
-use crate::config::VisionConfig;
+use crate::config::ImageEncoder;
 use crate::grammar::{Constraint, GrammarSource};
 use crate::kv::disk::PageHash;
+use crate::model::{ImageRun, MropePositions};
 use crate::pooling::{Pooler, Pooling};
 use crate::request::{EmbedRequest, FinishReason, Finished, GenerateRequest, Output, OutputSink, StopMatch};
 use crate::sample::{log_softmax, SamplingParams};
@@ -63,6 +64,8 @@ pub(crate) struct Sequence {
     /// Runs of prompt positions whose queries see the whole run (a Gemma 3 prompt's image
     /// tokens), in order: a prompt chunk never splits one ([`Self::prompt_chunk_end`]).
     pub bidirectional: Vec<std::ops::Range<usize>>,
+    /// The 3D rope positions of a prompt with images, for a model that gives them (Qwen2.5-VL).
+    pub mrope: Option<MropePositions>,
     text: OutputText,
 }
 
@@ -91,14 +94,31 @@ impl Sequence {
             prompt_len,
             images: req.images.into_iter().map(PromptImage::new).collect(),
             bidirectional: Vec::new(),
+            mrope: None,
         }
     }
 
-    /// Places the prompt's images on its image tokens (`vision`: the model's image encoder).
-    pub fn place_images(&mut self, vision: Option<&VisionConfig>) -> crate::error::Result<()> {
+    /// Places the prompt's images on its image tokens (`vision`: the model's image encoder),
+    /// and gives the prompt the runs its image tokens attend both ways (Gemma 3) or its 3D rope
+    /// positions (Qwen2.5-VL) where the model takes them.
+    pub fn place_images(&mut self, vision: Option<&ImageEncoder>) -> crate::error::Result<()> {
         images::place(&mut self.images, &self.tokens[..self.prompt_len], vision)?;
-        if vision.is_some_and(|vision| vision.bidirectional_image_tokens) {
-            self.bidirectional = images::runs(&self.images);
+        match vision.filter(|_| !self.images.is_empty()) {
+            Some(ImageEncoder::Siglip(siglip)) if siglip.bidirectional_image_tokens => self.bidirectional = images::runs(&self.images),
+            Some(ImageEncoder::Qwen2_5Vl(qwen)) => {
+                let merge = qwen.spatial_merge_size;
+                let runs: Vec<ImageRun> = self
+                    .images
+                    .iter()
+                    .map(|image| {
+                        let [frames, rows, columns] = image.input.grid_thw.expect("placed Qwen2.5-VL images have grids");
+                        let first = image.positions[0];
+                        ImageRun { tokens: first..image.positions[image.positions.len() - 1] + 1, grid: [frames, rows / merge, columns / merge] }
+                    })
+                    .collect();
+                self.mrope = Some(MropePositions::new(self.prompt_len, &runs)?);
+            }
+            _ => {}
         }
         Ok(())
     }

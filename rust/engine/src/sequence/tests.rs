@@ -91,3 +91,37 @@ fn verifying_keeps_the_draft_up_to_the_first_token_the_rows_disagree_with() {
     let speculation = seq.speculation.as_ref().expect("drafting");
     assert_eq!((speculation.verify_ct, speculation.draft_tokens, speculation.accepted_tokens), (1, draft.len(), 2));
 }
+
+#[test]
+fn a_qwen_prompt_with_images_takes_3d_positions_and_its_image_tokens_must_be_one_run() {
+    const IMAGE: u32 = 9;
+    // Patches of 1 pixel over 1 frame (3 values), merged 2 x 2: a 2 x 4 patch grid makes 2 tokens.
+    let vision = ImageEncoder::Qwen2_5Vl(crate::config::Qwen2_5VlVision {
+        hidden_size: 8,
+        intermediate_size: 8,
+        depth: 1,
+        num_heads: 1,
+        patch_size: 1,
+        temporal_patch_size: 1,
+        spatial_merge_size: 2,
+        window_size: 2,
+        fullatt_block_indexes: Vec::new(),
+        out_hidden_size: 8,
+        rope_theta: 10000.0,
+        image_token_id: IMAGE,
+        mrope_section: [1, 1, 2],
+    });
+    let image = format!(r#", "images": [{{"hash": "a", "pixel_values": {:?}, "grid_thw": [1, 2, 4]}}]"#, vec![0u8; 8 * 3 * 4]);
+    let mut seq = request(&[1, 2, IMAGE, IMAGE, 3], 4, &image);
+    seq.place_images(Some(&vision)).unwrap();
+    let mrope = seq.mrope.as_ref().expect("3D positions");
+    let positions: Vec<[usize; 3]> = (0..6).map(|i| mrope.at(i)).collect();
+    assert_eq!(positions, [[0; 3], [1; 3], [2, 2, 2], [2, 2, 3], [4; 3], [5; 3]]);
+    let mut text_only = request(&[1, 2, 3], 4, "");
+    text_only.place_images(Some(&vision)).unwrap();
+    assert!(text_only.mrope.is_none(), "text alone keeps 1D positions");
+    let mut split = request(&[1, IMAGE, 2, IMAGE, 3], 4, &image);
+    assert!(split.place_images(Some(&vision)).is_err(), "an image's tokens cut in two");
+    let no_grid = format!(r#", "images": [{{"hash": "a", "pixel_values": {:?}}}]"#, vec![0u8; 8 * 3 * 4]);
+    assert!(request(&[1, IMAGE, IMAGE, 3], 4, &no_grid).place_images(Some(&vision)).is_err(), "a Qwen image without its grid");
+}
