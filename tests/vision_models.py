@@ -17,8 +17,10 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import torch
 import transformers
+from PIL import Image
 from tiny_models import TINY, byte_tokenizer
 from tokenizers import Tokenizer
 from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
@@ -209,3 +211,34 @@ def build_tiny_qwen2_5_vl(folder):
     )
     transformers.Qwen2VLImageProcessorPil(min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS).save_pretrained(folder)
     return model
+
+
+# ---- what the families' tests share --------------------------------------------------------------------------------
+
+
+def picture(seed: int, size: tuple[int, int]) -> Image.Image:
+    """A random RGB picture, smooth enough that resizing keeps it distinct."""
+    rng = np.random.default_rng(seed)
+    coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
+    return Image.fromarray(coarse).resize(size, Image.Resampling.BILINEAR)
+
+
+def check_the_cache_keys_images(
+    engine, reference: Callable[[list[Image.Image]], list[int]], text: str, greedy: dict, first_image_token: int, size: tuple[int, int] = (64, 64)
+) -> int:
+    """Two pictures of `size` in `text` (one image placeholder): their tokens equal `reference(images)` (transformers'
+    greedy tokens) and differ; the same picture again is read from the prefix cache, its image included, with the same
+    tokens; the other shares at most the text before its image (`first_image_token`: the index of the prompt's first
+    image token). Returns the tokens the other picture's prompt read from the cache."""
+    engine.flush_cache()
+    first, other = picture(10, size), picture(11, size)
+    expected = reference([first]), reference([other])
+    assert expected[0] != expected[1], "the fixture must tell the two pictures apart"
+    one = engine.generate(text, greedy, image_data=[first])
+    again = engine.generate(text, greedy, image_data=[first.copy()])
+    different = engine.generate(text, greedy, image_data=[other])
+    assert [one["output_ids"], different["output_ids"]] == list(expected)
+    assert again["output_ids"] == one["output_ids"]
+    assert again["meta_info"]["cached_tokens"] > first_image_token, "the same picture's prompt is read from the prefix cache, its image included"
+    assert different["meta_info"]["cached_tokens"] <= first_image_token, "another picture shares at most the text before it, never its KV"
+    return different["meta_info"]["cached_tokens"]

@@ -31,7 +31,7 @@ from rsgl.chat_template import render_chat
 from rsgl.core_types import EmbedRequest, GenerateRequest, ImageInput, Output, SamplingParams, TokenLogprob
 from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
 from rsgl.engine_options import DEFAULTS, EngineKeywords, EngineOptions, KvCacheDtype, Quantization
-from rsgl.errors import InvalidRequestError
+from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.loader import load_model
 from rsgl.vision.images import ImageSource
 from rsgl.vision.prompt_images import prompt_images_for
@@ -163,7 +163,12 @@ class Engine:
             )
         self.tokenizer = self.model.tokenizer
         self.model_config = self.model.config.fields  # read only: the engine runs on the core's own config
-        self._prompt_images = prompt_images_for(self.model)
+        self._text_only_because = ""
+        try:
+            self._prompt_images = prompt_images_for(self.model)
+        except ModelLoadError as error:  # a folder without its image processor's files still runs on text
+            self._prompt_images, self._text_only_because = None, f" ({error})"
+            logger.warning("%s reads text only: its image processor could not be read: %s", self.model.source, error)
         self.served_model_name = served_model_name or self.model.model_name
         self.is_embedding = options.get("is_embedding", DEFAULTS["is_embedding"])
         # A W8A8, AWQ or GPTQ checkpoint runs as stored without being asked.
@@ -485,7 +490,7 @@ class Engine:
         if image_data is None:
             return []
         if self._prompt_images is None:
-            raise InvalidRequestError(f"image_data: {self.served_model_name} reads text only; send no images")
+            raise InvalidRequestError(f"image_data: {self.served_model_name} reads text only{self._text_only_because}; send no images")
         per_prompt = [image_data if isinstance(image_data, list) else [image_data]] if single else image_data
         if not isinstance(per_prompt, list) or len(per_prompt) != len(prompts) or not all(isinstance(images, list) for images in per_prompt):
             raise InvalidRequestError("image_data: give one list of images per prompt")

@@ -6,23 +6,15 @@ same image again is read from the prefix cache with the same tokens."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import rsgl
 import torch
 import transformers
 from PIL import Image
-from vision_models import GEMMA3_TOKENS_PER_IMAGE, build_tiny_gemma3
+from vision_models import GEMMA3_TOKENS_PER_IMAGE, build_tiny_gemma3, check_the_cache_keys_images, picture
 
 NEW_TOKENS = 12
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-
-
-def picture(seed: int, size: tuple[int, int]) -> Image.Image:
-    """A random RGB picture, smooth enough that resizing keeps it distinct."""
-    rng = np.random.default_rng(seed)
-    coarse = rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    return Image.fromarray(coarse).resize(size, Image.Resampling.BILINEAR)
 
 
 def prompt(images: int) -> str:
@@ -92,19 +84,9 @@ def test_prompt_chunks_keep_each_images_tokens_together(tiny_gemma3, chunk):
 
 def test_different_images_give_different_tokens_and_the_same_image_hits_the_cache(tiny_gemma3):
     engine, model, processor = tiny_gemma3
-    engine.flush_cache()
-    first, other = picture(10, (64, 64)), picture(11, (64, 64))
     text = prompt(1)
-    reference = transformers_greedy(model, processor, text, [first]), transformers_greedy(model, processor, text, [other])
-    assert reference[0] != reference[1], "the fixture must tell the two pictures apart"
-    one = engine.generate(text, GREEDY, image_data=[first])
-    again = engine.generate(text, GREEDY, image_data=[first.copy()])
-    different = engine.generate(text, GREEDY, image_data=[other])
-    assert [one["output_ids"], different["output_ids"]] == list(reference)
-    assert again["output_ids"] == one["output_ids"]
-    first_image_token = processor(text=text, images=[[first]])["input_ids"][0].index(model.config.image_token_id)
-    assert again["meta_info"]["cached_tokens"] > first_image_token, "the same picture's prompt is read from the prefix cache, its image included"
-    assert different["meta_info"]["cached_tokens"] <= first_image_token, "another picture shares at most the text before it, never its KV"
+    first_image_token = processor(text=text, images=[[picture(0, (64, 64))]])["input_ids"][0].index(model.config.image_token_id)
+    check_the_cache_keys_images(engine, lambda images: transformers_greedy(model, processor, text, images), text, GREEDY, first_image_token)
 
 
 def test_a_cached_prefix_ending_inside_an_image_gives_the_same_tokens(tiny_gemma3):

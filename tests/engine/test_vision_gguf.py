@@ -24,7 +24,7 @@ from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelErr
 from rsgl.vision.smolvlm import SmolVLMImages
 from safetensors.numpy import load_file, save_file
 from server_helpers import openai_client, running_server
-from vision_models import build_tiny_smolvlm
+from vision_models import build_tiny_smolvlm, picture
 from zoo_models import zoo_tokenizer
 
 NEW_TOKENS = 8
@@ -37,11 +37,6 @@ GGUF_NAMES = {"v.patch_embd": TOWER + "embeddings.patch_embedding", "v.position_
 GGUF_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_out": "self_attn.out_proj",
                     "ln1": "layer_norm1", "ln2": "layer_norm2", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}  # fmt: skip
 PROJECTOR_TYPES = ("f32", "q8_0")
-
-
-def picture(seed: int, size: tuple[int, int]) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    return Image.fromarray(rng.integers(0, 256, size=(6, 6, 3), dtype=np.uint8)).resize(size, Image.Resampling.BILINEAR)
 
 
 IMAGES = [picture(1, (100, 45)), picture(2, (20, 70))]

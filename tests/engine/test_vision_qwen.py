@@ -6,13 +6,12 @@ same image again is read from the prefix cache with the same tokens."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import rsgl
 import torch
 from PIL import Image
 from transformers import PreTrainedTokenizerFast, Qwen2_5_VLProcessor, Qwen2VLImageProcessorPil
-from vision_models import build_tiny_qwen2_5_vl
+from vision_models import build_tiny_qwen2_5_vl, check_the_cache_keys_images, picture
 
 NEW_TOKENS = 10
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
@@ -23,12 +22,6 @@ class ImageOnlyProcessor(Qwen2_5_VLProcessor):
 
     def __init__(self, image_processor, tokenizer):
         super().__init__(image_processor, tokenizer)
-
-
-def picture(seed: int, size: tuple[int, int]) -> Image.Image:
-    """A random RGB picture (width, height), smooth enough that resizing keeps it distinct."""
-    coarse = np.random.default_rng(seed).integers(0, 256, size=(6, 6, 3), dtype=np.uint8)
-    return Image.fromarray(coarse).resize(size, Image.Resampling.BILINEAR)
 
 
 def prompt(images: int) -> str:
@@ -65,18 +58,9 @@ def test_greedy_tokens_equal_transformers(tiny_qwen, sizes):
 
 def test_different_images_give_different_tokens_and_the_same_image_hits_the_cache(tiny_qwen):
     engine, model, processor = tiny_qwen
-    engine.flush_cache()
-    first, other = picture(10, (112, 84)), picture(11, (112, 84))
     text = prompt(1)
-    reference = transformers_greedy(model, processor, text, [first]), transformers_greedy(model, processor, text, [other])
-    assert reference[0] != reference[1], "the fixture must tell the two pictures apart"
-    one = engine.generate(text, GREEDY, image_data=[first])
-    again = engine.generate(text, GREEDY, image_data=[first.copy()])
-    different = engine.generate(text, GREEDY, image_data=[other])
-    assert [one["output_ids"], different["output_ids"]] == list(reference)
-    assert again["output_ids"] == one["output_ids"]
-    assert again["meta_info"]["cached_tokens"] > 0, "the same picture's prompt is read from the prefix cache"
-    assert different["meta_info"]["cached_tokens"] == 0, "another picture never shares the first one's KV"
+    first_image_token = processor(text=text, images=[picture(0, (112, 84))])["input_ids"][0].index(model.config.image_token_id)
+    check_the_cache_keys_images(engine, lambda images: transformers_greedy(model, processor, text, images), text, GREEDY, first_image_token, size=(112, 84))
 
 
 def test_prompt_chunks_that_cut_through_images_give_the_same_tokens(tiny_qwen):

@@ -32,6 +32,8 @@ from rsgl.loader.pooling import sentence_transformers_pooling
 
 # Buffers some old checkpoints saved next to the weights; they are recomputed, not loaded.
 _IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+# SigLIP's pooling head, which transformers saves with a tower (vision_use_head) and no vision-language model runs.
+_IGNORED_TENSOR_PREFIXES = ("model.vision_model.head.",)
 
 logger = logging.getLogger("rsgl")
 
@@ -232,6 +234,7 @@ def _check_tensors(tensors: Tensors, config: ModelConfigFields, folder: Path, qu
         for name in tensors
         if name not in expected
         and not name.endswith(_IGNORED_TENSOR_SUFFIXES)
+        and not name.startswith(_IGNORED_TENSOR_PREFIXES)
         and not (name.endswith(_SCALE_SUFFIX) and name.removesuffix(_SCALE_SUFFIX) in int8)
         and not (name == "lm_head.weight" and config["tie_word_embeddings"])  # tied: transformers ignores it too
         and not _past_the_last_layer(name, config)
