@@ -16,6 +16,7 @@ mod recurrent;
 mod rope;
 mod tensor_parallel;
 mod vision;
+mod vision_attention;
 
 pub use decoder::{DecoderModel, ModelOutput, Precision, SeqChunk};
 pub use linear::{Compute, Linear, LinearParts, Weights};

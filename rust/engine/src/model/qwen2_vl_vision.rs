@@ -12,12 +12,12 @@
 
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::take_linear;
+use super::vision_attention::{add, AttentionScratch, SegmentAttention, ELEMENTWISE_PIECE};
 use crate::config::Qwen2_5VlVision;
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
-use rsgl_kernels::pool::SendPtr;
 use rsgl_kernels::portable::{rope_tables, RopeStyle};
-use rsgl_kernels::{kernels, linear, PackedWeights, WeightDtype};
+use rsgl_kernels::WeightDtype;
 use std::f64::consts::PI;
 use std::ops::Range;
 
@@ -47,6 +47,7 @@ pub struct QwenVisionTower {
     merger_norm: Vec<f32>,
     merger_in: Linear,
     merger_out: Linear,
+    attention: SegmentAttention,
 }
 
 /// The merged tokens of an image reordered window by window, and the runs of patches (in that
@@ -158,7 +159,8 @@ impl QwenVisionTower {
         let merger_out = pack(vec![take_linear(w, &format!("{TOWER}.merger.mlp.2"), text_hidden, merged)?]);
         let quarter = cfg.head_dim() / 4;
         let inv_freq = (0..quarter).map(|j| 1.0 / cfg.rope_theta.powf(j as f64 / quarter as f64)).collect();
-        Ok(QwenVisionTower { cfg: cfg.clone(), patch_embed, inv_freq, blocks, merger_norm, merger_in, merger_out })
+        let attention = SegmentAttention { hidden: d, heads: cfg.num_heads, dtype };
+        Ok(QwenVisionTower { cfg: cfg.clone(), patch_embed, inv_freq, blocks, merger_norm, merger_in, merger_out, attention })
     }
 
     /// The language model's rows for an image of patch grid `grid` (`[frames, rows, columns]`)
@@ -179,6 +181,7 @@ impl QwenVisionTower {
         let mut x = windows.reorder(&self.patch_embed.forward(c, pixels), unit, d);
         let tables = rope_tables_2d(&self.inv_freq, &patch_positions(&windows, grid, merge));
         let kern = c.kernels;
+        let (mut attended, mut scratch) = (Vec::new(), AttentionScratch::default());
         for block in &self.blocks {
             let mut qkv = block.qkv.forward(c, &rms_norm(c, &mut x, &block.norm1));
             let hd = cfg.head_dim();
@@ -187,8 +190,8 @@ impl QwenVisionTower {
                 (kern.rope)(&mut row[..2 * d], cos, sin, RopeStyle::Neox);
             });
             let segments = if block.full_attention { &windows.frames } else { &windows.windows };
-            let attended = self.attention(c, &qkv, segments);
-            add(&mut x, &block.proj.forward(c, &attended));
+            self.attention.attend(c, &qkv, segments, &mut attended, &mut scratch);
+            add(c, &mut x, &block.proj.forward(c, &attended));
             let gate_up = block.gate_up.forward(c, &rms_norm(c, &mut x, &block.norm2));
             let inter = cfg.intermediate_size;
             let mut activated = vec![0.0; gate_up.len() / 2];
@@ -196,49 +199,13 @@ impl QwenVisionTower {
                 let (gate, up) = gate_up[row * 2 * inter..(row + 1) * 2 * inter].split_at(inter);
                 (kern.silu_mul)(gate, up, out);
             });
-            add(&mut x, &block.down.forward(c, &activated));
+            add(c, &mut x, &block.down.forward(c, &activated));
         }
         // Each merged token's patches are consecutive rows: their normed features side by side.
         let mut hidden = self.merger_in.forward(c, &rms_norm(c, &mut x, &self.merger_norm));
-        c.pool.for_chunks_mut(&mut hidden, GELU_PIECE, &|_, piece| piece.iter_mut().for_each(|v| *v = gelu(*v)));
+        c.pool.for_chunks_mut(&mut hidden, ELEMENTWISE_PIECE, &|_, piece| piece.iter_mut().for_each(|v| *v = gelu(*v)));
         let merged = self.merger_out.forward(c, &hidden);
         Ok(windows.restore(&merged, self.merger_out.out_features()))
-    }
-
-    /// Bidirectional multi-head attention within each of `segments` (runs of patches); `qkv` is
-    /// `[patches, 3 * hidden]`. Per segment and head, two GEMMs on the compute threads: the
-    /// scores against the keys packed as a weight matrix, then, softmaxed, the values packed
-    /// transposed.
-    fn attention(&self, c: &Compute, qkv: &[f32], segments: &[Range<usize>]) -> Vec<f32> {
-        let (d, heads) = (self.cfg.hidden_size, self.cfg.num_heads);
-        let hd = d / heads;
-        let scale = 1.0 / (hd as f32).sqrt();
-        let k = kernels();
-        let mut out = vec![0.0f32; qkv.len() / 3];
-        let mut scratch = Vec::new();
-        for (segment, head) in segments.iter().flat_map(|segment| (0..heads).map(move |head| (segment, head))) {
-            let n = segment.len();
-            let part = |i: usize, part: usize| &qkv[(segment.start + i) * 3 * d + part * d + head * hd..][..hd];
-            let queries: Vec<f32> = (0..n).flat_map(|i| part(i, 0).iter().copied()).collect();
-            let keys = PackedWeights::pack_rows(n, hd, WeightDtype::F32, &c.pool, &|j, row| row.copy_from_slice(part(j, 1)));
-            let mut scores = vec![0.0f32; n * n];
-            linear(k, &c.pool, &queries, &keys, None, &mut scores, &mut scratch);
-            let rows_at = SendPtr(scores.as_mut_ptr());
-            c.pool.for_each_dynamic(n, &|i| {
-                // SAFETY: each task owns one row of the scores.
-                let row = unsafe { std::slice::from_raw_parts_mut(rows_at.get().add(i * n), n) };
-                row.iter_mut().for_each(|s| *s *= scale);
-                (k.softmax)(row);
-            });
-            let values =
-                PackedWeights::pack_rows(hd, n, WeightDtype::F32, &c.pool, &|dim, row| row.iter_mut().enumerate().for_each(|(j, v)| *v = part(j, 2)[dim]));
-            let mut head_out = vec![0.0f32; n * hd];
-            linear(k, &c.pool, &scores, &values, None, &mut head_out, &mut scratch);
-            for (i, row) in head_out.chunks_exact(hd).enumerate() {
-                out[(segment.start + i) * d + head * hd..][..hd].copy_from_slice(row);
-            }
-        }
-        out
     }
 }
 
@@ -249,13 +216,6 @@ fn rms_norm(c: &Compute, x: &mut [f32], weight: &[f32]) -> Vec<f32> {
     c.pool.for_chunk_pairs_mut(x, width, &mut normed, width, &|_, x, out| (kern.add_rmsnorm)(x, None, weight, NORM_EPS, out));
     normed
 }
-
-fn add(x: &mut [f32], delta: &[f32]) {
-    x.iter_mut().zip(delta).for_each(|(v, d)| *v += d);
-}
-
-/// Values a GELU task takes at a time.
-const GELU_PIECE: usize = 4096;
 
 /// GELU with the exact error function (torch's `nn.GELU()`), computed in f64.
 fn gelu(x: f32) -> f32 {

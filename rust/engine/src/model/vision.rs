@@ -5,10 +5,11 @@
 
 use super::linear::{Compute, Linear, LinearParts};
 use super::mlp::take_linear;
+use super::vision_attention::{add, AttentionScratch, SegmentAttention, ELEMENTWISE_PIECE};
 use crate::config::{VisionConfig, VisionProjector};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
-use rsgl_kernels::{kernels, linear, PackedWeights, WeightDtype};
+use rsgl_kernels::{kernels, WeightDtype};
 
 const TOWER: &str = "model.vision_model";
 
@@ -76,8 +77,7 @@ pub struct VisionTower {
     layers: Vec<EncoderLayer>,
     post_norm: LayerNorm,
     projector: Projector,
-    /// The weights' format, and that of the keys and values attention packs.
-    dtype: WeightDtype,
+    attention: SegmentAttention,
 }
 
 /// What a tile's pass through the layers writes, kept from layer to layer and tile to tile: a
@@ -91,10 +91,7 @@ struct TileBuffers {
     /// A sublayer's output before it joins the residual stream.
     delta: Vec<f32>,
     hidden: Vec<f32>,
-    queries: Vec<f32>,
-    scores: Vec<f32>,
-    head_out: Vec<f32>,
-    bf16: Vec<u16>,
+    attention: AttentionScratch,
 }
 
 impl VisionTower {
@@ -141,7 +138,8 @@ impl VisionTower {
                 Projector::AveragePool { norm, projection: pack(vec![LinearParts::new(projection, None)]) }
             }
         };
-        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projector, dtype })
+        let attention = SegmentAttention { hidden: d, heads: cfg.num_attention_heads, dtype };
+        Ok(VisionTower { cfg: cfg.clone(), patch_embedding, positions, layers, post_norm, projector, attention })
     }
 
     /// The language model's rows for an image's tiles (`[tiles, 3, image_size, image_size]`
@@ -187,7 +185,9 @@ impl VisionTower {
         for layer in &self.layers {
             layer.norm1.forward_into(c, &x, &mut b.normed);
             layer.qkv.forward_into(c, &b.normed, &mut b.qkv);
-            self.attention(c, b);
+            // Each tile attends within itself: one segment of all its patches.
+            let tile = 0..self.cfg.patches_per_side().pow(2);
+            self.attention.attend(c, &b.qkv, std::slice::from_ref(&tile), &mut b.attended, &mut b.attention);
             layer.out.forward_into(c, &b.attended, &mut b.delta);
             add(c, &mut x, &b.delta);
             layer.norm2.forward_into(c, &x, &mut b.normed);
@@ -198,38 +198,6 @@ impl VisionTower {
         }
         self.post_norm.forward_into(c, &x, &mut b.normed);
         &b.normed
-    }
-
-    /// Bidirectional multi-head attention over a tile's patches, from `b.qkv` (`[patches, 3 *
-    /// hidden]`) into `b.attended`. Per head, two GEMMs on the compute threads: the scores against
-    /// the keys packed as a weight matrix, then, softmaxed, the values packed transposed (both in
-    /// the tower's weight format: bf16 runs the bf16 kernels).
-    fn attention(&self, c: &Compute, b: &mut TileBuffers) {
-        let (d, heads) = (self.cfg.hidden_size, self.cfg.num_attention_heads);
-        let (hd, n) = (d / heads, self.cfg.patches_per_side().pow(2));
-        let scale = 1.0 / (hd as f32).sqrt();
-        let k = kernels();
-        let qkv = &b.qkv;
-        let part = |i: usize, part: usize, head: usize| &qkv[i * 3 * d + part * d + head * hd..][..hd];
-        b.attended.resize(n * d, 0.0);
-        b.scores.resize(n * n, 0.0);
-        b.head_out.resize(n * hd, 0.0);
-        for head in 0..heads {
-            b.queries.clear();
-            (0..n).for_each(|i| b.queries.extend_from_slice(part(i, 0, head)));
-            let keys = PackedWeights::pack_rows(n, hd, self.dtype, &c.pool, &|j, row| row.copy_from_slice(part(j, 1, head)));
-            linear(k, &c.pool, &b.queries, &keys, None, &mut b.scores, &mut b.bf16);
-            c.pool.for_chunks_mut(&mut b.scores, n, &|_, row| {
-                row.iter_mut().for_each(|s| *s *= scale);
-                (k.softmax)(row);
-            });
-            let values =
-                PackedWeights::pack_rows(hd, n, self.dtype, &c.pool, &|dim, row| row.iter_mut().enumerate().for_each(|(j, v)| *v = part(j, 2, head)[dim]));
-            linear(k, &c.pool, &b.scores, &values, None, &mut b.head_out, &mut b.bf16);
-            for (i, row) in b.head_out.chunks_exact(hd).enumerate() {
-                b.attended[i * d + head * hd..][..hd].copy_from_slice(row);
-            }
-        }
     }
 }
 
@@ -283,16 +251,6 @@ fn average_pool(x: &[f32], cfg: &VisionConfig, tiles: usize) -> Vec<f32> {
     }
     out
 }
-
-/// `x += delta`, on the compute threads.
-fn add(c: &Compute, x: &mut [f32], delta: &[f32]) {
-    c.pool.for_chunks_mut(x, ELEMENTWISE_PIECE, &|piece, values| {
-        values.iter_mut().zip(&delta[piece * ELEMENTWISE_PIECE..]).for_each(|(v, d)| *v += d);
-    });
-}
-
-/// Values one task of [`add`] or [`gelu_tanh`] takes (the latter copies its piece once).
-const ELEMENTWISE_PIECE: usize = 4096;
 
 /// GELU with the tanh approximation (transformers' `gelu_pytorch_tanh`), the kernels' gated one
 /// times 1, piece by piece on the compute threads rather than with two copies of the whole input.
