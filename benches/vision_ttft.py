@@ -1,6 +1,7 @@
-"""Time to first token for one image and a question: rsgl against llama.cpp on a random-weight SmolVLM-256M.
+"""Time to first token for one image and a question: rsgl against llama.cpp on a random-weight SmolVLM-256M (or
+Qwen2.5-VL-3B).
 
-    python benches/vision_ttft.py [--runs 3] [--threads 2] [--gguf-type bf16|f16] [--rsgl-files gguf|folder] [--llama-cpp-bin DIR]
+    python benches/vision_ttft.py [--model smolvlm-256m|qwen2.5-vl-3b] [--runs 3] [--threads 2] [--gguf-type bf16|f16] [--rsgl-files gguf|folder] [--llama-cpp-bin DIR]
         [--skip-llama-cpp] [--skip-mtmd-cli] [--perf] [--out bench-results/vision_ttft.json]
 
 The model: SmolVLM-256M-Instruct's shapes with random weights (std 0.02), built with transformers' own classes and
@@ -17,6 +18,12 @@ The request: one 448 x 448 picture (PNG bytes, drawn from a seed; every timed re
 engine's image cache hits) and a 32-token question, as SmolVLM's template renders one user turn, greedy, one new
 token. A 448-pixel square is scaled to 2048 and cut into 4 x 4 tiles of 512 plus the whole image as a 17th tile:
 17 x 64 = 1088 image tokens in both engines.
+
+--model qwen2.5-vl-3b: Qwen2.5-VL-3B-Instruct's shapes (the text model: hidden 2048, 36 layers, 16 heads / 2 kv heads,
+ffn 11008, 151,936 tokens, tied embeddings, M-RoPE; the 32-block vision tower of hidden 1280 with windows of 112 pixels)
+with transformers' own random initialization, the default model's tokenizer plus Qwen's vision tokens, Qwen2-VL's
+image processor: the 448-pixel square is 32 x 32 patches of 14, 256 image tokens. rsgl reads the Hugging Face folder
+(--rsgl-files folder: it reads no Qwen2.5-VL projector GGUF yet), llama.cpp the GGUF files converted from it.
 
 - rsgl: an Engine(text GGUF, mmproj=projector GGUF, dtype="bfloat16"), the files llama.cpp reads (--rsgl-files
   folder: the Hugging Face folder they came from), in a process of its own; TTFT is the wall time of `generate(prompt,
@@ -55,7 +62,9 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
@@ -67,7 +76,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import machine_fields, write_json  # noqa: E402
 from synth_model import CACHE, convert_with_llama_cpp  # noqa: E402
 
-FOLDER = CACHE / "smolvlm-256m-safetensors-bf16"
 LLAMA_CPP_BIN = Path("/var/tmp/llama.cpp-build/build/bin")
 LLAMA_CPP_BUILD = """llama.cpp is not built at {bin}. Build it (outside the clone) from llama-cpp-python's sdist:
     mkdir -p /var/tmp/llama.cpp-build && cd /var/tmp/llama.cpp-build
@@ -164,18 +172,96 @@ def write_smolvlm_folder(folder: Path) -> None:
     partial.replace(folder)
 
 
-def model_files(gguf_type: str) -> tuple[Path, Path, Path]:
+# Qwen2.5-VL-3B-Instruct's shapes: the text model (tied embeddings, M-RoPE sections 16 + 24 + 24) and the 32-block
+# vision tower (windows of 112 pixels, full attention in blocks 7, 15, 23, 31), as its config.json has them.
+QWEN_TEXT_CONFIG = dict(
+    hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16, num_key_value_heads=2, rms_norm_eps=1e-6,
+    max_position_embeddings=128000, vocab_size=151936, tie_word_embeddings=True,
+    rope_parameters={"rope_type": "default", "rope_theta": 1000000.0, "mrope_section": [16, 24, 24]},
+)  # fmt: skip
+QWEN_VISION_CONFIG = dict(
+    depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=2048, patch_size=14, spatial_merge_size=2,
+    temporal_patch_size=2, window_size=112, fullatt_block_indexes=[7, 15, 23, 31], hidden_act="silu",
+)  # fmt: skip
+QWEN_TOKENS = ("<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>")
+
+
+def write_qwen2_5_vl_folder(folder: Path) -> None:
+    """Qwen2.5-VL-3B-Instruct's layout with random weights (transformers' own initialization, std 0.02), written by
+    transformers, with the default model's tokenizer plus Qwen's vision tokens and Qwen2-VL's image processor (its
+    default pixel bounds, as the real folder's)."""
+    import tokenizers
+    import torch
+    import transformers
+    from rsgl.loader import load_model
+
+    default = load_model(None, progress=False)
+    if default.tokenizer is None:
+        raise RuntimeError("the default model loaded without its tokenizer")
+    tokenizer = tokenizers.Tokenizer.from_str(default.tokenizer.to_str())
+    tokenizer.add_special_tokens(list(QWEN_TOKENS))
+    partial = folder.with_name(folder.name + ".partial")
+    partial.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(partial / "tokenizer.json"))
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>", "add_bos_token": False}
+    (partial / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    ids = {token: tokenizer.token_to_id(token) for token in QWEN_TOKENS}
+    config = transformers.Qwen2_5_VLConfig(
+        text_config={**QWEN_TEXT_CONFIG, "eos_token_id": tokenizer.token_to_id("<|im_end|>")},
+        vision_config=QWEN_VISION_CONFIG,
+        image_token_id=ids["<|image_pad|>"],
+        video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"],
+        tie_word_embeddings=True,
+        architectures=["Qwen2_5_VLForConditionalGeneration"],
+    )
+    torch.manual_seed(0)
+    transformers.AutoModelForImageTextToText.from_config(config, dtype=torch.bfloat16).save_pretrained(partial)
+    transformers.Qwen2VLImageProcessorPil().save_pretrained(partial)
+    partial.replace(folder)
+
+
+def qwen_prompt(folder: Path) -> str:
+    """One user turn (the image, then the question) as Qwen2.5-VL's chat template writes it."""
+    import tokenizers
+
+    text = question(tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json")))
+    return f"<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>{text}<|im_end|>\n<|im_start|>assistant\n"
+
+
+@dataclass(frozen=True)
+class BenchModel:
+    """A vision-language model the bench runs: how its folder is written, its prompt for one image and a question,
+    the text of an image in that prompt (which llama-server's media marker replaces) and the token it is written out
+    as."""
+
+    name: str
+    write_folder: Callable[[Path], None]
+    prompt: Callable[[Path], str]
+    image_text: str
+    image_token: str
+
+
+def model_files(model: BenchModel, gguf_type: str) -> tuple[Path, Path, Path]:
     """The safetensors folder and llama.cpp's text and projector GGUF files of it, written if missing."""
-    if not FOLDER.exists():
-        print(f"writing {FOLDER}", flush=True)
-        write_smolvlm_folder(FOLDER)
-    text = CACHE / f"smolvlm-256m-gguf-{gguf_type}.gguf"
-    projector = CACHE / f"smolvlm-256m-mmproj-{gguf_type}.gguf"
+    folder = CACHE / f"{model.name}-safetensors-bf16"
+    if not folder.exists():
+        print(f"writing {folder}", flush=True)
+        model.write_folder(folder)
+    text = CACHE / f"{model.name}-gguf-{gguf_type}.gguf"
+    projector = CACHE / f"{model.name}-mmproj-{gguf_type}.gguf"
     for path, options in ((text, ()), (projector, ("--mmproj",))):
         if not path.exists():
-            print(f"converting {FOLDER.name} to {path}", flush=True)
-            convert_with_llama_cpp(FOLDER, path, gguf_type, options=options)
-    return FOLDER, text, projector
+            print(f"converting {folder.name} to {path}", flush=True)
+            convert_with_llama_cpp(folder, path, gguf_type, options=options)
+    return folder, text, projector
+
+
+MODELS = {
+    "smolvlm-256m": BenchModel("smolvlm-256m", write_smolvlm_folder, lambda folder: rendered_prompt(folder), "<image>", "<image>"),
+    "qwen2.5-vl-3b": BenchModel("qwen2.5-vl-3b", write_qwen2_5_vl_folder, qwen_prompt, "<|vision_start|><|image_pad|><|vision_end|>", "<|image_pad|>"),
+}
 
 
 # ---- the request -----------------------------------------------------------------------------------------------
@@ -238,17 +324,15 @@ def rsgl_ttft(prompt: str, png: bytes) -> dict:
     return {"ttft_seconds": seconds, "prompt_tokens": meta["prompt_tokens"], "cached_tokens": meta["cached_tokens"]}
 
 
-def rsgl_split(prompt: str, png: bytes, seed: int) -> dict:
+def rsgl_split(prompt: str, png: bytes, seed: int, image_token: str) -> dict:
     """Where one request's time goes: the image's preparation (decode, tiles, hash), a text-only prefill of as many
     tokens (random ids), and the rest, the vision tower's (with its scheduling around it)."""
     from rsgl.vision.prompt_images import prompt_images_for
 
     images = prompt_images_for(_engine.model)
     started = time.perf_counter()
-    _, inputs = images.prepare(prompt, [png], "image_data")
+    expanded, _ = images.prepare(prompt, [png], "image_data")
     prepare_seconds = time.perf_counter() - started
-    tile_values = 3 * images.processor.tile_size**2
-    tiles = len(inputs[0]["pixel_values"]) // (4 * tile_values)
     whole = rsgl_ttft(prompt, png)
     prompt_tokens = whole["prompt_tokens"]
     ids = np.random.default_rng(seed).integers(1000, 40000, size=prompt_tokens).tolist()
@@ -260,8 +344,7 @@ def rsgl_split(prompt: str, png: bytes, seed: int) -> dict:
         "image_preparation_seconds": prepare_seconds,
         "text_prefill_seconds": text_prefill_seconds,
         "vision_tower_seconds": whole["ttft_seconds"] - prepare_seconds - text_prefill_seconds,
-        "tiles": tiles,
-        "image_tokens": tiles * images.processor.image_seq_len,
+        "image_tokens": expanded.count(image_token),
         "prompt_tokens": prompt_tokens,
     }
 
@@ -308,10 +391,10 @@ class LlamaServer:
         except OSError:
             return False
 
-    def ttft(self, prompt: str, png: bytes) -> dict:
-        """`prompt`'s `<image>` is the server's media marker."""
+    def ttft(self, prompt: str, png: bytes, image_text: str) -> dict:
+        """`prompt`'s `image_text` is the server's media marker."""
         body = {
-            "prompt": {"prompt_string": prompt.replace("<image>", self.media_marker), "multimodal_data": [base64.b64encode(png).decode()]},
+            "prompt": {"prompt_string": prompt.replace(image_text, self.media_marker), "multimodal_data": [base64.b64encode(png).decode()]},
             "n_predict": 1, "temperature": 0.0, "cache_prompt": False,
         }  # fmt: skip
         request = urllib.request.Request(
@@ -409,6 +492,7 @@ def perf_profile(pid: int, run: Any, top: int = 25) -> list[dict]:
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="smolvlm-256m", help="the shapes (random weights) of this model")
     parser.add_argument("--runs", type=int, default=3, help="timed requests per engine (TTFT: the best)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--gguf-type", choices=("bf16", "f16"), default="bf16", help="llama.cpp's weights (text model and projector)")
@@ -428,8 +512,9 @@ def main() -> None:
     with_llama_cpp = not args.skip_llama_cpp
     if with_llama_cpp and not (args.llama_cpp_bin / "llama-server").exists():
         raise SystemExit(LLAMA_CPP_BUILD.format(bin=args.llama_cpp_bin))
-    folder, text, projector = model_files(args.gguf_type)
-    prompt = rendered_prompt(folder)
+    model = MODELS[args.model]
+    folder, text, projector = model_files(model, args.gguf_type)
+    prompt = model.prompt(folder)
     load_average = {"start": os.getloadavg()}
     runs: dict[str, list[dict]] = {"rsgl": [], "llama.cpp": []}
     report: dict[str, Any] = {}
@@ -442,7 +527,7 @@ def main() -> None:
                 server = LlamaServer(args.llama_cpp_bin, text, projector, args.threads)
             measure = {"rsgl": lambda prompt, png: rsgl_worker.submit(rsgl_ttft, prompt, png).result()}
             if server is not None:
-                measure["llama.cpp"] = server.ttft
+                measure["llama.cpp"] = lambda prompt, png: server.ttft(prompt, png, model.image_text)
             for engine, timed in measure.items():
                 warm_up = timed(prompt, picture_png(WARM_UP_SEED))
                 print(f"{engine} warm-up: {warm_up['ttft_seconds']:.2f} s", flush=True)
@@ -452,14 +537,14 @@ def main() -> None:
                 for engine in order:
                     runs[engine].append({**measure[engine](prompt, png), "load_average_1min": os.getloadavg()[0]})
                 print(f"run {run + 1}: " + ", ".join(f"{engine} {runs[engine][-1]['ttft_seconds']:.2f} s" for engine in measure), flush=True)
-            split = rsgl_worker.submit(rsgl_split, prompt, picture_png(WARM_UP_SEED + 1), WARM_UP_SEED).result()
+            split = rsgl_worker.submit(rsgl_split, prompt, picture_png(WARM_UP_SEED + 1), WARM_UP_SEED, model.image_token).result()
             if args.perf:
                 report["rsgl_perf"] = perf_profile(info["pid"], lambda: measure["rsgl"](prompt, picture_png(WARM_UP_SEED + 2)))
                 if server is not None:
-                    report["llama_cpp_perf"] = perf_profile(server.process.pid, lambda: server.ttft(prompt, picture_png(WARM_UP_SEED + 2)))
+                    report["llama_cpp_perf"] = perf_profile(server.process.pid, lambda: measure["llama.cpp"](prompt, picture_png(WARM_UP_SEED + 2)))
             report["rsgl"] = {
                 **info, "ttft_seconds": min(r["ttft_seconds"] for r in runs["rsgl"]), "runs": runs["rsgl"], "split": split,
-                "image_tokens": split["image_tokens"], "tiles": split["tiles"], "peak_rss_mb": rsgl_worker.submit(rsgl_peak_rss_mb).result(),
+                "image_tokens": split["image_tokens"], "peak_rss_mb": rsgl_worker.submit(rsgl_peak_rss_mb).result(),
             }  # fmt: skip
             if server is not None:
                 report["llama_cpp"] = {
@@ -500,7 +585,7 @@ def print_table(report: dict) -> None:
     row(f"rsgl ({rsgl['files']}, {rsgl['kernel_isa']})", rsgl, rsgl["image_tokens"])
     if llama:
         server, cli = llama["server"], llama.get("mtmd_cli")
-        row(f"llama-server ({llama['gguf_type']})", server, f"{cli['image_chunks']}x{IMAGE_SEQ_LEN}" if cli else "?")
+        row(f"llama-server ({llama['gguf_type']})", server, f"{cli['image_chunks']} chunks" if cli else "?")
         print(f"llama.cpp / rsgl TTFT: {server['ttft_seconds'] / rsgl['ttft_seconds']:.2f}x (issue 47 asks for >= 1.5x)")
         print("llama-server's own prompt_ms: " + " ".join(f"{r['server_prompt_ms'] / 1000:.2f}" for r in server["runs"]) + " s")
         if cli:
@@ -512,7 +597,6 @@ def print_table(report: dict) -> None:
     print(
         f"rsgl, one request of {split['ttft_seconds']:.2f} s: image preparation {split['image_preparation_seconds']:.2f} s, text-only prefill of"
         f" {split['prompt_tokens']} tokens {split['text_prefill_seconds']:.2f} s, the rest (vision tower) {split['vision_tower_seconds']:.2f} s"
-        f" ({split['tiles']} tiles)"
     )
     for key, name in (("rsgl_perf", "rsgl"), ("llama_cpp_perf", "llama-server")):
         if key in report:
