@@ -1,8 +1,9 @@
 """Time to first token for one image and a question: rsgl against llama.cpp on a random-weight SmolVLM-256M (or
 Qwen2.5-VL-3B).
 
-    python benches/vision_ttft.py [--model smolvlm-256m|qwen2.5-vl-3b] [--runs 3] [--threads 2] [--gguf-type bf16|f16] [--rsgl-files gguf|folder] [--llama-cpp-bin DIR]
-        [--skip-llama-cpp] [--skip-mtmd-cli] [--perf] [--out bench-results/vision_ttft.json]
+    python benches/vision_ttft.py [--model smolvlm-256m|qwen2.5-vl-3b] [--runs 3] [--threads 2] [--gguf-type bf16|f16]
+        [--rsgl-files gguf|folder] [--llama-cpp-bin DIR] [--skip-llama-cpp] [--skip-mtmd-cli] [--perf]
+        [--out bench-results/vision_ttft.json]
 
 The model: SmolVLM-256M-Instruct's shapes with random weights (std 0.02), built with transformers' own classes and
 cached as ~/.cache/rsgl-bench/synth/smolvlm-256m-safetensors-bf16 (config.json model_type "idefics3", as the real
