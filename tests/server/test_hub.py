@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import rsgl
 from local_hub import LocalHub, serving
-from rsgl.loader.hub import HubId, gguf_models, parse_hub_id
+from rsgl.loader.hub import HubId, gguf_models, parse_hub_id, projector_of
 from server_helpers import openai_client, running_server
 from tiny_models import build_byte_llama
 
@@ -167,12 +167,14 @@ def test_a_revision_is_fetched_and_served_as_asked(hub, repos, cache, monkeypatc
 def test_a_gguf_repo_serves_the_quantization_asked_for(hub, repos, cache, monkeypatch):
     hub.downloads.clear()
     chosen = pull(hub, f"{GGUF_REPO}:q8_0")  # any case, as llama.cpp takes it
-    assert chosen.name == "tiny-llama-Q8_0.gguf" and hub.downloads == ["tiny-llama-Q8_0.gguf"]
+    # The repo's projector file comes with its model (once), as llama.cpp's -hf fetches it.
+    assert chosen.name == "tiny-llama-Q8_0.gguf" and sorted(hub.downloads) == ["mmproj-tiny-llama-f16.gguf", "tiny-llama-Q8_0.gguf"]
+    assert (chosen.parent / "mmproj-tiny-llama-f16.gguf").is_file()
     default = pull(hub, GGUF_REPO)
-    assert default.name == "tiny-llama-Q4_K_M.gguf" and hub.downloads[1:] == ["tiny-llama-Q4_K_M.gguf"]
+    assert default.name == "tiny-llama-Q4_K_M.gguf" and hub.downloads[2:] == ["tiny-llama-Q4_K_M.gguf"]
     shards = pull(hub, f"{GGUF_REPO}:F16")
     assert shards.name == "tiny-llama-F16-00001-of-00002.gguf"
-    assert sorted(hub.downloads[2:]) == ["tiny-llama-F16-00001-of-00002.gguf", "tiny-llama-F16-00002-of-00002.gguf"]
+    assert sorted(hub.downloads[3:]) == ["tiny-llama-F16-00001-of-00002.gguf", "tiny-llama-F16-00002-of-00002.gguf"]
     missing = rsgl_cli("pull", f"{GGUF_REPO}:Q5_K_M", hub=hub)
     assert missing.returncode == 1 and f"{GGUF_REPO} has no Q5_K_M GGUF file; it has: F16, Q4_K_M, Q8_0." in missing.stderr
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
@@ -216,3 +218,6 @@ def test_hub_ids_and_gguf_quantization_names_are_read_as_llama_cpp_reads_them():
         "Q4_K_XL": ["Qwen3-8B-UD-Q4_K_XL.gguf"],
         "Q8_0": ["Qwen3-8B.Q8_0.gguf"],
     }
+    assert projector_of(files) == "mmproj-F16.gguf"
+    assert projector_of(["m-Q4_K_M.gguf", "mmproj-m-Q8_0.gguf", "mmproj-m-bf16.gguf", "mmproj_m_f32.gguf"]) == "mmproj-m-bf16.gguf", "F16, BF16, F32, Q8_0"
+    assert projector_of(["m-Q4_K_M.gguf", "mmproj-m-Q8_0.gguf"]) == "mmproj-m-Q8_0.gguf" and projector_of(["m-Q4_K_M.gguf"]) is None

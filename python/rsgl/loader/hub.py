@@ -23,6 +23,9 @@ from rsgl.errors import ModelLoadError
 # The quantization a GGUF repo is served in when the id names none, in order of preference:
 # 4-bit K-quants keep answers close to 16-bit at a quarter of the bytes; Q8_0 is next best.
 DEFAULT_QUANTIZATIONS = ("Q4_K_M", "Q8_0")
+# Which of a GGUF repo's projector files (llama.cpp's mmproj) comes with its model: the first whose name holds one of
+# these, else the first in name order. A vision tower is small beside its model and hurt most by quantizing.
+PROJECTOR_PREFERENCE = ("F16", "BF16", "F32", "Q8_0")
 # What rsgl reads from a Hugging Face model folder, beside the weights: config, tokenizer, chat
 # template, generation defaults, and sentence-transformers' pooling for embedding models.
 FOLDER_FILES = (
@@ -88,7 +91,8 @@ def resolve(hub_id: HubId, revision: str | None = None) -> Path:
     files, snapshot = _repo_files(hub_id, revision)
     wanted, model_file = _choose_files(hub_id, files)
     if snapshot is not None:
-        absent = [name for name in wanted if not (snapshot / name).is_file()]
+        # A projector cached snapshots may lack (fetched before rsgl fetched projectors): the model runs on text.
+        absent = [name for name in wanted if not (snapshot / name).is_file() and name != projector_of(files)]
         if absent:
             raise ModelLoadError(
                 f"{hub_id} (revision {revision}) is in the Hugging Face cache ({hub_cache_dir()}) without {', '.join(absent)}, "
@@ -169,7 +173,17 @@ def _choose_files(hub_id: HubId, files: list[str]) -> tuple[list[str], str | Non
         return [name for name in files if name in FOLDER_FILES] + _weights_of_folder(safetensors), None
     quantization = _pick_quantization(hub_id, models)
     shards = models[quantization]
-    return shards, shards[0]
+    projector = projector_of(files)
+    return shards + ([projector] if projector else []), shards[0]
+
+
+def projector_of(files: list[str]) -> str | None:
+    """The projector file (llama.cpp's `mmproj-*.gguf`, beside the models) a GGUF repo's model comes with, if it has
+    any (see PROJECTOR_PREFERENCE); the engine finds it beside the model file."""
+    projectors = sorted(name for name in files if "/" not in name and name.lower().endswith(".gguf") and "mmproj" in name.lower())
+    tagged = [(name, f"-{PurePosixPath(name).stem.upper().replace('.', '-')}-") for name in projectors]
+    preferred = (name for tag in PROJECTOR_PREFERENCE for name, stem in tagged if f"-{tag}-" in stem or f"_{tag}-" in stem)
+    return next(preferred, projectors[0] if projectors else None)
 
 
 def _weights_of_folder(safetensors: list[str]) -> list[str]:
