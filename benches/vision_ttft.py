@@ -122,25 +122,33 @@ QUESTION_TEXT = (
 # ---- the model -------------------------------------------------------------------------------------------------
 
 
-def write_smolvlm_folder(folder: Path) -> None:
-    """SmolVLM-256M-Instruct's layout with random weights, written by transformers (save_pretrained), with the
-    default model's tokenizer plus SmolVLM's special tokens, SmolVLM's image processor and chat template."""
+def write_default_tokenizer(partial: Path, special_tokens: tuple[str, ...], eos_token: str) -> Any:
+    """The default model's tokenizer (SmolLM2's) with `special_tokens` added, saved to `partial` with a tokenizer
+    config ending turns with `eos_token`; returns the `tokenizers.Tokenizer`."""
     import tokenizers
-    import torch
-    import transformers
     from rsgl.loader import load_model
-    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
 
     default = load_model(None, progress=False)
     if default.tokenizer is None:
         raise RuntimeError("the default model loaded without its tokenizer")
     tokenizer = tokenizers.Tokenizer.from_str(default.tokenizer.to_str())
-    tokenizer.add_special_tokens(list(VISION_TOKENS))
-    partial = folder.with_name(folder.name + ".partial")
+    tokenizer.add_special_tokens(list(special_tokens))
     partial.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(partial / "tokenizer.json"))
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<end_of_utterance>", "pad_token": "<|im_end|>", "add_bos_token": False}
+    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": eos_token, "pad_token": "<|im_end|>", "add_bos_token": False}
     (partial / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    return tokenizer
+
+
+def write_smolvlm_folder(folder: Path) -> None:
+    """SmolVLM-256M-Instruct's layout with random weights, written by transformers (save_pretrained), with the
+    default model's tokenizer plus SmolVLM's special tokens, SmolVLM's image processor and chat template."""
+    import torch
+    import transformers
+    from transformers.models.smolvlm.processing_smolvlm import DEFAULT_CHAT_TEMPLATE
+
+    partial = folder.with_name(folder.name + ".partial")
+    tokenizer = write_default_tokenizer(partial, VISION_TOKENS, "<end_of_utterance>")
     config = transformers.Idefics3Config(
         text_config=TEXT_CONFIG,
         vision_config=VISION_CONFIG,
@@ -191,21 +199,11 @@ def write_qwen2_5_vl_folder(folder: Path) -> None:
     """Qwen2.5-VL-3B-Instruct's layout with random weights (transformers' own initialization, std 0.02), written by
     transformers, with the default model's tokenizer plus Qwen's vision tokens and Qwen2-VL's image processor (its
     default pixel bounds, as the real folder's)."""
-    import tokenizers
     import torch
     import transformers
-    from rsgl.loader import load_model
 
-    default = load_model(None, progress=False)
-    if default.tokenizer is None:
-        raise RuntimeError("the default model loaded without its tokenizer")
-    tokenizer = tokenizers.Tokenizer.from_str(default.tokenizer.to_str())
-    tokenizer.add_special_tokens(list(QWEN_TOKENS))
     partial = folder.with_name(folder.name + ".partial")
-    partial.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(partial / "tokenizer.json"))
-    tokenizer_config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|im_end|>", "add_bos_token": False}
-    (partial / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
+    tokenizer = write_default_tokenizer(partial, QWEN_TOKENS, "<|im_end|>")
     ids = {token: tokenizer.token_to_id(token) for token in QWEN_TOKENS}
     config = transformers.Qwen2_5_VLConfig(
         text_config={**QWEN_TEXT_CONFIG, "eos_token_id": tokenizer.token_to_id("<|im_end|>")},

@@ -482,12 +482,12 @@ impl Scheduler {
         if !seq.caches_prefix() || from / ps >= full {
             return;
         }
-        let key = seq.cache_key(full * ps).into_owned();
-        let hashes = seq.kv.page_hashes.of(seq.kv.namespace, &key, ps);
+        let (key, seq_kv) = seq.cache_key_and_kv(full * ps);
+        let hashes = seq_kv.page_hashes.of(seq_kv.namespace, &key, ps);
         for p in from / ps..full {
-            let record = PageRecord::in_chain(seq.kv.namespace, hashes, p, &key[p * ps..(p + 1) * ps]);
+            let record = PageRecord::in_chain(seq_kv.namespace, hashes, p, &key[p * ps..(p + 1) * ps]);
             // Written before the step's window pages slide: every page completed has its own.
-            disk.store(record, |out| kv.copy_page_out(seq.kv.pages[p], seq.kv.window.get(p).copied().unwrap_or(NO_PAGE), out));
+            disk.store(record, |out| kv.copy_page_out(seq_kv.pages[p], seq_kv.window.get(p).copied().unwrap_or(NO_PAGE), out));
         }
     }
 
@@ -510,8 +510,7 @@ impl Scheduler {
         if full <= seq.kv.shared_pages {
             return;
         }
-        let key = seq.cache_key(full * page).into_owned();
-        let kv = &mut seq.kv;
+        let (key, kv) = seq.cache_key_and_kv(full * page);
         let (shared, redundant) = self.cache.share(kv.namespace, &key, &kv.pages[..full], kv.window.get(..full).unwrap_or_default());
         self.cache.lock(shared.node);
         if let Some(old) = kv.cache_node.replace(shared.node) {
@@ -542,8 +541,7 @@ impl Scheduler {
     fn release(&mut self, seq: &mut Sequence) {
         let page = self.pool.page_size();
         let full = if seq.caches_prefix() { (seq.kv.computed / page).min(seq.kv.pages.len()) } else { 0 };
-        let key = seq.cache_key(full * page).into_owned();
-        let kv = &mut seq.kv;
+        let (key, kv) = seq.cache_key_and_kv(full * page);
         if !kv.window.is_empty() {
             self.cache.unpin_window(&kv.window[kv.window_start.min(kv.shared_pages)..kv.shared_pages]);
         }

@@ -234,8 +234,7 @@ impl Attention {
             }
             match (self.rope.map(|index| &cx.ropes[index]), &step.rope_positions) {
                 (Some(rope), Some(positions)) => {
-                    rope.apply_3d(kern, q, positions[t]);
-                    rope.apply_3d(kern, k, positions[t]);
+                    rope.apply_3d(kern, q, k, positions[t]);
                 }
                 (Some(rope), None) => {
                     rope.apply(kern, q, pos);

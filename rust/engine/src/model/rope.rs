@@ -154,13 +154,16 @@ impl Rope {
         self.rotate_heads(kernels, heads, cos, sin);
     }
 
-    /// Rotates every head in `heads` for M-RoPE's 3D `positions` (temporal, height, width): each
-    /// rotary frequency turned by the position of its section. Equal positions are the ordinary
-    /// rope.
-    pub fn apply_3d(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], positions: [usize; 3]) {
+    /// Rotates every head of a token's `q` and `k` for M-RoPE's 3D `positions` (temporal,
+    /// height, width): each rotary frequency turned by the position of its section (the mixed
+    /// tables built once for both). Equal positions are the ordinary rope.
+    pub fn apply_3d(&self, kernels: &rsgl_kernels::Kernels, q: &mut [f32], k: &mut [f32], positions: [usize; 3]) {
         let section = match self.mrope_section {
             Some(section) if positions.iter().any(|&p| p != positions[0]) => section,
-            _ => return self.apply(kernels, heads, positions[0]),
+            _ => {
+                self.apply(kernels, q, positions[0]);
+                return self.apply(kernels, k, positions[0]);
+            }
         };
         let d = self.rotary_dim;
         let tables = positions.map(|p| self.tables(p));
@@ -173,7 +176,8 @@ impl Rope {
             let (part_cos, part_sin) = tables[section_of(section, frequency)];
             (cos[i], sin[i]) = (part_cos[i], part_sin[i]);
         }
-        self.rotate_heads(kernels, heads, &cos, &sin);
+        self.rotate_heads(kernels, q, &cos, &sin);
+        self.rotate_heads(kernels, k, &cos, &sin);
     }
 
     fn rotate_heads(&self, kernels: &rsgl_kernels::Kernels, heads: &mut [f32], cos: &[f32], sin: &[f32]) {
@@ -227,13 +231,14 @@ mod tests {
         let rope = Rope::new(&cfg, 10000.0, None, 64, RopeStyle::Neox).with_mrope_section(Some([1, 1, 2]));
         let k = rsgl_kernels::kernels();
         let x: Vec<f32> = (0..16).map(|v| v as f32 * 0.1 + 0.3).collect();
-        let (mut plain, mut equal) = (x.clone(), x.clone());
+        let (mut plain, mut equal, mut equal_k) = (x.clone(), x.clone(), x.clone());
         rope.apply(k, &mut plain, 5);
-        rope.apply_3d(k, &mut equal, [5; 3]);
-        assert_eq!(plain, equal, "equal positions are the ordinary rope");
+        rope.apply_3d(k, &mut equal, &mut equal_k, [5; 3]);
+        assert_eq!((&plain, &plain), (&equal, &equal_k), "equal positions are the ordinary rope");
         let positions = [3, 9, 20];
-        let mut got = x.clone();
-        rope.apply_3d(k, &mut got, positions);
+        let (mut got, mut got_k) = (x.clone(), x.clone());
+        rope.apply_3d(k, &mut got, &mut got_k, positions);
+        assert_eq!(got, got_k, "q and k turn alike");
         for (head, j) in (0..2).flat_map(|head| (0..4).map(move |j| (head, j))) {
             let angle = positions[[0, 1, 2, 2][j]] as f64 / 10000f64.powf(2.0 * j as f64 / 8.0);
             let (x0, x1) = (x[head * 8 + j] as f64, x[head * 8 + j + 4] as f64);

@@ -182,11 +182,17 @@ impl Sequence {
         }
     }
 
+    /// [`Self::cache_key`] beside the request's KV, to use both at once (a text request's key
+    /// is its tokens, borrowed: nothing is copied).
+    pub fn cache_key_and_kv(&mut self, len: usize) -> (Cow<'_, [u32]>, &mut SeqKv) {
+        (images::cache_key(&self.images, &self.tokens[..len]), &mut self.kv)
+    }
+
     /// The names of the whole pages of [`Self::prefill_key`], each page hashed once.
     pub fn prefill_page_hashes(&mut self, page_size: usize) -> &[PageHash] {
         let len = self.prefill_key().len();
-        let key = images::cache_key(&self.images, &self.tokens[..len]);
-        self.kv.page_hashes.of(self.kv.namespace, &key, page_size)
+        let (key, kv) = self.cache_key_and_kv(len);
+        kv.page_hashes.of(kv.namespace, &key, page_size)
     }
 
     /// Whether a chunk of this request from `start` needs the logits of every one of its tokens.
