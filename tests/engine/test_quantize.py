@@ -12,7 +12,7 @@ import sys
 import numpy as np
 import pytest
 import rsgl
-from rsgl import w4a8
+from rsgl.quantization import w4a8
 from safetensors.numpy import load_file
 
 
