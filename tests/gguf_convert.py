@@ -8,6 +8,11 @@ the tests' byte-level tokenizers (zoo_models.zoo_tokenizer), which no released m
 - the converters of Gemma 2 and Phi-3 read only SentencePiece tokenizer.model files, and GLM-4's looks up
   GLM's special tokens: without those, they store the byte-level BPE vocabulary, as Gemma 3's does.
 Checkpoints the converter knows convert as with the plain converter.
+
+`folder_with_projector_values(folder, projector, out, hf_tensor)` copies a vision-language folder with the values of a
+projector file the converter wrote (`--mmproj`) in place of its vision tower's and projector's: the folder whose tokens
+a GGUF model with that projector should give. `siglip_name` names a SigLIP tower's tensors (SmolVLM's, Gemma 3's) as
+the folder does.
 """
 
 from __future__ import annotations
@@ -18,7 +23,9 @@ import os
 import runpy
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "llama-cpp-converter.sh"
 
@@ -46,6 +53,42 @@ def convert(hf_folder, out_path, outtype: str = "f32", options: tuple[str, ...] 
         log = done.stderr.strip().splitlines() or ["(no output)"]
         raise ConversionError(f"llama.cpp's converter failed on {hf_folder}: {log[-1]}\n" + "\n".join(log[-40:]))
     return out_path
+
+
+# The converter's names of a SigLIP tower's tensors, and the Hugging Face checkpoint's past the tower's prefix.
+SIGLIP_NAMES = {"v.patch_embd": "embeddings.patch_embedding", "v.position_embd": "embeddings.position_embedding", "v.post_ln": "post_layernorm"}
+SIGLIP_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_out": "self_attn.out_proj",
+                      "ln1": "layer_norm1", "ln2": "layer_norm2", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}  # fmt: skip
+
+
+def siglip_name(gguf_name: str, tower: str) -> str | None:
+    """The Hugging Face name of the projector file's SigLIP tower tensor `gguf_name` under the prefix `tower` (e.g.
+    "model.vision_model."); None for a tensor outside the tower."""
+    module, kind = gguf_name.rsplit(".", 1)
+    if module.startswith("v.blk."):
+        layer, base = module.removeprefix("v.blk.").split(".", 1)
+        return f"{tower}encoder.layers.{layer}.{SIGLIP_LAYER_NAMES[base]}.{kind}"
+    return f"{tower}{SIGLIP_NAMES[module]}.{kind}" if module in SIGLIP_NAMES else None
+
+
+def folder_with_projector_values(folder: Path, projector: Path, out: Path, hf_tensor: Callable[[str, Any], tuple[str, Any]]) -> Path:
+    """A copy of the Hugging Face `folder` (one model.safetensors) at `out` whose vision tower and projector hold
+    `projector`'s values, dequantized by gguf-py to float32: `hf_tensor(gguf_name, values)` gives each tensor's name in
+    the folder and its values as the folder stores them."""
+    import shutil
+
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize
+    from safetensors.numpy import load_file, save_file
+
+    shutil.copytree(folder, out)
+    tensors = load_file(folder / "model.safetensors")
+    for tensor in gguf.GGUFReader(projector).tensors:
+        name, values = hf_tensor(tensor.name, dequantize(tensor.data, tensor.tensor_type).astype(np.float32))
+        tensors[name] = values.reshape(tensors[name].shape)
+    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
+    return out
 
 
 # ---- in the subprocess -------------------------------------------------------------------------

@@ -119,18 +119,24 @@ GEMMA3_INITS = {
 }
 
 
-def build_tiny_gemma3(folder):
-    """Saves a random Gemma3ForConditionalGeneration (float32, weights as GEMMA3_INITS draws them) with the byte-level
-    tokenizer plus GEMMA3_TOKENS and Gemma3Processor's files (32 x 32 images, GEMMA3_TOKENS_PER_IMAGE tokens each) to
-    `folder`. Returns the transformers model."""
+def gemma3_prompt(images: int) -> str:
+    """A Gemma 3 user turn with `images` image placeholders, as its chat template writes them, and the model's turn."""
+    return "<start_of_turn>user\n" + "<start_of_image>" * images + "What is here?<end_of_turn>\n<start_of_turn>model\n"
+
+
+def build_tiny_gemma3(folder, base_tokenizer: Callable[[], Tokenizer] = byte_tokenizer, **text_config):
+    """Saves a random Gemma3ForConditionalGeneration (float32, weights as GEMMA3_INITS draws them; `text_config`
+    overriding GEMMA3_TEXT) with a byte-level tokenizer (`base_tokenizer()`: zoo_models.zoo_tokenizer for a GGUF file)
+    plus GEMMA3_TOKENS and Gemma3Processor's files (32 x 32 images, GEMMA3_TOKENS_PER_IMAGE tokens each) to `folder`.
+    Returns the transformers model."""
     import re
 
     folder = Path(folder)
-    tokenizer = byte_tokenizer()
+    tokenizer = base_tokenizer()
     tokenizer.add_special_tokens(list(GEMMA3_TOKENS.values()))
     token = tokenizer.token_to_id
     config = transformers.Gemma3Config(
-        text_config={**GEMMA3_TEXT, "vocab_size": tokenizer.get_vocab_size()},
+        text_config={**GEMMA3_TEXT, **text_config, "vocab_size": tokenizer.get_vocab_size()},
         vision_config=GEMMA3_VISION,
         mm_tokens_per_image=GEMMA3_TOKENS_PER_IMAGE,
         image_token_index=token(GEMMA3_TOKENS["image_token"]),

@@ -11,14 +11,10 @@ import rsgl
 import torch
 import transformers
 from PIL import Image
-from vision_models import GEMMA3_TOKENS_PER_IMAGE, build_tiny_gemma3, check_the_cache_keys_images, picture
+from vision_models import GEMMA3_TOKENS_PER_IMAGE, build_tiny_gemma3, check_the_cache_keys_images, gemma3_prompt, picture
 
 NEW_TOKENS = 12
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
-
-
-def prompt(images: int) -> str:
-    return "<start_of_turn>user\n" + "<start_of_image>" * images + "What is here?<end_of_turn>\n<start_of_turn>model\n"
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +41,7 @@ def transformers_greedy(model, processor, text: str, images: list[Image.Image], 
 def test_the_prompt_takes_each_image_as_transformers_writes_it(tiny_gemma3):
     engine, _, processor = tiny_gemma3
     images = [picture(0, (40, 30)), picture(1, (20, 50))]
-    text = prompt(2)
+    text = gemma3_prompt(2)
     result = engine.generate(text, {**GREEDY, "max_new_tokens": 1}, image_data=images)
     expected = processor(text=text, images=images, return_tensors="np")["input_ids"][0]
     assert result["meta_info"]["prompt_tokens"] == len(expected)
@@ -56,7 +52,7 @@ def test_the_prompt_takes_each_image_as_transformers_writes_it(tiny_gemma3):
 def test_greedy_tokens_equal_transformers(tiny_gemma3, sizes):
     engine, model, processor = tiny_gemma3
     images = [picture(seed, size) for seed, size in enumerate(sizes)]
-    text = prompt(len(images))
+    text = gemma3_prompt(len(images))
     result = engine.generate(text, GREEDY, image_data=images or None)
     assert result["output_ids"] == transformers_greedy(model, processor, text, images)
 
@@ -65,7 +61,7 @@ def test_image_tokens_attend_both_ways(tiny_gemma3):
     """The fixture tells bidirectional image blocks from causal ones: rsgl's tokens are the bidirectional ones."""
     engine, model, processor = tiny_gemma3
     images = [picture(5, (50, 40))]
-    text = prompt(1)
+    text = gemma3_prompt(1)
     both_ways = transformers_greedy(model, processor, text, images)
     assert both_ways != transformers_greedy(model, processor, text, images, bidirectional=False)
     assert engine.generate(text, GREEDY, image_data=images)["output_ids"] == both_ways
@@ -76,7 +72,7 @@ def test_image_tokens_attend_both_ways(tiny_gemma3):
 def test_prompt_chunks_keep_each_images_tokens_together(tiny_gemma3, chunk):
     engine, model, processor = tiny_gemma3
     images = [picture(20, (90, 60)), picture(21, (30, 30))]
-    text = prompt(2)
+    text = gemma3_prompt(2)
     with rsgl.Engine(engine.model.source, threads=1, chunked_prefill_size=chunk, progress=False) as chunked:
         result = chunked.generate(text, GREEDY, image_data=images)
     assert result["output_ids"] == transformers_greedy(model, processor, text, images)
@@ -84,7 +80,7 @@ def test_prompt_chunks_keep_each_images_tokens_together(tiny_gemma3, chunk):
 
 def test_different_images_give_different_tokens_and_the_same_image_hits_the_cache(tiny_gemma3):
     engine, model, processor = tiny_gemma3
-    text = prompt(1)
+    text = gemma3_prompt(1)
     first_image_token = processor(text=text, images=[[picture(0, (64, 64))]])["input_ids"][0].index(model.config.image_token_id)
     check_the_cache_keys_images(engine, lambda images: transformers_greedy(model, processor, text, images), text, GREEDY, first_image_token)
 
@@ -95,7 +91,7 @@ def test_a_cached_prefix_ending_inside_an_image_gives_the_same_tokens(tiny_gemma
     all of them)."""
     engine, model, processor = tiny_gemma3
     images = [picture(30, (40, 40))]
-    first_text, second_text = prompt(1), prompt(1).replace("What is here?", "Which one?")
+    first_text, second_text = gemma3_prompt(1), gemma3_prompt(1).replace("What is here?", "Which one?")
     ids = processor(text=first_text, images=images, return_tensors="np")["input_ids"][0].tolist()
     image_token = processor.tokenizer.convert_tokens_to_ids("<image_soft_token>")
     run = [p for p, token in enumerate(ids) if token == image_token]

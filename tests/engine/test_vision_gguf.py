@@ -17,12 +17,10 @@ import gguf
 import numpy as np
 import pytest
 import rsgl
-from gguf.quants import dequantize
-from gguf_convert import convert
+from gguf_convert import convert, folder_with_projector_values, siglip_name
 from PIL import Image
 from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rsgl.vision.smolvlm import SmolVLMImages
-from safetensors.numpy import load_file, save_file
 from server_helpers import openai_client, running_server
 from vision_models import build_tiny_smolvlm, picture
 from zoo_models import zoo_tokenizer
@@ -30,12 +28,6 @@ from zoo_models import zoo_tokenizer
 NEW_TOKENS = 8
 GREEDY = {"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True}
 PROMPT = "User:<image><image>What is here?<end_of_utterance>\nAssistant:"
-# llama.cpp's converter's names of SmolVLM's tower and connector, and the Hugging Face checkpoint's.
-TOWER = "model.vision_model."
-GGUF_NAMES = {"v.patch_embd": TOWER + "embeddings.patch_embedding", "v.position_embd": TOWER + "embeddings.position_embedding",
-              "v.post_ln": TOWER + "post_layernorm", "mm.model.fc": "model.connector.modality_projection.proj"}  # fmt: skip
-GGUF_LAYER_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj", "attn_out": "self_attn.out_proj",
-                    "ln1": "layer_norm1", "ln2": "layer_norm2", "ffn_up": "mlp.fc1", "ffn_down": "mlp.fc2"}  # fmt: skip
 PROJECTOR_TYPES = ("f32", "q8_0")
 
 
@@ -66,24 +58,10 @@ def logprobs(result: dict) -> list[float]:
     return [logprob for logprob, _, _ in result["meta_info"]["output_token_logprobs"]]
 
 
-def hf_name(gguf_name: str) -> str:
-    module, kind = gguf_name.rsplit(".", 1)
-    if module.startswith("v.blk."):
-        layer, base = module.removeprefix("v.blk.").split(".", 1)
-        return f"{TOWER}encoder.layers.{layer}.{GGUF_LAYER_NAMES[base]}.{kind}"
-    return f"{GGUF_NAMES[module]}.{kind}"
-
-
-def folder_with_projector_values(folder, projector, out):
-    """A copy of the Hugging Face `folder` whose vision tower and connector hold `projector`'s values, dequantized by gguf-py."""
-    shutil.copytree(folder, out)
-    tensors = load_file(folder / "model.safetensors")
-    for tensor in gguf.GGUFReader(projector).tensors:
-        name = hf_name(tensor.name)
-        values = dequantize(tensor.data, tensor.tensor_type).astype(np.float32)
-        tensors[name] = values.reshape(tensors[name].shape)
-    save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
-    return out
+def smolvlm_tensor(gguf_name: str, values: np.ndarray) -> tuple[str, np.ndarray]:
+    """A SmolVLM projector file's tensor as its Hugging Face folder names and stores it."""
+    connector = gguf_name.replace("mm.model.fc.", "model.connector.modality_projection.proj.")
+    return siglip_name(gguf_name, "model.vision_model.") or connector, values
 
 
 def test_f32_files_give_the_hugging_face_folders_tokens_and_preprocessing(converted):
@@ -100,7 +78,7 @@ def test_f32_files_give_the_hugging_face_folders_tokens_and_preprocessing(conver
 def test_a_q8_0_projector_reads_as_its_values(converted, tmp_path):
     folder, text_file, projectors = converted
     assert {tensor.tensor_type.name for tensor in gguf.GGUFReader(projectors["q8_0"]).tensors} == {"F32", "F16", "Q8_0"}
-    reference = folder_with_projector_values(folder, projectors["q8_0"], tmp_path / "hf")
+    reference = folder_with_projector_values(folder, projectors["q8_0"], tmp_path / "hf", smolvlm_tensor)
     from_gguf, expected = greedy(str(text_file), IMAGES, mmproj=str(projectors["q8_0"])), greedy(str(reference), IMAGES)
     assert (from_gguf["output_ids"], logprobs(from_gguf)) == (expected["output_ids"], logprobs(expected))
     assert logprobs(from_gguf) != logprobs(greedy(str(folder), IMAGES)), "8-bit values must change the logprobs, or this test tells nothing"
@@ -137,9 +115,9 @@ def test_missing_wrong_and_unsupported_projectors_are_refused(converted, tmp_pat
         rsgl.Engine(str(text_file), mmproj=str(tmp_path / "mmproj-missing.gguf"), progress=False)
     with pytest.raises(UnsupportedModelError, match="no vision projector"):
         rsgl.Engine(str(text_file), mmproj=str(text_file), progress=False)
-    gemma = foreign_projector(tmp_path / "mmproj-gemma.gguf", "gemma3")
-    with pytest.raises(UnsupportedModelError, match="'gemma3' projector"):
-        rsgl.Engine(str(text_file), mmproj=str(gemma), progress=False)
+    pixtral = foreign_projector(tmp_path / "mmproj-pixtral.gguf", "pixtral")
+    with pytest.raises(UnsupportedModelError, match="'pixtral' projector"):
+        rsgl.Engine(str(text_file), mmproj=str(pixtral), progress=False)
     with pytest.raises(InvalidRequestError, match="Hugging Face folder"):
         rsgl.Engine(str(folder), mmproj=str(projectors["f32"]), progress=False)
     # Found beside the model, a projector rsgl does not run leaves the model running on text.
@@ -148,7 +126,7 @@ def test_missing_wrong_and_unsupported_projectors_are_refused(converted, tmp_pat
         assert engine.model.mmproj is None and engine.model_config["vision"] is None
         with pytest.raises(InvalidRequestError, match="text only"):
             engine.generate(PROMPT, GREEDY, image_data=IMAGES)
-    assert "'gemma3' projector" in caplog.text
+    assert "'pixtral' projector" in caplog.text
 
 
 def test_the_server_takes_mmproj(converted, tmp_path):

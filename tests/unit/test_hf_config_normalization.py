@@ -130,6 +130,7 @@ def test_a_vision_language_config_runs_its_text_model_by_model_type():
         "projector": "pixel_shuffle",
         "image_token_id": 7,
         "bidirectional_image_tokens": False,
+        "projector_norm_offset": 0.0,
     }
 
 

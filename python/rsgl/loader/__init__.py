@@ -193,6 +193,7 @@ class VisionConfig(TypedDict):
     projector: Literal["pixel_shuffle", "average_pool"]  # side by side then a linear layer, or averaged, normalized and projected
     image_token_id: int  # the prompt tokens an image's rows replace
     bidirectional_image_tokens: bool  # the language model attends both ways within each run of image tokens (Gemma 3)
+    projector_norm_offset: float  # added to the projector's RMS norm weight as stored (Gemma 3's: 1 from config.json, 0 from a GGUF projector file)
 
 
 class Qwen2_5VlVisionConfig(TypedDict):

@@ -15,6 +15,10 @@ image and given its own token sequence after the original's. transformers' `Gemm
 it only when a call asks for it (`do_pan_and_scan=True`), whatever preprocessor_config.json says,
 with its own fixed settings (`PanAndScan`'s defaults); here it is the `pan_and_scan` argument of
 `from_folder`.
+
+A GGUF model has no such files: `from_projector` reads the settings llama.cpp's converter keeps in
+the projector file (`clip.vision.*`), and the processor's for the rest (bilinear, 1/255), so a GGUF
+model gets the pixels and prompt of its Hugging Face folder.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from rsgl.errors import InvalidRequestError
+from rsgl._core import WeightStore
+from rsgl._typing import JsonObject
+from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.loader import read_optional_json_object
 from rsgl.vision.images import to_rgb
 from rsgl.vision.pixels import FloatPixels, PixelSteps, ProcessedImage, preprocessor_config
@@ -35,6 +41,8 @@ from rsgl.vision.pixels import FloatPixels, PixelSteps, ProcessedImage, preproce
 BOI_TOKEN = "<start_of_image>"
 EOI_TOKEN = "<end_of_image>"
 IMAGE_TOKEN = "<image_soft_token>"
+# Gemma 3's projector averages each 4 x 4 square of patches into one token.
+_DEFAULT_POOL_FACTOR = 4
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,26 @@ class Gemma3ImageProcessor:
             image_seq_length=processor_config.get("image_seq_length", 256),
             pan_and_scan=PanAndScan() if pan_and_scan else None,
         )
+
+    @classmethod
+    def from_projector(cls, path: str | Path) -> Gemma3ImageProcessor:
+        """The preprocessing a GGUF model's projector file (llama.cpp's mmproj-*.gguf, projector type gemma3) sets in
+        its metadata: the tower's square input and its mean and std; the tokens per image from its patches and pool
+        factor (`clip.vision.projector.scale_factor`, which llama.cpp's converter writes only when it is not
+        Gemma 3's 4). Raises ModelLoadError if they are missing or unusable."""
+        metadata = WeightStore.gguf_metadata(path)
+        try:
+            size, patch = int(metadata["clip.vision.image_size"]), int(metadata["clip.vision.patch_size"])
+            pooled_side = size // patch // int(metadata.get("clip.vision.projector.scale_factor", _DEFAULT_POOL_FACTOR))
+            settings: JsonObject = {"image_mean": metadata["clip.vision.image_mean"], "image_std": metadata["clip.vision.image_std"]}
+            return cls(
+                height=size,
+                width=size,
+                pixel_steps=PixelSteps.from_config(settings, Image.Resampling.BILINEAR, mean=0.5, std=0.5),
+                image_seq_length=pooled_side**2,
+            )
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
+            raise ModelLoadError(f"{path}: unusable image preprocessing settings in its metadata ({error!r}); download the projector file again") from error
 
     def preprocess(self, image: Image.Image) -> FloatPixels:
         """The vision tower's input for one image: float32 [1 + crops, 3, height, width], the whole

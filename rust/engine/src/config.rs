@@ -150,6 +150,10 @@ pub struct VisionConfig {
     /// The language model attends both ways within each run of image tokens (Gemma 3): every
     /// query of a run sees the whole run, as well as what precedes it.
     pub bidirectional_image_tokens: bool,
+    /// Added to the projector's RMS norm weight as stored (Gemma 3's, which scales by `1 + w`:
+    /// its Hugging Face checkpoints store `w`, llama.cpp's projector files `1 + w`).
+    #[serde(default, serialize_with = "as_written")]
+    pub projector_norm_offset: f32,
 }
 
 /// How a vision tower's patches become the language model's image tokens.
@@ -159,8 +163,8 @@ pub enum VisionProjector {
     /// SmolVLM's and Idefics3's: each square's patches side by side (a pixel shuffle), then one
     /// linear layer.
     PixelShuffle,
-    /// Gemma 3's: each square's patches averaged, an RMS norm scaling by `1 + w`, then a matrix
-    /// stored `[vision hidden, text hidden]`.
+    /// Gemma 3's: each square's patches averaged, an RMS norm (its weight plus
+    /// `projector_norm_offset`), then a matrix stored `[vision hidden, text hidden]`.
     AveragePool,
 }
 

@@ -14,10 +14,25 @@ use serde_json::{Map, Value};
 /// Model types whose vision tower and projector rsgl runs.
 const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
 const AVERAGE_POOL_MODELS: [&str; 1] = ["gemma3"];
-/// The projector types (llama.cpp's `clip.projector_type`) of the pixel-shuffle models' projector files.
-const PIXEL_SHUFFLE_PROJECTORS: [&str; 1] = ["idefics3"];
-/// The text of the token whose embeddings an image's rows replace, in SmolVLM's vocabulary.
-const IMAGE_TOKEN: &str = "<image>";
+
+/// What a projector file's type (llama.cpp's `clip.projector_type`) says that its metadata does
+/// not: how the projector folds patches, the factor llama.cpp's converter leaves out when it is
+/// the family's usual one, and the text of the token whose embeddings an image's rows replace.
+struct ProjectorType {
+    name: &'static str,
+    models: &'static str,
+    projector: VisionProjector,
+    default_scale_factor: usize,
+    image_token: &'static str,
+}
+
+/// The projector files whose images rsgl reads.
+const PROJECTOR_TYPES: [ProjectorType; 2] = [
+    // transformers defaults SmolVLM's scale_factor to 2.
+    ProjectorType { name: "idefics3", models: "SmolVLM, Idefics3", projector: VisionProjector::PixelShuffle, default_scale_factor: 2, image_token: "<image>" },
+    // Gemma 3 pools 64 x 64 patches to 16 x 16 tokens.
+    ProjectorType { name: "gemma3", models: "Gemma 3", projector: VisionProjector::AveragePool, default_scale_factor: 4, image_token: "<image_soft_token>" },
+];
 
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
 /// or None for a text-only model or one whose images rsgl does not read yet (it then runs on
@@ -60,6 +75,8 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
         projector,
         image_token_id: image_token_id as u32,
         bidirectional_image_tokens: projector == VisionProjector::AveragePool,
+        // Gemma 3's checkpoints store its projector norm's `w`, which scales by `1 + w`.
+        projector_norm_offset: if projector == VisionProjector::AveragePool { 1.0 } else { 0.0 },
     };
     config.check(&outer)?;
     Ok(Some(ImageEncoder::Siglip(config)))
@@ -67,19 +84,20 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
 
 /// The vision config of a projector file (`projector`: its metadata, read from `source`) for the
 /// GGUF language model whose metadata is `text` and embedding width `text_hidden`, as llama.cpp's
-/// converter writes them: the tower's shape under `clip.vision.*`, the image token from the
-/// model's vocabulary.
+/// converter writes them: the tower's shape under `clip.vision.*`, the projector and image token
+/// by its type ([`PROJECTOR_TYPES`]), the image token's id from the model's vocabulary.
 pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, text: &Map<String, Value>, text_hidden: usize) -> Result<VisionConfig> {
     let remedy = "the projector file looks broken: download it again";
     let general = Keys::new(projector, format!("{source}'s metadata"), remedy);
     let kind = general.get("clip.projector_type").and_then(Value::as_str).unwrap_or_default();
-    if !general.flag("clip.has_vision_encoder") || !PIXEL_SHUFFLE_PROJECTORS.contains(&kind) {
+    let Some(projector_type) = PROJECTOR_TYPES.iter().find(|known| known.name == kind).filter(|_| general.flag("clip.has_vision_encoder")) else {
         let what = if kind.is_empty() { "no vision projector".to_string() } else { format!("a '{kind}' projector") };
+        let known: Vec<String> = PROJECTOR_TYPES.iter().map(|known| format!("{} ({})", known.name, known.models)).collect();
         return Err(EngineError::UnsupportedModel(format!(
-            "{source} holds {what}; rsgl reads images through projector files of type {} (SmolVLM, Idefics3): run the model on text alone without it",
-            PIXEL_SHUFFLE_PROJECTORS.join(", ")
+            "{source} holds {what}; rsgl reads images through projector files of type {}: run the model on text alone without it",
+            known.join(", ")
         )));
-    }
+    };
     let tower = general.prefixed("clip.vision.".into());
     let projection_dim = tower.count("projection_dim")?;
     if projection_dim != text_hidden {
@@ -87,10 +105,11 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
             "{source} projects images to {projection_dim} values per token, but the language model's tokens have {text_hidden}: it is the projector of another model; pass the one made with the model"
         )));
     }
+    let image_token = projector_type.image_token;
     let tokens = text.get("tokenizer.ggml.tokens").and_then(Value::as_array);
-    let image_token_id = tokens.and_then(|tokens| tokens.iter().position(|token| token.as_str() == Some(IMAGE_TOKEN))).ok_or_else(|| {
+    let image_token_id = tokens.and_then(|tokens| tokens.iter().position(|token| token.as_str() == Some(image_token))).ok_or_else(|| {
         EngineError::ModelLoad(format!(
-            "the language model has no {IMAGE_TOKEN} token in its vocabulary, which {source}'s images take the place of: it is the projector of another model"
+            "the language model has no {image_token} token in its vocabulary, which {source}'s images take the place of: it is the projector of another model"
         ))
     })?;
     let config = VisionConfig {
@@ -101,11 +120,12 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
         image_size: tower.count("image_size")?,
         patch_size: tower.count("patch_size")?,
         layer_norm_eps: tower.number("attention.layer_norm_epsilon")?.unwrap_or(1e-6) as f32,
-        // llama.cpp's converter writes the config's, which transformers defaults to 2.
-        scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(2),
-        projector: VisionProjector::PixelShuffle,
+        scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(projector_type.default_scale_factor),
+        projector: projector_type.projector,
         image_token_id: image_token_id as u32,
-        bidirectional_image_tokens: false,
+        bidirectional_image_tokens: projector_type.projector == VisionProjector::AveragePool,
+        // llama.cpp's converter stores Gemma 3's projector norm as the `1 + w` it scales by.
+        projector_norm_offset: 0.0,
     };
     config.check(&tower)?;
     Ok(config)
@@ -160,6 +180,42 @@ impl VisionConfig {
             projector: VisionProjector::PixelShuffle,
             image_token_id,
             bidirectional_image_tokens: false,
+            projector_norm_offset: 0.0,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    /// Gemma 3 4B's projector file's metadata (its tower one layer deep), `extra` added.
+    fn gemma3_projector(extra: Value) -> Map<String, Value> {
+        let mut metadata = json!({
+            "clip.has_vision_encoder": true, "clip.projector_type": "gemma3", "clip.vision.projection_dim": 2560,
+            "clip.vision.embedding_length": 1152, "clip.vision.feed_forward_length": 4304, "clip.vision.block_count": 1,
+            "clip.vision.attention.head_count": 16, "clip.vision.image_size": 896, "clip.vision.patch_size": 14,
+            "clip.vision.attention.layer_norm_epsilon": 1e-6,
+        });
+        metadata.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        metadata.as_object().unwrap().clone()
+    }
+
+    #[test]
+    fn a_gemma3_projector_file_pools_into_its_image_tokens() {
+        let text = json!({"tokenizer.ggml.tokens": ["<pad>", "<start_of_image>", "<image_soft_token>"]});
+        let text = text.as_object().unwrap();
+        let config = projector_config(&gemma3_projector(json!({})), "mmproj.gguf", text, 2560).unwrap();
+        assert_eq!((config.projector, config.scale_factor, config.tokens_per_tile()), (VisionProjector::AveragePool, 4, 256));
+        assert_eq!((config.image_token_id, config.bidirectional_image_tokens, config.projector_norm_offset), (2, true, 0.0));
+        // A test model's pool factor, which the converter writes only when it is not 4.
+        let pooled_by_two = projector_config(&gemma3_projector(json!({"clip.vision.projector.scale_factor": 2})), "mmproj.gguf", text, 2560).unwrap();
+        assert_eq!((pooled_by_two.scale_factor, pooled_by_two.tokens_per_tile()), (2, 1024));
+        let without_token = json!({"tokenizer.ggml.tokens": ["<pad>", "<image>"]});
+        let error = projector_config(&gemma3_projector(json!({})), "mmproj.gguf", without_token.as_object().unwrap(), 2560).unwrap_err().to_string();
+        assert!(error.contains("no <image_soft_token> token"), "{error}");
+        let error = projector_config(&gemma3_projector(json!({"clip.projector_type": "llama4"})), "mmproj.gguf", text, 2560).unwrap_err().to_string();
+        assert!(error.contains("a 'llama4' projector") && error.contains("gemma3 (Gemma 3)"), "{error}");
     }
 }

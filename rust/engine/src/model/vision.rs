@@ -58,7 +58,7 @@ struct EncoderLayer {
 /// How the tower's patches become the language model's rows ([`VisionProjector`]).
 enum Projector {
     PixelShuffle(Linear),
-    /// The RMS norm's weight (its 1 added) and the projection.
+    /// The RMS norm's weight (its offset added) and the projection.
     AveragePool {
         norm: Vec<f32>,
         projection: Linear,
@@ -133,7 +133,7 @@ impl VisionTower {
                 // SigLIP's pooling head, which transformers may save but Gemma 3 does not run.
                 w.drop_prefixed(&format!("{TOWER}.head."));
                 let mut norm = w.take("model.multi_modal_projector.mm_soft_emb_norm.weight", &[d])?;
-                norm.iter_mut().for_each(|weight| *weight += 1.0);
+                norm.iter_mut().for_each(|weight| *weight += cfg.projector_norm_offset);
                 let projection = w.take_transposed("model.multi_modal_projector.mm_input_projection_weight", text_hidden, d)?;
                 Projector::AveragePool { norm, projection: pack(vec![LinearParts::new(projection, None)]) }
             }
@@ -281,6 +281,7 @@ mod tests {
             projector: VisionProjector::PixelShuffle,
             image_token_id: 0,
             bidirectional_image_tokens: false,
+            projector_norm_offset: 0.0,
         };
         let x: Vec<f32> = (0..16).map(|v| v as f32).collect();
         // Patches row by row, 4 per row: the top-left square is 0, 1, 4, 5.

@@ -80,14 +80,19 @@ const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
     ("ffn_gate_inp_shexp", "shared_expert_gate"),
 ];
 
-/// A projector file's tensors outside its layers, by their GGUF names past `v.` or `mm.`, under
-/// the Hugging Face names of SmolVLM's and Idefics3's vision tower and connector.
+/// A projector file's tensors outside its layers, by their GGUF names (`v.*`, `mm.*`) without
+/// `.weight` or `.bias`, under the Hugging Face names of SmolVLM's, Idefics3's and Gemma 3's
+/// vision tower (rsgl names Gemma 3's as SmolVLM's) and of their projectors.
 const PROJECTOR_TENSORS: &[(&str, &str)] = &[
     ("v.patch_embd", "model.vision_model.embeddings.patch_embedding"),
     ("v.position_embd", "model.vision_model.embeddings.position_embedding"),
     ("v.post_ln", "model.vision_model.post_layernorm"),
     ("mm.model.fc", "model.connector.modality_projection.proj"),
+    ("mm.soft_emb_norm", "model.multi_modal_projector.mm_soft_emb_norm"),
 ];
+/// Projector tensors that are parameters of a Hugging Face module, not modules with a weight, by
+/// their whole GGUF names: Gemma 3's projection matrix.
+const PROJECTOR_PARAMETERS: &[(&str, &str)] = &[("mm.input_projection.weight", "model.multi_modal_projector.mm_input_projection_weight")];
 /// A projector file's layer tensors (`v.blk.N.`), under their module names in the tower's layer.
 const PROJECTOR_LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_q", "self_attn.q_proj"),
@@ -260,7 +265,10 @@ pub fn projector_tensors(file: &MappedFile) -> Result<Vec<HfTensor>> {
                 Some((layer, base)) => lookup(PROJECTOR_LAYER_TENSORS, base).map(|m| format!("model.vision_model.encoder.layers.{layer}.{m}")),
                 None => lookup(PROJECTOR_TENSORS, module).map(str::to_string),
             };
-            let name = hf_module.map_or_else(|| info.name.clone(), |m| format!("{m}.{suffix}"));
+            let name = match lookup(PROJECTOR_PARAMETERS, &info.name) {
+                Some(parameter) => parameter.to_string(),
+                None => hf_module.map_or_else(|| info.name.clone(), |m| format!("{m}.{suffix}")),
+            };
             let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
             Ok(HfTensor { name, shape, kind, offset: info.data.start, interleaved_head_dim: None })
         })

@@ -314,6 +314,27 @@ fn a_projector_file_reads_as_the_vision_tower_of_the_hugging_face_checkpoint() {
     assert!(text.contains("both hold"), "{text}");
 }
 
+/// Gemma 3's projector file: its norm and its F16 projection (`[vision, text]` as GGUF writes
+/// `[text, vision]` innermost first) under the Hugging Face checkpoint's names and layout.
+#[test]
+fn a_gemma3_projector_file_reads_as_the_hugging_face_projector() {
+    let model = TempFile::new("gemma3.gguf", &gguf(&[("output_norm.weight", vec![2], 0, le_bytes(&[1.0f32, 2.0], f32::to_le_bytes))]));
+    let projection: Vec<f32> = (0..6).map(|v| v as f32 / 4.0).collect();
+    let projector = TempFile::new(
+        "mmproj-gemma3.gguf",
+        &gguf(&[
+            ("mm.input_projection.weight", vec![3, 2], 1, le_bytes(&projection.iter().map(|&v| f32_to_f16(v)).collect::<Vec<_>>(), u16::to_le_bytes)),
+            ("mm.soft_emb_norm.weight", vec![2], 0, le_bytes(&[1.5f32, 0.5], f32::to_le_bytes)),
+        ]),
+    );
+    let mut store = WeightStore::open_gguf(&model.0, "llama", 1, 1).unwrap();
+    store.add_gguf_projector(&projector.0).unwrap();
+    let projection_name = "model.multi_modal_projector.mm_input_projection_weight";
+    assert_eq!(store.shape(projection_name).unwrap(), [2, 3]);
+    assert_eq!(store.read(projection_name).unwrap(), projection);
+    assert_eq!(store.read("model.multi_modal_projector.mm_soft_emb_norm.weight").unwrap(), [1.5, 0.5]);
+}
+
 #[test]
 fn a_sharded_gguf_model_maps_every_shard_whichever_is_named() {
     let row = |value: f32| le_bytes(&[value; 4], f32::to_le_bytes);
