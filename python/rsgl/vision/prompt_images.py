@@ -5,13 +5,14 @@ image encoder's cache) and, for Qwen2.5-VL, its patch grid."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from PIL import Image
 
+from rsgl._core import WeightStore
 from rsgl.core_types import ImageInput
 from rsgl.errors import InvalidRequestError
 from rsgl.loader import LoadedModel
@@ -30,14 +31,23 @@ class ImageProcessor(Protocol):
         ...
 
 
+# The preprocessing of each type of projector file rsgl reads (llama.cpp's `clip.projector_type`), from its metadata.
+PROJECTOR_PROCESSORS: dict[str, Callable[[str], ImageProcessor]] = {
+    "idefics3": SmolVLMImages.from_projector,
+    "qwen2.5vl_merger": Qwen2VLImageProcessor.from_projector,
+}
+
+
 def prompt_images_for(model: LoadedModel) -> PromptImages | None:
-    """How `model`'s prompts take images; None for a text-only model. The tower and projector name the family:
-    SmolVLM's and Idefics3's pixel shuffle, Gemma 3's average pool, Qwen2.5-VL's own tower."""
+    """How `model`'s prompts take images; None for a text-only model. A GGUF model's projector file names its type;
+    a folder's tower and projector name the family: SmolVLM's and Idefics3's pixel shuffle, Gemma 3's average pool,
+    Qwen2.5-VL's own tower."""
     vision = model.config.fields["vision"]
     if vision is None:
         return None
-    if model.mmproj is not None:  # a GGUF model's projector file: SmolVLM's, Idefics3's (the types rsgl reads)
-        return PromptImages(SmolVLMImages.from_projector(model.mmproj))
+    if model.mmproj is not None:  # the core read its config: it is of a type rsgl reads
+        projector_type = WeightStore.gguf_metadata(model.mmproj)["clip.projector_type"]
+        return PromptImages(PROJECTOR_PROCESSORS[projector_type](model.mmproj))
     folder = Path(model.source)
     if vision["tower"] == "qwen2_5_vl":
         return PromptImages(Qwen2VLImageProcessor.from_folder(folder))

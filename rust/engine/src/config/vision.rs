@@ -1,6 +1,7 @@
 //! A vision-language checkpoint's image encoder, from its config.json or from the metadata of
 //! llama.cpp's separate projector file (`mmproj-*.gguf`): a SigLIP-style tower whose patches a
-//! projector folds into fewer tokens of the language model's width. SmolVLM's and Idefics3's
+//! projector folds into fewer tokens of the language model's width (Qwen2.5-VL's own tower in
+//! `qwen_vision`). SmolVLM's and Idefics3's
 //! pixel shuffle puts each square of patches side by side and projects it; Gemma 3's averages
 //! each square, normalizes and projects it, and its language model attends both ways within
 //! each image.
@@ -14,10 +15,23 @@ use serde_json::{Map, Value};
 /// Model types whose vision tower and projector rsgl runs.
 const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
 const AVERAGE_POOL_MODELS: [&str; 1] = ["gemma3"];
-/// The projector types (llama.cpp's `clip.projector_type`) of the pixel-shuffle models' projector files.
-const PIXEL_SHUFFLE_PROJECTORS: [&str; 1] = ["idefics3"];
 /// The text of the token whose embeddings an image's rows replace, in SmolVLM's vocabulary.
 const IMAGE_TOKEN: &str = "<image>";
+
+/// A kind of llama.cpp's projector files that rsgl reads.
+struct ProjectorType {
+    /// llama.cpp's name (`clip.projector_type`).
+    name: &'static str,
+    /// The models whose projectors are of this type, for messages.
+    models: &'static str,
+    /// The token of the language model's vocabulary an image's rows take the place of.
+    image_token: &'static str,
+}
+
+const PROJECTOR_TYPES: [ProjectorType; 2] = [
+    ProjectorType { name: "idefics3", models: "SmolVLM, Idefics3", image_token: IMAGE_TOKEN },
+    ProjectorType { name: qwen_vision::PROJECTOR_TYPE, models: "Qwen2.5-VL", image_token: qwen_vision::IMAGE_TOKEN },
+];
 
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
 /// or None for a text-only model or one whose images rsgl does not read yet (it then runs on
@@ -65,34 +79,39 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
     Ok(Some(ImageEncoder::Siglip(config)))
 }
 
-/// The vision config of a projector file (`projector`: its metadata, read from `source`) for the
+/// The image encoder of a projector file (`projector`: its metadata, read from `source`) for the
 /// GGUF language model whose metadata is `text` and embedding width `text_hidden`, as llama.cpp's
 /// converter writes them: the tower's shape under `clip.vision.*`, the image token from the
 /// model's vocabulary.
-pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, text: &Map<String, Value>, text_hidden: usize) -> Result<VisionConfig> {
+pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, text: &Map<String, Value>, text_hidden: usize) -> Result<ImageEncoder> {
     let remedy = "the projector file looks broken: download it again";
     let general = Keys::new(projector, format!("{source}'s metadata"), remedy);
     let kind = general.get("clip.projector_type").and_then(Value::as_str).unwrap_or_default();
-    if !general.flag("clip.has_vision_encoder") || !PIXEL_SHUFFLE_PROJECTORS.contains(&kind) {
+    let Some(projector_type) = PROJECTOR_TYPES.iter().find(|known| known.name == kind).filter(|_| general.flag("clip.has_vision_encoder")) else {
         let what = if kind.is_empty() { "no vision projector".to_string() } else { format!("a '{kind}' projector") };
+        let known: Vec<String> = PROJECTOR_TYPES.iter().map(|known| format!("{} ({})", known.name, known.models)).collect();
         return Err(EngineError::UnsupportedModel(format!(
-            "{source} holds {what}; rsgl reads images through projector files of type {} (SmolVLM, Idefics3): run the model on text alone without it",
-            PIXEL_SHUFFLE_PROJECTORS.join(", ")
+            "{source} holds {what}; rsgl reads images through projector files of type {}: run the model on text alone without it",
+            known.join(", ")
         )));
-    }
-    let tower = general.prefixed("clip.vision.".into());
+    };
+    let tower = Keys::new(projector, format!("{source}'s metadata"), remedy).prefixed("clip.vision.".into());
     let projection_dim = tower.count("projection_dim")?;
     if projection_dim != text_hidden {
         return Err(EngineError::ModelLoad(format!(
             "{source} projects images to {projection_dim} values per token, but the language model's tokens have {text_hidden}: it is the projector of another model; pass the one made with the model"
         )));
     }
+    let image_token = projector_type.image_token;
     let tokens = text.get("tokenizer.ggml.tokens").and_then(Value::as_array);
-    let image_token_id = tokens.and_then(|tokens| tokens.iter().position(|token| token.as_str() == Some(IMAGE_TOKEN))).ok_or_else(|| {
+    let image_token_id = tokens.and_then(|tokens| tokens.iter().position(|token| token.as_str() == Some(image_token))).ok_or_else(|| {
         EngineError::ModelLoad(format!(
-            "the language model has no {IMAGE_TOKEN} token in its vocabulary, which {source}'s images take the place of: it is the projector of another model"
+            "the language model has no {image_token} token in its vocabulary, which {source}'s images take the place of: it is the projector of another model"
         ))
-    })?;
+    })? as u32;
+    if projector_type.name == qwen_vision::PROJECTOR_TYPE {
+        return qwen_vision::projector_config(&general, &tower, text, image_token_id, projection_dim).map(ImageEncoder::Qwen2_5Vl);
+    }
     let config = VisionConfig {
         hidden_size: tower.count("embedding_length")?,
         intermediate_size: tower.count("feed_forward_length")?,
@@ -104,11 +123,11 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
         // llama.cpp's converter writes the config's, which transformers defaults to 2.
         scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(2),
         projector: VisionProjector::PixelShuffle,
-        image_token_id: image_token_id as u32,
+        image_token_id,
         bidirectional_image_tokens: false,
     };
     config.check(&tower)?;
-    Ok(config)
+    Ok(ImageEncoder::Siglip(config))
 }
 
 impl VisionConfig {
