@@ -18,6 +18,8 @@ import os
 import runpy
 import subprocess
 import sys
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 FETCH_SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "llama-cpp-converter.sh"
@@ -46,6 +48,16 @@ def convert(hf_folder, out_path, outtype: str = "f32", options: tuple[str, ...] 
         log = done.stderr.strip().splitlines() or ["(no output)"]
         raise ConversionError(f"llama.cpp's converter failed on {hf_folder}: {log[-1]}\n" + "\n".join(log[-40:]))
     return out_path
+
+
+def convert_with_projectors(hf_folder, text_out, projector_outs: Mapping[str, Path]) -> tuple[Path, dict[str, Path]]:
+    """The language model of the vision-language checkpoint in `hf_folder` converted to the f32 GGUF file `text_out`,
+    and its projector file (--mmproj) to each {outtype: path} of `projector_outs`; returns their paths. The conversions
+    run side by side: each spends most of its time starting Python and torch."""
+    with ThreadPoolExecutor() as pool:
+        text_file = pool.submit(convert, hf_folder, text_out)
+        projectors = {outtype: pool.submit(convert, hf_folder, out, outtype, ("--mmproj",)) for outtype, out in projector_outs.items()}
+        return text_file.result(), {outtype: file.result() for outtype, file in projectors.items()}
 
 
 # ---- in the subprocess -------------------------------------------------------------------------
