@@ -23,7 +23,8 @@ import os
 import runpy
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -89,6 +90,16 @@ def folder_with_projector_values(folder: Path, projector: Path, out: Path, hf_te
         tensors[name] = values.reshape(tensors[name].shape)
     save_file(tensors, out / "model.safetensors", metadata={"format": "pt"})
     return out
+
+
+def convert_with_projectors(hf_folder, text_out, projector_outs: Mapping[str, Path]) -> tuple[Path, dict[str, Path]]:
+    """The language model of the vision-language checkpoint in `hf_folder` converted to the f32 GGUF file `text_out`,
+    and its projector file (--mmproj) to each {outtype: path} of `projector_outs`; returns their paths. The conversions
+    run side by side: each spends most of its time starting Python and torch."""
+    with ThreadPoolExecutor() as pool:
+        text_file = pool.submit(convert, hf_folder, text_out)
+        projectors = {outtype: pool.submit(convert, hf_folder, out, outtype, ("--mmproj",)) for outtype, out in projector_outs.items()}
+        return text_file.result(), {outtype: file.result() for outtype, file in projectors.items()}
 
 
 # ---- in the subprocess -------------------------------------------------------------------------

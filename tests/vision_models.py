@@ -173,20 +173,25 @@ QWEN_PATCH = 14
 QWEN_WINDOW = 56
 # Images are shrunk to at most 112 x 112 pixels' worth (16 tokens) and grown to at least 56 x 56 (4 tokens).
 QWEN_MIN_PIXELS, QWEN_MAX_PIXELS = 56 * 56, 112 * 112
-QWEN_VISION = dict(
-    depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=48, patch_size=QWEN_PATCH, window_size=QWEN_WINDOW, fullatt_block_indexes=[1]
-)
+QWEN_VISION = dict(depth=3, hidden_size=32, intermediate_size=48, num_heads=2, out_hidden_size=48, patch_size=QWEN_PATCH, fullatt_block_indexes=[1])
 
 
-def build_tiny_qwen2_5_vl(folder):
+def build_tiny_qwen2_5_vl(
+    folder,
+    base_tokenizer: Callable[[], Tokenizer] = byte_tokenizer,
+    window_size: int = QWEN_WINDOW,
+    min_pixels: int = QWEN_MIN_PIXELS,
+    max_pixels: int = QWEN_MAX_PIXELS,
+):
     """Saves a random Qwen2.5-VL (float32; a 2-layer language model of 48 wide with 3 heads of 16 over 1 kv head, M-RoPE
-    sections 2 + 3 + 3; a 3-block vision tower, the middle one full attention, the others windowed) with the byte-level
-    tokenizer plus Qwen's special tokens and the image processor's preprocessor_config.json to `folder`. Weights have a
-    std of 0.2 (the language model's) and 0.3 (the vision tower's), enough that greedy tokens change when the tower
-    attends to the whole image instead of windows (or the reverse), or the positions of image tokens or of output tokens
-    are 1D ones. Returns the transformers model."""
+    sections 2 + 3 + 3; a 3-block vision tower, the middle one full attention, the others attending within windows of
+    `window_size` pixels) with a byte-level tokenizer (`base_tokenizer()`: zoo_models.zoo_tokenizer for a GGUF file) plus
+    Qwen's special tokens and the image processor's preprocessor_config.json (images resized to `min_pixels` to
+    `max_pixels`) to `folder`. Weights have a std of 0.2 (the language model's) and 0.3 (the vision tower's), enough that
+    greedy tokens change when the tower attends to the whole image instead of windows (or the reverse), or the positions
+    of image tokens or of output tokens are 1D ones. Returns the transformers model."""
     folder = Path(folder)
-    tokenizer = byte_tokenizer()
+    tokenizer = base_tokenizer()
     tokenizer.add_special_tokens(list(QWEN_TOKENS))
     ids = {token: tokenizer.token_to_id(token) for token in QWEN_TOKENS}
     text = dict(
@@ -196,7 +201,7 @@ def build_tiny_qwen2_5_vl(folder):
     )  # fmt: skip
     config = transformers.Qwen2_5_VLConfig(
         text_config=text,
-        vision_config={**QWEN_VISION, "initializer_range": 0.3},
+        vision_config={**QWEN_VISION, "window_size": window_size, "initializer_range": 0.3},
         image_token_id=ids["<|image_pad|>"],
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
@@ -215,11 +220,16 @@ def build_tiny_qwen2_5_vl(folder):
     (folder / "tokenizer_config.json").write_text(
         json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "<|im_end|>", "pad_token": "<unk>"})
     )
-    transformers.Qwen2VLImageProcessorPil(min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS).save_pretrained(folder)
+    transformers.Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels).save_pretrained(folder)
     return model
 
 
 # ---- what the families' tests share --------------------------------------------------------------------------------
+
+
+def logprobs(result: dict) -> list[float]:
+    """The log-probabilities of a result's output tokens (asked for with return_logprob=True)."""
+    return [logprob for logprob, _, _ in result["meta_info"]["output_token_logprobs"]]
 
 
 def picture(seed: int, size: tuple[int, int]) -> Image.Image:

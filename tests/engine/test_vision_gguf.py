@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import logging
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import numpy as np
 import pytest
 import rsgl
-from gguf_convert import convert, folder_with_projector_values, siglip_name
+from gguf_convert import convert_with_projectors, folder_with_projector_values, siglip_name
 from PIL import Image
 from rsgl.errors import InvalidRequestError, ModelLoadError, UnsupportedModelError
 from rsgl.vision.smolvlm import SmolVLMImages
 from server_helpers import openai_client, running_server
-from vision_models import build_tiny_smolvlm, picture
+from vision_models import build_tiny_smolvlm, logprobs, picture
 from zoo_models import zoo_tokenizer
 
 NEW_TOKENS = 8
@@ -42,20 +41,13 @@ def converted(tmp_path_factory):
     folder = root / "hf"
     build_tiny_smolvlm(folder, base_tokenizer=zoo_tokenizer)
     (root / "model").mkdir()
-    # Side by side: each conversion spends most of its time starting Python and torch.
-    with ThreadPoolExecutor() as pool:
-        text_file = pool.submit(convert, folder, root / "model" / "smolvlm.gguf")
-        projectors = {outtype: pool.submit(convert, folder, root / f"mmproj-smolvlm-{outtype}.gguf", outtype, ("--mmproj",)) for outtype in PROJECTOR_TYPES}
-        return folder, text_file.result(), {outtype: file.result() for outtype, file in projectors.items()}
+    projectors = {outtype: root / f"mmproj-smolvlm-{outtype}.gguf" for outtype in PROJECTOR_TYPES}
+    return folder, *convert_with_projectors(folder, root / "model" / "smolvlm.gguf", projectors)
 
 
 def greedy(model: str, images: list[Image.Image], **options) -> dict:
     with rsgl.Engine(model, threads=2, progress=False, **options) as engine:
         return engine.generate(PROMPT, GREEDY, image_data=images, return_logprob=True)
-
-
-def logprobs(result: dict) -> list[float]:
-    return [logprob for logprob, _, _ in result["meta_info"]["output_token_logprobs"]]
 
 
 def smolvlm_tensor(gguf_name: str, values: np.ndarray) -> tuple[str, np.ndarray]:

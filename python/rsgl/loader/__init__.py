@@ -425,7 +425,7 @@ def expected_tensor_shapes(config: ModelConfigFields, found: Iterable[str] = (),
     if not config["tie_word_embeddings"]:
         shapes["lm_head.weight"] = (vocab, hidden)
     if vision := config.get("vision"):
-        shapes.update(_qwen_vision_shapes(vision, hidden) if vision["tower"] == "qwen2_5_vl" else _vision_shapes(vision, hidden))
+        shapes.update(_qwen_vision_shapes(vision, hidden, found) if vision["tower"] == "qwen2_5_vl" else _vision_shapes(vision, hidden))
     return _stacked_experts_where_stored(_fused_where_stored(shapes, found), found, config, set(mxfp4))
 
 
@@ -455,8 +455,9 @@ def _vision_shapes(vision: VisionConfig, text_hidden: int) -> dict[str, tuple[in
     return shapes
 
 
-def _qwen_vision_shapes(vision: Qwen2_5VlVisionConfig, text_hidden: int) -> dict[str, tuple[int, ...]]:
-    """Qwen2.5-VL's vision tower's and merger's tensors."""
+def _qwen_vision_shapes(vision: Qwen2_5VlVisionConfig, text_hidden: int, found: set[str]) -> dict[str, tuple[int, ...]]:
+    """Qwen2.5-VL's vision tower's and merger's tensors; each block's q, k and v apart where `found` holds them so
+    (llama.cpp's projector files)."""
     width, inner, patch = vision["hidden_size"], vision["intermediate_size"], vision["patch_size"]
     merged = width * vision["spatial_merge_size"] ** 2
     shapes: dict[str, tuple[int, ...]] = {
@@ -469,7 +470,8 @@ def _qwen_vision_shapes(vision: Qwen2_5VlVisionConfig, text_hidden: int) -> dict
     }
     for layer in range(vision["depth"]):
         prefix = f"visual.blocks.{layer}."
-        for name, (rows, cols) in {"attn.qkv": (3 * width, width), "attn.proj": (width, width), "mlp.gate_proj": (inner, width),
+        attention = {name: (width, width) for name in ("attn.q", "attn.k", "attn.v")} if f"{prefix}attn.q.weight" in found else {"attn.qkv": (3 * width, width)}
+        for name, (rows, cols) in {**attention, "attn.proj": (width, width), "mlp.gate_proj": (inner, width),
                                    "mlp.up_proj": (inner, width), "mlp.down_proj": (width, inner)}.items():  # fmt: skip
             shapes[f"{prefix}{name}.weight"], shapes[f"{prefix}{name}.bias"] = (rows, cols), (rows,)
         shapes[f"{prefix}norm1.weight"], shapes[f"{prefix}norm2.weight"] = (width,), (width,)

@@ -8,7 +8,7 @@ dequantizing them as it packs; it builds the tokenizer the metadata describes as
 A vision-language model's image encoder is a separate file in llama.cpp's layout, its projector
 (`convert_hf_to_gguf.py --mmproj` writes `mmproj-NAME.gguf`): given as `mmproj`, or found beside the
 model. The core reads the tower's config from its `clip.vision.*` metadata and maps its tensors
-under the Hugging Face checkpoint's names (SmolVLM's, Idefics3's, Gemma 3's).
+under the Hugging Face checkpoint's names (SmolVLM's, Idefics3's, Gemma 3's, Qwen2.5-VL's).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ _FLOAT_TYPES = ("F32", "F16", "BF16")
 # Tensors the config reads (Phi-3's LongRoPE factors).
 _CONFIG_TENSORS = ("rope_factors_long.weight", "rope_factors_short.weight")
 # Where a vision-language model keeps its image encoder's tensors (a projector file's, once mapped).
-_VISION_TENSORS = ("model.vision_model.", "model.connector.", "model.multi_modal_projector.")
+_VISION_TENSORS = ("model.vision_model.", "model.connector.", "model.multi_modal_projector.", "visual.")
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def load(path: Path, *, skip_tokenizer_init: bool, mmproj: str | os.PathLike[str
     tensors: Tensors = {name: (tuple(shape), stored) for name, shape, stored in open_weights().tensors()}
     shapes = {name: shape for name, (shape, _) in tensors.items()}
     check_tensor_shapes(shapes, fields, path if projector is None else f"{path} with {projector}")
-    unknown = sorted(name for name in shapes if not name.startswith(("model.", "lm_head.")) and name not in _CONFIG_TENSORS)
+    unknown = sorted(name for name in shapes if not name.startswith(("model.", "lm_head.", *_VISION_TENSORS)) and name not in _CONFIG_TENSORS)
     if unknown:
         raise UnsupportedModelError(f"{path} holds a tensor rsgl does not know ({unknown[0]}); this model variant is not supported.")
     probe = WEIGHT_DTYPE_PROBE if WEIGHT_DTYPE_PROBE in tensors else "model.embed_tokens.weight"

@@ -31,16 +31,17 @@ class ImageProcessor(Protocol):
         ...
 
 
-# A GGUF model's image processor by its projector file's type (llama.cpp's `clip.projector_type`).
+# The preprocessing of each type of projector file rsgl reads (llama.cpp's `clip.projector_type`), from its metadata.
 PROJECTOR_PROCESSORS: dict[str, Callable[[str], ImageProcessor]] = {
     "idefics3": SmolVLMImages.from_projector,
     "gemma3": Gemma3ImageProcessor.from_projector,
+    "qwen2.5vl_merger": Qwen2VLImageProcessor.from_projector,
 }
 
 
 def prompt_images_for(model: LoadedModel) -> PromptImages | None:
-    """How `model`'s prompts take images; None for a text-only model. A GGUF model's projector file names the family
-    by its type; a folder's tower and projector do: SmolVLM's and Idefics3's pixel shuffle, Gemma 3's average pool,
+    """How `model`'s prompts take images; None for a text-only model. A GGUF model's projector file names its type;
+    a folder's tower and projector name the family: SmolVLM's and Idefics3's pixel shuffle, Gemma 3's average pool,
     Qwen2.5-VL's own tower."""
     vision = model.config.fields["vision"]
     if vision is None:

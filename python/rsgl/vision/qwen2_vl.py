@@ -14,6 +14,8 @@ checkpoint's preprocessor_config.json): patch_size 14, spatial merge_size 2, tem
 so 3 * 2 * 14 * 14 = 1176 values per patch and one token per 28 x 28 pixels; min_pixels 3136
 (56 * 56, at least 4 tokens) and max_pixels 12845056 (16384 tokens). Without min_pixels / max_pixels
 in the config, transformers' defaults are 56 * 56 and 28 * 28 * 1280 (1280 tokens).
+
+A GGUF model's settings are in its projector file's metadata (`from_projector`), which lacks the pixel bounds.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image
 
+from rsgl._core import WeightStore
+from rsgl._typing import JsonObject
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.vision.images import to_rgb
 from rsgl.vision.pixels import FloatPixels, PixelSteps, ProcessedImage, preprocessor_config
@@ -36,6 +40,8 @@ CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 IMAGE_TOKEN = "<|image_pad|>"
+# transformers' pixel bounds where a config sets none: at least 4 tokens, at most 1280.
+DEFAULT_MIN_PIXELS, DEFAULT_MAX_PIXELS = 56 * 56, 28 * 28 * 1280
 # Images longer than this many times their width (or wider than their height) are refused, as transformers does.
 MAX_ASPECT_RATIO = 200
 
@@ -79,7 +85,7 @@ class Qwen2VLImageProcessor:
         Top-level `min_pixels` / `max_pixels` win over `size`'s `shortest_edge` / `longest_edge`."""
         folder = Path(path)
         config = preprocessor_config(folder)
-        size = config.get("size") or {"shortest_edge": 56 * 56, "longest_edge": 28 * 28 * 1280}
+        size = config.get("size") or {"shortest_edge": DEFAULT_MIN_PIXELS, "longest_edge": DEFAULT_MAX_PIXELS}
         min_pixels = config.get("min_pixels", size.get("shortest_edge"))
         max_pixels = config.get("max_pixels", size.get("longest_edge"))
         if min_pixels is None or max_pixels is None:
@@ -94,6 +100,29 @@ class Qwen2VLImageProcessor:
             max_pixels=max_pixels,
             pixel_steps=PixelSteps.from_config(config, Image.Resampling.BICUBIC, mean=CLIP_MEAN, std=CLIP_STD),
         )
+
+    @classmethod
+    def from_projector(cls, path: str | Path) -> Qwen2VLImageProcessor:
+        """The preprocessing a GGUF model's projector file (llama.cpp's mmproj-*.gguf, projector type
+        qwen2.5vl_merger) sets in its metadata: the patch size, the merge size (`clip.vision.spatial_merge_size`,
+        else 2), mean and std; the pixel bounds from `clip.vision.image_min_pixels` / `image_max_pixels`, which
+        llama.cpp's converter does not write, else transformers' defaults (56 * 56 and 28 * 28 * 1280, not the
+        released checkpoints' 3136 and 12845056); the rest as transformers' processor does it (bicubic, 1/255, 2
+        frames a patch). llama.cpp itself resizes to between 8 and 4096 tokens' worth, whatever the file says.
+        Raises ModelLoadError if its settings are missing or unusable."""
+        metadata = WeightStore.gguf_metadata(path)
+        try:
+            settings: JsonObject = {"image_mean": metadata["clip.vision.image_mean"], "image_std": metadata["clip.vision.image_std"]}
+            return cls(
+                patch_size=int(metadata["clip.vision.patch_size"]),
+                temporal_patch_size=2,
+                merge_size=int(metadata.get("clip.vision.spatial_merge_size", 2)),
+                min_pixels=int(metadata.get("clip.vision.image_min_pixels", DEFAULT_MIN_PIXELS)),
+                max_pixels=int(metadata.get("clip.vision.image_max_pixels", DEFAULT_MAX_PIXELS)),
+                pixel_steps=PixelSteps.from_config(settings, Image.Resampling.BICUBIC, mean=CLIP_MEAN, std=CLIP_STD),
+            )
+        except (KeyError, TypeError, ValueError) as error:
+            raise ModelLoadError(f"{path}: unusable image preprocessing settings in its metadata ({error!r}); download the projector file again") from error
 
     def resized_size(self, height: int, width: int) -> tuple[int, int]:
         """The (height, width) an image of `height` x `width` pixels is resized to."""

@@ -109,8 +109,9 @@ pub const ARCHITECTURES: &[Architecture] = &[
     Architecture { name: "llama", hf_class: "LlamaForCausalLM", gguf_name: Some("llama"), ..PLAIN },
     Architecture { name: "mistral", hf_class: "MistralForCausalLM", gguf_name: Some("mistral"), sliding_window: true, ..PLAIN },
     Architecture { name: "qwen2", hf_class: "Qwen2ForCausalLM", gguf_name: Some("qwen2"), attention_bias: true, ..PLAIN },
-    // Qwen2.5-VL's language model: Qwen2's, its rope turned by 3D positions at image tokens (M-RoPE).
-    Architecture { name: "qwen2_5_vl_text", hf_class: "Qwen2_5_VLForConditionalGeneration", attention_bias: true, ..PLAIN },
+    // Qwen2.5-VL's language model: Qwen2's, its rope turned by 3D positions at image tokens (M-RoPE;
+    // llama.cpp files Qwen2-VL's and Qwen2.5-VL's as qwen2vl, their sections in `rope.dimension_sections`).
+    Architecture { name: "qwen2_5_vl_text", hf_class: "Qwen2_5_VLForConditionalGeneration", gguf_name: Some("qwen2vl"), attention_bias: true, ..PLAIN },
     Architecture { name: "qwen3", hf_class: "Qwen3ForCausalLM", gguf_name: Some("qwen3"), assembly: llama::QWEN3, ..PLAIN },
     Architecture { name: "smollm3", hf_class: "SmolLM3ForCausalLM", gguf_name: Some("smollm3"), no_rope_layer_every: Some(4), ..PLAIN },
     Architecture { name: "granite", hf_class: "GraniteForCausalLM", gguf_name: Some("granite"), ..PLAIN },
@@ -277,9 +278,10 @@ mod tests {
         assert_eq!((of_gguf("llama", false), of_gguf("llama", true), of_gguf("qwen3moe", true)), (Some("llama"), Some("mixtral"), Some("qwen3_moe")));
         assert_eq!(
             Architecture::list(|a| a.gguf_name),
-            "llama, mistral, qwen2, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss, qwen35, qwen3next, deepseek2, glm4moe"
+            "llama, mistral, qwen2, qwen2vl, qwen3, smollm3, granite, olmo2, phi3, glm4, gemma2, gemma3, mistral3, qwen2moe, qwen3moe, gpt-oss, qwen35, qwen3next, deepseek2, glm4moe"
         );
         assert_eq!(Architecture::of_gguf("olmo2", false).map(|a| a.name), Some("olmo2"));
+        assert_eq!(Architecture::of_gguf("qwen2vl", false).map(|a| a.name), Some("qwen2_5_vl_text"));
         assert_eq!(Architecture::of_gguf("gpt-oss", true).map(|a| a.name), Some("gpt_oss"));
         assert_eq!(Architecture::of_gguf("starcoder2", false).map(|a| a.name), None);
     }

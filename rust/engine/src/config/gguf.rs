@@ -5,8 +5,8 @@ use super::architecture::{Architecture, MoeFacts};
 use super::keys::{quoted, truthy, Keys};
 use super::vision;
 use super::{
-    ExpertGroups, ExpertScoring, GatedDeltaNet, GroupScore, ImageEncoder, LatentAttention, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales,
-    SlidingWindow, ValueHeadOrder,
+    ExpertGroups, ExpertScoring, GatedDeltaNet, GroupScore, LatentAttention, ModelConfig, MoeConfig, QueryTemperature, RopeScaling, Scales, SlidingWindow,
+    ValueHeadOrder,
 };
 use crate::error::{EngineError, Result};
 use crate::model::archs::QkNorm;
@@ -109,8 +109,7 @@ impl ModelConfig {
             latent_attention,
             vision: projector
                 .map(|projector| vision::projector_config(&WeightStore::gguf_metadata(projector)?, &projector.display().to_string(), &metadata, hidden_size))
-                .transpose()?
-                .map(ImageEncoder::Siglip),
+                .transpose()?,
         };
         config.validate()?;
         Ok(config)

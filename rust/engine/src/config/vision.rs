@@ -1,6 +1,7 @@
 //! A vision-language checkpoint's image encoder, from its config.json or from the metadata of
 //! llama.cpp's separate projector file (`mmproj-*.gguf`): a SigLIP-style tower whose patches a
-//! projector folds into fewer tokens of the language model's width. SmolVLM's and Idefics3's
+//! projector folds into fewer tokens of the language model's width (Qwen2.5-VL's own tower in
+//! `qwen_vision`). SmolVLM's and Idefics3's
 //! pixel shuffle puts each square of patches side by side and projects it; Gemma 3's averages
 //! each square, normalizes and projects it, and its language model attends both ways within
 //! each image.
@@ -15,23 +16,26 @@ use serde_json::{Map, Value};
 const PIXEL_SHUFFLE_MODELS: [&str; 2] = ["smolvlm", "idefics3"];
 const AVERAGE_POOL_MODELS: [&str; 1] = ["gemma3"];
 
-/// What a projector file's type (llama.cpp's `clip.projector_type`) says that its metadata does
-/// not: how the projector folds patches, the factor llama.cpp's converter leaves out when it is
-/// the family's usual one, and the text of the token whose embeddings an image's rows replace.
+/// A kind of llama.cpp's projector files that rsgl reads: what its type (`clip.projector_type`)
+/// says that its metadata does not.
 struct ProjectorType {
+    /// llama.cpp's name.
     name: &'static str,
+    /// The models whose projectors are of this type, for messages.
     models: &'static str,
-    projector: VisionProjector,
-    default_scale_factor: usize,
+    /// The token of the language model's vocabulary an image's rows take the place of.
     image_token: &'static str,
+    /// A SigLIP tower's projector and the factor llama.cpp's converter leaves out when it is the
+    /// family's usual one; None for Qwen2.5-VL's own tower.
+    siglip: Option<(VisionProjector, usize)>,
 }
 
-/// The projector files whose images rsgl reads.
-const PROJECTOR_TYPES: [ProjectorType; 2] = [
+const PROJECTOR_TYPES: [ProjectorType; 3] = [
     // transformers defaults SmolVLM's scale_factor to 2.
-    ProjectorType { name: "idefics3", models: "SmolVLM, Idefics3", projector: VisionProjector::PixelShuffle, default_scale_factor: 2, image_token: "<image>" },
+    ProjectorType { name: "idefics3", models: "SmolVLM, Idefics3", image_token: "<image>", siglip: Some((VisionProjector::PixelShuffle, 2)) },
     // Gemma 3 pools 64 x 64 patches to 16 x 16 tokens.
-    ProjectorType { name: "gemma3", models: "Gemma 3", projector: VisionProjector::AveragePool, default_scale_factor: 4, image_token: "<image_soft_token>" },
+    ProjectorType { name: "gemma3", models: "Gemma 3", image_token: "<image_soft_token>", siglip: Some((VisionProjector::AveragePool, 4)) },
+    ProjectorType { name: qwen_vision::PROJECTOR_TYPE, models: "Qwen2.5-VL", image_token: qwen_vision::IMAGE_TOKEN, siglip: None },
 ];
 
 /// The vision config of `raw` (the whole config.json, before its language model is taken out),
@@ -82,11 +86,11 @@ pub(super) fn vision_config(raw: &Map<String, Value>, remedy: &'static str) -> R
     Ok(Some(ImageEncoder::Siglip(config)))
 }
 
-/// The vision config of a projector file (`projector`: its metadata, read from `source`) for the
+/// The image encoder of a projector file (`projector`: its metadata, read from `source`) for the
 /// GGUF language model whose metadata is `text` and embedding width `text_hidden`, as llama.cpp's
 /// converter writes them: the tower's shape under `clip.vision.*`, the projector and image token
 /// by its type ([`PROJECTOR_TYPES`]), the image token's id from the model's vocabulary.
-pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, text: &Map<String, Value>, text_hidden: usize) -> Result<VisionConfig> {
+pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, text: &Map<String, Value>, text_hidden: usize) -> Result<ImageEncoder> {
     let remedy = "the projector file looks broken: download it again";
     let general = Keys::new(projector, format!("{source}'s metadata"), remedy);
     let kind = general.get("clip.projector_type").and_then(Value::as_str).unwrap_or_default();
@@ -98,7 +102,7 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
             known.join(", ")
         )));
     };
-    let tower = general.prefixed("clip.vision.".into());
+    let tower = Keys::new(projector, format!("{source}'s metadata"), remedy).prefixed("clip.vision.".into());
     let projection_dim = tower.count("projection_dim")?;
     if projection_dim != text_hidden {
         return Err(EngineError::ModelLoad(format!(
@@ -111,7 +115,10 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
         EngineError::ModelLoad(format!(
             "the language model has no {image_token} token in its vocabulary, which {source}'s images take the place of: it is the projector of another model"
         ))
-    })?;
+    })? as u32;
+    let Some((projector, default_scale_factor)) = projector_type.siglip else {
+        return qwen_vision::projector_config(&general, &tower, text, image_token_id, projection_dim).map(ImageEncoder::Qwen2_5Vl);
+    };
     let config = VisionConfig {
         hidden_size: tower.count("embedding_length")?,
         intermediate_size: tower.count("feed_forward_length")?,
@@ -120,15 +127,15 @@ pub(super) fn projector_config(projector: &Map<String, Value>, source: &str, tex
         image_size: tower.count("image_size")?,
         patch_size: tower.count("patch_size")?,
         layer_norm_eps: tower.number("attention.layer_norm_epsilon")?.unwrap_or(1e-6) as f32,
-        scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(projector_type.default_scale_factor),
-        projector: projector_type.projector,
-        image_token_id: image_token_id as u32,
-        bidirectional_image_tokens: projector_type.projector == VisionProjector::AveragePool,
+        scale_factor: tower.optional_count("projector.scale_factor")?.unwrap_or(default_scale_factor),
+        projector,
+        image_token_id,
+        bidirectional_image_tokens: projector == VisionProjector::AveragePool,
         // llama.cpp's converter stores Gemma 3's projector norm as the `1 + w` it scales by.
         projector_norm_offset: 0.0,
     };
     config.check(&tower)?;
-    Ok(config)
+    Ok(ImageEncoder::Siglip(config))
 }
 
 impl VisionConfig {
@@ -206,11 +213,15 @@ mod tests {
     fn a_gemma3_projector_file_pools_into_its_image_tokens() {
         let text = json!({"tokenizer.ggml.tokens": ["<pad>", "<start_of_image>", "<image_soft_token>"]});
         let text = text.as_object().unwrap();
-        let config = projector_config(&gemma3_projector(json!({})), "mmproj.gguf", text, 2560).unwrap();
+        let siglip = |encoder: ImageEncoder| match encoder {
+            ImageEncoder::Siglip(config) => config,
+            ImageEncoder::Qwen2_5Vl(_) => panic!("Gemma 3's tower is SigLIP's"),
+        };
+        let config = siglip(projector_config(&gemma3_projector(json!({})), "mmproj.gguf", text, 2560).unwrap());
         assert_eq!((config.projector, config.scale_factor, config.tokens_per_tile()), (VisionProjector::AveragePool, 4, 256));
         assert_eq!((config.image_token_id, config.bidirectional_image_tokens, config.projector_norm_offset), (2, true, 0.0));
         // A test model's pool factor, which the converter writes only when it is not 4.
-        let pooled_by_two = projector_config(&gemma3_projector(json!({"clip.vision.projector.scale_factor": 2})), "mmproj.gguf", text, 2560).unwrap();
+        let pooled_by_two = siglip(projector_config(&gemma3_projector(json!({"clip.vision.projector.scale_factor": 2})), "mmproj.gguf", text, 2560).unwrap());
         assert_eq!((pooled_by_two.scale_factor, pooled_by_two.tokens_per_tile()), (2, 1024));
         let without_token = json!({"tokenizer.ggml.tokens": ["<pad>", "<image>"]});
         let error = projector_config(&gemma3_projector(json!({})), "mmproj.gguf", without_token.as_object().unwrap(), 2560).unwrap_err().to_string();

@@ -137,14 +137,19 @@ impl QwenVisionTower {
         let blocks = (0..cfg.depth)
             .map(|l| {
                 let prefix = format!("{TOWER}.blocks.{l}");
+                let fused_qkv = w.contains(&format!("{prefix}.attn.qkv.weight"));
                 let mut projection = |name: &str, out: usize, inp: usize| take_linear(w, &format!("{prefix}.{name}"), out, inp);
-                let qkv = projection("attn.qkv", 3 * d, d)?;
+                // llama.cpp's projector files hold q, k and v apart.
+                let qkv = match fused_qkv {
+                    true => vec![projection("attn.qkv", 3 * d, d)?],
+                    false => ["attn.q", "attn.k", "attn.v"].into_iter().map(|name| projection(name, d, d)).collect::<Result<_>>()?,
+                };
                 let proj = projection("attn.proj", d, d)?;
                 let gate_up = vec![projection("mlp.gate_proj", inter, d)?, projection("mlp.up_proj", inter, d)?];
                 let down = projection("mlp.down_proj", d, inter)?;
                 Ok(Block {
                     norm1: w.take(&format!("{prefix}.norm1.weight"), &[d])?,
-                    qkv: pack(vec![qkv]),
+                    qkv: pack(qkv),
                     proj: pack(vec![proj]),
                     norm2: w.take(&format!("{prefix}.norm2.weight"), &[d])?,
                     gate_up: pack(gate_up),

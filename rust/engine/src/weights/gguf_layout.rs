@@ -4,7 +4,7 @@
 //! interleaves in llama q/k heads read back in order, and the multi-token prediction layers it
 //! appends (Qwen3.5, Qwen3-Next), which rsgl does not read yet, left out. A projector file
 //! (`mmproj-*.gguf`: a vision-language model's image encoder, which llama.cpp keeps apart) is
-//! named as the Hugging Face checkpoint names its vision tower and connector.
+//! named as the Hugging Face checkpoint of its type names its vision tower and connector.
 
 use super::ggml::GgmlType;
 use super::gguf::{read_directory, GgufDirectory, GgufTensorInfo};
@@ -80,30 +80,77 @@ const SHARED_EXPERT_TENSORS: &[(&str, &str)] = &[
     ("ffn_gate_inp_shexp", "shared_expert_gate"),
 ];
 
-/// A projector file's tensors outside its layers, by their GGUF names (`v.*`, `mm.*`) without
-/// `.weight` or `.bias`, under the Hugging Face names of SmolVLM's, Idefics3's and Gemma 3's
-/// vision tower (rsgl names Gemma 3's as SmolVLM's) and of their projectors.
-const PROJECTOR_TENSORS: &[(&str, &str)] = &[
-    ("v.patch_embd", "model.vision_model.embeddings.patch_embedding"),
-    ("v.position_embd", "model.vision_model.embeddings.position_embedding"),
-    ("v.post_ln", "model.vision_model.post_layernorm"),
-    ("mm.model.fc", "model.connector.modality_projection.proj"),
-    ("mm.soft_emb_norm", "model.multi_modal_projector.mm_soft_emb_norm"),
-];
-/// Projector tensors that are parameters of a Hugging Face module, not modules with a weight, by
-/// their whole GGUF names: Gemma 3's projection matrix.
-const PROJECTOR_PARAMETERS: &[(&str, &str)] = &[("mm.input_projection.weight", "model.multi_modal_projector.mm_input_projection_weight")];
-/// A projector file's layer tensors (`v.blk.N.`), under their module names in the tower's layer.
-const PROJECTOR_LAYER_TENSORS: &[(&str, &str)] = &[
-    ("attn_q", "self_attn.q_proj"),
-    ("attn_k", "self_attn.k_proj"),
-    ("attn_v", "self_attn.v_proj"),
-    ("attn_out", "self_attn.out_proj"),
-    ("ln1", "layer_norm1"),
-    ("ln2", "layer_norm2"),
-    ("ffn_up", "mlp.fc1"),
-    ("ffn_down", "mlp.fc2"),
-];
+/// How llama.cpp's projector files of one type (`clip.projector_type`) name the tensors of the
+/// Hugging Face checkpoint's vision tower and connector.
+struct ProjectorNames {
+    /// Tensors outside the layers, by their GGUF names up to the last `.`.
+    outside: &'static [(&'static str, &'static str)],
+    /// Where the checkpoint keeps layer N's modules (`v.blk.N.`): this, then N.
+    layers: &'static str,
+    /// A layer's modules, by their GGUF names past `v.blk.N.`.
+    layer: &'static [(&'static str, &'static str)],
+    /// Tensors that are parameters of a Hugging Face module, not modules with a weight, by their
+    /// whole GGUF names.
+    parameters: &'static [(&'static str, &'static str)],
+    /// Tensors the converter cuts into pieces along one dimension: the checkpoint's name, the
+    /// pieces' GGUF names, and the dimension they are stacked back along.
+    stacked: &'static [(&'static str, &'static [&'static str], usize)],
+}
+
+/// SmolVLM's and Idefics3's (`idefics3`) and Gemma 3's (`gemma3`; rsgl names its SigLIP tower
+/// as SmolVLM's), with their projectors'.
+const SIGLIP_NAMES: ProjectorNames = ProjectorNames {
+    outside: &[
+        ("v.patch_embd", "model.vision_model.embeddings.patch_embedding"),
+        ("v.position_embd", "model.vision_model.embeddings.position_embedding"),
+        ("v.post_ln", "model.vision_model.post_layernorm"),
+        ("mm.model.fc", "model.connector.modality_projection.proj"),
+        ("mm.soft_emb_norm", "model.multi_modal_projector.mm_soft_emb_norm"),
+    ],
+    layers: "model.vision_model.encoder.layers.",
+    layer: &[
+        ("attn_q", "self_attn.q_proj"),
+        ("attn_k", "self_attn.k_proj"),
+        ("attn_v", "self_attn.v_proj"),
+        ("attn_out", "self_attn.out_proj"),
+        ("ln1", "layer_norm1"),
+        ("ln2", "layer_norm2"),
+        ("ffn_up", "mlp.fc1"),
+        ("ffn_down", "mlp.fc2"),
+    ],
+    parameters: &[("mm.input_projection.weight", "model.multi_modal_projector.mm_input_projection_weight")],
+    stacked: &[],
+};
+
+/// Qwen2.5-VL's (`qwen2.5vl_merger`). The converter cuts the 3D patch convolution into the 2D
+/// ones of its two frames, and each block's fused `attn.qkv` into q, k and v (which the tower
+/// also takes apart, under llama.cpp's names for them).
+const QWEN2_5_VL_NAMES: ProjectorNames = ProjectorNames {
+    outside: &[("v.post_ln", "visual.merger.ln_q"), ("mm.0", "visual.merger.mlp.0"), ("mm.2", "visual.merger.mlp.2")],
+    layers: "visual.blocks.",
+    layer: &[
+        ("attn_q", "attn.q"),
+        ("attn_k", "attn.k"),
+        ("attn_v", "attn.v"),
+        ("attn_out", "attn.proj"),
+        ("ln1", "norm1"),
+        ("ln2", "norm2"),
+        ("ffn_gate", "mlp.gate_proj"),
+        ("ffn_up", "mlp.up_proj"),
+        ("ffn_down", "mlp.down_proj"),
+    ],
+    parameters: &[],
+    stacked: &[("visual.patch_embed.proj.weight", &["v.patch_embd.weight", "v.patch_embd.weight.1"], 2)],
+};
+
+/// The names of the projector type `kind`; None for a type rsgl does not read.
+fn projector_names(kind: &str) -> Option<&'static ProjectorNames> {
+    match kind {
+        "idefics3" | "gemma3" => Some(&SIGLIP_NAMES),
+        "qwen2.5vl_merger" => Some(&QWEN2_5_VL_NAMES),
+        _ => None,
+    }
+}
 
 /// The Hugging Face name of a layer's norm llama.cpp calls `base`, by where it sits: `ffn_norm`
 /// is a Llama's `post_attention_layernorm` and a Gemma's `pre_feedforward_layernorm`;
@@ -250,29 +297,87 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     Ok(tensors)
 }
 
-/// A projector file's tensors under Hugging Face names (dimensions outermost first); tensors of
-/// other names keep theirs.
-pub fn projector_tensors(file: &MappedFile) -> Result<Vec<HfTensor>> {
+/// A projector file's tensors in Hugging Face terms.
+pub struct ProjectorTensors {
+    /// Under Hugging Face names (those of a type rsgl does not read, or of another name, keep
+    /// theirs).
+    pub tensors: Vec<HfTensor>,
+    /// Tensors to stack back from pieces.
+    pub stacked: Vec<StackedTensor>,
+}
+
+/// A checkpoint's tensor the converter cut into `pieces`, each of one shape, to be stacked along
+/// a new dimension `dim` of theirs (at most their number of dimensions).
+pub struct StackedTensor {
+    pub name: String,
+    pub pieces: Vec<HfTensor>,
+    pub dim: usize,
+}
+
+/// A projector file's tensors under the Hugging Face names of its type's checkpoint (dimensions
+/// outermost first).
+pub fn projector_tensors(file: &MappedFile) -> Result<ProjectorTensors> {
     let directory = directory(file)?;
-    directory
-        .tensors
-        .iter()
-        .map(|info| {
-            let kind = known_type(file, info)?;
-            let (module, suffix) = info.name.rsplit_once('.').unwrap_or((&info.name, ""));
-            let layer = module.strip_prefix("v.blk.").and_then(|rest| rest.split_once('.'));
-            let hf_module = match layer {
-                Some((layer, base)) => lookup(PROJECTOR_LAYER_TENSORS, base).map(|m| format!("model.vision_model.encoder.layers.{layer}.{m}")),
-                None => lookup(PROJECTOR_TENSORS, module).map(str::to_string),
-            };
-            let name = match lookup(PROJECTOR_PARAMETERS, &info.name) {
-                Some(parameter) => parameter.to_string(),
-                None => hf_module.map_or_else(|| info.name.clone(), |m| format!("{m}.{suffix}")),
-            };
-            let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
-            Ok(HfTensor { name, shape, kind, offset: info.data.start, interleaved_head_dim: None })
-        })
-        .collect()
+    let kind = directory.metadata.get("clip.projector_type").and_then(Value::as_str).unwrap_or_default();
+    let Some(names) = projector_names(kind) else {
+        let tensors = directory.tensors.iter().map(|info| hf_tensor(file, info, info.name.clone())).collect::<Result<_>>()?;
+        return Ok(ProjectorTensors { tensors, stacked: Vec::new() });
+    };
+    let is_piece = |name: &str| names.stacked.iter().any(|(_, pieces, _)| pieces.contains(&name));
+    let (mut tensors, mut pieces) = (Vec::new(), Vec::new());
+    for info in &directory.tensors {
+        if is_piece(&info.name) {
+            pieces.push(hf_tensor(file, info, info.name.clone())?);
+            continue;
+        }
+        let (module, suffix) = info.name.rsplit_once('.').unwrap_or((&info.name, ""));
+        let layer = module.strip_prefix("v.blk.").and_then(|rest| rest.split_once('.'));
+        let hf_module = match layer {
+            Some((layer, base)) => lookup(names.layer, base).map(|m| format!("{}{layer}.{m}", names.layers)),
+            None => lookup(names.outside, module).map(str::to_string),
+        };
+        let name = match lookup(names.parameters, &info.name) {
+            Some(parameter) => parameter.to_string(),
+            None => hf_module.map_or_else(|| info.name.clone(), |m| format!("{m}.{suffix}")),
+        };
+        tensors.push(hf_tensor(file, info, name)?);
+    }
+    let mut stacked = Vec::new();
+    for &(name, piece_names, dim) in names.stacked {
+        if !pieces.iter().any(|piece| piece_names.contains(&piece.name.as_str())) {
+            continue; // the tower then says it is missing
+        }
+        let mut in_order = Vec::new();
+        for piece_name in piece_names {
+            let at = pieces.iter().position(|piece| piece.name == *piece_name).ok_or_else(|| {
+                EngineError::ModelLoad(format!(
+                    "{}: the converter cuts {name} into {}, but {piece_name} is missing; the file looks broken: download it again",
+                    file.path.display(),
+                    piece_names.join(" and ")
+                ))
+            })?;
+            in_order.push(pieces.swap_remove(at));
+        }
+        let first = &in_order[0];
+        if let Some(other) = in_order.iter().find(|piece| piece.shape != first.shape || dim > piece.shape.len()) {
+            return Err(EngineError::ModelLoad(format!(
+                "{}: {} has shape {:?}, which does not stack with {}'s {:?} into {name} along dimension {dim}; the file looks broken: download it again",
+                file.path.display(),
+                other.name,
+                other.shape,
+                first.name,
+                first.shape
+            )));
+        }
+        stacked.push(StackedTensor { name: name.to_string(), pieces: in_order, dim });
+    }
+    Ok(ProjectorTensors { tensors, stacked })
+}
+
+/// The projector file's tensor `info`, named `name`.
+fn hf_tensor(file: &MappedFile, info: &GgufTensorInfo, name: String) -> Result<HfTensor> {
+    let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
+    Ok(HfTensor { name, shape, kind: known_type(file, info)?, offset: info.data.start, interleaved_head_dim: None })
 }
 
 /// The storage type of `info`, refused by name where rsgl does not read it.

@@ -339,30 +339,42 @@ impl WeightStore {
 
     /// Maps llama.cpp's separate projector file of a vision-language model (`mmproj-*.gguf`) beside
     /// the model's, its tensors named as the Hugging Face checkpoint names its vision tower and
-    /// connector.
+    /// connector; those the converter cut into pieces (Qwen2.5-VL's patch embedding, small) are
+    /// read and stacked back, in memory.
     pub fn add_gguf_projector(&mut self, path: &Path) -> Result<()> {
         let file = MappedFile::open(path)?;
+        let projector = gguf_layout::projector_tensors(&file)?;
         let source = self.sources.len();
-        for tensor in gguf_layout::projector_tensors(&file)? {
-            if self.contains(&tensor.name) {
-                return Err(EngineError::ModelLoad(format!(
-                    "{} and the model's file both hold {}; pass the model's own projector file",
-                    path.display(),
-                    tensor.name
-                )));
-            }
-            let entry = Entry {
-                source,
-                shape: tensor.shape,
-                stored: Stored::Ggml(tensor.kind),
-                offset: tensor.offset,
-                order: RowOrder::Plain,
-                groups: None,
-                scales: None,
-            };
-            self.add(tensor.name, entry);
-        }
         self.sources.push(Arc::new(Source::Mapped(file)));
+        let entry = |tensor: gguf_layout::HfTensor| Entry {
+            source,
+            shape: tensor.shape,
+            stored: Stored::Ggml(tensor.kind),
+            offset: tensor.offset,
+            order: RowOrder::Plain,
+            groups: None,
+            scales: None,
+        };
+        let stacked: Vec<(String, Vec<usize>, Vec<f32>)> = projector
+            .stacked
+            .into_iter()
+            .map(|stack| {
+                let shape = stack.pieces[0].shape.clone();
+                let pieces: Vec<Vec<f32>> = stack.pieces.into_iter().map(|piece| self.matrix_rows(entry(piece), Vec::new(), None).read_all()).collect();
+                let (shape, values) = stacked(&pieces, &shape, stack.dim);
+                (stack.name, shape, values)
+            })
+            .collect();
+        let names: Vec<String> = projector.tensors.iter().map(|tensor| tensor.name.clone()).chain(stacked.iter().map(|(name, _, _)| name.clone())).collect();
+        if let Some(held) = names.iter().find(|name| self.contains(name)) {
+            return Err(EngineError::ModelLoad(format!("{} and the model's file both hold {held}; pass the model's own projector file", path.display())));
+        }
+        for tensor in projector.tensors {
+            self.add(tensor.name.clone(), entry(tensor));
+        }
+        for (name, shape, values) in stacked {
+            self.insert(&name, shape, values)?;
+        }
         Ok(())
     }
 
@@ -813,6 +825,18 @@ fn gemma3_vision_name(name: &str) -> Option<String> {
     let tower = name.strip_prefix("vision_tower.")?;
     let tower = tower.strip_prefix("vision_model.").unwrap_or(tower);
     SIGLIP_PARTS.iter().any(|part| tower.starts_with(part)).then(|| format!("model.vision_model.{tower}"))
+}
+
+/// `pieces`, each `shape`, side by side along a new dimension `dim`: the stacked shape and values.
+fn stacked(pieces: &[Vec<f32>], shape: &[usize], dim: usize) -> (Vec<usize>, Vec<f32>) {
+    let run: usize = shape[dim..].iter().product();
+    let mut values = Vec::with_capacity(pieces.len() * pieces[0].len());
+    for start in (0..pieces[0].len()).step_by(run.max(1)) {
+        pieces.iter().for_each(|piece| values.extend_from_slice(&piece[start..start + run]));
+    }
+    let mut stacked_shape = shape.to_vec();
+    stacked_shape.insert(dim, pieces.len());
+    (stacked_shape, values)
 }
 
 /// A shape without its leading 1s, which do not change how the values lie in memory: llama.cpp's

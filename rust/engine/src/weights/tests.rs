@@ -283,17 +283,16 @@ fn a_projector_file_reads_as_the_vision_tower_of_the_hugging_face_checkpoint() {
     let f32_bytes = |values: &[f32]| le_bytes(values, f32::to_le_bytes);
     let model = TempFile::new("vlm.gguf", &gguf(&[("output_norm.weight", vec![2], 0, f32_bytes(&[1.0, 2.0]))]));
     let values: Vec<f32> = (0..6).map(|v| v as f32).collect();
-    let projector = TempFile::new(
-        "mmproj-vlm.gguf",
-        &gguf(&[
-            ("v.patch_embd.weight", vec![1, 1, 3, 2], 0, f32_bytes(&values)),
-            ("v.blk.1.attn_out.bias", vec![2], 0, f32_bytes(&[5.0, 6.0])),
-            ("v.blk.0.ffn_down.weight", vec![3, 2], 0, f32_bytes(&values)),
-            ("mm.model.fc.weight", vec![3, 2], 0, f32_bytes(&values)),
-            ("v.post_ln.weight", vec![2], 0, f32_bytes(&[7.0, 8.0])),
-            ("v.unknown.weight", vec![2], 0, f32_bytes(&[0.0, 0.0])),
-        ]),
-    );
+    let tensors = [
+        ("v.patch_embd.weight", vec![1, 1, 3, 2], 0, f32_bytes(&values)),
+        ("v.blk.1.attn_out.bias", vec![2], 0, f32_bytes(&[5.0, 6.0])),
+        ("v.blk.0.ffn_down.weight", vec![3, 2], 0, f32_bytes(&values)),
+        ("mm.model.fc.weight", vec![3, 2], 0, f32_bytes(&values)),
+        ("v.post_ln.weight", vec![2], 0, f32_bytes(&[7.0, 8.0])),
+        ("v.unknown.weight", vec![2], 0, f32_bytes(&[0.0, 0.0])),
+    ];
+    let metadata = json!({"clip.projector_type": "idefics3"});
+    let projector = TempFile::new("mmproj-vlm.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &tensors));
     let mut store = WeightStore::open_gguf(&model.0, "llama", 1, 1).unwrap();
     store.add_gguf_projector(&projector.0).unwrap();
     let shapes: Vec<(&str, &[usize])> = store.names().into_iter().map(|name| (name, store.shape(name).unwrap())).collect();
@@ -320,12 +319,16 @@ fn a_projector_file_reads_as_the_vision_tower_of_the_hugging_face_checkpoint() {
 fn a_gemma3_projector_file_reads_as_the_hugging_face_projector() {
     let model = TempFile::new("gemma3.gguf", &gguf(&[("output_norm.weight", vec![2], 0, le_bytes(&[1.0f32, 2.0], f32::to_le_bytes))]));
     let projection: Vec<f32> = (0..6).map(|v| v as f32 / 4.0).collect();
+    let metadata = json!({"clip.projector_type": "gemma3"});
     let projector = TempFile::new(
         "mmproj-gemma3.gguf",
-        &gguf(&[
-            ("mm.input_projection.weight", vec![3, 2], 1, le_bytes(&projection.iter().map(|&v| f32_to_f16(v)).collect::<Vec<_>>(), u16::to_le_bytes)),
-            ("mm.soft_emb_norm.weight", vec![2], 0, le_bytes(&[1.5f32, 0.5], f32::to_le_bytes)),
-        ]),
+        &gguf_with_metadata(
+            metadata.as_object().unwrap(),
+            &[
+                ("mm.input_projection.weight", vec![3, 2], 1, le_bytes(&projection.iter().map(|&v| f32_to_f16(v)).collect::<Vec<_>>(), u16::to_le_bytes)),
+                ("mm.soft_emb_norm.weight", vec![2], 0, le_bytes(&[1.5f32, 0.5], f32::to_le_bytes)),
+            ],
+        ),
     );
     let mut store = WeightStore::open_gguf(&model.0, "llama", 1, 1).unwrap();
     store.add_gguf_projector(&projector.0).unwrap();
@@ -333,6 +336,54 @@ fn a_gemma3_projector_file_reads_as_the_hugging_face_projector() {
     assert_eq!(store.shape(projection_name).unwrap(), [2, 3]);
     assert_eq!(store.read(projection_name).unwrap(), projection);
     assert_eq!(store.read("model.multi_modal_projector.mm_soft_emb_norm.weight").unwrap(), [1.5, 0.5]);
+}
+
+/// Qwen2.5-VL's projector file: the two frames' patch convolutions stacked back into the 3D one
+/// (`[out, channels, frames, rows, columns]`), q, k and v under their own names, the merger's
+/// tensors under the checkpoint's; a file missing a frame, or whose frames differ in shape, is refused.
+#[test]
+fn a_qwen2_5_vl_projector_file_reads_as_its_checkpoints_tower() {
+    let f32_bytes = |values: &[f32]| le_bytes(values, f32::to_le_bytes);
+    let model = TempFile::new("qwen-vl.gguf", &gguf(&[("output_norm.weight", vec![2], 0, f32_bytes(&[1.0, 2.0]))]));
+    // Frames of [out 2, channels 1, 1 x 2 pixels]: frame 0 holds 0..4, frame 1 holds 10..14.
+    let frame = |first: f32| f32_bytes(&[first, first + 1.0, first + 2.0, first + 3.0]);
+    let metadata = json!({"clip.projector_type": "qwen2.5vl_merger"});
+    let tensors = [
+        ("v.patch_embd.weight.1", vec![2, 1, 1, 2], 0, frame(10.0)),
+        ("v.patch_embd.weight", vec![2, 1, 1, 2], 0, frame(0.0)),
+        ("v.blk.0.attn_k.bias", vec![2], 0, f32_bytes(&[5.0, 6.0])),
+        ("v.blk.0.ffn_gate.weight", vec![2, 3], 0, f32_bytes(&[0.0; 6])),
+        ("v.blk.0.ln1.weight", vec![2], 0, f32_bytes(&[1.0; 2])),
+        ("v.post_ln.weight", vec![2], 0, f32_bytes(&[7.0, 8.0])),
+        ("mm.2.weight", vec![8, 2], 0, f32_bytes(&[0.0; 16])),
+    ];
+    let projector = TempFile::new("mmproj-qwen-vl.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &tensors));
+    let mut store = WeightStore::open_gguf(&model.0, "qwen2_5_vl_text", 1, 1).unwrap();
+    store.add_gguf_projector(&projector.0).unwrap();
+    let shapes: Vec<(&str, &[usize])> = store.names().into_iter().map(|name| (name, store.shape(name).unwrap())).collect();
+    assert_eq!(
+        shapes,
+        [
+            ("model.norm.weight", &[2][..]),
+            ("visual.blocks.0.attn.k.bias", &[2]),
+            ("visual.blocks.0.mlp.gate_proj.weight", &[3, 2]),
+            ("visual.blocks.0.norm1.weight", &[2]),
+            ("visual.merger.ln_q.weight", &[2]),
+            ("visual.merger.mlp.2.weight", &[2, 8]),
+            ("visual.patch_embed.proj.weight", &[2, 1, 2, 1, 2]),
+        ]
+    );
+    // Each output's channel holds frame 0's pixels, then frame 1's.
+    assert_eq!(store.read("visual.patch_embed.proj.weight").unwrap(), [0.0, 1.0, 10.0, 11.0, 2.0, 3.0, 12.0, 13.0]);
+    let one_frame = TempFile::new("mmproj-qwen-vl-one-frame.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &tensors[1..]));
+    let mut store = WeightStore::open_gguf(&model.0, "qwen2_5_vl_text", 1, 1).unwrap();
+    let text = error_text(store.add_gguf_projector(&one_frame.0));
+    assert!(text.contains("v.patch_embd.weight.1 is missing"), "{text}");
+    let mut unlike = tensors.clone();
+    unlike[0] = ("v.patch_embd.weight.1", vec![1, 1, 1, 2], 0, f32_bytes(&[0.0; 2]));
+    let unlike = TempFile::new("mmproj-qwen-vl-unlike.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &unlike));
+    let text = error_text(store.add_gguf_projector(&unlike.0));
+    assert!(text.contains("does not stack with v.patch_embd.weight's"), "{text}");
 }
 
 #[test]
