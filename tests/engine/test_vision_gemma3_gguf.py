@@ -8,17 +8,16 @@ the folder holding its values; the projector beside the model is found."""
 from __future__ import annotations
 
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 
 import gguf
 import numpy as np
 import pytest
 import rsgl
-from gguf_convert import convert, folder_with_projector_values, siglip_name
+from gguf_convert import convert_with_projectors, folder_with_projector_values, siglip_name
 from PIL import Image
 from rsgl.vision.gemma3 import Gemma3ImageProcessor
 from safetensors.numpy import load_file, save_file
-from vision_models import build_tiny_gemma3, gemma3_prompt, picture
+from vision_models import build_tiny_gemma3, gemma3_prompt, logprobs, picture
 from zoo_models import zoo_tokenizer
 
 NEW_TOKENS = 8
@@ -49,11 +48,8 @@ def converted(tmp_path_factory):
     hub_names = {name.replace("vision_tower.", TOWER) if not name.startswith(TOWER) else name: values for name, values in weights.items()}
     save_file(hub_names, folder / "model.safetensors", metadata={"format": "pt"})
     (root / "model").mkdir()
-    # Side by side: each conversion spends most of its time starting Python and torch.
-    with ThreadPoolExecutor() as pool:
-        text_file = pool.submit(convert, folder, root / "model" / "gemma3.gguf")
-        projectors = {outtype: pool.submit(convert, folder, root / f"mmproj-gemma3-{outtype}.gguf", outtype, ("--mmproj",)) for outtype in PROJECTOR_TYPES}
-        return folder, text_file.result(), {outtype: file.result() for outtype, file in projectors.items()}
+    projectors = {outtype: root / f"mmproj-gemma3-{outtype}.gguf" for outtype in PROJECTOR_TYPES}
+    return folder, *convert_with_projectors(folder, root / "model" / "gemma3.gguf", projectors)
 
 
 def gemma3_tensor(gguf_name: str, values: np.ndarray) -> tuple[str, np.ndarray]:
@@ -69,7 +65,7 @@ def greedy(model: str, images: list[Image.Image], **options) -> dict:
 
 
 def tokens_and_logprobs(result: dict) -> tuple[list[int], list[float]]:
-    return result["output_ids"], [logprob for logprob, _, _ in result["meta_info"]["output_token_logprobs"]]
+    return result["output_ids"], logprobs(result)
 
 
 @pytest.mark.parametrize("images", [IMAGES[:1], IMAGES], ids=["one image", "two images"])
