@@ -19,7 +19,8 @@ pub(crate) struct SeqKv {
     pub window_start: usize,
     /// The prefix-cache node this request holds locked (the end of its shared prefix).
     pub cache_node: Option<NodeId>,
-    /// Prefix-cache namespace (from the cache salt): requests in different ones share nothing.
+    /// Prefix-cache namespace (from the cache salt and the LoRA adapter): requests in different
+    /// ones share nothing.
     pub namespace: u64,
     /// Prompt tokens found in the cache at first admission.
     pub cached_tokens: usize,
@@ -50,7 +51,8 @@ impl PageHashes {
 }
 
 impl SeqKv {
-    pub fn new(cache_salt: Option<&str>) -> Self {
+    /// `lora`: the fingerprint of the request's LoRA adapter, if it has one.
+    pub fn new(cache_salt: Option<&str>, lora: Option<u64>) -> Self {
         SeqKv {
             computed: 0,
             pages: Vec::new(),
@@ -58,7 +60,7 @@ impl SeqKv {
             window: Vec::new(),
             window_start: 0,
             cache_node: None,
-            namespace: cache_salt.map_or(0, namespace_of),
+            namespace: namespace_of(cache_salt, lora),
             cached_tokens: 0,
             state_slot: None,
             admitted: false,
@@ -94,9 +96,14 @@ impl SeqKv {
     }
 }
 
-/// A stable 64-bit namespace for a cache salt (0 is left to requests without a salt).
-fn namespace_of(salt: &str) -> u64 {
-    stable_hash(salt.as_bytes()).max(1)
+/// A stable 64-bit namespace for a cache salt and a LoRA adapter's fingerprint (0 is left to
+/// requests with neither).
+fn namespace_of(salt: Option<&str>, lora: Option<u64>) -> u64 {
+    let salted = salt.map_or(0, |salt| stable_hash(salt.as_bytes()).max(1));
+    match lora {
+        Some(fingerprint) => stable_hash(&[salted.to_le_bytes(), fingerprint.to_le_bytes()].concat()).max(1),
+        None => salted,
+    }
 }
 
 /// FNV-1a: the same in every process (the disk tier's page names outlive one).
