@@ -5,22 +5,12 @@ another; bad adapters and unknown names are refused with errors naming them."""
 
 from __future__ import annotations
 
-import copy
-import json
-
 import numpy as np
 import pytest
 import rsgl
-import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from lora_adapters import greedy, save_adapter, save_adapters
 from tiny_models import build_tiny
 
-ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-# Adapter a: every projection at rank 8; adapter b: q and v at rank 4 with rsLoRA's scaling (alpha / sqrt(r)).
-ADAPTERS = {
-    "a": dict(r=8, lora_alpha=16, target_modules=ALL_PROJECTIONS),
-    "b": dict(r=4, lora_alpha=6, use_rslora=True, target_modules=["q_proj", "v_proj"]),
-}
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
 ARCHS = ("llama", "qwen3")
 
@@ -29,32 +19,12 @@ def prompt(length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 256, size=length).tolist()
 
 
-def save_adapter(base, path, seed: int, **config) -> None:
-    """A PEFT adapter of `base` with random A and B (init_lora_weights=False: B is not zero, so it changes outputs)."""
-    torch.manual_seed(seed)
-    peft_model = get_peft_model(copy.deepcopy(base), LoraConfig(init_lora_weights=False, lora_dropout=0.0, **config))
-    peft_model.save_pretrained(path)
-
-
-def hf_greedy(model, ids: list[int], n: int) -> list[int]:
-    seq = list(ids)
-    with torch.no_grad():
-        for _ in range(n):
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids) :]
-
-
 @pytest.fixture(scope="module", params=ARCHS)
 def model_with_adapters(request, tmp_path_factory):
     """(base folder, {name: adapter folder}, {None: transformers model, name: the model with that adapter})."""
     base_path = tmp_path_factory.mktemp(f"lora-{request.param}")
     base = build_tiny(request.param, base_path)
-    folders, models = {}, {None: base}
-    for seed, (name, config) in enumerate(ADAPTERS.items()):
-        folder = tmp_path_factory.mktemp(f"lora-{request.param}-{name}")
-        save_adapter(base, folder, seed, **config)
-        folders[name] = str(folder)
-        models[name] = PeftModel.from_pretrained(copy.deepcopy(base), folder).eval()
+    folders, models = save_adapters(base, lambda name: tmp_path_factory.mktemp(f"lora-{request.param}-{name}"))
     return str(base_path), folders, models
 
 
@@ -71,7 +41,7 @@ def test_base_and_two_adapters_in_one_batch_match_peft(model_with_adapters, max_
     with engine_for(base_path, folders, max_loras_per_batch=max_loras_per_batch) as engine:
         outs = engine.generate(input_ids=[ids for ids, _ in cases], sampling_params=GREEDY, lora_path=[lora for _, lora in cases])
     for (ids, lora), out in zip(cases, outs):
-        assert out["output_ids"] == hf_greedy(models[lora], ids, GREEDY["max_new_tokens"]), lora
+        assert out["output_ids"] == greedy(models[lora], ids, GREEDY["max_new_tokens"]), lora
     # The adapters change what the model says (else this test could not fail).
     assert len({tuple(out["output_ids"]) for out in outs[:3]}) == 3
 
@@ -81,7 +51,7 @@ def test_one_adapter_for_a_whole_batch(model_with_adapters):
     prompts = [prompt(4, 10), prompt(11, 11)]
     with engine_for(base_path, folders) as engine:
         outs = engine.generate(input_ids=prompts, sampling_params=GREEDY, lora_path="b")
-    assert [out["output_ids"] for out in outs] == [hf_greedy(models["b"], ids, GREEDY["max_new_tokens"]) for ids in prompts]
+    assert [out["output_ids"] for out in outs] == [greedy(models["b"], ids, GREEDY["max_new_tokens"]) for ids in prompts]
 
 
 def test_the_prefix_cache_keeps_each_adapters_kv_apart(model_with_adapters):
@@ -92,7 +62,7 @@ def test_the_prefix_cache_keeps_each_adapters_kv_apart(model_with_adapters):
 
         def cached(lora: str | None) -> int:
             out = engine.generate(input_ids=ids, sampling_params=one_token, lora_path=lora)
-            assert out["output_ids"] == hf_greedy(models[lora], ids, 1)
+            assert out["output_ids"] == greedy(models[lora], ids, 1)
             return int(out["meta_info"]["cached_tokens"])
 
         assert cached("a") == 0

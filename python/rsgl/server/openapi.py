@@ -75,6 +75,7 @@ GENERATE_REQUEST = {
     **obj(
         text=TEXTS, input_ids=PROMPT_ID_ROWS, sampling_params=any_of(SAMPLING_PARAMS, array(SAMPLING_PARAMS)), rid=TEXTS,
         **typed(BOOLEAN, "stream return_logprob return_text_in_logprobs"), top_logprobs_num=COUNT,
+        lora_path=nullable(any_of(STRING, array(nullable(STRING)))),  # a LoRA adapter's name (of --lora-paths), or one per prompt
     ),
     "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],  # exactly one of them
 }  # fmt: skip
