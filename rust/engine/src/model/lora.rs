@@ -277,3 +277,97 @@ pub(super) fn add_lora(c: &Compute, runs: &[LoraRun], target: LoraTarget, x: &[f
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two layers of hidden size 8, 2 q heads and 1 kv head of 4, an MLP of 12.
+    fn config() -> ModelConfig {
+        serde_json::from_value(serde_json::json!({
+            "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+            "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 16
+        }))
+        .expect("a tiny config")
+    }
+
+    fn peft_config(r: usize, extra: serde_json::Value) -> PeftConfig {
+        let mut json = serde_json::json!({"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["k_proj", "down_proj"], "bias": "none"});
+        json.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        serde_json::from_value(json).expect("an adapter config")
+    }
+
+    /// An adapter of rank `r` updating k and down in every layer, with the tensors `shapes` says
+    /// (`(name, shape)`) in place of, or beside, the ones that fit.
+    fn adapter(r: usize, config: PeftConfig, shapes: &[(&str, Vec<usize>)]) -> PeftAdapter {
+        let mut weights = WeightStore::new();
+        for l in 0..2 {
+            let k = format!("base_model.model.model.layers.{l}.self_attn.k_proj");
+            let down = format!("base_model.model.model.layers.{l}.mlp.down_proj");
+            for (name, shape) in [(format!("{k}.lora_A.weight"), vec![r, 8]), (format!("{k}.lora_B.weight"), vec![4, r])] {
+                weights.insert_random(&name, shape, 0.1, l as u64);
+            }
+            for (name, shape) in [(format!("{down}.lora_A.weight"), vec![r, 12]), (format!("{down}.lora_B.weight"), vec![8, r])] {
+                weights.insert_random(&name, shape, 0.1, l as u64);
+            }
+        }
+        for (name, shape) in shapes {
+            weights.drop_prefixed(name);
+            weights.insert_random(name, shape.clone(), 0.1, 9);
+        }
+        PeftAdapter { name: "ad".into(), config, weights }
+    }
+
+    fn load(adapter: PeftAdapter, max_rank: Option<usize>) -> Result<LoraAdapter> {
+        LoraAdapter::from_peft(adapter, &config(), max_rank, &ThreadPool::new(1, false))
+    }
+
+    fn refusal(adapter: PeftAdapter, max_rank: Option<usize>) -> String {
+        match load(adapter, max_rank) {
+            Err(EngineError::ModelLoad(message)) => message,
+            Err(other) => panic!("not a load error: {other:?}"),
+            Ok(_) => panic!("the adapter was accepted"),
+        }
+    }
+
+    #[test]
+    fn scaling_is_alpha_over_r_or_over_its_root_with_rslora() {
+        assert_eq!(peft_config(4, serde_json::json!({})).scaling(), 2.0);
+        assert_eq!(peft_config(4, serde_json::json!({"use_rslora": true})).scaling(), 4.0);
+    }
+
+    #[test]
+    fn an_adapter_that_fits_loads_its_targets_only() {
+        let loaded = load(adapter(2, peft_config(2, serde_json::json!({})), &[]), Some(2)).expect("it fits");
+        assert_eq!((loaded.rank, loaded.scaling), (2, 4.0));
+        for layer in &loaded.layers {
+            let targets: Vec<LoraTarget> = LoraTarget::ALL.into_iter().filter(|&t| layer.pairs[t as usize].is_some()).collect();
+            assert_eq!(targets, [LoraTarget::K, LoraTarget::Down]);
+        }
+    }
+
+    #[test]
+    fn bad_adapters_are_refused_naming_the_adapter_and_the_fault() {
+        let fits = || peft_config(2, serde_json::json!({}));
+        let k_a = "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight";
+        let cases = [
+            (adapter(4, peft_config(4, serde_json::json!({})), &[]), "r=4 is over max_lora_rank=2"),
+            (adapter(2, fits(), &[(k_a, vec![2, 16])]), "made for another model"),
+            (adapter(2, peft_config(1, serde_json::json!({})), &[]), "made for another model"),
+            (adapter(2, fits(), &[("base_model.model.lm_head.lora_A.weight", vec![2, 8])]), "weights rsgl does not apply"),
+            (adapter(2, fits(), &[("base_model.model.model.layers.2.self_attn.k_proj.lora_A.weight", vec![2, 8])]), "weights rsgl does not apply"),
+            (adapter(2, peft_config(2, serde_json::json!({"target_modules": ["k_proj", "embed_tokens"]})), &[]), "targets [\"embed_tokens\"]"),
+            (adapter(2, peft_config(2, serde_json::json!({"use_dora": true})), &[]), "DoRA"),
+            (adapter(2, peft_config(2, serde_json::json!({"peft_type": "IA3"})), &[]), "LORA adapters"),
+        ];
+        for (bad, why) in cases {
+            let message = refusal(bad, Some(2));
+            assert!(message.starts_with("LoRA adapter \"ad\": ") && message.contains(why), "{message}");
+        }
+        let mut one_sided = adapter(2, fits(), &[]);
+        one_sided.weights.drop_prefixed("base_model.model.model.layers.0.mlp.down_proj.lora_B");
+        assert!(refusal(one_sided, None).contains("without base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
+    }
+}

@@ -117,6 +117,17 @@ mod tests {
     use crate::kv::disk::page_hashes;
 
     #[test]
+    fn a_lora_adapter_and_a_cache_salt_each_make_a_namespace_of_their_own() {
+        let namespace = |salt, lora| SeqKv::new(salt, lora).namespace;
+        assert_eq!(namespace(None, None), 0);
+        assert_eq!(namespace(Some("tenant"), None), stable_hash(b"tenant"), "a salt alone names what it always did");
+        let all = [namespace(Some("tenant"), None), namespace(None, Some(7)), namespace(None, Some(8)), namespace(Some("tenant"), Some(7))];
+        for (i, a) in all.iter().enumerate() {
+            assert!(*a != 0 && all[i + 1..].iter().all(|b| a != b), "{all:?}");
+        }
+    }
+
+    #[test]
     fn page_names_are_the_chain_of_the_tokens_so_far() {
         let mut names = PageHashes::default();
         let tokens: Vec<u32> = (0..23).collect();
