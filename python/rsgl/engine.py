@@ -183,14 +183,16 @@ class Engine:
             "random_seed": random_seed,
             "hicache_dir": None if hicache_dir is None else os.fspath(hicache_dir),
         }
-        adapters = read_lora_adapters(options.get("lora_paths") or {})
-        self.lora_names = sorted(name for name, _, _ in adapters)
+        # Folders as text for the engine (path objects are taken too).
+        self.lora_paths = {name: os.fspath(path) for name, path in (options.get("lora_paths") or {}).items()}
+        adapters = read_lora_adapters(self.lora_paths)
+        self.lora_names = sorted(self.lora_paths)
         store = self.model.open_weights()
         store.show_progress(progress)
         self._core = _core.Engine(
             self.model.config,
             store,
-            cast(EngineOptions, {**options, **resolved}),  # checked by the engine, which names a bad value
+            cast(EngineOptions, {**options, **resolved, "lora_paths": self.lora_paths}),  # checked by the engine, which names a bad value
             self.model.eos_token_ids,
             tokenizer=self.tokenizer,
             adapters=adapters,
@@ -387,7 +389,7 @@ class Engine:
 
     def get_server_info(self) -> JsonObject:
         stats = self._core.stats()
-        model = {"model_path": self.model.source, "mmproj": self.model.mmproj, "served_model_name": self.served_model_name}
+        model = {"model_path": self.model.source, "mmproj": self.model.mmproj, "served_model_name": self.served_model_name, "lora_paths": self.lora_paths}
         return {**model, "precision_note": self.model.precision_note, **stats}
 
     def shutdown(self) -> None:

@@ -12,7 +12,7 @@ from lora_adapters import greedy, save_adapter, save_adapters
 from tiny_models import build_tiny
 
 GREEDY = {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}
-ARCHS = ("llama", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3")  # qwen2: q, k and v have biases
 
 
 def prompt(length: int, seed: int) -> list[int]:
