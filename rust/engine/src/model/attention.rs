@@ -6,7 +6,7 @@
 use super::archs::{Assembly, QkNorm};
 use super::decoder::{heads_rows, scale_by, take_norm, Step};
 use super::linear::{Compute, Linear, LinearParts};
-use super::lora::{add_lora, LoraRun, LoraTarget};
+use super::lora::{add_lora, LoraRows, LoraTarget};
 use super::mlp::{take_linear, Ranks};
 use super::rope::Rope;
 use super::tensor_parallel::Shard;
@@ -181,7 +181,7 @@ impl Attention {
     /// The sublayer's output (this rank's partial sum) for the normalized input `x`; layer
     /// `layer`'s new K and V go into `kv`; `lora`'s rows add their adapters' updates of q, k, v
     /// and o.
-    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step, lora: &[LoraRun]) -> Vec<f32> {
+    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step, lora: &[LoraRows]) -> Vec<f32> {
         let (c, hd) = (cx.compute, cx.cfg.head_dim);
         let (qs, kvs) = (cx.shard.q_heads.len() * hd, cx.shard.kv_heads.len() * hd);
         let row = self.qkv.out_features();

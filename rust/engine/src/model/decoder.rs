@@ -10,7 +10,7 @@ use super::delta_net::DeltaNet;
 use super::embedding::Embedding;
 use super::latent_attention::LatentAttention;
 use super::linear::{Compute, Linear, LinearParts};
-use super::lora::{self, LoraAdapter, LoraRun, PeftAdapter};
+use super::lora::{self, LoraAdapter, LoraRows, PeftAdapter};
 use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
 use super::mrope::MropePositions;
@@ -150,8 +150,9 @@ pub(super) struct Step<'a> {
     pub key_ends: Option<Vec<usize>>,
     /// Per token, its 3D rope positions, when a sequence of the step has M-RoPE positions.
     pub rope_positions: Option<Vec<[usize; 3]>>,
-    /// Runs of consecutive tokens using the same LoRA adapter: `(adapter, tokens)`.
-    pub lora_runs: Vec<(usize, Range<usize>)>,
+    /// The tokens of each LoRA adapter the step's sequences use: `(adapter, runs of consecutive
+    /// tokens)`.
+    pub lora_rows: Vec<(usize, Vec<Range<usize>>)>,
 }
 
 pub struct DecoderModel {
@@ -357,18 +358,25 @@ impl DecoderModel {
             let at = |chunk: &SeqChunk, p: usize| chunk.mrope.map_or([p; 3], |mrope| mrope.at(p));
             seqs.iter().flat_map(|chunk| (chunk.start_pos..chunk.start_pos + chunk.tokens.len()).map(move |p| at(chunk, p))).collect()
         });
-        let mut lora_runs: Vec<(usize, Range<usize>)> = Vec::new();
+        let mut lora_rows: Vec<(usize, Vec<Range<usize>>)> = Vec::new();
         let mut first = 0;
         for chunk in seqs {
             let tokens = first..first + chunk.tokens.len();
             first = tokens.end;
             let Some(adapter) = chunk.lora else { continue };
-            match lora_runs.last_mut() {
-                Some((last, run)) if *last == adapter && run.end == tokens.start => run.end = tokens.end,
-                _ => lora_runs.push((adapter, tokens)),
+            let runs = match lora_rows.iter_mut().find(|(a, _)| *a == adapter) {
+                Some((_, runs)) => runs,
+                None => {
+                    lora_rows.push((adapter, Vec::new()));
+                    &mut lora_rows.last_mut().expect("just pushed").1
+                }
+            };
+            match runs.last_mut() {
+                Some(run) if run.end == tokens.start => run.end = tokens.end,
+                _ => runs.push(tokens),
             }
         }
-        let step = Step { seqs, token_seq, positions, key_ends, rope_positions, lora_runs };
+        let step = Step { seqs, token_seq, positions, key_ends, rope_positions, lora_rows };
         let Some(drivers) = &self.rank_drivers else {
             return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
         };
@@ -443,12 +451,12 @@ impl DecoderModel {
         let mut round = 0;
         let mut residual_delta: Option<Vec<f32>> = None;
         for (l, layer) in rank.layers.iter().enumerate() {
-            let lora: Vec<LoraRun> = step
-                .lora_runs
+            let lora: Vec<LoraRows> = step
+                .lora_rows
                 .iter()
-                .map(|(adapter, rows)| {
+                .map(|(adapter, runs)| {
                     let adapter = &self.adapters[*adapter];
-                    LoraRun { rows: rows.clone(), scaling: adapter.scaling, layer: adapter.layer(l) }
+                    LoraRows { runs, scaling: adapter.scaling, layer: adapter.layer(l) }
                 })
                 .collect();
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);

@@ -1,8 +1,8 @@
 //! LoRA adapters (PEFT's format): for some projections of every layer, a low-rank update
 //! `scaling · B·A` (A `[r, in]`, B `[out, r]`, held in float32) that requests naming the adapter
-//! add to the base layer's output. The base GEMM runs once for the whole batch; then each run of
-//! rows sharing an adapter adds `scaling · (x·Aᵀ)·Bᵀ` to its rows' columns of the projection (its
-//! slice of the fused q|k|v or gate|up output). Rows without an adapter pay nothing.
+//! add to the base layer's output. The base GEMM runs once for the whole batch; then the rows of
+//! each adapter add `scaling · (x·Aᵀ)·Bᵀ` to their columns of the projection (its slice of the
+//! fused q|k|v or gate|up output). Rows without an adapter pay nothing.
 
 use super::linear::{Compute, Linear, LinearParts};
 use crate::config::ModelConfig;
@@ -10,6 +10,7 @@ use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
 use rsgl_kernels::{ThreadPool, WeightDtype};
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::ops::Range;
 
@@ -257,23 +258,29 @@ fn check_config(config: &PeftConfig) -> std::result::Result<(), String> {
     Ok(())
 }
 
-/// The rows of a step that use one adapter, and its updates of the layer being run.
-pub(super) struct LoraRun<'a> {
-    pub rows: Range<usize>,
+/// The rows of a step that use one adapter (runs of consecutive rows), and its updates of the
+/// layer being run.
+pub(super) struct LoraRows<'a> {
+    pub runs: &'a [Range<usize>],
     pub scaling: f32,
     pub layer: &'a LoraLayer,
 }
 
-/// Adds each run's update of `target` to its rows of `out` (`[rows, width]`), in the columns
+/// Adds each adapter's update of `target` to its rows of `out` (`[rows, width]`), in the columns
 /// from `first` that the projection's outputs fill; `x` (`[rows, in]`) is the projection's input.
-pub(super) fn add_lora(c: &Compute, runs: &[LoraRun], target: LoraTarget, x: &[f32], out: &mut [f32], width: usize, first: usize) {
-    for run in runs {
-        let Some(pair) = &run.layer.pairs[target as usize] else { continue };
+/// An adapter's rows are gathered into one GEMM pair (a row's result does not depend on the
+/// others in it), and its deltas added back row by row.
+pub(super) fn add_lora(c: &Compute, adapters: &[LoraRows], target: LoraTarget, x: &[f32], out: &mut [f32], width: usize, first: usize) {
+    for rows in adapters {
+        let Some(pair) = &rows.layer.pairs[target as usize] else { continue };
         let (inp, n) = (pair.a.weight_in_features(), pair.b.out_features());
-        let down = pair.a.forward(c, &x[run.rows.start * inp..run.rows.end * inp]);
-        let up = pair.b.forward(c, &down);
-        for (row, delta) in out[run.rows.start * width..run.rows.end * width].chunks_exact_mut(width).zip(up.chunks_exact(n)) {
-            (c.kernels.axpy)(run.scaling, delta, &mut row[first..first + n]);
+        let input: Cow<[f32]> = match rows.runs {
+            [run] => Cow::Borrowed(&x[run.start * inp..run.end * inp]),
+            runs => Cow::Owned(runs.iter().flat_map(|run| &x[run.start * inp..run.end * inp]).copied().collect()),
+        };
+        let deltas = pair.b.forward(c, &pair.a.forward(c, &input));
+        for (row, delta) in rows.runs.iter().flat_map(Range::clone).zip(deltas.chunks_exact(n)) {
+            (c.kernels.axpy)(rows.scaling, delta, &mut out[row * width + first..row * width + first + n]);
         }
     }
 }

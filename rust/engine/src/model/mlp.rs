@@ -5,7 +5,7 @@
 use super::archs::MlpLayout;
 use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
-use super::lora::{add_lora, LoraRun, LoraTarget};
+use super::lora::{add_lora, LoraRows, LoraTarget};
 use super::tensor_parallel::Shard;
 use crate::config::{Activation, ExpertScoring, GroupScore, ModelConfig, MoeConfig};
 use crate::error::{EngineError, Result};
@@ -72,7 +72,7 @@ impl GatedMlp {
     }
 
     /// [`Self::forward`], `lora`'s rows adding their adapters' updates of gate, up and down.
-    fn forward_with_lora(&self, c: &Compute, x: &[f32], lora: &[LoraRun]) -> Vec<f32> {
+    fn forward_with_lora(&self, c: &Compute, x: &[f32], lora: &[LoraRows]) -> Vec<f32> {
         let inter = self.inter();
         let gate_up = {
             let _phase = profile::phase(Phase::GateUpProjection);
@@ -203,7 +203,7 @@ impl Mlp {
 
     /// `x` is `[rows, hidden]`; returns the MLP's output rows, `lora`'s with their adapters'
     /// updates (dense MLPs: a model with experts takes no adapters).
-    pub fn forward(&self, c: &Compute, x: &[f32], lora: &[LoraRun]) -> Vec<f32> {
+    pub fn forward(&self, c: &Compute, x: &[f32], lora: &[LoraRows]) -> Vec<f32> {
         match self {
             Mlp::Dense(ffn) => ffn.forward_with_lora(c, x, lora),
             Mlp::Moe(moe) => {
