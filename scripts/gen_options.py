@@ -16,7 +16,8 @@ tests/unit/test_options_source.py runs the check.
 An option `hicache_size_gb` is the server flag `--hicache-size-gb`; a boolean option off by
 default is a flag that turns it on, one on by default a `--name` / `--no-name` pair; an enum's
 flag takes its values as choices; an option that may be unset (`Option<T>`) defaults to None,
-its doc comment saying what unset means.
+its doc comment saying what unset means; a map of names to strings (`BTreeMap<String, String>`) is a
+flag taking `NAME=VALUE` items, which `python -m rsgl.server` gathers into a dict.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ RESOLVED_BY_ENGINE: dict[str, str | None] = {
     "hicache_dir": None,  # also takes a path object
 }
 
-_PYTHON_TYPES = {"integer": "int", "number": "float", "boolean": "bool", "string": "str"}
+_PYTHON_TYPES = {"integer": "int", "number": "float", "boolean": "bool", "string": "str", "object": "dict[str, str]"}
 _CONVERTERS = {"integer": "int", "number": "float", "string": "str"}
 
 
@@ -54,7 +55,7 @@ class Option:
     name: str
     help: str
     default: Any
-    json_type: str  # integer, number, boolean, string (an enum's: string)
+    json_type: str  # integer, number, boolean, string (an enum's: string), object (names to strings)
     enum: str | None  # the Rust enum's name, for a Literal alias
     choices: tuple[Any, ...]
     nullable: bool
@@ -159,9 +160,12 @@ def _flag_arguments(o: Option) -> str:
         arguments.append('"action": argparse.BooleanOptionalAction' if o.default else '"action": "store_true", "default": None')
     elif o.choices:
         arguments.append(f'"choices": [{", ".join(map(_py, o.choices))}]')
+    elif o.json_type == "object":
+        arguments.append('"nargs": "+", "metavar": "NAME=VALUE"')
     else:
         arguments.append(f'"type": {_CONVERTERS[o.json_type]}')
-    default = o.documented_default or (None if o.default is None or o.default is False else _flag_value(o.default))
+    unset = o.default is None or o.default is False or o.default == {}
+    default = o.documented_default or (None if unset else _flag_value(o.default))
     help_text = o.help + (f" (default: {default})" if default is not None else "")
     arguments.append(f'"help": {_wrapped_string(help_text.replace("%", "%%"))}')
     return ", ".join(arguments)

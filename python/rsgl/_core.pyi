@@ -149,8 +149,10 @@ class Engine:
         options: EngineOptions,
         eos_token_ids: list[int],
         tokenizer: Tokenizer | None = None,
+        adapters: Sequence[tuple[str, Mapping[str, Any], WeightStore]] = ...,
     ) -> Engine:
-        """`tokenizer` read with the config's vocab_size."""
+        """`tokenizer` read with the config's vocab_size; `adapters` the LoRA adapters
+        `options["lora_paths"]` names: (name, adapter_config.json's object, its weights)."""
     def submit(self, request: GenerateRequest, notifier: Notifier | None = None, key: int = 0) -> RequestStream:
         """Queues a request; request errors are raised here. With a `notifier`, each of the
         request's outputs pushes `key` onto it."""

@@ -51,6 +51,7 @@ class GenerateRequest(TypedDict):
     group: NotRequired[str | None]
     think_end_token_ids: NotRequired[list[int] | None]
     images: NotRequired[list[ImageInput]]
+    lora_path: NotRequired[str | None]  # a LoRA adapter's name (one of the engine's lora_paths)
 
 
 class ImageInput(TypedDict):

@@ -33,6 +33,7 @@ from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
 from rsgl.engine_options import DEFAULTS, EngineKeywords, EngineOptions, KvCacheDtype, Quantization
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.loader import load_model
+from rsgl.loader.lora import read_lora_adapters
 from rsgl.vision.images import ImageSource
 from rsgl.vision.prompt_images import prompt_images_for
 
@@ -81,6 +82,8 @@ class GenerateOptions(TypedDict, total=False):
     # Images for a text prompt's image placeholders (a vision-language model's): one list per prompt, or one list
     # (or one image) for a single prompt; each bytes, a data URL, base64 text or a PIL image.
     image_data: ImageSource | list[ImageSource] | list[list[ImageSource]] | None
+    # The LoRA adapter (a name of the engine's lora_paths) each prompt generates with: one for all, or one per prompt (None: the base model).
+    lora_path: str | list[str | None] | None
 
 
 class Engine:
@@ -180,14 +183,19 @@ class Engine:
             "random_seed": random_seed,
             "hicache_dir": None if hicache_dir is None else os.fspath(hicache_dir),
         }
+        # Folders as text for the engine (path objects are taken too).
+        self.lora_paths = {name: os.fspath(path) for name, path in (options.get("lora_paths") or {}).items()}
+        adapters = read_lora_adapters(self.lora_paths)
+        self.lora_names = sorted(self.lora_paths)
         store = self.model.open_weights()
         store.show_progress(progress)
         self._core = _core.Engine(
             self.model.config,
             store,
-            cast(EngineOptions, {**options, **resolved}),  # checked by the engine, which names a bad value
+            cast(EngineOptions, {**options, **resolved, "lora_paths": self.lora_paths}),  # checked by the engine, which names a bad value
             self.model.eos_token_ids,
             tokenizer=self.tokenizer,
+            adapters=adapters,
         )
         self._loop_wakeups: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopWakeups] = weakref.WeakKeyDictionary()
         self._think_end_token = think_end_token if self.tokenizer else None
@@ -381,7 +389,7 @@ class Engine:
 
     def get_server_info(self) -> JsonObject:
         stats = self._core.stats()
-        model = {"model_path": self.model.source, "mmproj": self.model.mmproj, "served_model_name": self.served_model_name}
+        model = {"model_path": self.model.source, "mmproj": self.model.mmproj, "served_model_name": self.served_model_name, "lora_paths": self.lora_paths}
         return {**model, "precision_note": self.model.precision_note, **stats}
 
     def shutdown(self) -> None:
@@ -452,9 +460,13 @@ class Engine:
         if len(params) != len(id_lists):
             raise InvalidRequestError("sampling_params must be one dict or one per prompt")
         rids = rid if isinstance(rid, list) else [rid] * len(id_lists)
+        lora_path = options.get("lora_path")
+        loras = lora_path if isinstance(lora_path, list) else [lora_path] * len(id_lists)
+        if len(loras) != len(id_lists) or not all(lora is None or isinstance(lora, str) for lora in loras):
+            raise InvalidRequestError("lora_path must be an adapter's name, or a list of one name (or None) per prompt")
         requests: list[GenerateRequest] = []
         image_inputs = [inputs for _, inputs in images] if images else [[] for _ in id_lists]
-        for ids, p, r, prompt_images in zip(id_lists, params, rids, image_inputs):
+        for ids, p, r, prompt_images, lora in zip(id_lists, params, rids, image_inputs, loras):
             p = self._normalize_params(p, grammar)
             n = p.pop("n", 1)
             if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= self.max_n:
@@ -481,6 +493,7 @@ class Engine:
                         "logprob_start_len": logprob_start_len if return_logprob and (logprob_start_len or 0) >= 0 else None,
                         "think_end_token_ids": think_end_ids,
                         "images": prompt_images,
+                        "lora_path": lora,
                     }
                 )
         return requests, single and len(requests) == 1

@@ -112,6 +112,17 @@ class EngineKeywords(TypedDict, total=False):
     SGLang defaults to 0.9). Raise it to run more requests at once with large states, lower it to keep
     more tokens of KV. Default: 1.0."""
 
+    lora_paths: dict[str, str]
+    """LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding its
+    `adapter_config.json` and `adapter_model.safetensors`. For dense Llama-family models. Default: {}."""
+
+    max_loras_per_batch: int
+    """The most LoRA adapters the running requests use at once; a request for another waits. Default: 8."""
+
+    max_lora_rank: int | None
+    """The highest rank a LoRA adapter may have (larger ones are refused at start); any when unset.
+    Default: None."""
+
 
 class EngineOptions(EngineKeywords, total=False):
     """Every option the engine reads (`rsgl._core.Engine`'s `options`)."""
@@ -171,6 +182,9 @@ DEFAULTS: Final[EngineOptions] = {
     "swa_full_tokens_ratio": 0.8,
     "max_mamba_cache_size": None,
     "mamba_full_memory_ratio": 1.0,
+    "lora_paths": {},
+    "max_loras_per_batch": 8,
+    "max_lora_rank": None,
 }
 
 # `python -m rsgl.server`'s flag of each option; an unset flag leaves the option out.
@@ -290,4 +304,14 @@ SERVER_FLAGS: Final[dict[str, dict[str, Any]]] = {
             "it to run more requests at once with large states, lower it to keep more tokens of KV. (default: 1.0)"
         ),
     },
+    "--lora-paths": {
+        "nargs": "+",
+        "metavar": "NAME=VALUE",
+        "help": (
+            "LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding its "
+            "`adapter_config.json` and `adapter_model.safetensors`. For dense Llama-family models."
+        ),
+    },
+    "--max-loras-per-batch": {"type": int, "help": "The most LoRA adapters the running requests use at once; a request for another waits. (default: 8)"},
+    "--max-lora-rank": {"type": int, "help": "The highest rank a LoRA adapter may have (larger ones are refused at start); any when unset."},
 }

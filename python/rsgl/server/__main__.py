@@ -15,7 +15,7 @@ from typing import Any
 import uvicorn
 
 from rsgl.engine import Engine
-from rsgl.engine_options import SERVER_FLAGS
+from rsgl.engine_options import DEFAULTS, SERVER_FLAGS
 from rsgl.errors import RsglError
 from rsgl.server.app import DEFAULT_MAX_QUEUED_REQUESTS, DEFAULT_MAX_REQUEST_BYTES, DEFAULT_WATCHDOG_SECONDS, build_app
 from rsgl.server.chat_tools import ChatParsers
@@ -119,9 +119,24 @@ def model_names(value: str) -> list[str]:
     return names
 
 
+def named_values(flag: str, items: list[str]) -> dict[str, str]:
+    """A map option's `NAME=VALUE` items (`--lora-paths a=/adapters/a b=/adapters/b`) as a dict."""
+    pairs = [item.partition("=") for item in items]
+    bad = [item for item, (name, equals, value) in zip(items, pairs) if not (name and equals and value)]
+    if bad:
+        raise SystemExit(f"rsgl.server: {flag} takes NAME=VALUE items, not {', '.join(map(repr, bad))}")
+    names = [name for name, _, _ in pairs]
+    if len(set(names)) < len(names):
+        raise SystemExit(f"rsgl.server: {flag} names {sorted({n for n in names if names.count(n) > 1})} more than once")
+    return {name: value for name, _, value in pairs}
+
+
 def engine_options(args: argparse.Namespace) -> dict[str, Any]:
     names = (flag.removeprefix("--").replace("-", "_") for flag in ENGINE_OPTIONS)
     options = {name: value for name in names if (value := getattr(args, name)) is not None}
+    for name, default in DEFAULTS.items():
+        if isinstance(default, dict) and name in options:
+            options[name] = named_values("--" + name.replace("_", "-"), options[name])
     if args.served_model_name:
         options["served_model_name"] = args.served_model_name[0]
     if args.reasoning_parser in THINK_TAG_PARSERS and args.think_end_token is None:

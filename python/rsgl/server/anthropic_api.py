@@ -37,8 +37,9 @@ async def create_message(request: Request) -> Response:
     body = await read_json_object(request)
     if body.get("max_tokens") is None:
         raise bad_request("max_tokens: Field required", "max_tokens")
-    check_model(body, request)
+    adapter = check_model(body, request)
     call = await chat_request(request, chat_body(body))
+    call.arguments["lora_path"] = adapter
     header = {"id": "msg_" + uuid.uuid4().hex, "type": "message", "role": "assistant", "model": engine_of(request).served_model_name}
     stops = body.get("stop_sequences") or []  # checked by chat_body
     if optional_bool(body, "stream"):

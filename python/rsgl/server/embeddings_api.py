@@ -27,7 +27,8 @@ async def create_embedding(request: Request) -> Response:
     """OpenAI's embeddings: `input` a text, a list of texts, a list of token ids or a list of
     token-id lists; `encoding_format` float or base64 (little-endian float32, as OpenAI sends)."""
     body = await read_json_object(request)
-    check_model(body, request)
+    if check_model(body, request) is not None:
+        raise bad_request("embeddings run on the base model: name it, not a LoRA adapter", "model")
     engine = embedding_engine(request)
     encoding_format = body.get("encoding_format") or "float"
     if encoding_format not in ENCODING_FORMATS:

@@ -38,6 +38,7 @@ class GenerateArguments(TypedDict, total=False):
     logprob_start_len: int | None
     rid: str | list[str] | None
     image_data: list[ImageSource] | list[list[ImageSource]] | None  # decoded images for the prompts' image placeholders
+    lora_path: str | list[str | None] | None  # the LoRA adapter of every prompt, or of each
 
 
 class EngineStream:

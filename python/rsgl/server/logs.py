@@ -30,12 +30,15 @@ def startup_summary(info: ServerInfo) -> list[str]:
     window = info.get("sliding_window")
     projector = f" with projector {info['mmproj']}" if info.get("mmproj") else ""
     window_pool = [f"Sliding layers' KV: their last {window} tokens, {info['kv_window_pages_total']} window pages"] if window else []
+    adapters = info.get("lora_paths") or {}
+    loras = [f"LoRA adapters: {', '.join(f'{name} ({path})' for name, path in adapters.items())}"] if adapters else []
     return [
         f"Model: {info['model_path']}{projector} (served as {info['served_model_name']}); weights: {weights}",
         f"KV cache: {info['kv_cache_dtype']}, {info['kv_pages_total']} pages of {info['page_size']} tokens ({info['max_total_tokens']} tokens); "
         f"radix cache: {'on' if info['radix_cache'] else 'off'}",
         *window_pool,
         *disk_tier,
+        *loras,
         f"Kernels: {info['kernels']} (int8: {info['int8_kernels']}); threads: {info['threads']}{ranks}; context length: {info['context_length']}",
     ]
 

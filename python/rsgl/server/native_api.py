@@ -217,6 +217,9 @@ def generate_arguments(body: JsonObject) -> GenerateArguments:
     rid = body.get("rid")
     if not (rid is None or isinstance(rid, str) or is_str_list(rid)):
         raise bad_request("rid must be a string or a list of strings (one per prompt)", "rid")
+    lora_path = body.get("lora_path")
+    if not (lora_path is None or isinstance(lora_path, str) or (isinstance(lora_path, list) and all(p is None or isinstance(p, str) for p in lora_path))):
+        raise bad_request("lora_path must be a LoRA adapter's name, or a list of names (or nulls) one per prompt", "lora_path")
     return GenerateArguments(
         prompt=text,
         input_ids=input_ids,
@@ -225,6 +228,7 @@ def generate_arguments(body: JsonObject) -> GenerateArguments:
         top_logprobs_num=optional_int(body, "top_logprobs_num", 0, minimum=0),
         logprob_start_len=optional_int(body, "logprob_start_len", None, minimum=-1),
         rid=rid,
+        lora_path=lora_path,
     )
 
 

@@ -45,7 +45,9 @@ async def list_models(request: Request) -> Response:
     created = request.app.state.created
     # SGLang's value: routers (smg, sglang-router) tell an SGLang worker by it.
     models = [{"id": name, "object": "model", "created": created, "owned_by": "sglang"} for name in served_model_names(request)]
-    return json_response({"object": "list", "data": models})
+    base = engine_of(request).served_model_name
+    adapters = [{"id": name, "object": "model", "created": created, "owned_by": "sglang", "parent": base} for name in engine_of(request).lora_names]
+    return json_response({"object": "list", "data": models + adapters})
 
 
 async def create_completion(request: Request) -> Response:
@@ -178,14 +180,23 @@ def served_model_names(request: Request) -> list[str]:
     return [engine_of(request).served_model_name, *request.app.state.model_aliases]
 
 
-def check_model(body: JsonObject, request: Request) -> None:
-    """A request may name the served model, an alias, or "default" (as SGLang takes it); others get a 404."""
+def check_model(body: JsonObject, request: Request) -> str | None:
+    """A request may name the served model, an alias, or "default" (as SGLang takes it), or one of
+    the engine's LoRA adapters as "NAME" or "BASE:NAME" (BASE one of those): returns the adapter's
+    name then. Other names get a 404."""
     model = body.get("model")
     accepted = [*served_model_names(request), DEFAULT_MODEL_NAME]
-    if model is not None and model not in accepted:
-        names = ", ".join(repr(name) for name in accepted)
-        message = f"The model {model!r} does not exist; this server's model answers to {names} (see GET /v1/models)."
-        raise APIError(404, message, param="model", code="model_not_found")
+    adapters = engine_of(request).lora_names
+    if model is None or model in accepted:
+        return None
+    if isinstance(model, str) and model in adapters:
+        return model
+    base, colon, adapter = model.partition(":") if isinstance(model, str) else ("", "", "")
+    if colon and base in accepted and adapter in adapters:
+        return adapter
+    names = ", ".join(repr(name) for name in [*accepted, *adapters])
+    message = f"The model {model!r} does not exist; this server's model answers to {names} (see GET /v1/models)."
+    raise APIError(404, message, param="model", code="model_not_found")
 
 
 def prompt_arguments(body: JsonObject) -> GenerateArguments:
@@ -396,7 +407,7 @@ async def respond(request: Request, body: JsonObject, shape: ResponseShape, argu
     or whole; with `echo`, each answer starts with its prompt (decoded once the engine has
     accepted the request, so token ids are known to be valid)."""
     engine = engine_of(request)
-    check_model(body, request)
+    arguments["lora_path"] = check_model(body, request)
     header = {
         "id": shape.id_prefix + uuid.uuid4().hex,
         "object": shape.object,

@@ -75,6 +75,7 @@ GENERATE_REQUEST = {
     **obj(
         text=TEXTS, input_ids=PROMPT_ID_ROWS, sampling_params=any_of(SAMPLING_PARAMS, array(SAMPLING_PARAMS)), rid=TEXTS,
         **typed(BOOLEAN, "stream return_logprob return_text_in_logprobs"), top_logprobs_num=COUNT,
+        lora_path=nullable(any_of(STRING, array(nullable(STRING)))),  # a LoRA adapter's name (of --lora-paths), or one per prompt
     ),
     "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],  # exactly one of them
 }  # fmt: skip
@@ -171,7 +172,8 @@ SERVER_INFO = obj(**typed(INTEGER, "running_requests waiting_requests kv_pages_t
 LOAD_COUNTS = "dp_rank num_running_reqs num_waiting_reqs num_total_reqs num_used_tokens max_total_num_tokens"
 LOAD = obj(**typed(INTEGER, LOAD_COUNTS), token_usage=NUMBER, cache_hit_rate=NUMBER)
 LOADS = obj(timestamp=STRING, dp_rank_count=INTEGER, loads=array(LOAD))
-MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING)))
+# A LoRA adapter's entry names its base model (`parent`).
+MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING, parent=STRING)))
 TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
 TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
 DETOKENIZE_REQUEST = obj("tokens", tokens=PROMPT_ID_ROWS, skip_special_tokens=BOOLEAN)

@@ -91,7 +91,7 @@ def store_of(request: Request) -> ResponseStore:
 
 async def create_response(request: Request) -> Response:
     body = await read_json_object(request)
-    check_model(body, request)
+    adapter = check_model(body, request)
     previous = body.get("previous_response_id")
     if previous is not None and not isinstance(previous, str):
         raise bad_request("previous_response_id must be a string", "previous_response_id")
@@ -102,6 +102,7 @@ async def create_response(request: Request) -> Response:
         raise bad_request("instructions must be a string", "instructions")
     system = [{"role": "system", "content": instructions}] if instructions else []
     call = await chat_request(request, chat_body(body, [*system, *conversation]))
+    call.arguments["lora_path"] = adapter
     response = {
         "id": "resp_" + uuid.uuid4().hex,
         "object": "response",

@@ -77,6 +77,7 @@ impl Batch {
                     image_rows: seq.image_rows(e.start..e.end),
                     bidirectional: seq.bidirectional_in(e.start..e.end),
                     mrope: seq.mrope.as_ref(),
+                    lora: seq.lora,
                 }
             })
             .collect()

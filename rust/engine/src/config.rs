@@ -21,6 +21,7 @@ use crate::speculative::SpeculativeAlgorithm;
 use rsgl_kernels::{ActivationBits, WeightDtype};
 use schemars::JsonSchema;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use std::collections::BTreeMap;
 
 /// The model as the runner sees it; its serde form is the normalized config the Python loader
 /// holds and hands back to the engine.
@@ -878,6 +879,14 @@ pub struct EngineOptions {
     /// `kv_cache_memory_gb`; SGLang defaults to 0.9). Raise it to run more requests at once with
     /// large states, lower it to keep more tokens of KV.
     pub mamba_full_memory_ratio: f64,
+    /// LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding
+    /// its `adapter_config.json` and `adapter_model.safetensors`. For dense Llama-family models.
+    pub lora_paths: BTreeMap<String, String>,
+    /// The most LoRA adapters the running requests use at once; a request for another waits.
+    pub max_loras_per_batch: usize,
+    /// The highest rank a LoRA adapter may have (larger ones are refused at start); any when
+    /// unset.
+    pub max_lora_rank: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -912,6 +921,9 @@ impl Default for EngineOptions {
             swa_full_tokens_ratio: 0.8,
             max_mamba_cache_size: None,
             mamba_full_memory_ratio: 1.0,
+            lora_paths: BTreeMap::new(),
+            max_loras_per_batch: 8,
+            max_lora_rank: None,
         }
     }
 }
@@ -935,6 +947,8 @@ impl EngineOptions {
             ("chunked_prefill_size", opts.chunked_prefill_size),
             ("speculative_num_draft_tokens", opts.speculative_num_draft_tokens),
             ("max_mamba_cache_size", opts.max_mamba_cache_size.unwrap_or(1)),
+            ("max_loras_per_batch", opts.max_loras_per_batch),
+            ("max_lora_rank", opts.max_lora_rank.unwrap_or(1)),
         ];
         if let Some((name, _)) = must_be_positive.iter().find(|(_, v)| *v == 0) {
             return Err(EngineError::InvalidRequest(format!("engine option {name} must be at least 1")));

@@ -38,6 +38,21 @@ pub struct GenerateRequest {
     /// The prompt's images, in the order of their image tokens (a vision-language model's).
     #[serde(default)]
     pub images: Vec<ImageInput>,
+    /// The name of the LoRA adapter (one of the engine's `lora_paths`) to generate with; the
+    /// base model without.
+    #[serde(default)]
+    pub lora_path: Option<String>,
+    /// The adapter `lora_path` names, as the engine found it when the request was submitted.
+    #[serde(skip)]
+    pub(crate) lora: Option<LoraChoice>,
+}
+
+/// A request's LoRA adapter: its index among the model's adapters, and its fingerprint (which
+/// the prefix cache's namespace folds in).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LoraChoice {
+    pub index: usize,
+    pub fingerprint: u64,
 }
 
 /// An image of a prompt, preprocessed for the model's vision tower.

@@ -97,6 +97,8 @@ pub(crate) struct Scheduler {
     disk: Option<DiskTier>,
     policy: SchedulePolicy,
     max_running: usize,
+    /// The most LoRA adapters the running requests use at once.
+    max_loras: usize,
     token_budget: usize,
     /// The share of the running requests' remaining output budgets admission keeps pages for.
     new_token_ratio: NewTokenRatio,
@@ -142,6 +144,7 @@ impl Scheduler {
             disk,
             policy: opts.schedule_policy,
             max_running: opts.max_running_requests,
+            max_loras: opts.max_loras_per_batch,
             token_budget: opts.chunked_prefill_size,
             new_token_ratio: NewTokenRatio::new(opts.schedule_conservativeness),
             retractions: 0,
@@ -357,6 +360,9 @@ impl Scheduler {
             if self.window.as_ref().is_some_and(|w| w.pool.num_pages() < w.per_request * (self.running.len() + 1)) {
                 break; // every running request may hold a window's pages at once
             }
+            if !self.lora_fits(slots[i].as_ref().expect("each index once").lora) {
+                continue; // waits for a running adapter's requests to end; others may go first
+            }
             // Taken first: taking it may evict a snapshot, which the match must then not find.
             let state_slot = match &mut self.states {
                 Some(states) => match states.take() {
@@ -447,6 +453,16 @@ impl Scheduler {
             self.running.push(seq);
         }
         self.waiting = slots.into_iter().flatten().collect();
+    }
+
+    /// Whether a request using `lora` can run beside the running ones: they use at most
+    /// `max_loras` adapters together.
+    fn lora_fits(&self, lora: Option<usize>) -> bool {
+        let Some(lora) = lora else { return true };
+        let mut running: Vec<usize> = self.running.iter().filter_map(|s| s.lora).collect();
+        running.sort_unstable();
+        running.dedup();
+        running.contains(&lora) || running.len() < self.max_loras
     }
 
     /// The names of the prompt pages of `seq` up to the last of those after its first

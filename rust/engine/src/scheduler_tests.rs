@@ -353,3 +353,24 @@ fn a_prompt_chunk_never_splits_a_run_attended_both_ways() {
     // A chunk starting inside a run (after a prefix read from the cache) holds the rest of it.
     assert_eq!(held.prompt_chunk_end(4, 6), 9);
 }
+
+#[test]
+fn running_requests_use_at_most_max_loras_per_batch_adapters() {
+    let (mut s, mut kv) = scheduler_with(64, EngineOptions { max_loras_per_batch: 2, ..EngineOptions::default() });
+    for (rid, lora) in [("a", Some(0)), ("b", Some(1)), ("c", Some(2)), ("d", None), ("e", Some(0))] {
+        let mut seq = request(rid, 2, 2);
+        seq.lora = lora;
+        s.enqueue(seq);
+    }
+    // c's adapter would be a third: it waits, and requests after it (the base model, a running
+    // adapter) go first.
+    step(&mut s, &mut kv);
+    assert_eq!(rids(s.running().iter()), ["a", "b", "d", "e"]);
+    assert_eq!(rids(s.waiting.iter()), ["c"]);
+    // Once b's adapter has no running request, c's takes its place.
+    while s.running().iter().any(|seq| seq.rid == "b") {
+        step(&mut s, &mut kv);
+    }
+    step(&mut s, &mut kv);
+    assert!(s.running().iter().any(|seq| seq.rid == "c"));
+}

@@ -7,6 +7,7 @@ use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use pythonize::{pythonize, Depythonizer};
+use rsgl_engine::model::{PeftAdapter, PeftConfig};
 use rsgl_engine::pooling::Pooling;
 use rsgl_engine::request::deserialize_with_path;
 use rsgl_engine::sample::SamplingParams;
@@ -48,6 +49,11 @@ impl WeightStore {
     fn with<T>(&self, f: impl FnOnce(&rsgl_engine::WeightStore) -> PyResult<T>) -> PyResult<T> {
         let guard = self.inner.lock().expect("store lock");
         f(guard.as_ref().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?)
+    }
+
+    /// The store itself, for the engine to take (it is then empty).
+    fn take(&self) -> PyResult<rsgl_engine::WeightStore> {
+        self.inner.lock().expect("store lock").take().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))
     }
 
     fn wrap(py: Python<'_>, open: impl FnOnce() -> Result<rsgl_engine::WeightStore, EngineError> + Send) -> PyResult<Self> {
@@ -260,8 +266,10 @@ impl Engine {
 
 #[pymethods]
 impl Engine {
+    /// `adapters`: the LoRA adapters `options["lora_paths"]` names, each `(name, its
+    /// adapter_config.json as a dict, its adapter_model.safetensors mapped)`.
     #[new]
-    #[pyo3(signature = (config, weights, options, eos_token_ids, tokenizer=None))]
+    #[pyo3(signature = (config, weights, options, eos_token_ids, tokenizer=None, adapters=Vec::new()))]
     fn new(
         py: Python<'_>,
         config: &ModelConfig,
@@ -269,13 +277,20 @@ impl Engine {
         options: &Bound<'_, PyAny>,
         eos_token_ids: Vec<u32>,
         tokenizer: Option<&Tokenizer>,
+        adapters: Vec<(String, Bound<'_, PyAny>, PyRef<'_, WeightStore>)>,
     ) -> PyResult<Self> {
         let cfg = config.inner.clone();
         let opts = EngineOptions::deserialize_from(&mut Depythonizer::from_object(options)).map_err(to_py_err)?;
-        let store =
-            weights.inner.lock().expect("store lock").take().ok_or_else(|| PyRuntimeError::new_err("this WeightStore was already used by an Engine"))?;
+        let mut peft_adapters = Vec::with_capacity(adapters.len());
+        for (name, adapter_config, store) in adapters {
+            let config = PeftConfig::deserialize_from(&mut Depythonizer::from_object(&adapter_config))
+                .map_err(|e| ModelLoadError::new_err(format!("LoRA adapter {name:?}: adapter_config.json: {e}")))?;
+            let weights = store.take()?;
+            peft_adapters.push(PeftAdapter { name, config, weights });
+        }
+        let store = weights.take()?;
         let tokenizer = tokenizer.map(|t| t.inner.clone());
-        let engine = py.detach(|| rsgl_engine::Engine::start(cfg, store, tokenizer, eos_token_ids, opts)).map_err(to_py_err)?;
+        let engine = py.detach(|| rsgl_engine::Engine::start_with_adapters(cfg, store, tokenizer, eos_token_ids, opts, peft_adapters)).map_err(to_py_err)?;
         Ok(Engine { inner: Mutex::new(Some(Arc::new(engine))) })
     }
 

@@ -12,8 +12,8 @@ use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSource, LlgBackend};
 use crate::kv::disk::{DiskTier, DiskTierOptions};
 use crate::kv::{KvCache, PagePool};
-use crate::model::{Compute, DecoderModel, ModelOutput, Precision};
-use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, Output, OutputSink, Waker};
+use crate::model::{Compute, DecoderModel, ModelOutput, PeftAdapter, Precision};
+use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, LoraChoice, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::{Scheduler, WindowPool};
 use crate::sequence::images;
@@ -22,7 +22,7 @@ use crate::text::Tokenizer;
 use crate::weights::WeightStore;
 use engine_loop::EngineLoop;
 use rsgl_kernels::pool::split;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -54,6 +54,8 @@ pub struct Engine {
     is_embedding: bool,
     /// The model's image encoder, which the images of a request must fit.
     vision: Option<ImageEncoder>,
+    /// The LoRA adapters requests may name, by name.
+    adapters: BTreeMap<String, LoraChoice>,
 }
 
 /// The outputs of one request, in order; ends after the output carrying `finished`.
@@ -113,6 +115,26 @@ impl RequestStream {
 impl Engine {
     /// Builds the model from `weights` (moved, so they live in memory once) and starts the thread.
     pub fn start(cfg: ModelConfig, weights: WeightStore, tokenizer: Option<Arc<Tokenizer>>, eos_token_ids: Vec<u32>, opts: EngineOptions) -> Result<Engine> {
+        Self::start_with_adapters(cfg, weights, tokenizer, eos_token_ids, opts, Vec::new())
+    }
+
+    /// [`Self::start`], with the LoRA adapters `opts.lora_paths` names, read from their folders.
+    pub fn start_with_adapters(
+        cfg: ModelConfig,
+        weights: WeightStore,
+        tokenizer: Option<Arc<Tokenizer>>,
+        eos_token_ids: Vec<u32>,
+        opts: EngineOptions,
+        adapters: Vec<PeftAdapter>,
+    ) -> Result<Engine> {
+        let mut given: Vec<&str> = adapters.iter().map(|a| a.name.as_str()).collect();
+        given.sort_unstable();
+        if !given.iter().copied().eq(opts.lora_paths.keys().map(String::as_str)) {
+            return Err(invalid(format!(
+                "the LoRA adapters given ({given:?}) are not those lora_paths names ({:?})",
+                opts.lora_paths.keys().collect::<Vec<_>>()
+            )));
+        }
         let context_length = opts.context_length(&cfg);
         if context_length == 0 {
             return Err(invalid("context_length must be at least 1"));
@@ -151,7 +173,11 @@ impl Engine {
             }
         }
         let fingerprint = opts.hicache_dir.as_ref().map(|_| cache_fingerprint(&cfg, &weights, &opts));
-        let model = DecoderModel::new(cfg, weights, context_length, precision, output, computes)?;
+        let mut model = DecoderModel::new(cfg, weights, context_length, precision, output, computes)?;
+        for adapter in adapters {
+            model.load_adapter(adapter, opts.max_lora_rank)?;
+        }
+        let adapters = model.adapters().iter().enumerate().map(|(index, a)| (a.name.clone(), LoraChoice { index, fingerprint: a.fingerprint })).collect();
         let pools = opts.kv_pools(model.config());
         let num_pages = pools.pages;
         let window = opts.paged_window(model.config()).map_or(0, |window| window.size);
@@ -242,6 +268,7 @@ impl Engine {
             grammars,
             is_embedding: opts.is_embedding,
             vision: cfg_vision,
+            adapters,
         })
     }
 
@@ -277,15 +304,24 @@ impl Engine {
         self.send_request(rid, waker, |out| Command::Embed(Box::new(req), out))
     }
 
-    fn enqueue(&self, req: GenerateRequest, waker: Option<Waker>) -> Result<RequestStream> {
+    fn enqueue(&self, mut req: GenerateRequest, waker: Option<Waker>) -> Result<RequestStream> {
         if self.is_embedding {
             return Err(invalid("this engine serves embeddings (started with is_embedding); it does not generate: start one without it to generate"));
         }
+        req.lora = req.lora_path.as_deref().map(|name| self.adapter(name)).transpose()?;
         validate(&req, self.vocab_size, self.context_length, self.has_tokenizer)?;
         images::check(&req.images, &req.input_ids, self.vision.as_ref())?;
         self.check_fits(req.input_ids.len() + req.sampling_params.max_new_tokens.min(self.context_length - req.input_ids.len()))?;
         let rid = req.rid.clone();
         self.send_request(rid, waker, |out| Command::Submit(Box::new(req), out))
+    }
+
+    /// The LoRA adapter named `name`.
+    fn adapter(&self, name: &str) -> Result<LoraChoice> {
+        self.adapters.get(name).copied().ok_or_else(|| match self.adapters.is_empty() {
+            true => invalid(format!("lora_path {name:?}: this engine serves no LoRA adapters (start it with lora_paths)")),
+            false => invalid(format!("lora_path {name:?} is not one of this engine's LoRA adapters: {:?}", self.adapters.keys().collect::<Vec<_>>())),
+        })
     }
 
     /// Refuses a request needing more KV tokens than the whole pool holds (it could never run).

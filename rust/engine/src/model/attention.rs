@@ -6,6 +6,7 @@
 use super::archs::{Assembly, QkNorm};
 use super::decoder::{heads_rows, scale_by, take_norm, Step};
 use super::linear::{Compute, Linear, LinearParts};
+use super::lora::{add_lora, LoraRows, LoraTarget};
 use super::mlp::{take_linear, Ranks};
 use super::rope::Rope;
 use super::tensor_parallel::Shard;
@@ -178,14 +179,19 @@ impl Attention {
     }
 
     /// The sublayer's output (this rank's partial sum) for the normalized input `x`; layer
-    /// `layer`'s new K and V go into `kv`.
-    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step) -> Vec<f32> {
+    /// `layer`'s new K and V go into `kv`; `lora`'s rows add their adapters' updates of q, k, v
+    /// and o.
+    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step, lora: &[LoraRows]) -> Vec<f32> {
         let (c, hd) = (cx.compute, cx.cfg.head_dim);
         let (qs, kvs) = (cx.shard.q_heads.len() * hd, cx.shard.kv_heads.len() * hd);
         let row = self.qkv.out_features();
         let mut qkv = {
             let _phase = profile::phase(Phase::QkvProjection);
-            self.qkv.forward(c, x)
+            let mut qkv = self.qkv.forward(c, x);
+            for (target, first) in [(LoraTarget::Q, 0), (LoraTarget::K, qs), (LoraTarget::V, qs + kvs)] {
+                add_lora(c, lora, target, x, &mut qkv, row, first);
+            }
+            qkv
         };
         {
             let _phase = profile::phase(Phase::Rope);
@@ -209,7 +215,9 @@ impl Attention {
             }
         }
         let _phase = profile::phase(Phase::OutputProjection);
-        self.o.forward(c, &attn)
+        let mut out = self.o.forward(c, &attn);
+        add_lora(c, lora, LoraTarget::O, &attn, &mut out, self.o.out_features(), 0);
+        out
     }
 
     /// The q/k RMSNorms (per head, or over all heads: each weight's length says), then the

@@ -10,6 +10,7 @@ use super::delta_net::DeltaNet;
 use super::embedding::Embedding;
 use super::latent_attention::LatentAttention;
 use super::linear::{Compute, Linear, LinearParts};
+use super::lora::{self, LoraAdapter, LoraRows, PeftAdapter};
 use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
 use super::mrope::MropePositions;
@@ -64,6 +65,8 @@ pub struct SeqChunk<'a> {
     /// The sequence's 3D rope positions (M-RoPE), where its prompt has images for a model that
     /// gives them such positions; None: each token's position turns every rotary frequency.
     pub mrope: Option<&'a MropePositions>,
+    /// The LoRA adapter (an index of [`DecoderModel::adapters`]) the sequence's projections add.
+    pub lora: Option<usize>,
 }
 
 impl SeqChunk<'_> {
@@ -147,6 +150,9 @@ pub(super) struct Step<'a> {
     pub key_ends: Option<Vec<usize>>,
     /// Per token, its 3D rope positions, when a sequence of the step has M-RoPE positions.
     pub rope_positions: Option<Vec<[usize; 3]>>,
+    /// The tokens of each LoRA adapter the step's sequences use: `(adapter, runs of consecutive
+    /// tokens)`.
+    pub lora_rows: Vec<(usize, Vec<Range<usize>>)>,
 }
 
 pub struct DecoderModel {
@@ -166,6 +172,10 @@ pub struct DecoderModel {
     rank_drivers: Option<ThreadPool>,
     /// A vision-language model's image encoder.
     vision: Option<ImageTower>,
+    /// Why the layers cannot take LoRA adapters, if they cannot.
+    lora_unsupported: Option<String>,
+    /// The LoRA adapters requests may name.
+    adapters: Vec<LoraAdapter>,
 }
 
 /// A vision tower of one of the families rsgl runs.
@@ -259,7 +269,7 @@ impl DecoderModel {
         let homes: Vec<usize> = computes.iter().filter_map(|c| c.home_cpu).collect();
         let pinned = homes.len() == computes.len();
         let rank_drivers = (computes.len() > 1).then(|| ThreadPool::on_cpus(computes.len(), &homes, pinned));
-        let ranks = shards
+        let ranks: Vec<RankModel> = shards
             .into_iter()
             .zip(layers)
             .zip(lm_heads)
@@ -267,11 +277,30 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision })
+        let lora_unsupported = lora::unsupported(&cfg, assembly.attention_output_gate, ranks.len());
+        let adapters = Vec::new();
+        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_unsupported, adapters })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
+    }
+
+    /// Loads a LoRA adapter requests may then name (its index in [`Self::adapters`]).
+    pub fn load_adapter(&mut self, adapter: PeftAdapter, max_rank: Option<usize>) -> Result<()> {
+        if let Some(why) = &self.lora_unsupported {
+            return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
+        }
+        if self.adapters.iter().any(|loaded| loaded.name == adapter.name) {
+            return Err(EngineError::InvalidRequest(format!("LoRA adapter {:?} is already loaded", adapter.name)));
+        }
+        let loaded = LoraAdapter::from_peft(adapter, &self.cfg, max_rank, &self.ranks[0].compute.pool)?;
+        self.adapters.push(loaded);
+        Ok(())
+    }
+
+    pub fn adapters(&self) -> &[LoraAdapter] {
+        &self.adapters
     }
 
     /// The length of each row [`Self::forward`] returns.
@@ -329,7 +358,25 @@ impl DecoderModel {
             let at = |chunk: &SeqChunk, p: usize| chunk.mrope.map_or([p; 3], |mrope| mrope.at(p));
             seqs.iter().flat_map(|chunk| (chunk.start_pos..chunk.start_pos + chunk.tokens.len()).map(move |p| at(chunk, p))).collect()
         });
-        let step = Step { seqs, token_seq, positions, key_ends, rope_positions };
+        let mut lora_rows: Vec<(usize, Vec<Range<usize>>)> = Vec::new();
+        let mut first = 0;
+        for chunk in seqs {
+            let tokens = first..first + chunk.tokens.len();
+            first = tokens.end;
+            let Some(adapter) = chunk.lora else { continue };
+            let runs = match lora_rows.iter_mut().find(|(a, _)| *a == adapter) {
+                Some((_, runs)) => runs,
+                None => {
+                    lora_rows.push((adapter, Vec::new()));
+                    &mut lora_rows.last_mut().expect("just pushed").1
+                }
+            };
+            match runs.last_mut() {
+                Some(run) if run.end == tokens.start => run.end = tokens.end,
+                _ => runs.push(tokens),
+            }
+        }
+        let step = Step { seqs, token_seq, positions, key_ends, rope_positions, lora_rows };
         let Some(drivers) = &self.rank_drivers else {
             return self.run_rank(&self.ranks[0], &step, &mut kv.parts_mut()[0]);
         };
@@ -404,9 +451,17 @@ impl DecoderModel {
         let mut round = 0;
         let mut residual_delta: Option<Vec<f32>> = None;
         for (l, layer) in rank.layers.iter().enumerate() {
+            let lora: Vec<LoraRows> = step
+                .lora_rows
+                .iter()
+                .map(|(adapter, runs)| {
+                    let adapter = &self.adapters[*adapter];
+                    LoraRows { runs, scaling: adapter.scaling, layer: adapter.layer(l) }
+                })
+                .collect();
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
             let mut attn_out = match &layer.mixer {
-                Mixer::Attention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
+                Mixer::Attention(attention) => attention.forward(&attention_cx, &normed, kv, l, step, &lora),
                 other => {
                     let _phase = profile::phase(Phase::OtherMixer);
                     match other {
@@ -420,7 +475,7 @@ impl DecoderModel {
             self.reduce.reduce(rank.shard.rank, &mut round, &mut attn_out, &c.pool);
             let attn_out = self.sublayer_output(c, attn_out, &layer.attention_norms);
             let normed = self.sublayer_input(c, &mut x, Some(attn_out), &layer.mlp_norms);
-            let mut mlp_out = layer.mlp.forward(c, &normed);
+            let mut mlp_out = layer.mlp.forward(c, &normed, &lora);
             self.reduce.reduce(rank.shard.rank, &mut round, &mut mlp_out, &c.pool);
             residual_delta = Some(self.sublayer_output(c, mlp_out, &layer.mlp_norms));
         }

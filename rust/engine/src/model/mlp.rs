@@ -5,6 +5,7 @@
 use super::archs::MlpLayout;
 use super::decoder::Precision;
 use super::linear::{Compute, Linear, LinearParts};
+use super::lora::{add_lora, LoraRows, LoraTarget};
 use super::tensor_parallel::Shard;
 use crate::config::{Activation, ExpertScoring, GroupScore, ModelConfig, MoeConfig};
 use crate::error::{EngineError, Result};
@@ -67,17 +68,28 @@ impl GatedMlp {
 
     /// `x` is `[rows, hidden]`.
     fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+        self.forward_with_lora(c, x, &[])
+    }
+
+    /// [`Self::forward`], `lora`'s rows adding their adapters' updates of gate, up and down.
+    fn forward_with_lora(&self, c: &Compute, x: &[f32], lora: &[LoraRows]) -> Vec<f32> {
+        let inter = self.inter();
         let gate_up = {
             let _phase = profile::phase(Phase::GateUpProjection);
-            self.gate_up.forward(c, x)
+            let mut gate_up = self.gate_up.forward(c, x);
+            for (target, first) in [(LoraTarget::Gate, 0), (LoraTarget::Up, inter)] {
+                add_lora(c, lora, target, x, &mut gate_up, 2 * inter, first);
+            }
+            gate_up
         };
-        let inter = self.inter();
         let mut act = vec![0.0; gate_up.len() / 2];
         let activation = profile::phase(Phase::Activation);
         c.pool.for_chunks_mut(&mut act, inter, &|row, out| self.activate(c, &gate_up[row * 2 * inter..(row + 1) * 2 * inter], out));
         drop(activation);
         let _phase = profile::phase(Phase::DownProjection);
-        self.down.forward(c, &act)
+        let mut out = self.down.forward(c, &act);
+        add_lora(c, lora, LoraTarget::Down, &act, &mut out, self.down.out_features(), 0);
+        out
     }
 
     /// This rank's intermediate width.
@@ -189,10 +201,11 @@ impl Mlp {
             .collect())
     }
 
-    /// `x` is `[rows, hidden]`; returns the MLP's output rows.
-    pub fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+    /// `x` is `[rows, hidden]`; returns the MLP's output rows, `lora`'s with their adapters'
+    /// updates (dense MLPs: a model with experts takes no adapters).
+    pub fn forward(&self, c: &Compute, x: &[f32], lora: &[LoraRows]) -> Vec<f32> {
         match self {
-            Mlp::Dense(ffn) => ffn.forward(c, x),
+            Mlp::Dense(ffn) => ffn.forward_with_lora(c, x, lora),
             Mlp::Moe(moe) => {
                 let _phase = profile::phase(Phase::Experts);
                 moe.forward(c, x)

@@ -8,6 +8,7 @@ mod delta_net;
 mod embedding;
 mod latent_attention;
 mod linear;
+mod lora;
 mod mamba2;
 mod mlp;
 mod mrope;
@@ -20,6 +21,7 @@ mod vision_attention;
 
 pub use decoder::{DecoderModel, ModelOutput, Precision, SeqChunk};
 pub use linear::{Compute, Linear, LinearParts, Weights};
+pub use lora::{LoraAdapter, LoraTarget, PeftAdapter, PeftConfig, TargetModules};
 pub use mrope::{ImageRun, MropePositions};
 pub use rope::Rope;
 pub use tensor_parallel::{AllReduce, Shard};

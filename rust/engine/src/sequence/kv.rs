@@ -19,7 +19,8 @@ pub(crate) struct SeqKv {
     pub window_start: usize,
     /// The prefix-cache node this request holds locked (the end of its shared prefix).
     pub cache_node: Option<NodeId>,
-    /// Prefix-cache namespace (from the cache salt): requests in different ones share nothing.
+    /// Prefix-cache namespace (from the cache salt and the LoRA adapter): requests in different
+    /// ones share nothing.
     pub namespace: u64,
     /// Prompt tokens found in the cache at first admission.
     pub cached_tokens: usize,
@@ -50,7 +51,8 @@ impl PageHashes {
 }
 
 impl SeqKv {
-    pub fn new(cache_salt: Option<&str>) -> Self {
+    /// `lora`: the fingerprint of the request's LoRA adapter, if it has one.
+    pub fn new(cache_salt: Option<&str>, lora: Option<u64>) -> Self {
         SeqKv {
             computed: 0,
             pages: Vec::new(),
@@ -58,7 +60,7 @@ impl SeqKv {
             window: Vec::new(),
             window_start: 0,
             cache_node: None,
-            namespace: cache_salt.map_or(0, namespace_of),
+            namespace: namespace_of(cache_salt, lora),
             cached_tokens: 0,
             state_slot: None,
             admitted: false,
@@ -94,9 +96,14 @@ impl SeqKv {
     }
 }
 
-/// A stable 64-bit namespace for a cache salt (0 is left to requests without a salt).
-fn namespace_of(salt: &str) -> u64 {
-    stable_hash(salt.as_bytes()).max(1)
+/// A stable 64-bit namespace for a cache salt and a LoRA adapter's fingerprint (0 is left to
+/// requests with neither).
+fn namespace_of(salt: Option<&str>, lora: Option<u64>) -> u64 {
+    let salted = salt.map_or(0, |salt| stable_hash(salt.as_bytes()).max(1));
+    match lora {
+        Some(fingerprint) => stable_hash(&[salted.to_le_bytes(), fingerprint.to_le_bytes()].concat()).max(1),
+        None => salted,
+    }
 }
 
 /// FNV-1a: the same in every process (the disk tier's page names outlive one).
@@ -108,6 +115,17 @@ pub(crate) fn stable_hash(bytes: &[u8]) -> u64 {
 mod tests {
     use super::*;
     use crate::kv::disk::page_hashes;
+
+    #[test]
+    fn a_lora_adapter_and_a_cache_salt_each_make_a_namespace_of_their_own() {
+        let namespace = |salt, lora| SeqKv::new(salt, lora).namespace;
+        assert_eq!(namespace(None, None), 0);
+        assert_eq!(namespace(Some("tenant"), None), stable_hash(b"tenant"), "a salt alone names what it always did");
+        let all = [namespace(Some("tenant"), None), namespace(None, Some(7)), namespace(None, Some(8)), namespace(Some("tenant"), Some(7))];
+        for (i, a) in all.iter().enumerate() {
+            assert!(*a != 0 && all[i + 1..].iter().all(|b| a != b), "{all:?}");
+        }
+    }
 
     #[test]
     fn page_names_are_the_chain_of_the_tokens_so_far() {

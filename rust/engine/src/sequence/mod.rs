@@ -66,6 +66,8 @@ pub(crate) struct Sequence {
     pub bidirectional: Vec<std::ops::Range<usize>>,
     /// The 3D rope positions of a prompt with images, for a model that gives them (Qwen2.5-VL).
     pub mrope: Option<MropePositions>,
+    /// The LoRA adapter its tokens run through (an index of the model's adapters).
+    pub lora: Option<usize>,
     text: OutputText,
 }
 
@@ -81,7 +83,7 @@ impl Sequence {
             rid: req.rid,
             group: req.group,
             max_new_tokens: p.max_new_tokens.min(context_length - prompt_len),
-            kv: SeqKv::new(req.cache_salt.as_deref()),
+            kv: SeqKv::new(req.cache_salt.as_deref(), req.lora.map(|lora| lora.fingerprint)),
             text: OutputText::new(p.stop.clone(), p.no_stop_trim),
             picker: Picker::new(p, &req.input_ids, eos, seed),
             report,
@@ -95,6 +97,7 @@ impl Sequence {
             images: req.images.into_iter().map(PromptImage::new).collect(),
             bidirectional: Vec::new(),
             mrope: None,
+            lora: req.lora.map(|lora| lora.index),
         }
     }
 

@@ -1,0 +1,380 @@
+//! LoRA adapters (PEFT's format): for some projections of every layer, a low-rank update
+//! `scaling · B·A` (A `[r, in]`, B `[out, r]`, held in float32) that requests naming the adapter
+//! add to the base layer's output. The base GEMM runs once for the whole batch; then the rows of
+//! each adapter add `scaling · (x·Aᵀ)·Bᵀ` to their columns of the projection (its slice of the
+//! fused q|k|v or gate|up output). Rows without an adapter pay nothing.
+
+use super::linear::{Compute, Linear, LinearParts};
+use crate::config::ModelConfig;
+use crate::error::{EngineError, Result};
+use crate::weights::WeightStore;
+use rsgl_kernels::{ThreadPool, WeightDtype};
+use serde::Deserialize;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::ops::Range;
+
+/// The projections of a decoder layer an adapter may update.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum LoraTarget {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl LoraTarget {
+    pub const ALL: [LoraTarget; 7] = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O, LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
+
+    /// The module's name in PEFT's `target_modules` and its tensors' names.
+    pub fn module(self) -> &'static str {
+        match self {
+            LoraTarget::Q => "q_proj",
+            LoraTarget::K => "k_proj",
+            LoraTarget::V => "v_proj",
+            LoraTarget::O => "o_proj",
+            LoraTarget::Gate => "gate_proj",
+            LoraTarget::Up => "up_proj",
+            LoraTarget::Down => "down_proj",
+        }
+    }
+
+    fn block(self) -> &'static str {
+        match self {
+            LoraTarget::Q | LoraTarget::K | LoraTarget::V | LoraTarget::O => "self_attn",
+            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => "mlp",
+        }
+    }
+
+    /// The base projection's `(out, in)` features.
+    fn shape(self, cfg: &ModelConfig) -> (usize, usize) {
+        let (h, q, kv, inter) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+        match self {
+            LoraTarget::Q => (q, h),
+            LoraTarget::K | LoraTarget::V => (kv, h),
+            LoraTarget::O => (h, q),
+            LoraTarget::Gate | LoraTarget::Up => (inter, h),
+            LoraTarget::Down => (h, inter),
+        }
+    }
+}
+
+/// PEFT's `target_modules`: module names, or one regular expression (or "all-linear").
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum TargetModules {
+    Names(Vec<String>),
+    Pattern(String),
+}
+
+/// What rsgl reads of a PEFT `adapter_config.json` (its other keys say how it was trained).
+#[derive(Debug, Clone, Deserialize)]
+pub struct PeftConfig {
+    #[serde(default)]
+    pub peft_type: Option<String>,
+    pub r: usize,
+    pub lora_alpha: f64,
+    /// rsLoRA: the update is scaled by `lora_alpha / sqrt(r)` instead of `lora_alpha / r`.
+    #[serde(default)]
+    pub use_rslora: bool,
+    pub target_modules: TargetModules,
+    #[serde(default)]
+    pub use_dora: bool,
+    #[serde(default)]
+    pub rank_pattern: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub alpha_pattern: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    pub modules_to_save: Option<Vec<String>>,
+    #[serde(default)]
+    pub fan_in_fan_out: bool,
+}
+
+impl PeftConfig {
+    /// An `adapter_config.json`'s fields (a JSON object, or the Python dict the binding passes).
+    pub fn deserialize_from<'de, D: serde::Deserializer<'de>>(de: D) -> std::result::Result<PeftConfig, String> {
+        crate::request::deserialize_with_path(de)
+    }
+
+    /// The factor on `B·A`.
+    pub fn scaling(&self) -> f32 {
+        let r = self.r as f64;
+        (if self.use_rslora { self.lora_alpha / r.sqrt() } else { self.lora_alpha / r }) as f32
+    }
+}
+
+/// An adapter as the engine is given it: its name, its `adapter_config.json` and its weights
+/// (`adapter_model.safetensors`, mapped).
+pub struct PeftAdapter {
+    pub name: String,
+    pub config: PeftConfig,
+    pub weights: WeightStore,
+}
+
+/// One projection's update: `x·Aᵀ` then `·Bᵀ`.
+struct LoraPair {
+    a: Linear,
+    b: Linear,
+}
+
+/// An adapter's updates of one layer, by [`LoraTarget`] (none where it leaves a projection be).
+#[derive(Default)]
+pub(super) struct LoraLayer {
+    pairs: [Option<LoraPair>; 7],
+}
+
+/// A loaded adapter.
+pub struct LoraAdapter {
+    pub name: String,
+    pub rank: usize,
+    pub scaling: f32,
+    /// Names these weights (with the adapter's name and scaling): the prefix cache keeps the KV
+    /// of requests using it apart, on disk too.
+    pub fingerprint: u64,
+    layers: Vec<LoraLayer>,
+}
+
+/// Why a model's layers cannot take adapters yet; None where they can.
+pub(super) fn unsupported(cfg: &ModelConfig, attention_output_gate: bool, tp_size: usize) -> Option<String> {
+    let reason = if cfg.moe.is_some() {
+        "mixture-of-experts MLPs"
+    } else if cfg.latent_attention.is_some() {
+        "multi-head latent attention"
+    } else if cfg.has_recurrent_layers() {
+        "recurrent layers"
+    } else if cfg.vision.is_some() {
+        "a vision tower"
+    } else if attention_output_gate {
+        "gated attention outputs"
+    } else if tp_size > 1 {
+        return Some("LoRA adapters need tp_size 1 for now".into());
+    } else {
+        return None;
+    };
+    Some(format!("rsgl applies LoRA adapters to dense decoder models only so far; this {} model has {reason}", cfg.architecture))
+}
+
+impl LoraAdapter {
+    /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts),
+    /// refusing one whose shapes do not fit it, whose rank is over `max_rank`, or that updates
+    /// what rsgl does not apply adapters to.
+    pub(super) fn from_peft(adapter: PeftAdapter, cfg: &ModelConfig, max_rank: Option<usize>, pool: &ThreadPool) -> Result<LoraAdapter> {
+        let PeftAdapter { name, config, weights: mut w } = adapter;
+        let refuse = |why: String| EngineError::ModelLoad(format!("LoRA adapter {name:?}: {why}"));
+        check_config(&config).map_err(refuse)?;
+        if let Some(max) = max_rank.filter(|&max| config.r > max) {
+            return Err(refuse(format!("its rank r={} is over max_lora_rank={max}; raise max_lora_rank to serve it", config.r)));
+        }
+        let fingerprint = {
+            use sha2::{Digest, Sha256};
+            let mut hasher = Sha256::new();
+            hasher.update(format!("lora {name} {}\n", config.scaling()));
+            hasher.update(w.fingerprint());
+            u64::from_le_bytes(hasher.finalize()[..8].try_into().expect("8 bytes"))
+        };
+        let r = config.r;
+        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
+        for l in 0..cfg.num_hidden_layers {
+            let mut layer = LoraLayer::default();
+            for target in LoraTarget::ALL {
+                let prefix = format!("base_model.model.model.layers.{l}.{}.{}", target.block(), target.module());
+                let (a_name, b_name) = (format!("{prefix}.lora_A.weight"), format!("{prefix}.lora_B.weight"));
+                if !w.contains(&a_name) && !w.contains(&b_name) {
+                    continue;
+                }
+                let (out, inp) = target.shape(cfg);
+                for (tensor, shape) in [(&a_name, [r, inp]), (&b_name, [out, r])] {
+                    match w.shape(tensor) {
+                        None => return Err(refuse(format!("it has {} without {tensor}", if tensor == &a_name { &b_name } else { &a_name }))),
+                        Some(found) if found != shape => {
+                            return Err(refuse(format!(
+                                "{tensor} has shape {found:?}, but rank {r} over the base model's {} ({out} x {inp}) takes {shape:?}: \
+                                 the adapter was made for another model (or its r disagrees with its weights)",
+                                target.module()
+                            )))
+                        }
+                        Some(_) => {}
+                    }
+                }
+                let mut pack = |tensor: &str, rows: usize, cols: usize| -> Result<Linear> {
+                    let matrix = w.take_matrix(tensor, rows, cols)?;
+                    Ok(Linear::fused(vec![LinearParts::new(matrix, None)], WeightDtype::F32, None, pool))
+                };
+                let a = pack(&a_name, r, inp)?;
+                let b = pack(&b_name, out, r)?;
+                layer.pairs[target as usize] = Some(LoraPair { a, b });
+            }
+            layers.push(layer);
+        }
+        if !w.is_empty() {
+            let left = w.remaining_names();
+            return Err(refuse(format!(
+                "it has weights rsgl does not apply: {:?}; it applies the q/k/v/o_proj and gate/up/down_proj updates of the base model's {} decoder layers",
+                &left[..left.len().min(5)],
+                cfg.num_hidden_layers
+            )));
+        }
+        if layers.iter().all(|layer| layer.pairs.iter().all(Option::is_none)) {
+            return Err(refuse("its weights hold no lora_A / lora_B tensors".into()));
+        }
+        Ok(LoraAdapter { name, rank: r, scaling: config.scaling(), fingerprint, layers })
+    }
+
+    pub(super) fn layer(&self, l: usize) -> &LoraLayer {
+        &self.layers[l]
+    }
+}
+
+/// What in an adapter's config rsgl does not follow, if anything.
+fn check_config(config: &PeftConfig) -> std::result::Result<(), String> {
+    if let Some(kind) = config.peft_type.as_deref().filter(|kind| *kind != "LORA") {
+        return Err(format!("its peft_type is {kind:?}; rsgl serves LORA adapters"));
+    }
+    if config.r == 0 {
+        return Err("its rank r is 0".into());
+    }
+    if config.use_dora {
+        return Err("it is a DoRA adapter (use_dora), which rsgl does not apply yet".into());
+    }
+    if !config.rank_pattern.is_empty() || !config.alpha_pattern.is_empty() {
+        return Err("it sets ranks or alphas per module (rank_pattern, alpha_pattern), which rsgl does not apply yet".into());
+    }
+    if config.modules_to_save.as_ref().is_some_and(|modules| !modules.is_empty()) {
+        return Err("it replaces whole modules (modules_to_save), which rsgl does not apply yet".into());
+    }
+    if config.fan_in_fan_out {
+        return Err("its weights are stored transposed (fan_in_fan_out, GPT-2's Conv1D), which rsgl does not read".into());
+    }
+    if let TargetModules::Names(names) = &config.target_modules {
+        let handled: Vec<&str> = LoraTarget::ALL.iter().map(|t| t.module()).collect();
+        let others: Vec<&String> = names.iter().filter(|name| !handled.contains(&name.as_str())).collect();
+        if !others.is_empty() {
+            return Err(format!("it targets {others:?}, which rsgl does not apply adapters to; it applies them to {handled:?}"));
+        }
+    }
+    Ok(())
+}
+
+/// The rows of a step that use one adapter (runs of consecutive rows), and its updates of the
+/// layer being run.
+pub(super) struct LoraRows<'a> {
+    pub runs: &'a [Range<usize>],
+    pub scaling: f32,
+    pub layer: &'a LoraLayer,
+}
+
+/// Adds each adapter's update of `target` to its rows of `out` (`[rows, width]`), in the columns
+/// from `first` that the projection's outputs fill; `x` (`[rows, in]`) is the projection's input.
+/// An adapter's rows are gathered into one GEMM pair (a row's result does not depend on the
+/// others in it), and its deltas added back row by row.
+pub(super) fn add_lora(c: &Compute, adapters: &[LoraRows], target: LoraTarget, x: &[f32], out: &mut [f32], width: usize, first: usize) {
+    for rows in adapters {
+        let Some(pair) = &rows.layer.pairs[target as usize] else { continue };
+        let (inp, n) = (pair.a.weight_in_features(), pair.b.out_features());
+        let input: Cow<[f32]> = match rows.runs {
+            [run] => Cow::Borrowed(&x[run.start * inp..run.end * inp]),
+            runs => Cow::Owned(runs.iter().flat_map(|run| &x[run.start * inp..run.end * inp]).copied().collect()),
+        };
+        let deltas = pair.b.forward(c, &pair.a.forward(c, &input));
+        for (row, delta) in rows.runs.iter().flat_map(Range::clone).zip(deltas.chunks_exact(n)) {
+            (c.kernels.axpy)(rows.scaling, delta, &mut out[row * width + first..row * width + first + n]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two layers of hidden size 8, 2 q heads and 1 kv head of 4, an MLP of 12.
+    fn config() -> ModelConfig {
+        serde_json::from_value(serde_json::json!({
+            "architecture": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 12,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+            "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "rope_scaling": null, "attention_bias": false,
+            "qk_norm": false, "tie_word_embeddings": false, "max_position_embeddings": 16
+        }))
+        .expect("a tiny config")
+    }
+
+    fn peft_config(r: usize, extra: serde_json::Value) -> PeftConfig {
+        let mut json = serde_json::json!({"peft_type": "LORA", "r": r, "lora_alpha": 8, "target_modules": ["k_proj", "down_proj"], "bias": "none"});
+        json.as_object_mut().expect("an object").extend(extra.as_object().expect("an object").clone());
+        serde_json::from_value(json).expect("an adapter config")
+    }
+
+    /// An adapter of rank `r` updating k and down in every layer, with the tensors `shapes` says
+    /// (`(name, shape)`) in place of, or beside, the ones that fit.
+    fn adapter(r: usize, config: PeftConfig, shapes: &[(&str, Vec<usize>)]) -> PeftAdapter {
+        let mut weights = WeightStore::new();
+        for l in 0..2 {
+            let k = format!("base_model.model.model.layers.{l}.self_attn.k_proj");
+            let down = format!("base_model.model.model.layers.{l}.mlp.down_proj");
+            for (name, shape) in [(format!("{k}.lora_A.weight"), vec![r, 8]), (format!("{k}.lora_B.weight"), vec![4, r])] {
+                weights.insert_random(&name, shape, 0.1, l as u64);
+            }
+            for (name, shape) in [(format!("{down}.lora_A.weight"), vec![r, 12]), (format!("{down}.lora_B.weight"), vec![8, r])] {
+                weights.insert_random(&name, shape, 0.1, l as u64);
+            }
+        }
+        for (name, shape) in shapes {
+            weights.drop_prefixed(name);
+            weights.insert_random(name, shape.clone(), 0.1, 9);
+        }
+        PeftAdapter { name: "ad".into(), config, weights }
+    }
+
+    fn load(adapter: PeftAdapter, max_rank: Option<usize>) -> Result<LoraAdapter> {
+        LoraAdapter::from_peft(adapter, &config(), max_rank, &ThreadPool::new(1, false))
+    }
+
+    fn refusal(adapter: PeftAdapter, max_rank: Option<usize>) -> String {
+        match load(adapter, max_rank) {
+            Err(EngineError::ModelLoad(message)) => message,
+            Err(other) => panic!("not a load error: {other:?}"),
+            Ok(_) => panic!("the adapter was accepted"),
+        }
+    }
+
+    #[test]
+    fn scaling_is_alpha_over_r_or_over_its_root_with_rslora() {
+        assert_eq!(peft_config(4, serde_json::json!({})).scaling(), 2.0);
+        assert_eq!(peft_config(4, serde_json::json!({"use_rslora": true})).scaling(), 4.0);
+    }
+
+    #[test]
+    fn an_adapter_that_fits_loads_its_targets_only() {
+        let loaded = load(adapter(2, peft_config(2, serde_json::json!({})), &[]), Some(2)).expect("it fits");
+        assert_eq!((loaded.rank, loaded.scaling), (2, 4.0));
+        for layer in &loaded.layers {
+            let targets: Vec<LoraTarget> = LoraTarget::ALL.into_iter().filter(|&t| layer.pairs[t as usize].is_some()).collect();
+            assert_eq!(targets, [LoraTarget::K, LoraTarget::Down]);
+        }
+    }
+
+    #[test]
+    fn bad_adapters_are_refused_naming_the_adapter_and_the_fault() {
+        let fits = || peft_config(2, serde_json::json!({}));
+        let k_a = "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight";
+        let cases = [
+            (adapter(4, peft_config(4, serde_json::json!({})), &[]), "r=4 is over max_lora_rank=2"),
+            (adapter(2, fits(), &[(k_a, vec![2, 16])]), "made for another model"),
+            (adapter(2, peft_config(1, serde_json::json!({})), &[]), "made for another model"),
+            (adapter(2, fits(), &[("base_model.model.lm_head.lora_A.weight", vec![2, 8])]), "weights rsgl does not apply"),
+            (adapter(2, fits(), &[("base_model.model.model.layers.2.self_attn.k_proj.lora_A.weight", vec![2, 8])]), "weights rsgl does not apply"),
+            (adapter(2, peft_config(2, serde_json::json!({"target_modules": ["k_proj", "embed_tokens"]})), &[]), "targets [\"embed_tokens\"]"),
+            (adapter(2, peft_config(2, serde_json::json!({"use_dora": true})), &[]), "DoRA"),
+            (adapter(2, peft_config(2, serde_json::json!({"peft_type": "IA3"})), &[]), "LORA adapters"),
+        ];
+        for (bad, why) in cases {
+            let message = refusal(bad, Some(2));
+            assert!(message.starts_with("LoRA adapter \"ad\": ") && message.contains(why), "{message}");
+        }
+        let mut one_sided = adapter(2, fits(), &[]);
+        one_sided.weights.drop_prefixed("base_model.model.model.layers.0.mlp.down_proj.lora_B");
+        assert!(refusal(one_sided, None).contains("without base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
+    }
+}
