@@ -23,8 +23,8 @@ token. A 448-pixel square is scaled to 2048 and cut into 4 x 4 tiles of 512 plus
 --model qwen2.5-vl-3b: Qwen2.5-VL-3B-Instruct's shapes (the text model: hidden 2048, 36 layers, 16 heads / 2 kv heads,
 ffn 11008, 151,936 tokens, tied embeddings, M-RoPE; the 32-block vision tower of hidden 1280 with windows of 112 pixels)
 with transformers' own random initialization, the default model's tokenizer plus Qwen's vision tokens, Qwen2-VL's
-image processor: the 448-pixel square is 32 x 32 patches of 14, 256 image tokens. rsgl reads the Hugging Face folder
-(--rsgl-files folder: it reads no Qwen2.5-VL projector GGUF yet), llama.cpp the GGUF files converted from it.
+image processor: the 448-pixel square is 32 x 32 patches of 14, 256 image tokens. Both engines read the GGUF files
+llama.cpp's converter makes of that folder (rsgl the folder itself with --rsgl-files folder).
 
 - rsgl: an Engine(text GGUF, mmproj=projector GGUF, dtype="bfloat16"), the files llama.cpp reads (--rsgl-files
   folder: the Hugging Face folder they came from), in a process of its own; TTFT is the wall time of `generate(prompt,
