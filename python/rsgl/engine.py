@@ -83,7 +83,7 @@ class GenerateOptions(TypedDict, total=False):
     # Images for a text prompt's image placeholders (a vision-language model's): one list per prompt, or one list
     # (or one image) for a single prompt; each bytes, a data URL, base64 text or a PIL image.
     image_data: ImageSource | list[ImageSource] | list[list[ImageSource]] | None
-    # The LoRA adapter (a name of the engine's lora_paths, or one loaded since) each prompt generates with: one for all, or one per prompt (None: the base model).
+    # The LoRA adapter (a name of lora_paths, or one loaded since) each prompt generates with: one for all, or one per prompt (None: the base model).
     lora_path: str | list[str | None] | None
 
 

@@ -18,8 +18,8 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine
-from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole, metrics_of
 from rsgl.errors import InvalidRequestError, ModelLoadError
+from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole, metrics_of
 from rsgl.server.errors import APIError, LoraUpdateError, bad_request
 from rsgl.server.events import EventStreamResponse
 from rsgl.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
