@@ -80,7 +80,9 @@ def test_refused_loads_and_unloads_are_400s_naming_the_fault(served):
     assert 'LoRA adapter "nope" is not loaded' in refusal(post(url, "/unload_lora_adapter", {"lora_name": "nope"}), {})
     assert "lora_name" in refusal(post(url, "/load_lora_adapter", {"lora_path": folders["b"]}), {})
     assert "lora_path" in refusal(post(url, "/load_lora_adapter", {"lora_name": "b"}), {})
-    assert "is not a folder" in refusal(post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": "/nonexistent/adapter"}), {})
+    for unreadable in ("/nonexistent/adapter", "~no-such-user-of-rsgl/adapter"):
+        assert "is not a folder" in refusal(post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": unreadable}), {})
+    assert "name too long" in refusal(post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": "/" + "é" * 200}), {})
     assert post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": folders["b"]}).status_code == 200
     again = post(url, "/load_lora_adapter", {"lora_name": "b", "lora_path": folders["a"]})
     assert 'LoRA adapter "b" is already loaded' in refusal(again, {"b": folders["b"]})

@@ -123,6 +123,8 @@ async def lora_update(engine: Engine, update: Callable[[], JsonObject]) -> Respo
         return json_response(await asyncio.to_thread(update))
     except (InvalidRequestError, ModelLoadError) as exc:
         raise LoraUpdateError(str(exc), engine.lora_paths) from None
+    except OSError as exc:  # a lora_path the system cannot look up (a name too long...)
+        raise LoraUpdateError(f"lora_path: {exc.strerror or exc}", engine.lora_paths, "lora_path") from None
 
 
 async def health_generate(request: Request) -> Response:
