@@ -99,7 +99,9 @@ async def load_lora_adapter(request: Request) -> Response:
     name, path = lora_name(body, engine), body.get("lora_path")
     if not isinstance(path, str) or not path:
         raise LoraUpdateError("lora_path must be the path of the adapter's PEFT folder on the server, a non-empty string", engine.lora_paths, "lora_path")
-    return await lora_update(engine, partial(engine.load_lora_adapter, name, path))
+    response = await lora_update(engine, partial(engine.load_lora_adapter, name, path))
+    logger.info("LoRA adapter %r loaded from %s", name, path)
+    return response
 
 
 async def unload_lora_adapter(request: Request) -> Response:
@@ -107,7 +109,10 @@ async def unload_lora_adapter(request: Request) -> Response:
     for an adapter not loaded, or one that running or waiting requests use."""
     body = await read_json_object(request)
     engine = engine_of(request)
-    return await lora_update(engine, partial(engine.unload_lora_adapter, lora_name(body, engine)))
+    name = lora_name(body, engine)
+    response = await lora_update(engine, partial(engine.unload_lora_adapter, name))
+    logger.info("LoRA adapter %r unloaded", name)
+    return response
 
 
 def lora_name(body: JsonObject, engine: Engine) -> str:
