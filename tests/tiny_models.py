@@ -125,10 +125,11 @@ def build_tiny(arch: str, path, **overrides):
     return model
 
 
-def build_byte_llama(path, **tokenizer_config):
-    """A tiny random Llama in `path` with one token per byte (tiny_models.byte_tokenizer) and
-    `tokenizer_config` (beside its BOS and EOS); returns (transformers model, tokenizer)."""
-    model = build_tiny("llama", path, vocab_size=len(SPECIAL_TOKENS) + 256)
+def build_byte_llama(path, model_overrides: dict | None = None, **tokenizer_config):
+    """A tiny random Llama in `path` (its config changed by `model_overrides`) with one token per
+    byte (tiny_models.byte_tokenizer) and `tokenizer_config` (beside its BOS and EOS); returns
+    (transformers model, tokenizer)."""
+    model = build_tiny("llama", path, vocab_size=len(SPECIAL_TOKENS) + 256, **(model_overrides or {}))
     tokenizer = byte_tokenizer()
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>", "eos_token": "</s>", **tokenizer_config}))

@@ -164,6 +164,14 @@ class Engine:
         raises InvalidRequestError with the backend's message if it is invalid."""
     def abort(self, rid: str) -> None:
         """Aborts the request `rid` and every request whose "group" is `rid`."""
+    def load_lora_adapter(self, name: str, adapter_config: Mapping[str, Any], weights: WeightStore) -> None:
+        """Loads a LoRA adapter requests may name from then on (taken as `adapters` are); a name
+        already loaded raises InvalidRequestError, an adapter that does not fit ModelLoadError."""
+    def unload_lora_adapter(self, name: str) -> None:
+        """Unloads the LoRA adapter `name`; InvalidRequestError while requests use it, or for a
+        name not loaded."""
+    def lora_adapters(self) -> list[str]:
+        """The names of the LoRA adapters loaded."""
     def flush_cache(self) -> bool:
         """Empties the prefix cache; False (nothing done) while requests are in flight."""
     def stats(self) -> EngineStats:

@@ -17,6 +17,7 @@ import itertools
 import logging
 import os
 import secrets
+import threading
 import time
 import uuid
 import weakref
@@ -33,7 +34,7 @@ from rsgl.embeddings import EmbedInput, embed_requests, embedding_result
 from rsgl.engine_options import DEFAULTS, EngineKeywords, EngineOptions, KvCacheDtype, Quantization
 from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.loader import load_model
-from rsgl.loader.lora import read_lora_adapters
+from rsgl.loader.lora import read_lora_adapter, read_lora_adapters
 from rsgl.vision.images import ImageSource
 from rsgl.vision.prompt_images import prompt_images_for
 
@@ -82,7 +83,7 @@ class GenerateOptions(TypedDict, total=False):
     # Images for a text prompt's image placeholders (a vision-language model's): one list per prompt, or one list
     # (or one image) for a single prompt; each bytes, a data URL, base64 text or a PIL image.
     image_data: ImageSource | list[ImageSource] | list[list[ImageSource]] | None
-    # The LoRA adapter (a name of the engine's lora_paths) each prompt generates with: one for all, or one per prompt (None: the base model).
+    # The LoRA adapter (a name of lora_paths, or one loaded since) each prompt generates with: one for all, or one per prompt (None: the base model).
     lora_path: str | list[str | None] | None
 
 
@@ -186,7 +187,8 @@ class Engine:
         # Folders as text for the engine (path objects are taken too).
         self.lora_paths = {name: os.fspath(path) for name, path in (options.get("lora_paths") or {}).items()}
         adapters = read_lora_adapters(self.lora_paths)
-        self.lora_names = sorted(self.lora_paths)
+        # Serializes run-time loads and unloads, so lora_paths follows the engine's adapters.
+        self._lora_lock = threading.Lock()
         store = self.model.open_weights()
         store.show_progress(progress)
         self._core = _core.Engine(
@@ -384,6 +386,40 @@ class Engine:
     def flush_cache(self) -> bool:
         """Empties the prefix cache. Returns False, doing nothing, while requests are in flight."""
         return self._core.flush_cache()
+
+    # ---- LoRA adapters -------------------------------------------------------------------------
+
+    @property
+    def lora_names(self) -> list[str]:
+        """The names of the LoRA adapters requests may name now."""
+        return sorted(self.lora_paths)
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str | os.PathLike[str]) -> JsonObject:
+        """Loads the PEFT adapter in the folder `lora_path` under `lora_name`, as SGLang's
+        `Engine.load_lora_adapter` does: requests may name it from then on. It is read and checked
+        on the calling thread, and the engine adds it between two steps. Returns SGLang's result,
+        `{"success": True, "error_message": "", "loaded_adapters": {name: path}}`. A name already
+        loaded raises InvalidRequestError; an adapter that does not fit the model or max_lora_rank,
+        ModelLoadError (UnsupportedModelError for a model that takes no adapters)."""
+        path = os.fspath(lora_path)
+        adapter = read_lora_adapter(lora_name, path)
+        with self._lora_lock:
+            self._core.load_lora_adapter(*adapter)
+            # A new dict, not an update: readers on other threads may be iterating the old one.
+            self.lora_paths = {**self.lora_paths, lora_name: path}
+            return self._lora_update_result()
+
+    def unload_lora_adapter(self, lora_name: str) -> JsonObject:
+        """Unloads the LoRA adapter `lora_name`, as SGLang's `Engine.unload_lora_adapter` does;
+        returns the same result as `load_lora_adapter`. Raises InvalidRequestError, naming it, for
+        an adapter not loaded or one that running or waiting requests use (and saying how many)."""
+        with self._lora_lock:
+            self._core.unload_lora_adapter(lora_name)
+            self.lora_paths = {name: path for name, path in self.lora_paths.items() if name != lora_name}
+            return self._lora_update_result()
+
+    def _lora_update_result(self) -> JsonObject:
+        return {"success": True, "error_message": "", "loaded_adapters": dict(self.lora_paths)}
 
     # ---- information and life cycle ------------------------------------------------------------
 

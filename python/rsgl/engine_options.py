@@ -120,8 +120,8 @@ class EngineKeywords(TypedDict, total=False):
     """The most LoRA adapters the running requests use at once; a request for another waits. Default: 8."""
 
     max_lora_rank: int | None
-    """The highest rank a LoRA adapter may have (larger ones are refused at start); any when unset.
-    Default: None."""
+    """The highest rank a LoRA adapter may have (larger ones are refused, at start or when loaded at run
+    time); any when unset. Default: None."""
 
 
 class EngineOptions(EngineKeywords, total=False):
@@ -313,5 +313,8 @@ SERVER_FLAGS: Final[dict[str, dict[str, Any]]] = {
         ),
     },
     "--max-loras-per-batch": {"type": int, "help": "The most LoRA adapters the running requests use at once; a request for another waits. (default: 8)"},
-    "--max-lora-rank": {"type": int, "help": "The highest rank a LoRA adapter may have (larger ones are refused at start); any when unset."},
+    "--max-lora-rank": {
+        "type": int,
+        "help": ("The highest rank a LoRA adapter may have (larger ones are refused, at start or when loaded at run time); any when unset."),
+    },
 }

@@ -23,7 +23,10 @@ AdapterFiles = tuple[str, JsonObject, WeightStore]
 
 def read_lora_adapter(name: str, path: str | Path) -> AdapterFiles:
     """The adapter `name` in the PEFT folder `path`."""
-    folder = Path(path).expanduser()
+    try:
+        folder = Path(path).expanduser()
+    except RuntimeError:  # "~user/..." of a user this machine does not have
+        raise ModelLoadError(f"LoRA adapter {name!r}: {path} is not a folder (no such user's home)") from None
     if not name:
         raise ModelLoadError(f"the LoRA adapter at {folder} has an empty name")
     if not folder.is_dir():

@@ -51,6 +51,19 @@ class ClientDisconnected(APIError):
         super().__init__(499, "The client closed the connection before the answer was ready.", code="client_closed_request")
 
 
+class LoraUpdateError(APIError):
+    """A refused /load_lora_adapter or /unload_lora_adapter: a 400 whose body holds SGLang's result
+    fields (`success`, `error_message`, `loaded_adapters`, which SGLang's clients read) beside the
+    API's `error`."""
+
+    def __init__(self, message: str, loaded_adapters: dict[str, str], param: str | None = None) -> None:
+        super().__init__(400, message, param=param)
+        self.loaded_adapters = loaded_adapters
+
+    def body(self, path: str = "") -> JsonObject:
+        return {"success": False, "error_message": self.message, "loaded_adapters": self.loaded_adapters, **super().body(path)}
+
+
 def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param)
 

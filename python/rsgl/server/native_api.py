@@ -18,8 +18,9 @@ from starlette.routing import Route
 
 from rsgl._typing import JsonObject
 from rsgl.engine import Engine
+from rsgl.errors import InvalidRequestError, ModelLoadError
 from rsgl.server.engine_calls import EngineStream, GenerateArguments, engine_of, generate_whole, metrics_of
-from rsgl.server.errors import APIError, bad_request
+from rsgl.server.errors import APIError, LoraUpdateError, bad_request
 from rsgl.server.events import EventStreamResponse
 from rsgl.server.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from rsgl.server.metrics import kv_pages_used, kv_usage
@@ -88,6 +89,47 @@ async def flush_cache(request: Request) -> Response:
     if not await asyncio.to_thread(engine_of(request).flush_cache):
         raise bad_request("The cache was not flushed: requests are running or waiting; retry when the server is idle.")
     return Response("Cache flushed.\n", media_type="text/plain")
+
+
+async def load_lora_adapter(request: Request) -> Response:
+    """SGLang's /load_lora_adapter: {"lora_name", "lora_path" (a PEFT folder on the server)} ->
+    {"success", "error_message", "loaded_adapters": {name: path}}; a 400 when refused."""
+    body = await read_json_object(request)
+    engine = engine_of(request)
+    name, path = lora_name(body, engine), body.get("lora_path")
+    if not isinstance(path, str) or not path:
+        raise LoraUpdateError("lora_path must be the path of the adapter's PEFT folder on the server, a non-empty string", engine.lora_paths, "lora_path")
+    response = await lora_update(engine, partial(engine.load_lora_adapter, name, path))
+    logger.info("LoRA adapter %r loaded from %s", name, path)
+    return response
+
+
+async def unload_lora_adapter(request: Request) -> Response:
+    """SGLang's /unload_lora_adapter: {"lora_name"} -> the same result as /load_lora_adapter; a 400
+    for an adapter not loaded, or one that running or waiting requests use."""
+    body = await read_json_object(request)
+    engine = engine_of(request)
+    name = lora_name(body, engine)
+    response = await lora_update(engine, partial(engine.unload_lora_adapter, name))
+    logger.info("LoRA adapter %r unloaded", name)
+    return response
+
+
+def lora_name(body: JsonObject, engine: Engine) -> str:
+    name = body.get("lora_name")
+    if not isinstance(name, str) or not name:
+        raise LoraUpdateError("lora_name must be the adapter's name, a non-empty string", engine.lora_paths, "lora_name")
+    return name
+
+
+async def lora_update(engine: Engine, update: Callable[[], JsonObject]) -> Response:
+    """Runs a load or unload off the event loop (reading and packing an adapter takes a while)."""
+    try:
+        return json_response(await asyncio.to_thread(update))
+    except (InvalidRequestError, ModelLoadError) as exc:
+        raise LoraUpdateError(str(exc), engine.lora_paths) from None
+    except OSError as exc:  # a lora_path the system cannot look up (a name too long...)
+        raise LoraUpdateError(f"lora_path: {exc.strerror or exc}", engine.lora_paths, "lora_path") from None
 
 
 async def health_generate(request: Request) -> Response:
@@ -254,6 +296,8 @@ ROUTES = [
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),
     Route("/abort_request", abort_request, methods=["POST"]),
+    Route("/load_lora_adapter", load_lora_adapter, methods=["POST"]),
+    Route("/unload_lora_adapter", unload_lora_adapter, methods=["POST"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/v1/loads", loads, methods=["GET"]),
 ]

@@ -174,6 +174,8 @@ LOAD = obj(**typed(INTEGER, LOAD_COUNTS), token_usage=NUMBER, cache_hit_rate=NUM
 LOADS = obj(timestamp=STRING, dp_rank_count=INTEGER, loads=array(LOAD))
 # A LoRA adapter's entry names its base model (`parent`).
 MODEL_LIST = obj(object=STRING, data=array(obj(id=STRING, object=STRING, created=INTEGER, owned_by=STRING, parent=STRING)))
+# SGLang's result of loading or unloading a LoRA adapter: the adapters loaded after it, by name (their folders).
+LORA_UPDATE = obj(success=BOOLEAN, error_message=STRING, loaded_adapters={"type": "object", "additionalProperties": STRING})
 TOKENIZE_REQUEST = obj(prompt=TEXTS, text=TEXTS)
 TOKENIZE_RESPONSE = obj(tokens=TOKEN_ID_ROWS, count=any_of(INTEGER, array(INTEGER)), max_model_len=INTEGER)
 DETOKENIZE_REQUEST = obj("tokens", tokens=PROMPT_ID_ROWS, skip_special_tokens=BOOLEAN)
@@ -227,6 +229,13 @@ OPERATIONS = (
     Operation("POST", "/tokenize", "The token ids of a text or texts.", TOKENIZE_REQUEST, as_json(TOKENIZE_RESPONSE)),
     Operation("POST", "/detokenize", "The text of token ids.", DETOKENIZE_REQUEST, as_json(obj(text=TEXTS))),
     Operation("POST", "/abort_request", "Aborts the request with this rid.", obj("rid", rid=WORDS)),
+    Operation(
+        "POST", "/load_lora_adapter", "SGLang: loads a LoRA adapter (a PEFT folder on the server) under a name.",
+        obj("lora_name", "lora_path", lora_name=WORDS, lora_path=WORDS), as_json(LORA_UPDATE),
+    ),
+    Operation(
+        "POST", "/unload_lora_adapter", "SGLang: unloads a LoRA adapter (400 while requests use it).", obj("lora_name", lora_name=WORDS), as_json(LORA_UPDATE)
+    ),
     Operation("GET", "/metrics", "Prometheus metrics: requests, tokens, latencies, queues, KV usage.", response=TEXT),
     Operation("GET", "/v1/loads", "SGLang: this worker's load, as routers poll it.", response=as_json(LOADS)),
     Operation("GET", "/openapi.json", "This document.", response=as_json(obj(openapi=STRING, paths=obj()))),

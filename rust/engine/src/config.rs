@@ -884,8 +884,8 @@ pub struct EngineOptions {
     pub lora_paths: BTreeMap<String, String>,
     /// The most LoRA adapters the running requests use at once; a request for another waits.
     pub max_loras_per_batch: usize,
-    /// The highest rank a LoRA adapter may have (larger ones are refused at start); any when
-    /// unset.
+    /// The highest rank a LoRA adapter may have (larger ones are refused, at start or when
+    /// loaded at run time); any when unset.
     pub max_lora_rank: Option<usize>,
 }
 

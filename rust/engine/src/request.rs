@@ -38,8 +38,8 @@ pub struct GenerateRequest {
     /// The prompt's images, in the order of their image tokens (a vision-language model's).
     #[serde(default)]
     pub images: Vec<ImageInput>,
-    /// The name of the LoRA adapter (one of the engine's `lora_paths`) to generate with; the
-    /// base model without.
+    /// The name of the LoRA adapter (one of the engine's `lora_paths`, or one loaded since) to
+    /// generate with; the base model without.
     #[serde(default)]
     pub lora_path: Option<String>,
     /// The adapter `lora_path` names, as the engine found it when the request was submitted.
@@ -47,11 +47,12 @@ pub struct GenerateRequest {
     pub(crate) lora: Option<LoraChoice>,
 }
 
-/// A request's LoRA adapter: its index among the model's adapters, and its fingerprint (which
-/// the prefix cache's namespace folds in).
+/// A request's LoRA adapter: its id among the model's adapters (never reused, so it names the
+/// same weights while the request runs), and its fingerprint (which the prefix cache's namespace
+/// folds in).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LoraChoice {
-    pub index: usize,
+    pub id: usize,
     pub fingerprint: u64,
 }
 

@@ -251,6 +251,13 @@ impl Tokenizer {
     }
 }
 
+/// A LoRA adapter as Python reads it: its name, its adapter_config.json (a dict), its weights.
+fn peft_adapter(name: String, adapter_config: &Bound<'_, PyAny>, weights: &WeightStore) -> PyResult<PeftAdapter> {
+    let config = PeftConfig::deserialize_from(&mut Depythonizer::from_object(adapter_config))
+        .map_err(|e| ModelLoadError::new_err(format!("LoRA adapter {name:?}: adapter_config.json: {e}")))?;
+    Ok(PeftAdapter { name, config, weights: weights.take()? })
+}
+
 #[pyclass(module = "rsgl._core")]
 struct Engine {
     /// Held only while a call clones or takes the handle: a call that holds the GIL never waits
@@ -281,13 +288,8 @@ impl Engine {
     ) -> PyResult<Self> {
         let cfg = config.inner.clone();
         let opts = EngineOptions::deserialize_from(&mut Depythonizer::from_object(options)).map_err(to_py_err)?;
-        let mut peft_adapters = Vec::with_capacity(adapters.len());
-        for (name, adapter_config, store) in adapters {
-            let config = PeftConfig::deserialize_from(&mut Depythonizer::from_object(&adapter_config))
-                .map_err(|e| ModelLoadError::new_err(format!("LoRA adapter {name:?}: adapter_config.json: {e}")))?;
-            let weights = store.take()?;
-            peft_adapters.push(PeftAdapter { name, config, weights });
-        }
+        let peft_adapters =
+            adapters.into_iter().map(|(name, adapter_config, store)| peft_adapter(name, &adapter_config, &store)).collect::<PyResult<Vec<_>>>()?;
         let store = weights.take()?;
         let tokenizer = tokenizer.map(|t| t.inner.clone());
         let engine = py.detach(|| rsgl_engine::Engine::start_with_adapters(cfg, store, tokenizer, eos_token_ids, opts, peft_adapters)).map_err(to_py_err)?;
@@ -327,6 +329,25 @@ impl Engine {
     fn abort(&self, rid: &str) -> PyResult<()> {
         self.engine()?.abort(rid);
         Ok(())
+    }
+
+    /// Loads a LoRA adapter requests may name from then on: its name, its adapter_config.json as
+    /// a dict and its adapter_model.safetensors mapped (as `adapters` are given to `new`).
+    fn load_lora_adapter(&self, py: Python<'_>, name: String, adapter_config: &Bound<'_, PyAny>, weights: &WeightStore) -> PyResult<()> {
+        let adapter = peft_adapter(name, adapter_config, weights)?;
+        let engine = self.engine()?;
+        py.detach(|| engine.load_adapter(adapter)).map_err(to_py_err)
+    }
+
+    /// Unloads the LoRA adapter `name`; refused while requests use it.
+    fn unload_lora_adapter(&self, py: Python<'_>, name: &str) -> PyResult<()> {
+        let engine = self.engine()?;
+        py.detach(|| engine.unload_adapter(name)).map_err(to_py_err)
+    }
+
+    /// The names of the LoRA adapters loaded.
+    fn lora_adapters(&self) -> PyResult<Vec<String>> {
+        Ok(self.engine()?.adapter_names())
     }
 
     /// Empties the prefix cache; false while requests are in flight.

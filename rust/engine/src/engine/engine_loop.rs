@@ -3,15 +3,15 @@
 
 use super::encoder_cache::EncoderCache;
 use super::stats::{EngineStats, StepCounts};
-use super::Command;
+use super::{already_loaded, Adapters, Command};
 use crate::batch::Batch;
 use crate::config::ModelConfig;
 use crate::error::{invalid, Result};
 use crate::grammar::{Constraint, Grammar, GrammarService, GrammarSource};
 use crate::kv::KvCache;
-use crate::model::{DecoderModel, SeqChunk};
+use crate::model::{DecoderModel, LoraAdapter, SeqChunk};
 use crate::pooling::Pooling;
-use crate::request::{EmbedRequest, GenerateRequest, Output, OutputSink};
+use crate::request::{EmbedRequest, GenerateRequest, LoraChoice, Output, OutputSink};
 use crate::sample::Rng;
 use crate::scheduler::Scheduler;
 use crate::sequence::PromptImage;
@@ -37,6 +37,10 @@ pub(super) trait ForwardPass {
     /// An image's rows for its image tokens, from its preprocessed tiles (or patches, of grid
     /// `grid_thw`).
     fn encode_image(&self, pixels: &[f32], grid_thw: Option<[usize; 3]>) -> Result<Vec<f32>>;
+    /// Adds a LoRA adapter; returns the id requests use it by.
+    fn add_adapter(&mut self, adapter: LoraAdapter) -> usize;
+    /// Drops the LoRA adapter `id`, which no request uses.
+    fn remove_adapter(&mut self, id: usize);
 }
 
 impl ForwardPass for DecoderModel {
@@ -59,6 +63,14 @@ impl ForwardPass for DecoderModel {
     fn encode_image(&self, pixels: &[f32], grid_thw: Option<[usize; 3]>) -> Result<Vec<f32>> {
         DecoderModel::encode_image(self, pixels, grid_thw)
     }
+
+    fn add_adapter(&mut self, adapter: LoraAdapter) -> usize {
+        DecoderModel::add_adapter(self, adapter)
+    }
+
+    fn remove_adapter(&mut self, id: usize) {
+        DecoderModel::remove_adapter(self, id);
+    }
 }
 
 pub(super) struct EngineLoop<M = DecoderModel> {
@@ -80,6 +92,8 @@ pub(super) struct EngineLoop<M = DecoderModel> {
     pub(super) active: HashSet<String>,
     /// Draws each request's seed (requests that give none sample from it).
     pub(super) seeds: Rng,
+    /// The loaded LoRA adapters by name (changed here only, between steps).
+    pub(super) adapters: Adapters,
     /// With speculative decoding on: drafts for each decoding request, every step.
     pub(super) speculator: Option<Speculator>,
     /// How embedding requests pool the model's hidden states.
@@ -122,6 +136,8 @@ impl<M: ForwardPass> EngineLoop<M> {
                         self.publish(None);
                         let _ = reply.send(flushed);
                     }
+                    Command::LoadAdapter(adapter, reply) => drop(reply.send(self.load_adapter(*adapter))),
+                    Command::UnloadAdapter(name, reply) => drop(reply.send(self.unload_adapter(&name))),
                     Command::Shutdown => shutdown = true,
                 }
             }
@@ -140,6 +156,10 @@ impl<M: ForwardPass> EngineLoop<M> {
     }
 
     fn accept(&mut self, req: GenerateRequest, out: OutputSink) {
+        if let Some(gone) = self.unloaded_adapter(&req) {
+            let _ = out.send(Err(gone));
+            return;
+        }
         if !self.claim_rid(&req.rid, &out) {
             return;
         }
@@ -166,6 +186,45 @@ impl<M: ForwardPass> EngineLoop<M> {
         }
         self.grammar_queue.push(seq);
         self.publish(None);
+    }
+
+    /// The error for a request whose adapter was unloaded after the request named it (it was
+    /// submitted while the unload was on its way here); None when its adapter is still loaded.
+    fn unloaded_adapter(&self, req: &GenerateRequest) -> Option<crate::error::EngineError> {
+        let (name, choice) = (req.lora_path.as_deref()?, req.lora?);
+        let loaded = self.adapters.lock().expect("adapters lock").get(name) == Some(&choice);
+        (!loaded).then(|| invalid(format!("lora_path {name:?}: the LoRA adapter was unloaded before the request started")))
+    }
+
+    /// Adds a LoRA adapter under its name, unless that name is taken.
+    fn load_adapter(&mut self, adapter: LoraAdapter) -> Result<()> {
+        let mut adapters = self.adapters.lock().expect("adapters lock");
+        if adapters.contains_key(&adapter.name) {
+            return Err(already_loaded(&adapter.name));
+        }
+        let (name, fingerprint) = (adapter.name.clone(), adapter.fingerprint);
+        let id = self.model.add_adapter(adapter);
+        adapters.insert(name, LoraChoice { id, fingerprint });
+        Ok(())
+    }
+
+    /// Drops the LoRA adapter `name`, unless requests (running, waiting, or waiting for their
+    /// grammar) use it.
+    fn unload_adapter(&mut self, name: &str) -> Result<()> {
+        let mut adapters = self.adapters.lock().expect("adapters lock");
+        let Some(choice) = adapters.get(name).copied() else {
+            return Err(invalid(format!("LoRA adapter {name:?} is not loaded; the loaded ones are {:?}", adapters.keys().collect::<Vec<_>>())));
+        };
+        let users = self.scheduler.requests().chain(&self.grammar_queue).filter(|s| s.lora == Some(choice.id)).count();
+        if users > 0 {
+            return Err(invalid(format!(
+                "LoRA adapter {name:?} is in use by {users} request{} (running or waiting); unload it once they finish, or abort them",
+                if users == 1 { "" } else { "s" }
+            )));
+        }
+        adapters.remove(name);
+        self.model.remove_adapter(choice.id);
+        Ok(())
     }
 
     fn accept_embedding(&mut self, req: EmbedRequest, out: OutputSink) {

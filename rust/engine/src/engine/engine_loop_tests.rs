@@ -4,9 +4,11 @@
 use super::*;
 use crate::config::{EngineOptions, KvCacheDtype};
 use crate::kv::{PagePool, Pools};
+use crate::model::{LoraPacker, PeftAdapter, PeftConfig};
 use crate::scheduler::tests::tiny_config;
 use crate::speculative::SpeculativeAlgorithm;
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::mpsc::{channel, Receiver};
 
@@ -31,6 +33,11 @@ struct FakeModel {
     image_rows: RefCell<Vec<Vec<(usize, f32)>>>,
     /// Images encoded.
     encoded: RefCell<usize>,
+    /// The LoRA adapters added, by id (their names).
+    adapters: BTreeMap<usize, String>,
+    adapters_added: usize,
+    /// Per chunk run, its LoRA adapter's id.
+    adapter_ids: RefCell<Vec<Option<usize>>>,
 }
 
 /// The fake's row after `token`: [`FAVOURED`] at `token + 1` (mod `width`), 0 elsewhere.
@@ -54,6 +61,7 @@ impl ForwardPass for FakeModel {
     fn forward(&self, seqs: &[SeqChunk], _kv: &mut KvCache) -> Vec<f32> {
         self.ran.borrow_mut().extend(seqs.iter().map(|c| (c.tokens.to_vec(), c.start_pos, c.rows.clone())));
         self.image_rows.borrow_mut().extend(seqs.iter().map(|c| c.image_rows.iter().map(|&(at, row)| (at, row[0])).collect()));
+        self.adapter_ids.borrow_mut().extend(seqs.iter().map(|c| c.lora));
         seqs.iter().flat_map(|c| c.rows.clone().map(|r| c.tokens[r])).flat_map(|token| row_after(token, self.width)).collect()
     }
 
@@ -61,6 +69,18 @@ impl ForwardPass for FakeModel {
     fn encode_image(&self, pixels: &[f32], _grid_thw: Option<[usize; 3]>) -> crate::error::Result<Vec<f32>> {
         *self.encoded.borrow_mut() += 1;
         Ok(pixels.chunks_exact(TILE_VALUES).flat_map(|tile| vec![tile[0]; HIDDEN]).collect())
+    }
+
+    /// Ids as the model gives them: counting up, never reused.
+    fn add_adapter(&mut self, adapter: LoraAdapter) -> usize {
+        let id = self.adapters_added;
+        self.adapters_added += 1;
+        self.adapters.insert(id, adapter.name);
+        id
+    }
+
+    fn remove_adapter(&mut self, id: usize) {
+        self.adapters.remove(&id).expect("a loaded adapter");
     }
 }
 
@@ -78,6 +98,9 @@ fn engine_loop(pages: usize, budget: usize, width: usize, speculative: Option<Sp
             ran: RefCell::new(Vec::new()),
             image_rows: RefCell::default(),
             encoded: RefCell::default(),
+            adapters: BTreeMap::new(),
+            adapters_added: 0,
+            adapter_ids: RefCell::default(),
         },
         kv,
         scheduler: Scheduler::new(PagePool::new(pages, PAGE), None, 0, &opts, None),
@@ -92,6 +115,7 @@ fn engine_loop(pages: usize, budget: usize, width: usize, speculative: Option<Sp
         stats: Arc::new(Mutex::new(EngineStats::default())),
         active: HashSet::new(),
         seeds: Rng::new(0),
+        adapters: Adapters::default(),
         speculator: speculative.map(|algorithm| Speculator::new(algorithm, 4, 1024, false)),
         pooling: Pooling::Last,
     }
@@ -312,4 +336,92 @@ fn images_that_do_not_fit_their_tokens_fail_their_request() {
     let short = submit(&mut w, "short", &[1, IMAGE_TOKEN, 2], 1, &format!(r#", "images": [{}]"#, image_json("a", 2, 0.5)));
     assert!(matches!(short.try_recv(), Ok(Err(crate::error::EngineError::InvalidRequest(m))) if m.contains("image tokens")));
     assert!(w.scheduler.is_idle() && w.active.is_empty());
+}
+
+/// A LoRA adapter `name` of rank 2 updating k_proj of the tiny config's layer.
+fn adapter(name: &str) -> LoraAdapter {
+    let config: PeftConfig = serde_json::from_value(serde_json::json!({"r": 2, "lora_alpha": 4, "target_modules": ["k_proj"]})).expect("a config");
+    let mut weights = crate::weights::WeightStore::new();
+    let k = "base_model.model.model.layers.0.self_attn.k_proj";
+    weights.insert_random(&format!("{k}.lora_A.weight"), vec![2, HIDDEN], 0.1, 1);
+    weights.insert_random(&format!("{k}.lora_B.weight"), vec![HIDDEN, 2], 0.1, 2);
+    let peft = PeftAdapter { name: name.into(), config, weights };
+    LoraPacker::new(tiny_config(VOCAB)).pack(peft, None, &ThreadPool::new(1, false)).expect("it fits")
+}
+
+/// The adapter `name` as a request naming it finds it when submitted (as `Engine::submit` does).
+fn choose(w: &EngineLoop<FakeModel>, name: &str) -> LoraChoice {
+    w.adapters.lock().expect("adapters").get(name).copied().expect("a loaded adapter")
+}
+
+/// Submits greedy request `rid` using the adapter `name`, found as it is now (`choice`).
+fn submit_for(w: &mut EngineLoop<FakeModel>, rid: &str, prompt: &[u32], max_new: usize, name: &str, choice: LoraChoice) -> Receiver<Result<Output>> {
+    let json = format!(
+        r#"{{"rid": "{rid}", "input_ids": {prompt:?}, "sampling_params": {{"max_new_tokens": {max_new}, "temperature": 0.0}}, "lora_path": "{name}"}}"#
+    );
+    let mut req = GenerateRequest::from_json(&json).expect("a request");
+    req.lora = Some(choice);
+    let (tx, rx) = channel();
+    w.accept(req, OutputSink::new(tx, None));
+    rx
+}
+
+fn refusal(result: Result<()>) -> String {
+    match result {
+        Err(crate::error::EngineError::InvalidRequest(message)) => message,
+        other => panic!("not refused as an invalid request: {other:?}"),
+    }
+}
+
+#[test]
+fn adapters_come_and_go_between_steps_while_requests_keep_theirs() {
+    let mut w = engine_loop(16, 64, VOCAB, None);
+    w.load_adapter(adapter("a")).expect("a loads");
+    w.load_adapter(adapter("b")).expect("b loads");
+    let b = choose(&w, "b");
+    let rx = submit_for(&mut w, "on-b", &[1, 2, 3], 3, "b", b);
+    // Waiting counts as in use, as running does.
+    assert!(refusal(w.unload_adapter("b")).contains(r#"LoRA adapter "b" is in use by 1 request (running"#));
+    w.step();
+    // Another adapter goes, a third comes: b's request keeps its id, the newcomer gets a new one.
+    w.unload_adapter("a").expect("a is unused");
+    w.load_adapter(adapter("c")).expect("c loads");
+    assert_eq!(choose(&w, "c").id, 2);
+    w.step();
+    assert!(refusal(w.unload_adapter("b")).contains("in use by 1 request"));
+    w.step();
+    assert_eq!(received(&rx), (vec![4, 5, 6], true));
+    assert_eq!(*w.model.adapter_ids.borrow(), [Some(b.id); 3]);
+    w.unload_adapter("b").expect("b's request ended");
+    assert_eq!(w.model.adapters, BTreeMap::from([(2, "c".to_string())]));
+    assert_eq!(w.adapters.lock().expect("adapters").keys().collect::<Vec<_>>(), ["c"]);
+}
+
+#[test]
+fn unknown_names_and_names_taken_are_refused() {
+    let mut w = engine_loop(16, 64, VOCAB, None);
+    w.load_adapter(adapter("a")).expect("a loads");
+    assert_eq!(refusal(w.load_adapter(adapter("a"))), r#"LoRA adapter "a" is already loaded; unload it first to load other weights under its name"#);
+    assert_eq!(refusal(w.unload_adapter("z")), r#"LoRA adapter "z" is not loaded; the loaded ones are ["a"]"#);
+    assert_eq!(w.model.adapters.len(), 1);
+}
+
+#[test]
+fn a_request_naming_an_adapter_unloaded_since_is_refused() {
+    let mut w = engine_loop(16, 64, VOCAB, None);
+    w.load_adapter(adapter("a")).expect("a loads");
+    let before = choose(&w, "a");
+    w.unload_adapter("a").expect("unused");
+    let gone = submit_for(&mut w, "late", &[1, 2], 1, "a", before);
+    // Loaded again (other weights may hide under the name): the request's choice is still stale.
+    w.load_adapter(adapter("a")).expect("a loads again");
+    let stale = submit_for(&mut w, "stale", &[1, 2], 1, "a", before);
+    for rx in [gone, stale] {
+        assert!(matches!(rx.try_recv(), Ok(Err(crate::error::EngineError::InvalidRequest(m))) if m.contains("unloaded before the request started")));
+    }
+    assert!(w.scheduler.is_idle() && w.active.is_empty());
+    let now = choose(&w, "a");
+    let fresh = submit_for(&mut w, "fresh", &[1, 2], 1, "a", now);
+    w.step();
+    assert_eq!(received(&fresh), (vec![3], true));
 }

@@ -12,7 +12,7 @@ use crate::error::{invalid, EngineError, Result};
 use crate::grammar::{Grammar, GrammarBackend, GrammarService, GrammarSource, LlgBackend};
 use crate::kv::disk::{DiskTier, DiskTierOptions};
 use crate::kv::{KvCache, PagePool};
-use crate::model::{Compute, DecoderModel, ModelOutput, PeftAdapter, Precision};
+use crate::model::{Compute, DecoderModel, LoraAdapter, LoraPacker, ModelOutput, PeftAdapter, Precision};
 use crate::request::{validate, validate_embed, EmbedRequest, GenerateRequest, LoraChoice, Output, OutputSink, Waker};
 use crate::sample::Rng;
 use crate::scheduler::{Scheduler, WindowPool};
@@ -39,6 +39,11 @@ enum Command {
     Abort(String),
     /// Empty the prefix cache; answers whether it could (only when no request is in flight).
     FlushCache(Sender<bool>),
+    /// A LoRA adapter (packed on the caller's thread) to add between steps; answers whether it was.
+    LoadAdapter(Box<LoraAdapter>, Sender<Result<()>>),
+    /// The name of a LoRA adapter to drop between steps; answers whether it was (refused while
+    /// requests use it).
+    UnloadAdapter(String, Sender<Result<()>>),
     Shutdown,
 }
 
@@ -54,9 +59,16 @@ pub struct Engine {
     is_embedding: bool,
     /// The model's image encoder, which the images of a request must fit.
     vision: Option<ImageEncoder>,
-    /// The LoRA adapters requests may name, by name.
-    adapters: BTreeMap<String, LoraChoice>,
+    /// The LoRA adapters requests may name: requests read it when submitted, the engine thread
+    /// changes it between steps as adapters are loaded and unloaded.
+    adapters: Adapters,
+    /// Packs the adapters loaded at run time, on the caller's thread.
+    lora_packer: LoraPacker,
+    max_lora_rank: Option<usize>,
 }
+
+/// The loaded LoRA adapters by name, shared by the engine's handle and its thread.
+pub(crate) type Adapters = Arc<Mutex<BTreeMap<String, LoraChoice>>>;
 
 /// The outputs of one request, in order; ends after the output carrying `finished`.
 pub struct RequestStream {
@@ -177,7 +189,9 @@ impl Engine {
         for adapter in adapters {
             model.load_adapter(adapter, opts.max_lora_rank)?;
         }
-        let adapters = model.adapters().iter().enumerate().map(|(index, a)| (a.name.clone(), LoraChoice { index, fingerprint: a.fingerprint })).collect();
+        let adapters: Adapters =
+            Arc::new(Mutex::new(model.adapters().iter().map(|(&id, a)| (a.name.clone(), LoraChoice { id, fingerprint: a.fingerprint })).collect()));
+        let lora_packer = model.lora_packer().clone();
         let pools = opts.kv_pools(model.config());
         let num_pages = pools.pages;
         let window = opts.paged_window(model.config()).map_or(0, |window| window.size);
@@ -242,6 +256,7 @@ impl Engine {
             stats: stats.clone(),
             active: HashSet::new(),
             seeds: Rng::new(opts.random_seed),
+            adapters: adapters.clone(),
             speculator: opts
                 .speculative_algorithm
                 .map(|algorithm| Speculator::new(algorithm, opts.speculative_num_draft_tokens, SUFFIX_WINDOW_TOKENS, opts.speculative_draft_budget)),
@@ -269,6 +284,8 @@ impl Engine {
             is_embedding: opts.is_embedding,
             vision: cfg_vision,
             adapters,
+            lora_packer,
+            max_lora_rank: opts.max_lora_rank,
         })
     }
 
@@ -318,10 +335,41 @@ impl Engine {
 
     /// The LoRA adapter named `name`.
     fn adapter(&self, name: &str) -> Result<LoraChoice> {
-        self.adapters.get(name).copied().ok_or_else(|| match self.adapters.is_empty() {
-            true => invalid(format!("lora_path {name:?}: this engine serves no LoRA adapters (start it with lora_paths)")),
-            false => invalid(format!("lora_path {name:?} is not one of this engine's LoRA adapters: {:?}", self.adapters.keys().collect::<Vec<_>>())),
+        let adapters = self.adapters.lock().expect("adapters lock");
+        adapters.get(name).copied().ok_or_else(|| match adapters.is_empty() {
+            true => invalid(format!("lora_path {name:?}: this engine serves no LoRA adapters (start it with lora_paths, or load one with load_lora_adapter)")),
+            false => invalid(format!("lora_path {name:?} is not one of this engine's LoRA adapters: {:?}", adapters.keys().collect::<Vec<_>>())),
         })
+    }
+
+    /// The names of the LoRA adapters requests may name now.
+    pub fn adapter_names(&self) -> Vec<String> {
+        self.adapters.lock().expect("adapters lock").keys().cloned().collect()
+    }
+
+    /// Loads a LoRA adapter requests may name from then on. It is packed on the calling thread
+    /// (refused if it does not fit the model or max_lora_rank), then added between two steps.
+    /// A name already loaded is refused: unload it first.
+    pub fn load_adapter(&self, adapter: PeftAdapter) -> Result<()> {
+        if self.adapters.lock().expect("adapters lock").contains_key(&adapter.name) {
+            return Err(already_loaded(&adapter.name));
+        }
+        let packed = self.lora_packer.pack(adapter, self.max_lora_rank, &rsgl_kernels::ThreadPool::new(1, false))?;
+        self.ask(|reply| Command::LoadAdapter(Box::new(packed), reply))?
+    }
+
+    /// Unloads the LoRA adapter `name` between two steps; refused while requests (running or
+    /// waiting) use it. Its cached KV stays in the prefix cache until evicted, under its
+    /// fingerprint, which only the same weights loaded under the same name find again.
+    pub fn unload_adapter(&self, name: &str) -> Result<()> {
+        self.ask(|reply| Command::UnloadAdapter(name.to_string(), reply))?
+    }
+
+    /// Sends the engine thread `command` and waits for its answer.
+    fn ask<T>(&self, command: impl FnOnce(Sender<T>) -> Command) -> Result<T> {
+        let (tx, rx) = channel();
+        self.inbox.send(command(tx)).map_err(|_| EngineError::Closed)?;
+        rx.recv().map_err(|_| EngineError::Closed)
     }
 
     /// Refuses a request needing more KV tokens than the whole pool holds (it could never run).
@@ -343,9 +391,7 @@ impl Engine {
 
     /// Empties the prefix cache. Returns false (and does nothing) while requests are in flight.
     pub fn flush_cache(&self) -> Result<bool> {
-        let (tx, rx) = channel();
-        self.inbox.send(Command::FlushCache(tx)).map_err(|_| EngineError::Closed)?;
-        rx.recv().map_err(|_| EngineError::Closed)
+        self.ask(Command::FlushCache)
     }
 
     /// Ends a request wherever it is (and every sample of it, for n > 1); its stream gets a
@@ -385,6 +431,11 @@ fn cache_fingerprint(cfg: &ModelConfig, weights: &WeightStore, opts: &EngineOpti
     let kernels = rsgl_kernels::kernels();
     hasher.update(format!("{precision:?} {} {}", kernels.isa, kernels.gemm_i8.isa));
     u64::from_le_bytes(hasher.finalize()[..8].try_into().expect("8 bytes"))
+}
+
+/// The error for loading a LoRA adapter under a name already loaded.
+pub(crate) fn already_loaded(name: &str) -> EngineError {
+    invalid(format!("LoRA adapter {name:?} is already loaded; unload it first to load other weights under its name"))
 }
 
 impl Drop for Engine {

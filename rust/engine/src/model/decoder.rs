@@ -24,6 +24,7 @@ use crate::kv::{KvCache, KvPart};
 use crate::weights::WeightStore;
 use rsgl_kernels::profile::{self, Phase};
 use rsgl_kernels::{ThreadPool, WeightDtype};
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Mutex;
 
@@ -65,7 +66,7 @@ pub struct SeqChunk<'a> {
     /// The sequence's 3D rope positions (M-RoPE), where its prompt has images for a model that
     /// gives them such positions; None: each token's position turns every rotary frequency.
     pub mrope: Option<&'a MropePositions>,
-    /// The LoRA adapter (an index of [`DecoderModel::adapters`]) the sequence's projections add.
+    /// The LoRA adapter (an id of [`DecoderModel::adapters`]) the sequence's projections add.
     pub lora: Option<usize>,
 }
 
@@ -150,7 +151,7 @@ pub(super) struct Step<'a> {
     pub key_ends: Option<Vec<usize>>,
     /// Per token, its 3D rope positions, when a sequence of the step has M-RoPE positions.
     pub rope_positions: Option<Vec<[usize; 3]>>,
-    /// The tokens of each LoRA adapter the step's sequences use: `(adapter, runs of consecutive
+    /// The tokens of each LoRA adapter the step's sequences use: `(adapter id, runs of consecutive
     /// tokens)`.
     pub lora_rows: Vec<(usize, Vec<Range<usize>>)>,
 }
@@ -172,10 +173,38 @@ pub struct DecoderModel {
     rank_drivers: Option<ThreadPool>,
     /// A vision-language model's image encoder.
     vision: Option<ImageTower>,
+    /// Packs the LoRA adapters these layers take.
+    lora_packer: LoraPacker,
+    /// The LoRA adapters requests may name, by id. Ids are never reused: a request keeps
+    /// referring to its adapter while others are loaded and unloaded.
+    adapters: BTreeMap<usize, LoraAdapter>,
+    next_adapter_id: usize,
+}
+
+/// What packing a LoRA adapter needs of the model: adapters loaded at run time are packed on the
+/// caller's thread, while the engine thread runs steps.
+#[derive(Clone)]
+pub struct LoraPacker {
+    cfg: ModelConfig,
     /// Why the layers cannot take LoRA adapters, if they cannot.
-    lora_unsupported: Option<String>,
-    /// The LoRA adapters requests may name.
-    adapters: Vec<LoraAdapter>,
+    unsupported: Option<String>,
+}
+
+impl LoraPacker {
+    /// A packer for a model of `cfg` whose layers take adapters.
+    #[cfg(test)]
+    pub(crate) fn new(cfg: ModelConfig) -> LoraPacker {
+        LoraPacker { cfg, unsupported: None }
+    }
+
+    /// Packs `adapter` (on `pool`), refusing it where the model takes no adapters or where it
+    /// does not fit the model or `max_rank`.
+    pub fn pack(&self, adapter: PeftAdapter, max_rank: Option<usize>, pool: &ThreadPool) -> Result<LoraAdapter> {
+        if let Some(why) = &self.unsupported {
+            return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
+        }
+        LoraAdapter::from_peft(adapter, &self.cfg, max_rank, pool)
+    }
 }
 
 /// A vision tower of one of the families rsgl runs.
@@ -277,29 +306,40 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        let lora_unsupported = lora::unsupported(&cfg, assembly.attention_output_gate, ranks.len());
-        let adapters = Vec::new();
-        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_unsupported, adapters })
+        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg, assembly.attention_output_gate, ranks.len()), cfg: cfg.clone() };
+        let adapters = BTreeMap::new();
+        Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_packer, adapters, next_adapter_id: 0 })
     }
 
     pub fn config(&self) -> &ModelConfig {
         &self.cfg
     }
 
-    /// Loads a LoRA adapter requests may then name (its index in [`Self::adapters`]).
-    pub fn load_adapter(&mut self, adapter: PeftAdapter, max_rank: Option<usize>) -> Result<()> {
-        if let Some(why) = &self.lora_unsupported {
-            return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
-        }
-        if self.adapters.iter().any(|loaded| loaded.name == adapter.name) {
-            return Err(EngineError::InvalidRequest(format!("LoRA adapter {:?} is already loaded", adapter.name)));
-        }
-        let loaded = LoraAdapter::from_peft(adapter, &self.cfg, max_rank, &self.ranks[0].compute.pool)?;
-        self.adapters.push(loaded);
-        Ok(())
+    pub fn lora_packer(&self) -> &LoraPacker {
+        &self.lora_packer
     }
 
-    pub fn adapters(&self) -> &[LoraAdapter] {
+    /// Packs and adds a LoRA adapter (see [`Self::add_adapter`]).
+    pub fn load_adapter(&mut self, adapter: PeftAdapter, max_rank: Option<usize>) -> Result<usize> {
+        let packed = self.lora_packer.pack(adapter, max_rank, self.pool())?;
+        Ok(self.add_adapter(packed))
+    }
+
+    /// Adds a packed LoRA adapter requests may then use; returns its id in [`Self::adapters`].
+    /// The engine keeps names unique.
+    pub fn add_adapter(&mut self, adapter: LoraAdapter) -> usize {
+        let id = self.next_adapter_id;
+        self.next_adapter_id += 1;
+        self.adapters.insert(id, adapter);
+        id
+    }
+
+    /// Drops the adapter `id` (no request may use it any more).
+    pub fn remove_adapter(&mut self, id: usize) -> Option<LoraAdapter> {
+        self.adapters.remove(&id)
+    }
+
+    pub fn adapters(&self) -> &BTreeMap<usize, LoraAdapter> {
         &self.adapters
     }
 
@@ -455,7 +495,7 @@ impl DecoderModel {
                 .lora_rows
                 .iter()
                 .map(|(adapter, runs)| {
-                    let adapter = &self.adapters[*adapter];
+                    let adapter = &self.adapters[adapter];
                     LoraRows { runs, scaling: adapter.scaling, layer: adapter.layer(l) }
                 })
                 .collect();

@@ -131,8 +131,9 @@ pub struct LoraAdapter {
     pub name: String,
     pub rank: usize,
     pub scaling: f32,
-    /// Names these weights (with the adapter's name and scaling): the prefix cache keeps the KV
-    /// of requests using it apart, on disk too.
+    /// Names these weights, every byte (with the adapter's name and scaling): the prefix cache
+    /// keeps the KV of requests using it apart, on disk too, and an adapter loaded again under
+    /// the same name with other weights never finds the KV of the one before.
     pub fingerprint: u64,
     layers: Vec<LoraLayer>,
 }
@@ -172,7 +173,7 @@ impl LoraAdapter {
             use sha2::{Digest, Sha256};
             let mut hasher = Sha256::new();
             hasher.update(format!("lora {name} {}\n", config.scaling()));
-            hasher.update(w.fingerprint());
+            hasher.update(w.digest());
             u64::from_le_bytes(hasher.finalize()[..8].try_into().expect("8 bytes"))
         };
         let r = config.r;

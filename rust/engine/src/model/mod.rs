@@ -19,7 +19,7 @@ mod tensor_parallel;
 mod vision;
 mod vision_attention;
 
-pub use decoder::{DecoderModel, ModelOutput, Precision, SeqChunk};
+pub use decoder::{DecoderModel, LoraPacker, ModelOutput, Precision, SeqChunk};
 pub use linear::{Compute, Linear, LinearParts, Weights};
 pub use lora::{LoraAdapter, LoraTarget, PeftAdapter, PeftConfig, TargetModules};
 pub use mrope::{ImageRun, MropePositions};

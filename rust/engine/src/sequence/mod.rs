@@ -66,7 +66,7 @@ pub(crate) struct Sequence {
     pub bidirectional: Vec<std::ops::Range<usize>>,
     /// The 3D rope positions of a prompt with images, for a model that gives them (Qwen2.5-VL).
     pub mrope: Option<MropePositions>,
-    /// The LoRA adapter its tokens run through (an index of the model's adapters).
+    /// The LoRA adapter its tokens run through (an id of the model's adapters).
     pub lora: Option<usize>,
     text: OutputText,
 }
@@ -97,7 +97,7 @@ impl Sequence {
             images: req.images.into_iter().map(PromptImage::new).collect(),
             bidirectional: Vec::new(),
             mrope: None,
-            lora: req.lora.map(|lora| lora.index),
+            lora: req.lora.map(|lora| lora.id),
         }
     }
 

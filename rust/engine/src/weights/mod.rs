@@ -473,8 +473,19 @@ impl WeightStore {
     /// MB read), and it changes with any re-quantization or fine-tune a user would load, so a
     /// disk KV cache keyed by it is never served to other weights.
     pub fn fingerprint(&self) -> [u8; 32] {
+        self.digest_sampled(Some(4096))
+    }
+
+    /// [`Self::fingerprint`] over every byte of every tensor: for small stores (LoRA adapters),
+    /// where weights differing anywhere get different digests.
+    pub fn digest(&self) -> [u8; 32] {
+        self.digest_sampled(None)
+    }
+
+    /// The digest of each tensor's name, shape, stored type and bytes (the first and last
+    /// `sample` bytes of each, where given).
+    fn digest_sampled(&self, sample: Option<usize>) -> [u8; 32] {
         use sha2::{Digest, Sha256};
-        const SAMPLE: usize = 4096;
         let mut hasher = Sha256::new();
         let mut names: Vec<&String> = self.tensors.keys().collect();
         names.sort();
@@ -485,8 +496,13 @@ impl WeightStore {
                 Source::Random { seed, scale } => hasher.update(format!("random {seed} {scale}")),
                 source => {
                     let bytes = &source.bytes()[entry.bytes()];
-                    hasher.update(&bytes[..bytes.len().min(SAMPLE)]);
-                    hasher.update(&bytes[bytes.len().saturating_sub(SAMPLE)..]);
+                    match sample {
+                        Some(sample) => {
+                            hasher.update(&bytes[..bytes.len().min(sample)]);
+                            hasher.update(&bytes[bytes.len().saturating_sub(sample)..]);
+                        }
+                        None => hasher.update(bytes),
+                    }
                 }
             }
         }

@@ -723,3 +723,20 @@ fn gemma3s_vision_tower_is_read_under_siglips_names_and_other_towers_are_not() {
     assert_eq!(named("multi_modal_projector.linear_1.weight"), None);
     assert_eq!(named("language_model.model.layers.0.mlp.up_proj.weight").as_deref(), Some("model.layers.0.mlp.up_proj.weight"));
 }
+
+#[test]
+fn the_digest_reads_every_byte_where_the_fingerprint_samples() {
+    // 4096 floats (16 KiB): one change in the middle, past the fingerprint's first and last 4 KiB.
+    let values: Vec<f32> = (0..4096).map(|i| i as f32).collect();
+    let mut edited = values.clone();
+    edited[2048] = -1.0;
+    let stores: Vec<WeightStore> = [("before", values), ("after", edited)]
+        .into_iter()
+        .map(|(name, values)| {
+            let file = TempFile::new(&format!("digest-{name}.safetensors"), &safetensors(&[("w", "F32", vec![64, 64], le_bytes(&values, f32::to_le_bytes))]));
+            WeightStore::open_safetensors(std::slice::from_ref(&file.0)).unwrap()
+        })
+        .collect();
+    assert_eq!(stores[0].fingerprint(), stores[1].fingerprint());
+    assert_ne!(stores[0].digest(), stores[1].digest());
+}
