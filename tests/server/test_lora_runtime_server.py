@@ -18,7 +18,7 @@ from tiny_models import build_byte_llama
 IDS = [1, 72, 101, 108, 108, 111, 33]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 # Long enough that the streams run while adapters are loaded and unloaded (a few ms each).
-LONG = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}
+LONG = {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}
 SCENARIO_TIMEOUT_SECONDS = 300
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -117,16 +117,17 @@ def test_adapters_come_and_go_while_streams_run_and_every_stream_completes(serve
             loras: list[str | None] = [None, "a", None, "a", "a"]
             streams, started = zip(*(start(http, lora) for lora in loras))
             await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), SCENARIO_TIMEOUT_SECONDS)
-            # c comes, b (unused) goes, a (in use) stays: all while the streams run.
+            # a (in use) stays, b (unused) goes, then c comes: the quick calls first, while the streams surely run (loading
+            # c reads and packs its weights, which a busy machine makes slow).
+            in_use = await http.post("/unload_lora_adapter", json={"lora_name": "a"})
+            assert 'LoRA adapter "a" is in use by 3 requests (running or waiting)' in refusal(in_use, {"a": folders["a"], "b": folders["b"]})
+            unloaded = await http.post("/unload_lora_adapter", json={"lora_name": "b"})
+            assert unloaded.json() == {"success": True, "error_message": "", "loaded_adapters": {"a": folders["a"]}}
+            still_running = (await http.get("/get_server_info")).json()["running_requests"]
             loaded = await http.post("/load_lora_adapter", json={"lora_name": "c", "lora_path": folders["c"]})
             assert loaded.status_code == 200, loaded.text
             on_c, _ = start(http, "c")
             streams, loras = [*streams, on_c], [*loras, "c"]
-            unloaded = await http.post("/unload_lora_adapter", json={"lora_name": "b"})
-            assert unloaded.json() == {"success": True, "error_message": "", "loaded_adapters": {"a": folders["a"], "c": folders["c"]}}
-            in_use = await http.post("/unload_lora_adapter", json={"lora_name": "a"})
-            assert 'LoRA adapter "a" is in use by 3 requests (running or waiting)' in refusal(in_use, {"a": folders["a"], "c": folders["c"]})
-            still_running = (await http.get("/get_server_info")).json()["running_requests"]
             return loras, [*await asyncio.gather(*streams), still_running]
 
     loras, results = asyncio.run(under_load())
