@@ -185,7 +185,7 @@ class Engine:
         }
         # Folders as text for the engine (path objects are taken too).
         self.lora_paths = {name: os.fspath(path) for name, path in (options.get("lora_paths") or {}).items()}
-        adapters = read_lora_adapters(self.lora_paths)
+        adapters = read_lora_adapters(self.lora_paths, self.model.config)
         self.lora_names = sorted(self.lora_paths)
         store = self.model.open_weights()
         store.show_progress(progress)
