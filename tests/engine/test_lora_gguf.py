@@ -11,6 +11,7 @@ alpha only): the adapters here leave rsLoRA off."""
 
 from __future__ import annotations
 
+import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -21,6 +22,7 @@ import rsgl
 from gguf_convert import convert, convert_lora
 from lora_adapters import ALL_PROJECTIONS, greedy, save_adapter, with_adapter
 from tiny_models import TINY, build_tiny
+from zoo_models import zoo_tokenizer
 
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 # Adapter a: every projection at rank 8; adapter b: q, k and v at rank 4 (alpha / r = 1.5).
@@ -28,12 +30,21 @@ ADAPTERS = {"a": dict(r=8, lora_alpha=16, target_modules=ALL_PROJECTIONS), "b": 
 PROMPTS = [np.random.default_rng(seed).integers(3, 256, size=length).tolist() for seed, length in [(0, 9), (1, 20), (2, 4)]]
 
 
+def build_base(architecture: str, path: Path):
+    """tiny_models' random model with a tokenizer llama.cpp's converter takes (zoo_models.zoo_tokenizer)."""
+    tokenizer = zoo_tokenizer()
+    model = build_tiny(architecture, path, vocab_size=tokenizer.get_vocab_size())
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}))
+    return model
+
+
 @pytest.fixture(scope="module", params=["llama", "qwen3"])
 def converted(request, tmp_path_factory):
     """(architecture, base folder, base f32 GGUF file, {name: PEFT folder}, {name: f32 GGUF file}, {None: transformers
     model, name: with that adapter})."""
     root = tmp_path_factory.mktemp(f"lora-gguf-{request.param}")
-    base = build_tiny(request.param, root / "base")
+    base = build_base(request.param, root / "base")
     folders, models = {}, {None: base}
     for seed, (name, config) in enumerate(ADAPTERS.items()):
         save_adapter(base, root / name, seed, **config)
@@ -67,7 +78,7 @@ def test_gguf_adapters_give_the_peft_folders_tokens_and_logprobs(converted, base
         assert results[f"{name}-gguf"] == results[name], name
         assert [tokens for tokens, _ in results[name]] == [greedy(models[name], ids, GREEDY["max_new_tokens"]) for ids in PROMPTS], name
     # The adapters change what the model says (else this test could not fail).
-    assert len({tuple(tokens for tokens, _ in results[name]) for name in [None, *ADAPTERS]}) == 3
+    assert len({tuple(tuple(tokens) for tokens, _ in results[name]) for name in [None, *ADAPTERS]}) == 3
 
 
 def dequantized_folder(file: Path, peft_folder: Path, out: Path, architecture: str) -> Path:
