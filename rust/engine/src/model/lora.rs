@@ -155,7 +155,8 @@ impl PeftAdapter {
         if metadata.contains_key("adapter.alora.invocation_tokens") {
             return Err(refuse("is an activated LoRA (adapter.alora.invocation_tokens), which rsgl does not apply yet".into()));
         }
-        let alpha = metadata.get("adapter.lora.alpha").and_then(Value::as_f64).ok_or_else(|| refuse("has no adapter.lora.alpha; the file looks broken".into()))?;
+        let alpha =
+            metadata.get("adapter.lora.alpha").and_then(Value::as_f64).ok_or_else(|| refuse("has no adapter.lora.alpha; the file looks broken".into()))?;
         let weights = WeightStore::open_gguf_lora(path, &cfg.architecture, cfg.num_attention_heads, cfg.num_key_value_heads)?;
         let a_matrices: Vec<(&str, usize)> =
             weights.names().into_iter().filter_map(|tensor| Some((tensor.strip_suffix(".lora_A.weight")?, *weights.shape(tensor)?.first()?))).collect();
