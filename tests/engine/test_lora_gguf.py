@@ -131,5 +131,6 @@ def test_an_adapter_for_another_architecture_is_refused(converted, tmp_path):
     other_base = build_tiny(other, tmp_path / other)
     save_adapter(other_base, tmp_path / "adapter", 0, **ADAPTERS["b"])
     file = convert_lora(tmp_path / "adapter", tmp_path / other, tmp_path / f"{other}-adapter.gguf")
-    with pytest.raises(rsgl.ModelLoadError, match=rf'LoRA adapter "other": {re.escape(str(file))} was made for a "{other}" model, but the base model is a {architecture}'):
+    refusal = rf'LoRA adapter "other": {re.escape(str(file))} was made for a "{other}" model, but the base model is a {architecture}'
+    with pytest.raises(rsgl.ModelLoadError, match=refusal):
         rsgl.Engine(str(folder), progress=False, lora_paths={"other": str(file)})
