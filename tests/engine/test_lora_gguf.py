@@ -4,7 +4,7 @@ was made from, on the Hugging Face folder and on the base model converted to an 
 permute the rows of the q and k updates' B as they do the base model's q and k rows: rsgl reads them back in order);
 those equal transformers + peft's tokens. A Q8_0 file (A in Q8_0, B in F16) gives the tokens and logprobs of a PEFT
 folder holding its values as gguf-py dequantizes them. A file that is not a LoRA adapter, or was made for another
-architecture, is refused naming it.
+architecture, is refused naming it; an adapter file given as the model too.
 
 llama.cpp scales an adapter by `adapter.lora.alpha / r`, whatever PEFT's config said of rsLoRA (the converter keeps
 alpha only): the adapters here leave rsLoRA off."""
@@ -120,9 +120,12 @@ def test_a_q8_0_file_gives_the_tokens_and_logprobs_of_its_dequantized_values(con
 
 
 def test_a_gguf_file_that_is_not_a_lora_adapter_is_refused(converted):
-    _, folder, base_file, _, _, _ = converted
+    _, folder, base_file, _, files, _ = converted
     with pytest.raises(rsgl.ModelLoadError, match=rf'LoRA adapter "base": {re.escape(str(base_file))} is not a LoRA adapter but a "model" file'):
         rsgl.Engine(str(folder), progress=False, lora_paths={"base": str(base_file)})
+    # Nor is an adapter taken for a model.
+    with pytest.raises(rsgl.ModelLoadError, match=rf"{re.escape(str(files['a']))} is an adapter .*, not a model"):
+        rsgl.Engine(str(files["a"]), progress=False)
 
 
 def test_an_adapter_for_another_architecture_is_refused(converted, tmp_path):
