@@ -142,12 +142,13 @@ impl PeftAdapter {
                 "is not a LoRA adapter but {kind}; give a GGUF LoRA file (general.type \"adapter\", adapter.type \"lora\"), as llama.cpp's convert_lora_to_gguf.py writes them"
             )));
         }
-        let made_for = text("general.architecture").unwrap_or("no");
+        let made_for = text("general.architecture");
         let base = Architecture::named(&cfg.architecture).and_then(|a| a.gguf_name);
         let converted_as = CONVERTED_AS.iter().find(|(rsgl, _)| *rsgl == cfg.architecture).map(|(_, gguf)| *gguf);
-        if Some(made_for) != base && Some(made_for) != converted_as {
+        if made_for.is_none() || (made_for != base && made_for != converted_as) {
             return Err(refuse(format!(
-                "was made for a {made_for:?} model, but the base model is a {} ({:?} in GGUF files); convert the adapter with --base the base model's folder",
+                "was made for a {:?} model, but the base model is a {} ({:?} in GGUF files); convert the adapter with --base the base model's folder",
+                made_for.unwrap_or("unnamed"),
                 cfg.architecture,
                 base.unwrap_or("none")
             )));
