@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Prints the path of llama.cpp's convert_hf_to_gguf.py, fetching it on first use.
+# Prints the path of llama.cpp's convert_hf_to_gguf.py, fetching it on first use; its LoRA
+# adapter converter, convert_lora_to_gguf.py, is beside it.
 #
-# The converter (with the conversion/ package and the gguf-py/ library it imports) comes from the
+# The converters (with the conversion/ package and the gguf-py/ library they import) come from the
 # source distribution of llama-cpp-python on PyPI, which vendors llama.cpp: a pinned version whose
-# sha256 is checked. Only those folders are unpacked, into a cache outside the clone:
-# $RSGL_LLAMA_CPP_DIR (default /var/tmp/rsgl-llama-cpp)/llama.cpp-<version>/. If the Python that
+# sha256 is checked. Only those files are unpacked, into a cache outside the clone:
+# $RSGL_LLAMA_CPP_DIR (default /var/tmp/rsgl-llama-cpp)/llama.cpp-<version>/; a cache from before
+# a file was wanted gets the missing files from a new download. If the Python that
 # runs it ($PYTHON, default python3) lacks sentencepiece (which the converter imports for
 # Llama-derived models), it is installed into deps-py<X.Y>/ beside the converter, not into the
 # environment: run the converter with that folder on PYTHONPATH (tests/gguf_convert.py does).
@@ -20,7 +22,7 @@ PYTHON=${PYTHON:-python3}
 CACHE=${RSGL_LLAMA_CPP_DIR:-/var/tmp/rsgl-llama-cpp}
 DEST=$CACHE/llama.cpp-$VERSION
 
-if [[ ! -f $DEST/convert_hf_to_gguf.py ]]; then
+if [[ ! -f $DEST/convert_hf_to_gguf.py || ! -f $DEST/convert_lora_to_gguf.py ]]; then
     mkdir -p "$CACHE"
     echo "llama-cpp-converter: fetching llama-cpp-python $VERSION's llama.cpp converter into $DEST" >&2
     # Download to a temporary folder, then rename: concurrent runs never see half a copy.
@@ -50,7 +52,7 @@ try:
         sys.exit(f"llama-cpp-converter: sha256 mismatch for {url}: got {digest.hexdigest()}, expected {sha256}")
 
     prefix = f"llama_cpp_python-{version}/vendor/llama.cpp/"
-    wanted = ("convert_hf_to_gguf.py", "LICENSE", "conversion/", "gguf-py/", "models/templates/")
+    wanted = ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py", "LICENSE", "conversion/", "gguf-py/", "models/templates/")
     unpacked = os.path.join(work, "llama.cpp")
     with tarfile.open(archive) as tar:
         members = [m for m in tar.getmembers() if m.name.startswith(prefix) and m.name[len(prefix) :].startswith(wanted)]
@@ -59,8 +61,13 @@ try:
         tar.extractall(unpacked, members=members, filter="data")
     try:
         os.rename(unpacked, dest)
-    except OSError:  # another run got there first
-        if not os.path.isfile(os.path.join(dest, "convert_hf_to_gguf.py")):
+    except OSError:  # a cache from before some file was wanted, or another run got there first
+        for entry in os.listdir(unpacked):
+            try:
+                os.rename(os.path.join(unpacked, entry), os.path.join(dest, entry))
+            except OSError:  # the cache has it
+                pass
+        if not all(os.path.isfile(os.path.join(dest, script)) for script in ("convert_hf_to_gguf.py", "convert_lora_to_gguf.py")):
             raise
 finally:
     shutil.rmtree(work, ignore_errors=True)

@@ -1,5 +1,6 @@
-"""Converting a Hugging Face checkpoint folder to GGUF with llama.cpp's own convert_hf_to_gguf.py,
-which scripts/llama-cpp-converter.sh fetches once (a pinned version) into a cache outside the clone.
+"""Converting a Hugging Face checkpoint folder to GGUF with llama.cpp's own convert_hf_to_gguf.py, and a PEFT LoRA
+adapter folder to a GGUF LoRA file with its convert_lora_to_gguf.py, which scripts/llama-cpp-converter.sh fetches once
+(a pinned version) into a cache outside the clone.
 
 `convert(folder, out)` runs the converter in a subprocess through this file, which first lets it take
 the tests' byte-level tokenizers (zoo_models.zoo_tokenizer), which no released model has:
@@ -47,12 +48,23 @@ def converter() -> Path:
 def convert(hf_folder, out_path, outtype: str = "f32", options: tuple[str, ...] = ()) -> Path:
     """Converts the checkpoint in `hf_folder` to the GGUF file `out_path` (f32, f16, bf16, q8_0...), with the
     converter's further `options`; returns its path."""
+    return _run(converter(), hf_folder, out_path, outtype, options)
+
+
+def convert_lora(peft_folder, base_folder, out_path, outtype: str = "f32") -> Path:
+    """Converts the PEFT LoRA adapter in `peft_folder`, made for the checkpoint in `base_folder` (whose config the
+    converter reads), to the GGUF LoRA file `out_path` (f32, f16, bf16, q8_0), as llama-server's --lora takes; returns
+    its path."""
+    return _run(converter().with_name("convert_lora_to_gguf.py"), peft_folder, out_path, outtype, ("--base", str(base_folder)))
+
+
+def _run(script: Path, folder, out_path, outtype: str, options: tuple[str, ...]) -> Path:
     out_path = Path(out_path)
-    command = [sys.executable, __file__, str(converter()), str(hf_folder), "--outfile", str(out_path), "--outtype", outtype, *options]
+    command = [sys.executable, __file__, str(script), str(folder), "--outfile", str(out_path), "--outtype", outtype, *options]
     done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode != 0 or not out_path.is_file():
         log = done.stderr.strip().splitlines() or ["(no output)"]
-        raise ConversionError(f"llama.cpp's converter failed on {hf_folder}: {log[-1]}\n" + "\n".join(log[-40:]))
+        raise ConversionError(f"llama.cpp's {script.name} failed on {folder}: {log[-1]}\n" + "\n".join(log[-40:]))
     return out_path
 
 
@@ -148,7 +160,7 @@ def _teach_byte_level_tokenizers() -> None:
 
 
 def _run_converter(script: str, args: list[str]) -> None:
-    """Runs convert_hf_to_gguf.py with its vendored gguf-py (the installed one may be older), and the
+    """Runs convert_hf_to_gguf.py (or convert_lora_to_gguf.py) with its vendored gguf-py (the installed one may be older), and the
     sentencepiece the fetch script put beside it if this Python lacks one."""
     folder = Path(script).parent
     deps = folder / f"deps-py{sys.version_info[0]}.{sys.version_info[1]}"

@@ -76,6 +76,12 @@ class WeightStore:
         """Maps a GGUF file, its tensors named and laid out as in a Hugging Face checkpoint, with llama.cpp's
         separate projector file (`mmproj`) of a vision-language model's images."""
     @staticmethod
+    def open_gguf_lora(name: str, path: str | os.PathLike[str], config: ModelConfig) -> tuple[dict[str, Any], WeightStore]:
+        """The GGUF LoRA adapter file `path` (llama.cpp's convert_lora_to_gguf.py) named `name`, for the base
+        model of `config`, as the PEFT adapter it was made from: the adapter_config.json it stands for, and
+        its tensors under PEFT's names. ModelLoadError for a file that is not a LoRA adapter, or was made
+        for another architecture."""
+    @staticmethod
     def gguf_metadata(path: str | os.PathLike[str]) -> dict[str, Any]:
         """A GGUF file's metadata (key -> value)."""
     def tensors(self) -> list[tuple[str, list[int], str]]:

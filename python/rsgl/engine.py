@@ -186,7 +186,7 @@ class Engine:
         }
         # Folders as text for the engine (path objects are taken too).
         self.lora_paths = {name: os.fspath(path) for name, path in (options.get("lora_paths") or {}).items()}
-        adapters = read_lora_adapters(self.lora_paths)
+        adapters = read_lora_adapters(self.lora_paths, self.model.config)
         # Serializes run-time loads and unloads, so lora_paths follows the engine's adapters.
         self._lora_lock = threading.Lock()
         store = self.model.open_weights()
@@ -402,7 +402,7 @@ class Engine:
         loaded raises InvalidRequestError; an adapter that does not fit the model or max_lora_rank,
         ModelLoadError (UnsupportedModelError for a model that takes no adapters)."""
         path = os.fspath(lora_path)
-        adapter = read_lora_adapter(lora_name, path)
+        adapter = read_lora_adapter(lora_name, path, self.model.config)
         with self._lora_lock:
             self._core.load_lora_adapter(*adapter)
             # A new dict, not an update: readers on other threads may be iterating the old one.

@@ -114,7 +114,8 @@ class EngineKeywords(TypedDict, total=False):
 
     lora_paths: dict[str, str]
     """LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding its
-    `adapter_config.json` and `adapter_model.safetensors`. For dense Llama-family models. Default: {}."""
+    `adapter_config.json` and `adapter_model.safetensors`, or a GGUF LoRA file (as llama.cpp's `--lora`
+    takes). For dense Llama-family models. Default: {}."""
 
     max_loras_per_batch: int
     """The most LoRA adapters the running requests use at once; a request for another waits. Default: 8."""
@@ -309,7 +310,8 @@ SERVER_FLAGS: Final[dict[str, dict[str, Any]]] = {
         "metavar": "NAME=VALUE",
         "help": (
             "LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding its "
-            "`adapter_config.json` and `adapter_model.safetensors`. For dense Llama-family models."
+            "`adapter_config.json` and `adapter_model.safetensors`, or a GGUF LoRA file (as llama.cpp's `--lora` takes). "
+            "For dense Llama-family models."
         ),
     },
     "--max-loras-per-batch": {"type": int, "help": "The most LoRA adapters the running requests use at once; a request for another waits. (default: 8)"},

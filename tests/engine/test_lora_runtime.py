@@ -23,7 +23,8 @@ def prompt(length: int, seed: int) -> list[int]:
 def tiny(tmp_path_factory):
     """(base folder, transformers model, a folder maker for its adapters)."""
     base_path = tmp_path_factory.mktemp("lora-runtime")
-    return str(base_path), build_tiny("llama", base_path), tmp_path_factory
+    # A context long enough that a stream outlasts the calls made while it holds its adapter.
+    return str(base_path), build_tiny("llama", base_path, max_position_embeddings=8192), tmp_path_factory
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +81,7 @@ def test_unknown_names_taken_names_and_adapters_that_do_not_fit_are_refused(tiny
 
 def test_an_adapter_that_requests_use_is_not_unloaded(tiny, adapters):
     base_path, _, _ = tiny
-    long = {"temperature": 0, "max_new_tokens": 3000, "ignore_eos": True}
+    long = {"temperature": 0, "max_new_tokens": 4000, "ignore_eos": True}
     with engine_for(base_path, lora_paths={"a": adapters["a"][0], "b": adapters["b"][0]}) as engine:
         stream = engine.generate(input_ids=prompt(5, 1), sampling_params=long, lora_path="a", rid="holding-a", stream=True)
         first = next(stream)

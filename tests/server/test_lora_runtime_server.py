@@ -17,8 +17,10 @@ from tiny_models import build_byte_llama
 
 IDS = [1, 72, 101, 108, 108, 111, 33]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
-# Long enough that the streams run while adapters are loaded and unloaded (a few ms each).
-LONG = {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}
+# Streams that run while adapters are loaded and unloaded (most likely: a few ms each), and ones that hold an adapter
+# until they are aborted (the context's length, which they never reach).
+LONG = {"temperature": 0, "max_new_tokens": 1500, "ignore_eos": True}
+HOLD = {"temperature": 0, "max_new_tokens": 16000, "ignore_eos": True}
 SCENARIO_TIMEOUT_SECONDS = 300
 CHAT_TEMPLATE = "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:"
 
@@ -28,13 +30,13 @@ def served(tmp_path_factory: pytest.TempPathFactory):
     """(url, {name: adapter folder}, {None: base, name: peft model}) of a server of a tiny byte-level
     Llama started with no adapters; adapters a, b and c (a's config, other weights) are saved."""
     base_path = tmp_path_factory.mktemp("lora-runtime-base")
-    base, _ = build_byte_llama(base_path, {"max_position_embeddings": 2048}, chat_template=CHAT_TEMPLATE)
+    base, _ = build_byte_llama(base_path, {"max_position_embeddings": 16384}, chat_template=CHAT_TEMPLATE)
     folders, models = {}, {None: base}
     for seed, (name, config) in enumerate([*ADAPTERS.items(), ("c", ADAPTERS["a"])]):
         folder = tmp_path_factory.mktemp(f"lora-runtime-{name}")
         save_adapter(base, folder, seed, **config)
         folders[name], models[name] = str(folder), with_adapter(base, folder)
-    options = ("--model-path", str(base_path), "--dtype", "float32", "--threads", "2", "--max-total-tokens", "16384", "--served-model-name", "tiny")
+    options = ("--model-path", str(base_path), "--dtype", "float32", "--threads", "2", "--max-total-tokens", "65536", "--served-model-name", "tiny")
     with running_server(tmp_path_factory.mktemp("lora-runtime-server"), *options) as (url, _):
         yield url, folders, models
 
@@ -89,10 +91,10 @@ def test_refused_loads_and_unloads_are_400s_naming_the_fault(served):
     assert post(url, "/unload_lora_adapter", {"lora_name": "b"}).status_code == 200
 
 
-async def stream(http: httpx.AsyncClient, lora: str | None, started: asyncio.Event) -> dict:
+async def stream(http: httpx.AsyncClient, lora: str | None, started: asyncio.Event, sampling: dict = LONG) -> dict:
     """The last chunk of a streamed /generate (its chunks are cumulative); `started` is set at its first."""
     last: dict = {}
-    body = {"input_ids": IDS, "sampling_params": LONG, "lora_path": lora, "stream": True}
+    body = {"input_ids": IDS, "sampling_params": sampling, "lora_path": lora, "stream": True}
     async with http.stream("POST", "/generate", json=body) as response:
         assert response.status_code == 200, await response.aread()
         async for line in response.aiter_lines():
@@ -102,9 +104,9 @@ async def stream(http: httpx.AsyncClient, lora: str | None, started: asyncio.Eve
     return last
 
 
-def start(http: httpx.AsyncClient, lora: str | None) -> tuple[asyncio.Task, asyncio.Event]:
+def start(http: httpx.AsyncClient, lora: str | None, sampling: dict = LONG) -> tuple[asyncio.Task, asyncio.Event]:
     started = asyncio.Event()
-    return asyncio.create_task(stream(http, lora, started)), started
+    return asyncio.create_task(stream(http, lora, started, sampling)), started
 
 
 def test_adapters_come_and_go_while_streams_run_and_every_stream_completes(served):
@@ -112,27 +114,30 @@ def test_adapters_come_and_go_while_streams_run_and_every_stream_completes(serve
     for name in ("a", "b"):
         assert post(url, "/load_lora_adapter", {"lora_name": name, "lora_path": folders[name]}).status_code == 200
 
-    async def under_load() -> tuple[list[str | None], list[dict]]:
+    async def under_load() -> tuple[list[str | None], list[dict], int]:
         async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=SCENARIO_TIMEOUT_SECONDS) as http:
-            loras: list[str | None] = [None, "a", None, "a", "a"]
+            # Two streams hold a for as long as the calls take (they are aborted after); others on the base model
+            # run as they come and go, and one on c once it is loaded.
+            holders, holding = zip(*(start(http, "a", HOLD) for _ in range(2)))
+            loras: list[str | None] = [None, None]
             streams, started = zip(*(start(http, lora) for lora in loras))
-            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in started)), SCENARIO_TIMEOUT_SECONDS)
-            # a (in use) stays, b (unused) goes, then c comes: the quick calls first, while the streams surely run (loading
-            # c reads and packs its weights, which a busy machine makes slow).
+            await asyncio.wait_for(asyncio.gather(*(event.wait() for event in [*holding, *started])), SCENARIO_TIMEOUT_SECONDS)
             in_use = await http.post("/unload_lora_adapter", json={"lora_name": "a"})
-            assert 'LoRA adapter "a" is in use by 3 requests (running or waiting)' in refusal(in_use, {"a": folders["a"], "b": folders["b"]})
+            assert 'LoRA adapter "a" is in use by 2 requests (running or waiting)' in refusal(in_use, {"a": folders["a"], "b": folders["b"]})
             unloaded = await http.post("/unload_lora_adapter", json={"lora_name": "b"})
             assert unloaded.json() == {"success": True, "error_message": "", "loaded_adapters": {"a": folders["a"]}}
-            still_running = (await http.get("/get_server_info")).json()["running_requests"]
             loaded = await http.post("/load_lora_adapter", json={"lora_name": "c", "lora_path": folders["c"]})
             assert loaded.status_code == 200, loaded.text
+            holding_through = sum(not task.done() for task in holders)  # a stream's task ends with the server's stream
             on_c, _ = start(http, "c")
-            streams, loras = [*streams, on_c], [*loras, "c"]
-            return loras, [*await asyncio.gather(*streams), still_running]
+            finals = await asyncio.gather(*streams, on_c)
+            for task in holders:
+                task.cancel()  # closing the connection aborts the request
+            await asyncio.gather(*holders, return_exceptions=True)
+            return [*loras, "c"], finals, holding_through
 
-    loras, results = asyncio.run(under_load())
-    *finals, still_running = results
-    assert still_running >= 4, "the adapters changed while the streams ran"
+    loras, finals, holding_through = asyncio.run(under_load())
+    assert holding_through == 2, "the adapters changed while the streams ran"
     assert model_ids(url) == ["tiny", "a", "c"]
     for lora, final in zip(loras, finals):
         assert final["meta_info"]["finish_reason"]["type"] == "length" and len(final["output_ids"]) == LONG["max_new_tokens"], lora

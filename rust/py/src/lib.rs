@@ -103,6 +103,15 @@ impl WeightStore {
         })
     }
 
+    /// The GGUF LoRA adapter file `path` (llama.cpp's convert_lora_to_gguf.py) named `name`, for
+    /// the base model of `config`, as the PEFT adapter it was made from: the adapter_config.json
+    /// it stands for, and its tensors under PEFT's names.
+    #[staticmethod]
+    fn open_gguf_lora<'py>(py: Python<'py>, name: String, path: PathBuf, config: &ModelConfig) -> PyResult<(Bound<'py, PyAny>, Self)> {
+        let adapter = py.detach(|| PeftAdapter::from_gguf(name, &path, &config.inner)).map_err(to_py_err)?;
+        Ok((to_python(py, &adapter.config)?, WeightStore { inner: Mutex::new(Some(adapter.weights)) }))
+    }
+
     /// A GGUF file's metadata (key -> value).
     #[staticmethod]
     fn gguf_metadata<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyAny>> {

@@ -22,6 +22,11 @@ impl ModelConfig {
         let metadata = WeightStore::gguf_metadata(path)?;
         let source = path.display();
         let general = Keys::new(&metadata, format!("{source}'s metadata"), "the file looks broken: download it again");
+        if metadata.get("general.type").and_then(serde_json::Value::as_str) == Some("adapter") {
+            return Err(EngineError::ModelLoad(format!(
+                "{source} is an adapter (general.type \"adapter\"), not a model: serve its base model with it as a LoRA adapter (lora_paths, --lora-paths NAME=PATH)"
+            )));
+        }
         let gguf_name = general.required("general.architecture")?;
         let unsupported = || {
             EngineError::UnsupportedModel(format!(
@@ -327,5 +332,15 @@ mod tests {
         let moe = cfg.moe.expect("experts");
         assert_eq!((moe.num_experts, moe.experts_per_token, moe.expert_intermediate_size, moe.norm_topk_prob), (32, 4, 2880, true));
         assert_eq!(cfg.activation, crate::config::Activation::ClampedSwiglu);
+    }
+
+    #[test]
+    fn a_lora_adapter_file_is_not_taken_for_a_model() {
+        let metadata = json!({"general.architecture": "llama", "general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 16.0});
+        let file = TempFile::new("adapter-as-model.gguf", &gguf_with_metadata(metadata.as_object().unwrap(), &[]));
+        match ModelConfig::from_gguf(&file.0, None) {
+            Err(EngineError::ModelLoad(message)) => assert!(message.contains("is an adapter") && message.contains("lora_paths"), "{message}"),
+            other => panic!("not refused as an adapter: {other:?}"),
+        }
     }
 }

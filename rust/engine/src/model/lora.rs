@@ -1,18 +1,21 @@
-//! LoRA adapters (PEFT's format): for some projections of every layer, a low-rank update
-//! `scaling · B·A` (A `[r, in]`, B `[out, r]`, held in float32) that requests naming the adapter
-//! add to the base layer's output. The base GEMM runs once for the whole batch; then the rows of
-//! each adapter add `scaling · (x·Aᵀ)·Bᵀ` to their columns of the projection (its slice of the
-//! fused q|k|v or gate|up output). Rows without an adapter pay nothing.
+//! LoRA adapters (PEFT's format, or llama.cpp's GGUF files made from it): for some projections
+//! of every layer, a low-rank update `scaling · B·A` (A `[r, in]`, B `[out, r]`, held in float32)
+//! that requests naming the adapter add to the base layer's output. The base GEMM runs once for
+//! the whole batch; then the rows of each adapter add `scaling · (x·Aᵀ)·Bᵀ` to their columns of
+//! the projection (its slice of the fused q|k|v or gate|up output). Rows without an adapter pay
+//! nothing.
 
 use super::linear::{Compute, Linear, LinearParts};
-use crate::config::ModelConfig;
+use crate::config::{Architecture, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
 use rsgl_kernels::{ThreadPool, WeightDtype};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
+use std::path::Path;
 
 /// The projections of a decoder layer an adapter may update.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -63,7 +66,7 @@ impl LoraTarget {
 }
 
 /// PEFT's `target_modules`: module names, or one regular expression (or "all-linear").
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(untagged)]
 pub enum TargetModules {
     Names(Vec<String>),
@@ -71,7 +74,7 @@ pub enum TargetModules {
 }
 
 /// What rsgl reads of a PEFT `adapter_config.json` (its other keys say how it was trained).
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct PeftConfig {
     #[serde(default)]
     pub peft_type: Option<String>,
@@ -107,11 +110,79 @@ impl PeftConfig {
 }
 
 /// An adapter as the engine is given it: its name, its `adapter_config.json` and its weights
-/// (`adapter_model.safetensors`, mapped).
+/// (`adapter_model.safetensors`, mapped), or what a GGUF LoRA file says of them.
 pub struct PeftAdapter {
     pub name: String,
     pub config: PeftConfig,
     pub weights: WeightStore,
+}
+
+/// Hugging Face architectures llama.cpp's converter files under another architecture's GGUF name
+/// (rsgl's name, the GGUF name): their adapters' files carry it.
+const CONVERTED_AS: &[(&str, &str)] = &[("mistral", "llama")];
+
+impl PeftAdapter {
+    /// The GGUF LoRA file `path` (llama.cpp's `convert_lora_to_gguf.py` writes them from PEFT
+    /// folders; `llama-server --lora` takes them) as the PEFT adapter it was made from, for a base
+    /// model of `cfg`: its tensors under PEFT's names and laid out as PEFT's, its rank that of its
+    /// tensors, its scaling llama.cpp's (`adapter.lora.alpha / r`; 1 with no alpha). Refuses a file
+    /// that is not a LoRA adapter, or was made for another architecture than the base model's.
+    pub fn from_gguf(name: String, path: &Path, cfg: &ModelConfig) -> Result<PeftAdapter> {
+        let source = path.display();
+        let refuse = |why: String| EngineError::ModelLoad(format!("LoRA adapter {name:?}: {source} {why}"));
+        let metadata = WeightStore::gguf_metadata(path).map_err(|e| EngineError::ModelLoad(format!("LoRA adapter {name:?}: {e}")))?;
+        let text = |key: &str| metadata.get(key).and_then(Value::as_str);
+        if (text("general.type"), text("adapter.type")) != (Some("adapter"), Some("lora")) {
+            let kind = match text("general.type") {
+                Some("adapter") => format!("a {:?} adapter", text("adapter.type").unwrap_or("unnamed")),
+                Some(kind) => format!("a {kind:?} file"),
+                None => "a file with no general.type".into(),
+            };
+            return Err(refuse(format!(
+                "is not a LoRA adapter but {kind}; give a GGUF LoRA file (general.type \"adapter\", adapter.type \"lora\"), as llama.cpp's convert_lora_to_gguf.py writes them"
+            )));
+        }
+        let made_for = text("general.architecture");
+        let base = Architecture::named(&cfg.architecture).and_then(|a| a.gguf_name);
+        let converted_as = CONVERTED_AS.iter().find(|(rsgl, _)| *rsgl == cfg.architecture).map(|(_, gguf)| *gguf);
+        if made_for.is_none() || (made_for != base && made_for != converted_as) {
+            return Err(refuse(format!(
+                "was made for a {:?} model, but the base model is a {} ({:?} in GGUF files); convert the adapter with --base the base model's folder",
+                made_for.unwrap_or("unnamed"),
+                cfg.architecture,
+                base.unwrap_or("none")
+            )));
+        }
+        if metadata.contains_key("adapter.alora.invocation_tokens") {
+            return Err(refuse("is an activated LoRA (adapter.alora.invocation_tokens), which rsgl does not apply yet".into()));
+        }
+        let alpha =
+            metadata.get("adapter.lora.alpha").and_then(Value::as_f64).ok_or_else(|| refuse("has no adapter.lora.alpha; the file looks broken".into()))?;
+        let weights = WeightStore::open_gguf_lora(path, &cfg.architecture, cfg.num_attention_heads, cfg.num_key_value_heads)?;
+        let a_matrices: Vec<(&str, usize)> =
+            weights.names().into_iter().filter_map(|tensor| Some((tensor.strip_suffix(".lora_A.weight")?, *weights.shape(tensor)?.first()?))).collect();
+        let ranks: BTreeSet<usize> = a_matrices.iter().map(|&(_, r)| r).collect();
+        let r = match ranks.iter().collect::<Vec<_>>()[..] {
+            [] => return Err(refuse("holds no lora_a / lora_b tensors of a decoder layer's projections".into())),
+            [&r] => r,
+            _ => return Err(refuse(format!("updates its modules at several ranks ({ranks:?}), which rsgl does not apply yet"))),
+        };
+        let modules: BTreeSet<String> = a_matrices.iter().filter_map(|(module, _)| module.rsplit_once('.')).map(|(_, module)| module.to_string()).collect();
+        let config = PeftConfig {
+            peft_type: Some("LORA".into()),
+            r,
+            // llama.cpp scales an adapter with no alpha by 1.
+            lora_alpha: if alpha == 0.0 { r as f64 } else { alpha },
+            use_rslora: false,
+            target_modules: TargetModules::Names(modules.into_iter().collect()),
+            use_dora: false,
+            rank_pattern: BTreeMap::new(),
+            alpha_pattern: BTreeMap::new(),
+            modules_to_save: None,
+            fan_in_fan_out: false,
+        };
+        Ok(PeftAdapter { name, config, weights })
+    }
 }
 
 /// One projection's update: `x·Aᵀ` then `·Bᵀ`.
@@ -377,5 +448,69 @@ mod tests {
         let mut one_sided = adapter(2, fits(), &[]);
         one_sided.weights.drop_prefixed("base_model.model.model.layers.0.mlp.down_proj.lora_B");
         assert!(refusal(one_sided, None).contains("without base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
+    }
+
+    /// A GGUF LoRA file as llama.cpp's convert_lora_to_gguf.py writes one with `metadata` over the
+    /// adapter's: layer 0's k update (A `[r, 8]`, B `[4, r]` with its rows permuted as llama's k
+    /// rows are) and layer 1's down update (A `[r, 12]`, B `[8, r]`), tensors of rank `r`.
+    fn gguf_file(label: &str, r: usize, metadata: serde_json::Value) -> (crate::weights::tests::TempFile, Vec<f32>) {
+        use crate::weights::tests::{gguf_with_metadata, interleave_heads, TempFile};
+        let mut all = serde_json::json!({"general.architecture": "llama", "general.type": "adapter", "adapter.type": "lora", "adapter.lora.alpha": 6.0});
+        all.as_object_mut().expect("an object").extend(metadata.as_object().expect("an object").clone());
+        let values = |count: usize, first: f32| (0..count).map(|i| first + i as f32).collect::<Vec<f32>>();
+        let bytes = |values: &[f32]| values.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>();
+        let k_b = values(4 * r, 100.0);
+        let permuted: Vec<f32> = interleave_heads(&k_b.chunks(r).map(<[f32]>::to_vec).collect::<Vec<_>>(), 4).concat();
+        let r64 = r as u64;
+        let tensors = [
+            ("blk.0.attn_k.weight.lora_a", vec![8, r64], 0, bytes(&values(8 * r, 0.0))),
+            ("blk.0.attn_k.weight.lora_b", vec![r64, 4], 0, bytes(&permuted)),
+            ("blk.1.ffn_down.weight.lora_a", vec![12, 2], 0, bytes(&values(12 * 2, 200.0))),
+            ("blk.1.ffn_down.weight.lora_b", vec![2, 8], 0, bytes(&values(8 * 2, 300.0))),
+        ];
+        (TempFile::new(&format!("lora-{label}.gguf"), &gguf_with_metadata(all.as_object().expect("an object"), &tensors)), k_b)
+    }
+
+    fn gguf_refusal(file: &std::path::Path) -> String {
+        match PeftAdapter::from_gguf("ad".into(), file, &config()) {
+            Err(EngineError::ModelLoad(message)) => message,
+            Err(other) => panic!("not a load error: {other:?}"),
+            Ok(_) => panic!("the file was accepted"),
+        }
+    }
+
+    #[test]
+    fn a_gguf_lora_file_reads_as_the_peft_adapter_it_was_made_from() {
+        let (file, k_b) = gguf_file("fits", 2, serde_json::json!({}));
+        let adapter = PeftAdapter::from_gguf("ad".into(), &file.0, &config()).expect("a LoRA file for the model");
+        let TargetModules::Names(targets) = &adapter.config.target_modules else { panic!("target modules by name") };
+        assert_eq!((adapter.config.r, adapter.config.scaling(), &targets[..]), (2, 3.0, &["down_proj".to_string(), "k_proj".to_string()][..]));
+        let k = "base_model.model.model.layers.0.self_attn.k_proj";
+        assert_eq!(adapter.weights.shape(&format!("{k}.lora_A.weight")), Some(&[2, 8][..]));
+        assert_eq!(adapter.weights.read(&format!("{k}.lora_B.weight")).expect("B"), k_b, "the k rows read back in order");
+        let loaded = load(adapter, None).expect("it fits");
+        let targets = |l: usize| LoraTarget::ALL.into_iter().filter(|&t| loaded.layers[l].pairs[t as usize].is_some()).collect::<Vec<_>>();
+        assert_eq!((targets(0), targets(1)), (vec![LoraTarget::K], vec![LoraTarget::Down]));
+        // llama.cpp scales an adapter with alpha 0 by 1.
+        let (file, _) = gguf_file("no-alpha", 2, serde_json::json!({"adapter.lora.alpha": 0.0}));
+        assert_eq!(PeftAdapter::from_gguf("ad".into(), &file.0, &config()).expect("it fits").config.scaling(), 1.0);
+    }
+
+    #[test]
+    fn gguf_files_that_are_not_lora_adapters_for_the_model_are_refused_naming_the_file() {
+        let cases = [
+            ("model", 2, serde_json::json!({"general.type": "model"}), "is not a LoRA adapter but a \"model\" file"),
+            ("control", 2, serde_json::json!({"adapter.type": "control_vector"}), "is not a LoRA adapter but a \"control_vector\" adapter"),
+            ("qwen3", 2, serde_json::json!({"general.architecture": "qwen3"}), "was made for a \"qwen3\" model, but the base model is a llama"),
+            ("ranks", 4, serde_json::json!({}), "several ranks ({2, 4})"),
+            ("alora", 2, serde_json::json!({"adapter.alora.invocation_tokens": "1"}), "activated LoRA"),
+        ];
+        for (label, r, metadata, why) in cases {
+            let (file, _) = gguf_file(label, r, metadata);
+            let message = gguf_refusal(&file.0);
+            assert!(message.starts_with(&format!("LoRA adapter \"ad\": {}", file.0.display())) && message.contains(why), "{message}");
+        }
+        let not_gguf = crate::weights::tests::TempFile::new("lora-not-gguf.gguf", b"not a GGUF file");
+        assert!(gguf_refusal(&not_gguf.0).contains("not a GGUF file"));
     }
 }

@@ -297,6 +297,55 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     Ok(tensors)
 }
 
+/// The tensors of a GGUF LoRA adapter file (llama.cpp's `convert_lora_to_gguf.py`), named as the
+/// PEFT adapter it was made from names them: a layer's `blk.N.attn_q.weight.lora_a` and
+/// `.lora_b` are `base_model.model.model.layers.N.self_attn.q_proj.lora_A.weight` and
+/// `.lora_B.weight`, A `[r, in]` and B `[out, r]` once the dimensions (innermost first) are
+/// reversed. The converter permutes the B rows of llama q/k updates as it does the base model's
+/// q/k rows; they are read back in order as those are. Other tensors keep their GGUF names.
+pub fn lora_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads: usize) -> Result<Vec<HfTensor>> {
+    let directory = directory(file)?;
+    let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
+    let fused_gate_up = FUSED_GATE_UP_ARCHITECTURES.contains(&architecture);
+    let mut tensors = Vec::new();
+    for info in &directory.tensors {
+        let mut tensor = hf_tensor(file, info, info.name.clone())?;
+        let Some((layer, base, matrix)) = lora_name(&info.name) else {
+            tensors.push(tensor);
+            continue;
+        };
+        let module = match base {
+            "ffn_up" if fused_gate_up => Some("mlp.gate_up_proj"),
+            _ => lookup(LAYER_TENSORS, base),
+        };
+        let Some(module) = module else {
+            tensors.push(tensor);
+            continue;
+        };
+        tensor.name = format!("base_model.model.model.layers.{layer}.{module}.lora_{matrix}.weight");
+        let head_count = match base {
+            "attn_q" if interleaved => Some(heads),
+            "attn_k" if interleaved => Some(kv_heads),
+            _ => None,
+        };
+        tensor.interleaved_head_dim = head_count.filter(|_| matrix == "B").map(|h| tensor.shape[0] / h.max(1));
+        tensors.push(tensor);
+    }
+    Ok(tensors)
+}
+
+/// "blk.3.attn_q.weight.lora_a" -> (3, "attn_q", "A"); None for names of another form.
+fn lora_name(name: &str) -> Option<(usize, &str, &str)> {
+    let (module, matrix) = name.strip_prefix("blk.")?.rsplit_once(".weight.lora_")?;
+    let (layer, base) = module.split_once('.')?;
+    let matrix = match matrix {
+        "a" => "A",
+        "b" => "B",
+        _ => return None,
+    };
+    Some((layer.parse().ok()?, base, matrix))
+}
+
 /// A projector file's tensors in Hugging Face terms.
 pub struct ProjectorTensors {
     /// Under Hugging Face names (those of a type rsgl does not read, or of another name, keep
@@ -374,7 +423,7 @@ pub fn projector_tensors(file: &MappedFile) -> Result<ProjectorTensors> {
     Ok(ProjectorTensors { tensors, stacked })
 }
 
-/// The projector file's tensor `info`, named `name`.
+/// The tensor `info` of a file whose tensors are not renamed as a model's, named `name`.
 fn hf_tensor(file: &MappedFile, info: &GgufTensorInfo, name: String) -> Result<HfTensor> {
     let shape = info.dims.iter().rev().map(|&d| d as usize).collect();
     Ok(HfTensor { name, shape, kind: known_type(file, info)?, offset: info.data.start, interleaved_head_dim: None })

@@ -326,15 +326,31 @@ impl WeightStore {
         let mut store = WeightStore::new();
         for shard in gguf_layout::shard_paths(path)? {
             let file = MappedFile::open(&shard)?;
-            let source = store.sources.len();
-            for tensor in gguf_layout::hf_tensors(&file, architecture, heads, kv_heads)? {
-                let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
-                let entry = Entry { source, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None, scales: None };
-                store.add(tensor.name, entry);
-            }
-            store.sources.push(Arc::new(Source::Mapped(file)));
+            let tensors = gguf_layout::hf_tensors(&file, architecture, heads, kv_heads)?;
+            store.add_gguf(file, tensors);
         }
         Ok(store)
+    }
+
+    /// Maps a GGUF LoRA adapter file (llama.cpp's `convert_lora_to_gguf.py`) for a base model of
+    /// `architecture` with `heads` query and `kv_heads` key/value heads, its tensors named and laid
+    /// out as in the PEFT adapter it was made from (see [`gguf_layout::lora_tensors`]).
+    pub fn open_gguf_lora(path: &Path, architecture: &str, heads: usize, kv_heads: usize) -> Result<WeightStore> {
+        let mut store = WeightStore::new();
+        let file = MappedFile::open(path)?;
+        let tensors = gguf_layout::lora_tensors(&file, architecture, heads, kv_heads)?;
+        store.add_gguf(file, tensors);
+        Ok(store)
+    }
+
+    fn add_gguf(&mut self, file: MappedFile, tensors: Vec<gguf_layout::HfTensor>) {
+        let source = self.sources.len();
+        for tensor in tensors {
+            let order = tensor.interleaved_head_dim.map_or(RowOrder::Plain, |head_dim| RowOrder::Interleaved { head_dim });
+            let entry = Entry { source, shape: tensor.shape, stored: Stored::Ggml(tensor.kind), offset: tensor.offset, order, groups: None, scales: None };
+            self.add(tensor.name, entry);
+        }
+        self.sources.push(Arc::new(Source::Mapped(file)));
     }
 
     /// Maps llama.cpp's separate projector file of a vision-language model (`mmproj-*.gguf`) beside

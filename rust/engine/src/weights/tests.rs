@@ -145,7 +145,7 @@ fn the_mapping_goes_with_the_store() {
 }
 
 /// llama.cpp's q/k permutation: each head's rows `[half 0 | half 1]` interleaved pairwise.
-fn interleave_heads(rows: &[Vec<f32>], head_dim: usize) -> Vec<Vec<f32>> {
+pub(crate) fn interleave_heads(rows: &[Vec<f32>], head_dim: usize) -> Vec<Vec<f32>> {
     let half = head_dim / 2;
     let mut out = rows.to_vec();
     for (r, row) in rows.iter().enumerate() {
