@@ -2,7 +2,6 @@
 //! decoding and stop strings.
 
 mod detokenizer;
-mod gguf_vocabulary;
 mod stop;
 mod tokenizer;
 
