@@ -124,6 +124,10 @@ class Tokenizer:
     def from_str(json: str, vocab_size: int | None = None) -> Tokenizer:
         """`vocab_size` is the model's (ids past the tokenizer's own vocabulary decode to nothing);
         None for the tokenizer's own."""
+    @staticmethod
+    def from_gguf(path: str | os.PathLike[str], vocab_size: int | None = None) -> Tokenizer | None:
+        """The tokenizer a GGUF file's metadata describes, as llama.cpp builds it; None for a file
+        without a vocabulary."""
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
     def encode_batch(self, texts: Sequence[str], add_special_tokens: bool = True) -> list[list[int]]:
         """Encodes texts in parallel, without the GIL."""

@@ -29,7 +29,6 @@ from loader_helpers import (
 from rsgl import _core
 from rsgl._core import Tokenizer
 from rsgl.errors import ModelLoadError, UnsupportedModelError
-from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_json_from_gguf
 from tiny_models import SAMPLE_TEXTS, train_byte_level_tokenizer
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
@@ -210,8 +209,8 @@ def test_gguf_byte_level_tokenizer_matches_transformers(tmp_path, pre):
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.close()
-    vocabulary = GgufVocabulary("gpt2", pre, tokens, token_types, merges, None, set(), None, False)
-    tokenizer = Tokenizer.from_str(tokenizer_json_from_gguf(vocabulary))
+    tokenizer = Tokenizer.from_gguf(tmp_path / "vocab.gguf")
+    assert tokenizer is not None
     reference = AutoTokenizer.from_pretrained(tmp_path, gguf_file="vocab.gguf")
     for text in SAMPLE_TEXTS:
         assert tokenizer.encode(text) == reference.encode(text), text

@@ -2,8 +2,8 @@
 (`rsgl._core.ModelConfig.from_gguf`) and maps the weights (`WeightStore.open_gguf`), naming and laying them
 out as a Hugging Face checkpoint (GGUF lists dimensions innermost first; llama.cpp's converter
 permutes the q/k rows of llama models and stacks the experts of mixture-of-experts layers) and
-dequantizing them as it packs; Python builds the tokenizer from the metadata the core reads
-(gguf-py takes seconds over a vocabulary's strings).
+dequantizing them as it packs; it builds the tokenizer the metadata describes as llama.cpp does
+(`Tokenizer.from_gguf`).
 
 A vision-language model's image encoder is a separate file in llama.cpp's layout, its projector
 (`convert_hf_to_gguf.py --mmproj` writes `mmproj-NAME.gguf`): given as `mmproj`, or found beside the
@@ -17,9 +17,6 @@ import functools
 import logging
 import os
 from pathlib import Path
-from typing import Any
-
-import gguf
 
 from rsgl._core import ModelConfig, Tokenizer, WeightStore
 from rsgl.errors import ModelLoadError, UnsupportedModelError
@@ -31,7 +28,6 @@ from rsgl.loader import (
     check_tensor_shapes,
     unique_ints,
 )
-from rsgl.loader.tokenizer import GgufVocabulary, tokenizer_json_from_gguf
 
 _NATIVE_DTYPE = {"F32": "float32"}
 # Storage types whose weights are not quantized (a file of these runs in `dtype`).
@@ -82,7 +78,7 @@ def load(path: Path, *, skip_tokenizer_init: bool, mmproj: str | os.PathLike[str
         # embeddings too) runs in its own quantization, as llama.cpp runs it: the core packs the
         # blocks it has integer kernels for as they are, the rest in `dtype`.
         quantization=None if all(stored in _FLOAT_TYPES for stored in text_types) else "gguf",
-        **vars(_tokenizer_fields(WeightStore.gguf_metadata(path), fields["vocab_size"], skip_tokenizer_init)),
+        **vars(_tokenizer_fields(path, fields["vocab_size"], skip_tokenizer_init)),
     )
 
 
@@ -108,26 +104,14 @@ def projector_file(model: Path, mmproj: str | os.PathLike[str] | None) -> Path |
 TURN_END_TEXTS = ("<|return|>", "<|call|>")
 
 
-def _tokenizer_fields(metadata: dict[str, Any], vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
+def _tokenizer_fields(path: Path, vocab_size: int, skip_tokenizer_init: bool) -> TokenizerFields:
+    metadata = WeightStore.gguf_metadata(path)
     tokens = metadata.get("tokenizer.ggml.tokens")
     roles = ("bos", "eos", "eot", "unknown", "padding")
     ids = {role: metadata.get(f"tokenizer.ggml.{role}_token_id") for role in roles}
     turn_ends = [index for index, text in enumerate(tokens or ()) if text in TURN_END_TEXTS]
     model = metadata.get("tokenizer.ggml.model", "none")
-    tokenizer = None
-    if tokens is not None and not skip_tokenizer_init:
-        vocabulary = GgufVocabulary(
-            model=model,
-            pre=metadata.get("tokenizer.ggml.pre"),
-            tokens=tokens,
-            token_types=metadata.get("tokenizer.ggml.token_type") or [gguf.TokenType.NORMAL] * len(tokens),
-            merges=metadata.get("tokenizer.ggml.merges"),
-            scores=metadata.get("tokenizer.ggml.scores"),
-            special_ids={index for index in ids.values() if index is not None},
-            unknown_id=ids["unknown"],
-            add_space_prefix=metadata.get("tokenizer.ggml.add_space_prefix", True),
-        )
-        tokenizer = Tokenizer.from_str(tokenizer_json_from_gguf(vocabulary), vocab_size)
+    tokenizer = None if skip_tokenizer_init else Tokenizer.from_gguf(path, vocab_size)
 
     def text_of(token_id: int | None) -> str | None:
         return tokens[token_id] if tokens is not None and token_id is not None else None

@@ -205,6 +205,15 @@ impl Tokenizer {
         Ok(Tokenizer { inner: Arc::new(inner) })
     }
 
+    /// The tokenizer a GGUF file's metadata describes (its first shard's, for a split model), as
+    /// llama.cpp builds it; None for a file without a vocabulary.
+    #[staticmethod]
+    #[pyo3(signature = (path, vocab_size=None))]
+    fn from_gguf(py: Python<'_>, path: PathBuf, vocab_size: Option<usize>) -> PyResult<Option<Self>> {
+        let built = py.detach(|| rsgl_engine::WeightStore::gguf_metadata(&path).and_then(|metadata| rsgl_engine::Tokenizer::from_gguf(&metadata, vocab_size)));
+        Ok(built.map_err(to_py_err)?.map(|inner| Tokenizer { inner: Arc::new(inner) }))
+    }
+
     #[pyo3(signature = (text, add_special_tokens=true))]
     fn encode(&self, py: Python<'_>, text: &str, add_special_tokens: bool) -> PyResult<Vec<u32>> {
         py.detach(|| self.inner.encode(text, add_special_tokens)).map_err(to_py_err)

@@ -2,6 +2,7 @@
 //! decoding and stop strings.
 
 mod detokenizer;
+mod gguf_vocabulary;
 mod stop;
 mod tokenizer;
 

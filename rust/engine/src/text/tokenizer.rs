@@ -1,7 +1,7 @@
 //! The model's tokenizer, once: it encodes prompts, decodes text, and its token table feeds the
 //! engine's incremental detokenizer and the grammar backend's trie.
 
-use super::TokenTable;
+use super::{gguf_vocabulary, TokenTable};
 use crate::error::{EngineError, Result};
 use serde_json::Value;
 use std::collections::{HashMap, HashSet};
@@ -18,6 +18,16 @@ impl Tokenizer {
     /// tokenizer's own.
     pub fn from_json(json: &str, vocab_size: Option<usize>) -> Result<Tokenizer> {
         let hf: tokenizers::Tokenizer = json.parse().map_err(|e| EngineError::ModelLoad(format!("cannot read the tokenizer: {e}")))?;
+        Tokenizer::new(hf, vocab_size)
+    }
+
+    /// The tokenizer a GGUF file's metadata describes (`WeightStore::gguf_metadata`), or None for
+    /// a file without a vocabulary; `vocab_size` as for `from_json`.
+    pub fn from_gguf(metadata: &serde_json::Map<String, Value>, vocab_size: Option<usize>) -> Result<Option<Tokenizer>> {
+        gguf_vocabulary::tokenizer_from_gguf(metadata)?.map(|hf| Tokenizer::new(hf, vocab_size)).transpose()
+    }
+
+    fn new(hf: tokenizers::Tokenizer, vocab_size: Option<usize>) -> Result<Tokenizer> {
         let to_bytes = token_to_bytes_function(&hf)?;
         let mut bytes = vec![Vec::new(); vocab_size.unwrap_or_else(|| hf.get_vocab_size(true))];
         for (spelling, id) in hf.get_vocab(true) {
@@ -109,23 +119,29 @@ fn decoder_types(hf: &tokenizers::Tokenizer) -> HashSet<String> {
     found
 }
 
-/// GPT-2's table spelling each byte as a printable character, reversed: character -> byte.
-fn byte_of_char() -> &'static HashMap<char, u8> {
-    static TABLE: std::sync::OnceLock<HashMap<char, u8>> = std::sync::OnceLock::new();
+/// GPT-2's table spelling each byte as a printable character (byte-level BPE vocabularies use it):
+/// the printable Latin-1 bytes as themselves, the others as U+0100 on, in order.
+pub(super) fn byte_alphabet() -> &'static [char; 256] {
+    static TABLE: std::sync::OnceLock<[char; 256]> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
         let printable = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
         let mut shifted = 0u32;
-        (0..=255u8)
-            .map(|b| {
-                if printable(b) {
-                    (char::from(b), b)
-                } else {
-                    shifted += 1;
-                    (char::from_u32(255 + shifted).expect("below U+0200"), b)
-                }
-            })
-            .collect()
+        std::array::from_fn(|b| {
+            let b = b as u8;
+            if printable(b) {
+                char::from(b)
+            } else {
+                shifted += 1;
+                char::from_u32(255 + shifted).expect("below U+0200")
+            }
+        })
     })
+}
+
+/// The byte alphabet reversed: character -> byte.
+pub(super) fn byte_of_char() -> &'static HashMap<char, u8> {
+    static TABLE: std::sync::OnceLock<HashMap<char, u8>> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| byte_alphabet().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect())
 }
 
 fn byte_level_token_bytes(token: &str) -> Vec<u8> {
