@@ -57,7 +57,6 @@ import os
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -75,16 +74,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_report import machine_fields, write_json  # noqa: E402
+from server_process import LLAMA_CPP_BIN, LLAMA_CPP_BUILD, ServerProcess  # noqa: E402
 from synth_model import CACHE, convert_with_llama_cpp  # noqa: E402
-
-LLAMA_CPP_BIN = Path("/var/tmp/llama.cpp-build/build/bin")
-LLAMA_CPP_BUILD = """llama.cpp is not built at {bin}. Build it (outside the clone) from llama-cpp-python's sdist:
-    mkdir -p /var/tmp/llama.cpp-build && cd /var/tmp/llama.cpp-build
-    pip download --no-binary :all: --no-deps llama-cpp-python==0.3.36 -d . && tar xzf llama_cpp_python-0.3.36.tar.gz
-    cmake -S llama_cpp_python-0.3.36/vendor/llama.cpp -B build -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \\
-        -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DBUILD_SHARED_LIBS=OFF
-    cmake --build build -j2 --target llama-mtmd-cli llama-server
-or pass --llama-cpp-bin, or --skip-llama-cpp."""
 
 IMAGE_SIDE = 448
 QUESTION_TOKENS = 32
@@ -355,69 +346,26 @@ def rsgl_peak_rss_mb() -> float:
 # ---- llama.cpp -------------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def llama_server(binaries: Path, text: Path, projector: Path, threads: int) -> tuple[ServerProcess, str]:
+    """llama-server with the text and projector GGUF files, and its media marker (drawn at random by each server)."""
+    server = ServerProcess.llama_server(binaries, text, threads, "--mmproj", str(projector), "-c", "4096", "-np", "1")
+    with urllib.request.urlopen(f"{server.url}/props", timeout=10) as response:
+        return server, json.load(response)["media_marker"]
 
 
-class LlamaServer:
-    """llama-server with the text and projector GGUF files, on loopback, logging to a temporary file."""
-
-    def __init__(self, binaries: Path, text: Path, projector: Path, threads: int):
-        self.port = free_port()
-        self.log = tempfile.NamedTemporaryFile(prefix="llama-server-", suffix=".log", delete=False)
-        command = [
-            str(binaries / "llama-server"), "-m", str(text), "--mmproj", str(projector), "-t", str(threads), "-tb", str(threads),
-            "-c", "4096", "-np", "1", "--host", "127.0.0.1", "--port", str(self.port),
-        ]  # fmt: skip
-        started = time.perf_counter()
-        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
-        while not self.healthy():
-            if self.process.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.process.returncode}); its log: {self.log.name}")
-            if time.perf_counter() - started > 300:
-                raise RuntimeError(f"llama-server did not start in 300 s; its log: {self.log.name}")
-            time.sleep(0.05)
-        self.load_seconds = time.perf_counter() - started
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/props", timeout=10) as response:
-            self.media_marker = json.load(response)["media_marker"]  # drawn at random by each server
-
-    def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1) as response:
-                return bool(response.status == 200)
-        except OSError:
-            return False
-
-    def ttft(self, prompt: str, png: bytes, image_text: str) -> dict:
-        """`prompt`'s `image_text` is the server's media marker."""
-        body = {
-            "prompt": {"prompt_string": prompt.replace(image_text, self.media_marker), "multimodal_data": [base64.b64encode(png).decode()]},
-            "n_predict": 1, "temperature": 0.0, "cache_prompt": False,
-        }  # fmt: skip
-        request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}
-        )
-        started = time.perf_counter()
-        with urllib.request.urlopen(request, timeout=600) as response:
-            answer = json.load(response)
-        seconds = time.perf_counter() - started
-        timings = answer.get("timings", {})
-        return {"ttft_seconds": seconds, "server_prompt_ms": timings.get("prompt_ms"), "prompt_tokens": timings.get("prompt_n")}
-
-    def peak_rss_mb(self) -> float:
-        status = Path(f"/proc/{self.process.pid}/status").read_text()
-        return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024  # type: ignore[union-attr]
-
-    def stop(self) -> None:
-        self.process.send_signal(signal.SIGTERM)
-        try:
-            self.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        os.unlink(self.log.name)
+def llama_server_ttft(server: ServerProcess, media_marker: str, prompt: str, png: bytes, image_text: str) -> dict:
+    """`prompt`'s `image_text` is the server's media marker."""
+    body = {
+        "prompt": {"prompt_string": prompt.replace(image_text, media_marker), "multimodal_data": [base64.b64encode(png).decode()]},
+        "n_predict": 1, "temperature": 0.0, "cache_prompt": False,
+    }  # fmt: skip
+    request = urllib.request.Request(f"{server.url}/completion", data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    started = time.perf_counter()
+    with urllib.request.urlopen(request, timeout=600) as response:
+        answer = json.load(response)
+    seconds = time.perf_counter() - started
+    timings = answer.get("timings", {})
+    return {"ttft_seconds": seconds, "server_prompt_ms": timings.get("prompt_ms"), "prompt_tokens": timings.get("prompt_n")}
 
 
 def mtmd_cli_run(binaries: Path, text: Path, projector: Path, threads: int, folder: Path, png: bytes) -> dict:
@@ -523,10 +471,10 @@ def main() -> None:
         info = {**rsgl_worker.submit(rsgl_load, *rsgl_files, args.threads).result(), "files": args.rsgl_files}
         try:
             if with_llama_cpp:
-                server = LlamaServer(args.llama_cpp_bin, text, projector, args.threads)
+                server, media_marker = llama_server(args.llama_cpp_bin, text, projector, args.threads)
             measure = {"rsgl": lambda prompt, png: rsgl_worker.submit(rsgl_ttft, prompt, png).result()}
             if server is not None:
-                measure["llama.cpp"] = lambda prompt, png: server.ttft(prompt, png, model.image_text)
+                measure["llama.cpp"] = lambda prompt, png: llama_server_ttft(server, media_marker, prompt, png, model.image_text)
             for engine, timed in measure.items():
                 warm_up = timed(prompt, picture_png(WARM_UP_SEED))
                 print(f"{engine} warm-up: {warm_up['ttft_seconds']:.2f} s", flush=True)
