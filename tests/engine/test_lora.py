@@ -107,3 +107,29 @@ def test_an_adapter_of_modules_rsgl_does_not_handle_is_refused(model_with_adapte
     save_adapter(models[None], tmp_path / "head", 0, r=4, lora_alpha=8, target_modules=["q_proj", "lm_head"])
     with pytest.raises(rsgl.ModelLoadError, match=r'LoRA adapter "head".*targets \["lm_head"\]'):
         engine_for(base_path, {"head": str(tmp_path / "head")})
+
+
+def peft_prompt_logprobs(model, ids: list[int]) -> np.ndarray:
+    """The log-probability the transformers (+ peft) `model` gives each token of `ids` after the ones before it."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, :-1].float()
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(ids[1:])[:, None])[:, 0].numpy()
+
+
+def test_over_a_bfloat16_model_adapters_run_in_bfloat16_close_to_peft(model_with_adapters):
+    """Adapters are held in the base model's float dtype: over bfloat16 weights, the prompt's
+    log-probabilities under each adapter stay within bfloat16's error of peft's float32 ones, far
+    closer than the adapter moves them."""
+    base_path, folders, models = model_with_adapters
+    ids, names = prompt(24, 30), [None, "a", "b"]
+    with rsgl.Engine(base_path, dtype="bfloat16", threads=2, max_total_tokens=2048, progress=False, lora_paths=folders) as engine:
+        outs = engine.generate(input_ids=[ids] * 3, sampling_params={"max_new_tokens": 0}, return_logprob=True, logprob_start_len=0, lora_path=names)
+    base = peft_prompt_logprobs(models[None], ids)
+    for out, name in zip(outs, names):
+        got = np.array([logprob for logprob, _, _ in out["meta_info"]["input_token_logprobs"][1:]])
+        want = peft_prompt_logprobs(models[name], ids)
+        assert np.abs(got - want).max() < 0.25, name  # bfloat16's error here: 0.03-0.09
+        if name is not None:
+            assert np.abs(want - base).max() > 1.0, "the adapters must move the log-probabilities, or this test tells nothing"

@@ -186,6 +186,9 @@ pub struct DecoderModel {
 #[derive(Clone)]
 pub struct LoraPacker {
     cfg: ModelConfig,
+    /// The base model's float weights' dtype, which adapters are held in: bf16 adapters over a bf16
+    /// or quantized model read half the bytes of float32 ones at every step.
+    dtype: WeightDtype,
     /// Why the layers cannot take LoRA adapters, if they cannot.
     unsupported: Option<String>,
 }
@@ -194,7 +197,7 @@ impl LoraPacker {
     /// A packer for a model of `cfg` whose layers take adapters.
     #[cfg(test)]
     pub(crate) fn new(cfg: ModelConfig) -> LoraPacker {
-        LoraPacker { cfg, unsupported: None }
+        LoraPacker { cfg, dtype: WeightDtype::F32, unsupported: None }
     }
 
     /// Packs `adapter` (on `pool`), refusing it where the model takes no adapters or where it
@@ -203,7 +206,7 @@ impl LoraPacker {
         if let Some(why) = &self.unsupported {
             return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
         }
-        LoraAdapter::from_peft(adapter, &self.cfg, max_rank, pool)
+        LoraAdapter::from_peft(adapter, &self.cfg, self.dtype, max_rank, pool)
     }
 }
 
@@ -306,7 +309,8 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg, assembly.attention_output_gate, ranks.len()), cfg: cfg.clone() };
+        let unsupported = lora::unsupported(&cfg, assembly.attention_output_gate, ranks.len());
+        let lora_packer = LoraPacker { unsupported, dtype, cfg: cfg.clone() };
         let adapters = BTreeMap::new();
         Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_packer, adapters, next_adapter_id: 0 })
     }

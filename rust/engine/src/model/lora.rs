@@ -230,10 +230,10 @@ pub(super) fn unsupported(cfg: &ModelConfig, attention_output_gate: bool, tp_siz
 }
 
 impl LoraAdapter {
-    /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts),
-    /// refusing one whose shapes do not fit it, whose rank is over `max_rank`, or that updates
+    /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts), its A and
+    /// B in `dtype`, refusing one whose shapes do not fit it, whose rank is over `max_rank`, or that updates
     /// what rsgl does not apply adapters to.
-    pub(super) fn from_peft(adapter: PeftAdapter, cfg: &ModelConfig, max_rank: Option<usize>, pool: &ThreadPool) -> Result<LoraAdapter> {
+    pub(super) fn from_peft(adapter: PeftAdapter, cfg: &ModelConfig, dtype: WeightDtype, max_rank: Option<usize>, pool: &ThreadPool) -> Result<LoraAdapter> {
         let PeftAdapter { name, config, weights: mut w } = adapter;
         let refuse = |why: String| EngineError::ModelLoad(format!("LoRA adapter {name:?}: {why}"));
         check_config(&config).map_err(refuse)?;
@@ -273,7 +273,7 @@ impl LoraAdapter {
                 }
                 let mut pack = |tensor: &str, rows: usize, cols: usize| -> Result<Linear> {
                     let matrix = w.take_matrix(tensor, rows, cols)?;
-                    Ok(Linear::fused(vec![LinearParts::new(matrix, None)], WeightDtype::F32, None, pool))
+                    Ok(Linear::fused(vec![LinearParts::new(matrix, None)], dtype, None, pool))
                 };
                 let a = pack(&a_name, r, inp)?;
                 let b = pack(&b_name, out, r)?;
@@ -400,7 +400,7 @@ mod tests {
     }
 
     fn load(adapter: PeftAdapter, max_rank: Option<usize>) -> Result<LoraAdapter> {
-        LoraAdapter::from_peft(adapter, &config(), max_rank, &ThreadPool::new(1, false))
+        LoraAdapter::from_peft(adapter, &config(), WeightDtype::F32, max_rank, &ThreadPool::new(1, false))
     }
 
     fn refusal(adapter: PeftAdapter, max_rank: Option<usize>) -> String {
