@@ -115,7 +115,7 @@ class EngineKeywords(TypedDict, total=False):
     lora_paths: dict[str, str]
     """LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding its
     `adapter_config.json` and `adapter_model.safetensors`, or a GGUF LoRA file (as llama.cpp's `--lora`
-    takes). For dense Llama-family models. Default: {}."""
+    takes). docs/lora.md lists the models that take them. Default: {}."""
 
     max_loras_per_batch: int
     """The most LoRA adapters the running requests use at once; a request for another waits. Default: 8."""
@@ -311,7 +311,7 @@ SERVER_FLAGS: Final[dict[str, dict[str, Any]]] = {
         "help": (
             "LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding its "
             "`adapter_config.json` and `adapter_model.safetensors`, or a GGUF LoRA file (as llama.cpp's `--lora` takes). "
-            "For dense Llama-family models."
+            "docs/lora.md lists the models that take them."
         ),
     },
     "--max-loras-per-batch": {"type": int, "help": "The most LoRA adapters the running requests use at once; a request for another waits. (default: 8)"},

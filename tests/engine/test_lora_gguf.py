@@ -4,7 +4,9 @@ was made from, on the Hugging Face folder and on the base model converted to an 
 permute the rows of the q and k updates' B as they do the base model's q and k rows: rsgl reads them back in order);
 those equal transformers + peft's tokens. A Q8_0 file (A in Q8_0, B in F16) gives the tokens and logprobs of a PEFT
 folder holding its values as gguf-py dequantizes them. A file that is not a LoRA adapter, or was made for another
-architecture, is refused naming it; an adapter file given as the model too.
+architecture, is refused naming it; an adapter file given as the model too. Over tiny random Phi-3 and GLM-4 models, the
+converter's attn_qkv and fused ffn_up updates give the tokens and logprobs of the qkv_proj and gate_up_proj updates of
+the PEFT folders they were made from.
 
 llama.cpp scales an adapter by `adapter.lora.alpha / r`, whatever PEFT's config said of rsLoRA (the converter keeps
 alpha only): the adapters here leave rsLoRA off."""
@@ -22,7 +24,7 @@ import rsgl
 from gguf_convert import convert, convert_lora
 from lora_adapters import ALL_PROJECTIONS, greedy, save_adapter, with_adapter
 from tiny_models import TINY, build_tiny
-from zoo_models import zoo_tokenizer
+from zoo_models import build_family, zoo_tokenizer
 
 GREEDY = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 # Adapter a: every projection at rank 8; adapter b: q, k and v at rank 4 (alpha / r = 1.5).
@@ -79,6 +81,22 @@ def test_gguf_adapters_give_the_peft_folders_tokens_and_logprobs(converted, base
         assert [tokens for tokens, _ in results[name]] == [greedy(models[name], ids, GREEDY["max_new_tokens"]) for ids in PROMPTS], name
     # The adapters change what the model says (else this test could not fail).
     assert len({tuple(tuple(tokens) for tokens, _ in results[name]) for name in [None, *ADAPTERS]}) == 3
+
+
+# Checkpoints that fuse projections, whose updates the converter writes as attn_qkv (Phi-3's qkv_proj) and ffn_up
+# (Phi-3's and GLM-4's gate_up_proj).
+FUSED = {"phi3": ["qkv_proj", "o_proj", "gate_up_proj", "down_proj"], "glm4": ["q_proj", "v_proj", "gate_up_proj", "down_proj"]}
+
+
+@pytest.mark.parametrize("family", list(FUSED))
+def test_gguf_adapters_of_fused_projections_give_the_peft_folders_tokens_and_logprobs(family, tmp_path):
+    base = build_family(family, tmp_path / family)
+    save_adapter(base, tmp_path / "a", 0, r=8, lora_alpha=16, target_modules=FUSED[family])
+    file = convert_lora(tmp_path / "a", tmp_path / family, tmp_path / "a.gguf")
+    results = run(tmp_path / family, {"a": tmp_path / "a", "a-gguf": file})
+    assert results["a-gguf"] == results["a"]
+    assert [tokens for tokens, _ in results["a"]] == [greedy(with_adapter(base, tmp_path / "a"), ids, GREEDY["max_new_tokens"]) for ids in PROMPTS]
+    assert results["a"] != results[None]
 
 
 def dequantized_folder(file: Path, peft_folder: Path, out: Path, architecture: str) -> Path:

@@ -881,7 +881,7 @@ pub struct EngineOptions {
     pub mamba_full_memory_ratio: f64,
     /// LoRA adapters requests may name (`lora_path`), each a name and the PEFT folder holding
     /// its `adapter_config.json` and `adapter_model.safetensors`, or a GGUF LoRA file (as
-    /// llama.cpp's `--lora` takes). For dense Llama-family models.
+    /// llama.cpp's `--lora` takes). docs/lora.md lists the models that take them.
     pub lora_paths: BTreeMap<String, String>,
     /// The most LoRA adapters the running requests use at once; a request for another waits.
     pub max_loras_per_batch: usize,

@@ -188,7 +188,9 @@ impl Attention {
         let mut qkv = {
             let _phase = profile::phase(Phase::QkvProjection);
             let mut qkv = self.qkv.forward(c, x);
-            for (target, first) in [(LoraTarget::Q, 0), (LoraTarget::K, qs), (LoraTarget::V, qs + kvs)] {
+            // A fused `qkv_proj`'s update covers q|k|v, as the fused output does; gates follow v.
+            let targets = [(LoraTarget::Q, 0), (LoraTarget::K, qs), (LoraTarget::V, qs + kvs), (LoraTarget::Qkv, 0), (LoraTarget::QGate, qs + 2 * kvs)];
+            for (target, first) in targets {
                 add_lora(c, lora, target, x, &mut qkv, row, first);
             }
             qkv

@@ -10,7 +10,7 @@ use super::delta_net::DeltaNet;
 use super::embedding::Embedding;
 use super::latent_attention::LatentAttention;
 use super::linear::{Compute, Linear, LinearParts};
-use super::lora::{self, LoraAdapter, LoraRows, PeftAdapter};
+use super::lora::{self, LoraAdapter, LoraMixer, LoraModule, LoraRows, PeftAdapter};
 use super::mamba2::Mamba2Layer;
 use super::mlp::{Mlp, Ranks};
 use super::mrope::MropePositions;
@@ -191,13 +191,15 @@ pub struct LoraPacker {
     dtype: WeightDtype,
     /// Why the layers cannot take LoRA adapters, if they cannot.
     unsupported: Option<String>,
+    /// Each layer's projections adapters may update.
+    modules: Vec<Vec<LoraModule>>,
 }
 
 impl LoraPacker {
-    /// A packer for a model of `cfg` whose layers take adapters.
+    /// A packer for a dense model of `cfg` (separate q/k/v/o and gate/up/down projections).
     #[cfg(test)]
     pub(crate) fn new(cfg: ModelConfig) -> LoraPacker {
-        LoraPacker { cfg, dtype: WeightDtype::F32, unsupported: None }
+        LoraPacker { modules: lora::dense_modules(&cfg), cfg, dtype: WeightDtype::F32, unsupported: None }
     }
 
     /// Packs `adapter` (on `pool`), refusing it where the model takes no adapters or where it
@@ -206,7 +208,7 @@ impl LoraPacker {
         if let Some(why) = &self.unsupported {
             return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
         }
-        LoraAdapter::from_peft(adapter, &self.cfg, self.dtype, max_rank, pool)
+        LoraAdapter::from_peft(adapter, &self.cfg, &self.modules, self.dtype, max_rank, pool)
     }
 }
 
@@ -234,10 +236,17 @@ impl DecoderModel {
         let ranks: &Ranks = &ranks;
         let embed = w.take_matrix("model.embed_tokens.weight", v, h)?;
         let mut layers: Vec<Vec<Layer>> = shards.iter().map(|_| Vec::with_capacity(cfg.num_hidden_layers)).collect();
+        let mut lora_modules = Vec::with_capacity(cfg.num_hidden_layers);
         for l in 0..cfg.num_hidden_layers {
             let p = format!("model.layers.{l}");
             let delta_net = cfg.gated_delta_net.as_ref().filter(|net| net.layers.contains(&l));
             let mamba2 = cfg.mamba2.as_ref().filter(|mamba| mamba.layers.contains(&l));
+            let lora_mixer = match (delta_net, mamba2, &cfg.latent_attention) {
+                (None, None, None) if assembly.attention_output_gate => LoraMixer::GatedAttention { head_dim: hd },
+                (None, None, None) => LoraMixer::Attention,
+                _ => LoraMixer::Other,
+            };
+            lora_modules.push(lora::layer_modules(&w, l, lora_mixer));
             let mixers: Vec<Mixer> = match (delta_net, mamba2, &cfg.latent_attention) {
                 (Some(net), _, _) => DeltaNet::take(&mut w, l, &cfg, net, &precision, ranks)?.into_iter().map(Mixer::DeltaNet).collect(),
                 (_, Some(mamba), _) => Mamba2Layer::take(&mut w, l, &cfg, mamba, &precision, ranks)?.into_iter().map(Mixer::Mamba2).collect(),
@@ -309,8 +318,7 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        let unsupported = lora::unsupported(&cfg, assembly.attention_output_gate, ranks.len());
-        let lora_packer = LoraPacker { unsupported, dtype, cfg: cfg.clone() };
+        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg, ranks.len()), cfg: cfg.clone(), modules: lora_modules, dtype };
         let adapters = BTreeMap::new();
         Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_packer, adapters, next_adapter_id: 0 })
     }

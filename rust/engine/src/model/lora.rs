@@ -17,53 +17,142 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::ops::Range;
 use std::path::Path;
 
-/// The projections of a decoder layer an adapter may update.
+/// The projections of a decoder layer an adapter may update: separate, or fused as a checkpoint
+/// fuses them (Phi-3's `qkv_proj`, Phi-3's and GLM-4's `gate_up_proj`, Granite 4's
+/// `input_linear`), whose updates' B rows cover q|k|v and gate|up in that order, as rsgl's fused
+/// outputs hold their columns.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LoraTarget {
     Q,
     K,
     V,
+    Qkv,
+    /// Gated attention's output gates (Qwen3-Next, Qwen3.5): the rows of a `q_proj` update
+    /// that its q rows interleave with, head by head.
+    QGate,
     O,
     Gate,
     Up,
+    GateUp,
     Down,
 }
 
 impl LoraTarget {
-    pub const ALL: [LoraTarget; 7] = [LoraTarget::Q, LoraTarget::K, LoraTarget::V, LoraTarget::O, LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down];
-
-    /// The module's name in PEFT's `target_modules` and its tensors' names.
-    pub fn module(self) -> &'static str {
-        match self {
-            LoraTarget::Q => "q_proj",
-            LoraTarget::K => "k_proj",
-            LoraTarget::V => "v_proj",
-            LoraTarget::O => "o_proj",
-            LoraTarget::Gate => "gate_proj",
-            LoraTarget::Up => "up_proj",
-            LoraTarget::Down => "down_proj",
-        }
-    }
-
-    fn block(self) -> &'static str {
-        match self {
-            LoraTarget::Q | LoraTarget::K | LoraTarget::V | LoraTarget::O => "self_attn",
-            LoraTarget::Gate | LoraTarget::Up | LoraTarget::Down => "mlp",
-        }
-    }
-
-    /// The base projection's `(out, in)` features.
-    fn shape(self, cfg: &ModelConfig) -> (usize, usize) {
-        let (h, q, kv, inter) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
-        match self {
-            LoraTarget::Q => (q, h),
-            LoraTarget::K | LoraTarget::V => (kv, h),
-            LoraTarget::O => (h, q),
-            LoraTarget::Gate | LoraTarget::Up => (inter, h),
-            LoraTarget::Down => (h, inter),
-        }
-    }
+    pub const ALL: [LoraTarget; 10] = [
+        LoraTarget::Q,
+        LoraTarget::K,
+        LoraTarget::V,
+        LoraTarget::Qkv,
+        LoraTarget::QGate,
+        LoraTarget::O,
+        LoraTarget::Gate,
+        LoraTarget::Up,
+        LoraTarget::GateUp,
+        LoraTarget::Down,
+    ];
 }
+
+/// Where a layer's projections sit in a Hugging Face checkpoint, past `model.layers.N.` (PEFT
+/// names their modules so too), and which target each is. A layer has a fused projection or the
+/// separate ones; a layer of routed experts may have a shared expert beside them (Qwen2-MoE's and
+/// Qwen3-Next's `shared_expert`, DeepSeek's and GLM-4.5's `shared_experts`, Granite 4's
+/// `shared_mlp`), whose projections take the MLP's targets.
+const LAYER_MODULES: [(&str, LoraTarget); 17] = [
+    ("self_attn.qkv_proj", LoraTarget::Qkv),
+    ("self_attn.q_proj", LoraTarget::Q),
+    ("self_attn.k_proj", LoraTarget::K),
+    ("self_attn.v_proj", LoraTarget::V),
+    ("self_attn.o_proj", LoraTarget::O),
+    ("mlp.gate_up_proj", LoraTarget::GateUp),
+    ("mlp.gate_proj", LoraTarget::Gate),
+    ("mlp.up_proj", LoraTarget::Up),
+    ("mlp.down_proj", LoraTarget::Down),
+    ("mlp.shared_expert.gate_proj", LoraTarget::Gate),
+    ("mlp.shared_expert.up_proj", LoraTarget::Up),
+    ("mlp.shared_expert.down_proj", LoraTarget::Down),
+    ("mlp.shared_experts.gate_proj", LoraTarget::Gate),
+    ("mlp.shared_experts.up_proj", LoraTarget::Up),
+    ("mlp.shared_experts.down_proj", LoraTarget::Down),
+    ("shared_mlp.input_linear", LoraTarget::GateUp),
+    ("shared_mlp.output_linear", LoraTarget::Down),
+];
+
+/// A projection of one layer that adapters may update.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) struct LoraModule {
+    target: LoraTarget,
+    /// Its path in the layer (`self_attn.q_proj`), as PEFT's tensors name it.
+    path: &'static str,
+    /// The base projection's `(out, in)` features.
+    shape: (usize, usize),
+    /// Gated attention's `q_proj`: its rows are each head's q (this many) then its output
+    /// gate's (as many), which update [`LoraTarget::Q`] and [`LoraTarget::QGate`].
+    gated_head_dim: Option<usize>,
+}
+
+/// A layer's token mixer, as far as adapters go.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum LoraMixer {
+    /// Softmax attention: q, k and v projections (or one fused), and o.
+    Attention,
+    /// Softmax attention whose `q_proj` holds each head's q, then its output gate, of `head_dim` each.
+    GatedAttention { head_dim: usize },
+    /// A recurrent or latent-attention layer, whose projections take no adapters.
+    Other,
+}
+
+/// The projections of layer `l` adapters may update, as the checkpoint `w` holds them (read
+/// before the layer takes its weights): its `mixer`'s where it is an attention layer, and its
+/// dense MLP's or shared expert's. Routed experts are not among them.
+pub(super) fn layer_modules(w: &WeightStore, l: usize, mixer: LoraMixer) -> Vec<LoraModule> {
+    LAYER_MODULES
+        .into_iter()
+        .filter(|(path, _)| mixer != LoraMixer::Other || !path.starts_with("self_attn."))
+        .filter_map(|(path, target)| match *w.shape(&format!("model.layers.{l}.{path}.weight"))? {
+            [out, inp] => {
+                let gated_head_dim = match mixer {
+                    LoraMixer::GatedAttention { head_dim } if target == LoraTarget::Q => Some(head_dim),
+                    _ => None,
+                };
+                Some(LoraModule { target, path, shape: (out, inp), gated_head_dim })
+            }
+            _ => None,
+        })
+        .collect()
+}
+
+/// The projections of a dense model of `cfg` with separate q/k/v/o and gate/up/down
+/// projections, layer by layer.
+#[cfg(test)]
+pub(crate) fn dense_modules(cfg: &ModelConfig) -> Vec<Vec<LoraModule>> {
+    use LoraTarget::*;
+    let (h, q, kv, inter) = (cfg.hidden_size, cfg.q_size(), cfg.kv_size(), cfg.intermediate_size);
+    let layer = [
+        ("self_attn.q_proj", Q, (q, h)),
+        ("self_attn.k_proj", K, (kv, h)),
+        ("self_attn.v_proj", V, (kv, h)),
+        ("self_attn.o_proj", O, (h, q)),
+        ("mlp.gate_proj", Gate, (inter, h)),
+        ("mlp.up_proj", Up, (inter, h)),
+        ("mlp.down_proj", Down, (h, inter)),
+    ]
+    .map(|(path, target, shape)| LoraModule { target, path, shape, gated_head_dim: None });
+    vec![layer.to_vec(); cfg.num_hidden_layers]
+}
+
+/// Where PEFT's tensor names put the decoder layers: a causal LM's `model.layers`, or a
+/// vision-language model's text model's as transformers names it (Gemma 3's and Qwen2.5-VL's
+/// `model.language_model`, transformers 4's `language_model.model`; SmolVLM's `model.text_model`).
+const TEXT_LAYERS: [&str; 4] = [
+    "base_model.model.model.layers.",
+    "base_model.model.model.language_model.layers.",
+    "base_model.model.language_model.model.layers.",
+    "base_model.model.model.text_model.layers.",
+];
+
+/// Where PEFT's tensor names put a vision-language model's vision tower and its projector, past
+/// `base_model.model.` and an optional `model.`.
+const VISION_PARTS: [&str; 5] = ["vision_model.", "vision_tower.", "visual.", "connector.", "multi_modal_projector."];
 
 /// PEFT's `target_modules`: module names, or one regular expression (or "all-linear").
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -94,6 +183,10 @@ pub struct PeftConfig {
     pub modules_to_save: Option<Vec<String>>,
     #[serde(default)]
     pub fan_in_fan_out: bool,
+    /// Parameters updated beside `target_modules`' linear layers (transformers 5's stacked
+    /// routed experts).
+    #[serde(default)]
+    pub target_parameters: Option<Vec<String>>,
 }
 
 impl PeftConfig {
@@ -180,6 +273,7 @@ impl PeftAdapter {
             alpha_pattern: BTreeMap::new(),
             modules_to_save: None,
             fan_in_fan_out: false,
+            target_parameters: None,
         };
         Ok(PeftAdapter { name, config, weights })
     }
@@ -194,7 +288,7 @@ struct LoraPair {
 /// An adapter's updates of one layer, by [`LoraTarget`] (none where it leaves a projection be).
 #[derive(Default)]
 pub(super) struct LoraLayer {
-    pairs: [Option<LoraPair>; 7],
+    pairs: [Option<LoraPair>; LoraTarget::ALL.len()],
 }
 
 /// A loaded adapter.
@@ -210,30 +304,29 @@ pub struct LoraAdapter {
 }
 
 /// Why a model's layers cannot take adapters yet; None where they can.
-pub(super) fn unsupported(cfg: &ModelConfig, attention_output_gate: bool, tp_size: usize) -> Option<String> {
-    let reason = if cfg.moe.is_some() {
-        "mixture-of-experts MLPs"
-    } else if cfg.latent_attention.is_some() {
-        "multi-head latent attention"
-    } else if cfg.has_recurrent_layers() {
-        "recurrent layers"
-    } else if cfg.vision.is_some() {
-        "a vision tower"
-    } else if attention_output_gate {
-        "gated attention outputs"
+pub(super) fn unsupported(cfg: &ModelConfig, tp_size: usize) -> Option<String> {
+    if cfg.latent_attention.is_some() {
+        Some(format!("rsgl does not apply LoRA adapters to models with multi-head latent attention yet; this {} model has it", cfg.architecture))
     } else if tp_size > 1 {
-        return Some("LoRA adapters need tp_size 1 for now".into());
+        Some("LoRA adapters need tp_size 1 for now".into())
     } else {
-        return None;
-    };
-    Some(format!("rsgl applies LoRA adapters to dense decoder models only so far; this {} model has {reason}", cfg.architecture))
+        None
+    }
 }
 
 impl LoraAdapter {
-    /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts), its A and
-    /// B in `dtype`, refusing one whose shapes do not fit it, whose rank is over `max_rank`, or that updates
-    /// what rsgl does not apply adapters to.
-    pub(super) fn from_peft(adapter: PeftAdapter, cfg: &ModelConfig, dtype: WeightDtype, max_rank: Option<usize>, pool: &ThreadPool) -> Result<LoraAdapter> {
+    /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts) with the
+    /// projections `modules` (each layer's, from [`layer_modules`]), its A and B in `dtype`, refusing one whose shapes
+    /// do not fit it, whose rank is over `max_rank`, or that updates what rsgl does not apply
+    /// adapters to.
+    pub(super) fn from_peft(
+        adapter: PeftAdapter,
+        cfg: &ModelConfig,
+        modules: &[Vec<LoraModule>],
+        dtype: WeightDtype,
+        max_rank: Option<usize>,
+        pool: &ThreadPool,
+    ) -> Result<LoraAdapter> {
         let PeftAdapter { name, config, weights: mut w } = adapter;
         let refuse = |why: String| EngineError::ModelLoad(format!("LoRA adapter {name:?}: {why}"));
         check_config(&config).map_err(refuse)?;
@@ -248,16 +341,23 @@ impl LoraAdapter {
             u64::from_le_bytes(hasher.finalize()[..8].try_into().expect("8 bytes"))
         };
         let r = config.r;
-        let mut layers = Vec::with_capacity(cfg.num_hidden_layers);
-        for l in 0..cfg.num_hidden_layers {
+        let names = w.names();
+        let text_layers = TEXT_LAYERS.into_iter().find(|layers| names.iter().any(|name| name.starts_with(layers))).unwrap_or(TEXT_LAYERS[0]);
+        // What the weights update tells more than the module names that reach it.
+        if let Some(fault) = misplaced(&names, text_layers, modules, cfg) {
+            return Err(refuse(fault));
+        }
+        check_target_names(&config).map_err(refuse)?;
+        let mut layers = Vec::with_capacity(modules.len());
+        for (l, modules) in modules.iter().enumerate() {
             let mut layer = LoraLayer::default();
-            for target in LoraTarget::ALL {
-                let prefix = format!("base_model.model.model.layers.{l}.{}.{}", target.block(), target.module());
+            for module in modules {
+                let prefix = format!("{text_layers}{l}.{}", module.path);
                 let (a_name, b_name) = (format!("{prefix}.lora_A.weight"), format!("{prefix}.lora_B.weight"));
                 if !w.contains(&a_name) && !w.contains(&b_name) {
                     continue;
                 }
-                let (out, inp) = target.shape(cfg);
+                let (out, inp) = module.shape;
                 for (tensor, shape) in [(&a_name, [r, inp]), (&b_name, [out, r])] {
                     match w.shape(tensor) {
                         None => return Err(refuse(format!("it has {} without {tensor}", if tensor == &a_name { &b_name } else { &a_name }))),
@@ -265,28 +365,36 @@ impl LoraAdapter {
                             return Err(refuse(format!(
                                 "{tensor} has shape {found:?}, but rank {r} over the base model's {} ({out} x {inp}) takes {shape:?}: \
                                  the adapter was made for another model (or its r disagrees with its weights)",
-                                target.module()
+                                module.path
                             )))
                         }
                         Some(_) => {}
                     }
                 }
-                let mut pack = |tensor: &str, rows: usize, cols: usize| -> Result<Linear> {
-                    let matrix = w.take_matrix(tensor, rows, cols)?;
-                    Ok(Linear::fused(vec![LinearParts::new(matrix, None)], dtype, None, pool))
+                let a = LinearParts::new(w.take_matrix(&a_name, r, inp)?, None);
+                let b = LinearParts::new(w.take_matrix(&b_name, out, r)?, None);
+                let pair = |b_rows: Vec<LinearParts>| {
+                    let pack = |parts| Linear::fused(parts, dtype, None, pool);
+                    Some(LoraPair { a: pack(vec![a.clone()]), b: pack(b_rows) })
                 };
-                let a = pack(&a_name, r, inp)?;
-                let b = pack(&b_name, out, r)?;
-                layer.pairs[target as usize] = Some(LoraPair { a, b });
+                match module.gated_head_dim {
+                    None => layer.pairs[module.target as usize] = pair(vec![b]),
+                    // Each head's q rows, then its gate's: the q update and the gates' (A shared).
+                    Some(hd) => {
+                        let rows_of = |part: usize| (0..out / (2 * hd)).map(|head| b.output_rows((2 * head + part) * hd..(2 * head + part + 1) * hd)).collect();
+                        layer.pairs[LoraTarget::Q as usize] = pair(rows_of(0));
+                        layer.pairs[LoraTarget::QGate as usize] = pair(rows_of(1));
+                    }
+                }
             }
             layers.push(layer);
         }
         if !w.is_empty() {
             let left = w.remaining_names();
             return Err(refuse(format!(
-                "it has weights rsgl does not apply: {:?}; it applies the q/k/v/o_proj and gate/up/down_proj updates of the base model's {} decoder layers",
+                "it has weights rsgl does not apply: {:?}; it applies updates of the projections of the base model's {} decoder layers",
                 &left[..left.len().min(5)],
-                cfg.num_hidden_layers
+                modules.len()
             )));
         }
         if layers.iter().all(|layer| layer.pairs.iter().all(Option::is_none)) {
@@ -300,6 +408,54 @@ impl LoraAdapter {
     }
 }
 
+/// Why an adapter of the tensors `names` is refused where some update what is not among the
+/// model's projections (`modules`, each layer's, under `text_layers` in PEFT's names) but names a
+/// part of the model: a vision tower, a recurrent layer, routed experts, a projection another
+/// checkpoint of the layer would have (one such tensor named).
+fn misplaced(names: &[&str], text_layers: &str, modules: &[Vec<LoraModule>], cfg: &ModelConfig) -> Option<String> {
+    // A tensor's layer and module path in it.
+    fn layer_module<'a>(name: &'a str, text_layers: &str) -> Option<(usize, &'a str)> {
+        let (layer, module) = name.strip_prefix(text_layers)?.split_once('.')?;
+        Some((layer.parse().ok()?, module.strip_suffix(".lora_A.weight").or_else(|| module.strip_suffix(".lora_B.weight"))?))
+    }
+    let vision = names.iter().find(|name| {
+        let path = name.strip_prefix("base_model.model.").unwrap_or(name);
+        let path = path.strip_prefix("model.").unwrap_or(path);
+        VISION_PARTS.iter().any(|part| path.starts_with(part))
+    });
+    if let Some(name) = vision {
+        return Some(format!(
+            "it updates the vision tower or its projector ({name}), which rsgl does not apply adapters to; \
+             it applies adapters of the language model's layers only (target_modules matching those alone)"
+        ));
+    }
+    if let Some(name) = names
+        .iter()
+        .find(|name| layer_module(name, text_layers).is_some_and(|(_, module)| ["linear_attn.", "mamba."].iter().any(|mixer| module.starts_with(mixer))))
+    {
+        return Some(format!(
+            "it updates a recurrent layer's projections ({name}), which rsgl does not apply adapters to; \
+             in a hybrid model it applies those of the attention layers and of the MLPs"
+        ));
+    }
+    if let Some(name) = names.iter().find(|name| layer_module(name, text_layers).is_some_and(|(_, module)| module.split('.').any(|part| part == "experts"))) {
+        return Some(format!(
+            "it updates routed experts ({name}), which rsgl does not apply adapters to; \
+             in a mixture-of-experts model it applies those of the attention projections, dense MLPs and shared experts"
+        ));
+    }
+    let (l, module, has) = names.iter().find_map(|name| {
+        let (l, module) = layer_module(name, text_layers)?;
+        let has = modules.get(l)?;
+        (LAYER_MODULES.iter().any(|(path, _)| *path == module) && !has.iter().any(|known| known.path == module)).then_some((l, module, has))
+    })?;
+    let has: Vec<&str> = has.iter().map(|module| module.path).collect();
+    Some(format!(
+        "it updates {module} of layer {l}, which this {} model's layer {l} does not have; the projections adapters may update there are {has:?}",
+        cfg.architecture
+    ))
+}
+
 /// What in an adapter's config rsgl does not follow, if anything.
 fn check_config(config: &PeftConfig) -> std::result::Result<(), String> {
     if let Some(kind) = config.peft_type.as_deref().filter(|kind| *kind != "LORA") {
@@ -307,6 +463,12 @@ fn check_config(config: &PeftConfig) -> std::result::Result<(), String> {
     }
     if config.r == 0 {
         return Err("its rank r is 0".into());
+    }
+    if let Some(parameters) = config.target_parameters.as_ref().filter(|parameters| !parameters.is_empty()) {
+        return Err(format!(
+            "it updates parameters ({parameters:?}, target_parameters), such as routed experts' stacked weights, which rsgl does not apply adapters to; \
+             in a mixture-of-experts model it applies those of the attention projections, dense MLPs and shared experts"
+        ));
     }
     if config.use_dora {
         return Err("it is a DoRA adapter (use_dora), which rsgl does not apply yet".into());
@@ -320,8 +482,19 @@ fn check_config(config: &PeftConfig) -> std::result::Result<(), String> {
     if config.fan_in_fan_out {
         return Err("its weights are stored transposed (fan_in_fan_out, GPT-2's Conv1D), which rsgl does not read".into());
     }
+    Ok(())
+}
+
+/// Whether `target_modules` names modules rsgl does not apply adapters to.
+fn check_target_names(config: &PeftConfig) -> std::result::Result<(), String> {
     if let TargetModules::Names(names) = &config.target_modules {
-        let handled: Vec<&str> = LoraTarget::ALL.iter().map(|t| t.module()).collect();
+        let mut handled: Vec<&str> = Vec::new();
+        for (path, _) in LAYER_MODULES {
+            let module = path.rsplit('.').next().expect("a module name");
+            if !handled.contains(&module) {
+                handled.push(module);
+            }
+        }
         let others: Vec<&String> = names.iter().filter(|name| !handled.contains(&name.as_str())).collect();
         if !others.is_empty() {
             return Err(format!("it targets {others:?}, which rsgl does not apply adapters to; it applies them to {handled:?}"));
@@ -400,7 +573,8 @@ mod tests {
     }
 
     fn load(adapter: PeftAdapter, max_rank: Option<usize>) -> Result<LoraAdapter> {
-        LoraAdapter::from_peft(adapter, &config(), WeightDtype::F32, max_rank, &ThreadPool::new(1, false))
+        let cfg = config();
+        LoraAdapter::from_peft(adapter, &cfg, &dense_modules(&cfg), WeightDtype::F32, max_rank, &ThreadPool::new(1, false))
     }
 
     fn refusal(adapter: PeftAdapter, max_rank: Option<usize>) -> String {
@@ -439,6 +613,7 @@ mod tests {
             (adapter(2, fits(), &[("base_model.model.model.layers.2.self_attn.k_proj.lora_A.weight", vec![2, 8])]), "weights rsgl does not apply"),
             (adapter(2, peft_config(2, serde_json::json!({"target_modules": ["k_proj", "embed_tokens"]})), &[]), "targets [\"embed_tokens\"]"),
             (adapter(2, peft_config(2, serde_json::json!({"use_dora": true})), &[]), "DoRA"),
+            (adapter(2, peft_config(2, serde_json::json!({"target_parameters": ["mlp.experts.gate_up_proj"]})), &[]), "routed experts' stacked weights"),
             (adapter(2, peft_config(2, serde_json::json!({"peft_type": "IA3"})), &[]), "LORA adapters"),
         ];
         for (bad, why) in cases {
@@ -448,6 +623,132 @@ mod tests {
         let mut one_sided = adapter(2, fits(), &[]);
         one_sided.weights.drop_prefixed("base_model.model.model.layers.0.mlp.down_proj.lora_B");
         assert!(refusal(one_sided, None).contains("without base_model.model.model.layers.0.mlp.down_proj.lora_B.weight"));
+    }
+
+    /// The projections `layer_modules` finds in a checkpoint of the tiny config's two layers whose
+    /// layer tensors are `tensors` (`(path in the layer, shape)`), each in both layers.
+    fn checkpoint_modules(tensors: &[(&str, [usize; 2])], mixer: LoraMixer) -> Vec<Vec<LoraModule>> {
+        let mut w = WeightStore::new();
+        for l in 0..2 {
+            for (path, shape) in tensors {
+                w.insert_random(&format!("model.layers.{l}.{path}.weight"), shape.to_vec(), 0.1, 0);
+            }
+            w.insert_random(&format!("model.layers.{l}.input_layernorm.weight"), vec![8], 0.1, 0);
+        }
+        (0..2).map(|l| layer_modules(&w, l, mixer)).collect()
+    }
+
+    /// An adapter of rank 2 with `modules` (`(path past base_model.model., (out, in))`) updated.
+    fn adapter_of(modules: &[(&str, (usize, usize))]) -> PeftAdapter {
+        let mut weights = WeightStore::new();
+        for (i, (path, (out, inp))) in modules.iter().enumerate() {
+            weights.insert_random(&format!("base_model.model.{path}.lora_A.weight"), vec![2, *inp], 0.1, i as u64);
+            weights.insert_random(&format!("base_model.model.{path}.lora_B.weight"), vec![*out, 2], 0.1, i as u64 + 100);
+        }
+        let config = peft_config(2, serde_json::json!({"target_modules": ".*"}));
+        PeftAdapter { name: "ad".into(), config, weights }
+    }
+
+    fn load_over(adapter: PeftAdapter, modules: &[Vec<LoraModule>]) -> Result<LoraAdapter> {
+        LoraAdapter::from_peft(adapter, &config(), modules, None, &ThreadPool::new(1, false))
+    }
+
+    fn targets(loaded: &LoraAdapter, l: usize) -> Vec<LoraTarget> {
+        LoraTarget::ALL.into_iter().filter(|&t| loaded.layers[l].pairs[t as usize].is_some()).collect()
+    }
+
+    #[test]
+    fn a_checkpoints_fused_projections_take_fused_updates_and_only_those() {
+        // Phi-3's layout: q|k|v (8 + 4 + 4) and gate|up (12 + 12) fused.
+        let fused = [("self_attn.qkv_proj", [16, 8]), ("self_attn.o_proj", [8, 8]), ("mlp.gate_up_proj", [24, 8]), ("mlp.down_proj", [8, 12])];
+        let modules = checkpoint_modules(&fused, LoraMixer::Attention);
+        let paths: Vec<&str> = modules[1].iter().map(|module| module.path).collect();
+        assert_eq!(paths, ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"]);
+        let updates = [("model.layers.0.self_attn.qkv_proj", (16, 8)), ("model.layers.1.mlp.gate_up_proj", (24, 8)), ("model.layers.1.mlp.down_proj", (8, 12))];
+        let loaded = load_over(adapter_of(&updates), &modules).expect("it fits");
+        assert_eq!((targets(&loaded, 0), targets(&loaded, 1)), (vec![LoraTarget::Qkv], vec![LoraTarget::GateUp, LoraTarget::Down]));
+        let refusal = |adapter, modules: &[Vec<LoraModule>]| match load_over(adapter, modules) {
+            Err(EngineError::ModelLoad(message)) => message,
+            _ => panic!("the adapter was not refused as a load error"),
+        };
+        // A separate projection over a fused checkpoint, and a fused one over separate projections.
+        let message = refusal(adapter_of(&[("model.layers.0.self_attn.qkv_proj", (16, 8)), ("model.layers.1.self_attn.q_proj", (8, 8))]), &modules);
+        assert!(message.contains("it updates self_attn.q_proj of layer 1, which this llama model's layer 1 does not have"), "{message}");
+        let message = refusal(adapter_of(&[("model.layers.0.mlp.gate_up_proj", (24, 8))]), &dense_modules(&config()));
+        assert!(message.contains("it updates mlp.gate_up_proj of layer 0, which this llama model's layer 0 does not have"), "{message}");
+        let message = refusal(adapter_of(&[("model.layers.0.self_attn.qkv_proj", (12, 8))]), &modules);
+        assert!(message.contains("qkv_proj.lora_B.weight has shape [12, 2]") && message.contains("another model"), "{message}");
+    }
+
+    #[test]
+    fn layers_without_attention_or_with_experts_take_what_they_have() {
+        // A recurrent layer's MLP, beside its mixer's projections.
+        let recurrent = [("linear_attn.out_proj", [8, 8]), ("mlp.gate_proj", [12, 8]), ("mlp.up_proj", [12, 8]), ("mlp.down_proj", [8, 12])];
+        let modules = checkpoint_modules(&recurrent, LoraMixer::Other);
+        assert_eq!(modules[0].iter().map(|module| module.target).collect::<Vec<_>>(), [LoraTarget::Gate, LoraTarget::Up, LoraTarget::Down]);
+        match load_over(adapter_of(&[("model.layers.0.mlp.up_proj", (12, 8)), ("model.layers.1.linear_attn.out_proj", (8, 8))]), &modules) {
+            Err(EngineError::ModelLoad(message)) => {
+                assert!(message.contains("it updates a recurrent layer's projections (base_model.model.model.layers.1.linear_attn.out_proj.lora_"), "{message}")
+            }
+            _ => panic!("an adapter of a recurrent layer was not refused"),
+        }
+        // Routed experts beside a shared expert of width 6.
+        let moe =
+            [("self_attn.o_proj", [8, 8]), ("mlp.experts.0.gate_proj", [4, 8]), ("mlp.shared_expert.up_proj", [6, 8]), ("mlp.shared_expert.down_proj", [8, 6])];
+        let modules = checkpoint_modules(&moe, LoraMixer::Attention);
+        let shared = load_over(adapter_of(&[("model.layers.1.mlp.shared_expert.down_proj", (8, 6))]), &modules).expect("it fits");
+        assert_eq!(targets(&shared, 1), [LoraTarget::Down]);
+        for experts in ["model.layers.1.mlp.experts.0.gate_proj", "model.layers.0.block_sparse_moe.experts.3.w1", "model.layers.0.mlp.experts"] {
+            match load_over(adapter_of(&[("model.layers.1.self_attn.o_proj", (8, 8)), (experts, (4, 8))]), &modules) {
+                Err(EngineError::ModelLoad(message)) => {
+                    assert!(message.contains(&format!("it updates routed experts (base_model.model.{experts}.lora_")), "{message}")
+                }
+                _ => panic!("an adapter of routed experts was not refused"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_gated_attention_q_update_splits_into_the_q_rows_and_the_gates_rows() {
+        // 2 heads of 4: q_proj's rows are head 0's q, its gate, head 1's q, its gate.
+        let modules = checkpoint_modules(&[("self_attn.q_proj", [16, 8])], LoraMixer::GatedAttention { head_dim: 4 });
+        let mut weights = WeightStore::new();
+        let q = "base_model.model.model.layers.1.self_attn.q_proj";
+        weights.insert(&format!("{q}.lora_A.weight"), vec![2, 8], vec![0.5; 16]).expect("A");
+        weights.insert(&format!("{q}.lora_B.weight"), vec![16, 2], (0..32).map(|i| i as f32).collect()).expect("B");
+        let adapter = PeftAdapter { name: "ad".into(), config: peft_config(2, serde_json::json!({"target_modules": ["q_proj"]})), weights };
+        let loaded = load_over(adapter, &modules).expect("it fits");
+        assert_eq!(targets(&loaded, 1), [LoraTarget::Q, LoraTarget::QGate]);
+        let b_rows = |target: LoraTarget| -> Vec<f32> {
+            let b = &loaded.layers[1].pairs[target as usize].as_ref().expect("a pair").b;
+            (0..b.out_features()).flat_map(|row| b.weight.row(row)).map(|value| value / 2.0).collect()
+        };
+        // B's values are 2 per row: row i holds 2i and 2i + 1.
+        let rows = |rows: &[std::ops::Range<usize>]| -> Vec<f32> { rows.iter().cloned().flatten().flat_map(|row| [row as f32, row as f32 + 0.5]).collect() };
+        assert_eq!(b_rows(LoraTarget::Q), rows(&[0..4, 8..12]));
+        assert_eq!(b_rows(LoraTarget::QGate), rows(&[4..8, 12..16]));
+    }
+
+    #[test]
+    fn a_vision_language_models_text_layers_take_updates_and_its_vision_tower_does_not() {
+        let modules = dense_modules(&config());
+        for text_layers in ["model.language_model.layers", "language_model.model.layers", "model.text_model.layers"] {
+            let updates = [(format!("{text_layers}.1.self_attn.k_proj"), (4, 8)), (format!("{text_layers}.0.mlp.down_proj"), (8, 12))];
+            let loaded = load_over(adapter_of(&updates.iter().map(|(path, shape)| (path.as_str(), *shape)).collect::<Vec<_>>()), &modules).expect("it fits");
+            assert_eq!((targets(&loaded, 0), targets(&loaded, 1)), (vec![LoraTarget::Down], vec![LoraTarget::K]), "{text_layers}");
+        }
+        for tower in [
+            "model.vision_model.encoder.layers.0.self_attn.q_proj",
+            "model.visual.blocks.0.mlp.gate_proj",
+            "model.vision_tower.vision_model.encoder.layers.1.mlp.fc1",
+        ] {
+            match load_over(adapter_of(&[("model.language_model.layers.0.self_attn.k_proj", (4, 8)), (tower, (8, 8))]), &modules) {
+                Err(EngineError::ModelLoad(message)) => {
+                    assert!(message.contains(&format!("it updates the vision tower or its projector (base_model.model.{tower}.lora_")), "{message}")
+                }
+                _ => panic!("an adapter of the vision tower was not refused"),
+            }
+        }
     }
 
     /// A GGUF LoRA file as llama.cpp's convert_lora_to_gguf.py writes one with `metadata` over the

@@ -77,7 +77,8 @@ impl GatedMlp {
         let gate_up = {
             let _phase = profile::phase(Phase::GateUpProjection);
             let mut gate_up = self.gate_up.forward(c, x);
-            for (target, first) in [(LoraTarget::Gate, 0), (LoraTarget::Up, inter)] {
+            // A fused `gate_up_proj`'s update covers gate|up, as the fused output does.
+            for (target, first) in [(LoraTarget::Gate, 0), (LoraTarget::Up, inter), (LoraTarget::GateUp, 0)] {
                 add_lora(c, lora, target, x, &mut gate_up, 2 * inter, first);
             }
             gate_up
@@ -202,13 +203,13 @@ impl Mlp {
     }
 
     /// `x` is `[rows, hidden]`; returns the MLP's output rows, `lora`'s with their adapters'
-    /// updates (dense MLPs: a model with experts takes no adapters).
+    /// updates of a dense MLP or shared expert (routed experts take none).
     pub fn forward(&self, c: &Compute, x: &[f32], lora: &[LoraRows]) -> Vec<f32> {
         match self {
             Mlp::Dense(ffn) => ffn.forward_with_lora(c, x, lora),
             Mlp::Moe(moe) => {
                 let _phase = profile::phase(Phase::Experts);
-                moe.forward(c, x)
+                moe.forward(c, x, lora)
             }
         }
     }
@@ -309,8 +310,9 @@ fn split_granite_mlps(w: &mut WeightStore, prefix: &str, cfg: &ModelConfig) -> R
 impl Experts {
     /// Routes each row to its top experts, runs every expert once on the rows it got (a GEMM
     /// split over the pool), and adds the results weighted by the routing, expert by expert in
-    /// index order, so a row's result does not depend on the other rows.
-    fn forward(&self, c: &Compute, x: &[f32]) -> Vec<f32> {
+    /// index order, so a row's result does not depend on the other rows; `lora`'s rows add their
+    /// adapters' updates of the shared expert.
+    fn forward(&self, c: &Compute, x: &[f32], lora: &[LoraRows]) -> Vec<f32> {
         let h = self.router.weight_in_features();
         let rows = x.len() / h;
         let logits = self.router.forward(c, x);
@@ -345,7 +347,7 @@ impl Experts {
             }
         }
         if let Some((expert, gate)) = &self.shared {
-            let (y, g) = (expert.forward(c, x), gate.as_ref().map(|gate| gate.forward(c, x)));
+            let (y, g) = (expert.forward_with_lora(c, x, lora), gate.as_ref().map(|gate| gate.forward(c, x)));
             for row in 0..rows {
                 // The kernels' exp, not libm's: the same bits on every system.
                 let weight = g.as_ref().map_or(1.0, |g| 1.0 / (1.0 + rsgl_kernels::portable::exp(-g[row])));
