@@ -316,9 +316,9 @@ pub(super) fn unsupported(cfg: &ModelConfig, tp_size: usize) -> Option<String> {
 
 impl LoraAdapter {
     /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts) with the
-    /// projections `modules` (each layer's, from [`layer_modules`]), its A and B in `dtype`, refusing one whose shapes
-    /// do not fit it, whose rank is over `max_rank`, or that updates what rsgl does not apply
-    /// adapters to.
+    /// projections `modules` (each layer's, from [`layer_modules`]), its A and B in `dtype`;
+    /// refuses one whose shapes do not fit it, whose rank is over `max_rank`, or that updates
+    /// what rsgl does not apply adapters to.
     pub(super) fn from_peft(
         adapter: PeftAdapter,
         cfg: &ModelConfig,
