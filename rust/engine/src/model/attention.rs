@@ -4,7 +4,7 @@
 //! the output, and o_proj.
 
 use super::archs::{Assembly, QkNorm};
-use super::decoder::{heads_rows, scale_by, take_norm, Step};
+use super::decoder::{scale_by, take_norm, Step};
 use super::linear::{Compute, Linear, LinearParts};
 use super::lora::{add_lora, LoraRows, LoraTarget};
 use super::mlp::{take_linear, Ranks};
@@ -154,15 +154,16 @@ impl Attention {
         Ok(ranks
             .iter()
             .map(|&(shard, pool)| {
-                let (q_rows, kv_rows) = (heads_rows(&shard.q_heads, hd), heads_rows(&shard.kv_heads, hd));
-                let mut qkv = match gated {
+                let (q_rows, kv_rows) = (shard.q_rows(hd), shard.kv_rows(hd));
+                let [gated_q_rows, gate_rows] = shard.gated_q_rows(hd);
+                let mut qkv: Vec<LinearParts> = match gated {
                     // Each head's q, then its gate.
-                    true => shard.q_heads.clone().map(|head| q.output_rows(2 * head * hd..(2 * head + 1) * hd)).collect(),
+                    true => gated_q_rows.into_iter().map(|rows| q.output_rows(rows)).collect(),
                     false => vec![q.output_rows(q_rows.clone())],
                 };
                 qkv.extend([k.output_rows(kv_rows.clone()), v.output_rows(kv_rows)]);
                 if gated {
-                    qkv.extend(shard.q_heads.clone().map(|head| q.output_rows((2 * head + 1) * hd..(2 * head + 2) * hd)));
+                    qkv.extend(gate_rows.into_iter().map(|rows| q.output_rows(rows)));
                 }
                 Attention {
                     qkv: Linear::fused(qkv, dtype, quantization, pool),

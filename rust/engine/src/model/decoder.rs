@@ -193,13 +193,17 @@ pub struct LoraPacker {
     unsupported: Option<String>,
     /// Each layer's projections adapters may update.
     modules: Vec<Vec<LoraModule>>,
+    /// What each tensor-parallel rank holds of the model: adapters are split as its weights are.
+    shards: Vec<Shard>,
 }
 
 impl LoraPacker {
-    /// A packer for a dense model of `cfg` (separate q/k/v/o and gate/up/down projections).
+    /// A packer for a dense model of `cfg` (separate q/k/v/o and gate/up/down projections) on
+    /// one rank.
     #[cfg(test)]
     pub(crate) fn new(cfg: ModelConfig) -> LoraPacker {
-        LoraPacker { modules: lora::dense_modules(&cfg), cfg, dtype: WeightDtype::F32, unsupported: None }
+        let shards = Shard::all(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size, 1).expect("one rank");
+        LoraPacker { modules: lora::dense_modules(&cfg), cfg, dtype: WeightDtype::F32, unsupported: None, shards }
     }
 
     /// Packs `adapter` (on `pool`), refusing it where the model takes no adapters or where it
@@ -208,7 +212,7 @@ impl LoraPacker {
         if let Some(why) = &self.unsupported {
             return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
         }
-        LoraAdapter::from_peft(adapter, &self.cfg, &self.modules, self.dtype, max_rank, pool)
+        LoraAdapter::from_peft(adapter, &self.cfg, &self.modules, &self.shards, self.dtype, max_rank, pool)
     }
 }
 
@@ -318,7 +322,8 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg, ranks.len()), cfg: cfg.clone(), modules: lora_modules, dtype };
+        let shards = ranks.iter().map(|rank| rank.shard.clone()).collect();
+        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg), cfg: cfg.clone(), modules: lora_modules, shards, dtype };
         let adapters = BTreeMap::new();
         Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_packer, adapters, next_adapter_id: 0 })
     }
@@ -508,7 +513,7 @@ impl DecoderModel {
                 .iter()
                 .map(|(adapter, runs)| {
                     let adapter = &self.adapters[adapter];
-                    LoraRows { runs, scaling: adapter.scaling, layer: adapter.layer(l) }
+                    LoraRows { runs, scaling: adapter.scaling, layer: adapter.layer(rank.shard.rank, l) }
                 })
                 .collect();
             let normed = self.sublayer_input(c, &mut x, residual_delta.take(), &layer.attention_norms);
@@ -582,11 +587,6 @@ impl DecoderModel {
         scale_by(&mut out, self.cfg.scales.residual);
         out
     }
-}
-
-/// The matrix rows of heads `heads` of width `head_dim`.
-pub(super) fn heads_rows(heads: &Range<usize>, head_dim: usize) -> Range<usize> {
-    heads.start * head_dim..heads.end * head_dim
 }
 
 /// `x += delta` (the residual stream), then the RMSNorm of each row of `x`, row-parallel.

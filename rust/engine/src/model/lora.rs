@@ -3,9 +3,13 @@
 //! that requests naming the adapter add to the base layer's output. The base GEMM runs once for
 //! the whole batch; then the rows of each adapter add `scaling · (x·Aᵀ)·Bᵀ` to their columns of
 //! the projection (its slice of the fused q|k|v or gate|up output). Rows without an adapter pay
-//! nothing.
+//! nothing. With tensor parallelism each rank holds its slice of every update, cut as its shard
+//! of the base weight is: B's rows of its output columns where the projection is split by output
+//! rows (q, k, v, gate, up), A's columns of its input slice where it is split by input columns (o,
+//! down), whose update then joins the rank's partial sum before the reduction.
 
 use super::linear::{Compute, Linear, LinearParts};
+use super::tensor_parallel::Shard;
 use crate::config::{Architecture, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
@@ -88,6 +92,50 @@ pub(crate) struct LoraModule {
     /// Gated attention's `q_proj`: its rows are each head's q (this many) then its output
     /// gate's (as many), which update [`LoraTarget::Q`] and [`LoraTarget::QGate`].
     gated_head_dim: Option<usize>,
+}
+
+/// What one tensor-parallel rank holds of an update: the slice its shard of the base weight
+/// implies.
+enum RankSlice {
+    /// A projection split by output rows: these rows of B (A whole).
+    BRows(Vec<Range<usize>>),
+    /// A projection split by input columns: these columns of A (B whole), so the rank's update
+    /// is its share of the sum the reduction makes.
+    AColumns(Range<usize>),
+}
+
+impl LoraModule {
+    /// The updates rank `shard` makes of this projection (gated attention's `q_proj`: its q rows'
+    /// and its gates'), each with its slice, from the ranges that rank's base weights take.
+    fn rank_slices(&self, shard: &Shard, cfg: &ModelConfig) -> Vec<(LoraTarget, RankSlice)> {
+        use LoraTarget::*;
+        use RankSlice::*;
+        let ((out, inp), hd) = (self.shape, cfg.head_dim);
+        let shifted = |rows: Range<usize>, by: usize| rows.start + by..rows.end + by;
+        match (self.target, self.gated_head_dim) {
+            (Q, Some(hd)) => {
+                let [q_rows, gate_rows] = shard.gated_q_rows(hd);
+                vec![(Q, BRows(q_rows)), (QGate, BRows(gate_rows))]
+            }
+            (QGate, _) => {
+                let [_, gate_rows] = shard.gated_q_rows(hd);
+                vec![(QGate, BRows(gate_rows))]
+            }
+            (Q, None) => vec![(Q, BRows(vec![shard.q_rows(hd)]))],
+            (K | V, _) => vec![(self.target, BRows(vec![shard.kv_rows(hd)]))],
+            (Qkv, _) => {
+                let (q, kv, kv_rows) = (cfg.q_size(), cfg.kv_size(), shard.kv_rows(hd));
+                vec![(Qkv, BRows(vec![shard.q_rows(hd), shifted(kv_rows.clone(), q), shifted(kv_rows, q + kv)]))]
+            }
+            (O, _) => vec![(O, AColumns(shard.q_rows(hd)))],
+            (Gate | Up, _) => vec![(self.target, BRows(vec![shard.columns(out)]))],
+            (GateUp, _) => {
+                let columns = shard.columns(out / 2);
+                vec![(GateUp, BRows(vec![columns.clone(), shifted(columns, out / 2)]))]
+            }
+            (Down, _) => vec![(Down, AColumns(shard.columns(inp)))],
+        }
+    }
 }
 
 /// A layer's token mixer, as far as adapters go.
@@ -285,7 +333,8 @@ struct LoraPair {
     b: Linear,
 }
 
-/// An adapter's updates of one layer, by [`LoraTarget`] (none where it leaves a projection be).
+/// An adapter's updates of one layer (one rank's slices of them), by [`LoraTarget`] (none where
+/// it leaves a projection be).
 #[derive(Default)]
 pub(super) struct LoraLayer {
     pairs: [Option<LoraPair>; LoraTarget::ALL.len()],
@@ -300,15 +349,14 @@ pub struct LoraAdapter {
     /// keeps the KV of requests using it apart, on disk too, and an adapter loaded again under
     /// the same name with other weights never finds the KV of the one before.
     pub fingerprint: u64,
-    layers: Vec<LoraLayer>,
+    /// Each layer's updates, one per tensor-parallel rank, sliced as that rank's base weights are.
+    layers: Vec<Vec<LoraLayer>>,
 }
 
 /// Why a model's layers cannot take adapters yet; None where they can.
-pub(super) fn unsupported(cfg: &ModelConfig, tp_size: usize) -> Option<String> {
+pub(super) fn unsupported(cfg: &ModelConfig) -> Option<String> {
     if cfg.latent_attention.is_some() {
         Some(format!("rsgl does not apply LoRA adapters to models with multi-head latent attention yet; this {} model has it", cfg.architecture))
-    } else if tp_size > 1 {
-        Some("LoRA adapters need tp_size 1 for now".into())
     } else {
         None
     }
@@ -316,13 +364,14 @@ pub(super) fn unsupported(cfg: &ModelConfig, tp_size: usize) -> Option<String> {
 
 impl LoraAdapter {
     /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts) with the
-    /// projections `modules` (each layer's, from [`layer_modules`]), its A and B in `dtype`;
-    /// refuses one whose shapes do not fit it, whose rank is over `max_rank`, or that updates
-    /// what rsgl does not apply adapters to.
+    /// projections `modules` (each layer's, from [`layer_modules`]), split over the ranks `shards`
+    /// as the base weights are, its A and B in `dtype`; refuses one whose shapes do not fit it,
+    /// whose rank is over `max_rank`, or that updates what rsgl does not apply adapters to.
     pub(super) fn from_peft(
         adapter: PeftAdapter,
         cfg: &ModelConfig,
         modules: &[Vec<LoraModule>],
+        shards: &[Shard],
         dtype: WeightDtype,
         max_rank: Option<usize>,
         pool: &ThreadPool,
@@ -350,7 +399,7 @@ impl LoraAdapter {
         check_target_names(&config).map_err(refuse)?;
         let mut layers = Vec::with_capacity(modules.len());
         for (l, modules) in modules.iter().enumerate() {
-            let mut layer = LoraLayer::default();
+            let mut layer: Vec<LoraLayer> = shards.iter().map(|_| LoraLayer::default()).collect();
             for module in modules {
                 let prefix = format!("{text_layers}{l}.{}", module.path);
                 let (a_name, b_name) = (format!("{prefix}.lora_A.weight"), format!("{prefix}.lora_B.weight"));
@@ -373,17 +422,14 @@ impl LoraAdapter {
                 }
                 let a = LinearParts::new(w.take_matrix(&a_name, r, inp)?, None);
                 let b = LinearParts::new(w.take_matrix(&b_name, out, r)?, None);
-                let pair = |b_rows: Vec<LinearParts>| {
-                    let pack = |parts| Linear::fused(parts, dtype, None, pool);
-                    Some(LoraPair { a: pack(vec![a.clone()]), b: pack(b_rows) })
-                };
-                match module.gated_head_dim {
-                    None => layer.pairs[module.target as usize] = pair(vec![b]),
-                    // Each head's q rows, then its gate's: the q update and the gates' (A shared).
-                    Some(hd) => {
-                        let rows_of = |part: usize| (0..out / (2 * hd)).map(|head| b.output_rows((2 * head + part) * hd..(2 * head + part + 1) * hd)).collect();
-                        layer.pairs[LoraTarget::Q as usize] = pair(rows_of(0));
-                        layer.pairs[LoraTarget::QGate as usize] = pair(rows_of(1));
+                let pack = |parts| Linear::fused(parts, dtype, None, pool);
+                for (shard, layer) in shards.iter().zip(&mut layer) {
+                    for (target, slice) in module.rank_slices(shard, cfg) {
+                        let (a, b) = match slice {
+                            RankSlice::BRows(rows) => (a.clone(), rows.into_iter().map(|rows| b.output_rows(rows)).collect()),
+                            RankSlice::AColumns(columns) => (a.input_columns(columns, false), vec![b.clone()]),
+                        };
+                        layer.pairs[target as usize] = Some(LoraPair { a: pack(vec![a]), b: pack(b) });
                     }
                 }
             }
@@ -397,14 +443,15 @@ impl LoraAdapter {
                 modules.len()
             )));
         }
-        if layers.iter().all(|layer| layer.pairs.iter().all(Option::is_none)) {
+        if layers.iter().flatten().all(|layer| layer.pairs.iter().all(Option::is_none)) {
             return Err(refuse("its weights hold no lora_A / lora_B tensors".into()));
         }
         Ok(LoraAdapter { name, rank: r, scaling: config.scaling(), fingerprint, layers })
     }
 
-    pub(super) fn layer(&self, l: usize) -> &LoraLayer {
-        &self.layers[l]
+    /// Rank `rank`'s updates of layer `l`.
+    pub(super) fn layer(&self, rank: usize, l: usize) -> &LoraLayer {
+        &self.layers[l][rank]
     }
 }
 
@@ -572,9 +619,14 @@ mod tests {
         PeftAdapter { name: "ad".into(), config, weights }
     }
 
+    /// The ranks a model of `cfg` splits over.
+    fn shards(cfg: &ModelConfig, ranks: usize) -> Vec<Shard> {
+        Shard::all(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size, ranks).expect("a split")
+    }
+
     fn load(adapter: PeftAdapter, max_rank: Option<usize>) -> Result<LoraAdapter> {
         let cfg = config();
-        LoraAdapter::from_peft(adapter, &cfg, &dense_modules(&cfg), WeightDtype::F32, max_rank, &ThreadPool::new(1, false))
+        LoraAdapter::from_peft(adapter, &cfg, &dense_modules(&cfg), &shards(&cfg, 1), WeightDtype::F32, max_rank, &ThreadPool::new(1, false))
     }
 
     fn refusal(adapter: PeftAdapter, max_rank: Option<usize>) -> String {
@@ -595,7 +647,7 @@ mod tests {
     fn an_adapter_that_fits_loads_its_targets_only() {
         let loaded = load(adapter(2, peft_config(2, serde_json::json!({})), &[]), Some(2)).expect("it fits");
         assert_eq!((loaded.rank, loaded.scaling), (2, 4.0));
-        for layer in &loaded.layers {
+        for layer in loaded.layers.iter().flatten() {
             let targets: Vec<LoraTarget> = LoraTarget::ALL.into_iter().filter(|&t| layer.pairs[t as usize].is_some()).collect();
             assert_eq!(targets, [LoraTarget::K, LoraTarget::Down]);
         }
@@ -650,11 +702,12 @@ mod tests {
     }
 
     fn load_over(adapter: PeftAdapter, modules: &[Vec<LoraModule>]) -> Result<LoraAdapter> {
-        LoraAdapter::from_peft(adapter, &config(), modules, None, &ThreadPool::new(1, false))
+        let cfg = config();
+        LoraAdapter::from_peft(adapter, &cfg, modules, &shards(&cfg, 1), WeightDtype::F32, None, &ThreadPool::new(1, false))
     }
 
     fn targets(loaded: &LoraAdapter, l: usize) -> Vec<LoraTarget> {
-        LoraTarget::ALL.into_iter().filter(|&t| loaded.layers[l].pairs[t as usize].is_some()).collect()
+        LoraTarget::ALL.into_iter().filter(|&t| loaded.layer(0, l).pairs[t as usize].is_some()).collect()
     }
 
     #[test]
@@ -720,13 +773,77 @@ mod tests {
         let loaded = load_over(adapter, &modules).expect("it fits");
         assert_eq!(targets(&loaded, 1), [LoraTarget::Q, LoraTarget::QGate]);
         let b_rows = |target: LoraTarget| -> Vec<f32> {
-            let b = &loaded.layers[1].pairs[target as usize].as_ref().expect("a pair").b;
+            let b = &loaded.layer(0, 1).pairs[target as usize].as_ref().expect("a pair").b;
             (0..b.out_features()).flat_map(|row| b.weight.row(row)).map(|value| value / 2.0).collect()
         };
         // B's values are 2 per row: row i holds 2i and 2i + 1.
         let rows = |rows: &[std::ops::Range<usize>]| -> Vec<f32> { rows.iter().cloned().flatten().flat_map(|row| [row as f32, row as f32 + 0.5]).collect() };
         assert_eq!(b_rows(LoraTarget::Q), rows(&[0..4, 8..12]));
         assert_eq!(b_rows(LoraTarget::QGate), rows(&[4..8, 12..16]));
+    }
+
+    /// An adapter of rank 2 updating `modules` (`(path past base_model.model., (out, in))`) whose
+    /// A holds each column's index and B each row's, so a rank's slice shows which it holds.
+    fn counting_adapter(modules: &[(&str, (usize, usize))]) -> PeftAdapter {
+        let mut weights = WeightStore::new();
+        for (path, (out, inp)) in modules {
+            let a = (0..2 * inp).map(|i| (i % inp) as f32).collect();
+            let b = (0..2 * out).map(|i| (i / 2) as f32).collect();
+            weights.insert(&format!("base_model.model.{path}.lora_A.weight"), vec![2, *inp], a).expect("A");
+            weights.insert(&format!("base_model.model.{path}.lora_B.weight"), vec![*out, 2], b).expect("B");
+        }
+        PeftAdapter { name: "ad".into(), config: peft_config(2, serde_json::json!({"target_modules": ".*"})), weights }
+    }
+
+    /// The columns of A and rows of B rank `rank` holds of a counting adapter's update of `target`
+    /// in layer 0.
+    fn held(loaded: &LoraAdapter, rank: usize, target: LoraTarget) -> (Vec<usize>, Vec<usize>) {
+        let pair = loaded.layer(rank, 0).pairs[target as usize].as_ref().expect("a pair");
+        let a_columns = pair.a.weight.row(0).into_iter().map(|column| column as usize).collect();
+        (a_columns, (0..pair.b.out_features()).map(|row| pair.b.weight.row(row)[0] as usize).collect())
+    }
+
+    fn indices(ranges: &[Range<usize>]) -> Vec<usize> {
+        ranges.iter().cloned().flatten().collect()
+    }
+
+    #[test]
+    fn each_rank_holds_the_slice_of_an_update_its_shard_of_the_base_weight_takes() {
+        // 4 q heads and 2 kv heads of 2, an MLP of 12, over 2 ranks: rank 1 holds q heads 2 and
+        // 3, kv head 1 and the MLP's columns 6..12.
+        let mut cfg = config();
+        (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim) = (4, 2, 2);
+        let pack = |adapter, modules: &[Vec<LoraModule>]| {
+            LoraAdapter::from_peft(adapter, &cfg, modules, &shards(&cfg, 2), WeightDtype::F32, None, &ThreadPool::new(1, false)).expect("it fits")
+        };
+        // Phi-3's layout: q|k|v (8 + 4 + 4) and gate|up (12 + 12) fused.
+        let fused = [("self_attn.qkv_proj", [16, 8]), ("self_attn.o_proj", [8, 8]), ("mlp.gate_up_proj", [24, 8]), ("mlp.down_proj", [8, 12])];
+        let updates = [
+            ("model.layers.0.self_attn.qkv_proj", (16, 8)),
+            ("model.layers.0.self_attn.o_proj", (8, 8)),
+            ("model.layers.0.mlp.gate_up_proj", (24, 8)),
+            ("model.layers.0.mlp.down_proj", (8, 12)),
+        ];
+        let loaded = pack(counting_adapter(&updates), &checkpoint_modules(&fused, LoraMixer::Attention));
+        let span = |range: Range<usize>| range.collect::<Vec<_>>();
+        let whole = |n: usize| span(0..n);
+        // Split by output rows: A whole, B's rows of the rank's q, k and v heads, or MLP columns.
+        assert_eq!(held(&loaded, 0, LoraTarget::Qkv), (whole(8), indices(&[0..4, 8..10, 12..14])));
+        assert_eq!(held(&loaded, 1, LoraTarget::Qkv), (whole(8), indices(&[4..8, 10..12, 14..16])));
+        assert_eq!(held(&loaded, 0, LoraTarget::GateUp), (whole(8), indices(&[0..6, 12..18])));
+        assert_eq!(held(&loaded, 1, LoraTarget::GateUp), (whole(8), indices(&[6..12, 18..24])));
+        // Split by input columns: A's columns of the rank's heads or MLP columns, B whole.
+        assert_eq!(held(&loaded, 0, LoraTarget::O), (whole(4), whole(8)));
+        assert_eq!(held(&loaded, 1, LoraTarget::O), (span(4..8), whole(8)));
+        assert_eq!(held(&loaded, 0, LoraTarget::Down), (whole(6), whole(8)));
+        assert_eq!(held(&loaded, 1, LoraTarget::Down), (span(6..12), whole(8)));
+        // Gated attention: q_proj's rows are each head's q, then its gate.
+        let gated = checkpoint_modules(&[("self_attn.q_proj", [16, 8]), ("self_attn.k_proj", [4, 8])], LoraMixer::GatedAttention { head_dim: 2 });
+        let loaded = pack(counting_adapter(&[("model.layers.0.self_attn.q_proj", (16, 8)), ("model.layers.0.self_attn.k_proj", (4, 8))]), &gated);
+        assert_eq!(held(&loaded, 1, LoraTarget::Q).1, indices(&[8..10, 12..14]));
+        assert_eq!(held(&loaded, 1, LoraTarget::QGate).1, indices(&[10..12, 14..16]));
+        assert_eq!(held(&loaded, 0, LoraTarget::QGate).1, indices(&[2..4, 6..8]));
+        assert_eq!(held(&loaded, 1, LoraTarget::K), (whole(8), span(2..4)));
     }
 
     #[test]
@@ -790,7 +907,7 @@ mod tests {
         assert_eq!(adapter.weights.shape(&format!("{k}.lora_A.weight")), Some(&[2, 8][..]));
         assert_eq!(adapter.weights.read(&format!("{k}.lora_B.weight")).expect("B"), k_b, "the k rows read back in order");
         let loaded = load(adapter, None).expect("it fits");
-        let targets = |l: usize| LoraTarget::ALL.into_iter().filter(|&t| loaded.layers[l].pairs[t as usize].is_some()).collect::<Vec<_>>();
+        let targets = |l: usize| LoraTarget::ALL.into_iter().filter(|&t| loaded.layer(0, l).pairs[t as usize].is_some()).collect::<Vec<_>>();
         assert_eq!((targets(0), targets(1)), (vec![LoraTarget::K], vec![LoraTarget::Down]));
         // llama.cpp scales an adapter with alpha 0 by 1.
         let (file, _) = gguf_file("no-alpha", 2, serde_json::json!({"adapter.lora.alpha": 0.0}));

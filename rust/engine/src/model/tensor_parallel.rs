@@ -46,6 +46,23 @@ impl Shard {
             .collect())
     }
 
+    /// This rank's rows of a projection with `head_dim` rows per q head (q_proj's rows, o_proj's
+    /// input columns).
+    pub fn q_rows(&self, head_dim: usize) -> Range<usize> {
+        self.q_heads.start * head_dim..self.q_heads.end * head_dim
+    }
+
+    /// This rank's rows of a projection with `head_dim` rows per kv head (k_proj's, v_proj's).
+    pub fn kv_rows(&self, head_dim: usize) -> Range<usize> {
+        self.kv_heads.start * head_dim..self.kv_heads.end * head_dim
+    }
+
+    /// Gated attention's `q_proj`, whose rows are each head's q (`head_dim` of them) then its
+    /// output gate's (as many): this rank's heads' q rows, and their gates' rows, head by head.
+    pub fn gated_q_rows(&self, head_dim: usize) -> [Vec<Range<usize>>; 2] {
+        [0, 1].map(|part| self.q_heads.clone().map(|head| (2 * head + part) * head_dim..(2 * head + part + 1) * head_dim).collect())
+    }
+
     /// This rank's columns of an intermediate width `width` (an MLP's): whole 32-column blocks
     /// where `width` has them, so 4-bit and 8-bit block weights split at block boundaries.
     pub fn columns(&self, width: usize) -> Range<usize> {
@@ -162,6 +179,8 @@ mod tests {
         assert_eq!((shards[0].columns(1536), shards[1].columns(1536)), (0..768, 768..1536));
         assert_eq!(shards[1].columns(1600), 800..1600, "whole 32-column blocks");
         assert_eq!(shards[1].columns(37), 19..37);
+        assert_eq!((shards[1].q_rows(4), shards[1].kv_rows(4)), (24..36, 8..12));
+        assert_eq!(shards[1].gated_q_rows(4), [vec![48..52, 56..60, 64..68], vec![52..56, 60..64, 68..72]]);
         assert!(shards[0].adds_bias() && !shards[1].adds_bias());
         assert!(Shard::all(8, 2, 10, 3).is_err(), "more ranks than kv heads");
         assert!(Shard::all(8, 2, 10, 0).is_err());
