@@ -244,6 +244,7 @@ impl DecoderModel {
             let lora_mixer = match (delta_net, mamba2, &cfg.latent_attention) {
                 (None, None, None) if assembly.attention_output_gate => LoraMixer::GatedAttention { head_dim: hd },
                 (None, None, None) => LoraMixer::Attention,
+                (None, None, Some(_)) => LoraMixer::LatentAttention,
                 _ => LoraMixer::Other,
             };
             lora_modules.push(lora::layer_modules(&w, l, lora_mixer));
@@ -318,7 +319,7 @@ impl DecoderModel {
             .map(|(((shard, layers), lm_head), compute)| RankModel { shard, layers, lm_head, compute })
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
-        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg, ranks.len()), cfg: cfg.clone(), modules: lora_modules, dtype };
+        let lora_packer = LoraPacker { unsupported: lora::unsupported(ranks.len()), cfg: cfg.clone(), modules: lora_modules, dtype };
         let adapters = BTreeMap::new();
         Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_packer, adapters, next_adapter_id: 0 })
     }
@@ -517,7 +518,7 @@ impl DecoderModel {
                 other => {
                     let _phase = profile::phase(Phase::OtherMixer);
                     match other {
-                        Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
+                        Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step, &lora),
                         Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
                         Mixer::Mamba2(mamba) => mamba.forward(c, &normed, kv.states.layer_mut(l), step),
                         Mixer::Attention(_) => unreachable!("matched above"),

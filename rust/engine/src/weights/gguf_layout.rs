@@ -25,6 +25,10 @@ const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "smo
 /// Face checkpoint's `gate_up_proj`.
 const FUSED_GATE_UP_ARCHITECTURES: &[&str] = &["phi3", "glm4"];
 
+/// Architectures whose checkpoints name their (ungated) shared experts `shared_experts`, as PEFT
+/// adapters of them do; the others' shared expert is `shared_expert`.
+const SHARED_EXPERTS_ARCHITECTURES: &[&str] = &["deepseek_v2", "deepseek_v3", "glm4_moe"];
+
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_qkv", "self_attn.qkv_proj"),
@@ -218,6 +222,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
     let interleaved = INTERLEAVED_ARCHITECTURES.contains(&architecture);
     let mixtral = architecture == "mixtral";
     let fused_gate_up = FUSED_GATE_UP_ARCHITECTURES.contains(&architecture);
+    let shared_experts = SHARED_EXPERTS_ARCHITECTURES.contains(&architecture);
     let layers = model_layers(&directory.metadata);
     // Layers with `ssm_*` tensors are Gated DeltaNet layers.
     let delta_net_layers: HashSet<usize> =
@@ -279,7 +284,10 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
             "ffn_gate_inp" => Some(format!("{block}.gate")),
             "ffn_up" if fused_gate_up => Some(format!("{block}.gate_up_proj")),
             _ => lookup(SHARED_EXPERT_TENSORS, base)
-                .map(|m| format!("{block}.{m}"))
+                .map(|m| match m.strip_prefix("shared_expert.").filter(|_| shared_experts) {
+                    Some(projection) => format!("{block}.shared_experts.{projection}"),
+                    None => format!("{block}.{m}"),
+                })
                 .or_else(|| lookup(LAYER_TENSORS, base).or_else(|| norm_name(&assembly, base)).map(|m| format!("model.layers.{layer}.{m}"))),
         };
         let Some(module) = module else {
