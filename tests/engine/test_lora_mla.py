@@ -4,7 +4,8 @@ adapters update the attention's projections (kv_b_proj's update too, which rsgl 
 steps and short prefill chunks run, and in the expanded form of long prefill chunks), the dense first layer's MLP and the
 shared experts. Greedy tokens of the base model and two adapters submitted together equal transformers + peft's for
 each alone, over the Hugging Face folder and over the GGUF file llama.cpp's converter writes of it (which splits
-kv_b_proj per head); an adapter of the routed experts is refused naming them."""
+kv_b_proj per head); a GGUF LoRA file llama.cpp's converter writes gives its PEFT folder's tokens; an adapter of the
+routed experts is refused naming them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Callable
 
 import pytest
 import rsgl
-from gguf_convert import convert
+from gguf_convert import convert, convert_lora
 from lora_adapters import greedy, save_adapter, with_adapter
 from test_lora_archs import GREEDY, Built, engine_for, module_targets_kept, prompt
 from zoo_models import build_family
@@ -79,6 +80,22 @@ def test_adapters_over_the_gguf_file_of_the_base_model(built, tmp_path):
     update applies over them as over kv_b_proj."""
     base_path, folders, models = built("deepseek_v3")
     assert_match_peft(convert(base_path, tmp_path / "deepseek_v3.gguf"), folders, models)
+
+
+def test_a_gguf_lora_file_gives_the_tokens_of_its_peft_folder(built, tmp_path):
+    """llama.cpp's convert_lora_to_gguf.py writes the updates of q_a_proj, q_b_proj, kv_a_proj_with_mqa, o_proj and the
+    MLPs (the shared experts' as ffn_*_shexp); a kv_b_proj update it does not convert (it raises NotImplementedError)."""
+    base_path, _, models = built("deepseek_v3")
+    with module_targets_kept():
+        save_adapter(models[None], tmp_path / "c", 2, r=8, lora_alpha=16, target_modules=["q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "o_proj", *MLP])
+        want = {None: models[None], "c": with_adapter(models[None], tmp_path / "c")}
+    file = convert_lora(tmp_path / "c", base_path, tmp_path / "c.gguf")
+    cases = [(prompt(LONG, 0), "c"), (prompt(SHORT, 1), "c"), (prompt(SHORT, 1), None)]
+    with engine_for(base_path, {"c": str(file)}) as engine:
+        outs = engine.generate(input_ids=[ids for ids, _ in cases], sampling_params=GREEDY, lora_path=[lora for _, lora in cases])
+    for (ids, lora), out in zip(cases, outs):
+        assert out["output_ids"] == greedy(want[lora], ids, GREEDY["max_new_tokens"]), (len(ids), lora)
+    assert outs[1]["output_ids"] != outs[2]["output_ids"]
 
 
 def test_an_adapter_of_routed_experts_is_refused_naming_them(built, tmp_path):
