@@ -189,8 +189,6 @@ pub struct LoraPacker {
     /// The base model's float weights' dtype, which adapters are held in: bf16 adapters over a bf16
     /// or quantized model read half the bytes of float32 ones at every step.
     dtype: WeightDtype,
-    /// Why the layers cannot take LoRA adapters, if they cannot.
-    unsupported: Option<String>,
     /// Each layer's projections adapters may update.
     modules: Vec<Vec<LoraModule>>,
     /// What each tensor-parallel rank holds of the model: adapters are split as its weights are.
@@ -203,15 +201,11 @@ impl LoraPacker {
     #[cfg(test)]
     pub(crate) fn new(cfg: ModelConfig) -> LoraPacker {
         let shards = Shard::all(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.vocab_size, 1).expect("one rank");
-        LoraPacker { modules: lora::dense_modules(&cfg), cfg, dtype: WeightDtype::F32, unsupported: None, shards }
+        LoraPacker { modules: lora::dense_modules(&cfg), cfg, dtype: WeightDtype::F32, shards }
     }
 
-    /// Packs `adapter` (on `pool`), refusing it where the model takes no adapters or where it
-    /// does not fit the model or `max_rank`.
+    /// Packs `adapter` (on `pool`), refusing it where it does not fit the model or `max_rank`.
     pub fn pack(&self, adapter: PeftAdapter, max_rank: Option<usize>, pool: &ThreadPool) -> Result<LoraAdapter> {
-        if let Some(why) = &self.unsupported {
-            return Err(EngineError::UnsupportedModel(format!("LoRA adapter {:?}: {why}", adapter.name)));
-        }
         LoraAdapter::from_peft(adapter, &self.cfg, &self.modules, &self.shards, self.dtype, max_rank, pool)
     }
 }
@@ -248,6 +242,7 @@ impl DecoderModel {
             let lora_mixer = match (delta_net, mamba2, &cfg.latent_attention) {
                 (None, None, None) if assembly.attention_output_gate => LoraMixer::GatedAttention { head_dim: hd },
                 (None, None, None) => LoraMixer::Attention,
+                (None, None, Some(_)) => LoraMixer::LatentAttention,
                 _ => LoraMixer::Other,
             };
             lora_modules.push(lora::layer_modules(&w, l, lora_mixer));
@@ -323,7 +318,7 @@ impl DecoderModel {
             .collect();
         let attention_scale = cfg.scales.attention.unwrap_or(1.0 / (hd as f32).sqrt());
         let shards = ranks.iter().map(|rank| rank.shard.clone()).collect();
-        let lora_packer = LoraPacker { unsupported: lora::unsupported(&cfg), cfg: cfg.clone(), modules: lora_modules, shards, dtype };
+        let lora_packer = LoraPacker { cfg: cfg.clone(), modules: lora_modules, shards, dtype };
         let adapters = BTreeMap::new();
         Ok(DecoderModel { cfg, attention_scale, embed, ranks, norm, ropes, reduce, rank_drivers, vision, lora_packer, adapters, next_adapter_id: 0 })
     }
@@ -522,7 +517,7 @@ impl DecoderModel {
                 other => {
                     let _phase = profile::phase(Phase::OtherMixer);
                     match other {
-                        Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step),
+                        Mixer::LatentAttention(attention) => attention.forward(&attention_cx, &normed, kv, l, step, &lora),
                         Mixer::DeltaNet(net) => net.forward(c, &normed, kv.states.layer_mut(l), step),
                         Mixer::Mamba2(mamba) => mamba.forward(c, &normed, kv.states.layer_mut(l), step),
                         Mixer::Attention(_) => unreachable!("matched above"),

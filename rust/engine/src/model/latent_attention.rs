@@ -10,11 +10,15 @@
 //!   keys and values once, and the heads attend as in ordinary attention.
 //!
 //! Which is cheaper depends on the chunk's length (see `expand_from_tokens`); both give the
-//! same result up to float rounding.
+//! same result up to float rounding, LoRA adapters' updates included: those of the projections
+//! of a token's input (q, q_a and q_b, kv_a, o) go into their columns of the outputs, before the
+//! norms and the rope; a `kv_b_proj` update goes where each form applies `kv_b_proj` (see
+//! [`AbsorbedKvB`]).
 
 use super::attention::{run_attention, AttentionContext, PlacedTask, ATTENTION_TASK_ROWS};
 use super::decoder::{take_norm, Step};
 use super::linear::{Linear, LinearParts};
+use super::lora::{add_lora, AbsorbedKvB, LoraRows, LoraTarget};
 use super::mlp::{take_linear, Ranks};
 use super::Precision;
 use crate::config::{LatentAttention as Shape, ModelConfig};
@@ -111,14 +115,18 @@ impl LatentAttention {
         }])
     }
 
-    /// The sublayer's output for the normalized input `x`; layer `layer`'s latents go into `kv`.
-    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step) -> Vec<f32> {
+    /// The sublayer's output for the normalized input `x`; layer `layer`'s latents go into `kv`;
+    /// `lora`'s rows add their adapters' updates.
+    pub fn forward(&self, cx: &AttentionContext, x: &[f32], kv: &mut KvPart, layer: usize, step: &Step, lora: &[LoraRows]) -> Vec<f32> {
         let (c, kern, eps) = (cx.compute, cx.compute.kernels, cx.cfg.rms_norm_eps);
         let (heads, qk, lat, key_dim) = (self.heads, self.shape.qk_head_dim(), self.shape.kv_lora_rank, self.shape.latent_key_dim());
         let rope = &cx.ropes[0];
-        let input = self.input.forward(c, x);
+        let mut input = self.input.forward(c, x);
         let width = self.input.out_features();
         let q_cols = width - key_dim;
+        for (target, first) in [(LoraTarget::Q, 0), (LoraTarget::QA, 0), (LoraTarget::KvA, q_cols)] {
+            add_lora(c, lora, target, x, &mut input, width, first);
+        }
         let own_q = input.chunks_exact(width).flat_map(|row| &row[..q_cols]).copied().collect::<Vec<f32>>();
         let mut q = match &self.q_up {
             None => own_q,
@@ -126,7 +134,9 @@ impl LatentAttention {
                 let mut low_rank = own_q;
                 let mut normed = vec![0.0; low_rank.len()];
                 c.pool.for_chunk_pairs_mut(&mut low_rank, q_cols, &mut normed, q_cols, &|_, row, out| (kern.add_rmsnorm)(row, None, norm, eps, out));
-                q_b.forward(c, &normed)
+                let mut q = q_b.forward(c, &normed);
+                add_lora(c, lora, LoraTarget::QB, &normed, &mut q, q_b.out_features(), 0);
+                q
             }
         };
         let nope = self.shape.qk_nope_head_dim;
@@ -158,6 +168,7 @@ impl LatentAttention {
                     kv.read_keys(layer, table, 0..chunk.start_pos + chunk.tokens.len()),
                     &q[tokens.start * heads * qk..tokens.end * heads * qk],
                     chunk.start_pos,
+                    lora.iter().find(|rows| rows.runs.iter().any(|run| run.contains(&tokens.start))),
                     &mut out[tokens.start * heads * v..tokens.end * heads * v],
                 );
             } else {
@@ -166,13 +177,16 @@ impl LatentAttention {
             first += chunk.tokens.len();
         }
         if !absorbed.is_empty() {
-            self.absorbed(cx, &kv.layer(layer), windowed, &q, &absorbed, step, &mut out);
+            self.absorbed(cx, &kv.layer(layer), windowed, &q, &absorbed, step, lora, &mut out);
         }
-        self.o.forward(c, &out)
+        let mut output = self.o.forward(c, &out);
+        add_lora(c, lora, LoraTarget::O, &out, &mut output, self.o.out_features(), 0);
+        output
     }
 
     /// The absorbed form for `chunks` (sequence, its tokens in the batch), over the latent pages;
-    /// writes each token's heads' values into `out` (`[token][head][v_head_dim]`).
+    /// writes each token's heads' values into `out` (`[token][head][v_head_dim]`), `lora`'s rows
+    /// with their adapters' `kv_b_proj` updates.
     #[allow(clippy::too_many_arguments)]
     fn absorbed(
         &self,
@@ -182,6 +196,7 @@ impl LatentAttention {
         q: &[f32],
         chunks: &[(usize, std::ops::Range<usize>)],
         step: &Step,
+        lora: &[LoraRows],
         out: &mut [f32],
     ) {
         let c = cx.compute;
@@ -197,6 +212,30 @@ impl LatentAttention {
                 let row = &mut queries[(i * heads + head) * key_dim..][..key_dim];
                 row[..lat].copy_from_slice(latent_q);
                 row[lat..].copy_from_slice(&q[(tokens[i] * heads + head) * qk + nope..][..self.shape.qk_rope_head_dim]);
+            }
+        }
+        // Each adapter's rows (indices into `tokens`) and its kv_b_proj update: A, and the absorbed form.
+        let kv_b_updates: Vec<(Vec<usize>, f32, &Linear, &AbsorbedKvB)> = lora
+            .iter()
+            .filter_map(|rows| {
+                let (a, absorbed) = rows.layer.absorbed_kv_b()?;
+                let mine: Vec<usize> = (0..n).filter(|&i| rows.runs.iter().any(|run| run.contains(&tokens[i]))).collect();
+                (!mine.is_empty()).then_some((mine, rows.scaling, a, absorbed))
+            })
+            .collect();
+        for (mine, scaling, _, update) in &kv_b_updates {
+            // `[row][head][r]`: each head's q without rope in the update's rank space.
+            let r = update.a_t.weight_in_features();
+            let mut ranked = vec![0.0; mine.len() * heads * r];
+            for (head, key_b_t) in update.key_b_t.iter().enumerate() {
+                let q_nope: Vec<f32> = mine.iter().flat_map(|&i| &q[(tokens[i] * heads + head) * qk..][..nope]).copied().collect();
+                for (j, z) in key_b_t.forward(c, &q_nope).chunks_exact(r).enumerate() {
+                    ranked[(j * heads + head) * r..][..r].copy_from_slice(z);
+                }
+            }
+            for (row, delta) in update.a_t.forward(c, &ranked).chunks_exact(lat).enumerate() {
+                let (j, head) = (row / heads, row % heads);
+                (c.kernels.axpy)(*scaling, delta, &mut queries[(mine[j] * heads + head) * key_dim..][..lat]);
             }
         }
         // (sequence, first row in `queries`, tokens, first position)
@@ -241,18 +280,36 @@ impl LatentAttention {
                 out[(t * heads + head) * v..][..v].copy_from_slice(value);
             }
         }
+        for (mine, scaling, a, update) in &kv_b_updates {
+            // A token's row of `latent_out` is its heads' latents one after another: `[row · head][latent]`.
+            let latents: Vec<f32> = mine.iter().flat_map(|&i| &latent_out[i * latent_out_row..(i + 1) * latent_out_row]).copied().collect();
+            let ranked = a.forward(c, &latents);
+            let r = a.out_features();
+            for (head, value_b) in update.value_b.iter().enumerate() {
+                let head_ranked: Vec<f32> = (0..mine.len()).flat_map(|j| &ranked[(j * heads + head) * r..][..r]).copied().collect();
+                for (&i, delta) in mine.iter().zip(value_b.forward(c, &head_ranked).chunks_exact(v)) {
+                    (c.kernels.axpy)(*scaling, delta, &mut out[(tokens[i] * heads + head) * v..][..v]);
+                }
+            }
+        }
     }
 
     /// The expanded form for one chunk at `start_pos` with queries `q` (`[token][head][qk]`),
-    /// over its sequence's `keys` (latent rows of positions `0..start_pos + tokens`): writes each
-    /// token's heads' values into `out`.
-    fn expanded(&self, cx: &AttentionContext, keys: Vec<f32>, q: &[f32], start_pos: usize, out: &mut [f32]) {
+    /// over its sequence's `keys` (latent rows of positions `0..start_pos + tokens`), its keys and
+    /// values with the `kv_b_proj` update of its adapter (`lora`, whose rows hold the chunk's):
+    /// writes each token's heads' values into `out`.
+    fn expanded(&self, cx: &AttentionContext, keys: Vec<f32>, q: &[f32], start_pos: usize, lora: Option<&LoraRows>, out: &mut [f32]) {
         let c = cx.compute;
         let (heads, qk, nope, lat, key_dim, v) =
             (self.heads, self.shape.qk_head_dim(), self.shape.qk_nope_head_dim, self.shape.kv_lora_rank, self.shape.latent_key_dim(), self.shape.v_head_dim);
         let positions = keys.len() / key_dim;
         let latents: Vec<f32> = keys.chunks_exact(key_dim).flat_map(|row| &row[..lat]).copied().collect();
-        let expanded = self.expand.forward(c, &latents);
+        let mut expanded = self.expand.forward(c, &latents);
+        if let Some(rows) = lora {
+            let context = 0..positions;
+            let adapter = LoraRows { runs: std::slice::from_ref(&context), scaling: rows.scaling, layer: rows.layer };
+            add_lora(c, &[adapter], LoraTarget::KvB, &latents, &mut expanded, heads * (nope + v), 0);
+        }
         // One page holding every position, per head: keys `[qk][positions]`, values `[positions][v]`.
         let (mut page_keys, mut page_values) = (vec![0.0; heads * qk * positions], vec![0.0; heads * positions * v]);
         for (pos, (row, key)) in expanded.chunks_exact(heads * (nope + v)).zip(keys.chunks_exact(key_dim)).enumerate() {

@@ -10,7 +10,7 @@
 
 use super::linear::{Compute, Linear, LinearParts};
 use super::tensor_parallel::Shard;
-use crate::config::{Architecture, ModelConfig};
+use crate::config::{Architecture, LatentAttention as LatentShape, ModelConfig};
 use crate::error::{EngineError, Result};
 use crate::weights::WeightStore;
 use rsgl_kernels::{ThreadPool, WeightDtype};
@@ -24,7 +24,7 @@ use std::path::Path;
 /// The projections of a decoder layer an adapter may update: separate, or fused as a checkpoint
 /// fuses them (Phi-3's `qkv_proj`, Phi-3's and GLM-4's `gate_up_proj`, Granite 4's
 /// `input_linear`), whose updates' B rows cover q|k|v and gate|up in that order, as rsgl's fused
-/// outputs hold their columns.
+/// outputs hold their columns; and multi-head latent attention's (DeepSeek-V2/V3).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum LoraTarget {
     Q,
@@ -39,10 +39,19 @@ pub enum LoraTarget {
     Up,
     GateUp,
     Down,
+    /// Latent attention's low-rank q (`q_a_proj`, before `q_a_layernorm`), where q goes through a
+    /// low rank; its `q_proj` otherwise takes [`LoraTarget::Q`].
+    QA,
+    /// The low-rank q's up-projection into the heads' q (`q_b_proj`).
+    QB,
+    /// The latent and the rope key (`kv_a_proj_with_mqa`, before the latent's norm and the rope).
+    KvA,
+    /// Every head's key (without rope) and value from the latent (`kv_b_proj`).
+    KvB,
 }
 
 impl LoraTarget {
-    pub const ALL: [LoraTarget; 10] = [
+    pub const ALL: [LoraTarget; 14] = [
         LoraTarget::Q,
         LoraTarget::K,
         LoraTarget::V,
@@ -53,6 +62,10 @@ impl LoraTarget {
         LoraTarget::Up,
         LoraTarget::GateUp,
         LoraTarget::Down,
+        LoraTarget::QA,
+        LoraTarget::QB,
+        LoraTarget::KvA,
+        LoraTarget::KvB,
     ];
 }
 
@@ -61,12 +74,16 @@ impl LoraTarget {
 /// separate ones; a layer of routed experts may have a shared expert beside them (Qwen2-MoE's and
 /// Qwen3-Next's `shared_expert`, DeepSeek's and GLM-4.5's `shared_experts`, Granite 4's
 /// `shared_mlp`), whose projections take the MLP's targets.
-const LAYER_MODULES: [(&str, LoraTarget); 17] = [
+const LAYER_MODULES: [(&str, LoraTarget); 21] = [
     ("self_attn.qkv_proj", LoraTarget::Qkv),
     ("self_attn.q_proj", LoraTarget::Q),
     ("self_attn.k_proj", LoraTarget::K),
     ("self_attn.v_proj", LoraTarget::V),
     ("self_attn.o_proj", LoraTarget::O),
+    ("self_attn.q_a_proj", LoraTarget::QA),
+    ("self_attn.q_b_proj", LoraTarget::QB),
+    ("self_attn.kv_a_proj_with_mqa", LoraTarget::KvA),
+    ("self_attn.kv_b_proj", LoraTarget::KvB),
     ("mlp.gate_up_proj", LoraTarget::GateUp),
     ("mlp.gate_proj", LoraTarget::Gate),
     ("mlp.up_proj", LoraTarget::Up),
@@ -121,19 +138,23 @@ impl LoraModule {
                 let [_, gate_rows] = shard.gated_q_rows(hd);
                 vec![(QGate, BRows(gate_rows))]
             }
-            (Q, None) => vec![(Q, BRows(vec![shard.q_rows(hd)]))],
+            // Each head's q: head_dim rows, or latent attention's nope + rope dims.
+            (Q, None) => vec![(Q, BRows(vec![shard.q_rows(out / cfg.num_attention_heads)]))],
             (K | V, _) => vec![(self.target, BRows(vec![shard.kv_rows(hd)]))],
             (Qkv, _) => {
                 let (q, kv, kv_rows) = (cfg.q_size(), cfg.kv_size(), shard.kv_rows(hd));
                 vec![(Qkv, BRows(vec![shard.q_rows(hd), shifted(kv_rows.clone(), q), shifted(kv_rows, q + kv)]))]
             }
-            (O, _) => vec![(O, AColumns(shard.q_rows(hd)))],
+            // Each head's attention output: head_dim wide, or latent attention's v_head_dim.
+            (O, _) => vec![(O, AColumns(shard.q_rows(inp / cfg.num_attention_heads)))],
             (Gate | Up, _) => vec![(self.target, BRows(vec![shard.columns(out)]))],
             (GateUp, _) => {
                 let columns = shard.columns(out / 2);
                 vec![(GateUp, BRows(vec![columns.clone(), shifted(columns, out / 2)]))]
             }
             (Down, _) => vec![(Down, AColumns(shard.columns(inp)))],
+            // Latent attention runs on one rank (its models refuse tp_size > 1): the whole update.
+            (QA | QB | KvA | KvB, _) => vec![(self.target, BRows(vec![0..out]))],
         }
     }
 }
@@ -145,7 +166,10 @@ pub(super) enum LoraMixer {
     Attention,
     /// Softmax attention whose `q_proj` holds each head's q, then its output gate, of `head_dim` each.
     GatedAttention { head_dim: usize },
-    /// A recurrent or latent-attention layer, whose projections take no adapters.
+    /// Multi-head latent attention: `q_proj` (or `q_a_proj` and `q_b_proj`), `kv_a_proj_with_mqa`,
+    /// `kv_b_proj` and `o_proj`.
+    LatentAttention,
+    /// A recurrent layer, whose projections take no adapters.
     Other,
 }
 
@@ -153,18 +177,25 @@ pub(super) enum LoraMixer {
 /// before the layer takes its weights): its `mixer`'s where it is an attention layer, and its
 /// dense MLP's or shared expert's. Routed experts are not among them.
 pub(super) fn layer_modules(w: &WeightStore, l: usize, mixer: LoraMixer) -> Vec<LoraModule> {
+    let shape = |path: &str| w.shape(&format!("model.layers.{l}.{path}.weight"));
     LAYER_MODULES
         .into_iter()
         .filter(|(path, _)| mixer != LoraMixer::Other || !path.starts_with("self_attn."))
-        .filter_map(|(path, target)| match *w.shape(&format!("model.layers.{l}.{path}.weight"))? {
-            [out, inp] => {
-                let gated_head_dim = match mixer {
-                    LoraMixer::GatedAttention { head_dim } if target == LoraTarget::Q => Some(head_dim),
-                    _ => None,
-                };
-                Some(LoraModule { target, path, shape: (out, inp), gated_head_dim })
-            }
-            _ => None,
+        .filter_map(|(path, target)| {
+            let (out, inp) = match (shape(path), target) {
+                (Some(&[out, inp]), _) => (out, inp),
+                // A GGUF file's `kv_b_proj`, split into the heads' keys (transposed) and values.
+                (None, LoraTarget::KvB) => match (shape("self_attn.k_b_proj")?, shape("self_attn.v_b_proj")?) {
+                    (&[heads, latent, nope], &[_, v, _]) => (heads * (nope + v), latent),
+                    _ => return None,
+                },
+                _ => return None,
+            };
+            let gated_head_dim = match mixer {
+                LoraMixer::GatedAttention { head_dim } if target == LoraTarget::Q => Some(head_dim),
+                _ => None,
+            };
+            Some(LoraModule { target, path, shape: (out, inp), gated_head_dim })
         })
         .collect()
 }
@@ -338,6 +369,50 @@ struct LoraPair {
 #[derive(Default)]
 pub(super) struct LoraLayer {
     pairs: [Option<LoraPair>; LoraTarget::ALL.len()],
+    /// Its `kv_b_proj` update as latent attention's absorbed form applies it.
+    absorbed_kv_b: Option<AbsorbedKvB>,
+}
+
+impl LoraLayer {
+    /// The `kv_b_proj` update's A (`[r, kv_lora_rank]`) and its absorbed form, where the adapter
+    /// updates `kv_b_proj`.
+    pub(super) fn absorbed_kv_b(&self) -> Option<(&Linear, &AbsorbedKvB)> {
+        Some((&self.pairs[LoraTarget::KvB as usize].as_ref()?.a, self.absorbed_kv_b.as_ref()?))
+    }
+}
+
+/// A `kv_b_proj` update `s·B·A` (B's rows: each head's key without rope, then its value) where
+/// latent attention never forms a head's keys or values (the absorbed form), head by head: its q
+/// without rope meets the keys' update `s·B_k·A` as `s·Aᵀ·(B_kᵀ·q)`, a term of its query in the
+/// latent's space; its attention output, a latent `o`, gets the values' update `s·B_v·(A·o)`.
+/// Both are exact: the latent is linear in both.
+pub(super) struct AbsorbedKvB {
+    /// `Aᵀ` (`[kv_lora_rank, r]`).
+    pub(super) a_t: Linear,
+    /// Per head, `B_kᵀ` (`[r, qk_nope_head_dim]`).
+    pub(super) key_b_t: Vec<Linear>,
+    /// Per head, `B_v` (`[v_head_dim, r]`).
+    pub(super) value_b: Vec<Linear>,
+}
+
+impl AbsorbedKvB {
+    /// From A's values (`[r, kv_lora_rank]`) and B's (`[heads · (qk_nope_head_dim + v_head_dim), r]`).
+    fn new(a: &[f32], b: &[f32], r: usize, heads: usize, shape: &LatentShape, dtype: WeightDtype, pool: &ThreadPool) -> Result<AbsorbedKvB> {
+        let (lat, nope, v) = (shape.kv_lora_rank, shape.qk_nope_head_dim, shape.v_head_dim);
+        let b_row = |head: usize, row: usize| &b[(head * (nope + v) + row) * r..][..r];
+        let mut w = WeightStore::new();
+        w.insert("a_t", vec![lat, r], (0..lat).flat_map(|col| a.iter().skip(col).step_by(lat).copied()).collect())?;
+        let key_b_t = (0..heads).flat_map(|head| (0..r).flat_map(move |k| (0..nope).map(move |i| b_row(head, i)[k])));
+        w.insert("key_b_t", vec![heads, r, nope], key_b_t.collect())?;
+        w.insert("value_b", vec![heads, v, r], (0..heads).flat_map(|head| (nope..nope + v).flat_map(move |row| b_row(head, row).to_vec())).collect())?;
+        let pack = |parts: LinearParts| Linear::fused(vec![parts], dtype, None, pool);
+        let a_t = pack(LinearParts::new(w.take_matrix("a_t", lat, r)?, None));
+        let mut per_head = |name: &str, rows: usize, cols: usize| -> Result<Vec<Linear>> {
+            let matrices = LinearParts::new(w.take_matrices(name, heads, rows, cols)?, None);
+            Ok((0..heads).map(|head| pack(matrices.output_rows(head * rows..(head + 1) * rows))).collect())
+        };
+        Ok(AbsorbedKvB { a_t, key_b_t: per_head("key_b_t", r, nope)?, value_b: per_head("value_b", v, r)? })
+    }
 }
 
 /// A loaded adapter.
@@ -353,17 +428,8 @@ pub struct LoraAdapter {
     layers: Vec<Vec<LoraLayer>>,
 }
 
-/// Why a model's layers cannot take adapters yet; None where they can.
-pub(super) fn unsupported(cfg: &ModelConfig) -> Option<String> {
-    if cfg.latent_attention.is_some() {
-        Some(format!("rsgl does not apply LoRA adapters to models with multi-head latent attention yet; this {} model has it", cfg.architecture))
-    } else {
-        None
-    }
-}
-
 impl LoraAdapter {
-    /// Packs a PEFT adapter for a model of `cfg` (whose layers [`unsupported`] accepts) with the
+    /// Packs a PEFT adapter for a model of `cfg` with the
     /// projections `modules` (each layer's, from [`layer_modules`]), split over the ranks `shards`
     /// as the base weights are, its A and B in `dtype`; refuses one whose shapes do not fit it,
     /// whose rank is over `max_rank`, or that updates what rsgl does not apply adapters to.
@@ -419,6 +485,11 @@ impl LoraAdapter {
                         }
                         Some(_) => {}
                     }
+                }
+                if let (LoraTarget::KvB, Some(shape)) = (module.target, &cfg.latent_attention) {
+                    // Latent attention runs on one rank (its models refuse tp_size > 1), which holds every head.
+                    let heads = cfg.num_attention_heads;
+                    layer[0].absorbed_kv_b = Some(AbsorbedKvB::new(&w.read(&a_name)?, &w.read(&b_name)?, r, heads, shape, dtype, pool)?);
                 }
                 let a = LinearParts::new(w.take_matrix(&a_name, r, inp)?, None);
                 let b = LinearParts::new(w.take_matrix(&b_name, out, r)?, None);
@@ -844,6 +915,75 @@ mod tests {
         assert_eq!(held(&loaded, 1, LoraTarget::QGate).1, indices(&[10..12, 14..16]));
         assert_eq!(held(&loaded, 0, LoraTarget::QGate).1, indices(&[2..4, 6..8]));
         assert_eq!(held(&loaded, 1, LoraTarget::K), (whole(8), span(2..4)));
+    }
+
+    /// The tiny config with latent attention: its 2 heads' q of 3 + 2 (rope) through a rank of 6, a latent of 4, values of 3.
+    fn latent_config() -> ModelConfig {
+        let shape = LatentShape { q_lora_rank: Some(6), kv_lora_rank: 4, qk_nope_head_dim: 3, qk_rope_head_dim: 2, v_head_dim: 3 };
+        ModelConfig { latent_attention: Some(shape), ..config() }
+    }
+
+    #[test]
+    fn latent_attention_layers_take_updates_of_their_projections_kv_b_proj_in_the_absorbed_form_too() {
+        let attention = [
+            ("self_attn.q_a_proj", vec![6, 8]),
+            ("self_attn.q_b_proj", vec![10, 6]),
+            ("self_attn.kv_a_proj_with_mqa", vec![6, 8]),
+            ("self_attn.o_proj", vec![8, 6]),
+            ("mlp.shared_experts.down_proj", vec![8, 12]),
+            ("mlp.experts.0.down_proj", vec![8, 4]),
+        ];
+        // Layer 0's kv_b_proj as a Hugging Face checkpoint holds it; layer 1's split per head as a GGUF file holds it.
+        let kv_b_layouts = [vec![("self_attn.kv_b_proj", vec![12, 4])], vec![("self_attn.k_b_proj", vec![2, 4, 3]), ("self_attn.v_b_proj", vec![2, 3, 4])]];
+        let mut w = WeightStore::new();
+        for (l, kv_b) in kv_b_layouts.iter().enumerate() {
+            for (path, shape) in attention.iter().chain(kv_b) {
+                w.insert_random(&format!("model.layers.{l}.{path}.weight"), shape.clone(), 0.1, 0);
+            }
+        }
+        let modules: Vec<Vec<LoraModule>> = (0..2).map(|l| layer_modules(&w, l, LoraMixer::LatentAttention)).collect();
+        let paths: Vec<(&str, (usize, usize))> = modules[1].iter().map(|module| (module.path, module.shape)).collect();
+        assert_eq!(
+            paths,
+            [
+                ("self_attn.o_proj", (8, 6)),
+                ("self_attn.q_a_proj", (6, 8)),
+                ("self_attn.q_b_proj", (10, 6)),
+                ("self_attn.kv_a_proj_with_mqa", (6, 8)),
+                ("self_attn.kv_b_proj", (12, 4)),
+                ("mlp.shared_experts.down_proj", (8, 12)),
+            ]
+        );
+        let cfg = latent_config();
+        let kv_b = "model.layers.1.self_attn.kv_b_proj";
+        let updates = [("model.layers.0.self_attn.q_a_proj", (6, 8)), ("model.layers.0.self_attn.q_b_proj", (10, 6)), (kv_b, (12, 4))];
+        let adapter = adapter_of(&[("model.layers.0.self_attn.kv_a_proj_with_mqa", (6, 8)), ("model.layers.0.self_attn.o_proj", (8, 6))]);
+        let pool = ThreadPool::new(1, false);
+        let loaded = LoraAdapter::from_peft(adapter, &cfg, &modules, &shards(&cfg, 1), WeightDtype::F32, None, &pool).expect("it fits");
+        assert_eq!(targets(&loaded, 0), [LoraTarget::O, LoraTarget::KvA]);
+        let adapter = adapter_of(&updates);
+        let [a, b] = ["A", "B"].map(|matrix| adapter.weights.read(&format!("base_model.model.{kv_b}.lora_{matrix}.weight")).expect("a tensor"));
+        let loaded = LoraAdapter::from_peft(adapter, &cfg, &modules, &shards(&cfg, 1), WeightDtype::F32, None, &pool).expect("it fits");
+        assert_eq!((targets(&loaded, 0), targets(&loaded, 1)), (vec![LoraTarget::QA, LoraTarget::QB], vec![LoraTarget::KvB]));
+        assert!(loaded.layer(0, 0).absorbed_kv_b().is_none());
+        // Head h's key update B_k·A (`[3, 4]`) and value update B_v·A (`[3, 4]`), from B's rows 6h.. and 6h + 3..
+        let (r, lat) = (2, 4);
+        let update = |first_row: usize| -> Vec<Vec<f32>> {
+            (first_row..first_row + 3).map(|row| (0..lat).map(|col| (0..r).map(|k| b[row * r + k] * a[k * lat + col]).sum()).collect()).collect()
+        };
+        let (a_matrix, absorbed) = loaded.layer(0, 1).absorbed_kv_b().expect("a kv_b_proj update");
+        let c = Compute::new(ThreadPool::new(1, false), Default::default());
+        let (q_nope, latent) = ([0.3, -1.2, 0.7], [0.5, -0.25, 1.5, -2.0]);
+        for head in 0..2 {
+            let (keys, values) = (update(6 * head), update(6 * head + 3));
+            let want_q: Vec<f32> = (0..lat).map(|col| (0..3).map(|i| keys[i][col] * q_nope[i]).sum()).collect();
+            let got_q = absorbed.a_t.forward(&c, &absorbed.key_b_t[head].forward(&c, &q_nope));
+            let want_value: Vec<f32> = values.iter().map(|row| row.iter().zip(&latent).map(|(w, x)| w * x).sum()).collect();
+            let got_value = absorbed.value_b[head].forward(&c, &a_matrix.forward(&c, &latent));
+            for (got, want) in got_q.iter().zip(&want_q).chain(got_value.iter().zip(&want_value)) {
+                assert!((got - want).abs() < 1e-5, "head {head}: {got_q:?} vs {want_q:?}, {got_value:?} vs {want_value:?}");
+            }
+        }
     }
 
     #[test]

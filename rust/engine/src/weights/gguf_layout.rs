@@ -25,6 +25,10 @@ const INTERLEAVED_ARCHITECTURES: &[&str] = &["llama", "mistral", "mixtral", "smo
 /// Face checkpoint's `gate_up_proj`.
 const FUSED_GATE_UP_ARCHITECTURES: &[&str] = &["phi3", "glm4"];
 
+/// Architectures whose checkpoints name their (ungated) shared experts `shared_experts`, as PEFT
+/// adapters of them do; the others' shared expert is `shared_expert`.
+const SHARED_EXPERTS_ARCHITECTURES: &[&str] = &["deepseek_v2", "deepseek_v3", "glm4_moe"];
+
 const GLOBAL_TENSORS: &[(&str, &str)] = &[("token_embd", "model.embed_tokens"), ("output_norm", "model.norm"), ("output", "lm_head")];
 const LAYER_TENSORS: &[(&str, &str)] = &[
     ("attn_qkv", "self_attn.qkv_proj"),
@@ -202,6 +206,16 @@ pub fn shard_paths(path: &Path) -> Result<Vec<PathBuf>> {
     Ok(shards)
 }
 
+/// The module of a layer's MLP block that the shared-expert tensor `base` (`ffn_up_shexp`, ...)
+/// belongs to, as `architecture`'s checkpoints name it; None for other tensors.
+fn shared_expert_module(base: &str, architecture: &str) -> Option<String> {
+    let module = lookup(SHARED_EXPERT_TENSORS, base)?;
+    Some(match module.strip_prefix("shared_expert.").filter(|_| SHARED_EXPERTS_ARCHITECTURES.contains(&architecture)) {
+        Some(projection) => format!("shared_experts.{projection}"),
+        None => module.to_string(),
+    })
+}
+
 /// "NAME-00002-of-00003.gguf" -> ("NAME", 3); None for a name of another form.
 fn shard_name(name: &str) -> Option<(&str, usize)> {
     let (rest, count) = name.strip_suffix(".gguf")?.rsplit_once("-of-")?;
@@ -278,7 +292,7 @@ pub fn hf_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_heads:
         let module = match base {
             "ffn_gate_inp" => Some(format!("{block}.gate")),
             "ffn_up" if fused_gate_up => Some(format!("{block}.gate_up_proj")),
-            _ => lookup(SHARED_EXPERT_TENSORS, base)
+            _ => shared_expert_module(base, architecture)
                 .map(|m| format!("{block}.{m}"))
                 .or_else(|| lookup(LAYER_TENSORS, base).or_else(|| norm_name(&assembly, base)).map(|m| format!("model.layers.{layer}.{m}"))),
         };
@@ -315,8 +329,8 @@ pub fn lora_tensors(file: &MappedFile, architecture: &str, heads: usize, kv_head
             continue;
         };
         let module = match base {
-            "ffn_up" if fused_gate_up => Some("mlp.gate_up_proj"),
-            _ => lookup(LAYER_TENSORS, base),
+            "ffn_up" if fused_gate_up => Some("mlp.gate_up_proj".to_string()),
+            _ => shared_expert_module(base, architecture).map(|m| format!("mlp.{m}")).or_else(|| lookup(LAYER_TENSORS, base).map(str::to_string)),
         };
         let Some(module) = module else {
             tensors.push(tensor);
