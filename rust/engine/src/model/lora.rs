@@ -154,7 +154,10 @@ impl LoraModule {
             }
             (Down, _) => vec![(Down, AColumns(shard.columns(inp)))],
             // Latent attention runs on one rank (its models refuse tp_size > 1): the whole update.
-            (QA | QB | KvA | KvB, _) => vec![(self.target, BRows(vec![0..out]))],
+            (QA | QB | KvA | KvB, _) => {
+                let every_row = 0..out;
+                vec![(self.target, BRows(vec![every_row]))]
+            }
         }
     }
 }
