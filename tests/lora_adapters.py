@@ -4,6 +4,9 @@ tests to compare with. torch and peft are imported by the functions, when a test
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 ALL_PROJECTIONS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 # Adapter a: every projection at rank 8; adapter b: q and v at rank 4 with rsLoRA's scaling (alpha / sqrt(r)).
@@ -50,3 +53,41 @@ def greedy(model, ids: list[int], n: int) -> list[int]:
         for _ in range(n):
             seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
     return seq[len(ids) :]
+
+
+@contextmanager
+def module_targets_kept() -> Iterator[None]:
+    """PEFT as it makes and loads adapters of models whose layers transformers 5 holds as transformers 4 did. Over the
+    mixture-of-experts models whose experts transformers 5 stacks (Qwen2-MoE, GLM-4.5, Qwen3-Next, Mixtral, ...), PEFT
+    rewrites every gate_proj, up_proj and down_proj of target_modules, whatever module it names, into target_parameters
+    of the stacked routed experts (to load adapters trained on transformers 4's per-expert modules); the names then miss
+    the shared experts and dense MLPs they name, as an adapter trained on transformers 4 with those alone updates them."""
+    from unittest import mock
+
+    with mock.patch("peft.utils.transformers_weight_conversion.convert_peft_config_for_transformers", lambda *args, **kwargs: None):
+        yield
+
+
+# A family's (base folder, {name: adapter folder}, {None: transformers model, name: the model with that adapter}).
+Built = tuple[str, dict[str, str], dict]
+
+
+def family_builder(tmp_path_factory, make_base: Callable[[str, Any], Any], adapter_configs: Callable[[str], dict[str, dict]]) -> Callable[[str], Built]:
+    """`build(family)`: the family's Built, made on first use: the base model by `make_base(family, folder)`, its
+    adapters by peft from `adapter_configs(family)` ({name: LoraConfig arguments}), with module_targets_kept."""
+    cache: dict[str, Built] = {}
+
+    def build(family: str) -> Built:
+        if family not in cache:
+            base_path = tmp_path_factory.mktemp(f"lora-{family}")
+            base = make_base(family, base_path)
+            folders, models = {}, {None: base}
+            with module_targets_kept():
+                for seed, (name, config) in enumerate(adapter_configs(family).items()):
+                    folder = tmp_path_factory.mktemp(f"lora-{family}-{name}")
+                    save_adapter(base, folder, seed, **config)
+                    folders[name], models[name] = str(folder), with_adapter(base, folder)
+            cache[family] = (str(base_path), folders, models)
+        return cache[family]
+
+    return build

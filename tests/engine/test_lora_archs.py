@@ -9,13 +9,12 @@ tower, routed experts, recurrent layers) are refused naming it."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import numpy as np
 import pytest
 import rsgl
-from lora_adapters import greedy, save_adapter, with_adapter
+from lora_adapters import Built, family_builder, greedy, save_adapter
 from tiny_models import build_tiny
 from vision_models import build_tiny_gemma3, build_tiny_qwen2_5_vl, build_tiny_smolvlm
 from zoo_models import build_family
@@ -60,44 +59,13 @@ def prompt(length: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(3, 256, size=length).tolist()
 
 
-Built = tuple[str, dict[str, str], dict]
-
-
-@contextmanager
-def module_targets_kept() -> Iterator[None]:
-    """PEFT as it makes and loads adapters of models whose layers transformers 5 holds as transformers 4 did. Over the
-    mixture-of-experts models whose experts transformers 5 stacks (Qwen2-MoE, GLM-4.5, Qwen3-Next, Mixtral, ...), PEFT
-    rewrites every gate_proj, up_proj and down_proj of target_modules, whatever module it names, into target_parameters
-    of the stacked routed experts (to load adapters trained on transformers 4's per-expert modules); the names then miss
-    the shared experts and dense MLPs they name, as an adapter trained on transformers 4 with those alone updates them."""
-    from unittest import mock
-
-    with mock.patch("peft.utils.transformers_weight_conversion.convert_peft_config_for_transformers", lambda *args, **kwargs: None):
-        yield
-
-
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Callable[[str], Built]:
-    """The family's (base folder, {name: adapter folder}, {None: transformers model, name: the model with that
-    adapter}), built on first use."""
-    cache: dict[str, Built] = {}
+    def adapter_configs(family: str) -> dict[str, dict]:
+        _, a_targets, b_targets = FAMILIES[family]
+        return {"a": dict(r=8, lora_alpha=16, target_modules=a_targets), "b": dict(r=4, lora_alpha=6, use_rslora=True, target_modules=b_targets)}
 
-    def build(family: str) -> Built:
-        if family not in cache:
-            make, a_targets, b_targets = FAMILIES[family]
-            base_path = tmp_path_factory.mktemp(f"lora-{family}")
-            base = make(base_path)
-            configs = {"a": dict(r=8, lora_alpha=16, target_modules=a_targets), "b": dict(r=4, lora_alpha=6, use_rslora=True, target_modules=b_targets)}
-            folders, models = {}, {None: base}
-            with module_targets_kept():
-                for seed, (name, config) in enumerate(configs.items()):
-                    folder = tmp_path_factory.mktemp(f"lora-{family}-{name}")
-                    save_adapter(base, folder, seed, **config)
-                    folders[name], models[name] = str(folder), with_adapter(base, folder)
-            cache[family] = (str(base_path), folders, models)
-        return cache[family]
-
-    return build
+    return family_builder(tmp_path_factory, lambda family, folder: FAMILIES[family][0](folder), adapter_configs)
 
 
 def engine_for(base_path: str, folders: dict[str, str]) -> rsgl.Engine:

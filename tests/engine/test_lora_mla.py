@@ -4,18 +4,17 @@ adapters update the attention's projections (kv_b_proj's update too, which rsgl 
 steps and short prefill chunks run, and in the expanded form of long prefill chunks), the dense first layer's MLP and the
 shared experts. Greedy tokens of the base model and two adapters submitted together equal transformers + peft's for
 each alone, over the Hugging Face folder and over the GGUF file llama.cpp's converter writes of it (which splits
-kv_b_proj per head); a GGUF LoRA file llama.cpp's converter writes gives its PEFT folder's tokens; an adapter of the
-routed experts is refused naming them."""
+kv_b_proj per head); a GGUF LoRA file llama.cpp's converter writes gives its PEFT folder's tokens. (Adapters of routed
+experts are refused as test_lora_archs.py checks over GLM-4.5.)"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 import pytest
-import rsgl
 from gguf_convert import convert, convert_lora
-from lora_adapters import greedy, save_adapter, with_adapter
-from test_lora_archs import GREEDY, Built, engine_for, module_targets_kept, prompt
+from lora_adapters import Built, family_builder, greedy, module_targets_kept, save_adapter, with_adapter
+from test_lora_archs import GREEDY, engine_for, prompt
 from zoo_models import build_family
 
 FAMILIES = ("deepseek_v2", "deepseek_v2_qlora", "deepseek_v3")
@@ -36,24 +35,7 @@ LONG, SHORT = 30, 9
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Callable[[str], Built]:
-    """The family's (base folder, {name: adapter folder}, {None: transformers model, name: the model with that
-    adapter}), built on first use."""
-    cache: dict[str, Built] = {}
-
-    def build(family: str) -> Built:
-        if family not in cache:
-            base_path = tmp_path_factory.mktemp(f"lora-{family}")
-            base = build_family(family, base_path)
-            folders, models = {}, {None: base}
-            with module_targets_kept():
-                for seed, (name, config) in enumerate(ADAPTERS.items()):
-                    folder = tmp_path_factory.mktemp(f"lora-{family}-{name}")
-                    save_adapter(base, folder, seed, **config)
-                    folders[name], models[name] = str(folder), with_adapter(base, folder)
-            cache[family] = (str(base_path), folders, models)
-        return cache[family]
-
-    return build
+    return family_builder(tmp_path_factory, build_family, lambda family: ADAPTERS)
 
 
 def assert_match_peft(model_path, folders: dict[str, str], models: dict) -> None:
@@ -96,12 +78,3 @@ def test_a_gguf_lora_file_gives_the_tokens_of_its_peft_folder(built, tmp_path):
     for (ids, lora), out in zip(cases, outs):
         assert out["output_ids"] == greedy(want[lora], ids, GREEDY["max_new_tokens"]), (len(ids), lora)
     assert outs[1]["output_ids"] != outs[2]["output_ids"]
-
-
-def test_an_adapter_of_routed_experts_is_refused_naming_them(built, tmp_path):
-    base_path, _, models = built("deepseek_v3")
-    # As PEFT makes it (see module_targets_kept): the MLP's names become target_parameters of the stacked routed experts.
-    save_adapter(models[None], tmp_path / "experts", 0, r=4, lora_alpha=8, target_modules=["kv_b_proj", "gate_proj", "up_proj", "down_proj"])
-    parameters = r'\(\[.*"down_proj".*\], target_parameters\)'
-    with pytest.raises(rsgl.ModelLoadError, match=r'LoRA adapter "experts": it updates parameters ' + parameters + ", such as routed experts"):
-        engine_for(base_path, {"experts": str(tmp_path / "experts")})
